@@ -1,0 +1,1 @@
+"""Tools, registries, the Agent base and the four role agents."""

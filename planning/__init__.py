@@ -1,0 +1,1 @@
+"""Plan models, DAG algorithms and the durable engine."""

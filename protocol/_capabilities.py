@@ -1,0 +1,321 @@
+"""Capability models: the one place where each cross-agent request's constraints live.
+
+Every capability has a request model and a response model. Their field names and shapes mirror the
+protobuf messages in ``proto/stratagem/v1/agent.proto`` exactly; the generic codec in ``_codec.py``
+converts between the two, and ``tests/unit/protocol/test_codec.py`` fails when they drift apart.
+
+Constraints (lengths, ranges, patterns, required values) are declared here, on the pydantic models,
+and nowhere else: the server validates every decoded request against them, the client validates
+before sending, and ``Describe`` publishes their JSON Schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+__all__ = [
+    "CAPABILITIES",
+    "EXTENSION_FIELD",
+    "ROLES",
+    "Action",
+    "AnalyzeNarrativeRequest",
+    "AnalyzeNarrativeResponse",
+    "Beat",
+    "CapabilitySpec",
+    "Entity",
+    "ExtractEntitiesRequest",
+    "ExtractEntitiesResponse",
+    "FindSpatialContextRequest",
+    "FindSpatialContextResponse",
+    "PlanExecutionSequenceRequest",
+    "PlanExecutionSequenceResponse",
+    "PlanNarrativeArcRequest",
+    "PlanNarrativeArcResponse",
+    "Relation",
+    "Role",
+    "SpatialContext",
+    "SubmitGoalRequest",
+    "SubmitGoalResponse",
+    "UpdateWorldStateRequest",
+    "UpdateWorldStateResponse",
+    "WireModel",
+    "capability_for",
+    "register_capability",
+]
+
+Role = Literal["strategic", "tactical", "perception", "orchestrator"]
+ROLES: Final[tuple[Role, ...]] = ("strategic", "tactical", "perception", "orchestrator")
+
+# An entity id: a lowercase slug. Kept short so ids stay readable in logs, spans and audit records.
+Slug = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+Word = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
+Title = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+PlanId = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:/-]{0,199})?$")]
+
+
+class WireModel(BaseModel):
+    """Base of every model that crosses the wire: strict about unknown fields, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Entity(WireModel):
+    """A named thing in the story world."""
+
+    id: Slug
+    name: Title
+    kind: Literal["character", "place", "object"]
+
+
+class Relation(WireModel):
+    """A world fact as a triple, e.g. ``(mira, at, courtyard)``."""
+
+    subject: Slug
+    predicate: Literal["at", "in", "has", "connected", "locked", "opens", "knows", "wants"]
+    object: Slug
+
+
+class Action(WireModel):
+    """A ground world action with its preconditions and effects."""
+
+    name: Word
+    args: list[Slug] = Field(max_length=8)
+    preconditions: list[Relation] = Field(default_factory=list, max_length=32)
+    adds: list[Relation] = Field(default_factory=list, max_length=32)
+    deletes: list[Relation] = Field(default_factory=list, max_length=32)
+
+
+class Beat(WireModel):
+    """A dramatic beat: a stage of the arc and the facts that hold once it is reached."""
+
+    id: Slug
+    title: Title
+    purpose: str = Field(default="", max_length=500)
+    goals: list[Relation] = Field(min_length=1, max_length=16)
+
+
+# --- perception ------------------------------------------------------------------------------
+
+
+class ExtractEntitiesRequest(WireModel):
+    """Extract entities and relations from a passage and merge them into the world model."""
+
+    text: Text
+
+
+class ExtractEntitiesResponse(WireModel):
+    entities: list[Entity] = Field(default_factory=list, max_length=1000)
+    relations: list[Relation] = Field(default_factory=list, max_length=5000)
+    world_version: int = Field(default=0, ge=0)
+
+
+class FindSpatialContextRequest(WireModel):
+    """Where each named entity is, what it contains and (for places) where one can go from it."""
+
+    entity_ids: list[Slug] = Field(min_length=1, max_length=100)
+
+
+class SpatialContext(WireModel):
+    entity_id: Slug
+    location: str = Field(default="", max_length=64)
+    contains: list[Slug] = Field(default_factory=list, max_length=1000)
+    neighbours: list[Slug] = Field(default_factory=list, max_length=1000)
+
+
+class FindSpatialContextResponse(WireModel):
+    contexts: list[SpatialContext] = Field(default_factory=list, max_length=100)
+    facts: list[Relation] = Field(default_factory=list, max_length=5000)
+
+
+class UpdateWorldStateRequest(WireModel):
+    """Apply actions to the world model in order, checking each precondition."""
+
+    actions: list[Action] = Field(min_length=1, max_length=500)
+    dry_run: bool = False
+
+
+class UpdateWorldStateResponse(WireModel):
+    added: list[Relation] = Field(default_factory=list, max_length=5000)
+    removed: list[Relation] = Field(default_factory=list, max_length=5000)
+    world_version: int = Field(default=0, ge=0)
+
+
+# --- strategic -------------------------------------------------------------------------------
+
+
+class AnalyzeNarrativeRequest(WireModel):
+    """Find the protagonist, themes and tension of a passage."""
+
+    text: Text
+    entities: list[Entity] = Field(default_factory=list, max_length=1000)
+
+
+class AnalyzeNarrativeResponse(WireModel):
+    protagonist: str = Field(default="", max_length=64)
+    themes: list[Word] = Field(default_factory=list, max_length=16)
+    tension: float = Field(default=0.0, ge=0.0, le=1.0)
+    summary: str = Field(default="", max_length=2000)
+
+
+class PlanNarrativeArcRequest(WireModel):
+    """Decompose a goal into dramatic beats (HTN-style, from arc templates)."""
+
+    goal: Title
+    protagonist: Slug
+    themes: list[Word] = Field(default_factory=list, max_length=16)
+    facts: list[Relation] = Field(default_factory=list, max_length=5000)
+    beats: int = Field(default=3, ge=1, le=8)
+
+
+class PlanNarrativeArcResponse(WireModel):
+    template: str = Field(default="", max_length=64)
+    beats: list[Beat] = Field(default_factory=list, max_length=8)
+
+
+# --- tactical --------------------------------------------------------------------------------
+
+
+class PlanExecutionSequenceRequest(WireModel):
+    """Find a sequence of world actions from ``facts`` that reaches the beat's goals."""
+
+    beat: Beat
+    facts: list[Relation] = Field(min_length=1, max_length=5000)
+    prior_beats: list[Beat] = Field(default_factory=list, max_length=8)
+    max_depth: int = Field(default=12, ge=1, le=32)
+
+
+class PlanExecutionSequenceResponse(WireModel):
+    beat_id: Slug
+    actions: list[Action] = Field(default_factory=list, max_length=64)
+    states_explored: int = Field(default=0, ge=0)
+
+
+# --- orchestrator ----------------------------------------------------------------------------
+
+
+class SubmitGoalRequest(WireModel):
+    """Pursue a story goal across all agents."""
+
+    goal: Title
+    passage: Text
+    beats: int = Field(default=3, ge=1, le=8)
+    plan_id: PlanId = ""
+
+
+class SubmitGoalResponse(WireModel):
+    plan_id: str = Field(max_length=200)
+    status: str = Field(max_length=32)
+    beats: list[Beat] = Field(default_factory=list, max_length=8)
+    actions: list[Action] = Field(default_factory=list, max_length=512)
+    added: list[Relation] = Field(default_factory=list, max_length=5000)
+    removed: list[Relation] = Field(default_factory=list, max_length=5000)
+
+
+# --- the registry of capabilities ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilitySpec:
+    """One capability: its name, the role that serves it, its models and its wire field.
+
+    Attributes:
+        name: The capability's name, e.g. ``"ExtractEntities"``.
+        role: The role that serves it.
+        field: The name of the ``oneof body`` field carrying it in the envelope.
+        request: The pydantic request model.
+        response: The pydantic response model.
+        version: The capability's schema version; bumped on any incompatible change.
+    """
+
+    name: str
+    role: str
+    field: str
+    request: type[WireModel]
+    response: type[WireModel]
+    version: str = "1"
+
+
+CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
+    spec.name: spec
+    for spec in (
+        CapabilitySpec(
+            "ExtractEntities",
+            "perception",
+            "extract_entities",
+            ExtractEntitiesRequest,
+            ExtractEntitiesResponse,
+        ),
+        CapabilitySpec(
+            "FindSpatialContext",
+            "perception",
+            "find_spatial_context",
+            FindSpatialContextRequest,
+            FindSpatialContextResponse,
+        ),
+        CapabilitySpec(
+            "UpdateWorldState",
+            "perception",
+            "update_world_state",
+            UpdateWorldStateRequest,
+            UpdateWorldStateResponse,
+        ),
+        CapabilitySpec(
+            "AnalyzeNarrative",
+            "strategic",
+            "analyze_narrative",
+            AnalyzeNarrativeRequest,
+            AnalyzeNarrativeResponse,
+        ),
+        CapabilitySpec(
+            "PlanNarrativeArc",
+            "strategic",
+            "plan_narrative_arc",
+            PlanNarrativeArcRequest,
+            PlanNarrativeArcResponse,
+        ),
+        CapabilitySpec(
+            "PlanExecutionSequence",
+            "tactical",
+            "plan_execution_sequence",
+            PlanExecutionSequenceRequest,
+            PlanExecutionSequenceResponse,
+        ),
+        CapabilitySpec(
+            "SubmitGoal",
+            "orchestrator",
+            "submit_goal",
+            SubmitGoalRequest,
+            SubmitGoalResponse,
+        ),
+    )
+}
+
+
+EXTENSION_FIELD: Final = "extension"
+
+
+def register_capability(spec: CapabilitySpec) -> None:
+    """Add a user's capability (carried in the envelope's ``extension`` body).
+
+    Args:
+        spec: The capability; its ``field`` must be ``"extension"``.
+
+    Raises:
+        ValueError: When the name is taken by another capability or the field is not ``extension``.
+    """
+    if spec.field != EXTENSION_FIELD:
+        raise ValueError(f"capability {spec.name!r}: an added capability uses field 'extension'")
+    existing = CAPABILITIES.get(spec.name)
+    if existing is not None and existing != spec:
+        raise ValueError(f"capability {spec.name!r} is already registered for {existing.role}")
+    CAPABILITIES[spec.name] = spec
+
+
+def capability_for(role: str, name: str) -> CapabilitySpec | None:
+    """The capability ``name`` served by ``role``, or ``None`` when that role does not serve it."""
+    spec = CAPABILITIES.get(name)
+    return spec if spec is not None and spec.role == role else None

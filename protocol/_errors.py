@@ -1,0 +1,176 @@
+"""The protocol's exceptions: one tree, one status code per remote error.
+
+::
+
+    ProtocolError                      base of everything protocol/ raises
+    ├── ProtocolUsageError             the caller misused the API (unknown capability, bad config)
+    └── RemoteError                    a call ended with a non-OK status (.code, .message)
+        ├── InvalidArgumentError       INVALID_ARGUMENT, with .violations (field, description)
+        ├── UnauthenticatedError       UNAUTHENTICATED
+        ├── PermissionDeniedError      PERMISSION_DENIED
+        ├── NotFoundError              NOT_FOUND
+        ├── FailedPreconditionError    FAILED_PRECONDITION
+        ├── ResourceExhaustedError     RESOURCE_EXHAUSTED
+        ├── DeadlineExceededError      DEADLINE_EXCEEDED
+        ├── UnavailableError           UNAVAILABLE
+        ├── CancelledError             CANCELLED
+        └── InternalError              INTERNAL and UNKNOWN; never carries a stack trace
+
+Handlers raise the ``RemoteError`` subclasses to answer with that status; the client raises them
+when a call ends with it. ``Code`` names gRPC status codes without importing ``grpc``, so layers
+above ``protocol/`` can reason about them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+__all__ = [
+    "CancelledError",
+    "Code",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "FieldViolation",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "ProtocolUsageError",
+    "RemoteError",
+    "ResourceExhaustedError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "error_for_code",
+]
+
+
+class Code(StrEnum):
+    """gRPC status codes by name (the subset Stratagem answers with, plus OK and UNKNOWN)."""
+
+    OK = "OK"
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    OUT_OF_RANGE = "OUT_OF_RANGE"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+    DATA_LOSS = "DATA_LOSS"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One invalid field: a dotted path (``beat.goals[0].predicate``) and why it is invalid."""
+
+    field: str
+    description: str
+
+
+class ProtocolError(Exception):
+    """Base of every exception raised by ``protocol``."""
+
+
+class ProtocolUsageError(ProtocolError):
+    """The API was misused by its caller (a bug on this side, not a remote failure)."""
+
+
+class RemoteError(ProtocolError):
+    """A call ended with a non-OK status.
+
+    Attributes:
+        code: The status code.
+        message: A one-line, user-facing description; never a stack trace.
+        violations: Field violations (for ``INVALID_ARGUMENT``).
+    """
+
+    code: ClassVar[Code] = Code.UNKNOWN
+
+    def __init__(self, message: str, *, violations: tuple[FieldViolation, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.violations = violations
+
+    def __str__(self) -> str:
+        text = f"{self.code.value}: {self.message}"
+        if self.violations:
+            text += " (" + "; ".join(f"{v.field}: {v.description}" for v in self.violations) + ")"
+        return text
+
+
+class InvalidArgumentError(RemoteError):
+    code = Code.INVALID_ARGUMENT
+
+
+class UnauthenticatedError(RemoteError):
+    code = Code.UNAUTHENTICATED
+
+
+class PermissionDeniedError(RemoteError):
+    code = Code.PERMISSION_DENIED
+
+
+class NotFoundError(RemoteError):
+    code = Code.NOT_FOUND
+
+
+class FailedPreconditionError(RemoteError):
+    code = Code.FAILED_PRECONDITION
+
+
+class ResourceExhaustedError(RemoteError):
+    code = Code.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceededError(RemoteError):
+    code = Code.DEADLINE_EXCEEDED
+
+
+class UnavailableError(RemoteError):
+    code = Code.UNAVAILABLE
+
+
+class CancelledError(RemoteError):
+    code = Code.CANCELLED
+
+
+class InternalError(RemoteError):
+    code = Code.INTERNAL
+
+
+_BY_CODE: dict[Code, type[RemoteError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgumentError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+        NotFoundError,
+        FailedPreconditionError,
+        ResourceExhaustedError,
+        DeadlineExceededError,
+        UnavailableError,
+        CancelledError,
+        InternalError,
+    )
+}
+
+
+def error_for_code(
+    code: Code, message: str, violations: tuple[FieldViolation, ...] = ()
+) -> RemoteError:
+    """The ``RemoteError`` for ``code`` (``InternalError`` for codes without a class of their own)."""
+    cls = _BY_CODE.get(code, InternalError)
+    err = cls(message, violations=violations)
+    if cls is InternalError and code is not Code.INTERNAL:
+        err.message = f"{code.value}: {message}"
+    return err

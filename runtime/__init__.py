@@ -1,0 +1,1 @@
+"""Ray actors, gRPC wiring, settings, telemetry, audit store and the CLI."""
