@@ -1,0 +1,184 @@
+"""The planning package's exceptions, and how failures are classified.
+
+::
+
+    PlanningError                  base of everything planning/ raises
+    ├── PlanValidationError        a plan breaks a rule (.problems: list[str]); caller input
+    ├── RefError                   a {"$ref": ...} cannot be parsed or resolved (.ref, .reason)
+    ├── PlanFailedError            a plan run ended failed (.plan_id, .failures)
+    └── StepError                  raised by a tool to fail its step with a class (.failure_class)
+        ├── TransientError         retried: the world may change by itself
+        ├── LogicError             not retried: the same input gives the same answer
+        └── PolicyError            not retried: a rule forbids it
+
+``StepError`` and its subclasses are the signals tools raise; the engine never lets them escape a
+run, it records a ``StepFailure`` instead. A protocol ``RemoteError`` out of a dispatcher is
+classified by its status code with ``failure_class_for_code``; any other exception is a logic
+failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import ValidationError
+
+from planning._plan import FailureClass
+from protocol import Code
+
+__all__ = [
+    "LogicError",
+    "PlanFailedError",
+    "PlanValidationError",
+    "PlanningError",
+    "PolicyError",
+    "RefError",
+    "StepError",
+    "StepFailure",
+    "TransientError",
+    "failure_class_for_code",
+]
+
+
+class PlanningError(Exception):
+    """Base of every exception raised by ``planning``."""
+
+
+class PlanValidationError(PlanningError):
+    """A plan breaks one or more rules.
+
+    ``str()`` lists every problem, one per line.
+
+    Attributes:
+        problems: One sentence per problem, e.g. ``"step 'b' depends on unknown step 'x'"``.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class RefError(PlanningError):
+    """A ``{"$ref": "STEP_ID.path"}`` reference cannot be parsed or resolved.
+
+    Attributes:
+        ref: The reference text, e.g. ``"extract.entities[*].id"``.
+        step_id: The referenced step's id ("" when the text does not even name one).
+        reason: Why it failed.
+    """
+
+    def __init__(self, ref: str, reason: str, *, step_id: str = "") -> None:
+        self.ref = ref
+        self.reason = reason
+        self.step_id = step_id
+        super().__init__(f"reference {ref!r}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """A step's final failure.
+
+    Attributes:
+        step_id: The failed step.
+        failure_class: The class of its last attempt's failure.
+        message: A one-line description (never a traceback).
+        attempts: How many attempts were made.
+    """
+
+    step_id: str
+    failure_class: FailureClass
+    message: str
+    attempts: int
+
+
+class PlanFailedError(PlanningError):
+    """A plan run ended failed.
+
+    Attributes:
+        plan_id: The plan.
+        failures: The steps that failed (not those skipped or cancelled because of them).
+    """
+
+    def __init__(self, plan_id: str, failures: Sequence[StepFailure]) -> None:
+        self.plan_id = plan_id
+        self.failures = list(failures)
+        detail = "; ".join(
+            f"step {f.step_id!r} ({f.failure_class.value}, {f.attempts} attempt(s)): {f.message}"
+            for f in self.failures
+        )
+        super().__init__(f"plan {plan_id!r} failed: {detail or 'no step failed'}")
+
+
+class StepError(PlanningError):
+    """Raised by a tool to fail its step with a given failure class.
+
+    Raise a subclass (``TransientError``, ``LogicError``, ``PolicyError``) or pass the class.
+
+    Attributes:
+        message: A one-line description.
+        failure_class: Decides whether the step is retried.
+    """
+
+    default_class: ClassVar[FailureClass] = FailureClass.LOGIC
+
+    def __init__(self, message: str, failure_class: FailureClass | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.failure_class = failure_class if failure_class is not None else self.default_class
+
+
+class TransientError(StepError):
+    """A failure that may go away by itself; the step is retried."""
+
+    default_class = FailureClass.TRANSIENT
+
+
+class LogicError(StepError):
+    """A failure that retrying the same input cannot fix; the step is not retried."""
+
+    default_class = FailureClass.LOGIC
+
+
+class PolicyError(StepError):
+    """A rule forbids the step; it is not retried."""
+
+    default_class = FailureClass.POLICY
+
+
+def failure_class_for_code(code: Code) -> FailureClass:
+    """The failure class of a remote call that ended with status ``code``.
+
+    Args:
+        code: The status code.
+
+    Returns:
+        ``timeout`` for DEADLINE_EXCEEDED; ``transient`` for UNAVAILABLE, RESOURCE_EXHAUSTED,
+        ABORTED, INTERNAL and UNKNOWN; ``policy`` for PERMISSION_DENIED and UNAUTHENTICATED;
+        ``cancelled`` for CANCELLED; ``logic`` for every other code.
+    """
+    match code:
+        case Code.DEADLINE_EXCEEDED:
+            return FailureClass.TIMEOUT
+        case (
+            Code.UNAVAILABLE | Code.RESOURCE_EXHAUSTED | Code.ABORTED | Code.INTERNAL | Code.UNKNOWN
+        ):
+            return FailureClass.TRANSIENT
+        case Code.PERMISSION_DENIED | Code.UNAUTHENTICATED:
+            return FailureClass.POLICY
+        case Code.CANCELLED:
+            return FailureClass.CANCELLED
+        case _:
+            return FailureClass.LOGIC
+
+
+def field_problems(exc: ValidationError) -> list[str]:
+    """One ``"field.path[0]: message"`` line per error of a pydantic ``ValidationError``."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        problems.append(f"{path or '(request)'}: {error['msg']}")
+    return problems

@@ -1,0 +1,211 @@
+"""Plan models: steps, retry policies, statuses and failure classes.
+
+A ``Plan`` is an immutable, validated description of work: a DAG of steps, each either a
+``ToolStep`` (a tool of the owning agent) or a ``CrossAgentStep`` (a typed request to another
+agent). Steps form a discriminated union on ``kind``; a new kind (for example ``gate``) is one more
+``StepBase`` subclass added to the ``Step`` union, and the exhaustive ``match`` statements on the
+step type (engine, validation) point at every place that must learn about it.
+
+Role plan types (``StrategicPlan`` and friends, in ``agents/``) subclass ``Plan`` to add typed
+fields.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = [
+    "PLAN_ID_PATTERN",
+    "STEP_ID_PATTERN",
+    "CrossAgentStep",
+    "FailureClass",
+    "Plan",
+    "PlanStatus",
+    "RetryPolicy",
+    "Step",
+    "StepBase",
+    "StepStatus",
+    "ToolStep",
+]
+
+STEP_ID_PATTERN: Final = r"[a-z][a-z0-9_-]{0,63}"
+"""A step id: a lowercase slug. No dots or brackets, so ``{"$ref": "STEP_ID.path"}`` parses."""
+
+PLAN_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}"
+"""A plan id: the non-empty form of the protocol's plan id."""
+
+StepId = Annotated[str, StringConstraints(pattern=rf"^{STEP_ID_PATTERN}$")]
+RoleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+class StepStatus(StrEnum):
+    """Where a step is in its life.
+
+    ``pending`` -> ``running`` -> (``retrying`` -> ``running``)* -> ``succeeded`` | ``failed`` |
+    ``cancelled``; a step that never started ends ``skipped``.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class PlanStatus(StrEnum):
+    """Where a plan run is in its life."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class FailureClass(StrEnum):
+    """Why a step attempt failed; the class alone decides whether it is retried.
+
+    Only ``transient`` and ``timeout`` failures are retried.
+    """
+
+    TRANSIENT = "transient"
+    """The world may change by itself: unavailable target, exhausted resource, internal error."""
+    LOGIC = "logic"
+    """Retrying the same input gives the same answer: bad input, failed precondition, a bug."""
+    POLICY = "policy"
+    """A rule forbids it: permission denied, unauthenticated."""
+    TIMEOUT = "timeout"
+    """The step (or the remote call) ran out of time."""
+    CANCELLED = "cancelled"
+    """Someone else cancelled the work."""
+
+
+class RetryPolicy(BaseModel):
+    """How often a step is attempted and how long to wait between attempts.
+
+    The delay before attempt ``n + 1`` is ``min(max_backoff_s, initial_backoff_s * multiplier **
+    (n - 1))`` scaled by a factor drawn uniformly from ``[1 - jitter, 1 + jitter]``, and never more
+    than ``max_backoff_s``.
+
+    Attributes:
+        max_attempts: Attempts in total, the first included (1 means never retry).
+        initial_backoff_s: The delay after the first failed attempt, before jitter.
+        max_backoff_s: The cap on any delay.
+        multiplier: Growth of the delay per attempt.
+        jitter: The relative spread of the random factor, in ``[0, 1]``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    initial_backoff_s: float = Field(default=0.05, ge=0.0, le=3600.0)
+    max_backoff_s: float = Field(default=2.0, ge=0.0, le=3600.0)
+    multiplier: float = Field(default=2.0, ge=1.0, le=10.0)
+    jitter: float = Field(default=0.2, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _cap_not_below_start(self) -> RetryPolicy:
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError("max_backoff_s must not be less than initial_backoff_s")
+        return self
+
+
+_DEFAULT_RETRY: Final = RetryPolicy()
+
+
+class StepBase(BaseModel):
+    """Fields every step kind shares. Subclass it (with a ``kind`` literal) to add a kind.
+
+    Attributes:
+        kind: The discriminator of the ``Step`` union.
+        id: The step's id, unique in its plan; a lowercase slug.
+        title: A short human-readable description.
+        depends_on: Ids of the steps that must succeed before this one starts.
+        timeout_s: The limit on one attempt; ``None`` uses the engine's default.
+        retry: The retry policy (only transient and timeout failures are retried).
+        status: The step's status; ``pending`` in a submitted plan, set in the plan a run returns.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    id: StepId
+    title: str = Field(default="", max_length=200)
+    depends_on: list[StepId] = Field(default_factory=list)
+    timeout_s: float | None = Field(default=None, gt=0.0)
+    retry: RetryPolicy = _DEFAULT_RETRY
+    status: StepStatus = StepStatus.PENDING
+
+
+class ToolStep(StepBase):
+    """Call one of the owning agent's tools.
+
+    Attributes:
+        tool: The tool's name in the owning agent's registry.
+        input: The tool's input; values may be ``{"$ref": "STEP_ID.path"}`` references.
+    """
+
+    kind: Literal["tool"] = "tool"
+    tool: Name
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class CrossAgentStep(StepBase):
+    """Send a typed request to another agent's capability.
+
+    Attributes:
+        target: The role of the agent that serves the capability (never the plan's owner).
+        capability: The capability's name, e.g. ``"ExtractEntities"``.
+        request: The request's fields; values may be ``{"$ref": "STEP_ID.path"}`` references. It is
+            validated against the capability's request model once references are resolved.
+    """
+
+    kind: Literal["cross_agent"] = "cross_agent"
+    target: RoleName
+    capability: Name
+    request: dict[str, Any] = Field(default_factory=dict)
+
+
+Step = Annotated[ToolStep | CrossAgentStep, Field(discriminator="kind")]
+"""Any step: a union discriminated on ``kind``."""
+
+
+class Plan(BaseModel):
+    """A plan: an immutable DAG of steps owned by one agent.
+
+    Subclass it to give a role's plans typed fields of their own; the engine runs any subclass.
+
+    Attributes:
+        id: The plan's id.
+        revision: The plan's revision; a replan makes a new revision, never edits one.
+        owner: The role of the agent that owns and runs the plan.
+        goal: What the plan is for.
+        steps: The steps; ``depends_on`` edges must form a DAG.
+        max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, StringConstraints(pattern=rf"^{PLAN_ID_PATTERN}$")]
+    revision: int = Field(default=1, ge=1)
+    owner: RoleName
+    goal: str = Field(min_length=1, max_length=2000)
+    steps: list[Step] = Field(default_factory=list, max_length=100_000)
+    max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
+
+    def step(self, step_id: str) -> Step:
+        """The step with id ``step_id``.
+
+        Raises:
+            KeyError: When the plan has no such step.
+        """
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)

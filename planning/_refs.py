@@ -1,0 +1,281 @@
+"""References from a step's input to earlier steps' outputs.
+
+A value ``{"$ref": "STEP_ID.path"}`` anywhere in a tool step's ``input`` or a cross-agent step's
+``request`` stands for part of step ``STEP_ID``'s output, resolved just before the step runs. The
+path is a sequence of:
+
+- ``.field``: a key of a mapping;
+- ``[i]``: an item of a list (negative counts from the end);
+- ``[a:b]``: a slice of a list (either bound may be omitted), which stays a list;
+- ``[*]``: every item of a list; the rest of the path applies to each item, giving a list.
+
+Examples: ``extract`` (the whole output), ``extract.entities[*].id``, ``arc.beats[0:2]``,
+``arc.beats[1].goals[*].object``. A mapping with a ``$ref`` key must have no other key.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn
+
+from planning._errors import RefError
+from planning._plan import STEP_ID_PATTERN
+
+__all__ = ["REF_KEY", "Ref", "ref", "refs_in", "resolve_refs"]
+
+REF_KEY: Final = "$ref"
+
+_REF_RE: Final = re.compile(
+    rf"(?P<step>{STEP_ID_PATTERN})"
+    r"(?P<path>(?:\.[A-Za-z_][A-Za-z0-9_]*|\[(?:\*|-?\d+|-?\d*:-?\d*)\])*)"
+)
+_TOKEN_RE: Final = re.compile(
+    r"\.(?P<field>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|\[(?P<each>\*)\]"
+    r"|\[(?P<index>-?\d+)\]"
+    r"|\[(?P<start>-?\d*):(?P<stop>-?\d*)\]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    start: int | None
+    stop: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Each:
+    pass
+
+
+_Token = _Field | _Index | _Slice | _Each
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A parsed reference.
+
+    Attributes:
+        text: The reference as written, e.g. ``"extract.entities[*].id"``.
+        step_id: The referenced step, e.g. ``"extract"``.
+        path: The path within its output, e.g. ``".entities[*].id"`` ("" for the whole output).
+    """
+
+    text: str
+    step_id: str
+    path: str
+    _tokens: tuple[_Token, ...] = field(repr=False, compare=False)
+
+    @staticmethod
+    def parse(text: str) -> Ref:
+        """Parse a reference.
+
+        Raises:
+            RefError: When ``text`` is not ``STEP_ID`` followed by a valid path.
+        """
+        return _parse(text)
+
+    def resolve(self, outputs: Mapping[str, Any]) -> Any:
+        """The referenced value in ``outputs`` (step id -> JSON-like output).
+
+        Raises:
+            RefError: When the step has no output or the path does not fit it; the message names
+                the reference and the part of the path that failed.
+        """
+        try:
+            value = outputs[self.step_id]
+        except KeyError:
+            raise RefError(self.text, "that step has no output", step_id=self.step_id) from None
+        return self._walk(value, 0, self.step_id)
+
+    def _walk(self, value: Any, start: int, where: str) -> Any:
+        tokens = self._tokens
+        for position in range(start, len(tokens)):
+            token = tokens[position]
+            match token:
+                case _Field(name):
+                    if not isinstance(value, Mapping):
+                        self._fail(f"{where} is {kind_of(value)}, not an object")
+                    if name not in value:
+                        keys = ", ".join(sorted(map(str, value))) or "none"
+                        self._fail(f"{where} has no field {name!r} (fields: {keys})")
+                    value = value[name]
+                    where += f".{name}"
+                case _Index(index):
+                    items = self._items(value, where)
+                    if not -len(items) <= index < len(items):
+                        self._fail(
+                            f"index {index} is out of range for {where} (length {len(items)})"
+                        )
+                    value = items[index]
+                    where += f"[{index}]"
+                case _Slice(begin, end):
+                    value = list(self._items(value, where)[begin:end])
+                    where += f"[{'' if begin is None else begin}:{'' if end is None else end}]"
+                case _Each():
+                    items = self._items(value, where)
+                    where += "[*]"
+                    return [self._walk(item, position + 1, where) for item in items]
+        return value
+
+    def _items(self, value: Any, where: str) -> list[Any] | tuple[Any, ...]:
+        if not isinstance(value, list | tuple):
+            self._fail(f"{where} is {kind_of(value)}, not a list")
+        return value
+
+    def _fail(self, reason: str) -> NoReturn:
+        raise RefError(self.text, reason, step_id=self.step_id)
+
+
+def kind_of(value: Any) -> str:
+    """A JSON-ish name for the type of ``value`` (``an object``, ``a list``, ...), for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Ref:
+    if not isinstance(text, str):
+        raise RefError(repr(text), "a reference must be a string")
+    match = _REF_RE.fullmatch(text)
+    if match is None:
+        raise RefError(
+            text,
+            "expected STEP_ID followed by .field, [i], [a:b] or [*] parts, "
+            "e.g. 'extract.entities[*].id'",
+        )
+    tokens: list[_Token] = []
+    for part in _TOKEN_RE.finditer(match["path"]):
+        if part["field"] is not None:
+            tokens.append(_Field(part["field"]))
+        elif part["each"] is not None:
+            tokens.append(_Each())
+        elif part["index"] is not None:
+            tokens.append(_Index(int(part["index"])))
+        else:
+            start, stop = part["start"], part["stop"]
+            tokens.append(_Slice(int(start) if start else None, int(stop) if stop else None))
+    return Ref(text, match["step"], match["path"], tuple(tokens))
+
+
+def ref(text: str) -> dict[str, str]:
+    """The marker ``{"$ref": text}`` for a step input, after checking that ``text`` parses.
+
+    Raises:
+        RefError: When ``text`` is not a valid reference.
+    """
+    _parse(text)
+    return {REF_KEY: text}
+
+
+def _ref_text(value: Mapping[Any, Any]) -> Any:
+    """The ``$ref`` value of a marker mapping, or ``None`` when ``value`` is not one."""
+    if REF_KEY not in value:
+        return None
+    if len(value) != 1:
+        others = ", ".join(sorted(str(k) for k in value if k != REF_KEY))
+        raise RefError(str(value[REF_KEY]), f"a $ref object must have no other keys (has {others})")
+    return value[REF_KEY]
+
+
+def has_refs(value: Any) -> bool:
+    """Whether ``value`` holds any ``$ref`` object (a quick scan that builds nothing)."""
+    if type(value) is dict or isinstance(value, Mapping):
+        if REF_KEY in value:
+            return True
+        return any(has_refs(item) for item in value.values() if not _is_scalar(item))
+    if type(value) is list or isinstance(value, tuple):
+        return any(has_refs(item) for item in value if not _is_scalar(item))
+    return False
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or type(value) in _SCALARS
+
+
+_SCALARS: Final = frozenset({str, int, float, bool})
+
+
+def iter_refs(value: Any) -> Iterator[str]:
+    """Every reference text in ``value``, depth first, unparsed.
+
+    Raises:
+        RefError: When a ``$ref`` object has other keys or a non-string reference.
+    """
+    if isinstance(value, Mapping):
+        text = _ref_text(value)
+        if text is not None:
+            if not isinstance(text, str):
+                raise RefError(repr(text), "a reference must be a string")
+            yield text
+            return
+        for item in value.values():
+            yield from iter_refs(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from iter_refs(item)
+
+
+def refs_in(value: Any) -> set[str]:
+    """The ids of the steps referenced anywhere in ``value``.
+
+    Raises:
+        RefError: When a reference does not parse.
+    """
+    return {_parse(text).step_id for text in iter_refs(value)}
+
+
+def resolve_refs(value: Any, outputs: Mapping[str, Any]) -> Any:
+    """``value`` with every ``{"$ref": ...}`` replaced by the value it references.
+
+    Containers without references are returned as they are (not copied); resolved values are the
+    outputs' own objects, so treat the result as read-only.
+
+    Args:
+        value: A JSON-like value (mappings, lists, scalars).
+        outputs: Step id -> that step's JSON-like output (e.g. ``model.model_dump()``).
+
+    Returns:
+        The resolved value.
+
+    Raises:
+        RefError: When a reference does not parse or does not fit the output it names.
+    """
+    if isinstance(value, Mapping):
+        text = _ref_text(value)
+        if text is not None:
+            if not isinstance(text, str):
+                raise RefError(repr(text), "a reference must be a string")
+            return _parse(text).resolve(outputs)
+        resolved = {key: resolve_refs(item, outputs) for key, item in value.items()}
+        changed = any(resolved[key] is not item for key, item in value.items())
+        return resolved if changed else value
+    if isinstance(value, list):
+        items = [resolve_refs(item, outputs) for item in value]
+        changed = any(new is not old for new, old in zip(items, value, strict=True))
+        return items if changed else value
+    return value

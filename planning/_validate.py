@@ -1,0 +1,166 @@
+"""Plan validation: every rule a plan must satisfy before an engine runs it.
+
+``validate_plan`` collects every problem before it raises, so a planner (or a person) sees all that
+is wrong with a plan at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from typing import Any, assert_never
+
+from pydantic import ValidationError
+
+from planning._dag import structural_problems
+from planning._errors import PlanValidationError, RefError, field_problems
+from planning._plan import CrossAgentStep, Plan, Step, ToolStep
+from planning._refs import Ref, iter_refs
+from protocol import CAPABILITIES, ROLES, CapabilitySpec
+
+__all__ = ["validate_plan"]
+
+logger = logging.getLogger(__name__)
+
+
+def validate_plan(
+    plan: Plan,
+    *,
+    tools: Collection[str],
+    roles: Collection[str] | None = None,
+    capabilities: Mapping[str, CapabilitySpec] | None = None,
+) -> None:
+    """Check a plan against the structural rules and the owning agent's registry.
+
+    The rules: step ids are unique; dependencies name steps of the plan and form no cycle; a tool
+    step names a tool of the owner's registry; a cross-agent step targets a known role other than
+    the owner, with a capability that role serves; a cross-agent request without references
+    validates against the capability's request model (one with references has no unknown fields);
+    every ``$ref`` parses and names a (transitive) dependency of its step.
+
+    Args:
+        plan: The plan.
+        tools: The names of the tools in the owning agent's registry.
+        roles: The roles a cross-agent step may target; by default the built-in roles and every
+            role serving a capability.
+        capabilities: Capability name -> spec; by default the protocol's registry.
+
+    Raises:
+        PlanValidationError: With every problem found, one sentence each.
+    """
+    caps: Mapping[str, CapabilitySpec] = CAPABILITIES if capabilities is None else capabilities
+    known_roles = (
+        set(roles) if roles is not None else {*ROLES, *(spec.role for spec in caps.values())}
+    )
+    tool_names = set(tools)
+    problems = structural_problems(plan.steps)
+    deps = {step.id: step.depends_on for step in plan.steps}
+    for step in plan.steps:
+        match step:
+            case ToolStep():
+                if step.tool not in tool_names:
+                    problems.append(
+                        f"step {step.id!r} uses tool {step.tool!r}, which is not in the "
+                        f"{plan.owner} agent's registry"
+                    )
+                problems.extend(_ref_problems(step, step.input, deps))
+            case CrossAgentStep():
+                problems.extend(_cross_agent_problems(plan, step, known_roles, caps, deps))
+            case _:
+                assert_never(step)
+    if problems:
+        logger.debug("plan %s@%d is invalid: %s", plan.id, plan.revision, problems)
+        raise PlanValidationError(problems)
+
+
+def _cross_agent_problems(
+    plan: Plan,
+    step: CrossAgentStep,
+    roles: Collection[str],
+    caps: Mapping[str, CapabilitySpec],
+    deps: Mapping[str, list[str]],
+) -> list[str]:
+    problems: list[str] = []
+    ref_problems = _ref_problems(step, step.request, deps)
+    spec: CapabilitySpec | None = None
+    if step.target == plan.owner:
+        problems.append(
+            f"step {step.id!r} targets its own agent ({plan.owner!r}); use one of its tools instead"
+        )
+    elif step.target not in roles:
+        problems.append(f"step {step.id!r} targets unknown role {step.target!r}")
+    else:
+        spec = caps.get(step.capability)
+        if spec is None or spec.role != step.target:
+            served = sorted(name for name, s in caps.items() if s.role == step.target)
+            problems.append(
+                f"step {step.id!r} asks the {step.target} agent for capability "
+                f"{step.capability!r}, which that role does not serve "
+                f"(it serves: {', '.join(served) or 'nothing'})"
+            )
+            spec = None
+    if spec is not None:
+        has_refs = _has_refs(step.request)
+        if not has_refs:
+            try:
+                spec.request.model_validate(step.request)
+            except ValidationError as exc:
+                problems.extend(
+                    f"step {step.id!r} request for {spec.name}: {problem}"
+                    for problem in field_problems(exc)
+                )
+        else:
+            known = spec.request.model_fields
+            problems.extend(
+                f"step {step.id!r} request for {spec.name}: {key}: Extra inputs are not permitted"
+                for key in step.request
+                if key not in known
+            )
+    return problems + ref_problems
+
+
+def _has_refs(value: Any) -> bool:
+    try:
+        return next(iter_refs(value), None) is not None
+    except RefError:
+        return True
+
+
+def _ref_problems(step: Step, value: Any, deps: Mapping[str, list[str]]) -> list[str]:
+    problems: list[str] = []
+    try:
+        texts = list(iter_refs(value))
+    except RefError as exc:
+        return [f"step {step.id!r} has an invalid reference: {exc}"]
+    for text in texts:
+        try:
+            target = Ref.parse(text).step_id
+        except RefError as exc:
+            problems.append(f"step {step.id!r} has an invalid reference: {exc}")
+            continue
+        if target not in deps:
+            problems.append(f"step {step.id!r} references unknown step {target!r} in {text!r}")
+        elif not _depends_on(step.id, target, deps):
+            problems.append(
+                f"step {step.id!r} references step {target!r} in {text!r}, which is not among "
+                f"its (transitive) dependencies"
+            )
+    return problems
+
+
+def _depends_on(step_id: str, target: str, deps: Mapping[str, list[str]]) -> bool:
+    """Whether ``target`` is a transitive dependency of ``step_id`` (cycle-safe)."""
+    direct = deps.get(step_id, [])
+    if target in direct:
+        return True
+    seen = {step_id}
+    stack = list(direct)
+    while stack:
+        current = stack.pop()
+        if current == target:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        stack.extend(deps.get(current, []))
+    return False

@@ -1,0 +1,62 @@
+"""The public names of ``planning``: adding or removing one is a deliberate change."""
+
+from __future__ import annotations
+
+import planning
+
+EXPECTED = [
+    "CrossAgentCall",
+    "CrossAgentStep",
+    "Dispatcher",
+    "Engine",
+    "EngineConfig",
+    "FailureClass",
+    "Handler",
+    "InMemoryDispatcher",
+    "LogicError",
+    "Plan",
+    "PlanFailedError",
+    "PlanResult",
+    "PlanStatus",
+    "PlanValidationError",
+    "PlanningError",
+    "PolicyError",
+    "Ref",
+    "RefError",
+    "RetryPolicy",
+    "Step",
+    "StepBase",
+    "StepError",
+    "StepEvent",
+    "StepFailure",
+    "StepStatus",
+    "ToolContext",
+    "ToolRunner",
+    "ToolStep",
+    "TransientError",
+    "failure_class_for_code",
+    "find_cycle",
+    "ref",
+    "refs_in",
+    "resolve_refs",
+    "topological_layers",
+    "validate_plan",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert planning.__all__ == EXPECTED
+
+
+def test_every_exported_name_exists() -> None:
+    missing = [name for name in planning.__all__ if not hasattr(planning, name)]
+    assert missing == []
+
+
+def test_no_public_name_is_left_out() -> None:
+    public = {
+        name
+        for name, value in vars(planning).items()
+        if not name.startswith("_") and getattr(value, "__module__", "").startswith("planning.")
+    }
+    assert public <= set(planning.__all__)
