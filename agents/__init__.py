@@ -1,1 +1,88 @@
-"""Tools, registries, the Agent base and the four role agents."""
+"""Tools, registries, the Agent base and the four role agents.
+
+The public names are re-exported here; the ``_module.py`` files are private. ``docs/internals.md``
+describes how they fit the layers around this one.
+"""
+
+from agents._agent import Agent, Planner, PlanRecord, serve_in_memory
+from agents._demo import DEMO_GOAL
+from agents._errors import AgentError, ExtensionError
+from agents._extensions import ENTRY_POINT_GROUP, Extension, load_extensions
+from agents._extract import (
+    DEFAULT_PATTERNS,
+    ExtractionPattern,
+    Mention,
+    ResolutionStrategy,
+    slugify,
+)
+from agents._narrative import THEME_LEXICONS, ArcChoice
+from agents._orchestrator import (
+    Assignment,
+    OrchestrationPlan,
+    OrchestratorAgent,
+    OrchestratorPlanner,
+)
+from agents._perception import PerceptionAgent, PerceptionPlan, PerceptionPlanner, StateUpdate
+from agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
+from agents._strategic import (
+    DramaticBeat,
+    NarrativeGoal,
+    StrategicAgent,
+    StrategicPlan,
+    StrategicPlanner,
+)
+from agents._tactical import (
+    ResourceRequirements,
+    TacticalAgent,
+    TacticalPlan,
+    TacticalPlanner,
+    TacticalStep,
+)
+from agents._tool import Tool, ToolRegistry, tool
+from agents._world import WorldModel
+
+__all__ = [
+    "DEFAULT_PATTERNS",
+    "DEMO_GOAL",
+    "ENTRY_POINT_GROUP",
+    "ROLE_TYPES",
+    "THEME_LEXICONS",
+    "Agent",
+    "AgentError",
+    "ArcChoice",
+    "Assignment",
+    "DramaticBeat",
+    "Extension",
+    "ExtensionError",
+    "ExtractionPattern",
+    "Mention",
+    "NarrativeGoal",
+    "OrchestrationPlan",
+    "OrchestratorAgent",
+    "OrchestratorPlanner",
+    "PerceptionAgent",
+    "PerceptionPlan",
+    "PerceptionPlanner",
+    "PlanRecord",
+    "Planner",
+    "ResolutionStrategy",
+    "ResourceRequirements",
+    "RoleAgentType",
+    "StateUpdate",
+    "StrategicAgent",
+    "StrategicPlan",
+    "StrategicPlanner",
+    "TacticalAgent",
+    "TacticalPlan",
+    "TacticalPlanner",
+    "TacticalStep",
+    "Tool",
+    "ToolRegistry",
+    "WorldModel",
+    "build_agent",
+    "build_in_memory",
+    "load_extensions",
+    "serve_in_memory",
+    "slugify",
+    "tool",
+]

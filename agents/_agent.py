@@ -1,0 +1,570 @@
+"""The ``Agent`` base: a role with a tool registry, a typed plan, planners and an engine.
+
+An agent serves capabilities. For each request it asks the capability's planner for a plan, checks
+the plan against its own registry (a plan may name only this agent's tools, or cross-agent steps),
+runs it with the engine, and turns the result into the capability's response. It keeps a record of
+its recent plans and their events, which ``watch`` streams and ``plans`` snapshots.
+
+An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
+over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
+
+Refusals and failures are raised as protocol ``RemoteError`` subclasses, one per failure class:
+
+==========================  ========================================================================
+situation                   raised
+==========================  ========================================================================
+unknown capability          ``NotFoundError``
+request of the wrong model  ``InvalidArgumentError`` (with field violations)
+plan fails validation       ``FailedPreconditionError`` naming every problem (e.g. a step naming a
+                            tool outside this agent's registry). The request was well formed; the
+                            plan made for it (or submitted) cannot run here, so retrying the same
+                            request cannot help.
+step failed: logic          ``FailedPreconditionError``
+step failed: policy         ``PermissionDeniedError``
+step failed: timeout        ``DeadlineExceededError``
+step failed: transient      ``UnavailableError``
+plan cancelled              ``CancelledError``
+==========================  ========================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import itertools
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, assert_never
+
+from opentelemetry.trace import TracerProvider
+from pydantic import ValidationError
+
+from agents._tool import ToolRegistry
+from planning import (
+    Dispatcher,
+    Engine,
+    EngineConfig,
+    FailureClass,
+    Handler,
+    InMemoryDispatcher,
+    Plan,
+    PlanningError,
+    PlanResult,
+    PlanStatus,
+    PlanValidationError,
+    StepError,
+    StepEvent,
+    StepStatus,
+    validate_plan,
+)
+from protocol import (
+    CAPABILITIES,
+    AgentCard,
+    CallContext,
+    CancelledError,
+    CapabilityCard,
+    CapabilitySpec,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    FieldViolation,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    PlanEvent,
+    PlanSnapshot,
+    RemoteError,
+    UnavailableError,
+    WireModel,
+    current_call,
+)
+
+__all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
+
+logger = logging.getLogger(__name__)
+
+MAX_RECORDS: Final = 1000
+"""Plans an agent remembers (the oldest finished ones are forgotten first)."""
+
+_TERMINAL: Final = frozenset({PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED})
+_MESSAGE_LIMIT: Final = 4000
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("stratagem")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Planner(Protocol):
+    """Turns a capability request into a plan, and the plan's result into the response."""
+
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        """The plan that serves ``request``.
+
+        Args:
+            capability: The capability's name.
+            request: The validated request model.
+            plan_id: The id the plan must carry.
+
+        Returns:
+            A plan of the agent's plan type, owned by the agent's role.
+        """
+        ...
+
+    def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
+        """The capability's response, built from a succeeded plan's outputs."""
+        ...
+
+
+@dataclass(slots=True)
+class PlanRecord:
+    """What an agent remembers about one plan.
+
+    Attributes:
+        plan: The plan as it was submitted (its typed fields included).
+        capability: The capability it served ("" for a plan submitted directly).
+        status: Where the run is.
+        events: Every event of the run, in order.
+        result: The run's result, once it finished.
+        steps: Each step's latest status.
+    """
+
+    plan: Plan
+    capability: str = ""
+    status: PlanStatus = PlanStatus.PENDING
+    events: list[PlanEvent] = field(default_factory=list)
+    result: PlanResult[Any] | None = None
+    steps: dict[str, StepStatus] = field(default_factory=dict)
+    # The agent-wide sequence number of each event, so watchers merge several plans in order.
+    _seqs: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def snapshot(self, agent: str) -> PlanSnapshot:
+        """The record as a ``PlanSnapshot``: the typed plan with its step statuses, as JSON."""
+        plan = self.plan
+        if self.steps:
+            plan = plan.model_copy(
+                update={
+                    "steps": [
+                        step.model_copy(update={"status": self.steps.get(step.id, step.status)})
+                        for step in plan.steps
+                    ]
+                }
+            )
+        return PlanSnapshot(
+            plan_id=plan.id,
+            agent=agent,
+            revision=plan.revision,
+            status=self.status.value,
+            plan_json=plan.model_dump_json(),
+        )
+
+
+def _matches(plan_id: str, wanted: str) -> bool:
+    return not wanted or plan_id == wanted or plan_id.startswith(wanted + "/")
+
+
+class Agent:
+    """A role agent: registry, typed plans, planners, engine and a record of its plans.
+
+    Args:
+        role: The agent's role, e.g. ``"perception"``.
+        registry: The only tools its plans may name.
+        plan_type: The typed plan its planners produce (a ``planning.Plan`` subclass); plans
+            submitted with :meth:`submit_plan` are read as this type.
+        planner: The planner of every built-in capability the protocol assigns to ``role``.
+        dispatcher: Sends cross-agent steps (required for plans that have them).
+        engine_config: The engine's limits and seed.
+        tracer_provider: Where the engine's spans go (the global provider by default).
+        max_records: How many plans to remember.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        registry: ToolRegistry,
+        plan_type: type[Plan],
+        planner: Planner,
+        *,
+        dispatcher: Dispatcher | None = None,
+        engine_config: EngineConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
+        max_records: int = MAX_RECORDS,
+    ) -> None:
+        self._role = role
+        self.registry = registry
+        self.plan_type = plan_type
+        self.planner = planner
+        self.dispatcher = dispatcher
+        self.version = _package_version()
+        self._engine = Engine(
+            engine_config,
+            tools=registry,
+            dispatcher=dispatcher,
+            agent=role,
+            tracer_provider=tracer_provider,
+        )
+        self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
+        self._records: OrderedDict[str, PlanRecord] = OrderedDict()
+        self._max_records = max_records
+        self._seq = itertools.count(1)
+        self._watchers: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
+        for spec in CAPABILITIES.values():
+            if spec.role == role:
+                self._handlers[spec.name] = (spec, planner)
+
+    # --- what the agent is ---------------------------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        """The agent's role."""
+        return self._role
+
+    @property
+    def capabilities(self) -> Mapping[str, CapabilitySpec]:
+        """The capabilities it serves, by name."""
+        return {name: spec for name, (spec, _) in self._handlers.items()}
+
+    def add_capability(self, spec: CapabilitySpec, planner: Planner) -> None:
+        """Serve another capability (an extension's), planned by ``planner``.
+
+        Args:
+            spec: The capability; its ``role`` must be this agent's role, and it must be in the
+                protocol's registry (``protocol.register_capability``) so peers can encode it.
+            planner: Plans it and builds its response.
+
+        Raises:
+            ValueError: The spec is for another role, is not registered, or the name is taken.
+        """
+        if spec.role != self.role:
+            raise ValueError(f"capability {spec.name!r} is served by {spec.role}, not {self.role}")
+        if CAPABILITIES.get(spec.name) != spec:
+            raise ValueError(
+                f"capability {spec.name!r} is not registered; call protocol.register_capability"
+            )
+        if spec.name in self._handlers and self._handlers[spec.name][0] != spec:
+            raise ValueError(f"the {self.role} agent already serves {spec.name!r}")
+        self._handlers[spec.name] = (spec, planner)
+
+    def card(self) -> AgentCard:
+        """The agent's card: role, version, capabilities with their JSON Schemas, tool names."""
+        return AgentCard(
+            role=self.role,
+            version=self.version,
+            capabilities=[CapabilityCard.from_spec(spec) for spec, _ in self._handlers.values()],
+            tools=self.registry.names(),
+        )
+
+    # --- serving requests ----------------------------------------------------------------------
+
+    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
+        """Serve one capability request: plan, validate, run, respond.
+
+        The plan's id is ``"<caller plan>/<caller step>"`` when the caller runs a plan, else the
+        request's own ``plan_id`` field when it has a non-empty one, else ``"<role>-<random>"``.
+
+        Args:
+            capability: The capability's name.
+            request: The request (an instance of the capability's request model).
+            ctx: The call being served.
+
+        Returns:
+            The capability's response model.
+
+        Raises:
+            protocol.RemoteError: A subclass per refusal or failure class (see the module
+                docstring); the message is one line naming the plan and the step.
+        """
+        handler = self._handlers.get(capability)
+        if handler is None:
+            raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
+        spec, planner = handler
+        request = _coerce(spec, request)
+        plan_id = self._plan_id_for(request, ctx)
+        try:
+            plan = planner.plan(capability, request, plan_id=plan_id)
+        except (PlanningError, ValueError) as exc:
+            message = _one_line(f"{capability}: cannot plan {plan_id!r}: {_reason(exc)}")
+            # An id no plan may carry cannot be recorded; the caller still gets the error.
+            with contextlib.suppress(ValidationError):
+                stub = Plan(id=plan_id, owner=self.role, goal=capability)
+                self._refuse(stub, capability, message)
+            if isinstance(exc, StepError):
+                raise _error_class(exc.failure_class)(message) from exc
+            raise FailedPreconditionError(message) from exc
+        result = await self._run(plan, capability)
+        if result.status is not PlanStatus.SUCCEEDED:
+            raise self._failure(result)
+        try:
+            return planner.respond(capability, request, result)
+        except (ValidationError, PlanningError, KeyError, ValueError) as exc:
+            logger.exception("plan %s: building the %s response failed", plan.id, capability)
+            raise InternalError(f"{capability}: the response could not be built") from exc
+
+    async def submit_plan(self, plan: Plan | Mapping[str, Any]) -> PlanResult[Any]:
+        """Run a plan given by a user (validated exactly like a planner's plan).
+
+        Args:
+            plan: The plan, or its JSON-like form (read as this agent's plan type).
+
+        Returns:
+            The run's result, whether it succeeded or failed.
+
+        Raises:
+            protocol.InvalidArgumentError: A mapping that is not a valid plan of this type.
+            protocol.FailedPreconditionError: The plan fails validation (for example a step names
+                a tool outside this agent's registry); the message names every problem.
+        """
+        if isinstance(plan, Plan):
+            typed = plan
+        else:
+            try:
+                typed = self.plan_type.model_validate(plan)
+            except ValidationError as exc:
+                raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
+        return await self._run(typed, "")
+
+    # --- progress ------------------------------------------------------------------------------
+
+    async def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
+        """Stream the events of ``plan_id`` and of every plan whose id starts with ``plan_id/``.
+
+        Stored events come first, then live ones. The stream ends after the plan ``plan_id``
+        itself reaches a final status on this agent; when that plan is not this agent's, it goes on
+        until the consumer stops iterating.
+
+        Args:
+            plan_id: The plan; ``""`` streams every plan.
+
+        Yields:
+            The events, in the order they happened.
+        """
+        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue()
+        self._watchers.add(queue)
+        try:
+            stored: list[tuple[int, PlanEvent]] = []
+            for record in self._records.values():
+                if _matches(record.plan.id, plan_id):
+                    stored.extend(zip(record._seqs, record.events, strict=True))
+            stored.sort(key=lambda item: item[0])
+            last = 0
+            for seq, event in stored:
+                last = seq
+                yield event
+                if self._ends(event, plan_id):
+                    return
+            while True:
+                seq, event = await queue.get()
+                if seq <= last or not _matches(event.plan_id, plan_id):
+                    continue
+                yield event
+                if self._ends(event, plan_id):
+                    return
+        finally:
+            self._watchers.discard(queue)
+
+    def plans(self, plan_id: str) -> list[PlanSnapshot]:
+        """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan)."""
+        return [
+            record.snapshot(self.role)
+            for record in self._records.values()
+            if _matches(record.plan.id, plan_id)
+        ]
+
+    def record(self, plan_id: str) -> PlanRecord:
+        """The record of one plan.
+
+        Raises:
+            protocol.NotFoundError: The agent does not remember that plan.
+        """
+        try:
+            return self._records[plan_id]
+        except KeyError:
+            raise NotFoundError(f"the {self.role} agent has no plan {plan_id!r}") from None
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
+        if ctx.plan_id and ctx.step_id:
+            return f"{ctx.plan_id}/{ctx.step_id}"
+        own = getattr(request, "plan_id", "")
+        if isinstance(own, str) and own:
+            return own
+        return f"{self.role}-{uuid.uuid4().hex[:12]}"
+
+    async def _run(self, plan: Plan, capability: str) -> PlanResult[Any]:
+        previous = self._records.get(plan.id)
+        if previous is not None and plan.revision <= previous.plan.revision:
+            # The same id again (a retried step, a resubmitted plan): a new revision of it.
+            plan = plan.model_copy(update={"revision": previous.plan.revision + 1})
+        problems: list[str] = []
+        if plan.owner != self.role:
+            problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
+        if not isinstance(plan, self.plan_type):
+            problems.append(
+                f"the plan is a {type(plan).__name__}; the {self.role} agent runs "
+                f"{self.plan_type.__name__} plans"
+            )
+        try:
+            validate_plan(plan, tools=self.registry)
+        except PlanValidationError as exc:
+            problems.extend(exc.problems)
+        if problems:
+            message = _one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            self._refuse(plan, capability, message)
+            raise FailedPreconditionError(message)
+        record = self._remember(PlanRecord(plan=plan, capability=capability))
+        return await self._engine.run(plan, on_event=lambda event: self._observe(record, event))
+
+    def _refuse(self, plan: Plan, capability: str, message: str) -> None:
+        record = self._remember(PlanRecord(plan=plan, capability=capability))
+        record.status = PlanStatus.FAILED
+        event = PlanEvent(
+            plan_id=plan.id,
+            revision=plan.revision,
+            status=PlanStatus.FAILED.value,
+            failure_class=FailureClass.LOGIC.value,
+            message=message[:_MESSAGE_LIMIT],
+            timestamp=time.time(),
+            agent=self.role,
+        )
+        self._publish(record, event)
+        logger.info("agent %s refused plan %s: %s", self.role, plan.id, message)
+
+    def _remember(self, record: PlanRecord) -> PlanRecord:
+        plan_id = record.plan.id
+        previous = self._records.pop(plan_id, None)
+        if previous is not None:
+            # Keep the history of earlier revisions: watchers replay it in order.
+            record.events = previous.events + record.events
+            record._seqs = previous._seqs + record._seqs
+        self._records[plan_id] = record
+        while len(self._records) > self._max_records:
+            victim = next(
+                (pid for pid, r in self._records.items() if r.status in _TERMINAL),
+                next(iter(self._records)),
+            )
+            del self._records[victim]
+        return record
+
+    def _observe(self, record: PlanRecord, event: StepEvent) -> None:
+        if event.step_id:
+            if isinstance(event.status, StepStatus):
+                record.steps[event.step_id] = event.status
+        elif isinstance(event.status, PlanStatus):
+            record.status = event.status
+        wire = PlanEvent(
+            plan_id=event.plan_id,
+            revision=event.revision,
+            step_id=event.step_id,
+            status=event.status.value,
+            attempt=event.attempt,
+            failure_class=event.failure_class.value if event.failure_class else "",
+            message=event.message[:_MESSAGE_LIMIT],
+            timestamp=event.timestamp,
+            agent=self.role,
+        )
+        self._publish(record, wire)
+
+    def _publish(self, record: PlanRecord, event: PlanEvent) -> None:
+        seq = next(self._seq)
+        record.events.append(event)
+        record._seqs.append(seq)
+        for queue in self._watchers:
+            queue.put_nowait((seq, event))
+
+    def _ends(self, event: PlanEvent, plan_id: str) -> bool:
+        return (
+            bool(plan_id)
+            and event.plan_id == plan_id
+            and not event.step_id
+            and event.status in {status.value for status in _TERMINAL}
+        )
+
+    def _failure(self, result: PlanResult[Any]) -> RemoteError:
+        plan = result.submitted
+        if not result.failures:
+            return CancelledError(f"plan {plan.id!r} on the {self.role} agent was cancelled")
+        first = result.failures[0]
+        message = _one_line(
+            f"plan {plan.id!r} step {first.step_id!r} failed "
+            f"({first.failure_class.value}): {first.message}"
+        )
+        return _error_class(first.failure_class)(message)
+
+
+def _error_class(failure_class: FailureClass) -> type[RemoteError]:
+    match failure_class:
+        case FailureClass.LOGIC:
+            return FailedPreconditionError
+        case FailureClass.POLICY:
+            return PermissionDeniedError
+        case FailureClass.TIMEOUT:
+            return DeadlineExceededError
+        case FailureClass.TRANSIENT:
+            return UnavailableError
+        case FailureClass.CANCELLED:
+            return CancelledError
+        case _:
+            assert_never(failure_class)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:_MESSAGE_LIMIT]
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, StepError):
+        return exc.message
+    return str(exc)
+
+
+def _invalid(what: str, exc: ValidationError) -> InvalidArgumentError:
+    violations = []
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        violations.append(FieldViolation(path or "(request)", error["msg"]))
+    return InvalidArgumentError(what, violations=tuple(violations))
+
+
+def _coerce(spec: CapabilitySpec, request: WireModel) -> WireModel:
+    if isinstance(request, spec.request):
+        return request
+    try:
+        return spec.request.model_validate(request.model_dump())
+    except ValidationError as exc:
+        raise _invalid(f"not a valid {spec.name} request", exc) from None
+
+
+def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:
+    """Serve every capability of ``agents`` through an in-memory dispatcher.
+
+    Each cross-agent call becomes ``agent.handle(capability, request, ctx)`` with the call context
+    the dispatcher sets, so plan ids, deadlines and errors behave as they do behind the gRPC
+    server (without authorization, audit or the wire).
+
+    Args:
+        dispatcher: The dispatcher the agents were built with.
+        agents: The agents to serve.
+    """
+    for agent in agents:
+        for name in agent.capabilities:
+            dispatcher.register(agent.role, name, _in_memory_handler(agent, name))
+
+
+def _in_memory_handler(agent: Agent, capability: str) -> Handler:
+    async def handler(request: WireModel) -> WireModel:
+        ctx = current_call.get() or CallContext(
+            caller="", target=agent.role, capability=capability, request_id=uuid.uuid4().hex
+        )
+        return await agent.handle(capability, request, ctx)
+
+    return handler

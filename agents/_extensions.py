@@ -1,0 +1,171 @@
+"""User extensions: modules that add tools and capabilities to an agent without editing Stratagem.
+
+An extension is named in one of three ways:
+
+- ``package.module``: the module's ``setup(agent)`` is called;
+- ``package.module:function``: ``function(agent)`` is called (or ``function.setup(agent)`` when the
+  attribute is an object with a ``setup`` method);
+- ``path/to/file.py`` (optionally ``:function``): the file is imported as a module first.
+
+Module names are imported from ``sys.path``; when that fails because the top-level package is not
+found, the current directory is tried as well, so ``examples.extensions.word_count`` works from a
+checkout. Entry points in the group ``stratagem.extensions`` are loaded too (each names a module or
+a function, as above).
+
+Every agent loads every extension; an extension that serves one role checks ``agent.role``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+
+from agents._errors import ExtensionError
+
+if TYPE_CHECKING:
+    from agents._agent import Agent
+
+__all__ = ["ENTRY_POINT_GROUP", "Extension", "load_extensions"]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP: Final = "stratagem.extensions"
+"""The entry-point group scanned for extensions."""
+
+
+@runtime_checkable
+class Extension(Protocol):
+    """Something that sets up an agent: a module with a ``setup`` function, or an object."""
+
+    def setup(self, agent: Agent) -> None:
+        """Add tools, capabilities or anything else to ``agent``."""
+        ...
+
+
+def _import_file(name: str, path: Path) -> ModuleType:
+    if not path.is_file():
+        raise ExtensionError(name, f"no such file: {path}")
+    module_name = f"stratagem_extension_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ExtensionError(name, f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise ExtensionError(name, f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _import_module(name: str, module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        cwd = os.getcwd()
+        if exc.name != top or cwd in sys.path:
+            raise ExtensionError(name, f"cannot import module {module_name!r}: {exc}") from exc
+        sys.path.append(cwd)
+        try:
+            return importlib.import_module(module_name)
+        except Exception as retry:
+            sys.path.remove(cwd)
+            raise ExtensionError(
+                name, f"cannot import module {module_name!r}: {type(retry).__name__}: {retry}"
+            ) from retry
+    except Exception as exc:
+        raise ExtensionError(
+            name, f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _resolve(name: str) -> Callable[[Agent], None]:
+    target, _, attr = name.partition(":")
+    if not target:
+        raise ExtensionError(name, "expected 'module', 'module:function' or 'file.py'")
+    if target.endswith(".py"):
+        module = _import_file(name, Path(target))
+    else:
+        module = _import_module(name, target)
+    return _setup_of(name, module, attr)
+
+
+def _setup_of(name: str, obj: object, attr: str) -> Callable[[Agent], None]:
+    if attr:
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise ExtensionError(name, f"the module has no attribute {attr!r}") from None
+        if isinstance(obj, Extension) and not isinstance(obj, ModuleType):
+            return obj.setup
+        if callable(obj):
+            return obj
+        raise ExtensionError(name, f"{attr!r} is neither callable nor has a setup method")
+    setup = getattr(obj, "setup", None)
+    if not callable(setup):
+        raise ExtensionError(name, "the module has no setup(agent) function")
+    return setup  # type: ignore[no-any-return]
+
+
+def _entry_points() -> list[tuple[str, Callable[[Agent], None]]]:
+    found: list[tuple[str, Callable[[Agent], None]]] = []
+    for point in sorted(
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name
+    ):
+        label = f"entry point {point.name} ({point.value})"
+        try:
+            loaded = point.load()
+        except Exception as exc:
+            raise ExtensionError(label, f"loading failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(loaded, ModuleType) or (
+            isinstance(loaded, Extension) and not callable(loaded)
+        ):
+            found.append((label, _setup_of(label, loaded, "")))
+        elif callable(loaded):
+            found.append((label, loaded))
+        else:
+            raise ExtensionError(label, "neither a module, a function nor an extension object")
+    return found
+
+
+def load_extensions(names: Sequence[str], agent: Agent, *, entry_points: bool = True) -> list[str]:
+    """Import each named extension (and, by default, every entry point) and set up ``agent``.
+
+    Args:
+        names: Extensions as ``module``, ``module:function`` or ``file.py[:function]``.
+        agent: The agent to set up.
+        entry_points: Also load the ``stratagem.extensions`` entry points.
+
+    Returns:
+        The extensions loaded, in the order they were set up (names first, then entry points).
+
+    Raises:
+        ExtensionError: An extension cannot be imported, has no setup function, or its setup
+            failed; the message names the extension.
+    """
+    setups = [(name.strip(), _resolve(name.strip())) for name in names if name.strip()]
+    if entry_points:
+        setups.extend(_entry_points())
+    loaded = []
+    for name, setup in setups:
+        try:
+            setup(agent)
+        except ExtensionError:
+            raise
+        except Exception as exc:
+            raise ExtensionError(
+                name, f"setup failed on the {agent.role} agent: {type(exc).__name__}: {exc}"
+            ) from exc
+        logger.info("agent %s loaded extension %s", agent.role, name)
+        loaded.append(name)
+    return loaded

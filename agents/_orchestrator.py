@@ -1,0 +1,209 @@
+"""The orchestrator: pursues a story goal by assigning work to the other agents.
+
+It has no tools; its plans are cross-agent steps only. ``SubmitGoal(goal, passage, beats=N)``:
+
+=============  ============================================  =====================================
+step           request                                       depends on
+=============  ============================================  =====================================
+``extract``    perception.ExtractEntities(passage)
+``spatial``    perception.FindSpatialContext(entity ids)     extract
+``analyze``    strategic.AnalyzeNarrative(passage, entities)  extract
+``arc``        strategic.PlanNarrativeArc(goal, protagonist  analyze, spatial
+               id, themes, facts, N)
+``beat_i``     tactical.PlanExecutionSequence(beat i, beats  arc, spatial (all beats in parallel)
+               1..i-1, facts)
+``apply``      perception.UpdateWorldState(beat_N.actions)   every beat
+=============  ============================================  =====================================
+
+Every beat is planned cumulatively from the opening state: beat *i*'s sequence reaches beat *i*'s
+goals and every earlier beat's. The last beat's sequence therefore reaches every beat's goals, and
+it alone is applied; the other beats' sequences show that each stage is reachable on its own (and
+run in parallel). The arc's templates only use goals that later beats keep, so the cumulative goals
+are always consistent.
+
+A goal that already holds in the passage yields an empty final sequence; ``apply`` then changes
+nothing and the goal succeeds with no actions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import TracerProvider
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents._agent import Agent
+from agents._tool import ToolRegistry
+from planning import CrossAgentStep, Dispatcher, EngineConfig, Plan, PlanResult, ref
+from protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
+
+__all__ = [
+    "Assignment",
+    "OrchestrationPlan",
+    "OrchestratorAgent",
+    "OrchestratorPlanner",
+]
+
+BEAT_MAX_DEPTH = 16
+"""The longest action sequence the tactical agent searches for, per beat."""
+
+
+class Assignment(BaseModel):
+    """Which agent does what, in which step.
+
+    Attributes:
+        step: The plan step.
+        agent: The role that does it.
+        capability: The capability asked for.
+        purpose: Why.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: str
+    agent: str
+    capability: str
+    purpose: str = ""
+
+
+class OrchestrationPlan(Plan):
+    """An orchestration plan: cross-agent steps and who is assigned to each.
+
+    Attributes:
+        assignments: One per step, in plan order.
+    """
+
+    assignments: list[Assignment] = Field(default_factory=list)
+
+
+class OrchestratorPlanner:
+    """Plans ``SubmitGoal`` as cross-agent steps (see the module docstring)."""
+
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> OrchestrationPlan:
+        """The plan for one goal.
+
+        Raises:
+            ValueError: For a capability this planner does not know.
+        """
+        if not isinstance(request, SubmitGoalRequest):
+            raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
+        n = request.beats
+        beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
+        steps: list[CrossAgentStep] = [
+            CrossAgentStep(
+                id="extract",
+                title="extract entities and relations",
+                target="perception",
+                capability="ExtractEntities",
+                request={"text": request.passage},
+            ),
+            CrossAgentStep(
+                id="spatial",
+                title="find the entities' spatial context",
+                target="perception",
+                capability="FindSpatialContext",
+                depends_on=["extract"],
+                request={"entity_ids": ref("extract.entities[*].id")},
+            ),
+            CrossAgentStep(
+                id="analyze",
+                title="analyse the narrative",
+                target="strategic",
+                capability="AnalyzeNarrative",
+                depends_on=["extract"],
+                request={"text": request.passage, "entities": ref("extract.entities")},
+            ),
+            CrossAgentStep(
+                id="arc",
+                title=f"plan a {n}-beat arc",
+                target="strategic",
+                capability="PlanNarrativeArc",
+                depends_on=["analyze", "spatial"],
+                request={
+                    "goal": request.goal,
+                    "protagonist": ref("analyze.protagonist"),
+                    "themes": ref("analyze.themes"),
+                    "facts": ref("spatial.facts"),
+                    "beats": n,
+                },
+            ),
+        ]
+        for i, beat_id in enumerate(beat_ids):
+            steps.append(
+                CrossAgentStep(
+                    id=beat_id,
+                    title=f"action sequence for beat {i + 1}",
+                    target="tactical",
+                    capability="PlanExecutionSequence",
+                    depends_on=["arc", "spatial"],
+                    request={
+                        "beat": ref(f"arc.beats[{i}]"),
+                        "prior_beats": ref(f"arc.beats[0:{i}]"),
+                        "facts": ref("spatial.facts"),
+                        "max_depth": BEAT_MAX_DEPTH,
+                    },
+                )
+            )
+        steps.append(
+            CrossAgentStep(
+                id="apply",
+                title="apply the final sequence to the world",
+                target="perception",
+                capability="UpdateWorldState",
+                depends_on=beat_ids,
+                request={"actions": ref(f"{beat_ids[-1]}.actions")},
+            )
+        )
+        return OrchestrationPlan(
+            id=plan_id,
+            owner="orchestrator",
+            goal=request.goal,
+            steps=list(steps),
+            assignments=[
+                Assignment(
+                    step=step.id, agent=step.target, capability=step.capability, purpose=step.title
+                )
+                for step in steps
+            ],
+        )
+
+    def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
+        """The goal's outcome: beats, the applied sequence and the world-state change."""
+        if not isinstance(request, SubmitGoalRequest):
+            raise ValueError(f"the orchestrator planner cannot answer {capability!r}")
+        out = result.outputs
+        return SubmitGoalResponse(
+            plan_id=result.submitted.id,
+            status=result.status.value,
+            beats=out["arc"]["beats"],
+            actions=out[f"beat_{request.beats}"]["actions"],
+            added=out["apply"]["added"],
+            removed=out["apply"]["removed"],
+        )
+
+
+class OrchestratorAgent(Agent):
+    """The orchestrator: no tools, only cross-agent plans.
+
+    Args:
+        dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal).
+        engine_config: The engine's limits and seed.
+        tracer_provider: Where spans go.
+    """
+
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher | None = None,
+        engine_config: EngineConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        super().__init__(
+            "orchestrator",
+            ToolRegistry("orchestrator"),
+            OrchestrationPlan,
+            OrchestratorPlanner(),
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+        )

@@ -1,0 +1,120 @@
+"""Building an agent by role name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Final, Protocol
+
+from opentelemetry.trace import TracerProvider
+
+from agents._agent import Agent, serve_in_memory
+from agents._extensions import load_extensions
+from agents._orchestrator import OrchestratorAgent
+from agents._perception import PerceptionAgent
+from agents._strategic import StrategicAgent
+from agents._tactical import TacticalAgent
+from planning import Dispatcher, EngineConfig, InMemoryDispatcher
+from protocol import ROLES
+
+__all__ = ["ROLE_TYPES", "RoleAgentType", "build_agent", "build_in_memory"]
+
+
+class RoleAgentType(Protocol):
+    """How a role's agent class is constructed (each built-in role class matches it)."""
+
+    def __call__(
+        self,
+        *,
+        dispatcher: Dispatcher | None = ...,
+        engine_config: EngineConfig | None = ...,
+        tracer_provider: TracerProvider | None = ...,
+    ) -> Agent:
+        """Build the agent."""
+        ...
+
+
+ROLE_TYPES: Final[Mapping[str, RoleAgentType]] = MappingProxyType(
+    {
+        "perception": PerceptionAgent,
+        "strategic": StrategicAgent,
+        "tactical": TacticalAgent,
+        "orchestrator": OrchestratorAgent,
+    }
+)
+"""The agent class of each built-in role."""
+
+
+def build_agent(
+    role: str,
+    *,
+    dispatcher: Dispatcher | None = None,
+    engine_config: EngineConfig | None = None,
+    tracer_provider: TracerProvider | None = None,
+    extensions: Sequence[str] = (),
+    entry_points: bool = True,
+) -> Agent:
+    """Build the agent of a built-in role and load extensions into it.
+
+    Args:
+        role: ``"perception"``, ``"strategic"``, ``"tactical"`` or ``"orchestrator"``.
+        dispatcher: Sends its cross-agent steps.
+        engine_config: The engine's limits and seed.
+        tracer_provider: Where its spans go.
+        extensions: Extensions to load (``module``, ``module:function`` or ``file.py``).
+        entry_points: Also load the ``stratagem.extensions`` entry points.
+
+    Returns:
+        The agent.
+
+    Raises:
+        ValueError: The role is not a built-in one.
+        ExtensionError: An extension failed to load.
+    """
+    agent_type = ROLE_TYPES.get(role)
+    if agent_type is None:
+        raise ValueError(f"unknown role {role!r}; roles are: {', '.join(ROLE_TYPES)}")
+    agent = agent_type(
+        dispatcher=dispatcher, engine_config=engine_config, tracer_provider=tracer_provider
+    )
+    load_extensions(extensions, agent, entry_points=entry_points)
+    return agent
+
+
+def build_in_memory(
+    roles: Iterable[str] = ROLES,
+    *,
+    engine_config: EngineConfig | None = None,
+    tracer_provider: TracerProvider | None = None,
+    extensions: Sequence[str] = (),
+    entry_points: bool = True,
+) -> tuple[dict[str, Agent], InMemoryDispatcher]:
+    """Build agents that reach each other in this process through one ``InMemoryDispatcher``.
+
+    Each cross-agent step calls the target agent's ``handle`` directly (no wire, no policy, no
+    audit): for tests, notebooks and single-process use.
+
+    Args:
+        roles: The roles to build (all four by default).
+        engine_config: Every engine's limits and seed.
+        tracer_provider: Where spans go.
+        extensions: Extensions loaded into every agent.
+        entry_points: Also load the ``stratagem.extensions`` entry points.
+
+    Returns:
+        The agents by role, and the dispatcher that connects them.
+    """
+    dispatcher = InMemoryDispatcher()
+    agents = {
+        role: build_agent(
+            role,
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+            extensions=extensions,
+            entry_points=entry_points,
+        )
+        for role in roles
+    }
+    serve_in_memory(dispatcher, agents.values())
+    return agents, dispatcher

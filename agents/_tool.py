@@ -1,0 +1,311 @@
+"""Tools and the per-agent tool registry.
+
+A :class:`Tool` is an async function from a pydantic input model to a pydantic output model, with
+the facts the engine needs to run it safely: whether it has side effects, whether repeating it is
+harmless, and what it costs. A :class:`ToolRegistry` holds the only tools one agent may call and is
+that agent's :class:`planning.ToolRunner`: it validates each input and output at the boundary, so a
+plan step with a bad input fails as a logic error naming the field instead of crashing the tool.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from planning import LogicError, ToolContext
+
+__all__ = ["Tool", "ToolRegistry", "tool"]
+
+logger = logging.getLogger(__name__)
+
+InT = TypeVar("InT", bound=BaseModel)
+OutT = TypeVar("OutT", bound=BaseModel)
+
+_RESULT_FIELD = "result"
+
+
+@dataclass(frozen=True, slots=True)
+class Tool(Generic[InT, OutT]):
+    """One tool an agent may call.
+
+    Attributes:
+        name: The tool's name, unique in its registry; plan steps name it.
+        description: One line on what the tool does.
+        input_model: The pydantic model its input is validated against.
+        output_model: The pydantic model its output is validated against.
+        fn: The implementation: ``await fn(input, ctx)`` returns an ``output_model`` instance.
+        side_effects: Whether it changes anything outside its output (the world model, a store).
+        idempotent: Whether running it twice with the same input is the same as running it once;
+            the engine re-runs an interrupted step only when it is.
+        cost: Cost units charged to a plan's budget per call.
+    """
+
+    name: str
+    description: str
+    input_model: type[InT]
+    output_model: type[OutT]
+    fn: Callable[[InT, ToolContext], Awaitable[OutT]]
+    side_effects: bool = False
+    idempotent: bool = True
+    cost: float = 1.0
+
+    async def __call__(self, data: InT, ctx: ToolContext) -> OutT:
+        """Run the tool on an already validated input."""
+        return await self.fn(data, ctx)
+
+
+def _model_name(name: str, suffix: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_")) + suffix
+
+
+def _model(model_name: str, fields: dict[str, Any]) -> type[BaseModel]:
+    model: type[BaseModel] = create_model(
+        model_name, __config__=ConfigDict(extra="forbid", frozen=True), **fields
+    )
+    return model
+
+
+def _derive(
+    fn: Callable[..., Awaitable[Any]],
+    name: str,
+) -> tuple[type[BaseModel], type[BaseModel], Callable[[Any, ToolContext], Awaitable[Any]]]:
+    """Input model, output model and a ``(input, ctx)`` adapter for an annotated function."""
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    ctx_params = [p.name for p in params if hints.get(p.name) is ToolContext]
+    data_params = [p for p in params if p.name not in ctx_params]
+    for param in params:
+        if param.name not in hints:
+            raise TypeError(f"tool {name!r}: parameter {param.name!r} has no annotation")
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name!r}: *args and **kwargs are not supported")
+    if "return" not in hints:
+        raise TypeError(f"tool {name!r}: the return type must be annotated")
+    ctx_name = ctx_params[0] if ctx_params else None
+
+    single = (
+        len(data_params) == 1
+        and isinstance(hints[data_params[0].name], type)
+        and issubclass(hints[data_params[0].name], BaseModel)
+    )
+    input_model: type[BaseModel]
+    if single:
+        input_model = hints[data_params[0].name]
+    else:
+        input_model = _model(
+            _model_name(name, "Input"),
+            {
+                p.name: (hints[p.name], ... if p.default is p.empty else p.default)
+                for p in data_params
+            },
+        )
+    returns = hints["return"]
+    wrapped = not (isinstance(returns, type) and issubclass(returns, BaseModel))
+    output_model: type[BaseModel]
+    if wrapped:
+        output_model = _model(_model_name(name, "Output"), {_RESULT_FIELD: (returns, ...)})
+    else:
+        output_model = returns
+
+    async def adapter(data: Any, ctx: ToolContext) -> Any:
+        if single:
+            args: dict[str, Any] = {data_params[0].name: data}
+        else:
+            args = {p.name: getattr(data, p.name) for p in data_params}
+        if ctx_name is not None:
+            args[ctx_name] = ctx
+        result = await fn(**args)
+        return output_model.model_validate({_RESULT_FIELD: result}) if wrapped else result
+
+    return input_model, output_model, adapter
+
+
+@overload
+def tool(fn: Callable[[InT, ToolContext], Awaitable[OutT]], /) -> Tool[InT, OutT]: ...
+
+
+@overload
+def tool(fn: Callable[..., Awaitable[Any]], /) -> Tool[Any, Any]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = False,
+    idempotent: bool = True,
+    cost: float = 1.0,
+) -> Callable[[Callable[..., Awaitable[Any]]], Tool[Any, Any]]: ...
+
+
+def tool(
+    fn: Callable[..., Awaitable[Any]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effects: bool = False,
+    idempotent: bool = True,
+    cost: float = 1.0,
+) -> Tool[Any, Any] | Callable[[Callable[..., Awaitable[Any]]], Tool[Any, Any]]:
+    """Make a :class:`Tool` from an annotated async function.
+
+    The function either takes one pydantic model (plus, optionally, a parameter annotated
+    ``ToolContext``) and returns a pydantic model, or takes plain annotated parameters, from which
+    the input model is derived, and returns any annotated type, which is wrapped in an output model
+    with a single ``result`` field.
+
+    Example::
+
+        @tool(side_effects=False)
+        async def count_words(text: str) -> int:
+            \"\"\"Count the words of a text.\"\"\"
+            return len(text.split())
+
+    Args:
+        fn: The function, when used as a bare ``@tool``.
+        name: The tool's name (default: the function's name).
+        description: What it does (default: the first line of the function's docstring).
+        side_effects: Whether it changes anything outside its output.
+        idempotent: Whether repeating a call with the same input is harmless.
+        cost: Cost units per call.
+
+    Returns:
+        The tool (or, with keyword arguments only, a decorator that makes it).
+
+    Raises:
+        TypeError: The function is not async or is not fully annotated.
+    """
+
+    def make(func: Callable[..., Awaitable[Any]]) -> Tool[Any, Any]:
+        tool_name = name or func.__name__
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(f"tool {tool_name!r}: the function must be async")
+        input_model, output_model, adapter = _derive(func, tool_name)
+        doc = inspect.getdoc(func) or ""
+        return Tool(
+            name=tool_name,
+            description=description or (doc.splitlines()[0] if doc else tool_name),
+            input_model=input_model,
+            output_model=output_model,
+            fn=adapter,
+            side_effects=side_effects,
+            idempotent=idempotent,
+            cost=cost,
+        )
+
+    if fn is not None:
+        return make(fn)
+    return make
+
+
+def _violations(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        parts.append(f"field {path or '(input)'!r}: {error['msg']}")
+    return "; ".join(parts)
+
+
+class ToolRegistry:
+    """The tools one agent may call; implements :class:`planning.ToolRunner`.
+
+    It is also a collection of tool names (``in``, ``len``, iteration), so it can be handed to
+    ``planning.validate_plan(plan, tools=registry)`` as it is.
+
+    Attributes:
+        agent: The role of the agent that owns the registry (named in error messages).
+    """
+
+    def __init__(self, agent: str) -> None:
+        """Create an empty registry for ``agent``."""
+        self.agent = agent
+        self._tools: dict[str, Tool[Any, Any]] = {}
+
+    def register(self, item: Tool[Any, Any], *, replace: bool = False) -> Tool[Any, Any]:
+        """Add a tool.
+
+        Args:
+            item: The tool.
+            replace: Allow replacing a tool of the same name.
+
+        Returns:
+            The tool, so ``registry.register(tool(fn))`` can be used inline.
+
+        Raises:
+            ValueError: A different tool with that name is registered and ``replace`` is false.
+        """
+        existing = self._tools.get(item.name)
+        if existing is not None and existing is not item and not replace:
+            raise ValueError(f"agent {self.agent!r} already has a tool named {item.name!r}")
+        self._tools[item.name] = item
+        return item
+
+    def get(self, name: str) -> Tool[Any, Any]:
+        """The tool called ``name``.
+
+        Raises:
+            KeyError: The registry has no such tool.
+        """
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise KeyError(f"agent {self.agent!r} has no tool {name!r}") from None
+
+    def names(self) -> list[str]:
+        """The tools' names, in registration order."""
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """Validate ``input``, run the tool, validate and return its output as JSON-like data.
+
+        Args:
+            name: The tool's name.
+            input: The tool's input, references already resolved.
+            ctx: The step the tool runs for.
+
+        Returns:
+            The output model dumped in JSON mode.
+
+        Raises:
+            planning.LogicError: The tool is unknown, the input does not validate (the message
+                names the field), or the output does not validate.
+        """
+        item = self._tools.get(name)
+        if item is None:
+            known = ", ".join(self._tools) or "none"
+            raise LogicError(f"agent {self.agent!r} has no tool {name!r} (tools: {known})")
+        try:
+            data = item.input_model.model_validate(input)
+        except ValidationError as exc:
+            raise LogicError(f"tool {name!r}: invalid input: {_violations(exc)}") from None
+        result = await item.fn(data, ctx)
+        try:
+            if isinstance(result, item.output_model):
+                output = result
+            else:
+                output = item.output_model.model_validate(
+                    result.model_dump() if isinstance(result, BaseModel) else result
+                )
+        except ValidationError as exc:
+            raise LogicError(f"tool {name!r}: invalid output: {_violations(exc)}") from None
+        logger.debug("agent %s tool %s ran", self.agent, name)
+        dumped: dict[str, Any] = output.model_dump(mode="json")
+        return dumped

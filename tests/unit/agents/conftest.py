@@ -1,0 +1,57 @@
+"""Fixtures for the agents' unit tests: example goals, call contexts, in-process agents."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents import Agent, build_in_memory
+from planning import InMemoryDispatcher
+from protocol import CAPABILITIES, CallContext, SubmitGoalRequest
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = REPO / "examples"
+EXAMPLE_NAMES = ("crown", "lighthouse", "orchard")
+
+
+def load_goal(name: str) -> SubmitGoalRequest:
+    """The example goal ``examples/<name>.yaml``."""
+    raw = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text(encoding="utf-8"))
+    return SubmitGoalRequest.model_validate(raw)
+
+
+def call(capability: str, target: str, *, plan_id: str = "", step_id: str = "") -> CallContext:
+    """A call context as the server would set it for an operator's request."""
+    return CallContext(
+        caller="operator",
+        target=target,
+        capability=capability,
+        request_id=uuid.uuid4().hex,
+        plan_id=plan_id,
+        step_id=step_id,
+    )
+
+
+@pytest.fixture
+def cluster() -> tuple[dict[str, Agent], InMemoryDispatcher]:
+    """The four agents wired through one in-memory dispatcher, no extensions or entry points."""
+    return build_in_memory(entry_points=False)
+
+
+@pytest.fixture
+def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Undo what extension tests do to the process: capabilities, sys.path, imported modules."""
+    capabilities = dict(CAPABILITIES)
+    modules = set(sys.modules)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    CAPABILITIES.clear()
+    CAPABILITIES.update(capabilities)
+    for name in set(sys.modules) - modules:
+        if name.startswith(("examples", "stratagem_extension_", "tests.unit.agents.ext_")):
+            del sys.modules[name]

@@ -1,0 +1,64 @@
+"""The agents package's public names, pinned."""
+
+from __future__ import annotations
+
+import inspect
+
+import agents
+
+EXPECTED = [
+    "DEFAULT_PATTERNS",
+    "DEMO_GOAL",
+    "ENTRY_POINT_GROUP",
+    "ROLE_TYPES",
+    "THEME_LEXICONS",
+    "Agent",
+    "AgentError",
+    "ArcChoice",
+    "Assignment",
+    "DramaticBeat",
+    "Extension",
+    "ExtensionError",
+    "ExtractionPattern",
+    "Mention",
+    "NarrativeGoal",
+    "OrchestrationPlan",
+    "OrchestratorAgent",
+    "OrchestratorPlanner",
+    "PerceptionAgent",
+    "PerceptionPlan",
+    "PerceptionPlanner",
+    "PlanRecord",
+    "Planner",
+    "ResolutionStrategy",
+    "ResourceRequirements",
+    "RoleAgentType",
+    "StateUpdate",
+    "StrategicAgent",
+    "StrategicPlan",
+    "StrategicPlanner",
+    "TacticalAgent",
+    "TacticalPlan",
+    "TacticalPlanner",
+    "TacticalStep",
+    "Tool",
+    "ToolRegistry",
+    "WorldModel",
+    "build_agent",
+    "build_in_memory",
+    "load_extensions",
+    "serve_in_memory",
+    "slugify",
+    "tool",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert agents.__all__ == EXPECTED
+
+
+def test_every_name_is_importable_and_documented() -> None:
+    for name in agents.__all__:
+        value = getattr(agents, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert inspect.getdoc(value), f"{name} has no docstring"

@@ -1,0 +1,175 @@
+"""SubmitGoal end to end in one process: the four agents wired through an InMemoryDispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agents import DEMO_GOAL, Agent, OrchestrationPlan, PerceptionAgent
+from agents._actions import simulate
+from planning import CrossAgentStep, InMemoryDispatcher, Plan, ToolStep, validate_plan
+from protocol import (
+    FailedPreconditionError,
+    PlanEvent,
+    SubmitGoalRequest,
+    SubmitGoalResponse,
+)
+from tests.unit.agents.conftest import EXAMPLE_NAMES, call, load_goal
+
+Cluster = tuple[dict[str, Agent], InMemoryDispatcher]
+
+
+async def submit(agents: dict[str, Agent], request: SubmitGoalRequest) -> SubmitGoalResponse:
+    answer = await agents["orchestrator"].handle(
+        "SubmitGoal", request, call("SubmitGoal", "orchestrator")
+    )
+    assert isinstance(answer, SubmitGoalResponse)
+    return answer
+
+
+def test_the_demo_goal_is_the_crown_example() -> None:
+    assert load_goal("crown") == DEMO_GOAL
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+async def test_every_example_goal_is_reached(name: str, cluster: Cluster) -> None:
+    agents, dispatcher = cluster
+    perception = agents["perception"]
+    assert isinstance(perception, PerceptionAgent)
+    goal = load_goal(name).model_copy(update={"plan_id": f"goal-{name}"})
+
+    answer = await submit(agents, goal)
+
+    assert answer.plan_id == f"goal-{name}"
+    assert answer.status == "succeeded"
+    assert [b.id for b in answer.beats] == [f"beat_{i}" for i in range(1, goal.beats + 1)]
+    assert answer.actions
+    # The sequence re-simulates cleanly from the facts the passage stated ...
+    opening = [*answer.removed, *(f for f in perception.world.facts() if f not in answer.added)]
+    every_goal = [g for beat in answer.beats for g in beat.goals]
+    assert simulate(opening, answer.actions, every_goal).ok
+    # ... and every beat's goals hold in the world the perception agent now has.
+    for fact in every_goal:
+        assert perception.world.holds(fact), fact
+    for fact in answer.added:
+        assert perception.world.holds(fact)
+    for fact in answer.removed:
+        assert not perception.world.holds(fact)
+
+    # Who was asked what, in an order the dependencies allow.
+    asked = [(c.target, c.capability, c.step_id) for c in dispatcher.calls]
+    assert asked[0] == ("perception", "ExtractEntities", "extract")
+    assert asked[-1] == ("perception", "UpdateWorldState", "apply")
+    assert {c.caller for c in dispatcher.calls} == {"orchestrator"}
+    assert sum(1 for t, _, _ in asked if t == "tactical") == goal.beats
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+async def test_every_plan_names_only_its_own_agents_tools(name: str, cluster: Cluster) -> None:
+    agents, _ = cluster
+    goal = load_goal(name).model_copy(update={"plan_id": f"goal-{name}"})
+    await submit(agents, goal)
+    for role, agent in agents.items():
+        snapshots = agent.plans(goal.plan_id)
+        assert snapshots, role
+        for snapshot in snapshots:
+            assert snapshot.plan_id == goal.plan_id or snapshot.plan_id.startswith(
+                goal.plan_id + "/"
+            )
+            plan = agent.plan_type.model_validate_json(snapshot.plan_json)
+            assert isinstance(plan, Plan)
+            assert plan.owner == role
+            validate_plan(plan, tools=agent.registry)
+            tools = {s.tool for s in plan.steps if isinstance(s, ToolStep)}
+            assert tools <= set(agent.registry), (role, tools)
+            for other_role, other in agents.items():
+                if other_role != role:
+                    assert not tools & set(other.registry), (role, other_role)
+    orchestration = agents["orchestrator"].plans(goal.plan_id)
+    [plan] = [OrchestrationPlan.model_validate_json(s.plan_json) for s in orchestration]
+    assert all(isinstance(s, CrossAgentStep) for s in plan.steps)
+    assert [(a.step, a.agent) for a in plan.assignments][:4] == [
+        ("extract", "perception"),
+        ("spatial", "perception"),
+        ("analyze", "strategic"),
+        ("arc", "strategic"),
+    ]
+    assert len(agents["orchestrator"].registry) == 0
+
+
+async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:
+    agents, _ = cluster
+    goal = DEMO_GOAL.model_copy(update={"plan_id": "goal-watched"})
+    seen: dict[str, list[PlanEvent]] = {role: [] for role in agents}
+
+    async def follow(role: str) -> None:
+        async for event in agents[role].watch("goal-watched"):
+            seen[role].append(event)
+
+    watchers = {role: asyncio.create_task(follow(role)) for role in agents}
+    await asyncio.sleep(0)
+    await submit(agents, goal)
+    # The orchestrator owns the plan: its stream ends with the plan's final event.
+    await asyncio.wait_for(watchers["orchestrator"], 1)
+    last = seen["orchestrator"][-1]
+    assert (last.plan_id, last.step_id, last.status) == ("goal-watched", "", "succeeded")
+    # The others only hold sub-plans: their streams show them and go on until stopped.
+    await asyncio.sleep(0.01)
+    assert {e.plan_id for e in seen["tactical"]} == {
+        "goal-watched/beat_1",
+        "goal-watched/beat_2",
+        "goal-watched/beat_3",
+    }
+    assert {e.plan_id for e in seen["perception"]} == {
+        "goal-watched/extract",
+        "goal-watched/spatial",
+        "goal-watched/apply",
+    }
+    for role in ("perception", "strategic", "tactical"):
+        assert not watchers[role].done()
+        watchers[role].cancel()
+    await asyncio.gather(*watchers.values(), return_exceptions=True)
+
+
+async def test_a_goal_the_arc_cannot_serve_fails_naming_the_step(cluster: Cluster) -> None:
+    agents, _ = cluster
+    goal = SubmitGoalRequest(
+        goal="Mira recovers the crown",
+        passage="Mira waits in the courtyard. The crown rests in the vault. The vault is locked.",
+        beats=3,
+        plan_id="goal-keyless",
+    )
+    with pytest.raises(FailedPreconditionError) as info:
+        await submit(agents, goal)
+    message = info.value.message
+    assert message.startswith("plan 'goal-keyless' step 'arc' failed (logic):")
+    assert "the vault is locked and nothing in the world opens it" in message
+    [snapshot] = agents["orchestrator"].plans("goal-keyless")
+    assert snapshot.status == "failed"
+
+
+async def test_an_unreachable_key_fails_the_first_beat_and_changes_nothing(
+    cluster: Cluster,
+) -> None:
+    agents, _ = cluster
+    perception = agents["perception"]
+    assert isinstance(perception, PerceptionAgent)
+    goal = SubmitGoalRequest(
+        goal="Mira recovers the crown",
+        passage=(
+            "Mira waits in the courtyard. The crown rests in the vault. The vault is locked. "
+            "The iron key lies in the tower. The iron key opens the vault. "
+            "The courtyard leads to the vault."
+        ),
+        beats=2,
+        plan_id="goal-stuck",
+    )
+    with pytest.raises(FailedPreconditionError) as info:
+        await submit(agents, goal)
+    assert "step 'beat_1' failed (logic)" in info.value.message
+    assert "no action sequence reaches has(mira, iron_key)" in info.value.message
+    version = perception.world.version
+    assert version == 1  # only the extraction merged; nothing was applied
+    statuses = {s.plan_id: s.status for s in perception.plans("goal-stuck")}
+    assert "goal-stuck/apply" not in statuses

@@ -1,0 +1,136 @@
+"""Tool, the @tool decorator and ToolRegistry (the agents' planning.ToolRunner)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from agents import Tool, ToolRegistry, tool
+from planning import LogicError, ToolContext
+
+CTX = ToolContext(plan_id="p", step_id="s", attempt=1, agent="strategic")
+
+
+class Greeting(BaseModel):
+    name: str
+    times: int = 1
+
+
+class Greeted(BaseModel):
+    text: str
+
+
+@tool(side_effects=False, cost=2.0)
+async def greet(data: Greeting, ctx: ToolContext) -> Greeted:
+    """Greet someone a number of times."""
+    return Greeted(text=" ".join([f"hello {data.name} from {ctx.step_id}"] * data.times))
+
+
+@tool
+async def add(a: int, b: int = 0) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool(name="bad_output")
+async def returns_wrong_shape(n: int) -> Greeted:
+    """Claims to return Greeted but does not."""
+    return {"wrong": n}  # type: ignore[return-value]
+
+
+def registry() -> ToolRegistry:
+    reg = ToolRegistry("strategic")
+    for item in (greet, add, returns_wrong_shape):
+        reg.register(item)
+    return reg
+
+
+def test_decorator_takes_models_from_a_model_signature() -> None:
+    assert isinstance(greet, Tool)
+    assert greet.name == "greet"
+    assert greet.description == "Greet someone a number of times."
+    assert greet.input_model is Greeting
+    assert greet.output_model is Greeted
+    assert greet.cost == 2.0
+    assert not greet.side_effects
+    assert greet.idempotent
+
+
+def test_decorator_derives_models_from_plain_parameters() -> None:
+    assert set(add.input_model.model_fields) == {"a", "b"}
+    assert add.input_model.model_fields["b"].default == 0
+    assert set(add.output_model.model_fields) == {"result"}
+
+
+def test_decorator_refuses_sync_and_unannotated_functions() -> None:
+    def sync(a: int) -> int:
+        return a
+
+    async def untyped(a):  # type: ignore[no-untyped-def]
+        return a
+
+    with pytest.raises(TypeError, match="must be async"):
+        tool(sync)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no annotation"):
+        tool(untyped)
+
+
+async def test_run_tool_validates_and_dumps() -> None:
+    reg = registry()
+    assert await reg.run_tool("greet", {"name": "Mira", "times": 2}, CTX) == {
+        "text": "hello Mira from s hello Mira from s"
+    }
+    assert await reg.run_tool("add", {"a": 2, "b": 3}, CTX) == {"result": 5}
+
+
+async def test_missing_field_is_a_logic_error_naming_the_field() -> None:
+    with pytest.raises(
+        LogicError, match=r"tool 'greet': invalid input: field 'name': Field required"
+    ):
+        await registry().run_tool("greet", {"times": 2}, CTX)
+
+
+async def test_wrong_type_and_unknown_field_are_logic_errors() -> None:
+    reg = registry()
+    with pytest.raises(LogicError, match="field 'times'"):
+        await reg.run_tool("greet", {"name": "Mira", "times": "many"}, CTX)
+    with pytest.raises(LogicError, match="field 'c': Extra inputs are not permitted"):
+        await reg.run_tool("add", {"a": 1, "c": 2}, CTX)
+
+
+async def test_invalid_output_is_a_logic_error() -> None:
+    with pytest.raises(LogicError, match="tool 'bad_output': invalid output"):
+        await registry().run_tool("bad_output", {"n": 1}, CTX)
+
+
+async def test_unknown_tool_is_a_logic_error_naming_agent_and_tools() -> None:
+    with pytest.raises(LogicError, match=r"agent 'strategic' has no tool 'apply_actions'"):
+        await registry().run_tool("apply_actions", {}, CTX)
+
+
+def test_registry_collection_behaviour() -> None:
+    reg = registry()
+    assert reg.names() == ["greet", "add", "bad_output"]
+    assert list(reg) == reg.names()
+    assert len(reg) == 3
+    assert "add" in reg
+    assert "split_sentences" not in reg
+    assert reg.get("add") is add
+    with pytest.raises(KeyError, match="has no tool 'nope'"):
+        reg.get("nope")
+
+
+def test_duplicate_name_is_refused_unless_replacing() -> None:
+    reg = registry()
+    other = Tool(
+        name="add",
+        description="another add",
+        input_model=Greeting,
+        output_model=Greeted,
+        fn=greet.fn,
+    )
+    with pytest.raises(ValueError, match="already has a tool named 'add'"):
+        reg.register(other)
+    reg.register(add)  # the same tool again is harmless
+    reg.register(other, replace=True)
+    assert reg.get("add") is other
