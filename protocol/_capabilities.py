@@ -55,6 +55,9 @@ Word = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 Title = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 PlanId = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:/-]{0,199})?$")]
+# The largest value of a protobuf int32; every int field bound to one is bounded by it, so a valid
+# model always encodes (the drift test checks the bound).
+INT32_MAX: Final = 2**31 - 1
 
 
 class WireModel(BaseModel):
@@ -108,9 +111,11 @@ class ExtractEntitiesRequest(WireModel):
 
 
 class ExtractEntitiesResponse(WireModel):
+    """The entities and relations found, and the world model's version after merging them."""
+
     entities: list[Entity] = Field(default_factory=list, max_length=1000)
     relations: list[Relation] = Field(default_factory=list, max_length=5000)
-    world_version: int = Field(default=0, ge=0)
+    world_version: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class FindSpatialContextRequest(WireModel):
@@ -120,6 +125,8 @@ class FindSpatialContextRequest(WireModel):
 
 
 class SpatialContext(WireModel):
+    """Where one entity is, what it directly contains and, for a place, its neighbours."""
+
     entity_id: Slug
     location: str = Field(default="", max_length=64)
     contains: list[Slug] = Field(default_factory=list, max_length=1000)
@@ -127,6 +134,8 @@ class SpatialContext(WireModel):
 
 
 class FindSpatialContextResponse(WireModel):
+    """The context of each entity asked about, and the whole current world state."""
+
     contexts: list[SpatialContext] = Field(default_factory=list, max_length=100)
     facts: list[Relation] = Field(default_factory=list, max_length=5000)
 
@@ -134,14 +143,16 @@ class FindSpatialContextResponse(WireModel):
 class UpdateWorldStateRequest(WireModel):
     """Apply actions to the world model in order, checking each precondition."""
 
-    actions: list[Action] = Field(min_length=1, max_length=500)
+    actions: list[Action] = Field(default_factory=list, max_length=500)
     dry_run: bool = False
 
 
 class UpdateWorldStateResponse(WireModel):
+    """The facts the actions added and removed, and the world model's new version."""
+
     added: list[Relation] = Field(default_factory=list, max_length=5000)
     removed: list[Relation] = Field(default_factory=list, max_length=5000)
-    world_version: int = Field(default=0, ge=0)
+    world_version: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 # --- strategic -------------------------------------------------------------------------------
@@ -155,6 +166,8 @@ class AnalyzeNarrativeRequest(WireModel):
 
 
 class AnalyzeNarrativeResponse(WireModel):
+    """The passage's protagonist, themes, tension (0..1) and a short summary."""
+
     protagonist: str = Field(default="", max_length=64)
     themes: list[Word] = Field(default_factory=list, max_length=16)
     tension: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -172,6 +185,8 @@ class PlanNarrativeArcRequest(WireModel):
 
 
 class PlanNarrativeArcResponse(WireModel):
+    """The arc template chosen and its beats, in order."""
+
     template: str = Field(default="", max_length=64)
     beats: list[Beat] = Field(default_factory=list, max_length=8)
 
@@ -189,9 +204,11 @@ class PlanExecutionSequenceRequest(WireModel):
 
 
 class PlanExecutionSequenceResponse(WireModel):
+    """The actions that reach the beat's goals, and how many states the search explored."""
+
     beat_id: Slug
     actions: list[Action] = Field(default_factory=list, max_length=64)
-    states_explored: int = Field(default=0, ge=0)
+    states_explored: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 # --- orchestrator ----------------------------------------------------------------------------
@@ -207,6 +224,8 @@ class SubmitGoalRequest(WireModel):
 
 
 class SubmitGoalResponse(WireModel):
+    """The goal's plan, its final status, and the arc, actions and world changes it made."""
+
     plan_id: str = Field(max_length=200)
     status: str = Field(max_length=32)
     beats: list[Beat] = Field(default_factory=list, max_length=8)

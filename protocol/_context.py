@@ -1,7 +1,7 @@
 """What a capability handler knows about the call it serves.
 
-The server sets ``current_call`` for the handler's task; tasks the handler starts copy it, so a nested
-cross-agent request made anywhere below a handler inherits the remaining deadline.
+The server sets ``current_call`` for the handler's task; tasks the handler starts copy it, so a
+nested cross-agent request made anywhere below a handler inherits the remaining deadline.
 """
 
 from __future__ import annotations

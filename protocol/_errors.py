@@ -109,42 +109,62 @@ class RemoteError(ProtocolError):
 
 
 class InvalidArgumentError(RemoteError):
+    """The request is malformed; ``violations`` names each invalid field."""
+
     code = Code.INVALID_ARGUMENT
 
 
 class UnauthenticatedError(RemoteError):
+    """The caller's identity is missing or malformed."""
+
     code = Code.UNAUTHENTICATED
 
 
 class PermissionDeniedError(RemoteError):
+    """The policy does not allow this caller to call this capability on this target."""
+
     code = Code.PERMISSION_DENIED
 
 
 class NotFoundError(RemoteError):
+    """The target does not serve the capability, or the plan asked about does not exist."""
+
     code = Code.NOT_FOUND
 
 
 class FailedPreconditionError(RemoteError):
+    """The request is valid but the system is not in a state to serve it."""
+
     code = Code.FAILED_PRECONDITION
 
 
 class ResourceExhaustedError(RemoteError):
+    """A message is larger than allowed, or the server is out of capacity."""
+
     code = Code.RESOURCE_EXHAUSTED
 
 
 class DeadlineExceededError(RemoteError):
+    """The call did not finish before its deadline."""
+
     code = Code.DEADLINE_EXCEEDED
 
 
 class UnavailableError(RemoteError):
+    """The target is down or unreachable; retrying later may succeed."""
+
     code = Code.UNAVAILABLE
 
 
 class CancelledError(RemoteError):
+    """The call was cancelled, usually by its caller."""
+
     code = Code.CANCELLED
 
 
 class InternalError(RemoteError):
+    """The target failed unexpectedly; the message never carries a stack trace."""
+
     code = Code.INTERNAL
 
 
@@ -168,7 +188,16 @@ _BY_CODE: dict[Code, type[RemoteError]] = {
 def error_for_code(
     code: Code, message: str, violations: tuple[FieldViolation, ...] = ()
 ) -> RemoteError:
-    """The ``RemoteError`` for ``code`` (``InternalError`` for codes without a class of their own)."""
+    """The ``RemoteError`` for ``code`` (``InternalError`` for a code without a class of its own).
+
+    Args:
+        code: The status code.
+        message: The one-line message.
+        violations: Field violations, for ``INVALID_ARGUMENT``.
+
+    Returns:
+        An instance of the code's class, else an ``InternalError`` whose message names the code.
+    """
     cls = _BY_CODE.get(code, InternalError)
     err = cls(message, violations=violations)
     if cls is InternalError and code is not Code.INTERNAL:

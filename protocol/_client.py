@@ -1,0 +1,386 @@
+"""The client side of a cross-agent request.
+
+Every call carries a deadline: the call's own timeout, cut to what is left of the call being served
+in this context (``remaining_time()``), so a nested request never outlives the one it serves. Every
+call names its caller, target and capability in metadata and carries W3C trace context. A failed
+call raises the ``RemoteError`` subclass of its status, converted once in ``protocol._status``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, TracerProvider
+from pydantic import ValidationError
+
+from protocol._capabilities import WireModel, capability_for
+from protocol._codec import (
+    AgentCard,
+    PlanEvent,
+    PlanSnapshot,
+    RequestEnvelope,
+    decode_card,
+    decode_event,
+    decode_plans,
+    decode_response,
+    encode_query,
+    encode_request,
+    violations_from,
+)
+from protocol._context import remaining_time
+from protocol._errors import (
+    Code,
+    DeadlineExceededError,
+    InternalError,
+    InvalidArgumentError,
+    ProtocolUsageError,
+    RemoteError,
+)
+from protocol._rpc import (
+    CALLER_KEY,
+    CAPABILITY_KEY,
+    REQUEST_ID_KEY,
+    TARGET_KEY,
+    end_span,
+    method_path,
+    span_attributes,
+    span_name,
+)
+from protocol._status import from_rpc_error
+
+__all__ = ["AgentClient", "ClientConfig"]
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """How an ``AgentClient`` calls.
+
+    Attributes:
+        default_timeout_s: The deadline of a call that names none.
+        max_message_bytes: The largest response accepted, in bytes (larger ones fail with
+            ``RESOURCE_EXHAUSTED``).
+    """
+
+    default_timeout_s: float = 30.0
+    max_message_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.default_timeout_s <= 0 or self.max_message_bytes <= 0:
+            raise ProtocolUsageError("ClientConfig values must be positive")
+
+
+class AgentClient:
+    """Calls one agent's ``AgentService``.
+
+    Args:
+        endpoint: ``host:port`` of the agent's server.
+        caller: This side's identity (a role, or ``OPERATOR``).
+        config: Timeouts and limits.
+        tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
+
+    The channel opens on the first call; close it with ``aclose`` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        caller: str,
+        config: ClientConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        if not caller:
+            raise ProtocolUsageError("an AgentClient needs a caller identity")
+        self._endpoint = endpoint
+        self._caller = caller
+        self._config = config or ClientConfig()
+        self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        self._channel: Any = None
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        """The ``host:port`` called."""
+        return self._endpoint
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _open(self) -> Any:
+        # Opened lazily: a grpc.aio channel binds to the running event loop.
+        if self._closed:
+            raise ProtocolUsageError("the client is closed")
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                self._endpoint,
+                options=[("grpc.max_receive_message_length", self._config.max_message_bytes)],
+            )
+        return self._channel
+
+    async def aclose(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        self._closed = True
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # --- calls ------------------------------------------------------------------------------
+
+    async def call(
+        self,
+        target: str,
+        capability: str,
+        request: WireModel,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+        request_id: str | None = None,
+        plan_id: str = "",
+        step_id: str = "",
+    ) -> WireModel:
+        """Ask ``target`` to serve ``capability``.
+
+        Args:
+            target: The role called.
+            capability: The capability's name.
+            request: The capability's request model.
+            timeout: Seconds to wait; ``ClientConfig.default_timeout_s`` when ``None``. Always
+                cut to what remains of the call being served in this context.
+            request_id: The idempotency key; a fresh one when ``None``. Reuse it to retry safely.
+            plan_id: The caller's plan, if any.
+            step_id: The caller's step, if any.
+
+        Returns:
+            The capability's response model.
+
+        Raises:
+            ProtocolUsageError: An unknown capability, one ``target`` does not serve, a request of
+                another model, or a malformed id.
+            RemoteError: The subclass of the status the call ended with (``DeadlineExceededError``
+                at once when no time is left; ``InternalError`` for a malformed response).
+        """
+        spec = capability_for(target, capability)
+        if spec is None:
+            raise ProtocolUsageError(f"{target!r} does not serve a capability {capability!r}")
+        if not isinstance(request, spec.request):
+            raise ProtocolUsageError(
+                f"{capability} takes a {spec.request.__name__}, not a {type(request).__name__}"
+            )
+        try:
+            envelope = RequestEnvelope(
+                request_id=request_id or uuid.uuid4().hex,
+                caller=self._caller,
+                target=target,
+                plan_id=plan_id,
+                step_id=step_id,
+                capability=capability,
+                body=request,
+            )
+        except ValidationError as exc:
+            problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
+            raise ProtocolUsageError(f"invalid call to {target}.{capability}: {problems}") from None
+
+        def answer(data: bytes) -> WireModel:
+            response = decode_response(data)
+            if response.request_id != envelope.request_id or response.capability != capability:
+                raise InvalidArgumentError("it answers another request")
+            return response.body
+
+        return await self._unary(
+            "Call",
+            encode_request(envelope),
+            answer,
+            timeout_s=timeout,
+            target=target,
+            capability=capability,
+            request_id=envelope.request_id,
+            plan_id=plan_id,
+            step_id=step_id,
+        )
+
+    async def describe(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> AgentCard:
+        """The agent's card: its role, capabilities (with their schemas) and tools."""
+        return await self._unary(
+            "Describe", encode_query("Describe"), decode_card, timeout_s=timeout
+        )
+
+    async def plans(
+        self,
+        plan_id: str = "",
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> list[PlanSnapshot]:
+        """Snapshots of ``plan_id`` and its sub-plans, or of every plan the agent holds for ""."""
+        query = encode_query("Plans", plan_id)
+        return await self._unary("Plans", query, decode_plans, timeout_s=timeout, plan_id=plan_id)
+
+    async def watch(
+        self,
+        plan_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> AsyncIterator[PlanEvent]:
+        """Stream the events of ``plan_id`` and its sub-plans until the agent ends the stream.
+
+        Args:
+            plan_id: The plan to follow.
+            timeout: A deadline for the whole stream; none unless given (or inherited).
+
+        Yields:
+            Each event as the agent sends it.
+
+        Raises:
+            RemoteError: The subclass of the status the stream ended with.
+        """
+        query = encode_query("Watch", plan_id)
+        inherited = remaining_time()
+        deadline = self._deadline(timeout) if timeout is not None or inherited is not None else None
+        span = self._tracer.start_span(
+            span_name("Watch"),
+            kind=SpanKind.CLIENT,
+            attributes=span_attributes("Watch", plan_id=plan_id),
+        )
+        # The span is not made current: a generator's context would leak into its consumer's.
+        stream = self._open().unary_stream(method_path("Watch"))(
+            query,
+            timeout=deadline,
+            metadata=self._metadata("Watch", context=trace.set_span_in_context(span)),
+            wait_for_ready=False,
+        )
+        try:
+            async for data in stream:
+                try:
+                    event = decode_event(data)
+                except RemoteError as exc:
+                    raise self._malformed(span, self._endpoint, exc) from exc
+                yield event
+            end_span(span, Code.OK, "", server=False)
+        except grpc.aio.AioRpcError as exc:
+            error = from_rpc_error(exc)
+            end_span(span, error.code, error.message, server=False)
+            raise error from exc
+        finally:
+            stream.cancel()
+            span.end()
+
+    async def health(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> str:
+        """The agent's health status name (``SERVING``, ``NOT_SERVING``...).
+
+        Raises:
+            RemoteError: When the health service cannot be reached (``UnavailableError``).
+        """
+        stub = health_pb2_grpc.HealthStub(self._open())
+        try:
+            response = await stub.Check(
+                health_pb2.HealthCheckRequest(service=""),
+                timeout=self._deadline(timeout),
+                wait_for_ready=False,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None) -> float:
+        """The call's deadline in seconds: its timeout, cut to the inherited remaining time."""
+        if timeout is not None and timeout <= 0:
+            raise ProtocolUsageError(f"timeout must be positive, not {timeout}")
+        seconds = self._config.default_timeout_s if timeout is None else timeout
+        inherited = remaining_time()
+        if inherited is not None:
+            if inherited <= 0:
+                raise DeadlineExceededError("no time is left of the calling request's deadline")
+            seconds = min(seconds, inherited)
+        return seconds
+
+    def _metadata(
+        self,
+        capability: str,
+        *,
+        target: str | None = None,
+        request_id: str = "",
+        context: Any = None,
+    ) -> tuple[tuple[str, str], ...]:
+        """Routing metadata (caller, target, capability, request id) and W3C trace context."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=context)
+        routing = {CALLER_KEY: self._caller, CAPABILITY_KEY: capability}
+        if target is not None:
+            routing[TARGET_KEY] = target
+        if request_id:
+            routing[REQUEST_ID_KEY] = request_id
+        return tuple({**routing, **carrier}.items())
+
+    async def _unary(
+        self,
+        method: str,
+        request: bytes,
+        decode: Callable[[bytes], R],
+        *,
+        timeout_s: float | None,
+        target: str | None = None,
+        capability: str = "",
+        request_id: str = "",
+        **span_values: str,
+    ) -> R:
+        """Send one unary request under its deadline and CLIENT span; decode or map the failure."""
+        deadline = self._deadline(timeout_s)
+        with self._tracer.start_as_current_span(
+            span_name(method),
+            kind=SpanKind.CLIENT,
+            attributes=span_attributes(
+                method, capability=capability, request_id=request_id, **span_values
+            ),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                data = await self._open().unary_unary(method_path(method))(
+                    request,
+                    timeout=deadline,
+                    metadata=self._metadata(
+                        capability or method, target=target, request_id=request_id
+                    ),
+                    wait_for_ready=False,
+                )
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc)
+                end_span(span, error.code, error.message, server=False)
+                logger.debug("%s %s on %s failed: %s", method, capability, self._endpoint, error)
+                raise error from exc
+            try:
+                answer = decode(bytes(data))
+            except RemoteError as exc:
+                raise self._malformed(span, target or self._endpoint, exc) from exc
+            end_span(span, Code.OK, "", server=False)
+            return answer
+
+    def _malformed(self, span: Span, target: str, exc: RemoteError) -> InternalError:
+        error = InternalError(f"malformed response from {target}: {exc}")
+        end_span(span, error.code, error.message, server=False)
+        logger.warning("%s", error)
+        return error

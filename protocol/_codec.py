@@ -1,0 +1,727 @@
+"""Generic conversion between the pydantic wire models and the protobuf messages.
+
+The conversion walks the protobuf message descriptors, never a list of fields written by hand:
+scalars and repeated scalars are copied, nested and repeated messages recurse, and the envelope's
+``oneof body`` is chosen from the capability registry. A capability added by an extension travels
+as the JSON of its own pydantic model inside ``ExtensionBody``.
+
+Decoding always ends in pydantic validation, so every constraint declared on a capability model is
+enforced on the wire; a validation failure becomes an ``InvalidArgumentError`` whose violations name
+the offending fields by path (``beat.goals[0].predicate``), relative to the capability's body.
+
+``schema_drift`` compares a model with a message descriptor (field names, repeated-ness, scalar
+kinds, nested message types, int ranges); the unit tests assert it finds nothing for every model.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Collection, Iterable, Sequence
+from enum import Enum
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+
+from protocol._capabilities import (
+    CAPABILITIES,
+    EXTENSION_FIELD,
+    INT32_MAX,
+    CapabilitySpec,
+    PlanId,
+    WireModel,
+)
+from protocol._errors import (
+    FailedPreconditionError,
+    FieldViolation,
+    InvalidArgumentError,
+    ProtocolUsageError,
+)
+from protocol._gen.stratagem.v1 import agent_pb2 as pb
+
+__all__ = [
+    "IDENTITY_PATTERN",
+    "AgentCard",
+    "CapabilityCard",
+    "PlanEvent",
+    "PlanSnapshot",
+    "ReadRpc",
+    "RequestEnvelope",
+    "ResponseEnvelope",
+    "decode_card",
+    "decode_event",
+    "decode_plans",
+    "decode_query",
+    "decode_request",
+    "decode_response",
+    "encode_card",
+    "encode_event",
+    "encode_plans",
+    "encode_query",
+    "encode_request",
+    "encode_response",
+    "field_path",
+    "from_message",
+    "schema_drift",
+    "to_message",
+    "violations_from",
+]
+
+M = TypeVar("M", bound=Message)
+T = TypeVar("T", bound=BaseModel)
+
+IDENTITY_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,63}$"
+"""An identity on the wire: a role or "operator"; lowercase, so policies match exactly."""
+Identity = Annotated[str, StringConstraints(pattern=IDENTITY_PATTERN)]
+# An idempotency key: long enough for the engine's "<plan id>@<revision>:<step id>" keys.
+RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,399}$")]
+CapabilityName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+ReadRpc = Literal["Describe", "Watch", "Plans"]
+
+
+# --- the envelopes ------------------------------------------------------------------------------
+
+
+class _Envelope(WireModel):
+    """What both envelopes share: a capability's name and a body of its request or response."""
+
+    _side: ClassVar[Literal["request", "response"]]
+
+    capability: CapabilityName
+    body: SerializeAsAny[WireModel]
+
+    @field_validator("capability")
+    @classmethod
+    def _registered(cls, capability: str) -> str:
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}")
+        return capability
+
+    @field_validator("body")
+    @classmethod
+    def _body_fits(cls, body: WireModel, info: ValidationInfo) -> WireModel:
+        spec = CAPABILITIES.get(info.data.get("capability", ""))
+        if spec is None:
+            return body
+        model = spec.request if cls._side == "request" else spec.response
+        if not isinstance(body, model):
+            raise ValueError(
+                f"a {spec.name} {cls._side} is a {model.__name__}, not a {type(body).__name__}"
+            )
+        return body
+
+
+class RequestEnvelope(_Envelope):
+    """A cross-agent request: routing and idempotency fields plus one capability's request body.
+
+    Field names are those of ``stratagem.v1.AgentRequest``; ``capability`` names the body's
+    capability (the ``oneof`` field for a built-in one, ``ExtensionBody.capability`` otherwise).
+    """
+
+    _side = "request"
+
+    request_id: RequestId
+    caller: Identity
+    target: Identity
+    plan_id: PlanId = ""
+    step_id: PlanId = ""
+
+
+class ResponseEnvelope(_Envelope):
+    """The answer to a ``RequestEnvelope``; its field names are ``stratagem.v1.AgentResponse``'s."""
+
+    _side = "response"
+
+    request_id: RequestId
+    responder: Identity
+    plan_id: PlanId = ""
+
+
+# --- introspection and progress -----------------------------------------------------------------
+
+
+class CapabilityCard(WireModel):
+    """One capability an agent serves, with the JSON Schemas of its request and response."""
+
+    name: CapabilityName
+    version: str = Field(max_length=32)
+    request_schema: str
+    response_schema: str
+
+    @classmethod
+    def from_spec(cls, spec: CapabilitySpec) -> CapabilityCard:
+        """The card describing ``spec``, its schemas rendered from its pydantic models."""
+        return cls(
+            name=spec.name,
+            version=spec.version,
+            request_schema=json.dumps(spec.request.model_json_schema(), sort_keys=True),
+            response_schema=json.dumps(spec.response.model_json_schema(), sort_keys=True),
+        )
+
+
+class AgentCard(WireModel):
+    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``)."""
+
+    role: Identity
+    version: str = Field(max_length=64)
+    capabilities: list[CapabilityCard] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+
+
+class PlanEvent(WireModel):
+    """A change of a plan or of one of its steps, as streamed by ``Watch``."""
+
+    plan_id: PlanId
+    revision: Count = 0
+    step_id: str = Field(default="", max_length=200)
+    status: str = Field(max_length=32)
+    attempt: Count = 0
+    failure_class: str = Field(default="", max_length=32)
+    message: str = Field(default="", max_length=4000)
+    timestamp: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    agent: str = Field(default="", max_length=64)
+
+
+class PlanSnapshot(WireModel):
+    """A plan's current state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON."""
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revision: Count = 0
+    status: str = Field(max_length=32)
+    plan_json: str = ""
+
+
+class _PlansResponse(WireModel):
+    plans: list[PlanSnapshot] = Field(default_factory=list)
+
+
+class _PlanQuery(WireModel):
+    """The body of ``WatchRequest`` and ``PlansRequest`` (the same shape)."""
+
+    plan_id: PlanId = ""
+
+
+class _NoQuery(WireModel):
+    """The body of ``DescribeRequest``."""
+
+
+_QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
+    "Describe": (pb.DescribeRequest, _NoQuery),
+    "Watch": (pb.WatchRequest, _PlanQuery),
+    "Plans": (pb.PlansRequest, _PlanQuery),
+}
+
+# The built-in capabilities by their ``oneof body`` field. ``register_capability`` only adds
+# capabilities carried in ``extension``, so this table is fixed once the module is imported.
+_BUILTIN_BY_FIELD: Final[dict[str, CapabilitySpec]] = {
+    spec.field: spec for spec in CAPABILITIES.values() if spec.field != EXTENSION_FIELD
+}
+
+
+# --- validation errors --------------------------------------------------------------------------
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as a path: ``("beat", "goals", 0, "x")`` -> ``beat.goals[0].x``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path = f"{path}.{part}" if path else part
+    return path
+
+
+def violations_from(exc: ValidationError, *, root: str = "") -> tuple[FieldViolation, ...]:
+    """The field violations of a pydantic ``ValidationError``, one per error.
+
+    Args:
+        exc: The validation error.
+        root: The field named by an error about the value as a whole (an empty location).
+
+    Returns:
+        One ``FieldViolation`` per error, its field a dotted path with ``[i]`` for list items.
+    """
+    return tuple(
+        FieldViolation(field=field_path(error["loc"]) or root, description=error["msg"])
+        for error in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def _invalid(summary: str, exc: ValidationError, *, root: str = "") -> InvalidArgumentError:
+    return InvalidArgumentError(summary, violations=violations_from(exc, root=root))
+
+
+# --- the generic walk ---------------------------------------------------------------------------
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _fill(message: Message, model: BaseModel, path: str) -> None:
+    """Copy ``model`` into ``message`` by descriptor; ``oneof`` members are left to the caller."""
+    for field in message.DESCRIPTOR.fields:
+        if field.containing_oneof is not None:
+            continue
+        where = _join(path, field.name)
+        try:
+            value = getattr(model, field.name)
+        except AttributeError:
+            raise ProtocolUsageError(
+                f"cannot encode {where}: {type(model).__name__} has no field {field.name!r}"
+            ) from None
+        if value is None:
+            continue
+        if field.message_type is not None:
+            if field.is_repeated:
+                items = getattr(message, field.name)
+                for index, item in enumerate(value):
+                    _fill(items.add(), item, f"{where}[{index}]")
+            else:
+                nested = getattr(message, field.name)
+                nested.SetInParent()  # present even when every nested field has its default
+                _fill(nested, value, where)
+            continue
+        try:
+            if field.is_repeated:
+                getattr(message, field.name).extend(value)
+            else:
+                setattr(message, field.name, value)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolUsageError(f"cannot encode {where}: {exc}") from exc
+
+
+def _plain(message: Message) -> dict[str, Any]:
+    """The message as plain data keyed by field name; unset singular messages are left out."""
+    data: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.containing_oneof is not None:
+            continue
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            if field.is_repeated:
+                data[field.name] = [_plain(item) for item in value]
+            elif message.HasField(field.name):
+                data[field.name] = _plain(value)
+        else:
+            data[field.name] = list(value) if field.is_repeated else value
+    return data
+
+
+def to_message(model: BaseModel, message_type: type[M]) -> M:
+    """Convert a pydantic model to the protobuf message of the same shape.
+
+    Args:
+        model: The model; its fields must match the message's (see ``schema_drift``).
+        message_type: The generated message class.
+
+    Returns:
+        A new message holding the model's values.
+
+    Raises:
+        ProtocolUsageError: When a value cannot be represented (a drifted model, a lone surrogate).
+    """
+    message = message_type()
+    _fill(message, model, "")
+    return message
+
+
+def from_message(message: Message, model_type: type[T]) -> T:
+    """Convert a protobuf message to a pydantic model, validating every constraint of the model.
+
+    Args:
+        message: The message.
+        model_type: The pydantic model of the same shape.
+
+    Returns:
+        The validated model.
+
+    Raises:
+        InvalidArgumentError: When a value breaks a constraint; one violation per field.
+    """
+    try:
+        return model_type.model_validate(_plain(message))
+    except ValidationError as exc:
+        raise _invalid(f"invalid {model_type.__name__}", exc) from None
+
+
+def _parse(message_type: type[M], data: bytes) -> M:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"cannot parse the bytes as a {message_type.DESCRIPTOR.full_name} message"
+        ) from exc
+    return message
+
+
+# --- envelopes ----------------------------------------------------------------------------------
+
+
+def _put_body(
+    envelope: pb.AgentRequest | pb.AgentResponse, capability: str, body: WireModel
+) -> None:
+    spec = CAPABILITIES.get(capability)
+    if spec is None:
+        raise ProtocolUsageError(f"unknown capability {capability!r}")
+    if spec.field == EXTENSION_FIELD:
+        envelope.extension.CopyFrom(
+            pb.ExtensionBody(
+                capability=spec.name,
+                version=spec.version,
+                payload_json=body.model_dump_json().encode(),
+            )
+        )
+        return
+    nested = getattr(envelope, spec.field)
+    nested.SetInParent()
+    _fill(nested, body, "")
+
+
+def _take_body(
+    envelope: pb.AgentRequest | pb.AgentResponse, side: Literal["request", "response"]
+) -> tuple[str, WireModel]:
+    which = envelope.WhichOneof("body")
+    if which is None:
+        raise InvalidArgumentError(
+            f"the {side} carries no body",
+            violations=(FieldViolation("body", "no capability body is set"),),
+        )
+    if which == EXTENSION_FIELD:
+        extension = envelope.extension
+        spec = CAPABILITIES.get(extension.capability)
+        if spec is None or spec.field != EXTENSION_FIELD:
+            raise InvalidArgumentError(
+                f"unknown extension capability {extension.capability!r}",
+                violations=(
+                    FieldViolation("extension.capability", "not a registered extension capability"),
+                ),
+            )
+        if extension.version != spec.version:
+            raise FailedPreconditionError(
+                f"{spec.name} version {extension.version!r} was sent; "
+                f"this side speaks version {spec.version!r}"
+            )
+        model = spec.request if side == "request" else spec.response
+        try:
+            return spec.name, model.model_validate_json(extension.payload_json)
+        except ValidationError as exc:
+            raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_json") from None
+    spec = _BUILTIN_BY_FIELD[which]
+    model = spec.request if side == "request" else spec.response
+    try:
+        return spec.name, model.model_validate(_plain(getattr(envelope, which)))
+    except ValidationError as exc:
+        raise _invalid(f"invalid {spec.name} {side}", exc) from None
+
+
+E = TypeVar("E", bound=_Envelope)
+
+
+def _encode_envelope(
+    envelope: _Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
+) -> bytes:
+    message = message_type()
+    _fill(message, envelope, "")
+    _put_body(message, envelope.capability, envelope.body)
+    return message.SerializeToString()
+
+
+def _decode_envelope(
+    data: bytes, message_type: type[pb.AgentRequest | pb.AgentResponse], model: type[E]
+) -> E:
+    message = _parse(message_type, data)
+    capability, body = _take_body(message, model._side)
+    try:
+        return model.model_validate({**_plain(message), "capability": capability, "body": body})
+    except ValidationError as exc:
+        raise _invalid(f"invalid {model._side} envelope", exc) from None
+
+
+def encode_request(envelope: RequestEnvelope) -> bytes:
+    """Serialize a request envelope to ``stratagem.v1.AgentRequest`` bytes.
+
+    Raises:
+        ProtocolUsageError: When the body cannot be represented on the wire.
+    """
+    return _encode_envelope(envelope, pb.AgentRequest)
+
+
+def decode_request(data: bytes) -> RequestEnvelope:
+    """Parse and validate ``stratagem.v1.AgentRequest`` bytes.
+
+    Raises:
+        InvalidArgumentError: Unparseable bytes, no body, an unknown extension, or a field that
+            breaks its constraint (violations name the fields, relative to the body).
+        FailedPreconditionError: An extension capability sent with another schema version.
+    """
+    return _decode_envelope(data, pb.AgentRequest, RequestEnvelope)
+
+
+def encode_response(envelope: ResponseEnvelope) -> bytes:
+    """Serialize a response envelope to ``stratagem.v1.AgentResponse`` bytes.
+
+    Raises:
+        ProtocolUsageError: When the body cannot be represented on the wire.
+    """
+    return _encode_envelope(envelope, pb.AgentResponse)
+
+
+def decode_response(data: bytes) -> ResponseEnvelope:
+    """Parse and validate ``stratagem.v1.AgentResponse`` bytes.
+
+    Raises:
+        InvalidArgumentError: As for ``decode_request``.
+        FailedPreconditionError: An extension capability answered with another schema version.
+    """
+    return _decode_envelope(data, pb.AgentResponse, ResponseEnvelope)
+
+
+# --- cards, events, snapshots and read queries --------------------------------------------------
+
+
+def _decode(data: bytes, message_type: type[Message], model_type: type[T]) -> T:
+    return from_message(_parse(message_type, data), model_type)
+
+
+def encode_card(card: AgentCard) -> bytes:
+    """Serialize an agent card to ``stratagem.v1.AgentCard`` bytes."""
+    return to_message(card, pb.AgentCard).SerializeToString()
+
+
+def decode_card(data: bytes) -> AgentCard:
+    """Parse and validate ``stratagem.v1.AgentCard`` bytes (``InvalidArgumentError`` when bad)."""
+    return _decode(data, pb.AgentCard, AgentCard)
+
+
+def encode_event(event: PlanEvent) -> bytes:
+    """Serialize a plan event to ``stratagem.v1.PlanEvent`` bytes."""
+    return to_message(event, pb.PlanEvent).SerializeToString()
+
+
+def decode_event(data: bytes) -> PlanEvent:
+    """Parse and validate ``stratagem.v1.PlanEvent`` bytes (``InvalidArgumentError`` when bad)."""
+    return _decode(data, pb.PlanEvent, PlanEvent)
+
+
+def encode_plans(snapshots: Iterable[PlanSnapshot]) -> bytes:
+    """Serialize plan snapshots to ``stratagem.v1.PlansResponse`` bytes."""
+    return to_message(_PlansResponse(plans=list(snapshots)), pb.PlansResponse).SerializeToString()
+
+
+def decode_plans(data: bytes) -> list[PlanSnapshot]:
+    """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.PlansResponse, _PlansResponse).plans
+
+
+def encode_query(rpc: ReadRpc, plan_id: str = "") -> bytes:
+    """Serialize a read RPC's request (``DescribeRequest``, ``WatchRequest``, ``PlansRequest``).
+
+    Raises:
+        ProtocolUsageError: When ``plan_id`` is malformed, or given to ``Describe``.
+    """
+    message_type, model_type = _QUERIES[rpc]
+    try:
+        query = model_type.model_validate({"plan_id": plan_id} if plan_id else {})
+    except ValidationError as exc:
+        raise ProtocolUsageError(f"invalid {rpc} query: {exc.errors()[0]['msg']}") from None
+    return to_message(query, message_type).SerializeToString()
+
+
+def decode_query(rpc: ReadRpc, data: bytes) -> str:
+    """Parse and validate the request of a read RPC; returns its ``plan_id`` ("" for ``Describe``).
+
+    Raises:
+        InvalidArgumentError: Unparseable bytes or a malformed ``plan_id``.
+    """
+    message_type, model_type = _QUERIES[rpc]
+    query = _decode(data, message_type, model_type)
+    return query.plan_id if isinstance(query, _PlanQuery) else ""
+
+
+# --- drift between the models and the messages --------------------------------------------------
+
+_INT_RANGES: Final[dict[int, tuple[int, int]]] = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
+}
+_SCALAR_KINDS: Final[dict[int, type]] = {
+    FieldDescriptor.TYPE_STRING: str,
+    FieldDescriptor.TYPE_BYTES: bytes,
+    FieldDescriptor.TYPE_BOOL: bool,
+    FieldDescriptor.TYPE_DOUBLE: float,
+    FieldDescriptor.TYPE_FLOAT: float,
+    **dict.fromkeys(_INT_RANGES, int),
+}
+
+
+def _unwrap(annotation: Any) -> tuple[Any, list[Any]]:
+    """Strip ``Annotated`` and ``X | None``; returns the bare type and the stripped metadata."""
+    metadata: list[Any] = []
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation, *extra = get_args(annotation)
+            metadata.extend(extra)
+        elif origin in (Union, types.UnionType):
+            members = [arg for arg in get_args(annotation) if arg is not type(None)]
+            if len(members) != 1:
+                return annotation, metadata
+            annotation = members[0]
+        else:
+            return annotation, metadata
+
+
+def _kind(annotation: Any) -> Any:
+    """The Python kind a scalar annotation carries on the wire (``Literal['a']`` -> ``str``)."""
+    if get_origin(annotation) is Literal:
+        kinds = {type(value) for value in get_args(annotation)}
+        return kinds.pop() if len(kinds) == 1 else annotation
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        for base in (str, int):
+            if issubclass(annotation, base):
+                return base
+    return annotation
+
+
+def _int_bounds(metadata: Iterable[Any]) -> tuple[int | None, int | None]:
+    """The inclusive integer range that ``Ge``/``Gt``/``Le``/``Lt`` constraints allow."""
+    lows: list[int] = []
+    highs: list[int] = []
+    for item in metadata:
+        if isinstance(item, FieldInfo):
+            low, high = _int_bounds(item.metadata)
+            lows.extend([low] if low is not None else [])
+            highs.extend([high] if high is not None else [])
+            continue
+        if (ge := getattr(item, "ge", None)) is not None:
+            lows.append(int(ge))
+        if (gt := getattr(item, "gt", None)) is not None:
+            lows.append(int(gt) + 1)
+        if (le := getattr(item, "le", None)) is not None:
+            highs.append(int(le))
+        if (lt := getattr(item, "lt", None)) is not None:
+            highs.append(int(lt) - 1)
+    return (max(lows) if lows else None, min(highs) if highs else None)
+
+
+def _field_drift(
+    where: str, info: FieldInfo, field: FieldDescriptor, problems: list[str], seen: set[Any]
+) -> None:
+    annotation, metadata = _unwrap(info.annotation)
+    metadata = [*info.metadata, *metadata]
+    repeated = get_origin(annotation) in (list, tuple, Sequence)
+    if repeated:
+        element, element_metadata = _unwrap(get_args(annotation)[0])
+        metadata = element_metadata
+    else:
+        element = annotation
+    if repeated != field.is_repeated:
+        side = "the proto" if field.is_repeated else "the model"
+        problems.append(f"{where}: repeated only in {side}")
+        return
+    if field.message_type is not None:
+        if not (isinstance(element, type) and issubclass(element, BaseModel)):
+            problems.append(
+                f"{where}: a {field.message_type.name} message in the proto, "
+                f"{element!r} on the model"
+            )
+        elif element.__name__ != field.message_type.name:
+            problems.append(
+                f"{where}: nested type {element.__name__} on the model, "
+                f"{field.message_type.name} in the proto"
+            )
+        else:
+            _drift(element, field.message_type, (), problems, seen)
+        return
+    expected = _SCALAR_KINDS.get(field.type)
+    actual = _kind(element)
+    if expected is None:
+        problems.append(f"{where}: proto field type {field.type} is not supported by the codec")
+    elif actual is not expected:
+        problems.append(f"{where}: {expected.__name__} in the proto, {actual!r} on the model")
+    elif expected is int:
+        lowest, highest = _INT_RANGES[field.type]
+        low, high = _int_bounds(metadata)
+        if low is None or high is None or low < lowest or high > highest:
+            problems.append(f"{where}: int not bounded to the proto's range [{lowest}, {highest}]")
+
+
+def _drift(
+    model: type[BaseModel],
+    descriptor: Descriptor,
+    ignore: Collection[str],
+    problems: list[str],
+    seen: set[Any],
+) -> None:
+    if (model, descriptor.full_name) in seen:
+        return
+    seen.add((model, descriptor.full_name))
+    where = f"{model.__name__} / {descriptor.full_name}"
+    proto = {field.name: field for field in descriptor.fields if field.containing_oneof is None}
+    fields = {name: info for name, info in model.model_fields.items() if name not in ignore}
+    problems.extend(
+        f"{where}: {name!r} only on the model" for name in sorted(fields.keys() - proto.keys())
+    )
+    problems.extend(
+        f"{where}: {name!r} only in the proto" for name in sorted(proto.keys() - fields.keys())
+    )
+    for name in sorted(fields.keys() & proto.keys()):
+        _field_drift(f"{where}.{name}", fields[name], proto[name], problems, seen)
+
+
+def schema_drift(
+    model: type[BaseModel], descriptor: Descriptor, *, ignore: Collection[str] = ()
+) -> list[str]:
+    """Every difference between a pydantic model and a protobuf message, recursively.
+
+    Compares field names, repeated-ness, scalar kinds (``Literal`` and ``Enum`` count as their
+    values' type), nested message types (by name) and, for integer
+    fields, that the model's bounds keep every value within the proto's range. ``oneof`` members are
+    skipped: the envelope carries them.
+
+    Args:
+        model: The pydantic model.
+        descriptor: The message descriptor, e.g. ``agent_pb2.Beat.DESCRIPTOR``.
+        ignore: Model fields that have no proto field on purpose (``capability``, ``body``).
+
+    Returns:
+        One line per difference; empty when the two match.
+    """
+    problems: list[str] = []
+    _drift(model, descriptor, ignore, problems, set())
+    return problems

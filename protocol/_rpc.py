@@ -1,0 +1,100 @@
+"""What the client and the server agree on besides the messages: names, metadata keys, span shape.
+
+Both ends build their spans with these helpers so a client span and its server span carry the same
+attributes, and both map status codes to span status the way the OpenTelemetry RPC semantic
+conventions say (a client marks every non-OK code as an error, a server only the server-side ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import grpc
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import Span, Status, StatusCode
+
+from protocol._errors import Code
+
+SERVICE: Final = "stratagem.v1.AgentService"
+"""The fully qualified gRPC service name."""
+
+CALLER_KEY: Final = "x-stratagem-caller"
+TARGET_KEY: Final = "x-stratagem-target"
+CAPABILITY_KEY: Final = "x-stratagem-capability"
+REQUEST_ID_KEY: Final = "x-stratagem-request-id"
+"""Optional: lets a call refused before its body is decoded still be audited under its id."""
+
+# Codes a server reports as span errors (OpenTelemetry RPC semantic conventions, gRPC section).
+_SERVER_ERRORS: Final = frozenset(
+    {
+        Code.UNKNOWN,
+        Code.DEADLINE_EXCEEDED,
+        Code.UNIMPLEMENTED,
+        Code.INTERNAL,
+        Code.UNAVAILABLE,
+        Code.DATA_LOSS,
+    }
+)
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+def method_path(method: str) -> str:
+    """The gRPC path of an ``AgentService`` method, e.g. ``/stratagem.v1.AgentService/Call``."""
+    return f"/{SERVICE}/{method}"
+
+
+def span_name(method: str) -> str:
+    """The span name of an ``AgentService`` method, e.g. ``stratagem.v1.AgentService/Call``."""
+    return f"{SERVICE}/{method}"
+
+
+def code_number(code: Code) -> int:
+    """gRPC's numeric value of ``code`` (``rpc.grpc.status_code``)."""
+    return int(grpc.StatusCode[code.value].value[0])
+
+
+def stratagem_attributes(**values: str) -> dict[str, str]:
+    """``stratagem.*`` attributes: ``plan_id="p"`` -> ``stratagem.plan.id``; empties dropped."""
+    return {"stratagem." + name.replace("_", "."): value for name, value in values.items() if value}
+
+
+def span_attributes(method: str, **values: str) -> dict[str, str]:
+    """The attributes an ``AgentService`` span starts with: the RPC ones and ``stratagem.*``."""
+    return {
+        "rpc.system": "grpc",
+        "rpc.service": SERVICE,
+        "rpc.method": method,
+        **stratagem_attributes(**values),
+    }
+
+
+def end_span(span: Span, code: Code, message: str, *, server: bool) -> None:
+    """Record a call's outcome on its span: the status code and, when it is an error, the status."""
+    span.set_attribute("rpc.grpc.status_code", code_number(code))
+    if code is Code.OK:
+        return
+    if not server or code in _SERVER_ERRORS:
+        span.set_status(Status(StatusCode.ERROR, f"{code.value}: {message}"))
+
+
+def text_metadata(metadata: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
+    """The text entries of gRPC metadata (binary ``-bin`` entries are left out), last one wins."""
+    return {key: value for key, value in metadata if isinstance(value, str)}
+
+
+class MetadataGetter(Getter[Metadata]):
+    """Reads W3C trace context (``traceparent``, ``tracestate``) out of gRPC metadata."""
+
+    def get(self, carrier: Metadata, key: str) -> list[str] | None:
+        """Every text value of ``key``, or ``None`` when it is absent."""
+        values = [value for name, value in carrier if name == key and isinstance(value, str)]
+        return values or None
+
+    def keys(self, carrier: Metadata) -> list[str]:
+        """The keys present in the metadata."""
+        return [name for name, _ in carrier]
+
+
+metadata_getter: Final = MetadataGetter()

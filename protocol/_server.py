@@ -1,0 +1,674 @@
+"""The gRPC server of one agent and its request pipeline.
+
+Every ``AgentService`` method takes the raw request bytes, so that each refusal is the pipeline's
+own, answered with one status code and audited. ``Call`` runs these stages in order:
+
+1. authenticate: a caller identity in ``x-stratagem-caller`` (``UNAUTHENTICATED``);
+2. authorize: the target is this agent and the policy allows the capability
+   (``PERMISSION_DENIED``); a capability this agent does not serve is ``NOT_FOUND``, told only to
+   a caller the policy allowed, so a denied caller never learns the capability list;
+3. the size limit on the raw request (``RESOURCE_EXHAUSTED``);
+4. decode and validate; the envelope must agree with the metadata (``INVALID_ARGUMENT`` with field
+   violations; ``FAILED_PRECONDITION`` for an extension capability of another version);
+5. a ``request_id`` seen before from the same caller gets the stored answer (a different payload
+   under the same id is ``FAILED_PRECONDITION``); a duplicate of a call still running waits for it;
+6. audit ``call.accepted``: if the audit log cannot record it, the call is not served (fail closed);
+7. the handler, under the remaining deadline (``DEADLINE_EXCEEDED``), with ``current_call`` set;
+8. audit the outcome (``call.outcome``) with the response's digest, then answer.
+
+An ``x-stratagem-request-id`` metadata value, when sent, names a call refused before its body is
+decoded in the audit log; the envelope must then carry the same id.
+
+``Describe``, ``Watch`` and ``Plans`` go through stages 1-4 too, authorized as the pseudo-
+capabilities of the same names; their target defaults to this agent. Refusals are audited as
+``call.denied`` (``PERMISSION_DENIED``) or ``call.refused``; a stored answer as ``call.replayed``.
+
+Errors become statuses in one place (``protocol._status``): a ``RemoteError`` keeps its code,
+message and violations; anything else is logged here and answered ``INTERNAL: internal error``.
+The transport's own size limit is set well above ours, so our check (audited) answers first.
+
+The caller identity is the ``x-stratagem-caller`` metadata value, trusted as sent over an insecure
+channel until transport identity lands (see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind, TracerProvider
+
+from protocol._audit import AuditLog, digest
+from protocol._capabilities import CapabilitySpec, WireModel, capability_for
+from protocol._codec import (
+    IDENTITY_PATTERN,
+    AgentCard,
+    PlanEvent,
+    PlanSnapshot,
+    ReadRpc,
+    RequestEnvelope,
+    ResponseEnvelope,
+    decode_query,
+    decode_request,
+    encode_card,
+    encode_event,
+    encode_plans,
+    encode_response,
+)
+from protocol._context import CallContext, current_call
+from protocol._errors import (
+    CancelledError,
+    Code,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    FieldViolation,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ProtocolUsageError,
+    RemoteError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    error_for_code,
+)
+from protocol._policy import Policy
+from protocol._rpc import (
+    CALLER_KEY,
+    CAPABILITY_KEY,
+    REQUEST_ID_KEY,
+    SERVICE,
+    TARGET_KEY,
+    end_span,
+    metadata_getter,
+    span_attributes,
+    span_name,
+    stratagem_attributes,
+    text_metadata,
+)
+from protocol._status import as_remote_error, grpc_status
+
+__all__ = ["AgentBackend", "AgentServer", "ServerConfig"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_IDENTITY: Final = re.compile(IDENTITY_PATTERN)
+# How much later than a client's deadline our own timer fires (see ``_Budget``).
+_BACKSTOP_S: Final = 0.25
+# How far above ``max_message_bytes`` the transport's own limits sit, so our check answers first.
+_TRANSPORT_HEADROOM: Final = 4
+
+
+class AgentBackend(Protocol):
+    """What an ``AgentServer`` serves; ``agents.Agent`` satisfies it structurally."""
+
+    @property
+    def role(self) -> str:
+        """The agent's role: requests must target it."""
+        ...
+
+    def card(self) -> AgentCard:
+        """The agent's card, the answer to ``Describe``."""
+        ...
+
+    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
+        """Serve one capability request; raise a ``RemoteError`` to answer with its status."""
+        ...
+
+    def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
+        """Events of the plan and its sub-plans until the plan ends (``NotFoundError`` if none)."""
+        ...
+
+    def plans(self, plan_id: str) -> list[PlanSnapshot]:
+        """Snapshots of the plan and its sub-plans, or of every plan for ""; must not block."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How an ``AgentServer`` listens and what it accepts.
+
+    Attributes:
+        host: The address to bind.
+        port: The port to bind; 0 picks a free one (``AgentServer.start`` returns it).
+        max_message_bytes: The largest request (and response) accepted, in bytes.
+        default_deadline_s: The handler's deadline when the client sent none.
+        answer_cache_size: How many answers are kept for duplicate ``request_id``s.
+        answer_cache_bytes: The most bytes of answers kept for duplicates.
+        grace_s: How long ``aclose`` lets calls in flight finish.
+        max_concurrent_rpcs: At most this many calls are served at once, later ones wait for a
+            slot (``None`` for no limit).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_message_bytes: int = 1 << 20
+    default_deadline_s: float = 30.0
+    answer_cache_size: int = 4096
+    answer_cache_bytes: int = 64 << 20
+    grace_s: float = 5.0
+    max_concurrent_rpcs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ProtocolUsageError(f"ServerConfig.port must be in 0..65535, not {self.port}")
+        for name in ("max_message_bytes", "default_deadline_s", "answer_cache_bytes"):
+            if getattr(self, name) <= 0:
+                raise ProtocolUsageError(f"ServerConfig.{name} must be positive")
+        if self.answer_cache_size < 0 or self.grace_s < 0:
+            raise ProtocolUsageError("ServerConfig.answer_cache_size and grace_s must be >= 0")
+
+
+class _AnswerCache:
+    """Successful answers by (caller, request_id), least recently used evicted first."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._entries: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def get(self, key: tuple[str, str]) -> tuple[str, bytes] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: tuple[str, str], request_digest: str, answer: bytes) -> None:
+        if len(answer) > self._max_bytes or self._max_entries == 0:
+            return
+        previous = self._entries.pop(key, None)
+        if previous is not None:
+            self._bytes -= len(previous[1])
+        self._entries[key] = (request_digest, answer)
+        self._bytes += len(answer)
+        while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= len(evicted)
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What the pipeline has learned about one RPC so far."""
+
+    method: str
+    metadata: dict[str, str]
+    caller: str = ""
+    target: str = ""
+    capability: str = ""
+    request_id: str = ""
+    request_digest: str = ""
+    accepted: bool = False
+    replayed: bool = False
+    summary: str = ""
+
+
+_Stage = Callable[[_Exchange, bytes, Any, Span], Awaitable[bytes | None]]
+
+
+class AgentServer:
+    """A ``grpc.aio`` server for one agent: ``AgentService`` plus the standard health service.
+
+    Args:
+        backend: The agent served.
+        policy: Who may call what.
+        audit: Where every accepted, refused and finished call is recorded.
+        config: Where to listen and what to accept.
+        tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
+
+    Use ``await server.start()`` and ``await server.aclose()``, or ``async with``.
+    """
+
+    def __init__(
+        self,
+        backend: AgentBackend,
+        *,
+        policy: Policy,
+        audit: AuditLog,
+        config: ServerConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self._backend = backend
+        self._role = backend.role
+        self._policy = policy
+        self._audit = audit
+        self._config = config or ServerConfig()
+        self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        self._answers = _AnswerCache(
+            self._config.answer_cache_size, self._config.answer_cache_bytes
+        )
+        self._running: dict[tuple[str, str], tuple[str, asyncio.Future[bytes | RemoteError]]] = {}
+        self._server: Any = None
+        self._health: Any = None
+        self._port = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Bind, start serving and report ``SERVING`` on the health service.
+
+        Returns:
+            The bound port.
+
+        Raises:
+            ProtocolUsageError: When already started, or the address cannot be bound.
+        """
+        if self._server is not None:
+            raise ProtocolUsageError("the server is already started")
+        limit = _TRANSPORT_HEADROOM * self._config.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ],
+            maximum_concurrent_rpcs=self._config.max_concurrent_rpcs,
+        )
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE,
+                    {
+                        "Call": grpc.unary_unary_rpc_method_handler(self._call),
+                        "Describe": grpc.unary_unary_rpc_method_handler(self._describe),
+                        "Plans": grpc.unary_unary_rpc_method_handler(self._plans),
+                        "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+                    },
+                ),
+            )
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        address = f"{self._config.host}:{self._config.port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise ProtocolUsageError(f"cannot listen on {address}: {exc}") from exc
+        await server.start()
+        for service in ("", SERVICE):
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self._health, self._port = server, health_servicer, int(port)
+        logger.info("agent %s serving on %s", self._role, self.endpoint)
+        return self._port
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 before ``start``)."""
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` to dial, e.g. ``127.0.0.1:50051``.
+
+        Raises:
+            ProtocolUsageError: Before ``start``.
+        """
+        if self._server is None:
+            raise ProtocolUsageError("the server is not started")
+        host = self._config.host
+        return f"[{host}]:{self._port}" if ":" in host else f"{host}:{self._port}"
+
+    async def aclose(self) -> None:
+        """Report ``NOT_SERVING``, let calls in flight finish for ``grace_s``, then stop."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await self._health.enter_graceful_shutdown()
+        await server.stop(self._config.grace_s)
+        logger.info("agent %s stopped serving on port %s", self._role, self._port)
+
+    async def __aenter__(self) -> AgentServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # --- the four methods -------------------------------------------------------------------
+
+    async def _call(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Call", request, context, self._serve_call)
+
+    async def _describe(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Describe", request, context, self._serve_describe)
+
+    async def _plans(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Plans", request, context, self._serve_plans)
+
+    async def _watch(self, request: bytes, context: Any) -> None:
+        await self._serve("Watch", request, context, self._serve_watch)
+
+    async def _serve(
+        self, method: str, request: bytes, context: Any, stage: _Stage
+    ) -> bytes | None:
+        """Run one RPC's stages inside its server span; settle, audit and answer its outcome."""
+        metadata = tuple(context.invocation_metadata() or ())
+        exchange = _Exchange(method=method, metadata=text_metadata(metadata))
+        with self._tracer.start_as_current_span(
+            span_name(method),
+            context=propagate.extract(metadata, getter=metadata_getter),
+            kind=SpanKind.SERVER,
+            attributes=span_attributes(method),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                answer = await stage(exchange, request, context, span)
+            except asyncio.CancelledError:
+                await self._settle(exchange, span, _interruption(context), None)
+                raise
+            except Exception as exc:
+                error = as_remote_error(exc)
+                if error is not exc:
+                    logger.error(
+                        "unexpected error serving %s %s from %r (request %r)",
+                        method,
+                        exchange.capability,
+                        exchange.caller,
+                        exchange.request_id,
+                        exc_info=exc,
+                    )
+            else:
+                await self._settle(exchange, span, None, answer)
+                return answer
+            await self._settle(exchange, span, error, None)
+            if _deadline_passed(context):
+                # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
+                raise asyncio.CancelledError
+            await context.abort_with_status(grpc_status(error))
+            raise AssertionError("grpc's abort returned instead of raising")
+
+    # --- stages -----------------------------------------------------------------------------
+
+    def _admit(self, exchange: _Exchange, request: bytes, span: Span, read: ReadRpc | None) -> None:
+        """Authenticate and authorize; a read RPC is its own capability and targets this agent."""
+        exchange.request_digest = digest(request)
+        exchange.caller = exchange.metadata.get(CALLER_KEY, "")
+        exchange.target = exchange.metadata.get(TARGET_KEY, "") or (self._role if read else "")
+        exchange.capability = read or exchange.metadata.get(CAPABILITY_KEY, "")
+        exchange.request_id = exchange.metadata.get(REQUEST_ID_KEY, "")
+        span.set_attributes(stratagem_attributes(capability=exchange.capability))
+        if not exchange.caller:
+            raise UnauthenticatedError(f"no caller identity: the {CALLER_KEY} metadata is missing")
+        if not _IDENTITY.fullmatch(exchange.caller):
+            raise UnauthenticatedError(f"malformed caller identity in {CALLER_KEY}")
+        if not (exchange.target and exchange.capability):
+            raise InvalidArgumentError(f"a Call needs {TARGET_KEY} and {CAPABILITY_KEY} metadata")
+        allowed = exchange.target == self._role and self._policy.allows(
+            exchange.caller, exchange.target, exchange.capability
+        )
+        if not allowed:
+            raise PermissionDeniedError(
+                f"{exchange.caller!r} may not call {exchange.capability!r} on {exchange.target!r}"
+            )
+
+    def _limit(self, size: int, what: str) -> None:
+        if size > self._config.max_message_bytes:
+            raise ResourceExhaustedError(
+                f"the {what} is {size} bytes; the limit is {self._config.max_message_bytes}"
+            )
+
+    async def _accept(self, exchange: _Exchange, detail: str = "") -> None:
+        # Fail closed: a call the audit log cannot record is not served.
+        await self._record(exchange, "call.accepted", "", detail, exchange.request_digest)
+        exchange.accepted = True
+
+    async def _serve_call(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        self._admit(exchange, request, span, read=None)
+        spec = capability_for(self._role, exchange.capability)
+        if spec is None:
+            raise NotFoundError(f"{self._role} does not serve {exchange.capability!r}")
+        self._limit(len(request), "request")
+        envelope = decode_request(request)
+        span.set_attributes(
+            stratagem_attributes(
+                request_id=envelope.request_id, plan_id=envelope.plan_id, step_id=envelope.step_id
+            )
+        )
+        _check_routing(envelope, exchange)
+        exchange.request_id = envelope.request_id
+        key = (exchange.caller, envelope.request_id)
+        budget = self._budget(context)
+        stored = self._answers.get(key) or self._running.get(key)
+        if stored is not None:
+            return await self._replay(exchange, stored, budget)
+        # Registered before the first await, so a duplicate arriving meanwhile waits for this one.
+        outcome: asyncio.Future[bytes | RemoteError] = asyncio.get_running_loop().create_future()
+        self._running[key] = (exchange.request_digest, outcome)
+        try:
+            await self._accept(exchange, _plan_step(envelope.plan_id, envelope.step_id))
+            answer = await self._run(spec, envelope, budget)
+        except Exception as exc:
+            outcome.set_result(as_remote_error(exc))
+            raise
+        except BaseException:
+            outcome.set_result(UnavailableError("an earlier attempt was interrupted; retry"))
+            raise
+        finally:
+            del self._running[key]
+        outcome.set_result(answer)
+        self._answers.put(key, exchange.request_digest, answer)
+        return answer
+
+    async def _replay(
+        self,
+        exchange: _Exchange,
+        stored: tuple[str, bytes | asyncio.Future[bytes | RemoteError]],
+        budget: _Budget,
+    ) -> bytes:
+        """Answer a duplicate ``request_id`` with the first attempt's outcome."""
+        request_digest, answer = stored
+        if request_digest != exchange.request_digest:
+            raise FailedPreconditionError(
+                f"request_id {exchange.request_id!r} was already used for a different request"
+            )
+        exchange.replayed = True
+        if isinstance(answer, bytes):
+            return answer
+        result = await _within(budget, asyncio.shield(answer), "the first attempt")
+        if isinstance(result, RemoteError):
+            raise error_for_code(result.code, result.message, result.violations)
+        return result
+
+    async def _run(self, spec: CapabilitySpec, envelope: RequestEnvelope, budget: _Budget) -> bytes:
+        """Run the handler under the remaining deadline with ``current_call`` set."""
+        call = CallContext(
+            caller=envelope.caller,
+            target=self._role,
+            capability=spec.name,
+            request_id=envelope.request_id,
+            plan_id=envelope.plan_id,
+            step_id=envelope.step_id,
+            deadline=time.monotonic() + budget.seconds,
+        )
+        token = current_call.set(call)
+        try:
+            response = await _within(
+                budget, self._backend.handle(spec.name, envelope.body, call), spec.name
+            )
+        finally:
+            current_call.reset(token)
+        answer = encode_response(
+            ResponseEnvelope(
+                request_id=envelope.request_id,
+                responder=self._role,
+                capability=spec.name,
+                body=response,
+            )
+        )
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _admit_read(
+        self, exchange: _Exchange, request: bytes, span: Span, rpc: ReadRpc
+    ) -> str:
+        """Stages 1-4 and ``call.accepted`` for a read RPC; returns the plan id it asks about."""
+        self._admit(exchange, request, span, read=rpc)
+        self._limit(len(request), "request")
+        plan_id = decode_query(rpc, request)
+        span.set_attributes(stratagem_attributes(plan_id=plan_id))
+        await self._accept(exchange, _plan_step(plan_id, ""))
+        return plan_id
+
+    async def _serve_describe(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        await self._admit_read(exchange, request, span, "Describe")
+        answer = encode_card(self._backend.card())
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _serve_plans(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        plan_id = await self._admit_read(exchange, request, span, "Plans")
+        answer = encode_plans(self._backend.plans(plan_id))
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _serve_watch(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> None:
+        plan_id = await self._admit_read(exchange, request, span, "Watch")
+        events = self._backend.watch(plan_id)
+        sent = 0
+        try:
+            async for event in events:
+                await context.write(encode_event(event))
+                sent += 1
+        finally:
+            exchange.summary = f"{sent} events streamed"
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+
+    # --- outcome ----------------------------------------------------------------------------
+
+    def _budget(self, context: Any) -> _Budget:
+        remaining = context.time_remaining()
+        if remaining is None:
+            return _Budget(self._config.default_deadline_s, backstop=0.0)
+        return _Budget(float(remaining), backstop=_BACKSTOP_S)
+
+    async def _settle(
+        self, exchange: _Exchange, span: Span, error: RemoteError | None, answer: bytes | None
+    ) -> None:
+        """Record the outcome on the span and in the audit log (a failed write is only logged)."""
+        code = Code.OK if error is None else error.code
+        end_span(span, code, error.message if error else "", server=True)
+        if exchange.replayed:
+            action = "call.replayed"
+        elif exchange.accepted:
+            action = "call.outcome"
+        elif code is Code.PERMISSION_DENIED:
+            action = "call.denied"
+        else:
+            action = "call.refused"
+        if error is not None:
+            detail = str(error)
+            logger.info(
+                "%s %s %s from %r: %s", action, exchange.method, code, exchange.caller, error
+            )
+        else:
+            detail = exchange.summary or f"{len(answer or b'')} bytes answered"
+        response_digest = digest(answer) if answer is not None else ""
+        try:
+            await self._record(
+                exchange, action, code.value, detail, response_digest or exchange.request_digest
+            )
+        except Exception:
+            logger.exception("cannot audit %s of request %r", action, exchange.request_id)
+
+    async def _record(
+        self, exchange: _Exchange, action: str, code: str, detail: str, payload_digest: str
+    ) -> None:
+        # Shielded: a call cancelled meanwhile still leaves its record behind.
+        await asyncio.shield(
+            asyncio.to_thread(
+                self._audit.append,
+                actor=exchange.caller,
+                action=action,
+                target=exchange.target or self._role,
+                capability=exchange.capability,
+                request_id=exchange.request_id,
+                code=code,
+                detail=detail,
+                digest=payload_digest,
+            )
+        )
+
+
+def _check_routing(envelope: RequestEnvelope, exchange: _Exchange) -> None:
+    """The envelope must name the caller, target, capability (and request id) the metadata named."""
+    sent = {
+        "caller": exchange.caller,
+        "target": exchange.target,
+        "capability": exchange.capability,
+        "request_id": exchange.request_id or envelope.request_id,  # optional in metadata
+    }
+    violations = tuple(
+        FieldViolation(name, f"{getattr(envelope, name)!r} differs from the metadata's {value!r}")
+        for name, value in sent.items()
+        if getattr(envelope, name) != value
+    )
+    if violations:
+        raise InvalidArgumentError(
+            "the envelope does not match the call metadata", violations=violations
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """How long a call may run, and how much later than that our own timer fires.
+
+    When the client sent a deadline, the transport cancels the call as it passes and our timer is
+    only a backstop, set a little later so the two never race to answer the same call.
+    """
+
+    seconds: float
+    backstop: float
+
+
+async def _within(budget: _Budget, awaitable: Awaitable[T], what: str) -> T:
+    """Await ``awaitable`` within ``budget`` (``DeadlineExceededError`` after)."""
+    scope = asyncio.timeout(budget.seconds + budget.backstop)
+    try:
+        async with scope:
+            return await awaitable
+    except TimeoutError:
+        if scope.expired():
+            raise DeadlineExceededError(
+                f"{what} did not finish within {budget.seconds:.3g}s"
+            ) from None
+        raise
+
+
+def _plan_step(plan_id: str, step_id: str) -> str:
+    """The accepted record's detail: which plan (and step) the call serves, if any."""
+    if not plan_id:
+        return ""
+    return f"plan {plan_id} step {step_id}" if step_id else f"plan {plan_id}"
+
+
+def _deadline_passed(context: Any) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
+def _interruption(context: Any) -> RemoteError:
+    """Why the transport cancelled a call: its deadline passed, or its caller went away."""
+    if _deadline_passed(context):
+        return DeadlineExceededError("the deadline passed")
+    return CancelledError("cancelled by the caller")

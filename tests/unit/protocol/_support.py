@@ -1,0 +1,201 @@
+"""Test doubles for the protocol tests: sample models, a fake agent backend, model strategies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from hypothesis import strategies as st
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from protocol import (
+    CAPABILITIES,
+    Action,
+    AgentCard,
+    AnalyzeNarrativeRequest,
+    AnalyzeNarrativeResponse,
+    Beat,
+    CallContext,
+    CapabilityCard,
+    Entity,
+    ExtractEntitiesRequest,
+    ExtractEntitiesResponse,
+    FindSpatialContextRequest,
+    FindSpatialContextResponse,
+    NotFoundError,
+    PlanEvent,
+    PlanExecutionSequenceRequest,
+    PlanExecutionSequenceResponse,
+    PlanNarrativeArcRequest,
+    PlanNarrativeArcResponse,
+    PlanSnapshot,
+    Relation,
+    SpatialContext,
+    SubmitGoalRequest,
+    SubmitGoalResponse,
+    UpdateWorldStateRequest,
+    UpdateWorldStateResponse,
+    WireModel,
+)
+
+MIRA_IN_HALL = Relation(subject="mira", predicate="at", object="hall")
+MIRA_IN_TOWER = Relation(subject="mira", predicate="at", object="tower")
+HALL_TO_TOWER = Relation(subject="hall", predicate="connected", object="tower")
+MIRA = Entity(id="mira", name="Mira", kind="character")
+BEAT = Beat(
+    id="reach_tower", title="Mira reaches the tower", purpose="rising", goals=[MIRA_IN_TOWER]
+)
+MOVE = Action(
+    name="move",
+    args=["mira", "hall", "tower"],
+    preconditions=[MIRA_IN_HALL, HALL_TO_TOWER],
+    adds=[MIRA_IN_TOWER],
+    deletes=[MIRA_IN_HALL],
+)
+
+SAMPLES: dict[str, tuple[WireModel, WireModel]] = {
+    "ExtractEntities": (
+        ExtractEntitiesRequest(text="Mira waits in the hall."),
+        ExtractEntitiesResponse(entities=[MIRA], relations=[MIRA_IN_HALL], world_version=3),
+    ),
+    "FindSpatialContext": (
+        FindSpatialContextRequest(entity_ids=["mira"]),
+        FindSpatialContextResponse(
+            contexts=[SpatialContext(entity_id="mira", location="hall", neighbours=["tower"])],
+            facts=[MIRA_IN_HALL, HALL_TO_TOWER],
+        ),
+    ),
+    "UpdateWorldState": (
+        UpdateWorldStateRequest(actions=[MOVE], dry_run=True),
+        UpdateWorldStateResponse(added=[MIRA_IN_TOWER], removed=[MIRA_IN_HALL], world_version=4),
+    ),
+    "AnalyzeNarrative": (
+        AnalyzeNarrativeRequest(text="Mira must reach the tower.", entities=[MIRA]),
+        AnalyzeNarrativeResponse(
+            protagonist="mira", themes=["quest"], tension=0.25, summary="Mira sets out."
+        ),
+    ),
+    "PlanNarrativeArc": (
+        PlanNarrativeArcRequest(
+            goal="Mira reaches the tower", protagonist="mira", facts=[MIRA_IN_HALL], beats=1
+        ),
+        PlanNarrativeArcResponse(template="quest", beats=[BEAT]),
+    ),
+    "PlanExecutionSequence": (
+        PlanExecutionSequenceRequest(beat=BEAT, facts=[MIRA_IN_HALL, HALL_TO_TOWER], max_depth=4),
+        PlanExecutionSequenceResponse(beat_id="reach_tower", actions=[MOVE], states_explored=7),
+    ),
+    "SubmitGoal": (
+        SubmitGoalRequest(goal="Mira reaches the tower", passage="Mira waits.", plan_id="goal-1"),
+        SubmitGoalResponse(
+            plan_id="goal-1",
+            status="succeeded",
+            beats=[BEAT],
+            actions=[MOVE],
+            added=[MIRA_IN_TOWER],
+        ),
+    ),
+}
+
+Behaviour = Callable[[WireModel, CallContext], Awaitable[WireModel]]
+
+
+class FakeBackend:
+    """An ``AgentBackend`` answering with ``SAMPLES``; ``behaviour`` overrides a capability."""
+
+    def __init__(self, role: str = "perception") -> None:
+        self._role = role
+        self.calls: list[tuple[str, WireModel, CallContext]] = []
+        self.behaviour: dict[str, Behaviour] = {}
+        self.events: list[PlanEvent] = []
+        self.snapshots: list[PlanSnapshot] = []
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    def card(self) -> AgentCard:
+        return AgentCard(
+            role=self._role,
+            version="test",
+            capabilities=[
+                CapabilityCard.from_spec(spec)
+                for spec in CAPABILITIES.values()
+                if spec.role == self._role
+            ],
+            tools=["lookup"],
+        )
+
+    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
+        self.calls.append((capability, request, ctx))
+        behaviour = self.behaviour.get(capability)
+        if behaviour is not None:
+            return await behaviour(request, ctx)
+        return SAMPLES[capability][1]
+
+    async def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
+        if plan_id == "missing":
+            raise NotFoundError(f"no plan {plan_id!r}")
+        for event in self.events:
+            await asyncio.sleep(0)
+            if event.plan_id == plan_id or event.plan_id.startswith(plan_id + "/"):
+                yield event
+
+    def plans(self, plan_id: str) -> list[PlanSnapshot]:
+        return [s for s in self.snapshots if not plan_id or s.plan_id.split("/")[0] == plan_id]
+
+
+# --- hypothesis strategies built from the models' own constraints -----------------------------
+
+
+def _constraint(metadata: list[Any], name: str) -> Any:
+    for item in metadata:
+        if isinstance(item, FieldInfo):
+            found = _constraint(list(item.metadata), name)
+            if found is not None:
+                return found
+        value = getattr(item, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _strategy(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
+    while get_origin(annotation) is Annotated:
+        annotation, *extra = get_args(annotation)
+        metadata = [*metadata, *extra]
+    origin = get_origin(annotation)
+    if origin is list:
+        low = _constraint(metadata, "min_length") or 0
+        high = min(_constraint(metadata, "max_length") or 3, low + 3)
+        return st.lists(_strategy(get_args(annotation)[0], []), min_size=low, max_size=high)
+    if origin is Literal:
+        return st.sampled_from(get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return model_strategy(annotation)
+    if annotation is bool:
+        return st.booleans()
+    low, high = _constraint(metadata, "ge"), _constraint(metadata, "le")
+    if annotation is int:
+        return st.integers(min_value=low, max_value=high)
+    if annotation is float:
+        return st.floats(min_value=low, max_value=high, allow_nan=False, allow_infinity=False)
+    if annotation is str:
+        pattern = _constraint(metadata, "pattern")
+        if pattern is not None:
+            return st.from_regex(pattern, fullmatch=True)
+        low = _constraint(metadata, "min_length") or 0
+        high = min(_constraint(metadata, "max_length") or 40, 40)
+        return st.text(st.characters(codec="utf-8"), min_size=low, max_size=high)
+    raise TypeError(f"no strategy for {annotation!r}")
+
+
+def model_strategy(model: type[BaseModel]) -> st.SearchStrategy[Any]:
+    """Valid instances of ``model``, drawn from the constraints its fields declare."""
+    fields = {
+        name: _strategy(info.annotation, list(info.metadata))
+        for name, info in model.model_fields.items()
+    }
+    return st.fixed_dictionaries(fields).map(model.model_validate)
