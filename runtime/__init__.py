@@ -1,1 +1,36 @@
-"""Ray actors, gRPC wiring, settings, telemetry, audit store and the CLI."""
+"""Stratagem's runtime: Ray actors hosting the agents and their gRPC servers, the launcher,
+settings, telemetry set-up and the ``stratagem`` command line. Ray is imported only here."""
+
+from runtime._actor import AgentActor, load_policy
+from runtime._directory import AgentInfo, EndpointDirectory, GrpcDispatcher, actor_name
+from runtime._goal import GoalOutcome, run_goal
+from runtime._launcher import Deployment, LaunchError, LocalCluster
+from runtime._settings import Settings, load_settings
+from runtime._telemetry import (
+    JsonLinesSpanExporter,
+    SpanRecord,
+    read_spans,
+    setup_telemetry,
+    shutdown_telemetry,
+)
+
+__all__ = [
+    "AgentActor",
+    "AgentInfo",
+    "Deployment",
+    "EndpointDirectory",
+    "GoalOutcome",
+    "GrpcDispatcher",
+    "JsonLinesSpanExporter",
+    "LaunchError",
+    "LocalCluster",
+    "Settings",
+    "SpanRecord",
+    "actor_name",
+    "load_policy",
+    "load_settings",
+    "read_spans",
+    "run_goal",
+    "setup_telemetry",
+    "shutdown_telemetry",
+]

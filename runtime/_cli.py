@@ -1,0 +1,476 @@
+"""The ``stratagem`` command line.
+
+Every command turns bad input and runtime failures into one line on standard error and a non-zero
+exit code (2: the input was wrong; 1: the runtime refused or failed); no stack trace reaches the
+user. ``--json`` prints machine-readable output on standard output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+import yaml
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agents import DEMO_GOAL
+from protocol import (
+    OPERATOR,
+    ROLES,
+    AgentClient,
+    ClientConfig,
+    ProtocolError,
+    RemoteError,
+    SqliteAuditLog,
+    SubmitGoalRequest,
+    capability_for,
+    verify_chain,
+)
+from runtime._goal import GoalOutcome, run_goal
+from runtime._launcher import Deployment, LaunchError, LocalCluster
+from runtime._render import Progress, action_text, plan_forest, relation_text, span_tree
+from runtime._settings import Settings, load_settings
+from runtime._telemetry import read_spans, setup_telemetry, shutdown_telemetry
+
+__all__ = ["app", "main"]
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="stratagem",
+    help="Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option("--address", help="Ray cluster address (auto, HOST:PORT, ray://HOST:10001)."),
+]
+StateDirOpt = Annotated[
+    Path | None, typer.Option("--state-dir", help="State directory (default ./.stratagem).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="Deadline in seconds.", min=0.001)
+]
+
+
+class InputError(Exception):
+    """The user's input is wrong; the message says what and where."""
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn every expected failure into one line and an exit code."""
+    try:
+        yield
+    except InputError as exc:
+        _fail(str(exc), 2)
+    except RemoteError as exc:
+        _fail(str(exc), 1)
+    except (LaunchError, ProtocolError) as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Settings:
+    try:
+        return load_settings(address=address, state_dir=state_dir, **more)
+    except ValidationError as exc:
+        raise InputError(_validation_line("settings", exc)) from exc
+
+
+def _validation_line(what: str, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"]) or what
+        problems.append(f"{loc}: {err['msg']}")
+    return f"invalid {what}: " + "; ".join(problems)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _run(coro_fn: Callable[[], Any]) -> Any:
+    return asyncio.run(coro_fn())
+
+
+# -- goals ---------------------------------------------------------------------------------------
+
+
+def _load_goal(path: Path) -> SubmitGoalRequest:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(f"{path} must hold a mapping with goal, passage and beats")
+    try:
+        return SubmitGoalRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(_validation_line(f"goal file {path}", exc)) from exc
+
+
+def _execute_goal(
+    request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
+) -> None:
+    trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
+    settings = settings.model_copy(update={"trace_file": trace_file})
+    os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
+    provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
+    deployment = Deployment(settings)
+    progress = Progress()
+    with _errors():
+        if not as_json:
+            err_console.print("[dim]starting agents…[/]")
+        with deployment.embedded() as dep:
+            endpoints = {info.role: info.endpoint for info in dep.status()}
+            if not as_json:
+                err_console.print(
+                    f"[dim]{dep.mode} Ray · agents: "
+                    + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
+                    + "[/]"
+                )
+            deadline = timeout or settings.request_timeout_s
+            if as_json or not console.is_terminal:
+                outcome = _run(lambda: run_goal(endpoints, request, timeout_s=deadline))
+            else:
+                with Live(progress.render(), console=console, refresh_per_second=8) as live:
+
+                    def on_event(event: Any) -> None:
+                        progress.add(event)
+                        live.update(progress.render())
+
+                    outcome = _run(
+                        lambda: run_goal(endpoints, request, timeout_s=deadline, on_event=on_event)
+                    )
+            dep.flush_telemetry()
+        provider.force_flush()
+        shutdown_telemetry()
+        head = _audit_head(settings)
+        spans = read_spans(trace_file, outcome.trace_id)
+        if as_json:
+            _print_json(
+                {
+                    "plan_id": outcome.plan_id,
+                    "trace_id": outcome.trace_id,
+                    "response": outcome.response.model_dump(mode="json"),
+                    "plans": [json.loads(p.model_dump_json()) for p in outcome.plans],
+                    "spans": len(spans),
+                    "services": sorted({s.service for s in spans}),
+                    "audit": head,
+                }
+            )
+            return
+        _print_outcome(outcome, spans, head)
+
+
+def _audit_head(settings: Settings) -> dict[str, Any]:
+    if not settings.audit_path.exists():
+        return {"records": 0, "head": "", "ok": True}
+    log = SqliteAuditLog(settings.audit_path)
+    try:
+        records = list(log.records())
+        verdict = verify_chain(records)
+        return {"records": verdict.count, "head": log.head(), "ok": verdict.ok}
+    finally:
+        log.close()
+
+
+def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
+    resp = outcome.response
+    console.rule(f"[bold]goal {outcome.plan_id}: {resp.status}")
+    console.print(plan_forest(outcome.plans, outcome.plan_id))
+    beats = Table(title="Arc", title_justify="left")
+    beats.add_column("beat")
+    beats.add_column("title")
+    beats.add_column("reached when")
+    for beat in resp.beats:
+        beats.add_row(beat.id, beat.title, ", ".join(relation_text(g) for g in beat.goals))
+    console.print(beats)
+    actions = Table(title="Action sequence", title_justify="left")
+    actions.add_column("#", justify="right")
+    actions.add_column("action")
+    for i, action in enumerate(resp.actions, 1):
+        actions.add_row(str(i), action_text(action))
+    console.print(actions)
+    changes = Table(title="World-state changes", title_justify="left")
+    changes.add_column("change")
+    changes.add_column("fact")
+    for rel in resp.added:
+        changes.add_row("[green]+ added", relation_text(rel))
+    for rel in resp.removed:
+        changes.add_row("[red]- removed", relation_text(rel))
+    console.print(changes)
+    services = sorted({s.service for s in spans})
+    console.print(
+        f"[bold]trace[/] {outcome.trace_id} · {len(spans)} spans from {len(services)} services"
+    )
+    console.print(span_tree(spans))
+    console.print(
+        f"[bold]audit[/] {head['records']} records · chain "
+        + ("[green]verified[/]" if head["ok"] else "[red]BROKEN[/]")
+        + f" · head {head['head'][:16]}"
+    )
+
+
+@app.command()
+def demo(
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Start a local Ray, launch the four agents and pursue the built-in story goal."""
+    settings = _settings(address, state_dir)
+    _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
+
+
+@app.command()
+def submit(
+    goal_file: Annotated[Path, typer.Argument(help="YAML file with goal, passage and beats.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Pursue the goal in GOAL_FILE across all agents."""
+    with _errors():
+        request = _load_goal(goal_file)
+        settings = _settings(address, state_dir)
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
+
+
+# -- one request ---------------------------------------------------------------------------------
+
+
+@app.command()
+def request(
+    agent: Annotated[str, typer.Argument(help="Target agent role.")],
+    capability: Annotated[str, typer.Argument(help="Capability name, e.g. ExtractEntities.")],
+    payload: Annotated[str, typer.Option("--json", help="The request as a JSON object.")] = "{}",
+    caller: Annotated[
+        str,
+        typer.Option("--as", help="Caller identity (trusted until identity authentication lands)."),
+    ] = OPERATOR,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Send one cross-agent request and print the answer as JSON."""
+    with _errors():
+        if agent not in ROLES:
+            raise InputError(f"unknown agent {agent!r}; agents are: {', '.join(ROLES)}")
+        spec = capability_for(agent, capability)
+        if spec is None:
+            raise InputError(f"agent {agent!r} has no capability {capability!r}")
+        try:
+            raw = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--json is not valid JSON: {exc.msg} at char {exc.pos}") from exc
+        if not isinstance(raw, dict):
+            raise InputError("--json must be a JSON object")
+        try:
+            body = spec.request.model_validate(raw)
+        except ValidationError as exc:
+            raise InputError(_validation_line(f"{capability} request", exc)) from exc
+        settings = _settings(address, state_dir)
+        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        with Deployment(settings).embedded() as dep:
+            endpoint = dep.endpoint(agent)
+            deadline = timeout or settings.request_timeout_s
+
+            async def call() -> BaseModel:
+                config = ClientConfig(default_timeout_s=deadline)
+                async with AgentClient(endpoint, caller=caller, config=config) as client:
+                    return await client.call(
+                        agent, capability, body, request_id=f"cli-{uuid.uuid4().hex}"
+                    )
+
+            answer = _run(call)
+        shutdown_telemetry()
+        _print_json(answer.model_dump(mode="json"))
+
+
+# -- deployment ----------------------------------------------------------------------------------
+
+
+def _agents_table(infos: list[Any], mode: str | None) -> Table:
+    table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
+    for column in ("agent", "endpoint", "node", "pid", "restarted", "plans running"):
+        table.add_column(column)
+    for info in infos:
+        table.add_row(
+            info.role,
+            info.endpoint,
+            f"{info.node_ip} {info.node_id[:8]}",
+            str(info.pid),
+            "yes" if info.restarted else "no",
+            str(info.plans_running),
+        )
+    return table
+
+
+def _infos_json(infos: list[Any], mode: str | None) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "agents": [
+            {
+                "role": i.role,
+                "endpoint": i.endpoint,
+                "node_id": i.node_id,
+                "node_ip": i.node_ip,
+                "pid": i.pid,
+                "restarted": i.restarted,
+                "plans_running": i.plans_running,
+            }
+            for i in infos
+        ],
+    }
+
+
+@app.command()
+def up(
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Redeploy running agents.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Deploy the four agents as detached actors (starting a local Ray head when no address)."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        deployment = Deployment(settings)
+        if settings.address is None and LocalCluster.read(settings.local_cluster_file) is None:
+            if not as_json:
+                err_console.print("[dim]starting a local Ray head…[/]")
+            LocalCluster.start(settings)
+        deployment.connect(allow_embedded=False)
+        try:
+            infos = deployment.deploy(detached=True, replace=replace)
+        finally:
+            deployment.disconnect()
+        if as_json:
+            _print_json(_infos_json(infos, deployment.mode))
+        else:
+            console.print(_agents_table(infos, deployment.mode))
+
+
+@app.command()
+def status(
+    address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show each agent's node, gRPC endpoint, process and running plans."""
+    with _errors():
+        deployment = Deployment(_settings(address, state_dir))
+        deployment.connect(allow_embedded=False)
+        try:
+            infos = deployment.status()
+        finally:
+            deployment.disconnect()
+        if as_json:
+            _print_json(_infos_json(infos, deployment.mode))
+        else:
+            console.print(_agents_table(infos, deployment.mode))
+
+
+@app.command()
+def down(
+    address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Remove the four agents (and the local Ray head that 'up' started, if any)."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        deployment = Deployment(settings)
+        local = None if settings.address else LocalCluster.read(settings.local_cluster_file)
+        removed: list[str] = []
+        if settings.address or local is not None:
+            deployment.connect(allow_embedded=False)
+            try:
+                removed = deployment.teardown()
+            finally:
+                deployment.disconnect()
+        if local is not None:
+            local.stop()
+            settings.local_cluster_file.unlink(missing_ok=True)
+        if as_json:
+            _print_json({"removed": removed, "stopped_local_ray": local is not None})
+        elif not removed and local is None:
+            console.print("nothing to stop: no Stratagem deployment found")
+        else:
+            console.print(
+                f"removed agents: {', '.join(removed) or 'none'}"
+                + ("; stopped the local Ray head" if local is not None else "")
+            )
+
+
+# -- audit ---------------------------------------------------------------------------------------
+
+
+@audit_app.command("verify")
+def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Recompute the audit chain and name the first broken record."""
+    with _errors():
+        settings = _settings(None, state_dir)
+        if not settings.audit_path.exists():
+            raise InputError(f"no audit log at {settings.audit_path}")
+        log = SqliteAuditLog(settings.audit_path)
+        try:
+            verdict = verify_chain(list(log.records()))
+            head = log.head()
+        finally:
+            log.close()
+        if as_json:
+            _print_json(
+                {
+                    "ok": verdict.ok,
+                    "records": verdict.count,
+                    "head": head,
+                    "first_broken_seq": verdict.first_broken_seq,
+                    "reason": verdict.reason,
+                }
+            )
+        elif verdict.ok:
+            console.print(f"audit chain verified: {verdict.count} records, head {head}")
+        else:
+            err_console.print(
+                f"[bold red]audit chain broken[/] at record {verdict.first_broken_seq}: "
+                f"{verdict.reason}"
+            )
+        if not verdict.ok:
+            raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    logging.basicConfig(level=os.environ.get("STRATAGEM_LOG_LEVEL", "WARNING").upper())
+    app()

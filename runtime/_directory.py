@@ -1,0 +1,132 @@
+"""Endpoint directory and the gRPC dispatcher that agents use to reach each other.
+
+Every agent actor is a named Ray actor (``stratagem-<role>`` in the deployment's namespace) whose
+``info`` method answers with the address of its gRPC server. The directory resolves a role to
+that address once and caches it; when a call finds the endpoint unavailable (the agent died and Ray
+restarted it on a new port, perhaps on another node) the entry is dropped and resolved again on the
+next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from planning import CrossAgentCall
+from protocol import AgentClient, ClientConfig, UnavailableError, WireModel
+
+__all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name"]
+
+logger = logging.getLogger(__name__)
+
+
+def actor_name(role: str) -> str:
+    """The named-actor name of a role's agent."""
+    return f"stratagem-{role}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """Where an agent runs and how to reach it."""
+
+    role: str
+    endpoint: str
+    node_id: str
+    node_ip: str
+    pid: int
+    restarted: bool
+    plans_running: int
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:
+        """Build from the dict an actor's ``info`` method returns."""
+        return cls(**raw)
+
+
+class EndpointDirectory:
+    """Resolves roles to gRPC endpoints through the named agent actors."""
+
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+        self._cache: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    async def resolve(self, role: str) -> str:
+        """The endpoint of ``role``'s agent.
+
+        Raises:
+            UnavailableError: No agent of that role is deployed or it does not answer.
+        """
+        cached = self._cache.get(role)
+        if cached is not None:
+            return cached
+        async with self._lock:
+            cached = self._cache.get(role)
+            if cached is not None:
+                return cached
+            try:
+                handle = await asyncio.to_thread(
+                    ray.get_actor, actor_name(role), namespace=self._namespace
+                )
+                info: dict[str, Any] = await handle.info.remote()
+            except ValueError as exc:
+                raise UnavailableError(f"no {role} agent is deployed") from exc
+            except ray.exceptions.RayActorError as exc:
+                raise UnavailableError(f"the {role} agent is not running") from exc
+            endpoint = str(info["endpoint"])
+            self._cache[role] = endpoint
+            return endpoint
+
+    def invalidate(self, role: str) -> None:
+        """Forget ``role``'s endpoint so the next ``resolve`` asks its actor again."""
+        self._cache.pop(role, None)
+
+
+class GrpcDispatcher:
+    """``planning.Dispatcher`` over gRPC: sends a plan's cross-agent steps to other agents."""
+
+    def __init__(
+        self, caller: str, directory: EndpointDirectory, config: ClientConfig | None = None
+    ) -> None:
+        self._caller = caller
+        self._directory = directory
+        self._config = config or ClientConfig()
+        self._clients: dict[str, AgentClient] = {}
+
+    async def dispatch(self, call: CrossAgentCall) -> WireModel:
+        """Send one cross-agent step and return the typed answer.
+
+        Raises:
+            protocol.RemoteError: The call ended with a non-OK status.
+        """
+        endpoint = await self._directory.resolve(call.target)
+        client = self._clients.get(endpoint)
+        if client is None:
+            client = AgentClient(endpoint, caller=self._caller, config=self._config)
+            self._clients[endpoint] = client
+        try:
+            return await client.call(
+                call.target,
+                call.capability,
+                call.request,
+                timeout=call.timeout_s,
+                request_id=call.request_id,
+                plan_id=call.plan_id,
+                step_id=call.step_id,
+            )
+        except UnavailableError:
+            self._directory.invalidate(call.target)
+            stale = self._clients.pop(endpoint, None)
+            if stale is not None:
+                await stale.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Close every client channel."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()

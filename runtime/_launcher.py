@@ -1,0 +1,316 @@
+"""Launching Stratagem on Ray: embedded, on the local head ``stratagem up`` started, or a cluster.
+
+Where the agents run is decided in this order:
+
+1. ``--address`` / ``STRATAGEM_ADDRESS`` / ``RAY_ADDRESS``: a running Ray cluster;
+2. the local Ray head that ``stratagem up`` started and recorded in the state directory;
+3. otherwise an embedded Ray started in this process, which lives as long as the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import ray
+
+from protocol import ROLES
+from runtime._actor import AgentActor
+from runtime._directory import AgentInfo, actor_name
+from runtime._settings import Settings
+
+__all__ = ["Deployment", "LaunchError", "LocalCluster"]
+
+logger = logging.getLogger(__name__)
+
+# Environment handed to agent actors so that every process exports telemetry the same way.
+_FORWARDED_PREFIXES = ("OTEL_", "STRATAGEM_")
+_READY_TIMEOUT_S = 60.0
+
+
+class LaunchError(Exception):
+    """Stratagem could not be started, reached or stopped; the message says why in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCluster:
+    """A local Ray head started by ``stratagem up``, owned by the process ``pid``."""
+
+    address: str
+    pid: int
+
+    @classmethod
+    def read(cls, path: Path) -> LocalCluster | None:
+        """The recorded head, or ``None`` when there is none or its process is gone."""
+        try:
+            raw = json.loads(path.read_text())
+            cluster = cls(address=str(raw["address"]), pid=int(raw["pid"]))
+        except (OSError, ValueError, KeyError):
+            return None
+        return cluster if _alive(cluster.pid) else None
+
+    def write(self, path: Path) -> None:
+        """Record the head in the state directory."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"address": self.address, "pid": self.pid}))
+
+    @classmethod
+    def start(cls, settings: Settings) -> LocalCluster:
+        """Start a local Ray head in the background, owned by a process we can stop by its PID."""
+        ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+        if ray_cli is None:
+            raise LaunchError("the 'ray' command is not installed next to this Python")
+        port = _free_port()
+        log_path = settings.state_dir / "local-ray.log"
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    ray_cli,
+                    "start",
+                    "--head",
+                    f"--port={port}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                    "--block",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LaunchError(f"the local Ray head exited at start; see {log_path}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+                cluster.write(settings.local_cluster_file)
+                return cluster
+            time.sleep(0.25)
+        cluster.stop()
+        raise LaunchError(f"the local Ray head did not start within {_READY_TIMEOUT_S:.0f}s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the head (SIGTERM to the process we started; it stops its Ray processes)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Deployment:
+    """The four agents as named Ray actors: connect, deploy, inspect, remove.
+
+    Use as a context manager for an embedded, short-lived deployment::
+
+        with Deployment(settings).embedded() as deployment:
+            endpoint = deployment.endpoint("orchestrator")
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.mode: Literal["cluster", "local", "embedded"] | None = None
+        # Ray destroys a non-detached actor once no handle refers to it: keep the ones we create.
+        self._handles: dict[str, Any] = {}
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def connect(self, *, allow_embedded: bool = True) -> None:
+        """Connect this process to Ray (see the module docstring for the order of choices)."""
+        if ray.is_initialized():
+            return
+        address = self.settings.address
+        mode: Literal["cluster", "local", "embedded"] = "cluster"
+        if address is None:
+            local = LocalCluster.read(self.settings.local_cluster_file)
+            if local is not None:
+                address, mode = local.address, "local"
+            elif not allow_embedded:
+                raise LaunchError(
+                    "no Stratagem deployment found: run 'stratagem up' or pass --address"
+                )
+            else:
+                mode = "embedded"
+        kwargs: dict[str, Any] = {
+            "namespace": self.settings.namespace,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+            "configure_logging": True,
+        }
+        if mode == "embedded":
+            # "local" always starts a new Ray: with no address, ray.init() would join whatever
+            # cluster /tmp/ray/ray_current_cluster names, even a dead one, and hang for minutes.
+            address = "local"
+            kwargs.update(include_dashboard=False)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise LaunchError(f"cannot reach Ray at {address}: {exc}") from exc
+        self.mode = mode
+
+    def disconnect(self) -> None:
+        """Disconnect from Ray (an embedded Ray stops with it)."""
+        self._handles.clear()
+        if ray.is_initialized():
+            ray.shutdown()
+
+    @contextlib.contextmanager
+    def embedded(self) -> Iterator[Deployment]:
+        """Connect (embedded unless an address or a local head is known), deploy, and clean up.
+
+        Agents this context deployed are removed on exit; a deployment that was already running
+        (``stratagem up``) is left as it was.
+        """
+        self.connect()
+        created = False
+        try:
+            created = not self.deployed()
+            if created:
+                self.deploy(detached=False)
+            yield self
+        finally:
+            if created and self.mode != "embedded":
+                self.teardown()
+            elif created:
+                self._stop_agents(kill=False)
+            self.disconnect()
+
+    # -- agents ---------------------------------------------------------------------------------
+
+    def _grpc_host(self) -> str | None:
+        if self.settings.grpc_host is not None:
+            return self.settings.grpc_host
+        # An embedded or local-head deployment lives on this machine: keep its traffic on loopback.
+        return "127.0.0.1" if self.mode in ("embedded", "local") else None
+
+    def deployed(self) -> bool:
+        """Whether all four agents exist in the namespace."""
+        return all(self._handle(role) is not None for role in ROLES)
+
+    def _handle(self, role: str) -> Any:
+        try:
+            return ray.get_actor(actor_name(role), namespace=self.settings.namespace)
+        except ValueError:
+            return None
+
+    def deploy(self, *, detached: bool, replace: bool = False) -> list[AgentInfo]:
+        """Create the agent actors that are missing (all of them with ``replace``) and wait until
+        every agent serves.
+
+        Re-running it against a running deployment changes nothing.
+        """
+        if replace:
+            self._stop_agents(kill=True)
+        settings = self.settings.model_copy(update={"grpc_host": self._grpc_host()})
+        env = {
+            key: value for key, value in os.environ.items() if key.startswith(_FORWARDED_PREFIXES)
+        }
+        remote_cls = ray.remote(AgentActor)
+        for role in ROLES:
+            options: dict[str, Any] = {
+                "name": actor_name(role),
+                "namespace": settings.namespace,
+                "max_restarts": settings.max_restarts,
+                "max_concurrency": 1000,
+                "num_cpus": settings.actor_cpus,
+                "get_if_exists": True,
+                "runtime_env": {"env_vars": env} if env else None,
+            }
+            if detached:
+                options["lifetime"] = "detached"
+            self._handles[role] = remote_cls.options(**options).remote(
+                role, settings.model_dump_json()
+            )
+        return self.status(timeout_s=_READY_TIMEOUT_S)
+
+    def status(self, timeout_s: float = 10.0) -> list[AgentInfo]:
+        """Each deployed agent's node, endpoint, process and running plans."""
+        handles = {role: self._handle(role) for role in ROLES}
+        missing = [role for role, handle in handles.items() if handle is None]
+        if missing:
+            raise LaunchError(f"agents not deployed: {', '.join(missing)}")
+        refs = [handles[role].info.remote() for role in ROLES]
+        try:
+            infos = ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise LaunchError(f"agents did not answer within {timeout_s:.0f}s") from exc
+        except ray.exceptions.RayActorError as exc:
+            raise LaunchError(f"an agent failed to start: {_first_line(exc)}") from exc
+        return [AgentInfo.from_dict(info) for info in infos]
+
+    def endpoint(self, role: str) -> str:
+        """The gRPC endpoint of ``role``'s agent."""
+        if role not in ROLES:
+            raise LaunchError(f"unknown agent {role!r}; agents are: {', '.join(ROLES)}")
+        for info in self.status():
+            if info.role == role:
+                return info.endpoint
+        raise LaunchError(f"agent {role} is not deployed")
+
+    def flush_telemetry(self, timeout_s: float = 10.0) -> None:
+        """Ask every agent to export its finished spans now."""
+        refs = [h.flush.remote() for h in (self._handle(r) for r in ROLES) if h is not None]
+        with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            ray.get(refs, timeout=timeout_s)
+
+    def teardown(self) -> list[str]:
+        """Remove the four agents (nothing else); returns the roles removed."""
+        return self._stop_agents(kill=True)
+
+    def _stop_agents(self, *, kill: bool) -> list[str]:
+        removed: list[str] = []
+        handles = {role: self._handle(role) for role in ROLES}
+        polite = [h.shutdown.remote() for h in handles.values() if h is not None]
+        with contextlib.suppress(Exception):
+            ray.get(polite, timeout=15)
+        for role, handle in handles.items():
+            if handle is None:
+                continue
+            if kill:
+                ray.kill(handle, no_restart=True)
+            self._handles.pop(role, None)
+            removed.append(role)
+        return removed
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__

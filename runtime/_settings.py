@@ -1,0 +1,93 @@
+"""Settings: typed, read from the environment at one edge.
+
+Precedence is argument > environment (``STRATAGEM_*``, plus ``RAY_ADDRESS``) > default. Nothing
+reads the environment at import time; ``load_settings`` is the one place that does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings", "load_settings"]
+
+
+class Settings(BaseSettings):
+    """Runtime settings. Each field maps to ``STRATAGEM_<FIELD>`` in the environment.
+
+    Attributes:
+        state_dir: Directory for SQLite files, the local cluster's address and span files.
+        address: Ray cluster address (``auto``, ``HOST:PORT`` or ``ray://HOST:10001``); ``None``
+            starts an embedded local Ray in-process (or uses the one ``stratagem up`` started).
+        namespace: Ray namespace of the named agent actors.
+        grpc_host: Address agents bind their gRPC servers to; ``None`` chooses 127.0.0.1 for an
+            embedded Ray and the node's IP on a cluster.
+        policy_file: Authorization policy (TOML); ``None`` uses the built-in default policy.
+        max_message_bytes: Largest request an agent accepts.
+        default_deadline_s: Deadline given to requests that arrive without one.
+        request_timeout_s: Deadline the CLI gives its own requests.
+        max_restarts: How often Ray restarts a dead agent actor (-1: always).
+        max_in_flight: Steps an agent's engine runs at once.
+        seed: Seed of the engines' retry jitter.
+        extensions: User modules (``module`` or ``module:function``) loaded into every agent.
+        trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
+            none. The CLI reads it to print a goal's span tree.
+        actor_cpus: CPUs each agent actor reserves (0 lets four agents share a small machine).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
+
+    state_dir: Path = Path(".stratagem")
+    address: str | None = None
+    namespace: str = "stratagem"
+    grpc_host: str | None = None
+    policy_file: Path | None = None
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    default_deadline_s: float = Field(default=30.0, gt=0, le=3600)
+    request_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    max_restarts: int = Field(default=5, ge=-1)
+    max_in_flight: int = Field(default=4, ge=1, le=256)
+    seed: int = 0
+    extensions: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    trace_file: Path | None = None
+    actor_cpus: float = Field(default=0.0, ge=0)
+
+    @field_validator("extensions", mode="before")
+    @classmethod
+    def _split_extensions(cls, value: Any) -> Any:
+        # Accept "a,b:setup" from the environment as well as a JSON list.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("state_dir", "policy_file", "trace_file")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # Actors run with another working directory: hand them absolute paths.
+        return None if value is None else value.expanduser().resolve()
+
+    @property
+    def audit_path(self) -> Path:
+        """The audit log's SQLite file."""
+        return self.state_dir / "audit.sqlite3"
+
+    @property
+    def local_cluster_file(self) -> Path:
+        """Where ``stratagem up`` records the local Ray head it started."""
+        return self.state_dir / "local-ray.json"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings: ``overrides`` (arguments; ``None`` values ignored) > environment > defaults.
+
+    ``RAY_ADDRESS`` is honoured when neither an argument nor ``STRATAGEM_ADDRESS`` gives an address.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    settings = Settings(**given)
+    if settings.address is None and os.environ.get("RAY_ADDRESS"):
+        settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
+    return settings

@@ -1,0 +1,224 @@
+"""Telemetry: one TracerProvider per process, exporters from the standard ``OTEL_*`` variables.
+
+Each process (the CLI's driver and every agent actor) calls ``setup_telemetry`` once. Spans go, in
+batches, to:
+
+* an OTLP exporter when ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is
+  set or ``OTEL_TRACES_EXPORTER`` names ``otlp`` (protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``:
+  ``grpc``, the default, or ``http/protobuf``); ``OTEL_SDK_DISABLED=true`` turns tracing off;
+* a JSON-lines file (``STRATAGEM_TRACE_FILE``) that every process appends to, which the CLI reads to
+  print a goal's span tree without any backend.
+
+``shutdown_telemetry`` flushes and closes the exporters; actors call it when they stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+__all__ = [
+    "JsonLinesSpanExporter",
+    "SpanRecord",
+    "read_spans",
+    "setup_telemetry",
+    "shutdown_telemetry",
+]
+
+logger = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+_lock = threading.Lock()
+_provider: TracerProvider | None = None
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends finished spans to a file, one JSON object a line.
+
+    Each batch is written with a single ``write`` on a file opened in append mode, so several
+    processes can share one file on a local filesystem without interleaving lines.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(
+            json.dumps(_span_to_dict(span), separators=(",", ":")) + "\n" for span in spans
+        )
+        try:
+            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, lines.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            logger.warning("could not append spans to %s", self._path, exc_info=True)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release: every export opens and closes the file."""
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def _span_to_dict(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.get_span_context()
+    parent = span.parent
+    return {
+        "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
+        "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_id": f"{parent.span_id:016x}" if parent else "",
+        "name": span.name,
+        "kind": span.kind.name,
+        "start": span.start_time or 0,
+        "end": span.end_time or 0,
+        "status": span.status.status_code.name,
+        "service": str(span.resource.attributes.get("service.name", "")),
+        "pid": os.getpid(),
+        "attributes": {key: _jsonable(value) for key, value in (span.attributes or {}).items()},
+    }
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, Iterable):
+        return [_jsonable(item) for item in value]
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """A finished span as read back from a JSON-lines span file."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    kind: str
+    start: int
+    end: int
+    status: str
+    service: str
+    pid: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_ms(self) -> float:
+        """Wall time of the span in milliseconds."""
+        return (self.end - self.start) / 1e6
+
+
+def read_spans(path: Path, trace_id: str | None = None) -> list[SpanRecord]:
+    """Spans from a JSON-lines file, optionally of one trace, in start order.
+
+    A line cut short by a process that died mid-write is skipped.
+    """
+    if not path.exists():
+        return []
+    records: list[SpanRecord] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            raw = json.loads(line)
+            record = SpanRecord(**raw)
+        except (ValueError, TypeError):
+            continue
+        if trace_id is None or record.trace_id == trace_id:
+            records.append(record)
+    records.sort(key=lambda r: r.start)
+    return records
+
+
+def _otlp_wanted() -> bool:
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if "none" in exporters.split(","):
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or "otlp" in exporters.split(",")
+    )
+
+
+def _otlp_exporter() -> SpanExporter:
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    )
+    if protocol.startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+
+    return GrpcExporter()
+
+
+def setup_telemetry(
+    service: str,
+    *,
+    trace_file: Path | None = None,
+    instance_id: str | None = None,
+    extra_resource: dict[str, str] | None = None,
+) -> TracerProvider:
+    """Create this process's TracerProvider and make it the global one (once per process).
+
+    Args:
+        service: ``service.name``, e.g. ``stratagem-perception`` or ``stratagem-cli``.
+        trace_file: JSON-lines span file to append to, if any.
+        instance_id: ``service.instance.id``; defaults to the process id.
+        extra_resource: More resource attributes (e.g. the Ray node id).
+
+    Returns:
+        The provider; later calls in the same process return the first one.
+    """
+    global _provider
+    with _lock:
+        if _provider is not None:
+            return _provider
+        attributes: dict[str, str] = {
+            "service.name": service,
+            "service.namespace": "stratagem",
+            "service.version": VERSION,
+            "service.instance.id": instance_id or f"{service}-{os.getpid()}",
+        }
+        attributes.update(extra_resource or {})
+        provider = TracerProvider(resource=Resource.create(attributes))
+        if os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+            if _otlp_wanted():
+                provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
+            if trace_file is not None:
+                provider.add_span_processor(
+                    BatchSpanProcessor(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
+                )
+        trace.set_tracer_provider(provider)
+        _provider = provider
+        return provider
+
+
+def shutdown_telemetry() -> None:
+    """Flush every pending span and close the exporters of this process's provider."""
+    global _provider
+    with _lock:
+        provider, _provider = _provider, None
+    if provider is not None:
+        provider.force_flush(timeout_millis=5_000)
+        provider.shutdown()

@@ -1,0 +1,147 @@
+"""The stratagem CLI as a user runs it: a subprocess, its exit code and its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+STRATAGEM = str(Path(sys.executable).parent / "stratagem")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run(*args: str, state_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160")
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [STRATAGEM, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def test_demo_exits_zero_and_reports_a_goal(tmp_path: Path) -> None:
+    result = run("demo", "--json", state_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["response"]["status"] == "succeeded"
+    assert out["response"]["actions"]
+    assert {p["agent"] for p in out["plans"]} == {
+        "orchestrator",
+        "perception",
+        "strategic",
+        "tactical",
+    }
+    assert len(out["services"]) >= 3
+    assert out["audit"]["ok"] is True
+    assert out["audit"]["records"] > 0
+
+
+def test_demo_pretty_output_shows_trees_trace_and_audit(tmp_path: Path) -> None:
+    result = run("demo", state_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for expected in ("Action sequence", "World-state changes", "trace ", "audit ", "orchestrator"):
+        assert expected in result.stdout
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    state_dir = tmp_path_factory.mktemp("deployed")
+    up = run("up", "--json", state_dir=state_dir)
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        yield state_dir
+    finally:
+        down = run("down", "--json", state_dir=state_dir)
+        assert down.returncode == 0, down.stderr[-2000:]
+        assert json.loads(down.stdout)["stopped_local_ray"] is True
+
+
+def test_up_is_idempotent_and_status_lists_agents(deployed: Path) -> None:
+    first = json.loads(run("status", "--json", state_dir=deployed).stdout)
+    again = run("up", "--json", state_dir=deployed)
+    assert again.returncode == 0, again.stderr[-2000:]
+    second = json.loads(run("status", "--json", state_dir=deployed).stdout)
+    assert {a["role"] for a in first["agents"]} == {
+        "orchestrator",
+        "perception",
+        "strategic",
+        "tactical",
+    }
+    # Re-running up changed nothing: same processes, same endpoints.
+    assert {a["pid"] for a in first["agents"]} == {a["pid"] for a in second["agents"]}
+    for agent in second["agents"]:
+        assert agent["endpoint"].rpartition(":")[2].isdigit()
+        assert agent["node_id"]
+
+
+def test_request_against_the_deployment(deployed: Path) -> None:
+    payload = json.dumps({"text": "Mira waits in the courtyard. The courtyard leads to the gate."})
+    result = run("request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed)
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout)
+    assert {"mira", "courtyard", "gate"} <= {e["id"] for e in answer["entities"]}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("request", "narrator", "ExtractEntities"), "unknown agent 'narrator'"),
+        (("request", "perception", "PlanNarrativeArc"), "has no capability 'PlanNarrativeArc'"),
+        (("request", "perception", "ExtractEntities", "--json", "{not json"), "not valid JSON"),
+        (("request", "perception", "ExtractEntities", "--json", '{"text": ""}'), "text"),
+        (
+            (
+                "request",
+                "strategic",
+                "PlanNarrativeArc",
+                "--json",
+                '{"goal": "g", "protagonist": "mira", "beats": 99}',
+            ),
+            "beats",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: tuple[str, ...], fragment: str, tmp_path: Path
+) -> None:
+    result = run(*args, state_dir=tmp_path, timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_denied_caller_gets_permission_denied(deployed: Path) -> None:
+    payload = json.dumps({"text": "Mira waits in the courtyard."})
+    result = run(
+        "request",
+        "strategic",
+        "AnalyzeNarrative",
+        "--as",
+        "perception",
+        "--json",
+        payload,
+        state_dir=deployed,
+    )
+    assert result.returncode == 1
+    assert "PERMISSION_DENIED" in result.stderr
+    assert "Traceback" not in result.stderr
+    verify = run("audit", "verify", "--json", state_dir=deployed)
+    assert verify.returncode == 0, verify.stderr
+    assert json.loads(verify.stdout)["ok"] is True
+
+
+def test_expired_deadline_is_deadline_exceeded(deployed: Path) -> None:
+    result = run(
+        "submit", str(EXAMPLES / "crown.yaml"), "--timeout", "0.05", state_dir=deployed, timeout=60
+    )
+    assert result.returncode == 1
+    assert "DEADLINE_EXCEEDED" in result.stderr
+    assert "Traceback" not in result.stderr

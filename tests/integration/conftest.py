@@ -1,0 +1,38 @@
+"""One real local Ray per test session, with the four agents deployed in it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime import Deployment, Settings, load_settings, setup_telemetry
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stratagem-state")
+
+
+@pytest.fixture(scope="session")
+def settings(state_dir: Path) -> Settings:
+    return load_settings(
+        state_dir=state_dir,
+        trace_file=state_dir / "spans.jsonl",
+        default_deadline_s=20.0,
+        request_timeout_s=30.0,
+    )
+
+
+@pytest.fixture(scope="session")
+def deployment(settings: Settings) -> Iterator[Deployment]:
+    """The four agents on an embedded Ray, torn down (and Ray shut down) at the session's end."""
+    setup_telemetry("stratagem-tests", trace_file=settings.trace_file)
+    with Deployment(settings).embedded() as dep:
+        yield dep
+
+
+@pytest.fixture(scope="session")
+def endpoints(deployment: Deployment) -> dict[str, str]:
+    return {info.role: info.endpoint for info in deployment.status()}
