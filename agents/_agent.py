@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -329,6 +330,33 @@ class Agent:
             except ValidationError as exc:
                 raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
         return await self._run(typed, "")
+
+    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
+        """Serve ``RunPlan``: validate a user's plan against this agent's registry and run it.
+
+        Args:
+            plan_json: The plan, as JSON of this agent's plan type.
+            ctx: The call being served.
+
+        Returns:
+            The plan's final state when it succeeded.
+
+        Raises:
+            protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type.
+            protocol.FailedPreconditionError: The plan fails validation (a cycle, a tool outside
+                this agent's registry, ...); the message names every problem.
+            protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
+        """
+        try:
+            raw = json.loads(plan_json)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
+        if not isinstance(raw, dict):
+            raise InvalidArgumentError("the plan must be a JSON object")
+        result = await self.submit_plan(raw)
+        if result.status is not PlanStatus.SUCCEEDED:
+            raise self._failure(result)
+        return self.record(result.plan.id).snapshot(self.role)
 
     # --- progress ------------------------------------------------------------------------------
 

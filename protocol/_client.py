@@ -30,8 +30,10 @@ from protocol._codec import (
     decode_event,
     decode_plans,
     decode_response,
+    decode_snapshot,
     encode_query,
     encode_request,
+    encode_run_plan,
     violations_from,
 )
 from protocol._context import remaining_time
@@ -232,6 +234,28 @@ class AgentClient:
         """Snapshots of ``plan_id`` and its sub-plans, or of every plan the agent holds for ""."""
         query = encode_query("Plans", plan_id)
         return await self._unary("Plans", query, decode_plans, timeout_s=timeout, plan_id=plan_id)
+
+    async def run_plan(
+        self,
+        plan_json: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+        request_id: str | None = None,
+    ) -> PlanSnapshot:
+        """Have the agent validate and run a plan written for it; returns the plan's final state.
+
+        Raises:
+            FailedPreconditionError: The plan fails the agent's validation (e.g. a cycle, a tool
+                outside its registry); the message names every problem.
+            InvalidArgumentError: ``plan_json`` is not a plan of the agent's type.
+        """
+        return await self._unary(
+            "RunPlan",
+            encode_run_plan(plan_json),
+            decode_snapshot,
+            timeout_s=timeout,
+            request_id=request_id or f"run-{uuid.uuid4().hex}",
+        )
 
     async def watch(
         self,

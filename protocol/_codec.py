@@ -75,12 +75,16 @@ __all__ = [
     "decode_query",
     "decode_request",
     "decode_response",
+    "decode_run_plan",
+    "decode_snapshot",
     "encode_card",
     "encode_event",
     "encode_plans",
     "encode_query",
     "encode_request",
     "encode_response",
+    "encode_run_plan",
+    "encode_snapshot",
     "field_path",
     "from_message",
     "schema_drift",
@@ -227,6 +231,12 @@ class _PlanQuery(WireModel):
 
 class _NoQuery(WireModel):
     """The body of ``DescribeRequest``."""
+
+
+class _RunPlanRequest(WireModel):
+    """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
+
+    plan_json: str = Field(min_length=2)
 
 
 _QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
@@ -538,6 +548,26 @@ def encode_plans(snapshots: Iterable[PlanSnapshot]) -> bytes:
 def decode_plans(data: bytes) -> list[PlanSnapshot]:
     """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``)."""
     return _decode(data, pb.PlansResponse, _PlansResponse).plans
+
+
+def encode_run_plan(plan_json: str) -> bytes:
+    """Serialize ``stratagem.v1.RunPlanRequest`` bytes."""
+    return to_message(_RunPlanRequest(plan_json=plan_json), pb.RunPlanRequest).SerializeToString()
+
+
+def decode_run_plan(data: bytes) -> str:
+    """Parse ``stratagem.v1.RunPlanRequest`` bytes into the plan JSON (``InvalidArgumentError``)."""
+    return _decode(data, pb.RunPlanRequest, _RunPlanRequest).plan_json
+
+
+def encode_snapshot(snapshot: PlanSnapshot) -> bytes:
+    """Serialize one ``stratagem.v1.PlanSnapshot``."""
+    return to_message(snapshot, pb.PlanSnapshot).SerializeToString()
+
+
+def decode_snapshot(data: bytes) -> PlanSnapshot:
+    """Parse and validate ``stratagem.v1.PlanSnapshot`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.PlanSnapshot, PlanSnapshot)
 
 
 def encode_query(rpc: ReadRpc, plan_id: str = "") -> bytes:

@@ -40,7 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -59,10 +59,12 @@ from protocol._codec import (
     ResponseEnvelope,
     decode_query,
     decode_request,
+    decode_run_plan,
     encode_card,
     encode_event,
     encode_plans,
     encode_response,
+    encode_snapshot,
 )
 from protocol._context import CallContext, current_call
 from protocol._errors import (
@@ -104,6 +106,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
+# The RPCs besides Call, each authorized as the pseudo-capability of its name.
+AgentRpc = ReadRpc | Literal["RunPlan"]
 # How much later than a client's deadline our own timer fires (see ``_Budget``).
 _BACKSTOP_S: Final = 0.25
 # How far above ``max_message_bytes`` the transport's own limits sit, so our check answers first.
@@ -127,7 +131,11 @@ class AgentBackend(Protocol):
         ...
 
     def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
-        """Events of the plan and its sub-plans until the plan ends (``NotFoundError`` if none)."""
+        """Events of the plan and its sub-plans: stored ones first, then live ones."""
+        ...
+
+    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
+        """Validate a user's plan against this agent's registry, run it, return its final state."""
         ...
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
@@ -283,6 +291,7 @@ class AgentServer:
                         "Describe": grpc.unary_unary_rpc_method_handler(self._describe),
                         "Plans": grpc.unary_unary_rpc_method_handler(self._plans),
                         "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+                        "RunPlan": grpc.unary_unary_rpc_method_handler(self._run_plan),
                     },
                 ),
             )
@@ -345,6 +354,9 @@ class AgentServer:
     async def _plans(self, request: bytes, context: Any) -> bytes | None:
         return await self._serve("Plans", request, context, self._serve_plans)
 
+    async def _run_plan(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("RunPlan", request, context, self._serve_run_plan)
+
     async def _watch(self, request: bytes, context: Any) -> None:
         await self._serve("Watch", request, context, self._serve_watch)
 
@@ -390,8 +402,11 @@ class AgentServer:
 
     # --- stages -----------------------------------------------------------------------------
 
-    def _admit(self, exchange: _Exchange, request: bytes, span: Span, read: ReadRpc | None) -> None:
-        """Authenticate and authorize; a read RPC is its own capability and targets this agent."""
+    def _admit(
+        self, exchange: _Exchange, request: bytes, span: Span, read: AgentRpc | None
+    ) -> None:
+        """Authenticate and authorize; a read RPC or RunPlan is its own capability and targets
+        this agent."""
         exchange.request_digest = digest(request)
         exchange.caller = exchange.metadata.get(CALLER_KEY, "")
         exchange.target = exchange.metadata.get(TARGET_KEY, "") or (self._role if read else "")
@@ -535,6 +550,32 @@ class AgentServer:
     ) -> bytes:
         plan_id = await self._admit_read(exchange, request, span, "Plans")
         answer = encode_plans(self._backend.plans(plan_id))
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _serve_run_plan(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        self._admit(exchange, request, span, read="RunPlan")
+        self._limit(len(request), "request")
+        plan_json = decode_run_plan(request)
+        await self._accept(exchange)
+        budget = self._budget(context)
+        call = CallContext(
+            caller=exchange.caller,
+            target=self._role,
+            capability="RunPlan",
+            request_id=exchange.request_id,
+            deadline=time.monotonic() + budget.seconds,
+        )
+        token = current_call.set(call)
+        try:
+            snapshot = await _within(budget, self._backend.run_plan(plan_json, call), "the plan")
+        finally:
+            current_call.reset(token)
+        span.set_attributes(stratagem_attributes(plan_id=snapshot.plan_id))
+        exchange.summary = f"plan {snapshot.plan_id} {snapshot.status}"
+        answer = encode_snapshot(snapshot)
         self._limit(len(answer), "response")
         return answer
 

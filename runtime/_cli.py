@@ -25,12 +25,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agents import DEMO_GOAL
+from agents import DEMO_GOAL, ExtensionError, build_agent
+from planning import PlanValidationError, validate_plan
 from protocol import (
+    CAPABILITIES,
     OPERATOR,
     ROLES,
     AgentClient,
     ClientConfig,
+    PlanSnapshot,
     ProtocolError,
     RemoteError,
     SqliteAuditLog,
@@ -57,6 +60,10 @@ app = typer.Typer(
 )
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
 app.add_typer(audit_app, name="audit")
+plans_app = typer.Typer(
+    help="Plans written by you, and plans the agents made.", no_args_is_help=True
+)
+app.add_typer(plans_app, name="plans")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -320,6 +327,99 @@ def request(
             answer = _run(call)
         shutdown_telemetry()
         _print_json(answer.model_dump(mode="json"))
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+def _load_plan(path: Path, settings: Settings) -> tuple[str, str]:
+    """Read a plan file and check it the way its owner will: returns (owner, plan JSON)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(f"{path} must hold a plan: a mapping with id, owner and steps")
+    owner = raw.get("owner")
+    if owner not in ROLES:
+        raise InputError(f"{path}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
+    try:
+        agent = build_agent(owner, extensions=settings.extensions)
+    except ExtensionError as exc:
+        raise InputError(str(exc)) from exc
+    try:
+        plan = agent.plan_type.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError(_validation_line(f"plan in {path}", exc)) from exc
+    try:
+        validate_plan(plan, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
+    except PlanValidationError as exc:
+        raise InputError(f"plan {plan.id!r} refused: " + "; ".join(exc.problems)) from exc
+    return owner, plan.model_dump_json()
+
+
+@plans_app.command("run")
+def plans_run(
+    plan_file: Annotated[Path, typer.Argument(help="YAML or JSON plan with id, owner and steps.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Have the plan's owner validate and run a plan you wrote."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        owner, plan_json = _load_plan(plan_file, settings)
+        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        with Deployment(settings).embedded() as dep:
+            endpoint = dep.endpoint(owner)
+            deadline = timeout or settings.request_timeout_s
+
+            async def run() -> PlanSnapshot:
+                config = ClientConfig(default_timeout_s=deadline)
+                async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+                    return await client.run_plan(plan_json)
+
+            snapshot = _run(run)
+        shutdown_telemetry()
+        if as_json:
+            _print_json(json.loads(snapshot.model_dump_json()))
+        else:
+            console.print(plan_forest([snapshot], snapshot.plan_id))
+
+
+@plans_app.command("show")
+def plans_show(
+    plan_id: Annotated[str, typer.Argument(help="A plan id, e.g. the goal id demo printed.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a plan and every sub-plan it caused, from a running deployment."""
+    with _errors():
+        deployment = Deployment(_settings(address, state_dir))
+        deployment.connect(allow_embedded=False)
+        try:
+            endpoints = {info.role: info.endpoint for info in deployment.status()}
+        finally:
+            deployment.disconnect()
+
+        async def collect() -> list[PlanSnapshot]:
+            found: list[PlanSnapshot] = []
+            for endpoint in endpoints.values():
+                async with AgentClient(endpoint, caller=OPERATOR) as client:
+                    found.extend(await client.plans(plan_id))
+            return found
+
+        snapshots = _run(collect)
+        if not snapshots:
+            raise InputError(f"no plan {plan_id!r} on any agent")
+        if as_json:
+            _print_json([json.loads(s.model_dump_json()) for s in snapshots])
+        else:
+            console.print(plan_forest(snapshots, plan_id))
 
 
 # -- deployment ----------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def _step_label(step: dict[str, Any]) -> Text:
 def plan_forest(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> Tree:
     """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused."""
     by_id = {snap.plan_id: snap for snap in snapshots}
-    root = Tree(Text(f"goal {root_plan_id}", style="bold"))
+    root = Tree(Text(root_plan_id, style="bold"))
 
     def add_plan(parent: Tree, snap: PlanSnapshot) -> None:
         plan = json.loads(snap.plan_json)

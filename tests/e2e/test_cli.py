@@ -145,3 +145,67 @@ def test_expired_deadline_is_deadline_exceeded(deployed: Path) -> None:
     assert result.returncode == 1
     assert "DEADLINE_EXCEEDED" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _plan_file(tmp_path: Path, steps: list[dict[str, object]], owner: str = "strategic") -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(json.dumps({"id": "mine", "owner": owner, "goal": "g", "steps": steps}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("steps", "fragment"),
+    [
+        (
+            [{"kind": "tool", "id": "apply", "tool": "apply_actions", "input": {}}],
+            "step 'apply' uses tool 'apply_actions', which is not in the strategic agent's "
+            "registry",
+        ),
+        (
+            [
+                {
+                    "kind": "tool",
+                    "id": "a",
+                    "tool": "score_themes",
+                    "input": {},
+                    "depends_on": ["b"],
+                },
+                {
+                    "kind": "tool",
+                    "id": "b",
+                    "tool": "score_themes",
+                    "input": {},
+                    "depends_on": ["a"],
+                },
+            ],
+            "cycle: ",
+        ),
+    ],
+    ids=["another-agents-tool", "cycle"],
+)
+def test_a_bad_plan_is_one_line_and_exit_2(
+    steps: list[dict[str, object]], fragment: str, tmp_path: Path
+) -> None:
+    result = run("plans", "run", str(_plan_file(tmp_path, steps)), state_dir=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+    # Refused before anything started: no Ray, no state written.
+    assert not (tmp_path / "audit.sqlite3").exists()
+
+
+def test_a_written_plan_runs_on_its_owner(deployed: Path) -> None:
+    result = run(
+        "plans", "run", str(EXAMPLES / "plans" / "who-leads.yaml"), "--json", state_dir=deployed
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    snapshot = json.loads(result.stdout)
+    assert (snapshot["plan_id"], snapshot["agent"], snapshot["status"]) == (
+        "who-leads",
+        "strategic",
+        "succeeded",
+    )
+    shown = run("plans", "show", "who-leads", "--json", state_dir=deployed)
+    assert shown.returncode == 0, shown.stderr
+    assert [s["agent"] for s in json.loads(shown.stdout)] == ["strategic"]

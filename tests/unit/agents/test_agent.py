@@ -31,6 +31,7 @@ from protocol import (
     AgentBackend,
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
+    CallContext,
     CancelledError,
     DeadlineExceededError,
     ExtractEntitiesRequest,
@@ -330,3 +331,38 @@ def test_add_capability_checks_role_and_registration() -> None:
     with pytest.raises(ValueError, match="served by perception, not strategic"):
         agent.add_capability(CAPABILITIES["ExtractEntities"], StrategicPlanner())
     agent.add_capability(CAPABILITIES["AnalyzeNarrative"], StrategicPlanner())  # same spec: fine
+
+
+async def test_run_plan_runs_a_users_plan_and_refuses_a_cycle_or_bad_json() -> None:
+    agent = StrategicAgent()
+    ctx = CallContext(caller="operator", target="strategic", capability="RunPlan", request_id="r")
+    good = {
+        "id": "user-analysis",
+        "owner": "strategic",
+        "goal": "find the protagonist",
+        "steps": [
+            {
+                "kind": "tool",
+                "id": "who",
+                "tool": "find_protagonist",
+                "input": {"text": "Mira waits in the hall. Mira has the key.", "entities": []},
+            }
+        ],
+    }
+    snapshot = await agent.run_plan(json.dumps(good), ctx)
+    assert (snapshot.plan_id, snapshot.agent, snapshot.status) == (
+        "user-analysis",
+        "strategic",
+        "succeeded",
+    )
+    assert json.loads(snapshot.plan_json)["steps"][0]["status"] == "succeeded"
+
+    cyclic = dict(good, id="loop")
+    cyclic["steps"] = [
+        dict(good["steps"][0], id="a", depends_on=["b"]),
+        dict(good["steps"][0], id="b", depends_on=["a"]),
+    ]
+    with pytest.raises(FailedPreconditionError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
+        await agent.run_plan(json.dumps(cyclic), ctx)
+    with pytest.raises(InvalidArgumentError, match="not valid JSON"):
+        await agent.run_plan("{nope", ctx)

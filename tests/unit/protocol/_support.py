@@ -22,6 +22,7 @@ from protocol import (
     Entity,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
+    FailedPreconditionError,
     FindSpatialContextRequest,
     FindSpatialContextResponse,
     NotFoundError,
@@ -145,6 +146,18 @@ class FakeBackend:
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         return [s for s in self.snapshots if not plan_id or s.plan_id.split("/")[0] == plan_id]
+
+    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
+        self.calls.append(("RunPlan", PlanSnapshot(plan_id="p", agent="x", status="x"), ctx))
+        if "cycle" in plan_json:
+            raise FailedPreconditionError("plan 'p' refused: cycle: a -> b -> a")
+        return PlanSnapshot(
+            plan_id="user-plan",
+            agent=self._role,
+            revision=1,
+            status="succeeded",
+            plan_json=plan_json,
+        )
 
 
 # --- hypothesis strategies built from the models' own constraints -----------------------------

@@ -47,6 +47,7 @@ from protocol._codec import (
     _NoQuery,
     _PlanQuery,
     _PlansResponse,
+    _RunPlanRequest,
     decode_query,
     encode_query,
     field_path,
@@ -94,6 +95,7 @@ def test_capability_models_match_their_messages(spec: CapabilitySpec) -> None:
         (_PlanQuery, pb.WatchRequest),
         (_PlanQuery, pb.PlansRequest),
         (_NoQuery, pb.DescribeRequest),
+        (_RunPlanRequest, pb.RunPlanRequest),
     ],
     ids=lambda value: getattr(value, "__name__", str(value)),
 )

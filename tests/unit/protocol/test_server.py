@@ -153,6 +153,29 @@ async def test_health_describe_and_plans(
     assert (await connect(server.endpoint, caller="tactical").describe()).role == "perception"
 
 
+async def test_run_plan_is_served_audited_and_refusals_keep_their_code(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    client = connect(server.endpoint)
+    snapshot = await client.run_plan('{"id": "user-plan", "steps": []}', request_id="run-1")
+    assert (snapshot.plan_id, snapshot.agent, snapshot.status) == (
+        "user-plan",
+        "perception",
+        "succeeded",
+    )
+    [(name, _, ctx)] = backend.calls
+    assert (name, ctx.caller, ctx.capability) == ("RunPlan", "operator", "RunPlan")
+    with pytest.raises(FailedPreconditionError, match="cycle: a -> b -> a"):
+        await client.run_plan('{"id": "cycle"}', request_id="run-2")
+    outcomes = {r.request_id: r.code for r in audit.records() if r.action == "call.outcome"}
+    assert outcomes["run-1"] == "OK"
+    assert outcomes["run-2"] == "FAILED_PRECONDITION"
+    # Running plans is not for agents: the default policy grants it to the operator only.
+    with pytest.raises(PermissionDeniedError, match="'RunPlan'"):
+        await connect(server.endpoint, caller="orchestrator").run_plan('{"id": "x"}')
+    assert len(backend.calls) == 2
+
+
 async def test_watch_streams_events_until_the_plan_ends(
     server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
 ) -> None:

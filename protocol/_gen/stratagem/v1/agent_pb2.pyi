@@ -966,3 +966,27 @@ class PlansResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlansResponse: _TypeAlias = PlansResponse  # noqa: Y015
+
+@_typing.final
+class RunPlanRequest(_message.Message):
+    """A plan written by a user for one agent: the agent validates it against its own tool registry
+    and runs it; the answer is the plan's final state.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_JSON_FIELD_NUMBER: _builtins.int
+    plan_json: _builtins.str
+    """the agent's typed plan (e.g. a PerceptionPlan), as JSON"""
+    def __init__(
+        self,
+        *,
+        plan_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_json", b"plan_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunPlanRequest: _TypeAlias = RunPlanRequest  # noqa: Y015

@@ -54,6 +54,11 @@ class AgentServiceStub:
                 request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
                 response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
                 _registered_method=True)
+        self.RunPlan = channel.unary_unary(
+                '/stratagem.v1.AgentService/RunPlan',
+                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
+                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -83,6 +88,12 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunPlan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Plans,
                     request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.FromString,
                     response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.SerializeToString,
+            ),
+            'RunPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunPlan,
+                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.FromString,
+                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class AgentService:
             '/stratagem.v1.AgentService/Plans',
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratagem.v1.AgentService/RunPlan',
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,7 @@ class AgentServiceStub:
     Describe: _grpc.UnaryUnaryMultiCallable[_agent_pb2.DescribeRequest, _agent_pb2.AgentCard]
     Watch: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.PlanEvent]
     Plans: _grpc.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]
+    RunPlan: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -48,6 +49,7 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Describe: _aio.UnaryUnaryMultiCallable[_agent_pb2.DescribeRequest, _agent_pb2.AgentCard]  # type: ignore[assignment]
     Watch: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.PlanEvent]  # type: ignore[assignment]
     Plans: _aio.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]  # type: ignore[assignment]
+    RunPlan: _aio.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]  # type: ignore[assignment]
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -77,5 +79,12 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.PlansRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.PlansResponse, _abc.Awaitable[_agent_pb2.PlansResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RunPlan(
+        self,
+        request: _agent_pb2.RunPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.PlanSnapshot, _abc.Awaitable[_agent_pb2.PlanSnapshot]]: ...
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
