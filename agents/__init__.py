@@ -7,7 +7,7 @@ describes how they fit the layers around this one.
 from agents._agent import Agent, Planner, PlanRecord, serve_in_memory
 from agents._demo import DEMO_GOAL
 from agents._errors import AgentError, ExtensionError
-from agents._extensions import ENTRY_POINT_GROUP, Extension, load_extensions
+from agents._extensions import ENTRY_POINT_GROUP, Extension, import_extensions, load_extensions
 from agents._extract import (
     DEFAULT_PATTERNS,
     ExtractionPattern,
@@ -81,6 +81,7 @@ __all__ = [
     "WorldModel",
     "build_agent",
     "build_in_memory",
+    "import_extensions",
     "load_extensions",
     "serve_in_memory",
     "slugify",

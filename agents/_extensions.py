@@ -33,7 +33,7 @@ from agents._errors import ExtensionError
 if TYPE_CHECKING:
     from agents._agent import Agent
 
-__all__ = ["ENTRY_POINT_GROUP", "Extension", "load_extensions"]
+__all__ = ["ENTRY_POINT_GROUP", "Extension", "import_extensions", "load_extensions"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,20 @@ def _entry_points() -> list[tuple[str, Callable[[Agent], None]]]:
         else:
             raise ExtensionError(label, "neither a module, a function nor an extension object")
     return found
+
+
+def import_extensions(names: Sequence[str]) -> None:
+    """Import each named extension without setting up an agent.
+
+    A process that only sends requests (the CLI) calls this so that the capabilities an extension
+    registers on import can be validated and encoded there too.
+
+    Raises:
+        ExtensionError: An extension cannot be imported or has no setup function.
+    """
+    for name in names:
+        if name.strip():
+            _resolve(name.strip())
 
 
 def load_extensions(names: Sequence[str], agent: Agent, *, entry_points: bool = True) -> list[str]:

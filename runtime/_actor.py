@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from typing import Any
 
 import ray
@@ -53,6 +54,9 @@ class AgentActor:
             extra_resource={"stratagem.ray.node_id": self._node_id},
         )
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        for folder in map(str, settings.extension_paths):
+            if folder not in sys.path:
+                sys.path.append(folder)
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(role, self._directory)
         self._agent = build_agent(

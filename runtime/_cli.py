@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agents import DEMO_GOAL, ExtensionError, build_agent
+from agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
 from planning import PlanValidationError, validate_plan
 from protocol import (
     CAPABILITIES,
@@ -296,6 +296,11 @@ def request(
 ) -> None:
     """Send one cross-agent request and print the answer as JSON."""
     with _errors():
+        settings = _settings(address, state_dir)
+        try:
+            import_extensions(settings.extensions)
+        except ExtensionError as exc:
+            raise InputError(str(exc)) from exc
         if agent not in ROLES:
             raise InputError(f"unknown agent {agent!r}; agents are: {', '.join(ROLES)}")
         spec = capability_for(agent, capability)
@@ -311,7 +316,6 @@ def request(
             body = spec.request.model_validate(raw)
         except ValidationError as exc:
             raise InputError(_validation_line(f"{capability} request", exc)) from exc
-        settings = _settings(address, state_dir)
         setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
         with Deployment(settings).embedded() as dep:
             endpoint = dep.endpoint(agent)

@@ -239,7 +239,11 @@ class Deployment:
         """
         if replace:
             self._stop_agents(kill=True)
-        settings = self.settings.model_copy(update={"grpc_host": self._grpc_host()})
+        update: dict[str, Any] = {"grpc_host": self._grpc_host()}
+        if self.mode in ("embedded", "local") and self.settings.extensions:
+            # Agents on this machine resolve extension modules from where the user launched us.
+            update["extension_paths"] = [*self.settings.extension_paths, Path.cwd()]
+        settings = self.settings.model_copy(update=update)
         env = {
             key: value for key, value in os.environ.items() if key.startswith(_FORWARDED_PREFIXES)
         }

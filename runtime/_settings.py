@@ -34,6 +34,8 @@ class Settings(BaseSettings):
         max_in_flight: Steps an agent's engine runs at once.
         seed: Seed of the engines' retry jitter.
         extensions: User modules (``module`` or ``module:function``) loaded into every agent.
+        extension_paths: Folders agents add to ``sys.path`` before loading extensions; a local
+            deployment adds the folder it was launched from.
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
             none. The CLI reads it to print a goal's span tree.
         actor_cpus: CPUs each agent actor reserves (0 lets four agents share a small machine).
@@ -53,12 +55,13 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(default=4, ge=1, le=256)
     seed: int = 0
     extensions: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    extension_paths: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     trace_file: Path | None = None
     actor_cpus: float = Field(default=0.0, ge=0)
 
-    @field_validator("extensions", mode="before")
+    @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
-    def _split_extensions(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
         # Accept "a,b:setup" from the environment as well as a JSON list.
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]

@@ -17,11 +17,24 @@ STRATAGEM = str(Path(sys.executable).parent / "stratagem")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def run(*args: str, state_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160")
+REPO = EXAMPLES.parent
+# The deployment the module's tests share takes requests up to this size.
+MAX_MESSAGE_BYTES = 16_384
+
+
+def run(
+    *args: str, state_dir: Path, timeout: float = 240, **env_extra: str
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160", **env_extra)
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
-        [STRATAGEM, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        [STRATAGEM, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+        cwd=REPO,
     )
 
 
@@ -52,7 +65,13 @@ def test_demo_pretty_output_shows_trees_trace_and_audit(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     state_dir = tmp_path_factory.mktemp("deployed")
-    up = run("up", "--json", state_dir=state_dir)
+    up = run(
+        "up",
+        "--json",
+        state_dir=state_dir,
+        STRATAGEM_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
+        STRATAGEM_EXTENSIONS="examples.extensions.word_count",
+    )
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         yield state_dir
@@ -209,3 +228,28 @@ def test_a_written_plan_runs_on_its_owner(deployed: Path) -> None:
     shown = run("plans", "show", "who-leads", "--json", state_dir=deployed)
     assert shown.returncode == 0, shown.stderr
     assert [s["agent"] for s in json.loads(shown.stdout)] == ["strategic"]
+
+
+def test_an_oversized_request_is_resource_exhausted(deployed: Path) -> None:
+    text = "Mira waits in the courtyard. " * 650  # ~19 KB: valid, but over the agents' limit
+    assert MAX_MESSAGE_BYTES < len(text) < 20_000
+    payload = json.dumps({"text": text})
+    result = run("request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed)
+    assert result.returncode == 1
+    assert "RESOURCE_EXHAUSTED" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_extension_capability_is_served_by_the_deployment(deployed: Path) -> None:
+    result = run(
+        "request",
+        "strategic",
+        "CountWords",
+        "--json",
+        '{"text": "the key, the crown, the tower"}',
+        state_dir=deployed,
+        STRATAGEM_EXTENSIONS="examples.extensions.word_count",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout)
+    assert (answer["words"], answer["distinct"], answer["most_common"][0]) == (6, 4, "the")

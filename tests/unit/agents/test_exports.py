@@ -46,6 +46,7 @@ EXPECTED = [
     "WorldModel",
     "build_agent",
     "build_in_memory",
+    "import_extensions",
     "load_extensions",
     "serve_in_memory",
     "slugify",
