@@ -46,7 +46,7 @@ test: lint typecheck imports
 	$(BIN)/pytest -q -ra
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	@$(BIN)/python -m tests.bench
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

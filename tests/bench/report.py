@@ -1,0 +1,506 @@
+"""Machine facts, verdicts, and the two outputs: ``.bench/results.json`` and ``BENCHMARKS.md``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import textwrap
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from tests.bench import engine as engine_bench
+from tests.bench import rpc as rpc_bench
+
+__all__ = [
+    "MARKDOWN_PATH",
+    "REPO",
+    "RESULTS_PATH",
+    "machine_facts",
+    "render_markdown",
+    "verdicts",
+    "write_outputs",
+]
+
+REPO: Final = Path(__file__).resolve().parents[2]
+RESULTS_PATH: Final = REPO / ".bench" / "results.json"
+MARKDOWN_PATH: Final = REPO / "BENCHMARKS.md"
+
+RPC_ASK: Final = (
+    "cross-agent request latency (median, p99) and throughput with 32 in flight, actor to actor "
+    "through the full pipeline, beside a bare `grpc.aio` echo between the same two actors in the "
+    "same run"
+)
+RPC_TARGET: Final = "the full pipeline within 1.5x of the bare echo's median latency"
+ENGINE_ASK: Final = (
+    "engine overhead per step for a 1,000-step layered plan of no-op tools, beside a bare asyncio "
+    "loop that runs the same DAG"
+)
+ENGINE_TARGET: Final = "Target: the engine within 4x of the bare loop"
+
+_PACKAGES: Final = ("ray", "grpcio", "protobuf", "pydantic", "opentelemetry-sdk")
+_VARIANT_NOTES: Final = {
+    rpc_bench.ECHO: "bare `grpc.aio` echo: generic handler returning the request bytes",
+    rpc_bench.PIPELINE_AGENT: "full pipeline, real perception agent (plans and runs 2 steps)",
+    rpc_bench.PIPELINE_CONSTANT: "full pipeline, trivial backend returning a constant",
+    rpc_bench.DIAG_MEMORY: "diagnostic: trivial backend, `InMemoryAuditLog` instead of SQLite",
+    rpc_bench.DIAG_MEMORY_NOOP: "diagnostic: as above, and no-op tracer at both ends",
+    engine_bench.BARE: "bare asyncio Kahn loop (tasks, dependency counts, done-callbacks)",
+    engine_bench.ENGINE_NOOP: "`Engine.run`, no tracer provider configured (API no-op tracer)",
+    engine_bench.ENGINE_SDK: "`Engine.run`, SDK `TracerProvider` without span processor",
+}
+
+
+def _run(command: Sequence[str]) -> str:
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return platform.processor() or "unknown"
+    models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return models[0] if models else platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def machine_facts() -> dict[str, Any]:
+    """Where and on what the benchmarks ran: CPU, memory, OS, Python, packages, commit, date."""
+    commit = _run(["git", "rev-parse", "--short", "HEAD"])
+    dirty = bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": _memory_gib(),
+        "os": platform.platform(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "packages": {name: importlib.metadata.version(name) for name in _PACKAGES},
+        "commit": commit or "unknown",
+        "uncommitted_changes": dirty,
+    }
+
+
+def verdicts(rpc: dict[str, Any], engine: dict[str, Any]) -> list[dict[str, Any]]:
+    """One verdict per variant a target applies to: ``met`` when its ratio is within the bound."""
+    found = [
+        {
+            "benchmark": "rpc",
+            "target": RPC_TARGET,
+            "variant": target["variant"],
+            "ratio": target["ratio"],
+            "max_ratio": target["max_ratio"],
+            "met": target["met"],
+        }
+        for target in rpc["targets"]
+    ]
+    bound = engine["target"]["max_ratio"]
+    for variant, ratio in engine["ratios"].items():
+        found.append(
+            {
+                "benchmark": "engine",
+                "target": ENGINE_TARGET,
+                "variant": variant,
+                "ratio": ratio,
+                "max_ratio": bound,
+                "met": ratio <= bound,
+            }
+        )
+    return found
+
+
+# --- markdown ----------------------------------------------------------------------------------
+
+
+def _table(
+    header: Sequence[str], rows: Iterable[Sequence[object]], *, text_columns: int = 1
+) -> list[str]:
+    """A Markdown table: the first ``text_columns`` columns left-aligned, numbers right-aligned."""
+
+    def line(cells: Sequence[object]) -> str:
+        return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+    aligns = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    return [line(header), line(aligns), *(line(row) for row in rows), ""]
+
+
+def _us(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _verdict(met: bool) -> str:
+    return "**met**" if met else "**not met**"
+
+
+def _machine_section(machine: dict[str, Any], duration_s: float) -> list[str]:
+    cores = f"{machine['cores']} ({machine['usable_cores']} usable)"
+    commit = machine["commit"] + (
+        " + uncommitted changes" if machine["uncommitted_changes"] else ""
+    )
+    rows: list[Sequence[object]] = [
+        ("CPU", machine["cpu"]),
+        ("cores", cores),
+        ("memory", f"{machine['memory_gib']} GiB"),
+        ("OS", machine["os"]),
+        ("Python", machine["python"]),
+        *((name, version) for name, version in machine["packages"].items()),
+        ("commit", commit),
+        ("date", machine["date"]),
+        ("whole run", f"{duration_s:.0f} s"),
+    ]
+    return ["## Machine", "", *_table(("", ""), rows, text_columns=2)]
+
+
+def _verdict_section(found: list[dict[str, Any]], rpc: dict[str, Any]) -> list[str]:
+    lines = ["## Verdicts", ""]
+    rows = []
+    for item in found:
+        if item["benchmark"] == "rpc":
+            variants = rpc["variants"]
+            measured = (
+                f"{item['ratio']:.2f}x ({_us(variants[item['variant']]['latency_us']['median'])}"
+                f" µs vs {_us(variants[rpc_bench.ECHO]['latency_us']['median'])} µs)"
+            )
+        else:
+            measured = f"{item['ratio']:.2f}x"
+        rows.append(
+            (
+                f"{item['benchmark']}: `{item['variant']}`",
+                f"≤ {item['max_ratio']:g}x the "
+                + ("bare echo's median latency" if item["benchmark"] == "rpc" else "bare loop"),
+                measured,
+                _verdict(item["met"]),
+            )
+        )
+    lines += _table(
+        ("benchmark: variant", "target", "measured ratio", "verdict"), rows, text_columns=2
+    )
+    return lines
+
+
+def _rpc_section(rpc: dict[str, Any]) -> list[str]:
+    config, variants, ratios = rpc["config"], rpc["variants"], rpc["ratios"]
+    lines = [
+        "## 1. Cross-agent request latency and throughput",
+        "",
+        f'Asked: "{RPC_ASK}". Target: "{RPC_TARGET}".',
+        "",
+        "How it was measured:",
+        "",
+        "- One embedded Ray (`address='local'`), two async actors. The target actor hosts, on one "
+        "event loop, an `AgentServer` per pipeline variant (policy `Policy.default()`, caller "
+        "`orchestrator`, target `perception`, capability `FindSpatialContext`, "
+        "`entity_ids=['mira']`) and a bare `grpc.aio` echo server; everything on 127.0.0.1.",
+        "- The pipeline variants audit to a `SqliteAuditLog` file each (in a temporary directory "
+        "under `.bench/`, the file system of the default state directory `./.stratagem`) and "
+        "trace like a deployed actor without `OTEL_*` settings: an SDK `TracerProvider` without "
+        "span processor at both ends.",
+        f"- The caller actor calls through `AgentClient.call`; the echo gets the same encoded "
+        f"request envelope ({rpc['payload']['request_bytes']} bytes; the pipeline answers "
+        f"{rpc['payload']['response_bytes']} bytes) through a bare `unary_unary` multicallable.",
+        f"- Latency: {config['warmup']} warm-up calls, then {config['latency_calls']} sequential "
+        f"calls per variant in {config['rounds']} rounds that rotate the variants' order, each "
+        "call timed with `time.perf_counter` in the caller.",
+        f"- Throughput: {config['throughput_calls']} calls per variant by {config['concurrency']} "
+        f"concurrent workers ({config['concurrency']} in flight), in {config['rounds']} rotating "
+        "rounds; requests per second of wall time, and the latency of each call under that load.",
+        "",
+    ]
+    rows = []
+    for name, variant in variants.items():
+        latency, loaded = variant["latency_us"], variant["under_load_us"]
+        ratio = ratios.get(name)
+        rows.append(
+            (
+                f"`{name}`",
+                _VARIANT_NOTES[name],
+                _us(latency["median"]),
+                _us(latency["p99"]),
+                f"{ratio['median_latency']:.2f}x" if ratio else "1x",
+                f"{variant['throughput_rps']:,.0f}",
+                f"{ratio['throughput']:.2f}x" if ratio else "1x",
+                _us(loaded["median"]),
+                _us(loaded["p99"]),
+            )
+        )
+    lines += _table(
+        (
+            "variant",
+            "what",
+            "median µs",
+            "p99 µs",
+            "median vs echo",
+            "req/s @32",
+            "req/s vs echo",
+            "median µs @32",
+            "p99 µs @32",
+        ),
+        rows,
+        text_columns=2,
+    )
+    for target in rpc["targets"]:
+        lines.append(
+            f"- `{target['variant']}`: {target['ratio']:.2f}x the echo's median latency, target "
+            f"≤ {target['max_ratio']:g}x: {_verdict(target['met'])}."
+        )
+    lines += ["", *_attribution(rpc)]
+    if "profile" in rpc:
+        lines += _profile_section(rpc["profile"])
+    return lines
+
+
+def _attribution(rpc: dict[str, Any]) -> list[str]:
+    cost, audit = rpc["attribution"], rpc["audit"]
+    lines = [
+        "### Where the time goes",
+        "",
+        "Differences between the variants' median latencies, all measured above in the same run "
+        "(no profiler attached):",
+        "",
+    ]
+    lines += _table(
+        ("cost", "measured as", "µs per request"),
+        [
+            (
+                "the perception agent's plan (plan, validate, run 2 steps, events, spans)",
+                "`pipeline_agent` - `pipeline_constant`",
+                _us(cost["agent_plan_us"]),
+            ),
+            (
+                "the SQLite audit log (2 appends per request)",
+                "`pipeline_constant` - `diag_memory_audit`",
+                _us(cost["sqlite_audit_us"]),
+            ),
+            (
+                "tracing with the SDK provider (client + server spans, propagation)",
+                "`diag_memory_audit` - `diag_memory_audit_noop_tracer`",
+                _us(cost["tracing_us"]),
+            ),
+            (
+                "the rest of the pipeline: client and server stages, in-memory audit",
+                "`diag_memory_audit_noop_tracer` - `echo`",
+                _us(cost["rest_of_pipeline_us"]),
+            ),
+            ("the transport itself", "`echo`", _us(cost["echo_us"])),
+        ],
+        text_columns=2,
+    )
+    sqlite, hop, memory = (
+        audit["sqlite_append_us"],
+        audit["thread_hop_us"],
+        audit["memory_append_us"],
+    )
+    lines += [
+        f"Timed on their own in the target actor ({sqlite['n']} each): one "
+        f"`SqliteAuditLog.append` (WAL, `synchronous=FULL`: an fsync per append) takes "
+        f"{_us(sqlite['median'])} µs median ({_us(sqlite['p99'])} µs p99); one "
+        f"`InMemoryAuditLog.append` {_us(memory['median'])} µs; one `asyncio.to_thread` hop, "
+        f"which the server takes per append, {_us(hop['median'])} µs. The server appends twice "
+        "per request (`call.accepted` before the handler, `call.outcome` after it), in series, "
+        "and the appends of concurrent requests queue on the log's lock.",
+        "",
+    ]
+    return lines
+
+
+def _profile_section(profile: dict[str, Any]) -> list[str]:
+    names = list(profile)
+    first = profile[names[0]]["server"]
+    lines = [
+        "### Profile",
+        "",
+        f"`cProfile` on the event-loop thread of each actor while the caller made "
+        f"{first['requests']} sequential calls of each variant; µs of own time per request, by "
+        "package. cProfile slows Python code more than C code, so read the columns against each "
+        "other rather than against the unprofiled latencies. The SQLite appends run on the "
+        "`to_thread` pool, which is not profiled: the server's loop waits for them as idle time. "
+        "grpc's Cython callbacks have no Python frame and count under C code.",
+        "",
+    ]
+    groups: list[str] = []
+    for name in names:
+        for side in ("server", "client"):
+            for group in profile[name][side]["by_group"]:
+                if group not in groups:
+                    groups.append(group)
+    header = ["package", *(f"{side} `{name}`" for side in ("server", "client") for name in names)]
+    rows = []
+    for group in groups:
+        rows.append(
+            (
+                group,
+                *(
+                    _us(profile[name][side]["by_group"].get(group, 0.0))
+                    for side in ("server", "client")
+                    for name in names
+                ),
+            )
+        )
+    rows.append(
+        (
+            "**total (thread time per request)**",
+            *(
+                _us(profile[name][side]["total_us"])
+                for side in ("server", "client")
+                for name in names
+            ),
+        )
+    )
+    lines += _table(header, rows)
+    worst = names[-1]
+    for side in ("server", "client"):
+        summary = profile[worst][side]
+        lines += [
+            f"Top functions by own time, {side} side of `{worst}` (µs per request):",
+            "",
+            *_table(
+                ("function", "calls per request", "own µs", "cumulative µs"),
+                [
+                    (
+                        f"`{entry['function']}`",
+                        entry["calls_per_request"],
+                        _us(entry["own_us"]),
+                        _us(entry["cumulative_us"]),
+                    )
+                    for entry in summary["top_own"]
+                ],
+            ),
+            f"Stratagem's functions by cumulative time, {side} side of `{worst}` (a coroutine "
+            "counts a call per resumption; time suspended in `await` is not included):",
+            "",
+            *_table(
+                ("function", "calls per request", "own µs", "cumulative µs"),
+                [
+                    (
+                        f"`{entry['function']}`",
+                        entry["calls_per_request"],
+                        _us(entry["own_us"]),
+                        _us(entry["cumulative_us"]),
+                    )
+                    for entry in summary["top_cumulative"]
+                ],
+            ),
+        ]
+    return lines
+
+
+def _engine_section(engine: dict[str, Any]) -> list[str]:
+    config, variants, ratios = engine["config"], engine["variants"], engine["ratios"]
+    lines = [
+        "## 2. Engine overhead per step",
+        "",
+        f'Asked: "{ENGINE_ASK}". "{ENGINE_TARGET}".',
+        "",
+        "How it was measured:",
+        "",
+        f"- A plan of {config['steps']} `ToolStep`s in {config['layers']} layers of "
+        f"{config['width']}; every step after the first layer depends on {config['fan_in']} steps "
+        "of the layer before it. Every tool returns `{}` at once (a minimal `ToolRunner`).",
+        f"- All variants run the same DAG with the same in-flight bound, {config['max_in_flight']} "
+        "(`EngineConfig`'s default), in one event loop in the driver process, before Ray starts.",
+        f"- {config['warmup']} warm-up runs of each variant, then {config['repeats']} timed runs "
+        "each, in rotating order, after a `gc.collect()`; per-step cost = the run's "
+        "`time.perf_counter` wall time / steps; the table gives the median, min and max over the "
+        "runs, and the ratio of medians to the bare loop's.",
+        "",
+    ]
+    rows = []
+    for name, variant in variants.items():
+        per_step = variant["per_step_us"]
+        rows.append(
+            (
+                f"`{name}`",
+                _VARIANT_NOTES[name],
+                f"{per_step['median']:.2f}",
+                f"{per_step['min']:.2f}",
+                f"{per_step['max']:.2f}",
+                f"{variant['run_ms']:.1f}",
+                f"{ratios[name]:.2f}x" if name in ratios else "1x",
+            )
+        )
+    lines += _table(
+        (
+            "variant",
+            "what",
+            "median µs/step",
+            "min µs/step",
+            "max µs/step",
+            "median ms/run",
+            "vs bare loop",
+        ),
+        rows,
+        text_columns=2,
+    )
+    bound = engine["target"]["max_ratio"]
+    for name, ratio in ratios.items():
+        lines.append(
+            f"- `{name}`: {ratio:.2f}x the bare loop per step, target ≤ {bound:g}x: "
+            f"{_verdict(ratio <= bound)}."
+        )
+    lines.append("")
+    return lines
+
+
+def _wrapped(lines: Iterable[str], width: int = 100) -> list[str]:
+    """Prose lines wrapped at ``width`` (bullets with a hanging indent); tables left as they are."""
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width or line.startswith(("|", "#")):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return out
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """``BENCHMARKS.md`` for one run's results."""
+    rpc, engine = results["benchmarks"]["rpc"], results["benchmarks"]["engine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`python -m tests.bench`); do not edit by hand. The raw figures "
+        "of the same run are in `.bench/results.json`. Every ratio below compares figures measured "
+        "in this one run.",
+        "",
+        *_verdict_section(results["verdicts"], rpc),
+        *_machine_section(results["machine"], results["duration_s"]),
+        *_rpc_section(rpc),
+        *_engine_section(engine),
+    ]
+    return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
+
+
+def write_outputs(results: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``.bench/results.json`` and ``BENCHMARKS.md``; their paths."""
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    MARKDOWN_PATH.write_text(render_markdown(results), encoding="utf-8")
+    return RESULTS_PATH, MARKDOWN_PATH
