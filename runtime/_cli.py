@@ -8,19 +8,20 @@ user. ``--json`` prints machine-readable output on standard output.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -41,6 +42,7 @@ from protocol import (
     capability_for,
     verify_chain,
 )
+from runtime._directory import AgentInfo
 from runtime._goal import GoalOutcome, run_goal
 from runtime._launcher import Deployment, LaunchError, LocalCluster
 from runtime._render import Progress, action_text, plan_forest, relation_text, span_tree
@@ -133,7 +135,8 @@ def _run(coro_fn: Callable[[], Any]) -> Any:
 # -- goals ---------------------------------------------------------------------------------------
 
 
-def _load_goal(path: Path) -> SubmitGoalRequest:
+def _read_mapping(path: Path, holds: str) -> dict[str, Any]:
+    """A YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -141,7 +144,12 @@ def _load_goal(path: Path) -> SubmitGoalRequest:
     except yaml.YAMLError as exc:
         raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(raw, dict):
-        raise InputError(f"{path} must hold a mapping with goal, passage and beats")
+        raise InputError(f"{path} must hold a mapping with {holds}")
+    return raw
+
+
+def _load_goal(path: Path) -> SubmitGoalRequest:
+    raw = _read_mapping(path, "goal, passage and beats")
     try:
         return SubmitGoalRequest.model_validate(raw)
     except ValidationError as exc:
@@ -281,6 +289,28 @@ def submit(
 # -- one request ---------------------------------------------------------------------------------
 
 
+def _with_agent(
+    settings: Settings,
+    role: str,
+    caller: str,
+    timeout: float | None,
+    send: Callable[[AgentClient], Awaitable[T]],
+) -> T:
+    """Send one call to ``role``'s agent: on the running deployment, else on an embedded one."""
+    setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+    with Deployment(settings).embedded() as dep:
+        endpoint = dep.endpoint(role)
+        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
+
+        async def call() -> T:
+            async with AgentClient(endpoint, caller=caller, config=config) as client:
+                return await send(client)
+
+        answer: T = asyncio.run(call())
+    shutdown_telemetry()
+    return answer
+
+
 @app.command()
 def request(
     agent: Annotated[str, typer.Argument(help="Target agent role.")],
@@ -316,20 +346,15 @@ def request(
             body = spec.request.model_validate(raw)
         except ValidationError as exc:
             raise InputError(_validation_line(f"{capability} request", exc)) from exc
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
-        with Deployment(settings).embedded() as dep:
-            endpoint = dep.endpoint(agent)
-            deadline = timeout or settings.request_timeout_s
-
-            async def call() -> BaseModel:
-                config = ClientConfig(default_timeout_s=deadline)
-                async with AgentClient(endpoint, caller=caller, config=config) as client:
-                    return await client.call(
-                        agent, capability, body, request_id=f"cli-{uuid.uuid4().hex}"
-                    )
-
-            answer = _run(call)
-        shutdown_telemetry()
+        answer = _with_agent(
+            settings,
+            agent,
+            caller,
+            timeout,
+            lambda client: client.call(
+                agent, capability, body, request_id=f"cli-{uuid.uuid4().hex}"
+            ),
+        )
         _print_json(answer.model_dump(mode="json"))
 
 
@@ -338,14 +363,7 @@ def request(
 
 def _load_plan(path: Path, settings: Settings) -> tuple[str, str]:
     """Read a plan file and check it the way its owner will: returns (owner, plan JSON)."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(f"{path} must hold a plan: a mapping with id, owner and steps")
+    raw = _read_mapping(path, "a plan's id, owner and steps")
     owner = raw.get("owner")
     if owner not in ROLES:
         raise InputError(f"{path}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
@@ -376,18 +394,9 @@ def plans_run(
     with _errors():
         settings = _settings(address, state_dir)
         owner, plan_json = _load_plan(plan_file, settings)
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
-        with Deployment(settings).embedded() as dep:
-            endpoint = dep.endpoint(owner)
-            deadline = timeout or settings.request_timeout_s
-
-            async def run() -> PlanSnapshot:
-                config = ClientConfig(default_timeout_s=deadline)
-                async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
-                    return await client.run_plan(plan_json)
-
-            snapshot = _run(run)
-        shutdown_telemetry()
+        snapshot = _with_agent(
+            settings, owner, OPERATOR, timeout, lambda client: client.run_plan(plan_json)
+        )
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:
@@ -403,12 +412,8 @@ def plans_show(
 ) -> None:
     """Show a plan and every sub-plan it caused, from a running deployment."""
     with _errors():
-        deployment = Deployment(_settings(address, state_dir))
-        deployment.connect(allow_embedded=False)
-        try:
+        with _running(Deployment(_settings(address, state_dir))) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
-        finally:
-            deployment.disconnect()
 
         async def collect() -> list[PlanSnapshot]:
             found: list[PlanSnapshot] = []
@@ -429,7 +434,7 @@ def plans_show(
 # -- deployment ----------------------------------------------------------------------------------
 
 
-def _agents_table(infos: list[Any], mode: str | None) -> Table:
+def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
     table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
     for column in ("agent", "endpoint", "node", "pid", "restarted", "plans running"):
         table.add_column(column)
@@ -445,22 +450,25 @@ def _agents_table(infos: list[Any], mode: str | None) -> Table:
     return table
 
 
-def _infos_json(infos: list[Any], mode: str | None) -> dict[str, Any]:
-    return {
-        "mode": mode,
-        "agents": [
-            {
-                "role": i.role,
-                "endpoint": i.endpoint,
-                "node_id": i.node_id,
-                "node_ip": i.node_ip,
-                "pid": i.pid,
-                "restarted": i.restarted,
-                "plans_running": i.plans_running,
-            }
-            for i in infos
-        ],
-    }
+@contextmanager
+def _running(deployment: Deployment) -> Iterator[Deployment]:
+    """Connected to a running deployment (never an embedded one) for the block's duration."""
+    deployment.connect(allow_embedded=False)
+    try:
+        yield deployment
+    finally:
+        deployment.disconnect()
+
+
+def _show_agents(infos: list[AgentInfo], mode: str | None, as_json: bool) -> None:
+    if as_json:
+        _print_json(_infos_json(infos, mode))
+    else:
+        console.print(_agents_table(infos, mode))
+
+
+def _infos_json(infos: list[AgentInfo], mode: str | None) -> dict[str, Any]:
+    return {"mode": mode, "agents": [dataclasses.asdict(info) for info in infos]}
 
 
 @app.command()
@@ -478,15 +486,9 @@ def up(
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
             LocalCluster.start(settings)
-        deployment.connect(allow_embedded=False)
-        try:
+        with _running(deployment):
             infos = deployment.deploy(detached=True, replace=replace)
-        finally:
-            deployment.disconnect()
-        if as_json:
-            _print_json(_infos_json(infos, deployment.mode))
-        else:
-            console.print(_agents_table(infos, deployment.mode))
+        _show_agents(infos, deployment.mode, as_json)
 
 
 @app.command()
@@ -496,15 +498,9 @@ def status(
     """Show each agent's node, gRPC endpoint, process and running plans."""
     with _errors():
         deployment = Deployment(_settings(address, state_dir))
-        deployment.connect(allow_embedded=False)
-        try:
+        with _running(deployment):
             infos = deployment.status()
-        finally:
-            deployment.disconnect()
-        if as_json:
-            _print_json(_infos_json(infos, deployment.mode))
-        else:
-            console.print(_agents_table(infos, deployment.mode))
+        _show_agents(infos, deployment.mode, as_json)
 
 
 @app.command()
@@ -518,11 +514,8 @@ def down(
         local = None if settings.address else LocalCluster.read(settings.local_cluster_file)
         removed: list[str] = []
         if settings.address or local is not None:
-            deployment.connect(allow_embedded=False)
-            try:
+            with _running(deployment):
                 removed = deployment.teardown()
-            finally:
-                deployment.disconnect()
         if local is not None:
             local.stop()
             settings.local_cluster_file.unlink(missing_ok=True)
