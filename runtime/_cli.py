@@ -557,11 +557,14 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
                 }
             )
         elif verdict.ok:
-            console.print(f"audit chain verified: {verdict.count} records, head {head}")
+            console.print(
+                f"audit chain verified: {verdict.count} records, head {head}", soft_wrap=True
+            )
         else:
             err_console.print(
                 f"[bold red]audit chain broken[/] at record {verdict.first_broken_seq}: "
-                f"{verdict.reason}"
+                f"{verdict.reason}",
+                soft_wrap=True,
             )
         if not verdict.ok:
             raise typer.Exit(1)
@@ -569,5 +572,6 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
 
 def main() -> None:
     """Console-script entry point."""
-    logging.basicConfig(level=os.environ.get("STRATAGEM_LOG_LEVEL", "WARNING").upper())
+    # The CLI reports what matters itself, in one line; library logs are for STRATAGEM_LOG_LEVEL.
+    logging.basicConfig(level=os.environ.get("STRATAGEM_LOG_LEVEL", "ERROR").upper())
     app()

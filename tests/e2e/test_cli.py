@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,6 +54,20 @@ def test_demo_exits_zero_and_reports_a_goal(tmp_path: Path) -> None:
     assert len(out["services"]) >= 3
     assert out["audit"]["ok"] is True
     assert out["audit"]["records"] > 0
+
+    verify = run("audit", "verify", state_dir=tmp_path)
+    assert verify.returncode == 0, verify.stderr
+    assert f"{out['audit']['records']} records" in verify.stdout
+    # Edit one record behind the log's back (dropping its append-only trigger first).
+    with sqlite3.connect(tmp_path / "audit.sqlite3") as db:
+        db.execute("DROP TRIGGER audit_no_update")
+        db.execute("UPDATE audit SET detail = 'rewritten' WHERE seq = 3")
+    broken = run("audit", "verify", state_dir=tmp_path)
+    assert broken.returncode == 1
+    assert broken.stderr.strip().splitlines() == [
+        "audit chain broken at record 3: its hash does not match its contents: the record was "
+        "edited"
+    ]
 
 
 def test_demo_pretty_output_shows_trees_trace_and_audit(tmp_path: Path) -> None:
