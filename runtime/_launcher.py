@@ -253,6 +253,9 @@ class Deployment:
                 "name": actor_name(role),
                 "namespace": settings.namespace,
                 "max_restarts": settings.max_restarts,
+                # Every actor method (info, flush, shutdown) is idempotent: a call that meets a
+                # restarting agent waits for it instead of failing with ActorUnavailableError.
+                "max_task_retries": -1,
                 "max_concurrency": 1000,
                 "num_cpus": settings.actor_cpus,
                 "get_if_exists": True,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 
@@ -136,3 +138,20 @@ async def test_permission_denied_is_audited(endpoints: dict[str, str], settings:
     assert records[0].code == "PERMISSION_DENIED"
     assert records[0].actor == "perception"
     assert records[0].target == "strategic"
+
+
+# Kept last in this module: it kills an agent of the session's deployment.
+async def test_a_killed_agent_is_restarted_and_found_again(deployment: Deployment) -> None:
+    before = {info.role: info for info in deployment.status()}
+    victim = before["perception"]
+    os.kill(victim.pid, signal.SIGKILL)
+    # This test's own client asks for the new endpoints; the orchestrator still has the dead
+    # one cached, and its retry must find the restarted agent through the directory.
+    fresh = {info.role: info.endpoint for info in deployment.status(timeout_s=60)}
+    outcome = await run_goal(fresh, DEMO_GOAL, timeout_s=60)
+    assert outcome.response.status == "succeeded"
+    after = {info.role: info for info in deployment.status()}
+    assert after["perception"].restarted is True
+    assert after["perception"].pid != victim.pid
+    assert after["perception"].endpoint != victim.endpoint
+    assert after["orchestrator"].pid == before["orchestrator"].pid
