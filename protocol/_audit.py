@@ -9,37 +9,59 @@ Removing records from the end shows only against a head kept elsewhere (``expect
 A record holds the sha256 ``digest`` of a payload, never the payload, and a ``detail`` that is a
 redacted one-line summary: whitespace collapsed, ``key=value`` secrets masked, length capped.
 
-``SqliteAuditLog`` is safe to share between threads and processes: each append reads the previous
-hash and writes the new record inside one ``BEGIN IMMEDIATE`` transaction. Its methods block; async
-code calls them through ``asyncio.to_thread``.
+``SqliteAuditLog`` is safe to share between threads and processes: each transaction reads the
+previous hash and writes its records inside one ``BEGIN IMMEDIATE`` transaction, so records of
+several processes on one file still form one chain. ``append`` blocks; async code awaits
+``append_async`` instead, which hands the record to the log's writer thread. The writer commits
+every record queued meanwhile in one transaction (group commit) and each caller's await returns
+once the transaction holding its record has committed (or raises when it failed, so a caller that
+must not proceed without its record fails closed). ``InMemoryAuditLog.append_async`` appends on the
+spot: no thread, no suspension.
+
+Durability of ``SqliteAuditLog`` (the file is in WAL mode; ``synchronous`` picks the trade-off):
+
+* ``"normal"`` (the default): a commit reaches the operating system before ``append`` or
+  ``append_async`` returns, but is fsynced only at WAL checkpoints. A crash of the process (a killed
+  or failing agent actor) loses nothing committed; a crash of the operating system or a power loss
+  may lose the last commits (the chain stays intact: it ends earlier). Commits cost a write, not an
+  fsync.
+* ``"full"``: every commit is fsynced before it returns, so it survives an operating-system crash or
+  power loss too, at the cost of one fsync per transaction (shared by every record of a group
+  commit). The runtime chooses it with ``STRATAGEM_AUDIT_SYNC=full``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import queue
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _string
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol, runtime_checkable
 
 from protocol._errors import ProtocolUsageError
 
 __all__ = [
     "GENESIS",
+    "AsyncAuditLog",
     "AuditLog",
     "AuditRecord",
     "ChainVerdict",
     "InMemoryAuditLog",
     "SqliteAuditLog",
+    "Synchronous",
     "digest",
     "redact",
     "verify_chain",
@@ -52,11 +74,17 @@ GENESIS: Final = "0" * 64
 
 SCHEMA_VERSION: Final = 1
 
+Synchronous = Literal["normal", "full"]
+"""How hard a ``SqliteAuditLog`` commit is pushed to disk (see the module docstring)."""
+
 # A secret-looking key and its value ("password=x", "token: x", "Authorization: Bearer x").
 _SECRET = re.compile(
     r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|bearer|cookie)\b"
     r"(\s*[:=]\s*|\s+)(?:(?:bearer|basic)\s+)?\S+"
 )
+# Text without whitespace, ':' or '=' is one line already and ``_SECRET`` cannot match it (a key
+# must be followed by one of them): ids, names, codes and digests take this shortcut.
+_PLAIN = re.compile(r"[^\s:=]*")
 _DETAIL_LIMIT: Final = 240
 _FIELD_LIMIT: Final = 128
 
@@ -64,6 +92,10 @@ _FIELD_LIMIT: Final = 128
 def digest(data: bytes) -> str:
     """The hex sha256 of ``data``: what the audit log keeps instead of a payload."""
     return hashlib.sha256(data).hexdigest()
+
+
+def _mask(match: re.Match[str]) -> str:
+    return f"{match.group(1)}{match.group(2)}***"
 
 
 def redact(text: str, limit: int = _DETAIL_LIMIT) -> str:
@@ -76,12 +108,64 @@ def redact(text: str, limit: int = _DETAIL_LIMIT) -> str:
     Returns:
         The redacted line; ``password=hunter2`` becomes ``password=***``.
     """
-    line = _SECRET.sub(lambda match: f"{match.group(1)}{match.group(2)}***", " ".join(text.split()))
+    if _PLAIN.fullmatch(text) is not None:
+        line = text
+    else:
+        line = _SECRET.sub(_mask, " ".join(text.split()))
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _canonical(fields: dict[str, object]) -> str:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _chain_hash(
+    prev_hash: str,
+    seq: int,
+    ts: str,
+    actor: str,
+    action: str,
+    target: str,
+    capability: str,
+    request_id: str,
+    code: str,
+    detail: str,
+    digest: str,
+) -> str:
+    """sha256(prev_hash + canonical JSON of the other fields), built without a dict.
+
+    The same text as ``_canonical`` (keys in sorted order, each string as ``json.dumps`` writes it
+    with ``ensure_ascii=False``) for the string fields and the int ``seq`` records hold; a record
+    forged with values of other types takes ``_canonical`` itself.
+    """
+    canonical: str | None = None
+    if type(seq) is int:
+        try:
+            canonical = (
+                f'{{"action":{_string(action)},"actor":{_string(actor)},'
+                f'"capability":{_string(capability)},"code":{_string(code)},'
+                f'"detail":{_string(detail)},"digest":{_string(digest)},'
+                f'"prev_hash":{_string(prev_hash)},"request_id":{_string(request_id)},'
+                f'"seq":{seq!r},"target":{_string(target)},"ts":{_string(ts)}}}'
+            )
+        except TypeError:  # a field that is not a string
+            canonical = None
+    if canonical is None:
+        fields: dict[str, object] = {
+            "seq": seq,
+            "ts": ts,
+            "actor": actor,
+            "action": action,
+            "target": target,
+            "capability": capability,
+            "request_id": request_id,
+            "code": code,
+            "detail": detail,
+            "digest": digest,
+            "prev_hash": prev_hash,
+        }
+        canonical = _canonical(fields)
+    return hashlib.sha256((prev_hash + canonical).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +203,19 @@ class AuditRecord:
 
     def expected_hash(self) -> str:
         """The hash this record's contents call for (``hash``, unless it was tampered with)."""
-        fields = dataclasses.asdict(self)
-        del fields["hash"]
-        return hashlib.sha256((self.prev_hash + _canonical(fields)).encode("utf-8")).hexdigest()
+        return _chain_hash(
+            self.prev_hash,
+            self.seq,
+            self.ts,
+            self.actor,
+            self.action,
+            self.target,
+            self.capability,
+            self.request_id,
+            self.code,
+            self.detail,
+            self.digest,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +233,40 @@ class _Entry:
 
     def seal(self, seq: int, prev_hash: str) -> AuditRecord:
         ts = datetime.now(UTC).isoformat(timespec="microseconds")
-        unsealed = AuditRecord(
-            seq=seq, ts=ts, **dataclasses.asdict(self), prev_hash=prev_hash, hash=""
+        fields = (
+            self.actor,
+            self.action,
+            self.target,
+            self.capability,
+            self.request_id,
+            self.code,
+            self.detail,
+            self.digest,
         )
-        return dataclasses.replace(unsealed, hash=unsealed.expected_hash())
+        return AuditRecord(seq, ts, *fields, prev_hash, _chain_hash(prev_hash, seq, ts, *fields))
+
+
+def _entry(
+    actor: str,
+    action: str,
+    target: str,
+    capability: str,
+    request_id: str,
+    code: str,
+    detail: str,
+    digest: str,
+) -> _Entry:
+    """Every text field reduced to one line; ``detail`` redacted (see ``redact``)."""
+    return _Entry(
+        actor=redact(actor, _FIELD_LIMIT),
+        action=redact(action, _FIELD_LIMIT),
+        target=redact(target, _FIELD_LIMIT),
+        capability=redact(capability, _FIELD_LIMIT),
+        request_id=redact(request_id, 400),
+        code=redact(code, _FIELD_LIMIT),
+        detail=redact(detail),
+        digest=redact(digest, _FIELD_LIMIT),
+    )
 
 
 class AuditLog(Protocol):
@@ -172,6 +296,30 @@ class AuditLog(Protocol):
         ...
 
 
+@runtime_checkable
+class AsyncAuditLog(AuditLog, Protocol):
+    """An ``AuditLog`` that async code can append to without blocking its event loop.
+
+    ``AgentServer`` uses ``append_async`` when the log has it, and ``append`` in a worker thread
+    otherwise.
+    """
+
+    def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> Awaitable[AuditRecord]:
+        """Append like ``append``; the await returns once the record is stored (durably)."""
+        ...
+
+
 class _ChainedLog:
     """``append`` for both stock logs; subclasses store a sealed record in ``_commit``."""
 
@@ -194,16 +342,7 @@ class _ChainedLog:
         Returns:
             The record as stored, with its ``seq``, ``ts`` and ``hash``.
         """
-        entry = _Entry(
-            actor=redact(actor, _FIELD_LIMIT),
-            action=redact(action, _FIELD_LIMIT),
-            target=redact(target, _FIELD_LIMIT),
-            capability=redact(capability, _FIELD_LIMIT),
-            request_id=redact(request_id, 400),
-            code=redact(code, _FIELD_LIMIT),
-            detail=redact(detail),
-            digest=redact(digest, _FIELD_LIMIT),
-        )
+        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
         return self._commit(entry)
 
     def _commit(self, entry: _Entry) -> AuditRecord:
@@ -216,6 +355,30 @@ class InMemoryAuditLog(_ChainedLog):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: list[AuditRecord] = []
+
+    async def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> AuditRecord:
+        """``append``, on the spot: a list append needs no thread and never suspends."""
+        return self.append(
+            actor=actor,
+            action=action,
+            target=target,
+            capability=capability,
+            request_id=request_id,
+            code=code,
+            detail=detail,
+            digest=digest,
+        )
 
     def _commit(self, entry: _Entry) -> AuditRecord:
         with self._lock:
@@ -242,6 +405,7 @@ _INSERT: Final = (
 _SELECT_PAGE: Final = (
     f"SELECT {', '.join(_COLUMNS)} FROM audit WHERE ? IS NULL OR seq > ? ORDER BY seq LIMIT ?"
 )
+_SELECT_LAST: Final = "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     """CREATE TABLE IF NOT EXISTS audit (
@@ -265,6 +429,31 @@ _SCHEMA: Final = (
     """CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END""",
 )
+_SYNCHRONOUS: Final[dict[str, str]] = {"normal": "NORMAL", "full": "FULL"}
+# The most records one group commit writes; more wait for the next transaction.
+_MAX_BATCH: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A record handed to the writer thread, and where to report that it was committed."""
+
+    entry: _Entry
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[AuditRecord]
+
+
+def _resolve(
+    outcomes: list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
+) -> None:
+    """Settle the futures of one batch (on their event loop); a cancelled waiter is skipped."""
+    for future, outcome in outcomes:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 class SqliteAuditLog(_ChainedLog):
@@ -272,24 +461,34 @@ class SqliteAuditLog(_ChainedLog):
 
     Args:
         path: The database file; its folder is created when missing.
+        synchronous: ``"normal"`` (the default: a committed record survives a crash of the
+            process, the last ones may be lost to an operating-system crash or power loss) or
+            ``"full"`` (an fsync per commit: committed records survive those too).
 
     Raises:
-        ProtocolUsageError: When the file holds an audit log of another schema version.
+        ProtocolUsageError: When the file holds an audit log of another schema version, or
+            ``synchronous`` is neither ``"normal"`` nor ``"full"``.
     """
 
     _PAGE = 1000
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "normal") -> None:
+        if synchronous not in _SYNCHRONOUS:
+            raise ProtocolUsageError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._synchronous: Synchronous = synchronous
         self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._closed = False
         # Autocommit mode: every transaction below is explicit.
         self._db = sqlite3.connect(
             self._path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(f"PRAGMA synchronous={_SYNCHRONOUS[synchronous]}")
             self._migrate()
         except BaseException:
             self._db.close()
@@ -300,10 +499,15 @@ class SqliteAuditLog(_ChainedLog):
         """The database file."""
         return self._path
 
+    @property
+    def synchronous(self) -> Synchronous:
+        """The durability chosen (see the module docstring)."""
+        return self._synchronous
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         # BEGIN IMMEDIATE takes the write lock up front, so the previous hash read inside the
-        # transaction is still the last one when the new record is written, across processes too.
+        # transaction is still the last one when the new records are written, across processes.
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -327,15 +531,105 @@ class SqliteAuditLog(_ChainedLog):
                 )
 
     def _commit(self, entry: _Entry) -> AuditRecord:
-        with self._transaction() as db:
-            last = db.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-            seq, prev_hash = (last[0] + 1, last[1]) if last else (1, GENESIS)
-            record = entry.seal(seq, prev_hash)
-            db.execute(
-                _INSERT,
-                dataclasses.astuple(record),
-            )
+        [record] = self._commit_many([entry])
         return record
+
+    def _commit_many(self, entries: list[_Entry]) -> list[AuditRecord]:
+        """Chain and write ``entries`` in one transaction, in order."""
+        with self._transaction() as db:
+            last = db.execute(_SELECT_LAST).fetchone()
+            seq, prev_hash = (last[0], last[1]) if last else (0, GENESIS)
+            records = []
+            for entry in entries:
+                seq += 1
+                record = entry.seal(seq, prev_hash)
+                prev_hash = record.hash
+                records.append(record)
+            # A row per record, in column order (``dataclasses.astuple`` deep-copies every field).
+            db.executemany(
+                _INSERT, [tuple(getattr(record, name) for name in _COLUMNS) for record in records]
+            )
+        return records
+
+    def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> asyncio.Future[AuditRecord]:
+        """Append like ``append`` without blocking the event loop: the writer thread commits it.
+
+        Records appended by concurrent callers are committed together in one transaction (group
+        commit). Once handed over, the record is written even when the awaiting task is cancelled.
+
+        Returns:
+            A future of the event loop that settles once the transaction holding the record has
+            committed: the stored record, or the exception that kept it from being stored.
+
+        Raises:
+            ProtocolUsageError: When the log is closed.
+        """
+        if self._closed:
+            raise ProtocolUsageError(f"the audit log {self._path} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AuditRecord] = loop.create_future()
+        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
+        if self._writer is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._write, name=f"audit-writer {self._path.name}", daemon=True
+                    )
+                    self._writer.start()
+        self._queue.put(_Pending(entry, loop, future))
+        return future
+
+    def _write(self) -> None:
+        """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _MAX_BATCH:
+                try:
+                    pending = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if pending is None:
+                    stop = True
+                    break
+                batch.append(pending)
+            outcomes: list[AuditRecord] | BaseException
+            try:
+                outcomes = self._commit_many([pending.entry for pending in batch])
+            except Exception as exc:
+                logger.error("cannot write %d audit records to %s: %s", len(batch), self._path, exc)
+                outcomes = exc
+            self._report(batch, outcomes)
+            if stop:
+                return
+
+    @staticmethod
+    def _report(batch: list[_Pending], outcomes: list[AuditRecord] | BaseException) -> None:
+        by_loop: dict[
+            asyncio.AbstractEventLoop,
+            list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
+        ] = {}
+        for index, pending in enumerate(batch):
+            outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
+            by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
+        for loop, settled in by_loop.items():
+            # A closed loop has nobody waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, settled)
 
     def records(self) -> Iterator[AuditRecord]:
         """Every record, in ``seq`` order, read a page at a time."""
@@ -355,11 +649,16 @@ class SqliteAuditLog(_ChainedLog):
     def head(self) -> str:
         """The hash of the last record (``GENESIS`` when the log is empty)."""
         with self._lock:
-            row = self._db.execute("SELECT hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-        return str(row[0]) if row else GENESIS
+            row = self._db.execute(_SELECT_LAST).fetchone()
+        return str(row[1]) if row else GENESIS
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Write the records already handed to ``append_async``, then close the database."""
+        self._closed = True
+        writer = self._writer
+        if writer is not None:
+            self._queue.put(None)
+            writer.join()
         with self._lock:
             self._db.close()
 

@@ -8,11 +8,14 @@ call raises the ``RemoteError`` subclass of its status, converted once in ``prot
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +25,10 @@ from pydantic import ValidationError
 
 from protocol._capabilities import WireModel, capability_for
 from protocol._codec import (
+    CAPABILITY_NAME_PATTERN,
+    IDENTITY_PATTERN,
+    PLAN_ID_PATTERN,
+    REQUEST_ID_PATTERN,
     AgentCard,
     PlanEvent,
     PlanSnapshot,
@@ -31,8 +38,8 @@ from protocol._codec import (
     decode_plans,
     decode_response,
     decode_snapshot,
+    encode_call,
     encode_query,
-    encode_request,
     encode_run_plan,
     violations_from,
 )
@@ -62,6 +69,34 @@ __all__ = ["AgentClient", "ClientConfig"]
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+# The envelope's own patterns, checked here so that a well-formed call skips building (and
+# validating) a RequestEnvelope; a call failing one of them builds it, for its exact error.
+_IDENTITY: Final = re.compile(IDENTITY_PATTERN)
+_REQUEST_ID: Final = re.compile(REQUEST_ID_PATTERN)
+_PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
+_CAPABILITY_NAME: Final = re.compile(CAPABILITY_NAME_PATTERN)
+
+
+class _RequestIds:
+    """Fresh request ids: a random per-process prefix and a counter (no syscall per id).
+
+    The prefix is drawn again in a forked child, so two processes never share ids.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(12).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._counter):x}"
+
+
+_request_ids: Final = _RequestIds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +144,7 @@ class AgentClient:
         self._config = config or ClientConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._channel: Any = None
+        self._callables: dict[str, Any] = {}
         self._closed = False
 
     @property
@@ -127,13 +163,23 @@ class AgentClient:
                 self._endpoint,
                 options=[("grpc.max_receive_message_length", self._config.max_message_bytes)],
             )
+            self._callables = {}
         return self._channel
+
+    def _unary_callable(self, method: str) -> Any:
+        """The channel's multicallable for ``method``, made once per channel."""
+        channel = self._open()
+        callable_ = self._callables.get(method)
+        if callable_ is None:
+            callable_ = self._callables[method] = channel.unary_unary(method_path(method))
+        return callable_
 
     async def aclose(self) -> None:
         """Close the channel; calls in flight are cancelled."""
         self._closed = True
         if self._channel is not None:
             channel, self._channel = self._channel, None
+            self._callables = {}
             await channel.close()
 
     async def __aenter__(self) -> AgentClient:
@@ -183,34 +229,55 @@ class AgentClient:
             raise ProtocolUsageError(
                 f"{capability} takes a {spec.request.__name__}, not a {type(request).__name__}"
             )
-        try:
-            envelope = RequestEnvelope(
-                request_id=request_id or uuid.uuid4().hex,
-                caller=self._caller,
-                target=target,
-                plan_id=plan_id,
-                step_id=step_id,
-                capability=capability,
-                body=request,
-            )
-        except ValidationError as exc:
-            problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
-            raise ProtocolUsageError(f"invalid call to {target}.{capability}: {problems}") from None
+        request_id = request_id or _request_ids.next()
+        well_formed = (
+            _REQUEST_ID.fullmatch(request_id)
+            and _IDENTITY.fullmatch(self._caller)
+            and _IDENTITY.fullmatch(target)
+            and _CAPABILITY_NAME.fullmatch(capability)
+            and (not plan_id or _PLAN_ID.fullmatch(plan_id))
+            and (not step_id or _PLAN_ID.fullmatch(step_id))
+        )
+        if not well_formed:
+            try:
+                RequestEnvelope(
+                    request_id=request_id,
+                    caller=self._caller,
+                    target=target,
+                    plan_id=plan_id,
+                    step_id=step_id,
+                    capability=capability,
+                    body=request,
+                )
+            except ValidationError as exc:
+                problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
+                raise ProtocolUsageError(
+                    f"invalid call to {target}.{capability}: {problems}"
+                ) from None
+        payload = encode_call(
+            spec,
+            request_id=request_id,
+            caller=self._caller,
+            target=target,
+            plan_id=plan_id,
+            step_id=step_id,
+            body=request,
+        )
 
         def answer(data: bytes) -> WireModel:
             response = decode_response(data)
-            if response.request_id != envelope.request_id or response.capability != capability:
+            if response.request_id != request_id or response.capability != capability:
                 raise InvalidArgumentError("it answers another request")
             return response.body
 
         return await self._unary(
             "Call",
-            encode_request(envelope),
+            payload,
             answer,
             timeout_s=timeout,
             target=target,
             capability=capability,
-            request_id=envelope.request_id,
+            request_id=request_id,
             plan_id=plan_id,
             step_id=step_id,
         )
@@ -383,7 +450,7 @@ class AgentClient:
             set_status_on_exception=False,
         ) as span:
             try:
-                data = await self._open().unary_unary(method_path(method))(
+                data = await self._unary_callable(method)(
                     request,
                     timeout=deadline,
                     metadata=self._metadata(

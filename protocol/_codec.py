@@ -5,6 +5,12 @@ scalars and repeated scalars are copied, nested and repeated messages recurse, a
 ``oneof body`` is chosen from the capability registry. A capability added by an extension travels
 as the JSON of its own pydantic model inside ``ExtensionBody``.
 
+Encoding builds each message in one constructor call from the model's ``model_dump`` (both run in
+compiled code); when that fails (a value the message cannot hold, a model that drifted), the
+field-by-field walk runs instead and names the field at fault. Decoding reads each message through
+a plan compiled once per message type (which fields are scalars, lists or nested messages) into
+plain data, validated by one pydantic ``model_validate``.
+
 Decoding always ends in pydantic validation, so every constraint declared on a capability model is
 enforced on the wire; a validation failure becomes an ``InvalidArgumentError`` whose violations name
 the offending fields by path (``beat.goals[0].predicate``), relative to the capability's body.
@@ -61,7 +67,10 @@ from protocol._errors import (
 from protocol._gen.stratagem.v1 import agent_pb2 as pb
 
 __all__ = [
+    "CAPABILITY_NAME_PATTERN",
     "IDENTITY_PATTERN",
+    "PLAN_ID_PATTERN",
+    "REQUEST_ID_PATTERN",
     "AgentCard",
     "CapabilityCard",
     "PlanEvent",
@@ -77,6 +86,8 @@ __all__ = [
     "decode_response",
     "decode_run_plan",
     "decode_snapshot",
+    "encode_answer",
+    "encode_call",
     "encode_card",
     "encode_event",
     "encode_plans",
@@ -99,8 +110,14 @@ IDENTITY_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,63}$"
 """An identity on the wire: a role or "operator"; lowercase, so policies match exactly."""
 Identity = Annotated[str, StringConstraints(pattern=IDENTITY_PATTERN)]
 # An idempotency key: long enough for the engine's "<plan id>@<revision>:<step id>" keys.
-RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,399}$")]
-CapabilityName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")]
+REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,399}$"
+RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
+CAPABILITY_NAME_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_.]{0,63}$"
+CapabilityName = Annotated[str, StringConstraints(pattern=CAPABILITY_NAME_PATTERN)]
+PLAN_ID_PATTERN: Final[str] = next(
+    str(item.pattern) for item in get_args(PlanId) if isinstance(item, StringConstraints)
+)
+"""The pattern of a plan (or step) id, as ``PlanId`` declares it."""
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 ReadRpc = Literal["Describe", "Watch", "Plans"]
@@ -326,21 +343,72 @@ def _fill(message: Message, model: BaseModel, path: str) -> None:
             raise ProtocolUsageError(f"cannot encode {where}: {exc}") from exc
 
 
+# How ``_plain`` reads a field: its kind, compiled once per message type from the descriptor.
+_SCALAR: Final = 0
+_SCALARS: Final = 1
+_MESSAGE: Final = 2
+_MESSAGES: Final = 3
+_Plan = tuple[tuple[str, int], ...]
+_PLANS: dict[str, _Plan] = {}
+
+
+# Typed Any: a message's DESCRIPTOR is the python or the upb descriptor class, depending on stubs.
+def _plan(descriptor: Any) -> _Plan:
+    """Every field outside a ``oneof``, by name, with its kind (see ``_SCALAR``...)."""
+    plan = _PLANS.get(descriptor.full_name)
+    if plan is None:
+        plan = tuple(
+            (
+                field.name,
+                (_MESSAGES if field.is_repeated else _MESSAGE)
+                if field.message_type is not None
+                else (_SCALARS if field.is_repeated else _SCALAR),
+            )
+            for field in descriptor.fields
+            if field.containing_oneof is None
+        )
+        _PLANS[descriptor.full_name] = plan
+    return plan
+
+
 def _plain(message: Message) -> dict[str, Any]:
     """The message as plain data keyed by field name; unset singular messages are left out."""
     data: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        if field.containing_oneof is not None:
-            continue
-        value = getattr(message, field.name)
-        if field.message_type is not None:
-            if field.is_repeated:
-                data[field.name] = [_plain(item) for item in value]
-            elif message.HasField(field.name):
-                data[field.name] = _plain(value)
-        else:
-            data[field.name] = list(value) if field.is_repeated else value
+    for name, kind in _plan(message.DESCRIPTOR):
+        value = getattr(message, name)
+        if kind == _SCALAR:
+            data[name] = value
+        elif kind == _SCALARS:
+            data[name] = list(value)
+        elif kind == _MESSAGES:
+            data[name] = [_plain(item) for item in value]
+        elif message.HasField(name):
+            data[name] = _plain(value)
     return data
+
+
+def _dumped(model: BaseModel, descriptor: Any) -> dict[str, Any] | None:
+    """The constructor arguments of ``descriptor``'s message for ``model``; ``None`` when the
+    model lacks one of its fields (the generic walk then says which)."""
+    data = model.model_dump(warnings=False)
+    kwargs: dict[str, Any] = {}
+    for name, _ in _plan(descriptor):
+        if name not in data:
+            return None
+        value = data[name]
+        if value is not None:
+            kwargs[name] = value
+    return kwargs
+
+
+def _build(message_type: type[M], kwargs: dict[str, Any] | None) -> M | None:
+    """``message_type(**kwargs)``, or ``None`` when a value does not fit (see ``_fill``)."""
+    if kwargs is None:
+        return None
+    try:
+        return message_type(**kwargs)
+    except (TypeError, ValueError):
+        return None
 
 
 def to_message(model: BaseModel, message_type: type[M]) -> M:
@@ -356,8 +424,10 @@ def to_message(model: BaseModel, message_type: type[M]) -> M:
     Raises:
         ProtocolUsageError: When a value cannot be represented (a drifted model, a lone surrogate).
     """
-    message = message_type()
-    _fill(message, model, "")
+    message = _build(message_type, _dumped(model, message_type.DESCRIPTOR))
+    if message is None:
+        message = message_type()
+        _fill(message, model, "")
     return message
 
 
@@ -457,10 +527,31 @@ E = TypeVar("E", bound=_Envelope)
 def _encode_envelope(
     envelope: _Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
 ) -> bytes:
+    names = [name for name, _ in _plan(message_type.DESCRIPTOR)]
+    if all(hasattr(envelope, name) for name in names):
+        fields = {name: getattr(envelope, name) for name in names}
+        data = _encode_fields(message_type, fields, envelope.capability, envelope.body)
+        if data is not None:
+            return data
     message = message_type()
     _fill(message, envelope, "")
     _put_body(message, envelope.capability, envelope.body)
     return message.SerializeToString()
+
+
+def _encode_fields(
+    message_type: type[pb.AgentRequest | pb.AgentResponse],
+    fields: dict[str, Any],
+    capability: str,
+    body: WireModel,
+) -> bytes | None:
+    """An envelope's bytes in one constructor call; ``None`` when the generic walk must run."""
+    spec = CAPABILITIES.get(capability)
+    if spec is None or spec.field == EXTENSION_FIELD:
+        return None
+    dumped = _dumped(body, message_type.DESCRIPTOR.fields_by_name[spec.field].message_type)
+    message = _build(message_type, None if dumped is None else {**fields, spec.field: dumped})
+    return None if message is None else message.SerializeToString()
 
 
 def _decode_envelope(
@@ -472,6 +563,71 @@ def _decode_envelope(
         return model.model_validate({**_plain(message), "capability": capability, "body": body})
     except ValidationError as exc:
         raise _invalid(f"invalid {model._side} envelope", exc) from None
+
+
+def encode_call(
+    spec: CapabilitySpec,
+    *,
+    request_id: str,
+    caller: str,
+    target: str,
+    plan_id: str,
+    step_id: str,
+    body: WireModel,
+) -> bytes:
+    """``encode_request`` of an envelope with these fields, for values already known to be valid.
+
+    ``AgentClient`` checks the ids (and the body's model) itself, so the envelope model is never
+    built; the bytes are the same.
+
+    Raises:
+        ProtocolUsageError: When the body cannot be represented on the wire.
+    """
+    fields = {
+        "request_id": request_id,
+        "caller": caller,
+        "target": target,
+        "plan_id": plan_id,
+        "step_id": step_id,
+    }
+    data = _encode_fields(pb.AgentRequest, fields, spec.name, body)
+    if data is not None:
+        return data
+    return encode_request(
+        RequestEnvelope.model_construct(
+            capability=spec.name,
+            body=body,
+            request_id=request_id,
+            caller=caller,
+            target=target,
+            plan_id=plan_id,
+            step_id=step_id,
+        )
+    )
+
+
+def encode_answer(spec: CapabilitySpec, request_id: str, responder: str, body: WireModel) -> bytes:
+    """``encode_response`` of a ``ResponseEnvelope``, without validating the envelope again.
+
+    For a server answering a validated request with the model its backend built.
+
+    Raises:
+        ProtocolUsageError: When ``body`` is not ``spec``'s response model, or cannot be
+            represented on the wire.
+    """
+    if not isinstance(body, spec.response):
+        raise ProtocolUsageError(
+            f"a {spec.name} response is a {spec.response.__name__}, not a {type(body).__name__}"
+        )
+    fields = {"request_id": request_id, "responder": responder, "plan_id": ""}
+    data = _encode_fields(pb.AgentResponse, fields, spec.name, body)
+    if data is not None:
+        return data
+    return encode_response(
+        ResponseEnvelope.model_construct(
+            capability=spec.name, body=body, request_id=request_id, responder=responder
+        )
+    )
 
 
 def encode_request(envelope: RequestEnvelope) -> bytes:

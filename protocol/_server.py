@@ -47,7 +47,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
-from protocol._audit import AuditLog, digest
+from protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
 from protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from protocol._codec import (
     IDENTITY_PATTERN,
@@ -56,14 +56,13 @@ from protocol._codec import (
     PlanSnapshot,
     ReadRpc,
     RequestEnvelope,
-    ResponseEnvelope,
     decode_query,
     decode_request,
     decode_run_plan,
+    encode_answer,
     encode_card,
     encode_event,
     encode_plans,
-    encode_response,
     encode_snapshot,
 )
 from protocol._context import CallContext, current_call
@@ -251,6 +250,7 @@ class AgentServer:
         self._role = backend.role
         self._policy = policy
         self._audit = audit
+        self._append = _appender(audit)
         self._config = config or ServerConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._answers = _AnswerCache(
@@ -515,14 +515,9 @@ class AgentServer:
             )
         finally:
             current_call.reset(token)
-        answer = encode_response(
-            ResponseEnvelope(
-                request_id=envelope.request_id,
-                responder=self._role,
-                capability=spec.name,
-                body=response,
-            )
-        )
+        # The backend built ``response`` (a validated model) and every envelope field comes from the
+        # validated request: encoded as is, without validating an envelope around it again.
+        answer = encode_answer(spec, envelope.request_id, self._role, response)
         self._limit(len(answer), "response")
         return answer
 
@@ -635,20 +630,33 @@ class AgentServer:
     async def _record(
         self, exchange: _Exchange, action: str, code: str, detail: str, payload_digest: str
     ) -> None:
-        # Shielded: a call cancelled meanwhile still leaves its record behind.
-        await asyncio.shield(
-            asyncio.to_thread(
-                self._audit.append,
-                actor=exchange.caller,
-                action=action,
-                target=exchange.target or self._role,
-                capability=exchange.capability,
-                request_id=exchange.request_id,
-                code=code,
-                detail=detail,
-                digest=payload_digest,
-            )
+        # A record handed to the log is written even when this call is cancelled meanwhile.
+        await self._append(
+            actor=exchange.caller,
+            action=action,
+            target=exchange.target or self._role,
+            capability=exchange.capability,
+            request_id=exchange.request_id,
+            code=code,
+            detail=detail,
+            digest=payload_digest,
         )
+
+
+def _appender(audit: AuditLog) -> Callable[..., Awaitable[AuditRecord]]:
+    """How the server appends to ``audit`` from its event loop.
+
+    A log with ``append_async`` (both stock logs) is awaited directly: the in-memory one appends on
+    the spot, the SQLite one through its group-committing writer thread. Any other log's blocking
+    ``append`` runs in a worker thread, shielded so a cancelled call still leaves its record.
+    """
+    if isinstance(audit, AsyncAuditLog):
+        return audit.append_async
+
+    async def in_thread(**fields: str) -> AuditRecord:
+        return await asyncio.shield(asyncio.to_thread(audit.append, **fields))
+
+    return in_thread
 
 
 def _check_routing(envelope: RequestEnvelope, exchange: _Exchange) -> None:
@@ -683,17 +691,41 @@ class _Budget:
 
 
 async def _within(budget: _Budget, awaitable: Awaitable[T], what: str) -> T:
-    """Await ``awaitable`` within ``budget`` (``DeadlineExceededError`` after)."""
-    scope = asyncio.timeout(budget.seconds + budget.backstop)
+    """Await ``awaitable`` within ``budget`` (``DeadlineExceededError`` after).
+
+    ``asyncio.timeout`` without its context-manager objects: one timer that cancels this task,
+    and the same rule to tell our own cancellation from anyone else's (``uncancel``).
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise ProtocolUsageError("_within needs a running task")
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    cancelling = task.cancelling()
+    timer = asyncio.get_running_loop().call_later(budget.seconds + budget.backstop, expire)
     try:
-        async with scope:
-            return await awaitable
-    except TimeoutError:
-        if scope.expired():
+        result = await awaitable
+    except asyncio.CancelledError:
+        timer.cancel()
+        if expired and task.uncancel() <= cancelling:
             raise DeadlineExceededError(
                 f"{what} did not finish within {budget.seconds:.3g}s"
             ) from None
         raise
+    except BaseException:
+        timer.cancel()
+        if expired:
+            task.uncancel()
+        raise
+    timer.cancel()
+    if expired:
+        task.uncancel()
+    return result
 
 
 def _plan_step(plan_id: str, step_id: str) -> str:

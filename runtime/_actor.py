@@ -66,7 +66,7 @@ class AgentActor:
             tracer_provider=self._tracer_provider,
             extensions=settings.extensions,
         )
-        self._audit = SqliteAuditLog(settings.audit_path)
+        self._audit = SqliteAuditLog(settings.audit_path, synchronous=settings.audit_sync)
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         host = settings.grpc_host or self._node_ip
         self._server = AgentServer(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -39,6 +39,9 @@ class Settings(BaseSettings):
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
             none. The CLI reads it to print a goal's span tree.
         actor_cpus: CPUs each agent actor reserves (0 lets four agents share a small machine).
+        audit_sync: How hard audit commits are pushed to disk: ``normal`` (a killed process
+            loses no committed record; an OS crash or power loss may lose the last ones) or
+            ``full`` (an fsync per commit). See ``protocol.SqliteAuditLog``.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -58,6 +61,7 @@ class Settings(BaseSettings):
     extension_paths: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     trace_file: Path | None = None
     actor_cpus: float = Field(default=0.0, ge=0)
+    audit_sync: Literal["normal", "full"] = "normal"
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod

@@ -312,13 +312,13 @@ def _attribution(rpc: dict[str, Any]) -> list[str]:
         audit["memory_append_us"],
     )
     lines += [
-        f"Timed on their own in the target actor ({sqlite['n']} each): one "
-        f"`SqliteAuditLog.append` (WAL, `synchronous=FULL`: an fsync per append) takes "
+        f"Timed on their own in the target actor ({sqlite['n']} each): one blocking "
+        f"`SqliteAuditLog.append` (WAL, `synchronous=NORMAL`, the default) takes "
         f"{_us(sqlite['median'])} µs median ({_us(sqlite['p99'])} µs p99); one "
-        f"`InMemoryAuditLog.append` {_us(memory['median'])} µs; one `asyncio.to_thread` hop, "
-        f"which the server takes per append, {_us(hop['median'])} µs. The server appends twice "
-        "per request (`call.accepted` before the handler, `call.outcome` after it), in series, "
-        "and the appends of concurrent requests queue on the log's lock.",
+        f"`InMemoryAuditLog.append` {_us(memory['median'])} µs; one `asyncio.to_thread` round "
+        f"trip {_us(hop['median'])} µs. The server appends twice per request (`call.accepted` "
+        "before the handler, `call.outcome` before the answer), in series, each through the "
+        "log's writer thread, which commits the records of concurrent requests together.",
         "",
     ]
     return lines
@@ -333,8 +333,9 @@ def _profile_section(profile: dict[str, Any]) -> list[str]:
         f"`cProfile` on the event-loop thread of each actor while the caller made "
         f"{first['requests']} sequential calls of each variant; µs of own time per request, by "
         "package. cProfile slows Python code more than C code, so read the columns against each "
-        "other rather than against the unprofiled latencies. The SQLite appends run on the "
-        "`to_thread` pool, which is not profiled: the server's loop waits for them as idle time. "
+        "other rather than against the unprofiled latencies. The SQLite appends run on the audit "
+        "log's writer thread, which is not profiled: the server's loop waits for them as idle "
+        "time. "
         "grpc's Cython callbacks have no Python frame and count under C code.",
         "",
     ]

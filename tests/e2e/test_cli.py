@@ -174,7 +174,7 @@ def test_denied_caller_gets_permission_denied(deployed: Path) -> None:
 
 def test_expired_deadline_is_deadline_exceeded(deployed: Path) -> None:
     result = run(
-        "submit", str(EXAMPLES / "crown.yaml"), "--timeout", "0.05", state_dir=deployed, timeout=60
+        "submit", str(EXAMPLES / "crown.yaml"), "--timeout", "0.005", state_dir=deployed, timeout=60
     )
     assert result.returncode == 1
     assert "DEADLINE_EXCEEDED" in result.stderr

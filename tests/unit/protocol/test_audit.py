@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import multiprocessing
+import re
 import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol import (
     AuditRecord,
@@ -20,7 +24,7 @@ from protocol import (
     digest,
     verify_chain,
 )
-from protocol._audit import GENESIS, redact
+from protocol._audit import GENESIS, AsyncAuditLog, Synchronous, redact
 
 
 def _fill(log: InMemoryAuditLog | SqliteAuditLog, count: int, actor: str = "operator") -> None:
@@ -269,3 +273,137 @@ def test_sqlite_log_is_safe_across_processes(tmp_path: Path) -> None:
     assert verify_chain(records).ok
     assert len(records) == 75
     assert {r.actor for r in records} == {"p0", "p1", "p2"}
+
+
+# --- the fast paths compute what the documented formulas do -------------------------------------
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=300)
+
+
+def _redacted_the_long_way(text: str, limit: int) -> str:
+    secret = re.compile(
+        r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|bearer|cookie)\b"
+        r"(\s*[:=]\s*|\s+)(?:(?:bearer|basic)\s+)?\S+"
+    )
+    line = secret.sub(lambda match: f"{match.group(1)}{match.group(2)}***", " ".join(text.split()))
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.one_of(
+        _TEXT,
+        st.from_regex(r"(token|password|api_key)[:= \u2028\x1c]{1,3}\w+ ?", fullmatch=True),
+    ),
+    limit=st.sampled_from([8, 128, 240]),
+)
+def test_redaction_shortcut_changes_nothing(text: str, limit: int) -> None:
+    assert redact(text, limit) == _redacted_the_long_way(text, limit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(_TEXT, min_size=9, max_size=9), seq=st.integers(1, 2**62))
+def test_the_chain_hash_is_the_documented_formula(texts: list[str], seq: int) -> None:
+    ts, actor, action, target, capability, request_id, code, detail, payload = texts
+    record = AuditRecord(
+        seq, ts, actor, action, target, capability, request_id, code, detail, payload, GENESIS, ""
+    )
+    fields = dataclasses.asdict(record)
+    del fields["hash"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert record.expected_hash() == hashlib.sha256((GENESIS + canonical).encode()).hexdigest()
+
+
+def test_a_record_forged_with_other_types_is_hashed_by_the_formula() -> None:
+    record = AuditRecord(1, "t", "a", "b", "c", "d", "e", "f", "g", "h", GENESIS, "")
+    forged = dataclasses.replace(record, code=None)  # type: ignore[arg-type]
+    fields = dataclasses.asdict(forged)
+    del fields["hash"]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert forged.expected_hash() == hashlib.sha256((GENESIS + canonical).encode()).hexdigest()
+
+
+# --- async appends ------------------------------------------------------------------------------
+
+
+async def test_in_memory_append_async_appends_on_the_spot() -> None:
+    log = InMemoryAuditLog()
+    pending = log.append_async(actor="operator", action="call.accepted", detail="a\nb")
+    assert list(log.records()) == []  # nothing happens before the await...
+    record = await pending
+    assert list(log.records()) == [record]  # ...and the await never suspends
+    assert record.detail == "a b"
+    assert isinstance(log, AsyncAuditLog)
+
+
+@pytest.mark.integration
+async def test_sqlite_group_commit_keeps_one_chain_across_writers(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with SqliteAuditLog(path) as log, SqliteAuditLog(path) as other:
+        writer = threading.Thread(target=_fill, args=(other, 40, "thread"))
+        writer.start()
+        records = await asyncio.gather(
+            *(
+                log.append_async(actor="loop", action="call.accepted", request_id=f"r{i}")
+                for i in range(300)
+            )
+        )
+        writer.join()
+        assert [r.request_id for r in records] == [f"r{i}" for i in range(300)]
+        stored = list(log.records())
+    verdict = verify_chain(stored, expected_head=stored[-1].hash)
+    assert (verdict.ok, verdict.count) == (True, 340)
+    assert {r.seq for r in records} <= {r.seq for r in stored}
+    assert [r for r in stored if r.actor == "loop"] == records
+
+
+@pytest.mark.integration
+async def test_a_failed_group_commit_fails_its_callers(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    with SqliteAuditLog(path) as log:
+        db = sqlite3.connect(path)
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON audit WHEN NEW.actor = 'mallory' "
+            "BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+        )
+        db.commit()
+        db.close()
+        with pytest.raises(sqlite3.IntegrityError, match="disk says no"):
+            await log.append_async(actor="mallory", action="call.accepted")
+        record = await log.append_async(actor="operator", action="call.accepted")
+        assert [r.seq for r in log.records()] == [record.seq] == [1]
+
+
+@pytest.mark.integration
+async def test_close_writes_what_was_handed_over(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    log = SqliteAuditLog(path)
+    pending = [log.append_async(actor="operator", action="call.outcome") for _ in range(50)]
+    log.close()
+    assert len(await asyncio.gather(*pending)) == 50
+    with pytest.raises(ProtocolUsageError, match="closed"):
+        log.append_async(actor="operator", action="call.outcome")
+    with SqliteAuditLog(path) as reopened:
+        assert verify_chain(reopened.records()).count == 50
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("synchronous", "pragma"), [("normal", 1), ("full", 2)])
+def test_sqlite_durability_is_configurable(
+    tmp_path: Path, synchronous: Synchronous, pragma: int
+) -> None:
+    with SqliteAuditLog(tmp_path / "audit.db", synchronous=synchronous) as log:
+        assert log.synchronous == synchronous
+        assert log._db.execute("PRAGMA synchronous").fetchone()[0] == pragma
+        assert log._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_sqlite_durability_must_be_known(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolUsageError, match="'normal' or 'full'"):
+        SqliteAuditLog(tmp_path / "audit.db", synchronous="sometimes")  # type: ignore[arg-type]
+    assert not (tmp_path / "audit.db").exists()
+
+
+def test_sqlite_defaults_to_normal(tmp_path: Path) -> None:
+    with SqliteAuditLog(tmp_path / "audit.db") as log:
+        assert log.synchronous == "normal"

@@ -44,11 +44,14 @@ from protocol import (
     to_message,
 )
 from protocol._codec import (
+    _fill,
     _NoQuery,
     _PlanQuery,
     _PlansResponse,
     _RunPlanRequest,
     decode_query,
+    encode_answer,
+    encode_call,
     encode_query,
     field_path,
     schema_drift,
@@ -408,3 +411,70 @@ def test_generated_cards_events_and_snapshots_round_trip(
     assert decode_card(encode_card(card)) == card
     assert decode_event(encode_event(event)) == event
     assert decode_plans(encode_plans(snapshots)) == snapshots
+
+
+# --- the compiled fast paths write what the generic walk writes ----------------------------------
+
+
+def _walked(model: BaseModel, message_type: type[pb.AgentRequest]) -> bytes:
+    message = message_type()
+    _fill(message, model, "")
+    return message.SerializeToString()
+
+
+@pytest.mark.parametrize("spec", BUILTIN, ids=lambda spec: spec.name)
+@_SETTINGS
+@given(data=st.data())
+def test_fast_encoding_matches_the_generic_walk(spec: CapabilitySpec, data: st.DataObject) -> None:
+    for model, side in ((spec.request, pb.AgentRequest), (spec.response, pb.AgentResponse)):
+        value = data.draw(model_strategy(model))
+        message_type = getattr(pb, _body_descriptor(side, spec.field).name)
+        assert to_message(value, message_type).SerializeToString() == _walked(value, message_type)
+    request = data.draw(model_strategy(spec.request))
+    envelope = _request(spec.name, request, plan_id="goal-1")
+    walked = pb.AgentRequest()
+    _fill(walked, envelope, "")
+    nested = getattr(walked, spec.field)
+    nested.SetInParent()
+    _fill(nested, request, "")
+    assert encode_request(envelope) == walked.SerializeToString()
+    assert encode_call(
+        spec,
+        request_id="req-1",
+        caller="orchestrator",
+        target=spec.role,
+        plan_id="goal-1",
+        step_id="",
+        body=request,
+    ) == encode_request(envelope)
+    response = data.draw(model_strategy(spec.response))
+    answer = encode_answer(spec, "req-1", spec.role, response)
+    assert answer == encode_response(
+        ResponseEnvelope(
+            request_id="req-1", responder=spec.role, capability=spec.name, body=response
+        )
+    )
+    assert decode_response(answer).body == response
+
+
+def test_encode_answer_refuses_another_model() -> None:
+    spec = CAPABILITIES["ExtractEntities"]
+    with pytest.raises(ProtocolUsageError, match="is a ExtractEntitiesResponse, not a Beat"):
+        encode_answer(spec, "req-1", "perception", BEAT)
+
+
+def test_a_value_the_fast_path_cannot_carry_still_names_its_field() -> None:
+    # A lone surrogate breaks the one-call constructor; the generic walk names the field.
+    body = ExtractEntitiesRequest.model_construct(text="\ud800")
+    with pytest.raises(ProtocolUsageError, match="cannot encode text"):
+        to_message(body, pb.ExtractEntitiesRequest)
+    with pytest.raises(ProtocolUsageError, match="cannot encode text"):
+        encode_call(
+            CAPABILITIES["ExtractEntities"],
+            request_id="req-1",
+            caller="orchestrator",
+            target="perception",
+            plan_id="",
+            step_id="",
+            body=body,
+        )

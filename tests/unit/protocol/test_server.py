@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 
 import grpc
 import pytest
@@ -33,6 +35,7 @@ from protocol import (
     ProtocolUsageError,
     Relation,
     RequestEnvelope,
+    SqliteAuditLog,
     UnavailableError,
     WireModel,
     current_call,
@@ -641,3 +644,69 @@ async def test_an_extension_capability_is_served(
     backend.behaviour["Shout"] = handle
     answer = await connect(server.endpoint).call("perception", "Shout", ShoutRequest(text="hi"))
     assert answer == ShoutResponse(text="HI")
+
+
+# --- the audit log's async path -----------------------------------------------------------------
+
+
+class _UnwritableAudit(InMemoryAuditLog):
+    """An audit log that cannot record an acceptance, as a full disk could not."""
+
+    def append(self, **fields: str) -> AuditRecord:  # type: ignore[override]
+        if fields["action"] == "call.accepted":
+            raise OSError("no space left on device")
+        return super().append(**fields)
+
+
+async def test_a_call_whose_acceptance_cannot_be_recorded_is_not_served(
+    backend: FakeBackend, connect: Connect
+) -> None:
+    audit = _UnwritableAudit()
+    async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+        with pytest.raises(InternalError):
+            await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)
+    assert backend.calls == []
+    assert [(r.action, r.code) for r in audit.records()] == [("call.refused", "INTERNAL")]
+
+
+class _BlockingOnlyAudit:
+    """An ``AuditLog`` with only the blocking ``append``: the server calls it from a thread."""
+
+    def __init__(self) -> None:
+        self.log = InMemoryAuditLog()
+        self.threads: set[str] = set()
+
+    def append(self, **fields: str) -> AuditRecord:
+        self.threads.add(threading.current_thread().name)
+        return self.log.append(**fields)  # type: ignore[arg-type]
+
+    def records(self) -> Iterator[AuditRecord]:
+        return self.log.records()
+
+    def head(self) -> str:
+        return self.log.head()
+
+
+async def test_a_blocking_audit_log_is_called_from_a_thread(
+    backend: FakeBackend, connect: Connect
+) -> None:
+    audit = _BlockingOnlyAudit()
+    async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+        await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)
+    assert [r.action for r in audit.records()] == ["call.accepted", "call.outcome"]
+    assert threading.current_thread().name not in audit.threads
+
+
+@pytest.mark.integration
+async def test_a_sqlite_audit_log_records_concurrent_calls_in_one_chain(
+    tmp_path: Path, backend: FakeBackend, connect: Connect
+) -> None:
+    with SqliteAuditLog(tmp_path / "audit.db") as audit:
+        async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+            client = connect(server.endpoint)
+            await asyncio.gather(
+                *(client.call("perception", "ExtractEntities", EXTRACT) for _ in range(40))
+            )
+        records = list(audit.records())
+    assert verify_chain(records).ok
+    assert sorted(r.action for r in records) == ["call.accepted"] * 40 + ["call.outcome"] * 40
