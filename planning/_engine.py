@@ -35,6 +35,15 @@ An exception from ``on_event`` is logged and otherwise ignored: observers cannot
 
 Backoff jitter comes from a ``random.Random`` seeded from ``EngineConfig.seed`` and the step's run
 id, so the same plan and seed give the same delays however the steps interleave.
+
+Durability (only with ``Engine(store=...)``; ``docs/durability.md`` has the whole story): a run's
+records go through a ``_Journal`` that commits each tick's records in one transaction; a step task
+awaits the commit of its intent before calling its tool or dispatching, and ``run`` returns after
+the final status is committed. With a store, cancelling the task running ``run`` is an
+interruption (nothing more is recorded; ``resume`` continues), while ``Engine.cancel`` cancels the
+plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
+``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
+reverse completion order before the final status.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import heapq
+import json
 import logging
 import math
 import random
@@ -59,18 +69,22 @@ from pydantic import ValidationError
 from planning._dag import structural_problems
 from planning._dispatch import CrossAgentCall, Dispatcher, step_run_id
 from planning._errors import (
+    GateDecisionError,
     LogicError,
+    PlanControlError,
     PlanFailedError,
     PlanningError,
     PlanValidationError,
     StepError,
     StepFailure,
+    StoreError,
     failure_class_for_code,
     field_problems,
 )
 from planning._plan import (
     CrossAgentStep,
     FailureClass,
+    GateStep,
     Plan,
     PlanStatus,
     RetryPolicy,
@@ -79,6 +93,21 @@ from planning._plan import (
     ToolStep,
 )
 from planning._refs import has_refs, kind_of, resolve_refs
+from planning._store import (
+    CompensationRecord,
+    CompensationStatus,
+    ControlRecord,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    GateState,
+    PlanState,
+    PlanStatusRecord,
+    Record,
+    StateStore,
+    StepIntent,
+    StepResult,
+)
 from protocol import RemoteError, capability_for
 
 __all__ = [
@@ -132,6 +161,8 @@ class ToolContext:
         attempt: The attempt number, from 1.
         agent: The role of the agent running the plan.
         revision: The plan's revision.
+        compensating: True when the call runs the step's compensating tool (``attempt`` then
+            counts the compensation's attempts).
     """
 
     plan_id: str
@@ -139,6 +170,7 @@ class ToolContext:
     attempt: int
     agent: str
     revision: int = 1
+    compensating: bool = False
 
     @property
     def call_id(self) -> str:
@@ -151,6 +183,11 @@ class ToolRunner(Protocol):
 
     The runner validates ``input`` against the tool's own model; the engine passes it as planned
     (references resolved) and never copies it, so a tool must not mutate it.
+
+    A runner may also define ``is_idempotent(name: str) -> bool`` (``agents.ToolRegistry`` does):
+    when resuming a plan, a tool step that was in flight at the crash is re-run only when its tool
+    is idempotent; a runner without the method has no idempotent tools, and such a step waits at
+    a reconcile gate. It is optional, so it is not part of this protocol's required members.
     """
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -194,7 +231,8 @@ class PlanResult(Generic[P]):
     """How a plan run ended.
 
     Attributes:
-        status: ``succeeded`` or ``failed``.
+        status: ``succeeded``, ``failed``, ``cancelled`` (``Engine.cancel``) or ``paused``
+            (``Engine.pause``; unstarted steps stay ``pending``).
         outputs: Step id -> output, for every step that succeeded.
         failures: The steps that failed, in the order they failed.
         statuses: Step id -> final status, in plan order.
@@ -239,9 +277,13 @@ def backoff_delay(policy: RetryPolicy, failed_attempt: int, rng: random.Random) 
 
 
 class Engine:
-    """Runs plans for one agent.
+    """Runs plans for one agent, durably when given a store.
 
-    An engine holds no per-run state, so one engine may run several plans at once.
+    An engine may run several plans at once. It keeps a registry of its active runs by plan id, so
+    ``decide``, ``pause`` and ``cancel`` reach a run while ``run`` or ``resume`` is awaiting it
+    (call them from the same event loop). With a ``store``, every transition is committed before
+    it is acted on, and ``resume`` continues a plan a crash interrupted (``docs/durability.md``);
+    without one, the engine behaves as it always did and keeps nothing.
 
     Args:
         config: Scheduling limits and the jitter seed; defaults to ``EngineConfig()``.
@@ -250,6 +292,7 @@ class Engine:
         agent: The role of the agent (names the plan span and every tool call's context).
         tracer_provider: Where spans go; the global provider by default.
         sleep: Waits out retry backoffs (inject a fake one in tests).
+        store: Where plans and their journals are kept; ``None`` keeps nothing (no resume).
     """
 
     def __init__(
@@ -261,18 +304,23 @@ class Engine:
         agent: str,
         tracer_provider: TracerProvider | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        store: StateStore | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
+        self.store = store
         self._tools = tools
         self._dispatcher = dispatcher
         self._sleep = sleep
         self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
+        self._runs: dict[str, _PlanRun[Any]] = {}
 
     async def run(
         self, plan: P, *, on_event: Callable[[StepEvent], None] | None = None
     ) -> PlanResult[P]:
-        """Run ``plan`` to its end.
+        """Run ``plan`` until it ends, pauses or is cancelled.
+
+        A gate step makes the run wait (plan status ``blocked``) until ``decide`` is called.
 
         Args:
             plan: The plan; it should have passed ``validate_plan``. Step statuses in it are
@@ -280,18 +328,282 @@ class Engine:
             on_event: Called with every ``StepEvent``, in order.
 
         Returns:
-            The result: ``succeeded`` or ``failed``, with outputs and failures. Step failures never
-            raise; use ``PlanResult.raise_for_status`` for that.
+            The result: ``succeeded``, ``failed``, ``cancelled`` (``cancel``) or ``paused``
+            (``pause``), with outputs and failures. Step failures never raise; use
+            ``PlanResult.raise_for_status`` for that.
 
         Raises:
             PlanValidationError: When the steps do not form a DAG (duplicate ids, unknown
                 dependencies, a cycle); nothing runs then.
-            asyncio.CancelledError: When the calling task is cancelled.
+            PlanControlError: With a store: when the plan (id and revision) is already stored or
+                running; ``resume`` it instead.
+            StoreError: When the store fails; the run stops where it was and can be resumed.
+            asyncio.CancelledError: When the calling task is cancelled. With a store this is an
+                interruption, not a cancellation: nothing more is recorded and ``resume``
+                continues the plan (``cancel`` cancels a plan for good).
         """
         run = _PlanRun(self, plan, on_event)
         if not run.is_dag():
             raise PlanValidationError(structural_problems(plan.steps))
-        return await run.execute()
+        if self.store is not None:
+            if plan.id in self._runs:
+                raise PlanControlError(plan.id, f"plan {plan.id!r} is already running")
+            if not await self.store.save_plan(plan):
+                raise PlanControlError(
+                    plan.id,
+                    f"plan {plan.id!r} revision {plan.revision} is already in the store; "
+                    f"resume it instead",
+                )
+        return await self._execute(run)
+
+    async def resume(
+        self,
+        plan_id: str,
+        *,
+        plan_type: type[Plan] = Plan,
+        on_event: Callable[[StepEvent], None] | None = None,
+    ) -> PlanResult[Plan]:
+        """Continue a stored plan from its journal (after a crash, a pause or an interruption).
+
+        Completed steps are not run again (their recorded outputs feed references); a step that
+        was in flight is re-run when it is idempotent (a cross-agent step, or a tool the runner's
+        ``is_idempotent`` says is), and otherwise waits at a reconcile gate named after it. Gate
+        decisions and cancellations recorded while no engine ran are honoured; an interrupted
+        compensation continues. A plan already finished is not run: its recorded result is
+        returned.
+
+        Args:
+            plan_id: The plan.
+            plan_type: The class to load the stored plan as (fields it lacks are dropped).
+            on_event: Called with every ``StepEvent``, in order.
+
+        Returns:
+            The result, as ``run`` returns it.
+
+        Raises:
+            PlanControlError: When the engine has no store, the plan is unknown or already
+                running here.
+            StoreError: When the store fails.
+            asyncio.CancelledError: When the calling task is cancelled (an interruption).
+        """
+        store = self._require_store(plan_id, "resume")
+        if plan_id in self._runs:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already running")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        run: _PlanRun[Plan] = _PlanRun(self, state.plan(plan_type), on_event)
+        if not run.is_dag():
+            raise PlanValidationError(structural_problems(run.plan.steps))
+        if state.status.is_final:
+            return run.recorded_result(state)
+        logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
+        run.restore(state)
+        return await self._execute(run)
+
+    async def decide(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int,
+        output: dict[str, Any] | None = None,
+    ) -> None:
+        """Approve or reject a gate; the decision is recorded before it is acted on.
+
+        For a gate step, approval lets its dependents run and rejection fails it (class
+        ``policy``) and so the plan. For a reconcile gate (named after a step that was in flight
+        when the plan stopped), approval re-runs the step, or, with ``output``, records the step
+        as succeeded with that output without running it (the operator found its effect done);
+        rejection fails the step.
+
+        A plan running here is woken at once. Otherwise the decision is stored and the next
+        ``resume`` acts on it; a gate step's decision may then be given before the gate is
+        reached.
+
+        Args:
+            plan_id: The plan.
+            gate_id: The gate step's id, or the reconciled step's id.
+            approve: Approve (True) or reject (False).
+            approver: Who decides.
+            rationale: Why.
+            revision: The plan revision the decision is given for; it must be the plan's current
+                revision.
+            output: For a reconcile gate only: the step's output, to record instead of re-running.
+
+        Raises:
+            GateDecisionError: When the gate is unknown, already decided or not open, the revision
+                is not the plan's, or ``output`` is given for a gate step.
+            PlanControlError: When the plan is neither running here nor in the store.
+            StoreError: When the store fails.
+        """
+        output_json = None if output is None else json.dumps(output)
+        run = self._runs.get(plan_id)
+        if run is not None:
+            kind = run.check_decision(gate_id, revision, output)
+            record = GateRecord(
+                plan_id,
+                revision,
+                gate_id,
+                GateDecision.APPROVED if approve else GateDecision.REJECTED,
+                kind,
+                approver=approver,
+                rationale=rationale,
+                output_json=output_json,
+            )
+            if self.store is not None:
+                await self.store.commit([record])
+            run.apply_decision(gate_id, approve, approver, rationale, output)
+            return
+        store = self._require_store(plan_id, "decide a gate of")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        kind = _check_stored_decision(state, gate_id, revision, output)
+        await store.commit(
+            [
+                GateRecord(
+                    plan_id,
+                    revision,
+                    gate_id,
+                    GateDecision.APPROVED if approve else GateDecision.REJECTED,
+                    kind,
+                    approver=approver,
+                    rationale=rationale,
+                    output_json=output_json,
+                )
+            ]
+        )
+        logger.info(
+            "plan %s gate %s %s by %s (stored)",
+            plan_id,
+            gate_id,
+            "approved" if approve else "rejected",
+            approver,
+        )
+
+    async def pause(self, plan_id: str) -> None:
+        """Pause a plan: no new step starts, running ones finish, the status becomes ``paused``.
+
+        A plan running here ends its ``run`` (or ``resume``) with status ``paused`` once its
+        running steps finish; ``resume`` continues it. A stored plan not running here is marked
+        ``paused``.
+
+        Raises:
+            PlanControlError: When the plan is finished, or neither running here nor stored.
+        """
+        run = self._runs.get(plan_id)
+        if run is not None:
+            run.pause()
+            return
+        store = self._require_store(plan_id, "pause")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        if state.status.is_final:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already {state.status.value}")
+        await store.commit([PlanStatusRecord(plan_id, state.revision, PlanStatus.PAUSED)])
+
+    async def cancel(self, plan_id: str) -> None:
+        """Cancel a plan for good: running tools and dispatches get ``CancelledError``, completed
+        steps are compensated, and the status becomes ``cancelled``.
+
+        For a plan running here, this returns once the cancellation is recorded; its ``run`` (or
+        ``resume``) returns the ``cancelled`` result after compensating. A stored plan not running
+        here is cancelled and compensated before this returns.
+
+        Raises:
+            PlanControlError: When the plan is finished, or neither running here nor stored.
+            StoreError: When the store fails.
+        """
+        run = self._runs.get(plan_id)
+        if run is not None:
+            if self.store is not None:
+                await self.store.commit([ControlRecord(plan_id, run.plan.revision)])
+            run.cancel()
+            return
+        store = self._require_store(plan_id, "cancel")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        if state.status.is_final:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already {state.status.value}")
+        await store.commit([ControlRecord(plan_id, state.revision)])
+        await self.resume(plan_id)
+
+    def _require_store(self, plan_id: str, action: str) -> StateStore:
+        if self.store is None:
+            raise PlanControlError(
+                plan_id,
+                f"cannot {action} plan {plan_id!r}: it is not running here and the engine has "
+                f"no state store",
+            )
+        return self.store
+
+    async def _execute(self, run: _PlanRun[P]) -> PlanResult[P]:
+        plan_id = run.plan.id
+        self._runs[plan_id] = run
+        try:
+            return await run.execute()
+        finally:
+            if self._runs.get(plan_id) is run:
+                del self._runs[plan_id]
+
+
+def _check_stored_decision(
+    state: PlanState, gate_id: str, revision: int, output: dict[str, Any] | None
+) -> GateKind:
+    """The kind of the gate a decision for a stored (not running) plan applies to.
+
+    Raises:
+        GateDecisionError: When the decision does not apply.
+    """
+    plan_id = state.plan_id
+    if revision != state.revision:
+        raise GateDecisionError(
+            plan_id,
+            gate_id,
+            revision,
+            f"plan {plan_id!r} is at revision {state.revision}; a decision given for revision "
+            f"{revision} does not apply to it",
+        )
+    if state.status.is_final:
+        raise GateDecisionError(
+            plan_id, gate_id, revision, f"plan {plan_id!r} is already {state.status.value}"
+        )
+    gate = state.gates.get(gate_id)
+    if gate is not None:
+        if gate.decision is not GateDecision.OPEN:
+            raise GateDecisionError(
+                plan_id,
+                gate_id,
+                revision,
+                f"gate {gate_id!r} of plan {plan_id!r} is already {gate.decision.value}",
+            )
+        kind = gate.kind
+    else:
+        steps = json.loads(state.plan_json).get("steps", [])
+        if not any(s.get("id") == gate_id and s.get("kind") == "gate" for s in steps):
+            raise GateDecisionError(
+                plan_id, gate_id, revision, f"plan {plan_id!r} has no open gate {gate_id!r}"
+            )
+        step = state.steps.get(gate_id)
+        if step is not None and step.status is not StepStatus.RUNNING:
+            raise GateDecisionError(
+                plan_id,
+                gate_id,
+                revision,
+                f"gate {gate_id!r} of plan {plan_id!r} is already {step.status.value}",
+            )
+        kind = GateKind.GATE
+    if output is not None and kind is GateKind.GATE:
+        raise GateDecisionError(
+            plan_id, gate_id, revision, "an output may only be given to a reconcile gate"
+        )
+    return kind
 
 
 class _Deadline:
@@ -369,11 +681,98 @@ class _Outcome:
     attempts: int
 
 
+class _Journal:
+    """Groups one run's records into one store commit per scheduler tick.
+
+    ``add`` appends records to the open batch and returns the batch's future, which completes
+    once the batch is committed. The flusher commits a batch, then the next one with everything
+    added meanwhile, so the records of every transition during one loop iteration (or during one
+    commit) share one transaction. A batch future never carries an exception: a waiter checks
+    ``error`` after it completes.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        loop: asyncio.AbstractEventLoop,
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.store = store
+        self.loop = loop
+        self.on_failure = on_failure
+        self.records: list[Record] = []
+        self.future: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+        self.closed = False
+
+    def add(self, *records: Record) -> asyncio.Future[None]:
+        """Queue ``records`` for the next commit; the future completes when they are committed."""
+        future = self.future
+        if future is None:
+            future = self.future = self.loop.create_future()
+        if self.closed or self.error is not None:
+            return future  # never completes: the run is being torn down
+        self.records.extend(records)
+        if self.task is None:
+            self.task = self.loop.create_task(self._flush())
+        return future
+
+    async def write(self, *records: Record) -> None:
+        """Queue ``records`` and wait until they are committed.
+
+        Raises:
+            StoreError: When the store failed.
+        """
+        if self.error is None:
+            await self.add(*records)
+        if self.error is not None:
+            raise self.error
+
+    async def flush(self) -> None:
+        """Wait until everything queued is committed.
+
+        Raises:
+            StoreError: When the store failed.
+        """
+        while self.task is not None:
+            await asyncio.shield(self.task)
+        if self.error is not None:
+            raise self.error
+
+    async def abort(self) -> None:
+        """Drop what is not committed yet and wait for a commit in progress (an interruption)."""
+        self.closed = True
+        self.records = []
+        task = self.task
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def _flush(self) -> None:
+        try:
+            while self.records and not self.closed:
+                records, future = self.records, self.future
+                self.records, self.future = [], None
+                try:
+                    await self.store.commit(records)
+                except Exception as exc:
+                    logger.error("state store commit failed: %s", exc)
+                    self.error = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                    self.on_failure(self.error)
+                    if future is not None:
+                        future.set_result(None)
+                    return
+                if future is not None:
+                    future.set_result(None)
+        finally:
+            self.task = None
+
+
 class _PlanRun(Generic[P]):
     """The state of one run of one plan.
 
-    Everything runs on the event loop's thread: the step tasks and the done-callbacks that settle
-    them update this state only between awaits, so it needs no locks.
+    Everything runs on the event loop's thread: the step tasks, the done-callbacks that settle
+    them and the control calls update this state only between awaits, so it needs no locks.
     """
 
     def __init__(
@@ -405,6 +804,22 @@ class _PlanRun(Generic[P]):
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.callback_context = contextvars.copy_context()
         self.watchdog = _Watchdog(self.loop)
+        store = engine.store
+        self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
+        self.idempotent: Callable[[str], bool] | None = getattr(self.tools, "is_idempotent", None)
+        self.restored = False
+        self.interrupted = False  # the run's task was cancelled, or the store failed
+        self.cancelled = False  # Engine.cancel
+        self.paused = False
+        self.blocked = False
+        self.gates: dict[str, GateKind] = {}  # the open gates
+        self.new_gates: list[str] = []  # reconcile gates found by restore, not yet announced
+        self.recorded_gates: set[str] = set()  # gates whose opening is in the journal
+        self.decisions: dict[str, GateState] = {}  # decided before their gate step was reached
+        self.next_attempt: dict[str, int] = {}  # steps resumed mid-way
+        self.compensable: list[str] = []  # succeeded steps with a compensation, in order
+        self.compensation: dict[str, CompensationStatus] = {}
+        self.compensation_attempts: dict[str, int] = {}
 
     # --- the scheduler -----------------------------------------------------------------------
 
@@ -429,24 +844,42 @@ class _PlanRun(Generic[P]):
             # (no provider set up) or a sampled-out plan then costs nothing per step.
             self.tracing = span.is_recording()
             self._emit("", PlanStatus.RUNNING, 0)
+            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING))
             try:
                 await self._schedule()
-            except asyncio.CancelledError:
+                status = self._end_status()
+                if status is not PlanStatus.PAUSED:
+                    self._close_gates()
+                    self._skip_pending()
+                if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+                    await self._compensate(status)
+                message = "the plan was paused" if status is PlanStatus.PAUSED else ""
+                message = _summary(self.failures) or message
+                if self.journal is not None:
+                    self._record(PlanStatusRecord(plan.id, plan.revision, status, message))
+                    await self.journal.flush()
+            except (asyncio.CancelledError, StoreError) as exc:
+                await self._interrupt()
+                if isinstance(exc, asyncio.CancelledError):
+                    reason, message = "cancelled", "the plan run was cancelled"
+                else:
+                    reason, message = str(exc), f"the plan run stopped: {exc}"
                 span.set_attribute("stratagem.plan.status", PlanStatus.CANCELLED.value)
-                span.set_status(Status(StatusCode.ERROR, "cancelled"))
-                self._emit("", PlanStatus.CANCELLED, 0, message="the plan run was cancelled")
-                logger.info("plan %s@%d: cancelled", plan.id, plan.revision)
+                span.set_status(Status(StatusCode.ERROR, reason))
+                self._emit("", PlanStatus.CANCELLED, 0, message=message)
+                logger.info("plan %s@%d: interrupted (%s)", plan.id, plan.revision, reason)
                 raise
             finally:
                 self.watchdog.close()
-            status = PlanStatus.FAILED if self.failures else PlanStatus.SUCCEEDED
-            message = _summary(self.failures)
             span.set_attribute("stratagem.plan.status", status.value)
-            if self.failures:
-                span.set_status(Status(StatusCode.ERROR, message))
+            if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+                span.set_status(Status(StatusCode.ERROR, message or status.value))
             self._emit("", status, 0, message=message)
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
+        return self._result(status, duration)
+
+    def _result(self, status: PlanStatus, duration: float) -> PlanResult[P]:
         return PlanResult(
             status=status,
             outputs=self.outputs,
@@ -454,8 +887,19 @@ class _PlanRun(Generic[P]):
             statuses=self.statuses,
             events=self.events,
             duration_s=duration,
-            submitted=plan,
+            submitted=self.plan,
         )
+
+    def _end_status(self) -> PlanStatus:
+        if self.cancelled:
+            return PlanStatus.CANCELLED
+        if self.failures:
+            return PlanStatus.FAILED
+        if self.paused and any(
+            s in (StepStatus.PENDING, StepStatus.BLOCKED) for s in self.statuses.values()
+        ):
+            return PlanStatus.PAUSED
+        return PlanStatus.SUCCEEDED
 
     def is_dag(self) -> bool:
         """Whether the steps form a DAG (unique ids, known dependencies, no cycle).
@@ -487,15 +931,20 @@ class _PlanRun(Generic[P]):
         return reached == len(plan.steps)
 
     async def _schedule(self) -> None:
-        self.ready.extend(step_id for step_id, count in self.waiting.items() if count == 0)
+        if not self.restored:
+            self.ready.extend(step_id for step_id, count in self.waiting.items() if count == 0)
         # Completions are handled in task done-callbacks rather than by this coroutine waking up
         # for each one: scheduling the next steps then costs no extra event-loop round trip.
         self.callback_context = contextvars.copy_context()  # inside the plan span
+        for gate_id in self.new_gates:
+            self._announce_gate(gate_id)
+        self.new_gates.clear()
         self._start_ready()
+        self._maybe_finish()
         try:
-            if self.running:
-                await self.finished
-        except asyncio.CancelledError:
+            await self.finished
+        except (asyncio.CancelledError, StoreError):
+            self.interrupted = True
             self.stop_reason = "the plan run was cancelled"
             tasks = list(self.running)
             for task in tasks:
@@ -506,16 +955,31 @@ class _PlanRun(Generic[P]):
                 self._on_done(task)
             self._skip_pending()
             raise
-        self._skip_pending()
 
     def _start_ready(self) -> None:
         ready, running, statuses = self.ready, self.running, self.statuses
-        while ready and len(running) < self.bound and not self.stop_reason:
+        journal, plan = self.journal, self.plan
+        while ready and not self.stop_reason and not self.paused:
+            step = self.steps[ready[0]]
+            if isinstance(step, GateStep):
+                ready.popleft()
+                self._reach_gate(step)
+                continue
+            if len(running) >= self.bound:
+                break
             step_id = ready.popleft()
+            attempt = self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
             statuses[step_id] = StepStatus.RUNNING
-            self.attempts[step_id] = 1
-            self._emit(step_id, StepStatus.RUNNING, 1)
-            task = self.loop.create_task(self._execute(self.steps[step_id]))
+            self.attempts[step_id] = attempt
+            self._emit(step_id, StepStatus.RUNNING, attempt)
+            # The intent joins this tick's batch (with the results that unblocked the step), so
+            # the step's start costs no commit of its own.
+            durable = (
+                None
+                if journal is None
+                else journal.add(StepIntent(plan.id, plan.revision, step_id, attempt))
+            )
+            task = self.loop.create_task(self._execute(step, attempt, durable))
             task.add_done_callback(self._on_done, context=self.callback_context)
             running[task] = step_id
 
@@ -527,57 +991,138 @@ class _PlanRun(Generic[P]):
         finished = self.finished
         try:
             if self._settle(step_id, task):
-                waiting = self.waiting
-                for dependent in self.dependents[step_id]:
-                    waiting[dependent] -= 1
-                    if waiting[dependent] == 0:
-                        self.ready.append(dependent)
-            elif not self.stop_reason and not task.cancelled():
-                self.stop_reason = f"the plan stopped after step {step_id!r} failed"
-                for other in self.running:
-                    other.cancel()
+                self._release(step_id)
+            elif not task.cancelled():
+                self._stop(f"the plan stopped after step {step_id!r} failed")
             self._start_ready()
         except Exception as exc:  # a bug here must not hang the run: hand it to run()
             if finished.done():
                 raise
             finished.set_exception(exc)
             return
-        if not self.running and not finished.done():
-            finished.set_result(None)
+        self._maybe_finish()
+
+    def _release(self, step_id: str) -> None:
+        waiting = self.waiting
+        for dependent in self.dependents[step_id]:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                self.ready.append(dependent)
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason:
+            return
+        self.stop_reason = reason
+        for task in self.running:
+            task.cancel()
+
+    def _maybe_finish(self) -> None:
+        if self.running or self.finished.done():
+            return
+        if self.gates and not (self.stop_reason or self.paused):
+            return
+        self.finished.set_result(None)
+
+    def _store_failed(self, exc: BaseException) -> None:
+        self.interrupted = True
+        if not self.finished.done():
+            self.finished.set_exception(exc)
+
+    async def _interrupt(self) -> None:
+        self.interrupted = True
+        if self.journal is not None:
+            await self.journal.abort()
+
+    def _record(self, *records: Record) -> None:
+        if self.journal is not None and not self.interrupted:
+            self.journal.add(*records)
 
     def _settle(self, step_id: str, task: asyncio.Task[_Outcome]) -> bool:
         """Record a finished step task; True when the step succeeded."""
         attempts = self.attempts[step_id]
-        if task.cancelled():
+        plan = self.plan
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or isinstance(exc, StoreError):
             self.statuses[step_id] = StepStatus.CANCELLED
             message = self.stop_reason or "cancelled"
+            self._record(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    step_id,
+                    attempts,
+                    StepStatus.CANCELLED,
+                    failure_class=FailureClass.CANCELLED,
+                    message=message,
+                )
+            )
             self._emit(step_id, StepStatus.CANCELLED, attempts, FailureClass.CANCELLED, message)
             return False
-        exc = task.exception()
         if exc is None:
             outcome = task.result()
         else:  # the step runner catches every Exception; this is a bug in the engine
             logger.error("step %s raised out of the engine", step_id, exc_info=exc)
             outcome = _Outcome(None, FailureClass.LOGIC, f"{type(exc).__name__}: {exc}", attempts)
+        if outcome.failure_class is None and self.journal is not None:
+            try:
+                output_json = json.dumps(outcome.output)
+            except (TypeError, ValueError) as err:
+                outcome = _Outcome(
+                    None, FailureClass.LOGIC, f"the output is not JSON: {err}", attempts
+                )
+            else:
+                self._succeed(step_id, outcome.output, attempts, output_json)
+                return True
         if outcome.failure_class is None:
-            self.outputs[step_id] = outcome.output
-            self.statuses[step_id] = StepStatus.SUCCEEDED
-            self._emit(step_id, StepStatus.SUCCEEDED, attempts)
+            self._succeed(step_id, outcome.output, attempts, None)
             return True
-        self.failures.append(
-            StepFailure(step_id, outcome.failure_class, outcome.message, outcome.attempts)
-        )
+        self._fail(step_id, outcome.failure_class, outcome.message, outcome.attempts)
+        return False
+
+    def _succeed(self, step_id: str, output: Any, attempt: int, output_json: str | None) -> None:
+        self.outputs[step_id] = output
+        self.statuses[step_id] = StepStatus.SUCCEEDED
+        if self.journal is not None and not self.interrupted:
+            plan = self.plan
+            result = StepResult(
+                plan.id, plan.revision, step_id, attempt, StepStatus.SUCCEEDED, output_json
+            )
+            if self.steps[step_id].compensate is None:
+                self.journal.add(result)
+            else:  # the need to compensate is committed with the success, in one transaction
+                self.journal.add(
+                    result,
+                    CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.NEEDED),
+                )
+        if self.steps[step_id].compensate is not None:
+            self.compensable.append(step_id)
+            self.compensation[step_id] = CompensationStatus.NEEDED
+        self._emit(step_id, StepStatus.SUCCEEDED, attempt)
+
+    def _fail(self, step_id: str, failure_class: FailureClass, message: str, attempts: int) -> None:
+        plan = self.plan
+        self.failures.append(StepFailure(step_id, failure_class, message, attempts))
         self.statuses[step_id] = StepStatus.FAILED
+        self._record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempts,
+                StepStatus.FAILED,
+                failure_class=failure_class,
+                message=message,
+            )
+        )
         logger.warning(
             "plan %s step %s failed (%s) after %d attempt(s): %s",
-            self.plan.id,
+            plan.id,
             step_id,
-            outcome.failure_class.value,
-            outcome.attempts,
-            outcome.message,
+            failure_class.value,
+            attempts,
+            message,
         )
-        self._emit(step_id, StepStatus.FAILED, attempts, outcome.failure_class, outcome.message)
-        return False
+        self._emit(step_id, StepStatus.FAILED, attempts, failure_class, message)
 
     def _skip_pending(self) -> None:
         statuses = self.statuses
@@ -622,26 +1167,496 @@ class _PlanRun(Generic[P]):
         except Exception:
             logger.exception("on_event failed for plan %s event %s", self.plan.id, event)
 
+    # --- gates and control -------------------------------------------------------------------
+
+    def _reach_gate(self, step: GateStep) -> None:
+        decision = self.decisions.pop(step.id, None)
+        if decision is not None:
+            self._decide(
+                step.id,
+                GateKind.GATE,
+                decision.decision is GateDecision.APPROVED,
+                decision.approver,
+                decision.rationale,
+                None,
+            )
+            return
+        self.gates[step.id] = GateKind.GATE
+        self._announce_gate(step.id)
+
+    def _announce_gate(self, gate_id: str) -> None:
+        """Mark ``gate_id`` blocked (and the plan), emit the events, record the opening."""
+        plan = self.plan
+        kind = self.gates[gate_id]
+        step = self.steps[gate_id]
+        prompt = step.prompt if isinstance(step, GateStep) else _reconcile_prompt(step)
+        self.statuses[gate_id] = StepStatus.BLOCKED
+        if gate_id not in self.recorded_gates:  # a resumed run finds some recorded already
+            self.recorded_gates.add(gate_id)
+            self._record(
+                GateRecord(plan.id, plan.revision, gate_id, GateDecision.OPEN, kind, prompt=prompt)
+            )
+        self._emit(gate_id, StepStatus.BLOCKED, self.attempts.get(gate_id, 0), message=prompt)
+        logger.info("plan %s@%d: gate %s is waiting: %s", plan.id, plan.revision, gate_id, prompt)
+        if not self.blocked:
+            self.blocked = True
+            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.BLOCKED, prompt))
+            self._emit("", PlanStatus.BLOCKED, 0, message=prompt)
+
+    def check_decision(
+        self, gate_id: str, revision: int, output: dict[str, Any] | None
+    ) -> GateKind:
+        """The kind of gate a decision applies to; raises ``GateDecisionError`` when none."""
+        plan = self.plan
+        if revision != plan.revision:
+            raise GateDecisionError(
+                plan.id,
+                gate_id,
+                revision,
+                f"plan {plan.id!r} is at revision {plan.revision}; a decision given for "
+                f"revision {revision} does not apply to it",
+            )
+        kind = self.gates.get(gate_id)
+        if kind is None:
+            step = self.steps.get(gate_id)
+            if not (
+                isinstance(step, GateStep)
+                and self.statuses[gate_id] is StepStatus.PENDING
+                and gate_id not in self.decisions
+            ):
+                state = "unknown" if step is None else self.statuses[gate_id].value
+                raise GateDecisionError(
+                    plan.id,
+                    gate_id,
+                    revision,
+                    f"plan {plan.id!r} has no open gate {gate_id!r} (the step is {state})",
+                )
+            kind = GateKind.GATE
+        if output is not None and kind is GateKind.GATE:
+            raise GateDecisionError(
+                plan.id, gate_id, revision, "an output may only be given to a reconcile gate"
+            )
+        return kind
+
+    def apply_decision(
+        self,
+        gate_id: str,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        output: dict[str, Any] | None,
+    ) -> None:
+        """Act on a recorded decision (``Engine.decide``)."""
+        kind = self.gates.pop(gate_id, None)
+        if kind is None:
+            if isinstance(self.steps.get(gate_id), GateStep) and (
+                self.statuses[gate_id] is StepStatus.PENDING
+            ):  # decided before the gate was reached
+                decision = GateDecision.APPROVED if approve else GateDecision.REJECTED
+                self.decisions[gate_id] = GateState(
+                    gate_id,
+                    GateKind.GATE,
+                    decision,
+                    self.plan.revision,
+                    approver=approver,
+                    rationale=rationale,
+                )
+            else:
+                logger.info("plan %s: gate %s closed before its decision", self.plan.id, gate_id)
+            return
+        try:
+            self._decide(gate_id, kind, approve, approver, rationale, output)
+            self._start_ready()
+        except Exception as exc:  # a bug here must not hang the run: hand it to run()
+            if not self.finished.done():
+                self.finished.set_exception(exc)
+            return
+        self._maybe_finish()
+
+    def _decide(
+        self,
+        gate_id: str,
+        kind: GateKind,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        output: dict[str, Any] | None,
+    ) -> None:
+        logger.info(
+            "plan %s gate %s %s by %s: %s",
+            self.plan.id,
+            gate_id,
+            "approved" if approve else "rejected",
+            approver,
+            rationale,
+        )
+        attempt = self.attempts.get(gate_id, 0)
+        if not approve:
+            message = f"rejected by {approver}: {rationale}"
+            self._fail(gate_id, FailureClass.POLICY, message, attempt)
+            self._stop(f"the plan stopped after gate {gate_id!r} was rejected")
+        elif kind is GateKind.GATE:
+            gate_output = {"approved": True, "approver": approver, "rationale": rationale}
+            self._succeed(gate_id, gate_output, attempt, json.dumps(gate_output))
+            self._release(gate_id)
+        elif output is not None:
+            self._succeed(gate_id, output, attempt, json.dumps(output))
+            self._release(gate_id)
+        else:  # re-run the reconciled step
+            self.statuses[gate_id] = StepStatus.PENDING
+            self.next_attempt[gate_id] = attempt + 1
+            self.ready.appendleft(gate_id)
+        if not self.gates and self.blocked:
+            self.blocked = False
+            if not self.stop_reason:
+                plan = self.plan
+                self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING))
+                self._emit("", PlanStatus.RUNNING, 0)
+
+    def _close_gates(self) -> None:
+        """The plan stops with gates open: they end ``cancelled``."""
+        for gate_id in list(self.gates):
+            del self.gates[gate_id]
+            self.statuses[gate_id] = StepStatus.CANCELLED
+            message = self.stop_reason or "the plan ended"
+            plan = self.plan
+            self._record(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    gate_id,
+                    self.attempts.get(gate_id, 0),
+                    StepStatus.CANCELLED,
+                    failure_class=FailureClass.CANCELLED,
+                    message=message,
+                )
+            )
+            self._emit(gate_id, StepStatus.CANCELLED, 0, FailureClass.CANCELLED, message)
+
+    def pause(self) -> None:
+        """Start no new step; the run ends ``paused`` once the running steps finish."""
+        if self.paused or self.stop_reason:
+            return
+        self.paused = True
+        logger.info("plan %s@%d: pausing", self.plan.id, self.plan.revision)
+        self._maybe_finish()
+
+    def cancel(self) -> None:
+        """Cancel the running steps, compensate, end ``cancelled``."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        self.paused = False
+        logger.info("plan %s@%d: cancelling", self.plan.id, self.plan.revision)
+        self.stop_reason = ""
+        self._stop("the plan was cancelled")
+        self._maybe_finish()
+
+    # --- resume ------------------------------------------------------------------------------
+
+    def restore(self, state: PlanState) -> None:
+        """Take the recorded state: what is done stays done, what was in flight is reconciled."""
+        plan = self.plan
+        self.restored = True
+        stopping = state.cancel_requested or any(
+            s.status is StepStatus.FAILED for s in state.steps.values()
+        )
+        self.recorded_gates = {
+            g.gate_id for g in state.gates.values() if g.decision is GateDecision.OPEN
+        }
+        if state.cancel_requested:
+            self.cancelled = True
+            self.stop_reason = "the plan was cancelled"
+        for step in plan.steps:
+            recorded = state.steps.get(step.id)
+            if recorded is None:
+                continue
+            step_id = step.id
+            self.attempts[step_id] = recorded.attempt
+            match recorded.status:
+                case StepStatus.SUCCEEDED:
+                    self.outputs[step_id] = recorded.output
+                    self.statuses[step_id] = StepStatus.SUCCEEDED
+                    for dependent in self.dependents[step_id]:  # ready is computed below
+                        self.waiting[dependent] -= 1
+                case StepStatus.FAILED:
+                    self.statuses[step_id] = StepStatus.FAILED
+                    self.failures.append(
+                        StepFailure(
+                            step_id,
+                            recorded.failure_class or FailureClass.LOGIC,
+                            recorded.message,
+                            recorded.attempt,
+                        )
+                    )
+                    if not self.stop_reason:
+                        self.stop_reason = f"the plan stopped after step {step_id!r} failed"
+                case StepStatus.CANCELLED:
+                    self.statuses[step_id] = StepStatus.CANCELLED
+                case StepStatus.RETRYING:  # its last attempt failed and was to be retried
+                    self.next_attempt[step_id] = recorded.attempt + 1
+                case StepStatus.RUNNING:
+                    self._restore_in_flight(step, recorded.attempt, state, stopping)
+                case _:
+                    pass
+        for gate in state.gates.values():
+            if (
+                gate.kind is GateKind.GATE
+                and gate.decision is not GateDecision.OPEN
+                and self.statuses.get(gate.gate_id) is StepStatus.PENDING
+            ):
+                self.decisions[gate.gate_id] = gate
+        for entry in state.compensations:
+            if self.statuses.get(entry.step_id) is not StepStatus.SUCCEEDED:
+                continue
+            self.compensable.append(entry.step_id)
+            self.compensation[entry.step_id] = entry.status
+            self.compensation_attempts[entry.step_id] = entry.attempt
+            if entry.status is CompensationStatus.COMPENSATED:
+                self.statuses[entry.step_id] = StepStatus.COMPENSATED
+            elif entry.status is CompensationStatus.FAILED:
+                self.statuses[entry.step_id] = StepStatus.COMPENSATION_FAILED
+        self.ready.extend(
+            step.id
+            for step in plan.steps
+            if self.statuses[step.id] is StepStatus.PENDING and self.waiting[step.id] == 0
+        )
+
+    def _restore_in_flight(
+        self, step: Step, attempt: int, state: PlanState, stopping: bool
+    ) -> None:
+        """A step was in flight when the plan stopped: re-run, reconcile, or mark it cancelled."""
+        plan, step_id = self.plan, step.id
+        if stopping:
+            # The plan is ending anyway: the step is not re-run; its effect, if any, is not
+            # compensated (only recorded successes are).
+            self.statuses[step_id] = StepStatus.CANCELLED
+            self._record(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    step_id,
+                    attempt,
+                    StepStatus.CANCELLED,
+                    failure_class=FailureClass.CANCELLED,
+                    message="in flight when the plan stopped; not re-run as the plan is ending",
+                )
+            )
+            return
+        if self._is_idempotent(step):
+            logger.info("plan %s: re-running idempotent in-flight step %s", plan.id, step_id)
+            self.next_attempt[step_id] = attempt + 1
+            return
+        gate = state.gates.get(step_id)
+        if gate is None or gate.decision is GateDecision.OPEN:
+            self.gates[step_id] = GateKind.RECONCILE
+            self.statuses[step_id] = StepStatus.BLOCKED
+            self.new_gates.append(step_id)
+            return
+        approve = gate.decision is GateDecision.APPROVED
+        self._decide(
+            step_id, GateKind.RECONCILE, approve, gate.approver, gate.rationale, gate.output
+        )
+
+    def _is_idempotent(self, step: Step) -> bool:
+        match step:
+            case CrossAgentStep():
+                return True  # the target answers a repeated request id from its store
+            case ToolStep():
+                return self.idempotent is not None and bool(self.idempotent(step.tool))
+            case GateStep():
+                return True
+            case _:
+                assert_never(step)
+
+    def recorded_result(self, state: PlanState) -> PlanResult[P]:
+        """The result of a finished plan, from its journal (nothing runs)."""
+        for step_id, recorded in state.steps.items():
+            if step_id not in self.statuses:
+                continue
+            self.statuses[step_id] = recorded.status
+            if recorded.status is StepStatus.SUCCEEDED:
+                self.outputs[step_id] = recorded.output
+            elif recorded.status is StepStatus.FAILED:
+                self.failures.append(
+                    StepFailure(
+                        step_id,
+                        recorded.failure_class or FailureClass.LOGIC,
+                        recorded.message,
+                        recorded.attempt,
+                    )
+                )
+        for entry in state.compensations:
+            if entry.status is CompensationStatus.COMPENSATED:
+                self.statuses[entry.step_id] = StepStatus.COMPENSATED
+            elif entry.status is CompensationStatus.FAILED:
+                self.statuses[entry.step_id] = StepStatus.COMPENSATION_FAILED
+        for step_id, status in self.statuses.items():
+            if status is StepStatus.PENDING:
+                self.statuses[step_id] = StepStatus.SKIPPED
+        self._emit("", state.status, 0, message=state.message)
+        return self._result(state.status, 0.0)
+
+    # --- compensation ------------------------------------------------------------------------
+
+    async def _compensate(self, status: PlanStatus) -> None:
+        """Run the compensations of the succeeded steps, newest first, best effort."""
+        todo = [
+            step_id
+            for step_id in reversed(self.compensable)
+            if self.compensation.get(step_id)
+            not in (CompensationStatus.COMPENSATED, CompensationStatus.FAILED)
+        ]
+        if not todo:
+            return
+        plan = self.plan
+        message = f"compensating {len(todo)} step(s) of a {status.value} plan"
+        logger.info("plan %s@%d: %s", plan.id, plan.revision, message)
+        self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.COMPENSATING, message))
+        self._emit("", PlanStatus.COMPENSATING, 0, message=message)
+        for step_id in todo:
+            await self._compensate_step(self.steps[step_id])
+
+    async def _compensate_step(self, step: Step) -> None:
+        plan, step_id = self.plan, step.id
+        tool = step.compensate
+        assert tool is not None  # only steps with a compensation are queued
+        limit = step.timeout_s or self.default_timeout
+        attempt = self.compensation_attempts.get(step_id, 0)
+        first = attempt + 1
+        rng: random.Random | None = None
+        while True:
+            attempt += 1
+            self.compensation_attempts[step_id] = attempt
+            self.statuses[step_id] = StepStatus.COMPENSATING
+            self._emit(step_id, StepStatus.COMPENSATING, attempt)
+            if self.journal is not None:
+                await self.journal.write(
+                    CompensationRecord(
+                        plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt
+                    )
+                )
+            failure_class: FailureClass | None = None
+            message = ""
+            try:
+                tool_input = self._compensation_input(step)
+                ctx = ToolContext(
+                    plan.id, step_id, attempt, self.agent, plan.revision, compensating=True
+                )
+                await self._limited(self.tools.run_tool(tool, tool_input, ctx), limit)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                failure_class, message = FailureClass.CANCELLED, "the compensation was cancelled"
+            except Exception as exc:
+                failure_class, message = _classify(exc, limit)
+            if failure_class is None:
+                self.compensation[step_id] = CompensationStatus.COMPENSATED
+                self.statuses[step_id] = StepStatus.COMPENSATED
+                self._record(
+                    CompensationRecord(
+                        plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
+                    )
+                )
+                self._emit(step_id, StepStatus.COMPENSATED, attempt)
+                return
+            if failure_class in _RETRYABLE and attempt - first + 1 < step.retry.max_attempts:
+                if rng is None:
+                    rng = random.Random(
+                        f"{self.seed}:compensate:{plan.id}@{plan.revision}:{step_id}"
+                    )
+                delay = backoff_delay(step.retry, attempt - first + 1, rng)
+                self._emit(
+                    step_id,
+                    StepStatus.COMPENSATING,
+                    attempt,
+                    failure_class,
+                    f"{message}; retrying in {delay:.3f}s",
+                    delay,
+                )
+                await self.sleep(delay)
+                continue
+            self.compensation[step_id] = CompensationStatus.FAILED
+            self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+            self._record(
+                CompensationRecord(
+                    plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
+                )
+            )
+            logger.warning(
+                "plan %s step %s: compensation %s failed (%s): %s",
+                plan.id,
+                step_id,
+                tool,
+                failure_class.value,
+                message,
+            )
+            self._emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
+            return
+
+    def _compensation_input(self, step: Step) -> dict[str, Any]:
+        if step.compensate_input is not None:
+            value = resolve_refs(step.compensate_input, self.outputs)
+        else:
+            match step:
+                case ToolStep():
+                    base: dict[str, Any] = step.input
+                case CrossAgentStep():
+                    base = step.request
+                case GateStep():
+                    base = {}
+                case _:
+                    assert_never(step)
+            resolved = resolve_refs(base, self.outputs) if has_refs(base) else base
+            if not isinstance(resolved, dict):
+                raise LogicError(f"the input resolves to {kind_of(resolved)}, not an object")
+            value = {**resolved, "output": self.outputs.get(step.id)}
+        if not isinstance(value, dict):
+            raise LogicError(f"the compensation input resolves to {kind_of(value)}, not an object")
+        return value
+
     # --- one step ----------------------------------------------------------------------------
 
-    async def _execute(self, step: Step) -> _Outcome:
-        """Attempt ``step`` until it succeeds, fails for good or is cancelled."""
+    async def _execute(
+        self, step: Step, attempt: int, durable: asyncio.Future[None] | None
+    ) -> _Outcome:
+        """Attempt ``step`` until it succeeds, fails for good or is cancelled.
+
+        ``durable`` completes when the first attempt's intent is committed (with a store).
+        """
         timeout = step.timeout_s or self.default_timeout
-        attempt = 1
         rng: random.Random | None = None
         run_attempt = self._attempt if self.tracing else self._attempt_body
+        journal, plan = self.journal, self.plan
         while True:
+            if journal is not None:  # the intent is durable before the side effect starts
+                if durable is None:
+                    durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt))
+                await durable
+                durable = None
+                if journal.error is not None:
+                    raise journal.error
             output, failure_class, message = await run_attempt(step, attempt, timeout)
             if failure_class is None:
                 return _Outcome(output, None, "", attempt)
             if failure_class not in _RETRYABLE or attempt >= step.retry.max_attempts:
                 return _Outcome(None, failure_class, message, attempt)
             if rng is None:
-                rng = random.Random(
-                    f"{self.seed}:{step_run_id(self.plan.id, self.plan.revision, step.id)}"
-                )
+                rng = random.Random(f"{self.seed}:{step_run_id(plan.id, plan.revision, step.id)}")
             delay = backoff_delay(step.retry, attempt, rng)
             self.statuses[step.id] = StepStatus.RETRYING
+            self._record(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    step.id,
+                    attempt,
+                    StepStatus.RETRYING,
+                    failure_class=failure_class,
+                    message=message,
+                )
+            )
             self._emit(
                 step.id,
                 StepStatus.RETRYING,
@@ -690,6 +1705,8 @@ class _PlanRun(Generic[P]):
                     return await self._run_tool(step, attempt, limit_s), None, ""
                 case CrossAgentStep():
                     return await self._run_cross_agent(step, attempt, limit_s), None, ""
+                case GateStep():  # gates are decided, never run; the scheduler keeps them apart
+                    raise LogicError(f"gate {step.id!r} cannot be run as a task")
                 case _:
                     assert_never(step)
         except asyncio.CancelledError:
@@ -816,6 +1833,19 @@ def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:
     if isinstance(exc, ValidationError):
         return FailureClass.LOGIC, f"ValidationError: {'; '.join(field_problems(exc))}"
     return FailureClass.LOGIC, f"{type(exc).__name__}: {exc}"
+
+
+def _reconcile_prompt(step: Step) -> str:
+    match step:
+        case ToolStep():
+            what = f"step {step.id!r} (tool {step.tool!r})"
+        case CrossAgentStep():
+            what = f"step {step.id!r} ({step.target}.{step.capability})"
+        case GateStep():
+            what = f"gate {step.id!r}"
+        case _:
+            assert_never(step)
+    return f"{what} was in flight when the plan stopped; approve to re-run it, reject to fail it"
 
 
 def _summary(failures: list[StepFailure]) -> str:

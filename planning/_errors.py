@@ -6,6 +6,11 @@
     ├── PlanValidationError        a plan breaks a rule (.problems: list[str]); caller input
     ├── RefError                   a {"$ref": ...} cannot be parsed or resolved (.ref, .reason)
     ├── PlanFailedError            a plan run ended failed (.plan_id, .failures)
+    ├── PlanControlError           a control call does not apply (.plan_id); caller input
+    │   └── GateDecisionError      a gate decision is refused: unknown or closed gate, wrong
+    │                              revision (.gate_id, .revision)
+    ├── StoreError                 a state store failed to read or write; the run stops
+    │   └── StoreSchemaError       the store's schema is newer than this code, or a migration failed
     └── StepError                  raised by a tool to fail its step with a class (.failure_class)
         ├── TransientError         retried: the world may change by itself
         ├── LogicError             not retried: the same input gives the same answer
@@ -29,7 +34,9 @@ from planning._plan import FailureClass
 from protocol import Code
 
 __all__ = [
+    "GateDecisionError",
     "LogicError",
+    "PlanControlError",
     "PlanFailedError",
     "PlanValidationError",
     "PlanningError",
@@ -37,6 +44,8 @@ __all__ = [
     "RefError",
     "StepError",
     "StepFailure",
+    "StoreError",
+    "StoreSchemaError",
     "TransientError",
     "failure_class_for_code",
 ]
@@ -109,6 +118,62 @@ class PlanFailedError(PlanningError):
             for f in self.failures
         )
         super().__init__(f"plan {plan_id!r} failed: {detail or 'no step failed'}")
+
+
+class PlanControlError(PlanningError):
+    """A control call (``resume``, ``decide``, ``pause``, ``cancel``) does not apply to the plan.
+
+    For example: the plan is unknown, already running, already stored, or the engine has no store.
+
+    Attributes:
+        plan_id: The plan.
+    """
+
+    def __init__(self, plan_id: str, message: str) -> None:
+        self.plan_id = plan_id
+        super().__init__(message)
+
+
+class GateDecisionError(PlanControlError):
+    """A gate decision is refused: unknown or already decided gate, or a wrong revision.
+
+    Attributes:
+        plan_id: The plan.
+        gate_id: The gate (a gate step's id, or the id of the step a reconcile gate names).
+        revision: The revision the decision was given for.
+    """
+
+    def __init__(self, plan_id: str, gate_id: str, revision: int, message: str) -> None:
+        self.gate_id = gate_id
+        self.revision = revision
+        super().__init__(plan_id, message)
+
+
+class StoreError(PlanningError):
+    """A state store could not read or write; a run that needs it stops.
+
+    Attributes:
+        location: Where the store keeps its data (a path, or ``":memory:"``).
+    """
+
+    def __init__(self, message: str, *, location: str = "") -> None:
+        self.location = location
+        super().__init__(message)
+
+
+class StoreSchemaError(StoreError):
+    """The store's schema is newer than this code knows, or a migration failed.
+
+    Attributes:
+        location: The store's location.
+        found: The schema version found in the store.
+        known: The newest schema version this code knows.
+    """
+
+    def __init__(self, message: str, *, location: str, found: int, known: int) -> None:
+        self.found = found
+        self.known = known
+        super().__init__(message, location=location)
 
 
 class StepError(PlanningError):

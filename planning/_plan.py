@@ -1,10 +1,11 @@
 """Plan models: steps, retry policies, statuses and failure classes.
 
 A ``Plan`` is an immutable, validated description of work: a DAG of steps, each either a
-``ToolStep`` (a tool of the owning agent) or a ``CrossAgentStep`` (a typed request to another
-agent). Steps form a discriminated union on ``kind``; a new kind (for example ``gate``) is one more
-``StepBase`` subclass added to the ``Step`` union, and the exhaustive ``match`` statements on the
-step type (engine, validation) point at every place that must learn about it.
+``ToolStep`` (a tool of the owning agent), a ``CrossAgentStep`` (a typed request to another
+agent) or a ``GateStep`` (the plan waits there for a person's approval). Steps form a
+discriminated union on ``kind``; a new kind is one more ``StepBase`` subclass added to the ``Step``
+union, and the exhaustive ``match`` statements on the step type (engine, validation) point at every
+place that must learn about it.
 
 Role plan types (``StrategicPlan`` and friends, in ``agents/``) subclass ``Plan`` to add typed
 fields.
@@ -22,6 +23,7 @@ __all__ = [
     "STEP_ID_PATTERN",
     "CrossAgentStep",
     "FailureClass",
+    "GateStep",
     "Plan",
     "PlanStatus",
     "RetryPolicy",
@@ -46,7 +48,10 @@ class StepStatus(StrEnum):
     """Where a step is in its life.
 
     ``pending`` -> ``running`` -> (``retrying`` -> ``running``)* -> ``succeeded`` | ``failed`` |
-    ``cancelled``; a step that never started ends ``skipped``.
+    ``cancelled``; a step that never started ends ``skipped``. A gate step (and a step waiting at a
+    reconcile gate) is ``blocked`` until decided. When a failed or cancelled plan is compensated, a
+    succeeded step with a compensating tool goes ``compensating`` -> ``compensated`` |
+    ``compensation_failed``.
     """
 
     PENDING = "pending"
@@ -56,16 +61,38 @@ class StepStatus(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
 
 
 class PlanStatus(StrEnum):
-    """Where a plan run is in its life."""
+    """Where a plan run is in its life.
+
+    ``pending`` -> ``running`` (<-> ``blocked`` while a gate waits for a decision) -> ``succeeded``,
+    or -> (``compensating`` ->) ``failed`` | ``cancelled``. ``paused`` stops a plan between steps
+    until it is resumed. ``succeeded``, ``failed`` and ``cancelled`` are final.
+    """
 
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+    PAUSED = "paused"
+    COMPENSATING = "compensating"
+
+    @property
+    def is_final(self) -> bool:
+        """Whether the plan is over: ``succeeded``, ``failed`` or ``cancelled``."""
+        return self in _FINAL_PLAN_STATUSES
+
+
+_FINAL_PLAN_STATUSES: Final = frozenset(
+    {PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED}
+)
 
 
 class FailureClass(StrEnum):
@@ -130,6 +157,11 @@ class StepBase(BaseModel):
         timeout_s: The limit on one attempt; ``None`` uses the engine's default.
         retry: The retry policy (only transient and timeout failures are retried).
         status: The step's status; ``pending`` in a submitted plan, set in the plan a run returns.
+        compensate: A tool of the owning agent's registry that undoes this step's effect; run when
+            the plan fails or is cancelled after this step succeeded. Not allowed on a gate.
+        compensate_input: The compensating tool's input; values may be ``{"$ref": ...}``
+            references to this step or its dependencies. ``None`` gives the step's own input (a
+            cross-agent step's request), references resolved, plus its output under ``"output"``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -141,6 +173,8 @@ class StepBase(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0.0)
     retry: RetryPolicy = _DEFAULT_RETRY
     status: StepStatus = StepStatus.PENDING
+    compensate: Name | None = None
+    compensate_input: dict[str, Any] | None = None
 
 
 class ToolStep(StepBase):
@@ -172,7 +206,22 @@ class CrossAgentStep(StepBase):
     request: dict[str, Any] = Field(default_factory=dict)
 
 
-Step = Annotated[ToolStep | CrossAgentStep, Field(discriminator="kind")]
+class GateStep(StepBase):
+    """Wait for a person's decision: the plan is ``blocked`` here until the gate is decided.
+
+    An approval lets the dependents run (the gate's output is ``{"approved": True, "approver": ...,
+    "rationale": ...}``); a rejection fails the gate with class ``policy``, and so the plan. A
+    decision is bound to the plan revision it was given for (``Engine.decide``).
+
+    Attributes:
+        prompt: What the approver is asked, e.g. ``"Publish the chapter?"``.
+    """
+
+    kind: Literal["gate"] = "gate"
+    prompt: str = Field(min_length=1, max_length=2000)
+
+
+Step = Annotated[ToolStep | CrossAgentStep | GateStep, Field(discriminator="kind")]
 """Any step: a union discriminated on ``kind``."""
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from planning._dag import structural_problems
 from planning._errors import PlanValidationError, RefError, field_problems
-from planning._plan import CrossAgentStep, Plan, Step, ToolStep
+from planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
 from planning._refs import Ref, iter_refs
 from protocol import CAPABILITIES, ROLES, CapabilitySpec
 
@@ -36,7 +36,9 @@ def validate_plan(
     step names a tool of the owner's registry; a cross-agent step targets a known role other than
     the owner, with a capability that role serves; a cross-agent request without references
     validates against the capability's request model (one with references has no unknown fields);
-    every ``$ref`` parses and names a (transitive) dependency of its step.
+    every ``$ref`` parses and names a (transitive) dependency of its step; a compensating tool is
+    in the owner's registry, its input's references name the step itself or a (transitive)
+    dependency, and a gate has no compensation.
 
     Args:
         plan: The plan.
@@ -66,8 +68,13 @@ def validate_plan(
                 problems.extend(_ref_problems(step, step.input, deps))
             case CrossAgentStep():
                 problems.extend(_cross_agent_problems(plan, step, known_roles, caps, deps))
+            case GateStep():
+                if step.compensate is not None or step.compensate_input is not None:
+                    problems.append(f"gate {step.id!r} cannot have a compensation")
+                continue
             case _:
                 assert_never(step)
+        problems.extend(_compensation_problems(plan, step, tool_names, deps))
     if problems:
         logger.debug("plan %s@%d is invalid: %s", plan.id, plan.revision, problems)
         raise PlanValidationError(problems)
@@ -119,6 +126,29 @@ def _cross_agent_problems(
     return problems + ref_problems
 
 
+def _compensation_problems(
+    plan: Plan, step: Step, tools: Collection[str], deps: Mapping[str, list[str]]
+) -> list[str]:
+    problems: list[str] = []
+    if step.compensate is None:
+        if step.compensate_input is not None:
+            problems.append(f"step {step.id!r} has compensate_input but no compensate tool")
+        return problems
+    if step.compensate not in tools:
+        problems.append(
+            f"step {step.id!r} is compensated by tool {step.compensate!r}, which is not in the "
+            f"{plan.owner} agent's registry"
+        )
+    if step.compensate_input is not None:
+        # The compensation runs after the step, so it may also reference the step's own output.
+        own = {**deps, "": [step.id, *deps.get(step.id, [])]}
+        for problem in _ref_problems(step, step.compensate_input, own, owner=""):
+            problems.append(
+                problem.replace(f"step {step.id!r}", f"step {step.id!r} compensation", 1)
+            )
+    return problems
+
+
 def _has_refs(value: Any) -> bool:
     try:
         return next(iter_refs(value), None) is not None
@@ -126,7 +156,14 @@ def _has_refs(value: Any) -> bool:
         return True
 
 
-def _ref_problems(step: Step, value: Any, deps: Mapping[str, list[str]]) -> list[str]:
+def _ref_problems(
+    step: Step, value: Any, deps: Mapping[str, list[str]], *, owner: str | None = None
+) -> list[str]:
+    """Problems with the references in ``value``; they must name dependencies of ``owner``.
+
+    ``owner`` defaults to the step's id.
+    """
+    owner = step.id if owner is None else owner
     problems: list[str] = []
     try:
         texts = list(iter_refs(value))
@@ -140,7 +177,7 @@ def _ref_problems(step: Step, value: Any, deps: Mapping[str, list[str]]) -> list
             continue
         if target not in deps:
             problems.append(f"step {step.id!r} references unknown step {target!r} in {text!r}")
-        elif not _depends_on(step.id, target, deps):
+        elif not _depends_on(owner, target, deps):
             problems.append(
                 f"step {step.id!r} references step {target!r} in {text!r}, which is not among "
                 f"its (transitive) dependencies"

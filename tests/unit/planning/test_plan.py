@@ -137,6 +137,10 @@ def test_status_and_class_values() -> None:
         "failed",
         "skipped",
         "cancelled",
+        "blocked",
+        "compensating",
+        "compensated",
+        "compensation_failed",
     ]
     assert [s.value for s in PlanStatus] == [
         "pending",
@@ -144,6 +148,9 @@ def test_status_and_class_values() -> None:
         "succeeded",
         "failed",
         "cancelled",
+        "blocked",
+        "paused",
+        "compensating",
     ]
     assert {c.value for c in FailureClass} == {
         "transient",

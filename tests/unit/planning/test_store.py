@@ -1,0 +1,246 @@
+"""State stores: round trip, the fold, migrations, pruning, linear growth (real SQLite files)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import planning._sqlite_store as sqlite_store
+from planning import (
+    CompensationRecord,
+    CompensationStatus,
+    ControlRecord,
+    FailureClass,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    InMemoryStateStore,
+    Plan,
+    PlanStatus,
+    PlanStatusRecord,
+    Record,
+    SqliteStateStore,
+    StateStore,
+    StepIntent,
+    StepResult,
+    StepStatus,
+    StoreError,
+    StoreSchemaError,
+    ToolStep,
+)
+
+from ._support import make_plan, tool_step
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateStore]:
+    if request.param == "sqlite":
+        async with SqliteStateStore(tmp_path / "state.db") as sqlite:
+            yield sqlite
+    else:
+        yield InMemoryStateStore()
+
+
+def journal(plan: Plan) -> list[Record]:
+    pid, rev = plan.id, plan.revision
+    return [
+        PlanStatusRecord(pid, rev, PlanStatus.RUNNING),
+        StepIntent(pid, rev, "a", 1),
+        StepResult(pid, rev, "a", 1, StepStatus.RETRYING, None, FailureClass.TRANSIENT, "flaky"),
+        StepIntent(pid, rev, "a", 2),
+        StepResult(pid, rev, "a", 2, StepStatus.SUCCEEDED, '{"n": [1, 2]}'),
+        CompensationRecord(pid, rev, "a", CompensationStatus.NEEDED),
+        StepIntent(pid, rev, "b", 1),
+        GateRecord(pid, rev, "g", GateDecision.OPEN, GateKind.GATE, prompt="ship it?"),
+        GateRecord(
+            pid, rev, "g", GateDecision.APPROVED, GateKind.GATE, approver="ann", rationale="ok"
+        ),
+        StepIntent(pid, rev, "c", 1),
+        StepResult(pid, rev, "c", 1, StepStatus.FAILED, None, FailureClass.LOGIC, "bad input"),
+        ControlRecord(pid, rev),
+        PlanStatusRecord(pid, rev, PlanStatus.COMPENSATING, "undoing"),
+        CompensationRecord(pid, rev, "a", CompensationStatus.RUNNING, 1),
+    ]
+
+
+def three_steps() -> Plan:
+    return make_plan(tool_step("a"), tool_step("b"), tool_step("c", "a"))
+
+
+async def test_round_trip_folds_the_journal(store: StateStore) -> None:
+    plan = three_steps()
+    assert await store.save_plan(plan) is True
+    assert await store.save_plan(plan) is False  # written once
+    await store.commit(journal(plan))
+    state = await store.load("p1")
+    assert state is not None
+    assert state.plan(Plan) == plan
+    assert (state.revision, state.status, state.message) == (1, PlanStatus.COMPENSATING, "undoing")
+    assert state.records == 14
+    assert state.steps["a"].status is StepStatus.SUCCEEDED
+    assert (state.steps["a"].attempt, state.steps["a"].output) == (2, {"n": [1, 2]})
+    assert state.steps["b"].in_flight
+    assert state.steps["b"].attempt == 1
+    assert state.steps["c"].failure_class is FailureClass.LOGIC
+    assert state.steps["c"].message == "bad input"
+    assert state.outputs == {"a": {"n": [1, 2]}}
+    gate = state.gates["g"]
+    assert (gate.decision, gate.approver, gate.rationale, gate.prompt) == (
+        GateDecision.APPROVED,
+        "ann",
+        "ok",
+        "ship it?",
+    )
+    assert [(c.step_id, c.status, c.attempt) for c in state.compensations] == [
+        ("a", CompensationStatus.RUNNING, 1)
+    ]
+    assert state.cancel_requested is True
+    assert await store.load("nope") is None
+
+
+async def test_a_role_plan_loads_as_the_base_plan(store: StateStore) -> None:
+    class StoryPlan(Plan):
+        themes: list[str]
+
+    plan = StoryPlan(id="s", owner="strategic", goal="g", themes=["loss"], steps=[])
+    await store.save_plan(plan)
+    state = await store.load("s")
+    assert state is not None
+    assert state.plan(StoryPlan).themes == ["loss"]
+    assert state.plan(Plan).id == "s"
+
+
+async def test_unfinished_and_prune(store: StateStore) -> None:
+    for n, status in enumerate(
+        [PlanStatus.SUCCEEDED, PlanStatus.RUNNING, PlanStatus.FAILED, PlanStatus.BLOCKED]
+    ):
+        plan = make_plan(tool_step("a")).model_copy(update={"id": f"p{n}"})
+        await store.save_plan(plan)
+        await store.commit([PlanStatusRecord(plan.id, 1, status)])
+    assert await store.unfinished() == ["p1", "p3"]
+    assert await store.prune(keep_last=1) == 1  # p0 (older finished); p2 kept as the last
+    assert await store.load("p0") is None
+    assert await store.load("p2") is not None
+    assert await store.prune(before=time.time() - 3600) == 0  # nothing that old
+    assert await store.prune() == 1
+    assert await store.unfinished() == ["p1", "p3"]  # unfinished plans are never pruned
+    assert (await store.stats()).plans == 2
+
+
+async def test_a_commit_for_an_unsaved_plan_stores_nothing(store: StateStore) -> None:
+    plan = three_steps()
+    await store.save_plan(plan)
+    with pytest.raises(StoreError):
+        await store.commit([StepIntent("p1", 1, "a", 1), StepIntent("ghost", 1, "a", 1)])
+    state = await store.load("p1")
+    assert state is not None
+    assert state.records == 0
+
+
+async def test_sqlite_is_wal_with_normal_sync_and_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    plan = three_steps()
+    async with SqliteStateStore(path) as store:
+        await store.save_plan(plan)
+        await store.commit(journal(plan))
+        assert await store.schema_version() == len(sqlite_store.MIGRATIONS)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    async with SqliteStateStore(path) as again:
+        state = await again.load("p1")
+    assert state is not None
+    assert state.records == 14
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    async with SqliteStateStore(path) as store:
+        await store.save_plan(three_steps())
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = 99")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreSchemaError, match="schema version 99, newer than this code") as info:
+        await SqliteStateStore(path).start()
+    assert (info.value.found, info.value.known) == (99, len(sqlite_store.MIGRATIONS))
+
+
+async def test_migrations_run_in_order_and_keep_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.db"
+    async with SqliteStateStore(path) as store:
+        await store.save_plan(three_steps())
+        assert await store.schema_version() == 1
+
+    def v2(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE plans ADD COLUMN note TEXT DEFAULT 'migrated'")
+
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", [*sqlite_store.MIGRATIONS, v2])
+    async with SqliteStateStore(path) as store:
+        assert await store.schema_version() == 2
+        assert await store.load("p1") is not None
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT note FROM plans").fetchone()[0] == "migrated"
+    conn.close()
+
+
+async def test_a_failing_migration_leaves_the_old_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.db"
+    async with SqliteStateStore(path) as store:
+        await store.save_plan(three_steps())
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE nowhere ADD COLUMN x TEXT")
+
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", [*sqlite_store.MIGRATIONS, broken])
+    with pytest.raises(StoreSchemaError, match="cannot migrate"):
+        await SqliteStateStore(path).start()
+    monkeypatch.undo()
+    async with SqliteStateStore(path) as store:
+        assert await store.schema_version() == 1
+
+
+async def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "state.db")
+    await store.start()
+    await store.aclose()
+    with pytest.raises(StoreError, match="closed"):
+        await store.load("p1")
+
+
+async def _store_size(path: Path, steps: int) -> tuple[int, int]:
+    plan = Plan(
+        id=f"grow-{steps}",
+        owner="perception",
+        goal="grow",
+        steps=[ToolStep(id=f"s{n}", tool="noop", input={"n": n}) for n in range(steps)],
+    )
+    async with SqliteStateStore(path) as store:
+        empty = (await store.stats()).bytes
+        await store.save_plan(plan)
+        pid = plan.id
+        for start in range(0, steps, 50):  # one commit per "tick" of 50 steps
+            records: list[Record] = []
+            for n in range(start, min(steps, start + 50)):
+                records.append(StepIntent(pid, 1, f"s{n}", 1))
+                output = f'{{"step": "s{n}", "value": {n}}}'
+                records.append(StepResult(pid, 1, f"s{n}", 1, StepStatus.SUCCEEDED, output))
+            await store.commit(records)
+        stats = await store.stats()
+    return stats.records, stats.bytes - empty
+
+
+async def test_the_store_grows_linearly_with_the_steps(tmp_path: Path) -> None:
+    rows_small, bytes_small = await _store_size(tmp_path / "small.db", 200)
+    rows_large, bytes_large = await _store_size(tmp_path / "large.db", 2000)
+    assert (rows_small, rows_large) == (400, 4000)
+    ratio = bytes_large / bytes_small
+    assert 7 < ratio < 13, ratio  # ~10x for 10x the steps: deltas, not snapshots (100x)
