@@ -7,6 +7,7 @@ describes how the names fit the layers around this one.
 from planning._dag import find_cycle, topological_layers
 from planning._dispatch import CrossAgentCall, Dispatcher, Handler, InMemoryDispatcher
 from planning._engine import (
+    CircuitBreakerConfig,
     Engine,
     EngineConfig,
     PlanResult,
@@ -31,6 +32,7 @@ from planning._errors import (
     failure_class_for_code,
 )
 from planning._plan import (
+    Budget,
     CrossAgentStep,
     FailureClass,
     GateStep,
@@ -43,8 +45,19 @@ from planning._plan import (
     ToolStep,
 )
 from planning._refs import Ref, ref, refs_in, resolve_refs
+from planning._replay import Divergence, ReplayReport, replay
+from planning._revisions import (
+    Replanner,
+    Revision,
+    RevisionDiff,
+    RevisionRecord,
+    StepChange,
+    diff_plans,
+    unchanged_steps,
+)
 from planning._sqlite_store import SqliteStateStore
 from planning._store import (
+    BreakerState,
     CompensationRecord,
     CompensationState,
     CompensationStatus,
@@ -66,6 +79,9 @@ from planning._store import (
 from planning._validate import validate_plan
 
 __all__ = [
+    "BreakerState",
+    "Budget",
+    "CircuitBreakerConfig",
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
@@ -73,6 +89,7 @@ __all__ = [
     "CrossAgentCall",
     "CrossAgentStep",
     "Dispatcher",
+    "Divergence",
     "Engine",
     "EngineConfig",
     "FailureClass",
@@ -99,11 +116,17 @@ __all__ = [
     "Record",
     "Ref",
     "RefError",
+    "Replanner",
+    "ReplayReport",
     "RetryPolicy",
+    "Revision",
+    "RevisionDiff",
+    "RevisionRecord",
     "SqliteStateStore",
     "StateStore",
     "Step",
     "StepBase",
+    "StepChange",
     "StepError",
     "StepEvent",
     "StepFailure",
@@ -118,11 +141,14 @@ __all__ = [
     "ToolRunner",
     "ToolStep",
     "TransientError",
+    "diff_plans",
     "failure_class_for_code",
     "find_cycle",
     "ref",
     "refs_in",
+    "replay",
     "resolve_refs",
     "topological_layers",
+    "unchanged_steps",
     "validate_plan",
 ]

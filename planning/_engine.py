@@ -43,7 +43,14 @@ the final status is committed. With a store, cancelling the task running ``run``
 interruption (nothing more is recorded; ``resume`` continues), while ``Engine.cancel`` cancels the
 plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
 ``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
-reverse completion order before the final status.
+reverse completion order before the final status. An idempotent step of a plan without a budget
+does not wait for its intent's commit (``_PlanRun._needs_durable_intent`` says why that is safe).
+
+Failure policy: ``transient`` and ``timeout`` are retried; ``logic`` stops the run, and with a
+``replanner`` the engine makes a new revision (``planning._revisions``) and continues with it;
+``policy`` fails the plan, or holds a step with ``on_policy_failure="gate"`` at a policy gate.
+Budgets (``Plan.budget``) are reserved before each attempt, and per-tool circuit breakers
+(``CircuitBreakerConfig``) refuse attempts of a failing tool; both fail with class ``policy``.
 """
 
 from __future__ import annotations
@@ -59,8 +66,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, Final, Generic, Protocol, TypeVar, assert_never
+from typing import Any, Final, Generic, Protocol, TypeVar, assert_never, cast
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
@@ -93,7 +101,15 @@ from planning._plan import (
     ToolStep,
 )
 from planning._refs import has_refs, kind_of, resolve_refs
+from planning._revisions import (
+    Replanner,
+    Revision,
+    RevisionRecord,
+    diff_plans,
+    unchanged_steps,
+)
 from planning._store import (
+    BreakerState,
     CompensationRecord,
     CompensationStatus,
     ControlRecord,
@@ -107,10 +123,12 @@ from planning._store import (
     StateStore,
     StepIntent,
     StepResult,
+    fold,
 )
 from protocol import RemoteError, capability_for
 
 __all__ = [
+    "CircuitBreakerConfig",
     "Engine",
     "EngineConfig",
     "PlanResult",
@@ -131,6 +149,32 @@ _FAILURE_CLASS_ATTR: Final = "stratagem.failure.class"
 
 
 @dataclass(frozen=True, slots=True)
+class CircuitBreakerConfig:
+    """When a tool's circuit breaker opens and for how long.
+
+    The breaker counts a tool's consecutive failed attempts (``transient`` and ``timeout``
+    failures, across every plan of the engine; a success resets the count). At
+    ``failure_threshold`` it opens: attempts of steps calling the tool fail with a ``policy``
+    failure without calling it. After ``reset_after_s`` one more call is let through (half-open):
+    a success closes the breaker, a failure opens it again for another ``reset_after_s``. With a
+    store the breaker is persisted, so a restart does not reset it.
+
+    Attributes:
+        failure_threshold: Consecutive failures that open the breaker.
+        reset_after_s: How long it stays open.
+    """
+
+    failure_threshold: int = 5
+    reset_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be at least 1, not {self.failure_threshold}")
+        if self.reset_after_s < 0:
+            raise ValueError(f"reset_after_s must not be negative, not {self.reset_after_s}")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     """How an engine runs plans.
 
@@ -138,17 +182,24 @@ class EngineConfig:
         max_in_flight: Steps running at once, unless the plan sets its own ``max_in_flight``.
         default_timeout_s: The limit on one attempt of a step without its own ``timeout_s``.
         seed: Seeds the backoff jitter; the same seed gives the same delays.
+        max_replans: How many new revisions the engine's ``replanner`` may make in one run
+            after logic failures.
+        circuit_breaker: The per-tool circuit breakers; ``None`` turns them off.
     """
 
     max_in_flight: int = 4
     default_timeout_s: float = 30.0
     seed: int = 0
+    max_replans: int = 1
+    circuit_breaker: CircuitBreakerConfig | None = CircuitBreakerConfig()
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, not {self.max_in_flight}")
         if not self.default_timeout_s > 0:
             raise ValueError(f"default_timeout_s must be positive, not {self.default_timeout_s}")
+        if self.max_replans < 0:
+            raise ValueError(f"max_replans must not be negative, not {self.max_replans}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +239,9 @@ class ToolRunner(Protocol):
     when resuming a plan, a tool step that was in flight at the crash is re-run only when its tool
     is idempotent; a runner without the method has no idempotent tools, and such a step waits at
     a reconcile gate. It is optional, so it is not part of this protocol's required members.
+
+    Likewise an optional ``cost(name: str) -> float``: the cost units a call of the tool reserves
+    from a plan's budget (1.0 when the runner has no such method).
     """
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -293,6 +347,10 @@ class Engine:
         tracer_provider: Where spans go; the global provider by default.
         sleep: Waits out retry backoffs (inject a fake one in tests).
         store: Where plans and their journals are kept; ``None`` keeps nothing (no resume).
+        replanner: Asked for a new revision when a run stops on a ``logic`` failure (at most
+            ``config.max_replans`` times per run); ``None`` lets such a plan fail.
+        clock: Wall-clock time (``time.time``) for budgets and circuit breakers; inject a fake
+            one in tests.
     """
 
     def __init__(
@@ -305,15 +363,21 @@ class Engine:
         tracer_provider: TracerProvider | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         store: StateStore | None = None,
+        replanner: Replanner | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
         self.store = store
+        self.replanner = replanner
+        self.clock = clock
         self._tools = tools
         self._dispatcher = dispatcher
         self._sleep = sleep
         self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
         self._runs: dict[str, _PlanRun[Any]] = {}
+        self._breakers: dict[str, BreakerState] = {}
+        self._breakers_loaded = store is None
 
     async def run(
         self, plan: P, *, on_event: Callable[[StepEvent], None] | None = None
@@ -354,6 +418,7 @@ class Engine:
                     f"plan {plan.id!r} revision {plan.revision} is already in the store; "
                     f"resume it instead",
                 )
+        await self._load_breakers()
         return await self._execute(run)
 
     async def resume(
@@ -399,6 +464,7 @@ class Engine:
             return run.recorded_result(state)
         logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
         run.restore(state)
+        await self._load_breakers()
         return await self._execute(run)
 
     async def decide(
@@ -534,6 +600,175 @@ class Engine:
         await store.commit([ControlRecord(plan_id, state.revision)])
         await self.resume(plan_id)
 
+    async def replan(
+        self, plan_id: str, new_plan: Plan, *, rationale: str, author: str
+    ) -> Revision:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it.
+
+        The new revision is ``new_plan`` with the plan's id and the stored revision + 1 (step
+        statuses reset). It is stored with its parent, its diff and ``rationale``; the results of
+        the parent's completed steps that are unchanged (``planning._revisions``) carry over, so
+        they do not run again. Old revisions are never changed. The new revision has a budget
+        account of its own (``new_plan.budget``).
+
+        Args:
+            plan_id: The plan.
+            new_plan: The steps (and fields) of the new revision.
+            rationale: Why the plan changes.
+            author: Who changes it.
+
+        Returns:
+            The new revision: its plan and its history entry.
+
+        Raises:
+            PlanControlError: When the engine has no store, the plan is unknown, running here
+                (pause it first), or stopped with a step in flight (resume it to settle that step
+                first).
+            PlanValidationError: When the new steps do not form a DAG.
+            StoreError: When the store fails.
+        """
+        store = self._require_store(plan_id, "replan")
+        if plan_id in self._runs:
+            raise PlanControlError(
+                plan_id, f"plan {plan_id!r} is running; pause it before replanning"
+            )
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        in_flight = [step_id for step_id, s in state.steps.items() if s.in_flight]
+        if in_flight and not state.status.is_final:
+            # Its effect is unknown, and a new revision gives it a new idempotency key: settle
+            # it first (resume, and decide its reconcile gate), then replan.
+            raise PlanControlError(
+                plan_id,
+                f"step {in_flight[0]!r} of plan {plan_id!r} was in flight when the plan stopped; "
+                f"resume the plan to settle it before replanning",
+            )
+        old = state.plan(type(new_plan))
+        attempts = {step_id: s.attempt for step_id, s in state.steps.items()}
+        compensations = {c.step_id: c.status for c in state.compensations}
+        revision, _ = await self._revise(
+            old, new_plan, state.outputs, attempts, compensations, rationale, author
+        )
+        logger.info(
+            "plan %s: revision %d made by %s: %s", plan_id, revision.revision, author, rationale
+        )
+        return revision
+
+    async def _revise(
+        self,
+        old: Plan,
+        new: Plan,
+        outputs: dict[str, Any],
+        attempts: dict[str, int],
+        compensations: dict[str, CompensationStatus],
+        rationale: str,
+        author: str,
+    ) -> tuple[Revision, PlanState]:
+        """Make (and store) the revision after ``old``; its state holds the carried results."""
+        steps = [
+            step
+            if step.status is StepStatus.PENDING
+            else step.model_copy(update={"status": StepStatus.PENDING})
+            for step in new.steps
+        ]
+        plan = new.model_copy(update={"id": old.id, "revision": old.revision + 1, "steps": steps})
+        problems = structural_problems(plan.steps)
+        if problems:
+            raise PlanValidationError(problems)
+        same = unchanged_steps(old, plan)
+        carried = [step.id for step in plan.steps if step.id in same and step.id in outputs]
+        records: list[Record] = []
+        message = f"carried over from revision {old.revision}"
+        for step in plan.steps:
+            if step.id not in carried:
+                continue
+            records.append(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    step.id,
+                    attempts.get(step.id, 1),
+                    StepStatus.SUCCEEDED,
+                    json.dumps(outputs[step.id]),
+                    message=message,
+                )
+            )
+            if step.compensate is not None and compensations.get(step.id) in (
+                None,
+                CompensationStatus.NEEDED,
+                CompensationStatus.RUNNING,
+            ):
+                records.append(
+                    CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
+                )
+        record = RevisionRecord(
+            plan.id,
+            plan.revision,
+            old.revision,
+            rationale,
+            author,
+            diff_plans(old, plan),
+            carried,
+            self.clock(),
+        )
+        if self.store is not None:
+            await self.store.save_revision(plan, record, records)
+        state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
+        return Revision(plan, record), state
+
+    # --- circuit breakers --------------------------------------------------------------------
+
+    async def _load_breakers(self) -> None:
+        if self._breakers_loaded or self.store is None:
+            return
+        self._breakers_loaded = True
+        for state in await self.store.breakers():
+            self._breakers.setdefault(state.tool, state)
+
+    def breaker_denial(self, tool: str) -> str:
+        """Why a call of ``tool`` may not start now ("" when it may)."""
+        state = self._breakers.get(tool)
+        settings = self.config.circuit_breaker
+        if state is None or state.opened_at is None or settings is None:
+            return ""
+        retry_at = state.opened_at + settings.reset_after_s
+        now = self.clock()
+        if now >= retry_at:
+            return ""  # half-open: one more call may show the tool is back
+        when = datetime.fromtimestamp(retry_at, UTC).isoformat(timespec="seconds")
+        return (
+            f"circuit open for tool {tool!r} after {state.failures} failures; retry after "
+            f"{when} (in {retry_at - now:.1f}s)"
+        )
+
+    async def breaker_result(self, tool: str, failure_class: FailureClass | None) -> None:
+        """Count an attempt's outcome on ``tool``'s breaker; persist a change."""
+        settings = self.config.circuit_breaker
+        if settings is None:
+            return
+        previous = self._breakers.get(tool)
+        if failure_class is None:
+            if previous is None or (previous.failures == 0 and previous.opened_at is None):
+                return
+            state = BreakerState(tool)
+            logger.info("circuit for tool %s closed", tool)
+        elif failure_class in _RETRYABLE:
+            failures = (0 if previous is None else previous.failures) + 1
+            opened_at = None if previous is None else previous.opened_at
+            if failures >= settings.failure_threshold:
+                opened_at = self.clock()
+                logger.warning("circuit for tool %s open after %d failures", tool, failures)
+            state = BreakerState(tool, failures, opened_at)
+        else:
+            return
+        self._breakers[tool] = state
+        if self.store is not None:
+            try:
+                await self.store.save_breaker(state)
+            except StoreError as exc:  # the breaker still works in memory
+                logger.error("cannot persist the circuit breaker of tool %s: %s", tool, exc)
+
     def _require_store(self, plan_id: str, action: str) -> StateStore:
         if self.store is None:
             raise PlanControlError(
@@ -544,13 +779,17 @@ class Engine:
         return self.store
 
     async def _execute(self, run: _PlanRun[P]) -> PlanResult[P]:
-        plan_id = run.plan.id
-        self._runs[plan_id] = run
-        try:
-            return await run.execute()
-        finally:
-            if self._runs.get(plan_id) is run:
-                del self._runs[plan_id]
+        while True:
+            plan_id = run.plan.id
+            self._runs[plan_id] = run
+            try:
+                result = await run.execute()
+            finally:
+                if self._runs.get(plan_id) is run:
+                    del self._runs[plan_id]
+            if run.replacement is None:
+                return result
+            run = run.replacement  # a replan: continue with the new revision
 
 
 def _check_stored_decision(
@@ -679,6 +918,7 @@ class _Outcome:
     failure_class: FailureClass | None
     message: str
     attempts: int
+    abort: bool = False  # a budget ran out: never held at a policy gate
 
 
 class _Journal:
@@ -778,6 +1018,7 @@ class _PlanRun(Generic[P]):
     def __init__(
         self, engine: Engine, plan: P, on_event: Callable[[StepEvent], None] | None
     ) -> None:
+        self.engine = engine
         self.plan = plan
         self.on_event = on_event
         self.tracer = engine._tracer
@@ -820,6 +1061,21 @@ class _PlanRun(Generic[P]):
         self.compensable: list[str] = []  # succeeded steps with a compensation, in order
         self.compensation: dict[str, CompensationStatus] = {}
         self.compensation_attempts: dict[str, int] = {}
+        self.gate_prompts: dict[str, str] = {}  # policy gates: the prompt naming the failure
+        self.replans = 0
+        self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
+        self.clock = engine.clock
+        self.budget = plan.budget
+        self.breakers = engine._breakers
+        self.cost_of: Callable[[str], float] | None = getattr(self.tools, "cost", None)
+        self.started_at: float | None = None
+        self.spent_calls = 0
+        self.spent_cost = 0.0
+        # Steps that need not wait for their intent's commit (see _needs_durable_intent), and a
+        # completed future that stands for "no wait".
+        self.no_wait: asyncio.Future[None] = self.loop.create_future()
+        self.no_wait.set_result(None)
+        self.intent_waits: dict[str, bool] = {}
 
     # --- the scheduler -----------------------------------------------------------------------
 
@@ -844,10 +1100,16 @@ class _PlanRun(Generic[P]):
             # (no provider set up) or a sampled-out plan then costs nothing per step.
             self.tracing = span.is_recording()
             self._emit("", PlanStatus.RUNNING, 0)
-            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING))
+            now = self.clock()
+            if self.started_at is None:
+                self.started_at = now
+            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING, at=now))
             try:
                 await self._schedule()
                 status = self._end_status()
+                if status is PlanStatus.FAILED and await self._replan():
+                    span.set_attribute("stratagem.plan.status", "replanned")
+                    return self._result(status, time.monotonic() - started)
                 if status is not PlanStatus.PAUSED:
                     self._close_gates()
                     self._skip_pending()
@@ -969,16 +1231,23 @@ class _PlanRun(Generic[P]):
                 break
             step_id = ready.popleft()
             attempt = self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
+            cost: float | None = None
+            if self.budget is not None or self.breakers:
+                denial, abort, cost = self._admit(step)
+                if denial:
+                    self.attempts[step_id] = attempt - 1
+                    self._deny(step, attempt - 1, denial, abort)
+                    continue
             statuses[step_id] = StepStatus.RUNNING
             self.attempts[step_id] = attempt
             self._emit(step_id, StepStatus.RUNNING, attempt)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
-            durable = (
-                None
-                if journal is None
-                else journal.add(StepIntent(plan.id, plan.revision, step_id, attempt))
-            )
+            durable = None
+            if journal is not None:
+                durable = journal.add(StepIntent(plan.id, plan.revision, step_id, attempt, cost))
+                if not self._needs_durable_intent(step):
+                    durable = self.no_wait
             task = self.loop.create_task(self._execute(step, attempt, durable))
             task.add_done_callback(self._on_done, context=self.callback_context)
             running[task] = step_id
@@ -992,6 +1261,8 @@ class _PlanRun(Generic[P]):
         try:
             if self._settle(step_id, task):
                 self._release(step_id)
+            elif self.statuses[step_id] is StepStatus.BLOCKED:
+                pass  # held at a policy gate
             elif not task.cancelled():
                 self._stop(f"the plan stopped after step {step_id!r} failed")
             self._start_ready()
@@ -1076,8 +1347,170 @@ class _PlanRun(Generic[P]):
         if outcome.failure_class is None:
             self._succeed(step_id, outcome.output, attempts, None)
             return True
+        step = self.steps[step_id]
+        if (
+            outcome.failure_class is FailureClass.POLICY
+            and not outcome.abort
+            and step.on_policy_failure == "gate"
+        ):
+            self._policy_gate(step, outcome.attempts, outcome.message)
+            return False
         self._fail(step_id, outcome.failure_class, outcome.message, outcome.attempts)
         return False
+
+    def _needs_durable_intent(self, step: Step) -> bool:
+        """Whether ``step`` must wait for its intent's commit before its side effect starts.
+
+        An idempotent step (a cross-agent step, or a tool the runner's ``is_idempotent`` names)
+        of a plan without a budget need not: its intent still precedes its result in the
+        journal, and if a crash loses the intent the step looks never started (or in flight) and
+        is simply run again, which idempotency makes safe. A budget's reservations must be
+        durable before the calls they pay for, so a plan with a budget always waits.
+        """
+        if self.budget is not None:
+            return True
+        key = step.tool if isinstance(step, ToolStep) else ""  # "": not a tool (names are not "")
+        waits = self.intent_waits.get(key)
+        if waits is None:
+            waits = self.intent_waits[key] = not self._is_idempotent(step)
+        return waits
+
+    # --- budgets, breakers, policy gates -----------------------------------------------------
+
+    def _admit(self, step: Step) -> tuple[str, bool, float | None]:
+        """Check the breaker and reserve the budget for one attempt of ``step``.
+
+        Returns:
+            ``("", False, cost)`` when the attempt may start (``cost``: the cost units reserved,
+            ``None`` without a budget); otherwise ``(why, abort, None)`` with ``abort`` True for a
+            budget that ran out.
+        """
+        if isinstance(step, ToolStep) and self.breakers:
+            denial = self.engine.breaker_denial(step.tool)
+            if denial:
+                return denial, False, None
+        budget = self.budget
+        if budget is None:
+            return "", False, None
+        cost = 1.0
+        if isinstance(step, ToolStep) and self.cost_of is not None:
+            cost = float(self.cost_of(step.tool))
+        if budget.wall_time_s is not None and self.started_at is not None:
+            used = self.clock() - self.started_at
+            if used >= budget.wall_time_s:
+                return (
+                    f"budget exhausted: wall time {used:.1f}s/{budget.wall_time_s:g}s used; "
+                    f"step {step.id!r} not started",
+                    True,
+                    None,
+                )
+        if budget.tool_calls is not None and self.spent_calls + 1 > budget.tool_calls:
+            return (
+                f"budget exhausted: tool_calls {self.spent_calls}/{budget.tool_calls} used; "
+                f"step {step.id!r} needs 1 more",
+                True,
+                None,
+            )
+        if budget.cost_units is not None and self.spent_cost + cost > budget.cost_units + 1e-9:
+            return (
+                f"budget exhausted: cost_units {self.spent_cost:g}/{budget.cost_units:g} used; "
+                f"step {step.id!r} needs {cost:g} more",
+                True,
+                None,
+            )
+        self.spent_calls += 1
+        self.spent_cost += cost
+        return "", False, cost
+
+    def _deny(self, step: Step, attempts: int, message: str, abort: bool) -> None:
+        """An attempt of ``step`` may not start: a policy gate, or a policy failure."""
+        if not abort and step.on_policy_failure == "gate":
+            self._policy_gate(step, attempts, message)
+            return
+        self._fail(step.id, FailureClass.POLICY, message, attempts)
+        self._stop(f"the plan stopped after step {step.id!r} failed")
+
+    def _policy_gate(self, step: Step, attempts: int, message: str) -> None:
+        """Hold the plan at a gate named after ``step``, which failed a policy check."""
+        plan = self.plan
+        self.attempts[step.id] = attempts
+        self._record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step.id,
+                attempts,
+                StepStatus.BLOCKED,
+                failure_class=FailureClass.POLICY,
+                message=message,
+            )
+        )
+        self.gates[step.id] = GateKind.POLICY
+        self.gate_prompts[step.id] = (
+            f"step {step.id!r} failed a policy check: {message}; approve to re-run it, "
+            f"reject to fail it"
+        )
+        self._announce_gate(step.id)
+
+    # --- revisions ---------------------------------------------------------------------------
+
+    async def _replan(self) -> bool:
+        """After a logic failure, ask the replanner for the next revision; True when it gave one.
+
+        The current revision's run ends here (its gates closed, its pending steps skipped, its
+        journal flushed), the revision is stored, and ``replacement`` holds the next run.
+        """
+        engine = self.engine
+        replanner = engine.replanner
+        if (
+            replanner is None
+            or self.cancelled
+            or self.replans >= engine.config.max_replans
+            or not self.failures
+            or any(f.failure_class is not FailureClass.LOGIC for f in self.failures)
+        ):
+            return False
+        failure = self.failures[0]
+        try:
+            new_plan = replanner.replan(self.plan, failure)
+        except Exception:
+            logger.exception("plan %s: the replanner failed", self.plan.id)
+            return False
+        if new_plan is None:
+            return False
+        self._close_gates()
+        self._skip_pending()
+        if self.journal is not None:
+            await self.journal.flush()
+        rationale = (
+            f"step {failure.step_id!r} failed ({failure.failure_class.value}): {failure.message}"
+        )
+        try:
+            revision, state = await engine._revise(
+                self.plan,
+                new_plan,
+                self.outputs,
+                self.attempts,
+                self.compensation,
+                rationale,
+                f"replanner:{self.agent}",
+            )
+        except PlanValidationError as exc:
+            logger.error("plan %s: the replanner's plan is not a DAG: %s", self.plan.id, exc)
+            return False
+        logger.info(
+            "plan %s: revision %d replaces %d (%d result(s) carried over)",
+            self.plan.id,
+            revision.revision,
+            self.plan.revision,
+            len(revision.record.carried),
+        )
+        run = _PlanRun(engine, cast(P, revision.plan), self.on_event)
+        run.is_dag()
+        run.restore(state)
+        run.replans = self.replans + 1
+        self.replacement = run
+        return True
 
     def _succeed(self, step_id: str, output: Any, attempt: int, output_json: str | None) -> None:
         self.outputs[step_id] = output
@@ -1189,7 +1622,9 @@ class _PlanRun(Generic[P]):
         plan = self.plan
         kind = self.gates[gate_id]
         step = self.steps[gate_id]
-        prompt = step.prompt if isinstance(step, GateStep) else _reconcile_prompt(step)
+        prompt = self.gate_prompts.get(gate_id) or (
+            step.prompt if isinstance(step, GateStep) else _reconcile_prompt(step)
+        )
         self.statuses[gate_id] = StepStatus.BLOCKED
         if gate_id not in self.recorded_gates:  # a resumed run finds some recorded already
             self.recorded_gates.add(gate_id)
@@ -1358,6 +1793,9 @@ class _PlanRun(Generic[P]):
         """Take the recorded state: what is done stays done, what was in flight is reconciled."""
         plan = self.plan
         self.restored = True
+        self.started_at = state.started_at
+        self.spent_calls = state.spent_calls
+        self.spent_cost = state.spent_cost
         stopping = state.cancel_requested or any(
             s.status is StepStatus.FAILED for s in state.steps.values()
         )
@@ -1395,6 +1833,8 @@ class _PlanRun(Generic[P]):
                     self.statuses[step_id] = StepStatus.CANCELLED
                 case StepStatus.RETRYING:  # its last attempt failed and was to be retried
                     self.next_attempt[step_id] = recorded.attempt + 1
+                case StepStatus.BLOCKED:  # held at a policy gate
+                    self._restore_policy_gate(step, recorded.attempt, recorded.message, state)
                 case StepStatus.RUNNING:
                     self._restore_in_flight(step, recorded.attempt, state, stopping)
                 case _:
@@ -1421,6 +1861,21 @@ class _PlanRun(Generic[P]):
             for step in plan.steps
             if self.statuses[step.id] is StepStatus.PENDING and self.waiting[step.id] == 0
         )
+
+    def _restore_policy_gate(
+        self, step: Step, attempt: int, message: str, state: PlanState
+    ) -> None:
+        gate = state.gates.get(step.id)
+        if gate is not None and gate.decision is not GateDecision.OPEN:
+            approve = gate.decision is GateDecision.APPROVED
+            self._decide(
+                step.id, GateKind.POLICY, approve, gate.approver, gate.rationale, gate.output
+            )
+            return
+        self.gates[step.id] = GateKind.POLICY
+        self.statuses[step.id] = StepStatus.BLOCKED
+        self.gate_prompts[step.id] = gate.prompt if gate is not None else message
+        self.new_gates.append(step.id)
 
     def _restore_in_flight(
         self, step: Step, attempt: int, state: PlanState, stopping: bool
@@ -1631,6 +2086,7 @@ class _PlanRun(Generic[P]):
         journal, plan = self.journal, self.plan
         while True:
             if journal is not None:  # the intent is durable before the side effect starts
+                # (for an idempotent step, ``durable`` is ``no_wait``: see _needs_durable_intent)
                 if durable is None:
                     durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt))
                 await durable
@@ -1638,6 +2094,8 @@ class _PlanRun(Generic[P]):
                 if journal.error is not None:
                     raise journal.error
             output, failure_class, message = await run_attempt(step, attempt, timeout)
+            if isinstance(step, ToolStep) and (failure_class is not None or self.breakers):
+                await self.engine.breaker_result(step.tool, failure_class)
             if failure_class is None:
                 return _Outcome(output, None, "", attempt)
             if failure_class not in _RETRYABLE or attempt >= step.retry.max_attempts:
@@ -1666,10 +2124,19 @@ class _PlanRun(Generic[P]):
                 delay,
             )
             await self.sleep(delay)
+            cost = None
+            if self.budget is not None or self.breakers:
+                denial, abort, cost = self._admit(step)
+                if denial:
+                    return _Outcome(None, FailureClass.POLICY, denial, attempt, abort)
             attempt += 1
             self.attempts[step.id] = attempt
             self.statuses[step.id] = StepStatus.RUNNING
             self._emit(step.id, StepStatus.RUNNING, attempt)
+            if journal is not None:
+                durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
+                if not self._needs_durable_intent(step):
+                    durable = self.no_wait
 
     async def _attempt(
         self, step: Step, attempt: int, limit_s: float

@@ -6,7 +6,8 @@
     ├── PlanValidationError        a plan breaks a rule (.problems: list[str]); caller input
     ├── RefError                   a {"$ref": ...} cannot be parsed or resolved (.ref, .reason)
     ├── PlanFailedError            a plan run ended failed (.plan_id, .failures)
-    ├── PlanControlError           a control call does not apply (.plan_id); caller input
+    ├── PlanControlError           a control call (resume, decide, pause, cancel, replan,
+    │                              replay) does not apply (.plan_id); caller input
     │   └── GateDecisionError      a gate decision is refused: unknown or closed gate, wrong
     │                              revision (.gate_id, .revision)
     ├── StoreError                 a state store failed to read or write; the run stops
@@ -19,7 +20,9 @@
 ``StepError`` and its subclasses are the signals tools raise; the engine never lets them escape a
 run, it records a ``StepFailure`` instead. A protocol ``RemoteError`` out of a dispatcher is
 classified by its status code with ``failure_class_for_code``; any other exception is a logic
-failure.
+failure. A budget that runs out and an open circuit breaker are not exceptions either: the engine
+records them as ``policy`` failures ("budget exhausted: ...", "circuit open for tool ...").
+``PlanValidationError`` is also what ``Engine.replan`` raises for a new plan that is not a DAG.
 """
 
 from __future__ import annotations

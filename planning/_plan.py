@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 __all__ = [
     "PLAN_ID_PATTERN",
     "STEP_ID_PATTERN",
+    "Budget",
     "CrossAgentStep",
     "FailureClass",
     "GateStep",
@@ -162,6 +163,10 @@ class StepBase(BaseModel):
         compensate_input: The compensating tool's input; values may be ``{"$ref": ...}``
             references to this step or its dependencies. ``None`` gives the step's own input (a
             cross-agent step's request), references resolved, plus its output under ``"output"``.
+        on_policy_failure: What a ``policy`` failure of this step does: ``"abort"`` fails the
+            plan; ``"gate"`` holds the plan ``blocked`` at a gate named after the step, whose
+            prompt names the failure (approve: re-run the step, or record an output; reject: fail
+            it). A budget running out always aborts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -175,6 +180,7 @@ class StepBase(BaseModel):
     status: StepStatus = StepStatus.PENDING
     compensate: Name | None = None
     compensate_input: dict[str, Any] | None = None
+    on_policy_failure: Literal["abort", "gate"] = "abort"
 
 
 class ToolStep(StepBase):
@@ -225,6 +231,29 @@ Step = Annotated[ToolStep | CrossAgentStep | GateStep, Field(discriminator="kind
 """Any step: a union discriminated on ``kind``."""
 
 
+class Budget(BaseModel):
+    """What one plan may spend; each limit is optional (``None``: unlimited).
+
+    Tool calls and cost units are **reserved before** an attempt is dispatched: a tool attempt
+    reserves one call and the runner's ``cost(tool)`` (1.0 when the runner has no ``cost``); a
+    cross-agent attempt reserves one call and 1.0 unit. An attempt whose reservation would exceed
+    a limit is not started, and the plan fails with a ``policy`` failure. Wall time is measured
+    from the revision's first start (wall clock, pauses and downtime included) and checked
+    whenever a step is about to start; a running step is bounded by its own timeout.
+
+    Attributes:
+        wall_time_s: Seconds from the first start.
+        tool_calls: Attempts dispatched (tool calls and cross-agent requests).
+        cost_units: The sum of the attempts' costs.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    wall_time_s: float | None = Field(default=None, gt=0.0)
+    tool_calls: int | None = Field(default=None, ge=0)
+    cost_units: float | None = Field(default=None, ge=0.0)
+
+
 class Plan(BaseModel):
     """A plan: an immutable DAG of steps owned by one agent.
 
@@ -237,6 +266,7 @@ class Plan(BaseModel):
         goal: What the plan is for.
         steps: The steps; ``depends_on`` edges must form a DAG.
         max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
+        budget: What the plan may spend (wall time, tool calls, cost units); ``None``: no limit.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -247,6 +277,7 @@ class Plan(BaseModel):
     goal: str = Field(min_length=1, max_length=2000)
     steps: list[Step] = Field(default_factory=list, max_length=100_000)
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
+    budget: Budget | None = None
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

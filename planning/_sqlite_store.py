@@ -6,11 +6,13 @@ may lose the last commits, never corrupt the database. The engine starts a side 
 the commit holding its intent returned, and acknowledges a plan's end only after its final commit,
 so what a power loss can take is work that was never acted on or never acknowledged.
 
-All SQLite work happens on one thread the store owns (a single-worker executor), so the event loop
-never blocks on disk and commits are applied in call order; the connection is opened on first use
-(or by ``start``) and closed by ``aclose``.
+All SQLite work happens on one thread the store owns, so the event loop never blocks on disk and
+commits are applied in call order; the connection is opened on first use (or by ``start``) and
+closed by ``aclose``. The thread takes jobs from a ``queue.SimpleQueue`` and hands each result
+back with ``call_soon_threadsafe``: about half the hand-off cost of ``run_in_executor``, which
+the engine pays once per scheduler tick.
 
-Schema (version 1)::
+Schema (version 2)::
 
     schema_version(version)                         one row: the schema's version
     plans(id, plan_id, revision, plan_type, plan_json, status, created, updated)
@@ -19,6 +21,11 @@ Schema (version 1)::
     events(plan, seq, kind, step_id, attempt, status, output, data)
                                                     the append-only journal: one row per record,
                                                     clustered by plan (WITHOUT ROWID)
+    revisions(plan_id, revision, parent, rationale, author, diff, carried, at)
+                                                    the history of revisions made by a replan
+                                                    (a first revision has no row: its plans row
+                                                    stands for it)
+    breakers(tool, failures, opened_at)             the engine's circuit breakers
 
 Migrations are an ordered list of functions; ``schema_version`` says how many have run, and
 opening a store whose version is newer than the list is a ``StoreSchemaError``.
@@ -29,17 +36,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
 from pathlib import Path
 from typing import Any, Final, TypeVar, assert_never
 
 from planning._errors import StoreError, StoreSchemaError
 from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from planning._revisions import RevisionDiff, RevisionRecord
 from planning._store import (
+    BreakerState,
     CompensationRecord,
     CompensationStatus,
     ControlRecord,
@@ -108,7 +118,30 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Final[list[Migration]] = [_migrate_v1]
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE revisions (
+            plan_id TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            parent INTEGER,
+            rationale TEXT NOT NULL,
+            author TEXT NOT NULL,
+            diff TEXT NOT NULL,
+            carried TEXT NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (plan_id, revision)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute(
+        """CREATE TABLE breakers (
+            tool TEXT PRIMARY KEY,
+            failures INTEGER NOT NULL,
+            opened_at REAL
+        ) WITHOUT ROWID"""
+    )
+
+
+MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
 
 
@@ -126,7 +159,8 @@ class SqliteStateStore:
     def __init__(self, path: str | PathLike[str], *, busy_timeout_s: float = 5.0) -> None:
         self.path = Path(path)
         self._busy_timeout_ms = int(busy_timeout_s * 1000)
-        self._executor: ThreadPoolExecutor | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None
+        self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._rowids: dict[tuple[str, int], int] = {}
         self._seq = -1  # the last journal sequence number; read from the file on first commit
@@ -153,12 +187,15 @@ class SqliteStateStore:
         if self._closed:
             return
         self._closed = True
-        executor = self._executor
-        if executor is None:
+        jobs = self._jobs
+        if jobs is None:
             return
-        await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
-        executor.shutdown(wait=False)
-        self._executor = None
+        try:
+            await self._submit(jobs, self._close_connection)
+        finally:
+            jobs.put(None)  # the thread ends after the jobs before it
+            self._jobs = None
+            self._thread = None
 
     async def schema_version(self) -> int:
         """The schema version of the open database."""
@@ -179,6 +216,30 @@ class SqliteStateStore:
         """See ``StateStore.load``."""
         return await self._call(self._load, plan_id)
 
+    async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
+        """See ``StateStore.journal``."""
+        return await self._call(self._journal, plan_id, revision)
+
+    async def save_revision(
+        self, plan: Plan, record: RevisionRecord, records: Sequence[Record]
+    ) -> None:
+        """See ``StateStore.save_revision``: one transaction."""
+        plan_json = plan.model_dump_json()
+        plan_type = f"{type(plan).__module__}.{type(plan).__qualname__}"
+        await self._call(self._save_revision, plan, plan_type, plan_json, record, list(records))
+
+    async def revisions(self, plan_id: str) -> list[RevisionRecord]:
+        """See ``StateStore.revisions``."""
+        return await self._call(self._revisions, plan_id)
+
+    async def breakers(self) -> list[BreakerState]:
+        """See ``StateStore.breakers``."""
+        return await self._call(self._breakers)
+
+    async def save_breaker(self, state: BreakerState) -> None:
+        """See ``StateStore.save_breaker``."""
+        await self._call(self._save_breaker, state)
+
     async def unfinished(self) -> list[str]:
         """See ``StateStore.unfinished``."""
         return await self._call(self._unfinished)
@@ -196,9 +257,22 @@ class SqliteStateStore:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
             raise StoreError("the state store is closed", location=str(self.path))
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="stratagem-store")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        jobs = self._jobs
+        if jobs is None:
+            jobs = self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(
+                target=_work, args=(jobs,), name="stratagem-store", daemon=True
+            )
+            self._thread.start()
+        return await self._submit(jobs, fn, *args)
+
+    async def _submit(
+        self, jobs: queue.SimpleQueue[_Job | None], fn: Callable[..., T], *args: Any
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        jobs.put((loop, future, fn, args))
+        return await future
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -290,6 +364,147 @@ class SqliteStateStore:
             rowid = self._rowids[key] = int(row[0])
         return rowid
 
+    def _save_revision(
+        self,
+        plan: Plan,
+        plan_type: str,
+        plan_json: str,
+        record: RevisionRecord,
+        records: list[Record],
+    ) -> None:
+        conn = self._connection()
+        now = time.time()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = conn.execute(
+                    "INSERT OR IGNORE INTO plans "
+                    "(plan_id, revision, plan_type, plan_json, status, created, updated) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        plan.id,
+                        plan.revision,
+                        plan_type,
+                        plan_json,
+                        PlanStatus.PENDING.value,
+                        now,
+                        now,
+                    ),
+                )
+                if cursor.rowcount != 1:
+                    raise StoreError(
+                        f"plan {plan.id!r} revision {plan.revision} is already stored",
+                        location=str(self.path),
+                    )
+                conn.execute(
+                    "INSERT INTO revisions "
+                    "(plan_id, revision, parent, rationale, author, diff, carried, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        record.plan_id,
+                        record.revision,
+                        record.parent,
+                        record.rationale,
+                        record.author,
+                        _json(record.diff.to_json()),
+                        _json(record.carried),
+                        record.at,
+                    ),
+                )
+                self._append(conn, records)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.rollback()
+                self._seq = -1  # re-read: _append may have advanced it
+                raise
+        except sqlite3.Error as exc:
+            raise self._error(f"save revision {plan.revision} of plan {plan.id!r}", exc) from exc
+
+    def _revisions(self, plan_id: str) -> list[RevisionRecord]:
+        conn = self._connection()
+        try:
+            plans = conn.execute(
+                "SELECT revision, created FROM plans WHERE plan_id = ? ORDER BY revision",
+                (plan_id,),
+            ).fetchall()
+            rows = {
+                int(r[0]): r
+                for r in conn.execute(
+                    "SELECT revision, parent, rationale, author, diff, carried, at "
+                    "FROM revisions WHERE plan_id = ?",
+                    (plan_id,),
+                ).fetchall()
+            }
+        except sqlite3.Error as exc:
+            raise self._error(f"read the revisions of plan {plan_id!r}", exc) from exc
+        history = []
+        for revision, created in plans:
+            row = rows.get(int(revision))
+            if row is None:
+                history.append(RevisionRecord(plan_id, int(revision), None, at=float(created)))
+                continue
+            history.append(
+                RevisionRecord(
+                    plan_id,
+                    int(revision),
+                    None if row[1] is None else int(row[1]),
+                    str(row[2]),
+                    str(row[3]),
+                    RevisionDiff.from_json(json.loads(row[4])),
+                    list(json.loads(row[5])),
+                    float(row[6]),
+                )
+            )
+        return history
+
+    def _breakers(self) -> list[BreakerState]:
+        conn = self._connection()
+        try:
+            rows = conn.execute("SELECT tool, failures, opened_at FROM breakers").fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read the circuit breakers", exc) from exc
+        return [
+            BreakerState(str(r[0]), int(r[1]), None if r[2] is None else float(r[2])) for r in rows
+        ]
+
+    def _save_breaker(self, state: BreakerState) -> None:
+        conn = self._connection()
+        try:
+            conn.execute(
+                "INSERT OR REPLACE INTO breakers (tool, failures, opened_at) VALUES (?, ?, ?)",
+                (state.tool, state.failures, state.opened_at),
+            )
+        except sqlite3.Error as exc:
+            raise self._error(f"save the circuit breaker of tool {state.tool!r}", exc) from exc
+
+    def _append(self, conn: sqlite3.Connection, records: list[Record]) -> None:
+        """Insert ``records`` inside the caller's transaction."""
+        if not records:
+            return
+        if self._seq < 0:
+            row = conn.execute("SELECT max(seq) FROM events").fetchone()
+            self._seq = 0 if row is None or row[0] is None else int(row[0])
+        seq = self._seq
+        rows = []
+        statuses: dict[int, tuple[str, float]] = {}
+        for record in records:
+            rowid = self._rowid(conn, record.plan_id, record.revision)
+            seq += 1
+            rows.append((rowid, seq, *_encode(record)))
+            if isinstance(record, PlanStatusRecord):
+                statuses[rowid] = (record.status.value, record.at)
+        conn.executemany(
+            "INSERT INTO events (plan, seq, kind, step_id, attempt, status, output, data) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        if statuses:
+            conn.executemany(
+                "UPDATE plans SET status = ?, updated = ? WHERE id = ?",
+                [(status, at, rowid) for rowid, (status, at) in statuses.items()],
+            )
+        self._seq = seq
+
     def _commit(self, records: list[Record]) -> None:
         conn = self._connection()
         try:
@@ -325,6 +540,31 @@ class SqliteStateStore:
         except sqlite3.Error as exc:
             raise self._error(f"commit {len(records)} record(s)", exc) from exc
 
+    def _journal(self, plan_id: str, revision: int | None) -> list[Record]:
+        conn = self._connection()
+        try:
+            if revision is None:
+                row = conn.execute(
+                    "SELECT id, revision FROM plans WHERE plan_id = ? "
+                    "ORDER BY revision DESC LIMIT 1",
+                    (plan_id,),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT id, revision FROM plans WHERE plan_id = ? AND revision = ?",
+                    (plan_id, revision),
+                ).fetchone()
+            if row is None:
+                return []
+            rows = conn.execute(
+                "SELECT kind, step_id, attempt, status, output, data FROM events "
+                "WHERE plan = ? ORDER BY seq",
+                (int(row[0]),),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error(f"read the journal of plan {plan_id!r}", exc) from exc
+        return [_decode(plan_id, int(row[1]), r) for r in rows]
+
     def _load(self, plan_id: str) -> PlanState | None:
         conn = self._connection()
         try:
@@ -350,7 +590,8 @@ class SqliteStateStore:
         marks = ", ".join("?" * len(_FINAL))
         try:
             rows = conn.execute(
-                f"SELECT plan_id FROM plans WHERE status NOT IN ({marks}) ORDER BY created, id",
+                f"SELECT plan_id FROM plans AS p WHERE status NOT IN ({marks}) AND revision = "
+                "(SELECT max(revision) FROM plans WHERE plan_id = p.plan_id) ORDER BY created, id",
                 _FINAL,
             ).fetchall()
         except sqlite3.Error as exc:
@@ -362,17 +603,25 @@ class SqliteStateStore:
         marks = ", ".join("?" * len(_FINAL))
         try:
             rows = conn.execute(
-                f"SELECT id, updated FROM plans WHERE status IN ({marks}) ORDER BY updated DESC",
+                f"SELECT plan_id, updated FROM plans AS p WHERE status IN ({marks}) AND revision "
+                "= (SELECT max(revision) FROM plans WHERE plan_id = p.plan_id) "
+                "ORDER BY updated DESC",
                 _FINAL,
             ).fetchall()
             candidates = rows[keep_last:] if keep_last else rows
-            doomed = [(int(r[0]),) for r in candidates if before is None or float(r[1]) < before]
-            if not doomed:
+            ids = [(str(r[0]),) for r in candidates if before is None or float(r[1]) < before]
+            if not ids:
                 return 0
+            doomed = [
+                (int(r[0]),)
+                for (plan_id,) in ids
+                for r in conn.execute("SELECT id FROM plans WHERE plan_id = ?", (plan_id,))
+            ]
             conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.executemany("DELETE FROM events WHERE plan = ?", doomed)
                 conn.executemany("DELETE FROM plans WHERE id = ?", doomed)
+                conn.executemany("DELETE FROM revisions WHERE plan_id = ?", ids)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.rollback()
@@ -397,6 +646,43 @@ class SqliteStateStore:
         return StoreStats(plans=plans, records=records, bytes=(pages - free) * page_size)
 
 
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """The store's thread: run jobs in order, hand each outcome back to its loop."""
+    while (job := jobs.get()) is not None:
+        loop, future, fn, args = job
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the caller, like run_in_executor does
+            _hand_back(loop, _set_exception, future, exc)
+        else:
+            _hand_back(loop, _set_result, future, result)
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    setter: Callable[[asyncio.Future[Any], Any], None],
+    future: asyncio.Future[Any],
+    value: Any,
+) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, future, value)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        logger.debug("state store: a result arrived after its event loop closed")
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
 def _read_version(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
     return 0 if row is None or row[0] is None else int(row[0])
@@ -415,7 +701,8 @@ def _encode(record: Record) -> _Row:
                 _json([record.message, record.at]),
             )
         case StepIntent():
-            return _STEP_INTENT, record.step_id, record.attempt, None, None, None
+            cost = None if record.cost is None else repr(record.cost)
+            return _STEP_INTENT, record.step_id, record.attempt, None, None, cost
         case StepResult():
             data = (
                 None
@@ -457,7 +744,9 @@ def _decode(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
             message, at = json.loads(data)
             return PlanStatusRecord(plan_id, revision, PlanStatus(status), message, at)
         case 2:
-            return StepIntent(plan_id, revision, step_id, attempt)
+            return StepIntent(
+                plan_id, revision, step_id, attempt, None if data is None else float(data)
+            )
         case 3:
             failure_class, message = (None, "") if data is None else json.loads(data)
             return StepResult(

@@ -19,6 +19,10 @@ Records (all frozen dataclasses; ``Record`` is their union):
   ``running`` (an attempt's intent), ``compensated`` or ``failed``.
 - ``ControlRecord``: a ``cancel`` was requested (so a resume honours it).
 
+Beside the journals a store keeps each plan's revision history (``RevisionRecord``, written with
+the new revision's plan row and its carried-over results in one transaction) and the engine's
+circuit breakers (``BreakerState`` per tool).
+
 The engine groups the records of one scheduler tick into one ``StateStore.commit`` call, which a
 store must apply atomically (all or nothing).
 """
@@ -35,8 +39,10 @@ from typing import Any, Literal, Protocol, TypeVar
 from planning._dispatch import step_run_id
 from planning._errors import StoreError
 from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from planning._revisions import RevisionRecord
 
 __all__ = [
+    "BreakerState",
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
@@ -67,6 +73,8 @@ class GateKind(StrEnum):
     """A gate step of the plan."""
     RECONCILE = "reconcile"
     """A step was in flight when the plan stopped and its tool is not idempotent."""
+    POLICY = "policy"
+    """A step with ``on_policy_failure="gate"`` failed a policy check."""
 
 
 class GateDecision(StrEnum):
@@ -114,12 +122,15 @@ class StepIntent:
         revision: Its revision.
         step_id: The step.
         attempt: The attempt number, from 1.
+        cost: The cost units reserved for the attempt, for a plan with a budget (``None``
+            otherwise). Every intent reserves one tool call.
     """
 
     plan_id: str
     revision: int
     step_id: str
     attempt: int
+    cost: float | None = None
 
     @property
     def key(self) -> str:
@@ -310,6 +321,9 @@ class PlanState:
         compensations: The compensation journal, in the order the steps succeeded.
         cancel_requested: Whether a ``cancel`` was recorded.
         records: How many journal records were folded.
+        started_at: When the revision first ran (the first ``running`` status), or ``None``.
+        spent_calls: Tool calls reserved so far (one per intent).
+        spent_cost: Cost units reserved so far.
     """
 
     plan_id: str
@@ -322,6 +336,9 @@ class PlanState:
     compensations: list[CompensationState] = field(default_factory=list)
     cancel_requested: bool = False
     records: int = 0
+    started_at: float | None = None
+    spent_calls: int = 0
+    spent_cost: float = 0.0
 
     @property
     def outputs(self) -> dict[str, Any]:
@@ -364,8 +381,13 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
             case PlanStatusRecord():
                 state.status = record.status
                 state.message = record.message
+                if state.started_at is None and record.status is PlanStatus.RUNNING:
+                    state.started_at = record.at
             case StepIntent():
                 state.steps[record.step_id] = StepState(StepStatus.RUNNING, record.attempt)
+                state.spent_calls += 1
+                if record.cost is not None:
+                    state.spent_cost += record.cost
             case StepResult():
                 output = None if record.output_json is None else json.loads(record.output_json)
                 state.steps[record.step_id] = StepState(
@@ -414,6 +436,22 @@ class StoreStats:
     bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """A tool's circuit breaker, as the store keeps it.
+
+    Attributes:
+        tool: The tool's name.
+        failures: Consecutive failed attempts (transient or timeout) since the last success.
+        opened_at: When the breaker last opened (``time.time()`` of the engine's clock), or
+            ``None`` when it never opened since the last success.
+    """
+
+    tool: str
+    failures: int = 0
+    opened_at: float | None = None
+
+
 class StateStore(Protocol):
     """Where an engine keeps plans and their journals (e.g. ``SqliteStateStore``).
 
@@ -442,12 +480,42 @@ class StateStore(Protocol):
         """The state of the newest stored revision of ``plan_id``, or ``None`` when unknown."""
         ...
 
+    async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
+        """The journal of one revision (the newest by default), oldest first; ``[]`` if unknown."""
+        ...
+
+    async def save_revision(
+        self, plan: Plan, record: RevisionRecord, records: Sequence[Record]
+    ) -> None:
+        """Store a new revision in one transaction: its plan, its history entry and ``records``.
+
+        ``records`` are the new revision's first journal records (the carried-over results).
+
+        Raises:
+            StoreError: When the revision exists already or the write fails (nothing is stored).
+        """
+        ...
+
+    async def revisions(self, plan_id: str) -> list[RevisionRecord]:
+        """The plan's revision history, oldest first (the first revision included)."""
+        ...
+
+    async def breakers(self) -> list[BreakerState]:
+        """Every stored circuit breaker."""
+        ...
+
+    async def save_breaker(self, state: BreakerState) -> None:
+        """Store (replace) one tool's circuit breaker."""
+        ...
+
     async def unfinished(self) -> list[str]:
-        """The ids of the plans whose last status is not final, oldest first."""
+        """The ids of the plans whose newest revision's last status is not final, oldest first."""
         ...
 
     async def prune(self, *, before: float | None = None, keep_last: int | None = None) -> int:
-        """Delete finished plans (plan rows and journals); unfinished plans are always kept.
+        """Delete finished plans (every revision, journals, history); unfinished plans are kept.
+
+        A plan is finished when its newest revision's status is final.
 
         Args:
             before: Only plans whose last change is older than this ``time.time()`` value.
@@ -484,6 +552,8 @@ class InMemoryStateStore:
 
     def __init__(self) -> None:
         self._plans: dict[tuple[str, int], _MemoryPlan] = {}
+        self._revisions: dict[str, list[RevisionRecord]] = {}
+        self._breakers: dict[str, BreakerState] = {}
         self.commits = 0
 
     async def save_plan(self, plan: Plan) -> bool:
@@ -492,7 +562,40 @@ class InMemoryStateStore:
         if key in self._plans:
             return False
         self._plans[key] = _MemoryPlan(plan.model_dump_json())
+        self._revisions.setdefault(plan.id, []).append(RevisionRecord(plan.id, plan.revision, None))
         return True
+
+    async def save_revision(
+        self, plan: Plan, record: RevisionRecord, records: Sequence[Record]
+    ) -> None:
+        """See ``StateStore.save_revision``."""
+        key = (plan.id, plan.revision)
+        if key in self._plans:
+            raise StoreError(f"plan {plan.id!r} revision {plan.revision} is already stored")
+        if any((r.plan_id, r.revision) != key for r in records):
+            raise StoreError("carried records must belong to the new revision")
+        self._plans[key] = _MemoryPlan(plan.model_dump_json(), records=list(records))
+        self._revisions.setdefault(plan.id, []).append(record)
+        self.commits += 1
+
+    async def revisions(self, plan_id: str) -> list[RevisionRecord]:
+        """See ``StateStore.revisions``."""
+        return sorted(self._revisions.get(plan_id, []), key=lambda r: r.revision)
+
+    async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
+        """See ``StateStore.journal``."""
+        if revision is None:
+            revision = max((rev for (pid, rev) in self._plans if pid == plan_id), default=0)
+        stored = self._plans.get((plan_id, revision))
+        return [] if stored is None else list(stored.records)
+
+    async def breakers(self) -> list[BreakerState]:
+        """See ``StateStore.breakers``."""
+        return list(self._breakers.values())
+
+    async def save_breaker(self, state: BreakerState) -> None:
+        """See ``StateStore.save_breaker``."""
+        self._breakers[state.tool] = state
 
     async def commit(self, records: Sequence[Record]) -> None:
         """See ``StateStore.commit``."""
@@ -519,25 +622,35 @@ class InMemoryStateStore:
         stored = self._plans[(plan_id, revision)]
         return fold(plan_id, revision, stored.plan_json, stored.records)
 
+    def _newest(self) -> dict[str, tuple[int, _MemoryPlan]]:
+        newest: dict[str, tuple[int, _MemoryPlan]] = {}
+        for (plan_id, revision), stored in self._plans.items():
+            if plan_id not in newest or revision > newest[plan_id][0]:
+                newest[plan_id] = (revision, stored)
+        return newest
+
     async def unfinished(self) -> list[str]:
         """See ``StateStore.unfinished``."""
-        ids: list[str] = []
-        for (plan_id, _), stored in self._plans.items():
-            if not stored.status.is_final and plan_id not in ids:
-                ids.append(plan_id)
-        return ids
+        return [
+            plan_id for plan_id, (_, stored) in self._newest().items() if not stored.status.is_final
+        ]
 
     async def prune(self, *, before: float | None = None, keep_last: int | None = None) -> int:
         """See ``StateStore.prune``."""
         finished = sorted(
-            (stored.updated, key) for key, stored in self._plans.items() if stored.status.is_final
+            (stored.updated, plan_id)
+            for plan_id, (_, stored) in self._newest().items()
+            if stored.status.is_final
         )
         if keep_last:
             finished = finished[: max(0, len(finished) - keep_last)]
-        doomed = [key for updated, key in finished if before is None or updated < before]
-        for key in doomed:
+        doomed = {plan_id for updated, plan_id in finished if before is None or updated < before}
+        keys = [key for key in self._plans if key[0] in doomed]
+        for key in keys:
             del self._plans[key]
-        return len(doomed)
+        for plan_id in doomed:
+            self._revisions.pop(plan_id, None)
+        return len(keys)
 
     async def stats(self) -> StoreStats:
         """See ``StateStore.stats``; ``bytes`` counts the stored JSON and record reprs."""

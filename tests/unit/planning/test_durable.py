@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from planning import (
+    Budget,
     Engine,
     EngineConfig,
     FailureClass,
@@ -770,3 +771,52 @@ async def test_cancel_of_a_paused_plan_compensates_it() -> None:
     assert state.status is PlanStatus.CANCELLED
     assert ledger.undo_order == ["b", "a"]
     assert "later@1:c" not in ledger.effects
+
+
+class _HeldStore(InMemoryStateStore):
+    """An in-memory store whose commits wait until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        await self.release.wait()
+        await super().commit(records)
+
+
+class _IdempotentRunner(DictToolRunner):
+    def __init__(self, idempotent: set[str], tools: dict[str, Any]) -> None:
+        super().__init__(tools)
+        self.idempotent = idempotent
+
+    def is_idempotent(self, name: str) -> bool:
+        return name in self.idempotent
+
+
+@pytest.mark.parametrize(
+    ("idempotent", "budget", "waits"),
+    [(True, False, False), (False, False, True), (True, True, True)],
+)
+async def test_only_idempotent_steps_of_budgetless_plans_skip_the_intent_wait(
+    idempotent: bool, budget: bool, waits: bool
+) -> None:
+    store = _HeldStore()
+    runner = _IdempotentRunner({"noop"} if idempotent else set(), {"noop": noop})
+    engine = Engine(tools=runner, agent="perception", store=store)
+    plan = Plan(
+        id="w1",
+        owner="perception",
+        goal="wait or not",
+        steps=[ToolStep(id="a", tool="noop")],
+        budget=Budget(tool_calls=5) if budget else None,
+    )
+    task = asyncio.create_task(engine.run(plan))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert runner.calls == ([] if waits else [("noop", "a", 1)])  # the commit is still held
+    store.release.set()
+    result = await task
+    assert result.status is PlanStatus.SUCCEEDED
+    kinds = [type(r).__name__ for r in await store.journal("w1")]
+    assert kinds.index("StepIntent") < kinds.index("StepResult")  # the journal order holds

@@ -1,0 +1,437 @@
+"""Replay: re-run a finished plan from its recorded outputs, with no side effects, and compare.
+
+``replay(store, plan_id)`` reads the journal of the plan's newest revision and runs the revision
+again in a fresh engine without a store, whose tool runner and dispatcher are **recorders**: the
+k-th call of a step gets the k-th recorded outcome of that step (its output, or its failure raised
+with its class), so nothing outside the engine runs. Gate decisions are replayed from the journal.
+The engine re-derives every decision, and the report lists where they differ from the recorded
+ones.
+
+The **decisions** compared, per step, in plan order:
+
+- ``order``: the step started only after all its dependencies had succeeded (the scheduling
+  constraint); checked on the journal (intent order) and on the replay's events.
+- ``outcomes``: the sequence of attempt outcomes, ``succeeded`` or a failure class
+  (``transient``, ``logic``, ...), which encodes the retry decisions (retried or not, how many
+  attempts) and policy-gate holds (``gated``). Attempts interrupted by a crash (an intent without
+  a result) are not outcomes.
+- ``status``: the step's final status (``succeeded``, ``failed``, ``cancelled``, ``skipped``).
+- ``output``: a digest of the step's output, which feeds the references of its dependents (so a
+  reference that no longer resolves shows as a changed ``outcomes``/``status`` downstream).
+
+and for the plan, ``plan_status``. Backoff delays, timings and wall-time budgets are not
+decisions (they depend on the clock); neither is the interleaving of independent steps.
+
+The recorders release outcomes in the journal's order, so the engine (deterministic given the
+order of completions) reproduces the recorded interleaving, including which independent steps
+finished or were cancelled when a failure stopped the plan.
+
+Replaying with ``outputs={step_id: output}`` serves a different output for a step (what if this
+tool had answered that?); replaying with ``tools=`` calls a side-effect-free tool runner for tool
+steps instead of the recorder (does the new tool version still reach the same decisions?). The
+tools' completions then follow their own timing, so under fail-fast an independent step may end
+differently than recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from planning._dispatch import CrossAgentCall
+from planning._engine import Engine, EngineConfig, StepEvent, ToolContext, ToolRunner
+from planning._errors import PlanControlError, StepError
+from planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus, ToolStep
+from planning._store import (
+    GateDecision,
+    GateRecord,
+    Record,
+    StateStore,
+    StepIntent,
+    StepResult,
+    fold,
+)
+from protocol import capability_for
+
+__all__ = ["Divergence", "ReplayReport", "replay"]
+
+logger = logging.getLogger(__name__)
+
+_GATED: Final = "gated"
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """One decision the replay reached differently.
+
+    Attributes:
+        step_id: The step ("" for the plan).
+        decision: ``order``, ``outcomes``, ``status``, ``output`` or ``plan_status``.
+        recorded: The recorded decision.
+        replayed: The replay's decision.
+    """
+
+    step_id: str
+    decision: str
+    recorded: str
+    replayed: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """What a replay found.
+
+    Attributes:
+        plan_id: The plan.
+        revision: The revision replayed (the newest).
+        recorded_status: The plan's recorded final status.
+        replayed_status: The replay's final status; ``None`` when it did not end in time.
+        divergences: The decisions that differ, steps in plan order, the plan's last.
+    """
+
+    plan_id: str
+    revision: int
+    recorded_status: PlanStatus
+    replayed_status: PlanStatus | None
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether any decision differs."""
+        return bool(self.divergences)
+
+
+@dataclass(slots=True)
+class _Decisions:
+    outcomes: list[str] = field(default_factory=list)
+    status: str = StepStatus.SKIPPED.value
+    output: str = ""
+    order: str = "after its dependencies"
+
+
+class _Served:
+    """What the recorders serve: per step, the recorded outcomes, released in journal order.
+
+    A call's outcome is released only after every outcome recorded before it, so the replay's
+    completions happen in the recorded order and the engine, which is deterministic given that
+    order, makes its scheduling and fail-fast choices as it did (an independent step finishes, or
+    is cancelled, as it was).
+    """
+
+    def __init__(
+        self, records: list[Record], overrides: Mapping[str, dict[str, Any]], unserved: set[str]
+    ) -> None:
+        self.order: list[StepResult] = []
+        self.queues: dict[str, deque[int]] = defaultdict(deque)
+        decided: set[str] = set()  # steps whose next result a gate decision recorded
+        for record in records:
+            if isinstance(record, GateRecord):
+                if record.decision is GateDecision.APPROVED and record.output_json is not None:
+                    decided.add(record.gate_id)
+            elif isinstance(record, StepIntent):
+                decided.discard(record.step_id)
+            elif isinstance(record, StepResult):
+                if record.step_id in decided:
+                    decided.discard(record.step_id)
+                    continue
+                if record.status is StepStatus.CANCELLED or record.step_id in unserved:
+                    continue
+                self.queues[record.step_id].append(len(self.order))
+                self.order.append(record)
+        self.overrides = overrides
+        self.next = 0
+        self.waiters: dict[int, asyncio.Future[None]] = {}
+        self.skipped: set[int] = set()
+        self.stuck = False  # the replay reached work the original never finished
+
+    async def serve(self, step_id: str) -> dict[str, Any]:
+        queue = self.queues.get(step_id)
+        while not queue:  # nothing recorded: the original was cancelled here; wait to be too
+            self.stuck = True
+            await asyncio.get_running_loop().create_future()
+        index = queue.popleft()
+        if index != self.next:
+            waiter = self.waiters[index] = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self.waiters.pop(index, None)
+                self.skipped.add(index)
+                raise
+        self._release(index)
+        result = self.order[index]
+        if result.status is StepStatus.SUCCEEDED:
+            if step_id in self.overrides and not queue:
+                return dict(self.overrides[step_id])
+            return dict(json.loads(result.output_json or "null") or {})
+        raise StepError(result.message, result.failure_class or FailureClass.LOGIC)
+
+    def _release(self, index: int) -> None:
+        self.next = index + 1
+        while self.next in self.skipped:
+            self.next += 1
+        waiter = self.waiters.pop(self.next, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _RecordingTools:
+    def __init__(self, served: _Served, tools: ToolRunner | None) -> None:
+        self.served = served
+        self.tools = tools
+
+    async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        if self.tools is not None:
+            return await self.tools.run_tool(name, input, ctx)
+        return await self.served.serve(ctx.step_id)
+
+
+class _RecordingDispatcher:
+    def __init__(self, served: _Served) -> None:
+        self.served = served
+
+    async def dispatch(self, call: CrossAgentCall) -> Any:
+        output = await self.served.serve(call.step_id)
+        spec = capability_for(call.target, call.capability)
+        assert spec is not None  # the engine checked it before dispatching
+        return spec.response.model_validate(output)
+
+
+def _digest(output: Any) -> str:
+    text = json.dumps(output, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _recorded(plan: Plan, records: list[Record]) -> dict[str, _Decisions]:
+    decisions = {step.id: _Decisions() for step in plan.steps}
+    deps = {step.id: step.depends_on for step in plan.steps}
+    succeeded: set[str] = set()
+    started: set[str] = set()
+
+    def start(step_id: str) -> None:
+        if step_id in started or step_id not in decisions:
+            return
+        started.add(step_id)
+        missing = [dep for dep in deps[step_id] if dep not in succeeded]
+        if missing:
+            decisions[step_id].order = f"started before {missing[0]!r} succeeded"
+
+    for record in records:
+        if isinstance(record, StepIntent):
+            start(record.step_id)
+        elif isinstance(record, StepResult) and record.step_id in decisions:
+            start(record.step_id)
+            entry = decisions[record.step_id]
+            match record.status:
+                case StepStatus.SUCCEEDED:
+                    entry.outcomes.append(StepStatus.SUCCEEDED.value)
+                    entry.output = _digest(json.loads(record.output_json or "null"))
+                    succeeded.add(record.step_id)
+                case StepStatus.BLOCKED:
+                    entry.outcomes.append(_GATED)
+                case StepStatus.RETRYING | StepStatus.FAILED:
+                    failure = record.failure_class or FailureClass.LOGIC
+                    entry.outcomes.append(failure.value)
+                case _:
+                    pass
+            entry.status = record.status.value
+    return decisions
+
+
+class _Observer:
+    """Collects the replay's decisions from its events and answers its gates."""
+
+    def __init__(self, plan: Plan, records: list[Record], served: _Served) -> None:
+        self.served = served
+        self.decisions = {step.id: _Decisions() for step in plan.steps}
+        self.deps = {step.id: step.depends_on for step in plan.steps}
+        self.succeeded: set[str] = set()
+        self.started: set[str] = set()
+        self.gates: dict[str, deque[GateRecord]] = defaultdict(deque)
+        for record in records:
+            if isinstance(record, GateRecord) and record.decision is not GateDecision.OPEN:
+                self.gates[record.gate_id].append(record)
+        self.gate_steps = {step.id for step in plan.steps if isinstance(step, GateStep)}
+        self.engine: Engine | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def __call__(self, event: StepEvent) -> None:
+        if not event.step_id or event.step_id not in self.decisions:
+            return
+        step_id, entry = event.step_id, self.decisions[event.step_id]
+        status = event.status
+        if status in (StepStatus.RUNNING, StepStatus.BLOCKED) and step_id not in self.started:
+            self.started.add(step_id)
+            missing = [dep for dep in self.deps[step_id] if dep not in self.succeeded]
+            if missing:
+                entry.order = f"started before {missing[0]!r} succeeded"
+        if status is StepStatus.BLOCKED:
+            if step_id not in self.gate_steps:
+                entry.outcomes.append(_GATED)
+            self._decide(step_id, event.revision)
+        elif status is StepStatus.RETRYING or status is StepStatus.FAILED:
+            failure = event.failure_class or FailureClass.LOGIC
+            entry.outcomes.append(failure.value)
+        elif status is StepStatus.SUCCEEDED:
+            entry.outcomes.append(StepStatus.SUCCEEDED.value)
+            self.succeeded.add(step_id)
+        if isinstance(status, StepStatus) and status in (
+            StepStatus.SUCCEEDED,
+            StepStatus.FAILED,
+            StepStatus.CANCELLED,
+            StepStatus.SKIPPED,
+            StepStatus.BLOCKED,
+        ):
+            entry.status = status.value
+
+    def _decide(self, gate_id: str, revision: int) -> None:
+        queue = self.gates.get(gate_id)
+        if not queue or self.engine is None:
+            self.served.stuck = True  # no recorded decision: the original ended with it open
+            return
+        gate = queue.popleft()
+        output = None if gate.output_json is None else json.loads(gate.output_json)
+        self.tasks.append(
+            asyncio.get_running_loop().create_task(
+                self.engine.decide(
+                    gate.plan_id,
+                    gate_id,
+                    approve=gate.decision is GateDecision.APPROVED,
+                    approver=gate.approver,
+                    rationale=gate.rationale,
+                    revision=revision,
+                    output=output,
+                )
+            )
+        )
+
+
+async def replay(
+    store: StateStore,
+    plan_id: str,
+    *,
+    tools: ToolRunner | None = None,
+    outputs: Mapping[str, dict[str, Any]] | None = None,
+    plan_type: type[Plan] = Plan,
+    timeout_s: float = 30.0,
+) -> ReplayReport:
+    """Re-run a finished plan's newest revision from its recorded outputs and compare decisions.
+
+    Nothing outside the engine runs: tool steps and cross-agent steps get their recorded outcomes
+    (unless ``tools`` is given), gates their recorded decisions. The module docstring defines the
+    decisions compared.
+
+    Args:
+        store: The store holding the plan.
+        plan_id: The plan; it must be finished.
+        tools: A tool runner **without side effects** to call for tool steps instead of serving
+            the recorded outputs (e.g. a new version of the tools).
+        outputs: Step id -> an output to serve instead of the step's recorded one.
+        plan_type: The class to load the stored plan as.
+        timeout_s: The replay's limit; a replay that has not ended by then reports
+            ``plan_status`` diverging as ``"stuck"``.
+
+    Returns:
+        The report; ``diverged`` is False when every decision matches.
+
+    Raises:
+        PlanControlError: When the plan is unknown or not finished.
+        StoreError: When the store fails.
+    """
+    records = await store.journal(plan_id)
+    state = await store.load(plan_id)
+    if state is None:
+        raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+    if not state.status.is_final:
+        raise PlanControlError(
+            plan_id, f"plan {plan_id!r} is {state.status.value}; only a finished plan replays"
+        )
+    plan = state.plan(plan_type)
+    state = fold(plan_id, state.revision, state.plan_json, records)
+    recorded = _recorded(plan, records)
+    # Gates are decided, not served; with ``tools``, tool steps call them instead.
+    unserved = {
+        step.id
+        for step in plan.steps
+        if isinstance(step, GateStep) or (tools is not None and isinstance(step, ToolStep))
+    }
+    served = _Served(records, outputs or {}, unserved)
+    observer = _Observer(plan, records, served)
+    engine = Engine(
+        EngineConfig(
+            max_in_flight=plan.max_in_flight or 4,
+            default_timeout_s=timeout_s,
+            circuit_breaker=None,
+        ),
+        tools=_RecordingTools(served, tools),
+        dispatcher=_RecordingDispatcher(served),
+        agent=plan.owner,
+        sleep=_no_sleep,
+    )
+    observer.engine = engine
+    replayed_status: PlanStatus | None = None
+    replayed: dict[str, StepStatus] = {}
+    replayed_outputs: dict[str, Any] = {}
+    run = asyncio.ensure_future(engine.run(plan, on_event=observer))
+    try:
+        if state.status is PlanStatus.CANCELLED:
+            await _cancel_when_stuck(engine, plan_id, served, run)
+        result = await asyncio.wait_for(run, timeout_s)
+        replayed_status, replayed, replayed_outputs = result.status, result.statuses, result.outputs
+    except TimeoutError:
+        logger.warning("replay of plan %s did not end within %gs", plan_id, timeout_s)
+    if observer.tasks:
+        await asyncio.gather(*observer.tasks, return_exceptions=True)
+    divergences: list[Divergence] = []
+    for step in plan.steps:
+        mine, theirs = recorded[step.id], observer.decisions[step.id]
+        if step.id in replayed:
+            theirs.status = replayed[step.id].value
+            if replayed[step.id] is StepStatus.SUCCEEDED:
+                theirs.output = _digest(replayed_outputs.get(step.id))
+        for name in ("order", "outcomes", "status", "output"):
+            a, b = getattr(mine, name), getattr(theirs, name)
+            if a != b:
+                divergences.append(
+                    Divergence(
+                        step.id,
+                        name,
+                        ", ".join(a) if isinstance(a, list) else a,
+                        ", ".join(b) if isinstance(b, list) else b,
+                    )
+                )
+    if replayed_status is not state.status:
+        shown = "stuck" if replayed_status is None else replayed_status.value
+        divergences.append(Divergence("", "plan_status", state.status.value, shown))
+    for divergence in divergences:
+        logger.info(
+            "replay of plan %s: step %r %s: recorded %s, replayed %s",
+            plan_id,
+            divergence.step_id,
+            divergence.decision,
+            divergence.recorded,
+            divergence.replayed,
+        )
+    return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+
+
+async def _cancel_when_stuck(
+    engine: Engine, plan_id: str, served: _Served, run: asyncio.Future[Any]
+) -> None:
+    """The original was cancelled from outside: cancel once the replay runs out of outcomes."""
+    for _ in range(10_000):
+        if run.done() or served.stuck:
+            break
+        await asyncio.sleep(0)
+    if not run.done():
+        await engine.cancel(plan_id)
+
+
+async def _no_sleep(delay: float) -> None:
+    return None

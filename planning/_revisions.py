@@ -1,0 +1,203 @@
+"""Plan revisions: structured diffs between two revisions, and which results carry over.
+
+A replan never edits a plan: it makes a new revision (``revision + 1``) whose parent is the old
+one, with a ``RevisionDiff`` (steps added, removed, changed) and a rationale, kept by the store as
+a ``RevisionRecord``. Results of the parent's completed steps carry over to the new revision when
+the step is **unchanged**: its definition (kind, tool / target / capability, input / request,
+depends_on) is equal in both revisions, and every one of its dependencies is unchanged too (so a
+step downstream of a changed step runs again even when its own definition is the same).
+
+A step is *changed* in the diff when any of its fields (``status`` aside) differs, so a new title,
+timeout or retry policy shows in the diff but does not stop its result from carrying over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from planning._errors import StepFailure
+from planning._plan import Plan, Step
+
+__all__ = [
+    "Replanner",
+    "Revision",
+    "RevisionDiff",
+    "RevisionRecord",
+    "StepChange",
+    "diff_plans",
+    "unchanged_steps",
+]
+
+# The fields that define what a step does; equal definitions (and unchanged dependencies) let a
+# completed step's result carry over to a new revision.
+_DEFINITION: Final = ("kind", "tool", "target", "capability", "input", "request", "depends_on")
+_IGNORED: Final = frozenset({"status"})
+
+
+@dataclass(frozen=True, slots=True)
+class StepChange:
+    """A step present in both revisions whose fields differ.
+
+    Attributes:
+        step_id: The step.
+        fields: The names of the fields that differ, sorted.
+    """
+
+    step_id: str
+    fields: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionDiff:
+    """How a revision differs from its parent; each list is in plan order.
+
+    Attributes:
+        added: Ids of steps only in the new revision.
+        removed: Ids of steps only in the parent.
+        changed: Steps in both whose fields differ.
+    """
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[StepChange] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The diff as JSON-ready data."""
+        return {
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "changed": [{"step_id": c.step_id, "fields": list(c.fields)} for c in self.changed],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RevisionDiff:
+        """The diff ``to_json`` produced."""
+        return cls(
+            added=list(data.get("added", [])),
+            removed=list(data.get("removed", [])),
+            changed=[StepChange(c["step_id"], list(c["fields"])) for c in data.get("changed", [])],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionRecord:
+    """One revision of a plan, as the store keeps its history.
+
+    Attributes:
+        plan_id: The plan.
+        revision: The revision.
+        parent: The revision it was made from (``None`` for the first).
+        rationale: Why it was made.
+        author: Who (or what) made it, e.g. ``"operator:ana"`` or ``"replanner:tactical"``.
+        diff: How it differs from its parent (empty for the first).
+        carried: Ids of the parent's completed steps whose results carried over.
+        at: Wall-clock time it was made (``time.time()``).
+    """
+
+    plan_id: str
+    revision: int
+    parent: int | None
+    rationale: str = ""
+    author: str = ""
+    diff: RevisionDiff = field(default_factory=RevisionDiff)
+    carried: list[str] = field(default_factory=list)
+    at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """A revision made by ``Engine.replan`` (or by the engine on a logic failure).
+
+    Attributes:
+        plan: The new revision's plan (its ``revision`` set, step statuses reset).
+        record: Its history entry (parent, diff, rationale, what carried over).
+    """
+
+    plan: Plan
+    record: RevisionRecord
+
+    @property
+    def revision(self) -> int:
+        """The new revision's number."""
+        return self.record.revision
+
+    @property
+    def diff(self) -> RevisionDiff:
+        """How it differs from its parent."""
+        return self.record.diff
+
+
+class Replanner(Protocol):
+    """Makes a new plan when a step fails with a ``logic`` failure (the agent's planner).
+
+    The engine calls it (at most ``EngineConfig.max_replans`` times per run) after the run
+    stopped on a logic failure; a returned plan becomes the next revision (its ``id`` and
+    ``revision`` are set by the engine) and the run continues with it, results of unchanged
+    completed steps carried over. ``None`` lets the plan fail.
+    """
+
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        """A new plan for ``plan`` after ``failure``, or ``None`` to let it fail."""
+        ...
+
+
+def _fields(step: Step) -> dict[str, Any]:
+    return {k: v for k, v in step.model_dump(mode="json").items() if k not in _IGNORED}
+
+
+def diff_plans(old: Plan, new: Plan) -> RevisionDiff:
+    """The structured diff from ``old`` to ``new`` (step statuses ignored).
+
+    Args:
+        old: The parent revision.
+        new: The new revision.
+    """
+    old_steps = {step.id: step for step in old.steps}
+    new_ids = {step.id for step in new.steps}
+    added = [step.id for step in new.steps if step.id not in old_steps]
+    removed = [step.id for step in old.steps if step.id not in new_ids]
+    changed = []
+    for step in new.steps:
+        before = old_steps.get(step.id)
+        if before is None:
+            continue
+        a, b = _fields(before), _fields(step)
+        differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if differing:
+            changed.append(StepChange(step.id, differing))
+    return RevisionDiff(added, removed, changed)
+
+
+def unchanged_steps(old: Plan, new: Plan) -> set[str]:
+    """Ids of the steps of ``new`` that are unchanged from ``old``.
+
+    A step is unchanged when its definition (kind, tool / target / capability, input / request,
+    depends_on) equals the parent's and all its dependencies are unchanged too.
+    """
+    old_steps = {step.id: step for step in old.steps}
+    new_steps = {step.id: step for step in new.steps}
+    memo: dict[str, bool] = {}
+
+    def same(step_id: str, seen: frozenset[str]) -> bool:
+        if step_id in memo:
+            return memo[step_id]
+        before, after = old_steps.get(step_id), new_steps.get(step_id)
+        result = (
+            before is not None
+            and after is not None
+            and step_id not in seen
+            and _definition(before) == _definition(after)
+            and all(same(dep, seen | {step_id}) for dep in after.depends_on)
+        )
+        memo[step_id] = result
+        return result
+
+    return {step_id for step_id in new_steps if same(step_id, frozenset())}
+
+
+def _definition(step: Step) -> tuple[Any, ...]:
+    data = step.model_dump(mode="json", include=set(_DEFINITION))
+    return tuple(data.get(name) for name in _DEFINITION)
