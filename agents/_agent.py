@@ -5,6 +5,14 @@ the plan against its own registry (a plan may name only this agent's tools, or c
 runs it with the engine, and turns the result into the capability's response. It keeps a record of
 its recent plans and their events, which ``watch`` streams and ``plans`` snapshots.
 
+Given a ``planning.StateStore``, the agent's engine keeps every plan durably, and the agent can be
+steered and restarted: ``decide_gate``, ``pause``, ``cancel`` and ``resume`` act on one plan
+(``control`` serves them over the wire, with the verified caller as the approver), and
+``resume_unfinished`` reloads every unfinished plan from the store after a restart and continues
+each in a background task (a plan waiting at a gate waits again; a paused plan stays paused). A
+request whose plan id names an unfinished stored plan (a caller retrying after this agent
+restarted) joins that plan instead of starting it again.
+
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
 
@@ -24,6 +32,9 @@ step failed: policy         ``PermissionDeniedError``
 step failed: timeout        ``DeadlineExceededError``
 step failed: transient      ``UnavailableError``
 plan cancelled              ``CancelledError``
+control of an unknown plan  ``NotFoundError``
+control refused             ``FailedPreconditionError`` (a gate not open, a finished plan, a plan
+                            already running, another revision)
 ==========================  ========================================================================
 """
 
@@ -51,13 +62,18 @@ from planning import (
     Engine,
     EngineConfig,
     FailureClass,
+    GateDecision,
+    GateDecisionError,
     Handler,
     InMemoryDispatcher,
     Plan,
+    PlanControlError,
     PlanningError,
     PlanResult,
+    PlanState,
     PlanStatus,
     PlanValidationError,
+    StateStore,
     StepError,
     StepEvent,
     StepStatus,
@@ -70,6 +86,7 @@ from protocol import (
     CancelledError,
     CapabilityCard,
     CapabilitySpec,
+    ControlRequest,
     DeadlineExceededError,
     FailedPreconditionError,
     FieldViolation,
@@ -184,6 +201,8 @@ class Agent:
         engine_config: The engine's limits and seed.
         tracer_provider: Where the engine's spans go (the global provider by default).
         max_records: How many plans to remember.
+        store: Where the engine keeps plans durably; ``None`` keeps nothing (no resume, and gates
+            work only while their plan runs).
     """
 
     def __init__(
@@ -197,6 +216,7 @@ class Agent:
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
         max_records: int = MAX_RECORDS,
+        store: StateStore | None = None,
     ) -> None:
         self._role = role
         self.registry = registry
@@ -210,7 +230,15 @@ class Agent:
             dispatcher=dispatcher,
             agent=role,
             tracer_provider=tracer_provider,
+            store=store,
         )
+        self.store = store
+        # Plans running through ``_run`` here, and background resumptions, by plan id.
+        self._active: set[str] = set()
+        self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
+        # Set once a background resumption's run is live in the engine (its first event) or over,
+        # so a control call never races the engine's own load of the plan.
+        self._started: dict[str, asyncio.Event] = {}
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._records: OrderedDict[str, PlanRecord] = OrderedDict()
         self._max_records = max_records
@@ -416,6 +444,275 @@ class Agent:
         except KeyError:
             raise NotFoundError(f"the {self.role} agent has no plan {plan_id!r}") from None
 
+    # --- durable control -----------------------------------------------------------------------
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """Serve ``Control``: one control action on one plan, decided by the verified caller.
+
+        Args:
+            request: The action (``approve``, ``reject``, ``pause``, ``cancel``, ``resume``), the
+                plan, and for a gate decision the gate, rationale, revision (0: the plan's
+                current one) and optionally the output to record for a reconcile gate.
+            ctx: The call being served; its caller is the approver.
+
+        Returns:
+            The plan's state after the action took effect.
+
+        Raises:
+            protocol.NotFoundError: The agent has no such plan.
+            protocol.FailedPreconditionError: The action does not apply (see the methods).
+            protocol.InvalidArgumentError: ``output_json`` is not a JSON object.
+        """
+        match request.action:
+            case "approve" | "reject":
+                output = _output_of(request.output_json)
+                return await self.decide_gate(
+                    request.plan_id,
+                    request.gate_id,
+                    approve=request.action == "approve",
+                    approver=ctx.caller,
+                    rationale=request.rationale,
+                    revision=request.revision or None,
+                    output=output,
+                )
+            case "pause":
+                return await self.pause(request.plan_id)
+            case "cancel":
+                return await self.cancel(request.plan_id)
+            case "resume":
+                return await self.resume(request.plan_id)
+            case _:
+                assert_never(request.action)
+
+    async def decide_gate(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int | None = None,
+        output: dict[str, Any] | None = None,
+    ) -> PlanSnapshot:
+        """Approve or reject a gate (a gate step, or a reconcile gate named after its step).
+
+        The decision is recorded before it is acted on; a plan running here goes on at once, a
+        stored one acts on it when resumed (``docs/durability.md``).
+
+        Args:
+            plan_id: The plan.
+            gate_id: The gate step's id, or the id of the step to reconcile.
+            approve: Approve (True) or reject (False).
+            approver: Who decides (over the wire: the verified caller).
+            rationale: Why.
+            revision: The plan revision the decision is for; ``None`` for the current one.
+            output: For a reconcile gate: record the step as done with this output instead of
+                re-running it.
+
+        Returns:
+            The plan's state after the decision.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The gate is unknown, not open or already decided,
+                the revision is not the plan's, or ``output`` was given for a gate step.
+        """
+        await self._ready(plan_id)
+        current = await self._revision_of(plan_id)
+        try:
+            await self._engine.decide(
+                plan_id,
+                gate_id,
+                approve=approve,
+                approver=approver,
+                rationale=rationale,
+                revision=current if revision is None else revision,
+                output=output,
+            )
+        except (GateDecisionError, PlanControlError) as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        logger.info(
+            "agent %s plan %s gate %s %s by %s",
+            self.role,
+            plan_id,
+            gate_id,
+            "approved" if approve else "rejected",
+            approver,
+        )
+        return await self._settled(plan_id)
+
+    async def pause(self, plan_id: str) -> PlanSnapshot:
+        """Pause a plan: no new step starts, running ones finish; ``resume`` continues it.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The plan is finished.
+        """
+        await self._ready(plan_id)
+        await self._revision_of(plan_id)
+        try:
+            await self._engine.pause(plan_id)
+        except PlanControlError as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        return await self._settled(plan_id)
+
+    async def cancel(self, plan_id: str) -> PlanSnapshot:
+        """Cancel a plan for good: running steps are cancelled, completed ones compensated.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The plan is finished.
+        """
+        await self._ready(plan_id)
+        await self._revision_of(plan_id)
+        try:
+            await self._engine.cancel(plan_id)
+        except PlanControlError as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        return await self._settled(plan_id)
+
+    async def resume(self, plan_id: str) -> PlanSnapshot:
+        """Continue a stored, unfinished plan that is not running (paused, or left by a stop).
+
+        The plan runs on in a background task; the snapshot is its state as it starts.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+            protocol.FailedPreconditionError: The plan is running already, or finished.
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        if self._is_active(plan_id):
+            raise FailedPreconditionError(f"plan {plan_id!r} is already running")
+        if state.status.is_final:
+            raise FailedPreconditionError(f"plan {plan_id!r} is already {state.status.value}")
+        self._start_resume(plan_id)
+        await self._ready(plan_id)
+        return await self._settled(plan_id)
+
+    async def resume_unfinished(self) -> list[str]:
+        """Reload every unfinished plan from the store and resume each in a background task.
+
+        Called when the agent starts (for an actor, after every restart). A plan that waits at a
+        gate waits again for its decision; a paused plan is remembered but stays paused.
+
+        Returns:
+            The ids of the plans resumed.
+        """
+        if self.store is None:
+            return []
+        resumed: list[str] = []
+        for plan_id in await self.store.unfinished():
+            if self._is_active(plan_id):
+                continue
+            state = await self.store.load(plan_id)
+            if state is None:
+                continue
+            self._recall(state.plan(self.plan_type), state)
+            if state.status is PlanStatus.PAUSED:
+                continue
+            self._start_resume(plan_id)
+            resumed.append(plan_id)
+        if resumed:
+            logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
+        return resumed
+
+    async def aclose(self) -> None:
+        """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _ready(self, plan_id: str) -> None:
+        """Wait until a background resumption of ``plan_id`` (if any) is live in the engine."""
+        task = self._tasks.get(plan_id)
+        started = self._started.get(plan_id)
+        if task is not None and not task.done() and started is not None:
+            await started.wait()
+
+    def _is_active(self, plan_id: str) -> bool:
+        task = self._tasks.get(plan_id)
+        return plan_id in self._active or (task is not None and not task.done())
+
+    async def _revision_of(self, plan_id: str) -> int:
+        """The plan's current revision, from the store or the records (``NotFoundError``)."""
+        if self.store is not None:
+            state = await self.store.load(plan_id)
+            if state is not None:
+                if plan_id not in self._records:
+                    self._recall(state.plan(self.plan_type), state)
+                return state.revision
+        return self.record(plan_id).plan.revision
+
+    def _recall(self, plan: Plan, state: PlanState) -> PlanRecord:
+        """The record of a stored plan, made (or refreshed) from its state."""
+        record = self._records.get(plan.id)
+        if record is None or record.plan.revision != plan.revision:
+            record = self._remember(PlanRecord(plan=plan))
+        record.status = state.status
+        for step_id, step in state.steps.items():
+            record.steps[step_id] = step.status
+        for gate_id, gate in state.gates.items():
+            if gate.decision is GateDecision.OPEN:
+                record.steps[gate_id] = StepStatus.BLOCKED
+        return record
+
+    async def _settled(self, plan_id: str) -> PlanSnapshot:
+        """The plan's snapshot once a control action was taken, refreshed from the store when no
+        run here reports its events."""
+        # Let a run woken by the action take its next step before the snapshot is taken.
+        await asyncio.sleep(0)
+        if self.store is not None and not self._is_active(plan_id):
+            state = await self.store.load(plan_id)
+            if state is not None:
+                return self._recall(state.plan(self.plan_type), state).snapshot(self.role)
+        return self.record(plan_id).snapshot(self.role)
+
+    def _start_resume(self, plan_id: str, capability: str = "") -> asyncio.Task[PlanResult[Any]]:
+        task = self._tasks.get(plan_id)
+        if task is not None and not task.done():
+            return task
+        task = asyncio.get_running_loop().create_task(
+            self._resume(plan_id, capability), name=f"resume {plan_id}"
+        )
+        self._tasks[plan_id] = task
+        self._started[plan_id] = asyncio.Event()
+        task.add_done_callback(self._resumed)
+        return task
+
+    def _resumed(self, task: asyncio.Task[PlanResult[Any]]) -> None:
+        for plan_id, known in list(self._tasks.items()):
+            if known is task:
+                del self._tasks[plan_id]
+                self._started.pop(plan_id, asyncio.Event()).set()
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error("agent %s: resuming %s failed: %s", self.role, task.get_name(), exc)
+
+    async def _resume(self, plan_id: str, capability: str) -> PlanResult[Any]:
+        assert self.store is not None
+        state = await self.store.load(plan_id)
+        if state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        record = self._recall(state.plan(self.plan_type), state)
+        if capability:
+            record.capability = capability
+        started = self._started.get(plan_id, asyncio.Event())
+
+        def on_event(event: StepEvent) -> None:
+            started.set()
+            self._observe(record, event)
+
+        result = await self._engine.resume(plan_id, plan_type=self.plan_type, on_event=on_event)
+        record.status = result.status
+        record.result = result
+        return result
+
     # --- internals -----------------------------------------------------------------------------
 
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
@@ -427,10 +724,25 @@ class Agent:
         return f"{self.role}-{uuid.uuid4().hex[:12]}"
 
     async def _run(self, plan: Plan, capability: str) -> PlanResult[Any]:
+        latest = 0
         previous = self._records.get(plan.id)
-        if previous is not None and plan.revision <= previous.plan.revision:
+        if previous is not None:
+            latest = previous.plan.revision
+        if self.store is not None:
+            task = self._tasks.get(plan.id)
+            if task is not None and not task.done():
+                # A caller retrying after a restart: join the plan resumed from the store.
+                return await asyncio.shield(task)
+            state = await self.store.load(plan.id)
+            if state is not None and not state.status.is_final:
+                if state.status is PlanStatus.PAUSED:
+                    raise FailedPreconditionError(f"plan {plan.id!r} is paused; resume it first")
+                return await asyncio.shield(self._start_resume(plan.id, capability))
+            if state is not None:
+                latest = max(latest, state.revision)
+        if plan.revision <= latest:
             # The same id again (a retried step, a resubmitted plan): a new revision of it.
-            plan = plan.model_copy(update={"revision": previous.plan.revision + 1})
+            plan = plan.model_copy(update={"revision": latest + 1})
         problems: list[str] = []
         if plan.owner != self.role:
             problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
@@ -448,7 +760,13 @@ class Agent:
             self._refuse(plan, capability, message)
             raise FailedPreconditionError(message)
         record = self._remember(PlanRecord(plan=plan, capability=capability))
-        return await self._engine.run(plan, on_event=lambda event: self._observe(record, event))
+        self._active.add(plan.id)
+        try:
+            return await self._engine.run(plan, on_event=lambda event: self._observe(record, event))
+        except PlanControlError as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        finally:
+            self._active.discard(plan.id)
 
     def _refuse(self, plan: Plan, capability: str, message: str) -> None:
         record = self._remember(PlanRecord(plan=plan, capability=capability))
@@ -541,6 +859,19 @@ def _error_class(failure_class: FailureClass) -> type[RemoteError]:
             return CancelledError
         case _:
             assert_never(failure_class)
+
+
+def _output_of(output_json: str) -> dict[str, Any] | None:
+    """A reconcile gate's output to record, from its JSON (``None`` when empty)."""
+    if not output_json:
+        return None
+    try:
+        output = json.loads(output_json)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"output_json is not valid JSON: {exc.msg}") from None
+    if not isinstance(output, dict):
+        raise InvalidArgumentError("output_json must be a JSON object")
+    return output
 
 
 def _one_line(text: str) -> str:

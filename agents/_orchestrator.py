@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents._agent import Agent
 from agents._tool import ToolRegistry
-from planning import CrossAgentStep, Dispatcher, EngineConfig, Plan, PlanResult, ref
+from planning import CrossAgentStep, Dispatcher, EngineConfig, Plan, PlanResult, StateStore, ref
 from protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
 
 __all__ = [
@@ -197,6 +197,7 @@ class OrchestratorAgent(Agent):
         dispatcher: Dispatcher | None = None,
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        store: StateStore | None = None,
     ) -> None:
         super().__init__(
             "orchestrator",
@@ -206,4 +207,5 @@ class OrchestratorAgent(Agent):
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
+            store=store,
         )

@@ -36,6 +36,7 @@ from planning import (
     LogicError,
     Plan,
     PlanResult,
+    StateStore,
     ToolStep,
     ref,
 )
@@ -384,6 +385,7 @@ class PerceptionAgent(Agent):
         dispatcher: Dispatcher | None = None,
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        store: StateStore | None = None,
     ) -> None:
         self.world = world if world is not None else WorldModel()
         registry = ToolRegistry("perception")
@@ -397,4 +399,5 @@ class PerceptionAgent(Agent):
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
+            store=store,
         )

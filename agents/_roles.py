@@ -14,7 +14,7 @@ from agents._orchestrator import OrchestratorAgent
 from agents._perception import PerceptionAgent
 from agents._strategic import StrategicAgent
 from agents._tactical import TacticalAgent
-from planning import Dispatcher, EngineConfig, InMemoryDispatcher
+from planning import Dispatcher, EngineConfig, InMemoryDispatcher, StateStore
 from protocol import ROLES
 
 __all__ = ["ROLE_TYPES", "RoleAgentType", "build_agent", "build_in_memory"]
@@ -29,6 +29,7 @@ class RoleAgentType(Protocol):
         dispatcher: Dispatcher | None = ...,
         engine_config: EngineConfig | None = ...,
         tracer_provider: TracerProvider | None = ...,
+        store: StateStore | None = ...,
     ) -> Agent:
         """Build the agent."""
         ...
@@ -53,6 +54,7 @@ def build_agent(
     tracer_provider: TracerProvider | None = None,
     extensions: Sequence[str] = (),
     entry_points: bool = True,
+    store: StateStore | None = None,
 ) -> Agent:
     """Build the agent of a built-in role and load extensions into it.
 
@@ -63,6 +65,7 @@ def build_agent(
         tracer_provider: Where its spans go.
         extensions: Extensions to load (``module``, ``module:function`` or ``file.py``).
         entry_points: Also load the ``stratagem.extensions`` entry points.
+        store: Where its engine keeps plans durably (``None``: nothing is kept, no resume).
 
     Returns:
         The agent.
@@ -75,7 +78,10 @@ def build_agent(
     if agent_type is None:
         raise ValueError(f"unknown role {role!r}; roles are: {', '.join(ROLE_TYPES)}")
     agent = agent_type(
-        dispatcher=dispatcher, engine_config=engine_config, tracer_provider=tracer_provider
+        dispatcher=dispatcher,
+        engine_config=engine_config,
+        tracer_provider=tracer_provider,
+        store=store,
     )
     load_extensions(extensions, agent, entry_points=entry_points)
     return agent

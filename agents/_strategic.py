@@ -27,7 +27,16 @@ from agents._narrative import (
     select_template,
 )
 from agents._tool import Tool, ToolRegistry, tool
-from planning import Dispatcher, EngineConfig, LogicError, Plan, PlanResult, ToolStep, ref
+from planning import (
+    Dispatcher,
+    EngineConfig,
+    LogicError,
+    Plan,
+    PlanResult,
+    StateStore,
+    ToolStep,
+    ref,
+)
 from protocol import (
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
@@ -288,6 +297,7 @@ class StrategicAgent(Agent):
         dispatcher: Dispatcher | None = None,
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        store: StateStore | None = None,
     ) -> None:
         registry = ToolRegistry("strategic")
         for item in strategic_tools():
@@ -300,4 +310,5 @@ class StrategicAgent(Agent):
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
+            store=store,
         )

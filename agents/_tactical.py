@@ -21,7 +21,16 @@ from agents._actions import GroundAction, actors_for, ground_actions, search, si
 from agents._agent import Agent
 from agents._tool import Tool, ToolRegistry, tool
 from agents._world import format_fact
-from planning import Dispatcher, EngineConfig, LogicError, Plan, PlanResult, ToolStep, ref
+from planning import (
+    Dispatcher,
+    EngineConfig,
+    LogicError,
+    Plan,
+    PlanResult,
+    StateStore,
+    ToolStep,
+    ref,
+)
 from protocol import (
     Action,
     Beat,
@@ -278,6 +287,7 @@ class TacticalAgent(Agent):
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
         node_cap: int = DEFAULT_NODE_CAP,
+        store: StateStore | None = None,
     ) -> None:
         registry = ToolRegistry("tactical")
         for item in tactical_tools():
@@ -290,4 +300,5 @@ class TacticalAgent(Agent):
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
+            store=store,
         )

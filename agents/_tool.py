@@ -260,6 +260,16 @@ class ToolRegistry:
         except KeyError:
             raise KeyError(f"agent {self.agent!r} has no tool {name!r}") from None
 
+    def is_idempotent(self, name: str) -> bool:
+        """Whether tool ``name`` may be re-run safely (its ``Tool.idempotent``).
+
+        The engine asks this when it resumes a plan whose step was in flight at a crash: an
+        idempotent tool is re-run, any other step waits at a reconcile gate. An unknown tool is not
+        idempotent.
+        """
+        item = self._tools.get(name)
+        return item is not None and item.idempotent
+
     def names(self) -> list[str]:
         """The tools' names, in registration order."""
         return list(self._tools)

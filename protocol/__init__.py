@@ -4,6 +4,13 @@ Protobuf messages stay inside this package: everything exported here speaks pyda
 values and ``ProtocolError`` subclasses.
 """
 
+from protocol._answers import (
+    AnswerRetention,
+    AnswerStore,
+    InMemoryAnswerStore,
+    SqliteAnswerStore,
+    StoredAnswer,
+)
 from protocol._audit import (
     AuditLog,
     AuditRecord,
@@ -44,12 +51,16 @@ from protocol._capabilities import (
 )
 from protocol._client import AgentClient, ClientConfig
 from protocol._codec import (
+    CONTROL_ACTIONS,
     AgentCard,
     CapabilityCard,
+    ControlAction,
+    ControlRequest,
     PlanEvent,
     PlanSnapshot,
     RequestEnvelope,
     ResponseEnvelope,
+    control_capability,
     decode_card,
     decode_event,
     decode_plans,
@@ -88,6 +99,7 @@ from protocol._server import AgentBackend, AgentServer, ServerConfig
 
 __all__ = [
     "CAPABILITIES",
+    "CONTROL_ACTIONS",
     "EXTENSION_FIELD",
     "OPERATOR",
     "READ_RPCS",
@@ -99,6 +111,8 @@ __all__ = [
     "AgentServer",
     "AnalyzeNarrativeRequest",
     "AnalyzeNarrativeResponse",
+    "AnswerRetention",
+    "AnswerStore",
     "AuditLog",
     "AuditRecord",
     "Beat",
@@ -109,6 +123,8 @@ __all__ = [
     "ChainVerdict",
     "ClientConfig",
     "Code",
+    "ControlAction",
+    "ControlRequest",
     "DeadlineExceededError",
     "Entity",
     "ExtractEntitiesRequest",
@@ -117,6 +133,7 @@ __all__ = [
     "FieldViolation",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "InMemoryAnswerStore",
     "InMemoryAuditLog",
     "InternalError",
     "InvalidArgumentError",
@@ -140,7 +157,9 @@ __all__ = [
     "Role",
     "ServerConfig",
     "SpatialContext",
+    "SqliteAnswerStore",
     "SqliteAuditLog",
+    "StoredAnswer",
     "SubmitGoalRequest",
     "SubmitGoalResponse",
     "UnauthenticatedError",
@@ -149,6 +168,7 @@ __all__ = [
     "UpdateWorldStateResponse",
     "WireModel",
     "capability_for",
+    "control_capability",
     "current_call",
     "decode_card",
     "decode_event",

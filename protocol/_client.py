@@ -9,6 +9,7 @@ call raises the ``RemoteError`` subclass of its status, converted once in ``prot
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import re
@@ -30,15 +31,19 @@ from protocol._codec import (
     PLAN_ID_PATTERN,
     REQUEST_ID_PATTERN,
     AgentCard,
+    ControlAction,
+    ControlRequest,
     PlanEvent,
     PlanSnapshot,
     RequestEnvelope,
+    control_capability,
     decode_card,
     decode_event,
     decode_plans,
     decode_response,
     decode_snapshot,
     encode_call,
+    encode_control,
     encode_query,
     encode_run_plan,
     violations_from,
@@ -322,6 +327,62 @@ class AgentClient:
             decode_snapshot,
             timeout_s=timeout,
             request_id=request_id or f"run-{uuid.uuid4().hex}",
+        )
+
+    async def control(
+        self,
+        plan_id: str,
+        action: ControlAction,
+        *,
+        gate_id: str = "",
+        rationale: str = "",
+        revision: int = 0,
+        output: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> PlanSnapshot:
+        """Approve, reject, pause, cancel or resume one of the agent's plans.
+
+        Authorized as the pseudo-capability ``Control.<action>``; the approver of a gate decision
+        is this client's caller identity, as the server verified it.
+
+        Args:
+            plan_id: The plan.
+            action: ``approve``, ``reject``, ``pause``, ``cancel`` or ``resume``.
+            gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
+            rationale: For ``approve``/``reject``: why (audited, redacted).
+            revision: The plan revision the decision is for; 0 for the plan's current one.
+            output: For ``approve`` of a reconcile gate: the step's output to record instead of
+                re-running the step (its effect was found done).
+            timeout: The call's deadline in seconds.
+
+        Returns:
+            The plan's state once the action took effect.
+
+        Raises:
+            ProtocolUsageError: The arguments do not form a valid request (e.g. no ``gate_id``).
+            NotFoundError: The agent has no such plan.
+            FailedPreconditionError: The action does not apply (a gate not open, a finished plan).
+        """
+        try:
+            request = ControlRequest(
+                plan_id=plan_id,
+                action=action,
+                gate_id=gate_id,
+                rationale=rationale,
+                revision=revision,
+                output_json="" if output is None else json.dumps(output),
+            )
+        except ValidationError as exc:
+            problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
+            raise ProtocolUsageError(f"invalid {action} of plan {plan_id!r}: {problems}") from None
+        return await self._unary(
+            "Control",
+            encode_control(request),
+            decode_snapshot,
+            timeout_s=timeout,
+            capability=control_capability(action),
+            request_id=f"control-{uuid.uuid4().hex}",
+            plan_id=plan_id,
         )
 
     async def watch(

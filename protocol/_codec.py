@@ -47,6 +47,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 
@@ -68,17 +69,22 @@ from protocol._gen.stratagem.v1 import agent_pb2 as pb
 
 __all__ = [
     "CAPABILITY_NAME_PATTERN",
+    "CONTROL_ACTIONS",
     "IDENTITY_PATTERN",
     "PLAN_ID_PATTERN",
     "REQUEST_ID_PATTERN",
     "AgentCard",
     "CapabilityCard",
+    "ControlAction",
+    "ControlRequest",
     "PlanEvent",
     "PlanSnapshot",
     "ReadRpc",
     "RequestEnvelope",
     "ResponseEnvelope",
+    "control_capability",
     "decode_card",
+    "decode_control",
     "decode_event",
     "decode_plans",
     "decode_query",
@@ -89,6 +95,7 @@ __all__ = [
     "encode_answer",
     "encode_call",
     "encode_card",
+    "encode_control",
     "encode_event",
     "encode_plans",
     "encode_query",
@@ -121,6 +128,10 @@ PLAN_ID_PATTERN: Final[str] = next(
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 ReadRpc = Literal["Describe", "Watch", "Plans"]
+
+ControlAction = Literal["approve", "reject", "pause", "cancel", "resume"]
+"""What ``Control`` does to a plan."""
+CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
 
 
 # --- the envelopes ------------------------------------------------------------------------------
@@ -254,6 +265,50 @@ class _RunPlanRequest(WireModel):
     """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
 
     plan_json: str = Field(min_length=2)
+
+
+class ControlRequest(WireModel):
+    """The body of ``ControlRequest``: one control action on one plan.
+
+    Attributes:
+        plan_id: The plan.
+        action: What to do.
+        gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
+        rationale: For ``approve``/``reject``: why (audited, redacted).
+        revision: For ``approve``/``reject``: the plan revision decided for; 0 for the current.
+        output_json: For ``approve`` of a reconcile gate: a JSON object to record as the step's
+            output instead of re-running it (the operator found its effect done).
+    """
+
+    plan_id: PlanId = Field(min_length=1)
+    action: ControlAction
+    gate_id: PlanId = ""
+    rationale: str = Field(default="", max_length=2000)
+    revision: Count = 0
+    output_json: str = Field(default="", max_length=1 << 20)
+
+    @model_validator(mode="after")
+    def _gate_given(self) -> ControlRequest:
+        if self.action in ("approve", "reject") and not self.gate_id:
+            raise ValueError(f"{self.action} needs gate_id")
+        if self.output_json and self.action != "approve":
+            raise ValueError("output_json is only for approve")
+        return self
+
+
+def control_capability(action: ControlAction) -> str:
+    """The pseudo-capability ``Control`` is authorized as, e.g. ``"Control.approve"``."""
+    return f"Control.{action}"
+
+
+def encode_control(request: ControlRequest) -> bytes:
+    """Serialize ``stratagem.v1.ControlRequest`` bytes."""
+    return to_message(request, pb.ControlRequest).SerializeToString()
+
+
+def decode_control(data: bytes) -> ControlRequest:
+    """Parse and validate ``stratagem.v1.ControlRequest`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.ControlRequest, ControlRequest)
 
 
 _QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {

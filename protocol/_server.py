@@ -19,9 +19,16 @@ own, answered with one status code and audited. ``Call`` runs these stages in or
 An ``x-stratagem-request-id`` metadata value, when sent, names a call refused before its body is
 decoded in the audit log; the envelope must then carry the same id.
 
-``Describe``, ``Watch`` and ``Plans`` go through stages 1-4 too, authorized as the pseudo-
-capabilities of the same names; their target defaults to this agent. Refusals are audited as
-``call.denied`` (``PERMISSION_DENIED``) or ``call.refused``; a stored answer as ``call.replayed``.
+``Describe``, ``Watch``, ``Plans`` and ``RunPlan`` go through stages 1-4 too, authorized as the
+pseudo-capabilities of the same names; their target defaults to this agent. ``Control`` (approve,
+reject, pause, cancel or resume a plan) is authorized as ``Control.<action>``, named in the
+capability metadata so authorization still precedes decoding; its audit records carry the action,
+the gate, the approver (the verified caller) and the rationale (redacted) in their detail.
+
+Answers to ``Call`` are kept in an ``AnswerStore`` (in memory by default; ``SqliteAnswerStore``
+keeps them across restarts of the server), stored before the call is answered. Refusals are
+audited as ``call.denied`` (``PERMISSION_DENIED``) or ``call.refused``; a stored answer as
+``call.replayed``.
 
 Errors become statuses in one place (``protocol._status``): a ``RemoteError`` keeps its code,
 message and violations; anything else is logged here and answered ``INTERNAL: internal error``.
@@ -37,25 +44,28 @@ import asyncio
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
+from protocol._answers import AnswerRetention, AnswerStore, InMemoryAnswerStore
 from protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
 from protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from protocol._codec import (
     IDENTITY_PATTERN,
     AgentCard,
+    ControlRequest,
     PlanEvent,
     PlanSnapshot,
     ReadRpc,
     RequestEnvelope,
+    control_capability,
+    decode_control,
     decode_query,
     decode_request,
     decode_run_plan,
@@ -105,8 +115,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
-# The RPCs besides Call, each authorized as the pseudo-capability of its name.
-AgentRpc = ReadRpc | Literal["RunPlan"]
+# Control is authorized as "Control.<action>" (see ``_serve_control``).
+_CONTROL_PREFIX: Final = "Control."
 # How much later than a client's deadline our own timer fires (see ``_Budget``).
 _BACKSTOP_S: Final = 0.25
 # How far above ``max_message_bytes`` the transport's own limits sit, so our check answers first.
@@ -141,6 +151,10 @@ class AgentBackend(Protocol):
         """Snapshots of the plan and its sub-plans, or of every plan for ""; must not block."""
         ...
 
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """Approve, reject, pause, cancel or resume a plan; ``ctx.caller`` is the approver."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -151,8 +165,9 @@ class ServerConfig:
         port: The port to bind; 0 picks a free one (``AgentServer.start`` returns it).
         max_message_bytes: The largest request (and response) accepted, in bytes.
         default_deadline_s: The handler's deadline when the client sent none.
-        answer_cache_size: How many answers are kept for duplicate ``request_id``s.
-        answer_cache_bytes: The most bytes of answers kept for duplicates.
+        answer_cache_size: How many answers the default (in-memory) answer store keeps for
+            duplicate ``request_id``s.
+        answer_cache_bytes: The most bytes of answers the default answer store keeps.
         grace_s: How long ``aclose`` lets calls in flight finish.
         max_concurrent_rpcs: At most this many calls are served at once, later ones wait for a
             slot (``None`` for no limit).
@@ -175,34 +190,6 @@ class ServerConfig:
                 raise ProtocolUsageError(f"ServerConfig.{name} must be positive")
         if self.answer_cache_size < 0 or self.grace_s < 0:
             raise ProtocolUsageError("ServerConfig.answer_cache_size and grace_s must be >= 0")
-
-
-class _AnswerCache:
-    """Successful answers by (caller, request_id), least recently used evicted first."""
-
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
-        self._entries: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-
-    def get(self, key: tuple[str, str]) -> tuple[str, bytes] | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
-
-    def put(self, key: tuple[str, str], request_digest: str, answer: bytes) -> None:
-        if len(answer) > self._max_bytes or self._max_entries == 0:
-            return
-        previous = self._entries.pop(key, None)
-        if previous is not None:
-            self._bytes -= len(previous[1])
-        self._entries[key] = (request_digest, answer)
-        self._bytes += len(answer)
-        while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
 
 
 @dataclass(slots=True)
@@ -233,6 +220,10 @@ class AgentServer:
         audit: Where every accepted, refused and finished call is recorded.
         config: Where to listen and what to accept.
         tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
+        answers: Where answers to ``Call`` are kept by (caller, request_id); an
+            ``InMemoryAnswerStore`` bounded by the config's ``answer_cache_*`` by default. A
+            ``SqliteAnswerStore`` keeps them across restarts of this server (the server does not
+            close a store it was given).
 
     Use ``await server.start()`` and ``await server.aclose()``, or ``async with``.
     """
@@ -245,6 +236,7 @@ class AgentServer:
         audit: AuditLog,
         config: ServerConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        answers: AnswerStore | None = None,
     ) -> None:
         self._backend = backend
         self._role = backend.role
@@ -253,8 +245,11 @@ class AgentServer:
         self._append = _appender(audit)
         self._config = config or ServerConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
-        self._answers = _AnswerCache(
-            self._config.answer_cache_size, self._config.answer_cache_bytes
+        self._answers: AnswerStore = answers or InMemoryAnswerStore(
+            AnswerRetention(
+                max_entries=self._config.answer_cache_size,
+                max_bytes=self._config.answer_cache_bytes,
+            )
         )
         self._running: dict[tuple[str, str], tuple[str, asyncio.Future[bytes | RemoteError]]] = {}
         self._server: Any = None
@@ -292,6 +287,7 @@ class AgentServer:
                         "Plans": grpc.unary_unary_rpc_method_handler(self._plans),
                         "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
                         "RunPlan": grpc.unary_unary_rpc_method_handler(self._run_plan),
+                        "Control": grpc.unary_unary_rpc_method_handler(self._control),
                     },
                 ),
             )
@@ -357,6 +353,9 @@ class AgentServer:
     async def _run_plan(self, request: bytes, context: Any) -> bytes | None:
         return await self._serve("RunPlan", request, context, self._serve_run_plan)
 
+    async def _control(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Control", request, context, self._serve_control)
+
     async def _watch(self, request: bytes, context: Any) -> None:
         await self._serve("Watch", request, context, self._serve_watch)
 
@@ -402,11 +401,9 @@ class AgentServer:
 
     # --- stages -----------------------------------------------------------------------------
 
-    def _admit(
-        self, exchange: _Exchange, request: bytes, span: Span, read: AgentRpc | None
-    ) -> None:
-        """Authenticate and authorize; a read RPC or RunPlan is its own capability and targets
-        this agent."""
+    def _admit(self, exchange: _Exchange, request: bytes, span: Span, read: str | None) -> None:
+        """Authenticate and authorize; a read RPC, RunPlan or Control is its own (pseudo-)
+        capability and targets this agent."""
         exchange.request_digest = digest(request)
         exchange.caller = exchange.metadata.get(CALLER_KEY, "")
         exchange.target = exchange.metadata.get(TARGET_KEY, "") or (self._role if read else "")
@@ -456,15 +453,24 @@ class AgentServer:
         exchange.request_id = envelope.request_id
         key = (exchange.caller, envelope.request_id)
         budget = self._budget(context)
-        stored = self._answers.get(key) or self._running.get(key)
-        if stored is not None:
-            return await self._replay(exchange, stored, budget)
-        # Registered before the first await, so a duplicate arriving meanwhile waits for this one.
+        running = self._running.get(key)
+        if running is None:
+            kept = await self._answers.get(*key)
+            if kept is not None:
+                return await self._replay(exchange, (kept.request_digest, kept.answer), budget)
+            # A duplicate may have started while the store was read.
+            running = self._running.get(key)
+        if running is not None:
+            return await self._replay(exchange, running, budget)
+        # Registered before the next await, so a duplicate arriving meanwhile waits for this one.
         outcome: asyncio.Future[bytes | RemoteError] = asyncio.get_running_loop().create_future()
         self._running[key] = (exchange.request_digest, outcome)
         try:
             await self._accept(exchange, _plan_step(envelope.plan_id, envelope.step_id))
             answer = await self._run(spec, envelope, budget)
+            # Stored before the call leaves ``_running`` and before it is answered, so a repeat
+            # (even after this server restarts, with a durable store) never runs the handler again.
+            await asyncio.shield(self._keep(key, exchange.request_digest, answer))
         except Exception as exc:
             outcome.set_result(as_remote_error(exc))
             raise
@@ -474,8 +480,14 @@ class AgentServer:
         finally:
             del self._running[key]
         outcome.set_result(answer)
-        self._answers.put(key, exchange.request_digest, answer)
         return answer
+
+    async def _keep(self, key: tuple[str, str], request_digest: str, answer: bytes) -> None:
+        """Store an answer; a store that fails is logged (the handler's effect already happened)."""
+        try:
+            await self._answers.put(key[0], key[1], request_digest, answer)
+        except Exception:
+            logger.exception("cannot store the answer to request %r from %r", key[1], key[0])
 
     async def _replay(
         self,
@@ -570,6 +582,59 @@ class AgentServer:
             current_call.reset(token)
         span.set_attributes(stratagem_attributes(plan_id=snapshot.plan_id))
         exchange.summary = f"plan {snapshot.plan_id} {snapshot.status}"
+        answer = encode_snapshot(snapshot)
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _serve_control(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        """Control: authorized as ``Control.<action>`` (the action named in the capability
+        metadata, so authorization precedes decoding; the body must name the same action)."""
+        capability = exchange.metadata.get(CAPABILITY_KEY, "")
+        if not capability.startswith(_CONTROL_PREFIX):
+            exchange.caller = exchange.metadata.get(CALLER_KEY, "")
+            raise InvalidArgumentError(
+                f"a Control call needs {CAPABILITY_KEY} metadata 'Control.<action>'"
+            )
+        self._admit(exchange, request, span, read=capability)
+        self._limit(len(request), "request")
+        control = decode_control(request)
+        if control_capability(control.action) != capability:
+            raise InvalidArgumentError(
+                "the request does not match the call metadata",
+                violations=(
+                    FieldViolation("action", f"{control.action!r} differs from {capability!r}"),
+                ),
+            )
+        span.set_attributes(stratagem_attributes(plan_id=control.plan_id))
+        described = f"plan {control.plan_id} {control.action}"
+        if control.action in ("approve", "reject"):
+            # The approver is the verified caller (the record's actor); the rationale is redacted
+            # with the rest of the detail by the audit log.
+            described += (
+                f" gate {control.gate_id} by {exchange.caller}"
+                + (" (recorded as done)" if control.output_json else "")
+                + f": {control.rationale}"
+            )
+        await self._accept(exchange, described)
+        budget = self._budget(context)
+        call = CallContext(
+            caller=exchange.caller,
+            target=self._role,
+            capability=capability,
+            request_id=exchange.request_id,
+            plan_id=control.plan_id,
+            deadline=time.monotonic() + budget.seconds,
+        )
+        token = current_call.set(call)
+        try:
+            snapshot = await _within(
+                budget, self._backend.control(control, call), f"{control.action} {control.plan_id}"
+            )
+        finally:
+            current_call.reset(token)
+        exchange.summary = f"{described} -> {snapshot.status}"
         answer = encode_snapshot(snapshot)
         self._limit(len(answer), "response")
         return answer

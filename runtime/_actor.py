@@ -4,6 +4,13 @@ The actor is async: Ray runs its methods on the actor's event loop, the same loo
 Its constructor builds the agent and starts the server, so when Ray restarts a dead actor
 (``max_restarts``) the restarted one serves again on a fresh port and peers find it through the
 directory.
+
+Each agent keeps its plans in ``STATE_DIR/<role>.plans.sqlite3`` (a ``planning.SqliteStateStore``)
+and its answers to cross-agent requests in ``STATE_DIR/<role>.answers.sqlite3`` (a
+``protocol.SqliteAnswerStore``). Once serving, the constructor resumes every unfinished plan of the
+agent from its store, so a restarted actor continues where its predecessor died: completed steps are
+skipped, an in-flight step is re-run only when idempotent (otherwise its plan waits at a reconcile
+gate for ``stratagem approve|reject``), and a repeated request from a peer gets the stored answer.
 """
 
 from __future__ import annotations
@@ -17,8 +24,15 @@ from typing import Any
 import ray
 
 from agents import build_agent
-from planning import EngineConfig
-from protocol import AgentServer, Policy, ServerConfig, SqliteAuditLog
+from planning import EngineConfig, SqliteStateStore
+from protocol import (
+    AgentServer,
+    AnswerRetention,
+    Policy,
+    ServerConfig,
+    SqliteAnswerStore,
+    SqliteAuditLog,
+)
 from runtime._directory import EndpointDirectory, GrpcDispatcher
 from runtime._settings import Settings
 from runtime._telemetry import setup_telemetry, shutdown_telemetry
@@ -57,6 +71,15 @@ class AgentActor:
         for folder in map(str, settings.extension_paths):
             if folder not in sys.path:
                 sys.path.append(folder)
+        self._store = SqliteStateStore(settings.plans_path(role))
+        await self._store.start()
+        self._answers = SqliteAnswerStore(
+            settings.answers_path(role),
+            AnswerRetention(
+                max_entries=settings.answer_retention_count,
+                max_age_s=settings.answer_retention_s,
+            ),
+        )
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(role, self._directory)
         self._agent = build_agent(
@@ -65,6 +88,7 @@ class AgentActor:
             engine_config=EngineConfig(max_in_flight=settings.max_in_flight, seed=settings.seed),
             tracer_provider=self._tracer_provider,
             extensions=settings.extensions,
+            store=self._store,
         )
         self._audit = SqliteAuditLog(settings.audit_path, synchronous=settings.audit_sync)
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
@@ -80,10 +104,16 @@ class AgentActor:
                 default_deadline_s=settings.default_deadline_s,
             ),
             tracer_provider=self._tracer_provider,
+            answers=self._answers,
         )
         await self._server.start()
+        resumed = await self._agent.resume_unfinished()
         logger.info(
-            "agent %s serving on %s (restarted=%s)", role, self._server.endpoint, self._restarted
+            "agent %s serving on %s (restarted=%s, resumed %d plans)",
+            role,
+            self._server.endpoint,
+            self._restarted,
+            len(resumed),
         )
 
     async def info(self) -> dict[str, Any]:
@@ -96,6 +126,7 @@ class AgentActor:
             "pid": os.getpid(),
             "restarted": self._restarted,
             "plans_running": sum(1 for p in self._agent.plans("") if p.status == "running"),
+            "plans_blocked": sum(1 for p in self._agent.plans("") if p.status == "blocked"),
         }
 
     async def flush(self) -> None:
@@ -105,6 +136,9 @@ class AgentActor:
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
         await self._server.aclose()
+        await self._agent.aclose()
         await self._dispatcher.aclose()
+        await self._answers.aclose()
+        await self._store.aclose()
         await asyncio.to_thread(shutdown_telemetry)
         self._audit.close()

@@ -34,6 +34,8 @@ from protocol import (
     ROLES,
     AgentClient,
     ClientConfig,
+    ControlAction,
+    ControlRequest,
     PlanSnapshot,
     ProtocolError,
     RemoteError,
@@ -431,12 +433,188 @@ def plans_show(
             console.print(plan_forest(snapshots, plan_id))
 
 
+# -- control -------------------------------------------------------------------------------------
+
+PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
+GateArg = Annotated[
+    str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
+]
+RationaleOpt = Annotated[
+    str, typer.Option("--rationale", help="Why (recorded in the audit log, redacted).")
+]
+
+
+def _control(
+    plan_id: str,
+    action: ControlAction,
+    *,
+    address: str | None,
+    state_dir: Path | None,
+    as_json: bool,
+    timeout: float | None,
+    gate_id: str = "",
+    rationale: str = "",
+    output: str | None = None,
+) -> None:
+    """Send one control action to the agent that owns ``plan_id`` and print the plan's state."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        recorded: dict[str, Any] | None = None
+        if output is not None:
+            try:
+                raw = json.loads(output)
+            except json.JSONDecodeError as exc:
+                raise InputError(
+                    f"--output is not valid JSON: {exc.msg} at char {exc.pos}"
+                ) from exc
+            if not isinstance(raw, dict):
+                raise InputError("--output must be a JSON object")
+            recorded = raw
+        try:
+            ControlRequest(
+                plan_id=plan_id,
+                action=action,
+                gate_id=gate_id,
+                rationale=rationale,
+                output_json="" if recorded is None else json.dumps(recorded),
+            )
+        except ValidationError as exc:
+            raise InputError(_validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
+        with _running(Deployment(settings)) as deployment:
+            endpoints = {info.role: info.endpoint for info in deployment.status()}
+        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
+
+        async def send() -> PlanSnapshot:
+            owner = await _owner_of(plan_id, endpoints, config)
+            async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+                return await client.control(
+                    plan_id, action, gate_id=gate_id, rationale=rationale, output=recorded
+                )
+
+        snapshot = _run(send)
+        if as_json:
+            _print_json(json.loads(snapshot.model_dump_json()))
+        else:
+            gate = f" gate {gate_id}" if gate_id else ""
+            console.print(
+                f"{action}{gate}: plan {snapshot.plan_id} on {snapshot.agent} is "
+                f"[bold]{snapshot.status}[/]",
+                highlight=False,
+            )
+
+
+async def _owner_of(plan_id: str, endpoints: dict[str, str], config: ClientConfig) -> str:
+    """The role of the agent that holds ``plan_id`` (asked through each agent's Plans RPC)."""
+    for role, endpoint in endpoints.items():
+        async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+            if any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id)):
+                return role
+    raise InputError(f"no plan {plan_id!r} on any agent")
+
+
+@app.command()
+def approve(
+    plan_id: PlanArg,
+    gate_id: GateArg,
+    rationale: RationaleOpt,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            help="For a reconcile gate: the step's output (a JSON object) to record instead of "
+            "re-running it, when you found its effect done.",
+        ),
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with --output)."""
+    _control(
+        plan_id,
+        "approve",
+        gate_id=gate_id,
+        rationale=rationale,
+        output=output,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+    )
+
+
+@app.command()
+def reject(
+    plan_id: PlanArg,
+    gate_id: GateArg,
+    rationale: RationaleOpt,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Reject a gate: the gate (or reconciled step) fails, and so its plan, which is compensated."""
+    _control(
+        plan_id,
+        "reject",
+        gate_id=gate_id,
+        rationale=rationale,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+    )
+
+
+@app.command()
+def pause(
+    plan_id: PlanArg,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Pause a plan: no new step starts, running ones finish; 'resume' continues it."""
+    _control(
+        plan_id, "pause", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+    )
+
+
+@app.command()
+def cancel(
+    plan_id: PlanArg,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Cancel a plan for good: running steps are cancelled, completed ones compensated."""
+    _control(
+        plan_id, "cancel", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+    )
+
+
+@app.command()
+def resume(
+    plan_id: PlanArg,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Resume a stored, unfinished plan that is not running (paused, or left by a stop)."""
+    _control(
+        plan_id, "resume", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+    )
+
+
 # -- deployment ----------------------------------------------------------------------------------
 
 
 def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
     table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
-    for column in ("agent", "endpoint", "node", "pid", "restarted", "plans running"):
+    for column in ("agent", "endpoint", "node", "pid", "restarted", "plans running", "blocked"):
         table.add_column(column)
     for info in infos:
         table.add_row(
@@ -446,6 +624,7 @@ def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
             str(info.pid),
             "yes" if info.restarted else "no",
             str(info.plans_running),
+            str(info.plans_blocked),
         )
     return table
 

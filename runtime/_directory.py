@@ -40,6 +40,7 @@ class AgentInfo:
     pid: int
     restarted: bool
     plans_running: int
+    plans_blocked: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
         audit_sync: How hard audit commits are pushed to disk: ``normal`` (a killed process
             loses no committed record; an OS crash or power loss may lose the last ones) or
             ``full`` (an fsync per commit). See ``protocol.SqliteAuditLog``.
+        answer_retention_count: How many answers to cross-agent requests each agent keeps (by
+            caller and request id) so a repeated request gets the stored answer.
+        answer_retention_s: How long (seconds) such answers are kept; a request repeated later
+            runs its handler again, so this must outlast a caller's retries and resumes.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -62,6 +66,8 @@ class Settings(BaseSettings):
     trace_file: Path | None = None
     actor_cpus: float = Field(default=0.0, ge=0)
     audit_sync: Literal["normal", "full"] = "normal"
+    answer_retention_count: int = Field(default=100_000, ge=0)
+    answer_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -81,6 +87,14 @@ class Settings(BaseSettings):
     def audit_path(self) -> Path:
         """The audit log's SQLite file."""
         return self.state_dir / "audit.sqlite3"
+
+    def plans_path(self, role: str) -> Path:
+        """The SQLite state store of ``role``'s agent (its durable plans)."""
+        return self.state_dir / f"{role}.plans.sqlite3"
+
+    def answers_path(self, role: str) -> Path:
+        """The SQLite answer store of ``role``'s agent (answers by caller and request id)."""
+        return self.state_dir / f"{role}.answers.sqlite3"
 
     @property
     def local_cluster_file(self) -> Path:

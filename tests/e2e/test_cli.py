@@ -268,3 +268,95 @@ def test_an_extension_capability_is_served_by_the_deployment(deployed: Path) -> 
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)
     assert (answer["words"], answer["distinct"], answer["most_common"][0]) == (6, 4, "the")
+
+
+# -- control: approve, reject, pause, cancel, resume ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("approve", "bad id!", "g", "--rationale", "ok"), "invalid approve of plan"),
+        (("approve", "p", "g", "--rationale", "ok", "--output", "[1]"), "--output must be"),
+        (("approve", "p", "g", "--rationale", "ok", "--output", "{"), "--output is not valid"),
+        (("pause", "p"), "no Stratagem deployment found"),
+    ],
+)
+def test_control_bad_input_is_one_line(
+    args: tuple[str, ...], fragment: str, tmp_path: Path
+) -> None:
+    result = run(*args, state_dir=tmp_path, timeout=60)
+    assert result.returncode == (1 if args[0] == "pause" else 2), result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None:
+    text = "Mira waits in the courtyard. Mira wants the silver crown."
+    plan = {
+        "id": "cli-gated",
+        "owner": "strategic",
+        "goal": "wait for a yes",
+        "steps": [
+            {"kind": "gate", "id": "ok", "prompt": "Go on?"},
+            {
+                "kind": "tool",
+                "id": "protagonist",
+                "tool": "find_protagonist",
+                "input": {"text": text, "entities": []},
+                "depends_on": ["ok"],
+            },
+        ],
+    }
+    path = tmp_path / "gated.json"
+    path.write_text(json.dumps(plan))
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(deployed))
+    env.pop("RAY_ADDRESS", None)
+    running = subprocess.Popen(
+        [STRATAGEM, "plans", "run", str(path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        missing = run("cancel", "no-such-plan", state_dir=deployed)
+        assert missing.returncode == 2
+        assert "no plan 'no-such-plan' on any agent" in missing.stderr
+        # Approving before the plan reaches its owner fails; retry until it is there and blocked.
+        for _ in range(100):
+            shown = run("plans", "show", "cli-gated", "--json", state_dir=deployed)
+            if shown.returncode == 0 and json.loads(shown.stdout)[0]["status"] == "blocked":
+                break
+        else:
+            pytest.fail("the plan never blocked at its gate")
+        wrong = run("reject", "cli-gated", "nope", "--rationale", "x", state_dir=deployed)
+        assert wrong.returncode == 1
+        assert "FAILED_PRECONDITION" in wrong.stderr
+        approved = run(
+            "approve", "cli-gated", "ok", "--rationale", "looks right", "--json", state_dir=deployed
+        )
+        assert approved.returncode == 0, approved.stderr
+        assert json.loads(approved.stdout)["agent"] == "strategic"
+        out, err = running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert running.returncode == 0, err[-2000:]
+    assert json.loads(out)["status"] == "succeeded"
+    audit = sqlite3.connect(deployed / "audit.sqlite3")
+    try:
+        details = [
+            row[0]
+            for row in audit.execute(
+                "SELECT detail FROM audit "
+                "WHERE capability = 'Control.approve' AND actor = 'operator'"
+            )
+        ]
+    finally:
+        audit.close()
+    assert any("gate ok by operator: looks right" in detail for detail in details)

@@ -19,6 +19,7 @@ from protocol import (
     Beat,
     CallContext,
     CapabilityCard,
+    ControlRequest,
     Entity,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
@@ -112,6 +113,7 @@ class FakeBackend:
         self.behaviour: dict[str, Behaviour] = {}
         self.events: list[PlanEvent] = []
         self.snapshots: list[PlanSnapshot] = []
+        self.controls: list[tuple[ControlRequest, CallContext]] = []
 
     @property
     def role(self) -> str:
@@ -157,6 +159,14 @@ class FakeBackend:
             revision=1,
             status="succeeded",
             plan_json=plan_json,
+        )
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        self.controls.append((request, ctx))
+        if request.plan_id == "missing":
+            raise NotFoundError(f"no plan {request.plan_id!r}")
+        return PlanSnapshot(
+            plan_id=request.plan_id, agent=self._role, revision=1, status=request.action
         )
 
 

@@ -990,3 +990,47 @@ class RunPlanRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunPlanRequest: _TypeAlias = RunPlanRequest  # noqa: Y015
+
+@_typing.final
+class ControlRequest(_message.Message):
+    """Control: one operator action on one plan. Authorized as the pseudo-capability
+    "Control.<action>" (e.g. "Control.approve"), named in the x-stratagem-capability metadata; the
+    approver of a gate decision is the verified caller, never a field of the request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    GATE_ID_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    action: _builtins.str
+    """approve | reject | pause | cancel | resume"""
+    gate_id: _builtins.str
+    """approve | reject: the gate step, or the step a reconcile gate names"""
+    rationale: _builtins.str
+    """approve | reject: why (audited, redacted)"""
+    revision: _builtins.int
+    """approve | reject: the plan revision decided for; 0 for the current one"""
+    output_json: _builtins.str
+    """approve of a reconcile gate: record the step as done with this output"""
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+        action: _builtins.str = ...,
+        gate_id: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        output_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "gate_id", b"gate_id", "output_json", b"output_json", "plan_id", b"plan_id", "rationale", b"rationale", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlRequest: _TypeAlias = ControlRequest  # noqa: Y015

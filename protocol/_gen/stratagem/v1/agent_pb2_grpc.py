@@ -59,6 +59,11 @@ class AgentServiceStub:
                 request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
                 response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
                 _registered_method=True)
+        self.Control = channel.unary_unary(
+                '/stratagem.v1.AgentService/Control',
+                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -94,6 +99,12 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Control(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -120,6 +131,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
             'RunPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.RunPlan,
                     request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.FromString,
+                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
+            ),
+            'Control': grpc.unary_unary_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.FromString,
                     response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
             ),
     }
@@ -257,6 +273,33 @@ class AgentService:
             target,
             '/stratagem.v1.AgentService/RunPlan',
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratagem.v1.AgentService/Control',
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
             options,
             channel_credentials,

@@ -41,6 +41,7 @@ class AgentServiceStub:
     Watch: _grpc.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.PlanEvent]
     Plans: _grpc.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]
     RunPlan: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]
+    Control: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ControlRequest, _agent_pb2.PlanSnapshot]
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -50,6 +51,7 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Watch: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchRequest, _agent_pb2.PlanEvent]  # type: ignore[assignment]
     Plans: _aio.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]  # type: ignore[assignment]
     RunPlan: _aio.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]  # type: ignore[assignment]
+    Control: _aio.UnaryUnaryMultiCallable[_agent_pb2.ControlRequest, _agent_pb2.PlanSnapshot]  # type: ignore[assignment]
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -84,6 +86,13 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     def RunPlan(
         self,
         request: _agent_pb2.RunPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.PlanSnapshot, _abc.Awaitable[_agent_pb2.PlanSnapshot]]: ...
+
+    @_abc_1.abstractmethod
+    def Control(
+        self,
+        request: _agent_pb2.ControlRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.PlanSnapshot, _abc.Awaitable[_agent_pb2.PlanSnapshot]]: ...
 

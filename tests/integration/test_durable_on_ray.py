@@ -1,0 +1,317 @@
+"""Durable plans on real Ray: agents killed with SIGKILL mid-plan resume, exactly once.
+
+A deployment of its own (namespace ``stratagem-durable``, its own state directory) runs the four
+agents with ``tests.integration.ledger_extension`` loaded: the tactical agent has a non-idempotent
+tool that appends ``"<plan id> <step id>"`` to a ledger file per execution. The tests kill the
+tactical agent's process (not a polite stop), let Ray restart it, let it resume its plans from its
+SQLite store, decide each reconcile gate from the ledger (the effect's system of record, as
+``docs/durability.md`` prescribes: a line present means the effect happened, so approve with the
+output recorded; no line means it did not, so approve a re-run), and count the ledger's lines.
+
+It shares the session's Ray with ``test_agents_on_ray.py`` but none of its actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planning import PlanStatus, SqliteStateStore
+from protocol import (
+    CAPABILITIES,
+    OPERATOR,
+    AgentClient,
+    ClientConfig,
+    PlanSnapshot,
+    RemoteError,
+    SqliteAuditLog,
+    register_capability,
+    verify_chain,
+)
+from runtime import Deployment, Settings, load_settings
+from tests.integration.ledger_extension import (
+    RECORD_ENTRY,
+    RecordEntryRequest,
+    RecordEntryResponse,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 50
+WIDTH = 5  # five chains of ten steps: step i waits for step i - WIDTH
+SEEDS = range(20)
+FINAL = {status.value for status in PlanStatus if status.is_final}
+
+
+@pytest.fixture(scope="module")
+def record_entry() -> Iterator[None]:
+    """``RecordEntry`` in this process's registry while the module runs (to encode requests)."""
+    register_capability(RECORD_ENTRY)
+    try:
+        yield
+    finally:
+        # Later tests (other modules) see only the built-in capabilities again.
+        CAPABILITIES.pop(RECORD_ENTRY.name, None)
+
+
+@pytest.fixture(scope="module")
+def durable(
+    deployment: Deployment, tmp_path_factory: pytest.TempPathFactory, record_entry: None
+) -> Iterator[Deployment]:
+    """The four agents with the ledger extension, on the session's Ray, removed at the end."""
+    state_dir = tmp_path_factory.mktemp("durable-state")
+    settings = load_settings(
+        state_dir=state_dir,
+        namespace="stratagem-durable",
+        grpc_host="127.0.0.1",
+        extensions=["tests.integration.ledger_extension"],
+        extension_paths=[REPO],
+        max_restarts=-1,
+        default_deadline_s=30.0,
+        request_timeout_s=30.0,
+    )
+    ours = Deployment(settings)
+    ours.deploy(detached=False)
+    try:
+        yield ours
+    finally:
+        ours.teardown()
+
+
+def _settings(durable: Deployment) -> Settings:
+    return durable.settings
+
+
+def _ledger(durable: Deployment) -> Path:
+    return _settings(durable).state_dir / "ledger.txt"
+
+
+def _lines(ledger: Path) -> Counter[str]:
+    if not ledger.exists():
+        return Counter()
+    return Counter(line for line in ledger.read_text().splitlines() if line)
+
+
+def _tactical(durable: Deployment) -> tuple[int, str]:
+    [info] = [info for info in durable.status(timeout_s=60) if info.role == "tactical"]
+    return info.pid, info.endpoint
+
+
+def _wait_for_effects(ledger: Path, plan_id: str, count: int, run: asyncio.Task[Any]) -> None:
+    """Block until the ledger holds ``count`` effects of ``plan_id`` (or the run ended)."""
+    prefix = f"{plan_id} "
+    while not run.done():
+        if sum(n for line, n in _lines(ledger).items() if line.startswith(prefix)) >= count:
+            return
+        time.sleep(0.001)
+
+
+def _kill_and_wait(durable: Deployment, pid: int) -> str:
+    """SIGKILL the process; return the restarted agent's endpoint once it serves again."""
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        new_pid, endpoint = _tactical(durable)
+        if new_pid != pid:
+            return endpoint
+
+
+def _crash_plan(plan_id: str, ledger: Path) -> str:
+    steps = [
+        {
+            "kind": "tool",
+            "id": f"s{i}",
+            "tool": "ledger_append",
+            "input": {"ledger": str(ledger), "pause_s": 0.01},
+            "depends_on": [f"s{i - WIDTH}"] if i >= WIDTH else [],
+        }
+        for i in range(STEPS)
+    ]
+    return json.dumps({"id": plan_id, "owner": "tactical", "goal": "crash me", "steps": steps})
+
+
+def _blocked_steps(snapshot: PlanSnapshot) -> list[str]:
+    plan: dict[str, Any] = json.loads(snapshot.plan_json)
+    return [step["id"] for step in plan["steps"] if step.get("status") == "blocked"]
+
+
+async def _snapshot(client: AgentClient, plan_id: str) -> PlanSnapshot | None:
+    found = [s for s in await client.plans(plan_id) if s.plan_id == plan_id]
+    return found[0] if found else None
+
+
+async def _next_stop(client: AgentClient, plan_id: str) -> None:
+    """Wait for the plan's next plan-level ``blocked`` or final event (stored ones included)."""
+    async for event in client.watch(plan_id, timeout=60):
+        if not event.step_id and (event.status == "blocked" or event.status in FINAL):
+            return
+
+
+async def _drive(endpoint: str, plan_id: str, ledger: Path, gates: set[str]) -> str | None:
+    """Follow a resumed plan to its end, deciding each reconcile gate from the ledger.
+
+    Returns its final status, or ``None`` when the agent does not hold it (it finished before the
+    kill, so nothing was resumed).
+    """
+    config = ClientConfig(default_timeout_s=30)
+    async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+        while True:
+            snapshot = await _snapshot(client, plan_id)
+            if snapshot is None or snapshot.status in FINAL:
+                return None if snapshot is None else snapshot.status
+            for step_id in _blocked_steps(snapshot):
+                if step_id in gates:
+                    continue
+                gates.add(step_id)
+                done = _lines(ledger)[f"{plan_id} {step_id}"] > 0
+                await client.control(
+                    plan_id,
+                    "approve",
+                    gate_id=step_id,
+                    rationale="ledger has the entry" if done else "ledger has no entry",
+                    output={"line": f"{plan_id} {step_id}"} if done else None,
+                )
+            if snapshot.status != "blocked" or not _blocked_steps(snapshot):
+                await _next_stop(client, plan_id)
+
+
+async def _stored_status(durable: Deployment, plan_id: str) -> str:
+    async with SqliteStateStore(_settings(durable).plans_path("tactical")) as store:
+        state = await store.load(plan_id)
+    assert state is not None, plan_id
+    return state.status.value
+
+
+def _audit_ok(durable: Deployment) -> None:
+    log = SqliteAuditLog(_settings(durable).audit_path)
+    try:
+        verdict = verify_chain(list(log.records()))
+    finally:
+        log.close()
+    assert verdict.ok, verdict.reason
+
+
+async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
+    durable: Deployment,
+) -> None:
+    ledger = _ledger(durable)
+    reconciled: dict[str, set[str]] = {}
+    resumed = 0
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        plan_id = f"crash-{seed}"
+        pid, endpoint = _tactical(durable)
+        async with AgentClient(endpoint, caller=OPERATOR) as client:
+            run = asyncio.create_task(
+                client.run_plan(_crash_plan(plan_id, ledger), timeout=60, request_id=plan_id)
+            )
+            # Where the kill lands, seeded: after this many of the plan's effects, a moment later.
+            effects = rng.randrange(STEPS)
+            await asyncio.to_thread(_wait_for_effects, ledger, plan_id, effects, run)
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+            # The agent died under the call (UNAVAILABLE), unless the plan finished first.
+            with contextlib.suppress(RemoteError):
+                await run
+        gates = reconciled.setdefault(plan_id, set())
+        status = await _drive(endpoint, plan_id, ledger, gates)
+        if status is None:
+            status = await _stored_status(durable, plan_id)
+        else:
+            resumed += 1
+        assert status == "succeeded", (seed, status)
+
+    counts = _lines(ledger)
+    for seed in SEEDS:
+        for i in range(STEPS):
+            assert counts[f"crash-{seed} s{i}"] == 1, (seed, i, counts[f"crash-{seed} s{i}"])
+    # Report how many kills landed while an effect was in flight (no assertion: it is seeded luck).
+    print(
+        f"{len(SEEDS)} kills, {resumed} plans held by the restarted agent, "
+        f"{sum(map(len, reconciled.values()))} reconcile gates decided"
+    )
+    _audit_ok(durable)
+
+
+async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
+    ledger = _ledger(durable)
+    plan_id = "gate-across-restart"
+    plan = {
+        "id": plan_id,
+        "owner": "tactical",
+        "goal": "wait for a yes, then write",
+        "steps": [
+            {"kind": "gate", "id": "ok", "prompt": "Write the entry?"},
+            {
+                "kind": "tool",
+                "id": "write",
+                "tool": "ledger_append",
+                "input": {"ledger": str(ledger)},
+                "depends_on": ["ok"],
+            },
+        ],
+    }
+    pid, endpoint = _tactical(durable)
+    async with AgentClient(endpoint, caller=OPERATOR) as client:
+        run = asyncio.create_task(client.run_plan(json.dumps(plan), timeout=60))
+        await _next_stop(client, plan_id)
+        assert (await _snapshot(client, plan_id)) is not None
+        endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+        with pytest.raises(RemoteError):
+            await run
+    async with AgentClient(endpoint, caller=OPERATOR) as client:
+        snapshot = await _snapshot(client, plan_id)
+        assert snapshot is not None
+        assert snapshot.status == "blocked"  # resumed, and waiting for the decision again
+        await client.control(plan_id, "approve", gate_id="ok", rationale="approved after restart")
+        await _next_stop(client, plan_id)
+        done = await _snapshot(client, plan_id)
+    assert done is not None
+    assert done.status == "succeeded"
+    assert _lines(ledger)[f"{plan_id} write"] == 1
+    log = SqliteAuditLog(_settings(durable).audit_path)
+    try:
+        approvals = [r for r in log.records() if r.capability == "Control.approve"]
+    finally:
+        log.close()
+    assert any(
+        r.actor == OPERATOR and "gate ok by operator: approved after restart" in r.detail
+        for r in approvals
+    )
+    _audit_ok(durable)
+
+
+async def test_a_replayed_request_gets_the_stored_answer_after_the_target_restarts(
+    durable: Deployment,
+) -> None:
+    ledger = _ledger(durable)
+    request = RecordEntryRequest(ledger=str(ledger), plan_id="replayed-entry")
+    answers: list[RecordEntryResponse] = []
+    pid, endpoint = _tactical(durable)
+    for _ in range(2):
+        async with AgentClient(endpoint, caller=OPERATOR) as client:
+            answer = await client.call("tactical", "RecordEntry", request, request_id="entry-1")
+        assert isinstance(answer, RecordEntryResponse)
+        answers.append(answer)
+        if len(answers) == 1:
+            endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+    assert answers[0] == answers[1]
+    assert _lines(ledger)["replayed-entry write"] == 1  # the handler ran once
+    log = SqliteAuditLog(_settings(durable).audit_path)
+    try:
+        actions = [r.action for r in log.records() if r.request_id == "entry-1"]
+    finally:
+        log.close()
+    assert actions == ["call.accepted", "call.outcome", "call.replayed"]
+    _audit_ok(durable)

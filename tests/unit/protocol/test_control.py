@@ -1,0 +1,130 @@
+"""Control over real gRPC on 127.0.0.1, and answers kept across a restart of the server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from protocol import (
+    AgentClient,
+    AgentServer,
+    ControlRequest,
+    FailedPreconditionError,
+    InMemoryAuditLog,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    Policy,
+    ProtocolUsageError,
+    SqliteAnswerStore,
+    control_capability,
+)
+from protocol._codec import decode_control, encode_control
+from protocol._rpc import CALLER_KEY, CAPABILITY_KEY
+from tests.unit.protocol._support import SAMPLES, FakeBackend
+
+pytestmark = pytest.mark.integration
+
+Connect = Callable[..., AgentClient]
+EXTRACT = SAMPLES["ExtractEntities"][0]
+
+
+async def test_approve_reaches_the_backend_with_the_caller_as_approver_and_is_audited(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    client = connect(server.endpoint)
+    snapshot = await client.control(
+        "plan-1", "approve", gate_id="g1", rationale="ok password=hunter2", output={"done": 1}
+    )
+    assert snapshot.status == "approve"
+    [(request, ctx)] = backend.controls
+    assert (request.plan_id, request.gate_id) == ("plan-1", "g1")
+    assert request.output_json == '{"done": 1}'
+    assert ctx.caller == "operator"
+    assert ctx.capability == "Control.approve"
+    accepted, outcome = list(audit.records())[-2:]
+    assert (accepted.action, outcome.action) == ("call.accepted", "call.outcome")
+    assert accepted.capability == "Control.approve"
+    assert accepted.actor == "operator"
+    assert "gate g1 by operator" in accepted.detail
+    assert "recorded as done" in accepted.detail
+    assert "hunter2" not in accepted.detail  # the rationale is redacted
+    assert outcome.code == "OK"
+
+
+@pytest.mark.parametrize("action", ["pause", "cancel", "resume"])
+async def test_plan_actions_reach_the_backend(
+    server: AgentServer, backend: FakeBackend, connect: Connect, action: str
+) -> None:
+    snapshot = await connect(server.endpoint).control("plan-1", action)  # type: ignore[arg-type]
+    assert snapshot.status == action
+    assert backend.controls[0][0].action == action
+
+
+async def test_control_is_for_the_operator_only(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    client = connect(server.endpoint, caller="orchestrator")
+    with pytest.raises(PermissionDeniedError):
+        await client.control("plan-1", "cancel")
+    assert backend.controls == []
+    assert list(audit.records())[-1].action == "call.denied"
+
+
+async def test_control_refusals(server: AgentServer, connect: Connect) -> None:
+    client = connect(server.endpoint)
+    with pytest.raises(NotFoundError):
+        await client.control("missing", "pause")
+    with pytest.raises(ProtocolUsageError, match="gate_id"):
+        await client.control("plan-1", "approve")
+
+
+async def test_a_body_that_contradicts_the_capability_metadata_is_invalid(
+    server: AgentServer, backend: FakeBackend
+) -> None:
+    body = encode_control(ControlRequest(plan_id="p", action="cancel"))
+    async with grpc.aio.insecure_channel(server.endpoint) as channel:
+        method = channel.unary_unary("/stratagem.v1.AgentService/Control")
+        metadata = ((CALLER_KEY, "operator"), (CAPABILITY_KEY, control_capability("pause")))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(body, metadata=metadata, timeout=5)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(body, metadata=((CALLER_KEY, "operator"),), timeout=5)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert backend.controls == []
+
+
+def test_control_request_round_trips_and_checks_its_fields() -> None:
+    request = ControlRequest(plan_id="p", action="reject", gate_id="g", rationale="no", revision=2)
+    assert decode_control(encode_control(request)) == request
+    with pytest.raises(ValueError, match="output_json"):
+        ControlRequest(plan_id="p", action="pause", output_json="{}")
+    with pytest.raises(InvalidArgumentError):
+        decode_control(b"\xff\xff")
+
+
+async def test_a_durable_answer_is_replayed_after_the_server_restarts(
+    tmp_path: Path, connect: Connect
+) -> None:
+    backend = FakeBackend()
+    path = tmp_path / "answers.sqlite3"
+    for _ in range(2):
+        audit = InMemoryAuditLog()
+        async with SqliteAnswerStore(path) as answers:
+            server = AgentServer(backend, policy=Policy.default(), audit=audit, answers=answers)
+            async with server:
+                client = connect(server.endpoint, caller="orchestrator")
+                answer = await client.call(
+                    "perception", "ExtractEntities", EXTRACT, request_id="p@1:s1"
+                )
+                assert answer == SAMPLES["ExtractEntities"][1]
+                other = type(EXTRACT)(text="Another passage entirely.")
+                with pytest.raises(FailedPreconditionError):
+                    await client.call("perception", "ExtractEntities", other, request_id="p@1:s1")
+    # The second server (a restart) answered from the file: the handler ran once.
+    assert len(backend.calls) == 1
+    assert [r.action for r in audit.records()] == ["call.replayed", "call.refused"]

@@ -1,0 +1,23 @@
+"""Settings for durable agents: per-agent store paths, answer retention from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime import load_settings
+
+
+def test_each_agent_has_its_own_plan_and_answer_store(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    assert settings.plans_path("tactical") == tmp_path / "tactical.plans.sqlite3"
+    assert settings.answers_path("tactical") == tmp_path / "tactical.answers.sqlite3"
+
+
+def test_answer_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATAGEM_ANSWER_RETENTION_COUNT", "10")
+    monkeypatch.setenv("STRATAGEM_ANSWER_RETENTION_S", "3600")
+    settings = load_settings()
+    assert (settings.answer_retention_count, settings.answer_retention_s) == (10, 3600.0)
+    assert load_settings(answer_retention_count=5).answer_retention_count == 5
