@@ -12,12 +12,14 @@ closed by ``aclose``. The thread takes jobs from a ``queue.SimpleQueue`` and han
 back with ``call_soon_threadsafe``: about half the hand-off cost of ``run_in_executor``, which
 the engine pays once per scheduler tick.
 
-Schema (version 2)::
+Schema (version 3)::
 
     schema_version(version)                         one row: the schema's version
-    plans(id, plan_id, revision, plan_type, plan_json, status, created, updated)
-                                                    one row per (plan id, revision); plan_json is
-                                                    written once, status/updated follow the journal
+    plans(id, plan_id, revision, plan_type, status, created, updated)
+                                                    one row per (plan id, revision); status and
+                                                    updated follow the journal
+    plan_bodies(id, plan_json)                      the revision's plan, written once (apart from
+                                                    plans so a status change rewrites a small row)
     events(plan, seq, kind, step_id, attempt, status, output, data)
                                                     the append-only journal: one row per record,
                                                     clustered by plan (WITHOUT ROWID)
@@ -141,7 +143,38 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2]
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    # A plan's JSON moves to a table of its own: a status change then rewrites a small row, not
+    # the plan (3.3 MB for a 10,000-step plan, rewritten at every pause, gate or resume).
+    conn.execute(
+        """CREATE TABLE plan_bodies (
+            id INTEGER PRIMARY KEY,
+            plan_json TEXT NOT NULL
+        )"""
+    )
+    conn.execute("INSERT INTO plan_bodies (id, plan_json) SELECT id, plan_json FROM plans")
+    conn.execute(
+        """CREATE TABLE plans_v3 (
+            id INTEGER PRIMARY KEY,
+            plan_id TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            plan_type TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            UNIQUE (plan_id, revision)
+        )"""
+    )
+    conn.execute(
+        "INSERT INTO plans_v3 (id, plan_id, revision, plan_type, status, created, updated) "
+        "SELECT id, plan_id, revision, plan_type, status, created, updated FROM plans"
+    )
+    conn.execute("DROP TABLE plans")
+    conn.execute("ALTER TABLE plans_v3 RENAME TO plans")
+    conn.execute("CREATE INDEX plans_by_status ON plans (status, updated)")
+
+
+MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2, _migrate_v3]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
 
 
@@ -339,15 +372,18 @@ class SqliteStateStore:
         conn = self._connection()
         now = time.time()
         try:
-            cursor = conn.execute(
-                "INSERT OR IGNORE INTO plans "
-                "(plan_id, revision, plan_type, plan_json, status, created, updated) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (plan_id, revision, plan_type, plan_json, PlanStatus.PENDING.value, now, now),
-            )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                saved = _insert_plan(
+                    conn, plan_id, revision, plan_type, plan_json, PlanStatus.PENDING.value, now
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.rollback()
+                raise
         except sqlite3.Error as exc:
             raise self._error(f"save plan {plan_id!r}", exc) from exc
-        return cursor.rowcount == 1
+        return saved
 
     def _rowid(self, conn: sqlite3.Connection, plan_id: str, revision: int) -> int:
         key = (plan_id, revision)
@@ -377,21 +413,16 @@ class SqliteStateStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                cursor = conn.execute(
-                    "INSERT OR IGNORE INTO plans "
-                    "(plan_id, revision, plan_type, plan_json, status, created, updated) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        plan.id,
-                        plan.revision,
-                        plan_type,
-                        plan_json,
-                        PlanStatus.PENDING.value,
-                        now,
-                        now,
-                    ),
+                saved = _insert_plan(
+                    conn,
+                    plan.id,
+                    plan.revision,
+                    plan_type,
+                    plan_json,
+                    PlanStatus.PENDING.value,
+                    now,
                 )
-                if cursor.rowcount != 1:
+                if not saved:
                     raise StoreError(
                         f"plan {plan.id!r} revision {plan.revision} is already stored",
                         location=str(self.path),
@@ -569,8 +600,9 @@ class SqliteStateStore:
         conn = self._connection()
         try:
             row = conn.execute(
-                "SELECT id, revision, plan_json FROM plans WHERE plan_id = ? "
-                "ORDER BY revision DESC LIMIT 1",
+                "SELECT p.id, p.revision, b.plan_json FROM plans AS p "
+                "JOIN plan_bodies AS b ON b.id = p.id WHERE p.plan_id = ? "
+                "ORDER BY p.revision DESC LIMIT 1",
                 (plan_id,),
             ).fetchone()
             if row is None:
@@ -620,6 +652,7 @@ class SqliteStateStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 conn.executemany("DELETE FROM events WHERE plan = ?", doomed)
+                conn.executemany("DELETE FROM plan_bodies WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM plans WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM revisions WHERE plan_id = ?", ids)
                 conn.execute("COMMIT")
@@ -644,6 +677,29 @@ class SqliteStateStore:
         except sqlite3.Error as exc:
             raise self._error("measure the store", exc) from exc
         return StoreStats(plans=plans, records=records, bytes=(pages - free) * page_size)
+
+
+def _insert_plan(
+    conn: sqlite3.Connection,
+    plan_id: str,
+    revision: int,
+    plan_type: str,
+    plan_json: str,
+    status: str,
+    now: float,
+) -> bool:
+    """Insert a plan revision and its body, inside the caller's transaction; False if stored."""
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO plans (plan_id, revision, plan_type, status, created, updated) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (plan_id, revision, plan_type, status, now, now),
+    )
+    if cursor.rowcount != 1:
+        return False
+    conn.execute(
+        "INSERT INTO plan_bodies (id, plan_json) VALUES (?, ?)", (cursor.lastrowid, plan_json)
+    )
+    return True
 
 
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]

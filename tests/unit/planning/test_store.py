@@ -175,10 +175,18 @@ async def test_migrations_run_in_order_and_keep_data(
 ) -> None:
     path = tmp_path / "state.db"
     known = list(sqlite_store.MIGRATIONS)
-    monkeypatch.setattr(sqlite_store, "MIGRATIONS", known[:1])
-    async with SqliteStateStore(path) as store:
-        await store.save_plan(three_steps())
-        assert await store.schema_version() == 1
+    # A store as the version-1 code left it: its schema, and a plan row written by that code.
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    known[0](conn)
+    conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+    conn.execute(
+        "INSERT INTO plans (plan_id, revision, plan_type, plan_json, status, created, updated) "
+        "VALUES ('p1', 1, 'planning._plan.Plan', ?, 'pending', 0, 0)",
+        (three_steps().model_dump_json(),),
+    )
+    conn.commit()
+    conn.close()
 
     def extra(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE plans ADD COLUMN note TEXT DEFAULT 'migrated'")
@@ -186,7 +194,9 @@ async def test_migrations_run_in_order_and_keep_data(
     monkeypatch.setattr(sqlite_store, "MIGRATIONS", [*known, extra])
     async with SqliteStateStore(path) as store:
         assert await store.schema_version() == len(known) + 1
-        assert await store.load("p1") is not None
+        state = await store.load("p1")  # v3 moved the plan's JSON to plan_bodies
+        assert state is not None
+        assert state.plan_json == three_steps().model_dump_json()
         assert [r.revision for r in await store.revisions("p1")] == [1]  # v2's tables exist
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT note FROM plans").fetchone()[0] == "migrated"
