@@ -11,7 +11,11 @@ steered and restarted: ``decide_gate``, ``pause``, ``cancel`` and ``resume`` act
 ``resume_unfinished`` reloads every unfinished plan from the store after a restart and continues
 each in a background task (a plan waiting at a gate waits again; a paused plan stays paused). A
 request whose plan id names an unfinished stored plan (a caller retrying after this agent
-restarted) joins that plan instead of starting it again.
+restarted) joins that plan instead of starting it again; one whose plan id names a plan that
+already **succeeded** for the same request (the agent died before its server stored the answer) is
+answered from the stored outputs without running anything. ``replan`` makes a new revision of a
+stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finished plan's
+decisions from its records.
 
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
@@ -42,10 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.metadata
 import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -73,12 +79,14 @@ from planning import (
     PlanState,
     PlanStatus,
     PlanValidationError,
+    RevisionRecord,
     StateStore,
     StepError,
     StepEvent,
     StepStatus,
     validate_plan,
 )
+from planning import replay as replay_plan
 from protocol import (
     CAPABILITIES,
     AgentCard,
@@ -95,8 +103,13 @@ from protocol import (
     NotFoundError,
     PermissionDeniedError,
     PlanEvent,
+    PlanRevision,
     PlanSnapshot,
     RemoteError,
+    ReplayDivergence,
+    ReplayResult,
+    RevisionsResponse,
+    RevisionStepChange,
     UnavailableError,
     WireModel,
     current_call,
@@ -111,6 +124,10 @@ MAX_RECORDS: Final = 1000
 
 _TERMINAL: Final = frozenset({PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED})
 _MESSAGE_LIMIT: Final = 4000
+# A durable agent ends the goal of every plan it makes for a request with the request's digest,
+# so a repeated request is recognized from the store alone (see ``Agent.handle``).
+_DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
+_GOAL_LIMIT: Final = 2000
 
 
 def _package_version() -> str:
@@ -316,6 +333,11 @@ class Agent:
         spec, planner = handler
         request = _coerce(spec, request)
         plan_id = self._plan_id_for(request, ctx)
+        request_digest = _request_digest(capability, request)
+        if self.store is not None:
+            state = await self._served_before(plan_id, capability, request_digest)
+            if state is not None:
+                return self._respond_from(state, capability, request, planner)
         try:
             plan = planner.plan(capability, request, plan_id=plan_id)
         except (PlanningError, ValueError) as exc:
@@ -327,14 +349,81 @@ class Agent:
             if isinstance(exc, StepError):
                 raise _error_class(exc.failure_class)(message) from exc
             raise FailedPreconditionError(message) from exc
+        if self.store is not None:
+            plan = plan.model_copy(update={"goal": _marked(plan.goal, request_digest)})
         result = await self._run(plan, capability)
         if result.status is not PlanStatus.SUCCEEDED:
             raise self._failure(result)
+        return self._respond(planner, capability, request, result)
+
+    def _respond(
+        self, planner: Planner, capability: str, request: WireModel, result: PlanResult[Any]
+    ) -> WireModel:
         try:
             return planner.respond(capability, request, result)
         except (ValidationError, PlanningError, KeyError, ValueError) as exc:
-            logger.exception("plan %s: building the %s response failed", plan.id, capability)
+            logger.exception(
+                "plan %s: building the %s response failed", result.submitted.id, capability
+            )
             raise InternalError(f"{capability}: the response could not be built") from exc
+
+    async def _served_before(
+        self, plan_id: str, capability: str, request_digest: str
+    ) -> PlanState | None:
+        """The stored state of ``plan_id`` when it already succeeded for this very request.
+
+        This closes the gap the server's answer store leaves: when this agent died after the plan
+        succeeded but before the answer was stored, the repeated request is answered from the
+        plan's recorded outputs and nothing runs again.
+
+        Raises:
+            protocol.FailedPreconditionError: The plan id already served a different request, and
+                that plan succeeded or is still going (a failed or cancelled one may be retried
+                with another request, e.g. by a caller that replanned the step).
+        """
+        assert self.store is not None
+        state = await self.store.load(plan_id)
+        if state is None:
+            return None
+        recorded = _recorded_digest(state.plan_json)
+        if recorded is None:
+            # Not made for a request (a user's plan), or stored before digests were kept.
+            return None
+        if recorded != request_digest:
+            if state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+                return None
+            raise FailedPreconditionError(
+                f"{capability}: plan {plan_id!r} was already made for a different request"
+            )
+        return state if state.status is PlanStatus.SUCCEEDED else None
+
+    def _respond_from(
+        self, state: PlanState, capability: str, request: WireModel, planner: Planner
+    ) -> WireModel:
+        """The response of a plan that already succeeded, from its recorded outputs."""
+        plan = state.plan(self.plan_type)
+        result: PlanResult[Any] = PlanResult(
+            status=PlanStatus.SUCCEEDED,
+            outputs=state.outputs,
+            failures=[],
+            statuses={
+                step.id: state.steps[step.id].status if step.id in state.steps else step.status
+                for step in plan.steps
+            },
+            events=0,
+            duration_s=0.0,
+            submitted=plan,
+        )
+        record = self._recall(plan, state)
+        record.capability = capability
+        record.result = result
+        logger.info(
+            "agent %s: plan %s already succeeded for this %s request; answered from the store",
+            self.role,
+            plan.id,
+            capability,
+        )
+        return self._respond(planner, capability, request, result)
 
     async def submit_plan(self, plan: Plan | Mapping[str, Any]) -> PlanResult[Any]:
         """Run a plan given by a user (validated exactly like a planner's plan).
@@ -450,10 +539,11 @@ class Agent:
         """Serve ``Control``: one control action on one plan, decided by the verified caller.
 
         Args:
-            request: The action (``approve``, ``reject``, ``pause``, ``cancel``, ``resume``), the
-                plan, and for a gate decision the gate, rationale, revision (0: the plan's
-                current one) and optionally the output to record for a reconcile gate.
-            ctx: The call being served; its caller is the approver.
+            request: The action (``approve``, ``reject``, ``pause``, ``cancel``, ``resume``,
+                ``replan``), the plan, for a gate decision the gate, rationale, revision (0: the
+                plan's current one) and optionally the output to record for a reconcile gate, and
+                for ``replan`` the new plan's JSON and the rationale.
+            ctx: The call being served; its caller is the approver (or the revision's author).
 
         Returns:
             The plan's state after the action took effect.
@@ -481,8 +571,158 @@ class Agent:
                 return await self.cancel(request.plan_id)
             case "resume":
                 return await self.resume(request.plan_id)
+            case "replan":
+                return await self.replan(
+                    request.plan_id,
+                    request.plan_json,
+                    rationale=request.rationale,
+                    author=ctx.caller,
+                )
             case _:
                 assert_never(request.action)
+
+    async def replan(
+        self, plan_id: str, plan_json: str, *, rationale: str, author: str
+    ) -> PlanSnapshot:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it.
+
+        The new revision keeps the plan's id; the results of unchanged completed steps carry over
+        (``docs/durability.md``). It is validated against this agent's registry like any plan.
+
+        Args:
+            plan_id: The plan.
+            plan_json: The new revision's plan, as JSON of this agent's plan type.
+            rationale: Why the plan changes (kept with the revision).
+            author: Who changes it (over the wire: the verified caller).
+
+        Returns:
+            The plan's state: the new revision, not yet started.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.InvalidArgumentError: ``plan_json`` is not a plan of this agent's type.
+            protocol.FailedPreconditionError: The plan is running here (pause it first), stopped
+                with a step in flight, the agent has no store, or the new plan fails validation.
+        """
+        await self._ready(plan_id)
+        await self._revision_of(plan_id)
+        try:
+            raw = json.loads(plan_json)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
+        if not isinstance(raw, dict):
+            raise InvalidArgumentError("the plan must be a JSON object")
+        raw = {**raw, "id": plan_id}
+        try:
+            new_plan = self.plan_type.model_validate(raw)
+        except ValidationError as exc:
+            raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
+        problems: list[str] = []
+        if new_plan.owner != self.role:
+            problems.append(
+                f"the plan is owned by {new_plan.owner!r}, not by the {self.role} agent"
+            )
+        try:
+            validate_plan(new_plan, tools=self.registry)
+        except PlanValidationError as exc:
+            problems.extend(exc.problems)
+        if problems:
+            raise FailedPreconditionError(
+                _one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
+            )
+        if self._is_active(plan_id):
+            raise FailedPreconditionError(
+                f"plan {plan_id!r} is running; pause it before replanning"
+            )
+        try:
+            revision = await self._engine.replan(
+                plan_id, new_plan, rationale=rationale, author=author
+            )
+        except (PlanControlError, PlanValidationError) as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        logger.info(
+            "agent %s plan %s revision %d made by %s",
+            self.role,
+            plan_id,
+            revision.record.revision,
+            author,
+        )
+        return await self._settled(plan_id)
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """Serve ``Revisions``: the plan's revision history from the store, oldest first.
+
+        Revisions made by a replan carry their parent, author, rationale and diff; the plan's
+        first revision is listed with parent 0.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if self.store is None or state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        records = await self.store.revisions(plan_id)
+        listed = [_revision_entry(record) for record in records]
+        first = records[0].parent if records and records[0].parent else None
+        if not records:
+            first = state.revision
+        if first is not None:
+            listed.insert(0, PlanRevision(revision=first))
+        return RevisionsResponse(plan_id=plan_id, agent=self.role, revisions=listed)
+
+    async def replay(
+        self,
+        plan_id: str,
+        ctx: CallContext | None = None,
+        *,
+        outputs: Mapping[str, dict[str, Any]] | None = None,
+    ) -> ReplayResult:
+        """Serve ``Replay``: re-run a finished plan from its recorded outputs and compare.
+
+        Nothing outside the engine runs (``planning.replay``): tool and cross-agent steps get
+        their recorded outcomes, gates their recorded decisions.
+
+        Args:
+            plan_id: The plan; it must be finished.
+            ctx: The call being served (unused: replay has no effects to attribute).
+            outputs: Step id -> an output to serve instead of the recorded one (what if the
+                step had answered that?); not offered over the wire.
+
+        Returns:
+            The report: how many decisions were compared, and each that differs.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+            protocol.FailedPreconditionError: The plan is not finished.
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if self.store is None or state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        try:
+            report = await replay_plan(
+                self.store, plan_id, plan_type=self.plan_type, outputs=outputs
+            )
+        except PlanControlError as exc:
+            raise FailedPreconditionError(_one_line(str(exc))) from exc
+        steps = len(state.plan(self.plan_type).steps)
+        return ReplayResult(
+            plan_id=plan_id,
+            agent=self.role,
+            revision=report.revision,
+            recorded_status=report.recorded_status.value,
+            replayed_status=report.replayed_status.value if report.replayed_status else "",
+            # Per step: order, outcomes, status, output; then the plan's status.
+            decisions=4 * steps + 1,
+            divergences=[
+                ReplayDivergence(
+                    step_id=d.step_id,
+                    decision=d.decision,
+                    recorded=d.recorded[:_MESSAGE_LIMIT],
+                    replayed=d.replayed[:_MESSAGE_LIMIT],
+                )
+                for d in report.divergences
+            ],
+        )
 
     async def decide_gate(
         self,
@@ -872,6 +1112,45 @@ def _output_of(output_json: str) -> dict[str, Any] | None:
     if not isinstance(output, dict):
         raise InvalidArgumentError("output_json must be a JSON object")
     return output
+
+
+def _revision_entry(record: RevisionRecord) -> PlanRevision:
+    return PlanRevision(
+        revision=record.revision,
+        parent=record.parent or 0,
+        author=record.author,
+        rationale=record.rationale,
+        added=list(record.diff.added),
+        removed=list(record.diff.removed),
+        changed=[
+            RevisionStepChange(step_id=c.step_id, fields=list(c.fields))
+            for c in record.diff.changed
+        ],
+        carried=list(record.carried),
+        at=max(record.at, 0.0),
+    )
+
+
+def _request_digest(capability: str, request: WireModel) -> str:
+    """A digest of one capability request (its capability and canonical JSON)."""
+    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{capability}\n{body}".encode()).hexdigest()[:32]
+
+
+def _marked(goal: str, request_digest: str) -> str:
+    """``goal`` ending with the digest of the request its plan serves."""
+    mark = f" [request {request_digest}]"
+    return goal[: _GOAL_LIMIT - len(mark)] + mark
+
+
+def _recorded_digest(plan_json: str) -> str | None:
+    """The request digest a stored plan's goal ends with, or ``None``."""
+    try:
+        goal = json.loads(plan_json).get("goal", "")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
+    return found.group(1) if found else None
 
 
 def _one_line(text: str) -> str:

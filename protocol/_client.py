@@ -35,12 +35,16 @@ from protocol._codec import (
     ControlRequest,
     PlanEvent,
     PlanSnapshot,
+    ReplayResult,
     RequestEnvelope,
+    RevisionsResponse,
     control_capability,
     decode_card,
     decode_event,
     decode_plans,
+    decode_replay,
     decode_response,
+    decode_revisions,
     decode_snapshot,
     encode_call,
     encode_control,
@@ -338,9 +342,10 @@ class AgentClient:
         rationale: str = "",
         revision: int = 0,
         output: dict[str, Any] | None = None,
+        plan_json: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> PlanSnapshot:
-        """Approve, reject, pause, cancel or resume one of the agent's plans.
+        """Approve, reject, pause, cancel, resume or replan one of the agent's plans.
 
         Authorized as the pseudo-capability ``Control.<action>``; the approver of a gate decision
         is this client's caller identity, as the server verified it.
@@ -353,6 +358,8 @@ class AgentClient:
             revision: The plan revision the decision is for; 0 for the plan's current one.
             output: For ``approve`` of a reconcile gate: the step's output to record instead of
                 re-running the step (its effect was found done).
+            plan_json: For ``replan``: the new revision's plan, as JSON of the agent's plan type
+                (``rationale`` is required too); ``resume`` then runs it.
             timeout: The call's deadline in seconds.
 
         Returns:
@@ -371,6 +378,7 @@ class AgentClient:
                 rationale=rationale,
                 revision=revision,
                 output_json="" if output is None else json.dumps(output),
+                plan_json=plan_json,
             )
         except ValidationError as exc:
             problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
@@ -382,6 +390,47 @@ class AgentClient:
             timeout_s=timeout,
             capability=control_capability(action),
             request_id=f"control-{uuid.uuid4().hex}",
+            plan_id=plan_id,
+        )
+
+    async def revisions(
+        self,
+        plan_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> RevisionsResponse:
+        """The plan's revision history on this agent (its owner), oldest first.
+
+        Raises:
+            NotFoundError: The agent has no such plan in its store.
+        """
+        query = encode_query("Revisions", plan_id)
+        return await self._unary(
+            "Revisions", query, decode_revisions, timeout_s=timeout, plan_id=plan_id
+        )
+
+    async def replay(
+        self,
+        plan_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> ReplayResult:
+        """Re-run a finished plan on its owner from the recorded outputs, and compare decisions.
+
+        Nothing outside the agent's engine runs. Authorized as the pseudo-capability ``Replay``.
+
+        Raises:
+            NotFoundError: The agent has no such plan in its store.
+            FailedPreconditionError: The plan is not finished.
+        """
+        query = encode_query("Replay", plan_id)
+        return await self._unary(
+            "Replay",
+            query,
+            decode_replay,
+            timeout_s=timeout,
+            capability="Replay",
+            request_id=f"replay-{uuid.uuid4().hex}",
             plan_id=plan_id,
         )
 

@@ -78,18 +78,26 @@ __all__ = [
     "ControlAction",
     "ControlRequest",
     "PlanEvent",
+    "PlanRevision",
     "PlanSnapshot",
+    "QueryRpc",
     "ReadRpc",
+    "ReplayDivergence",
+    "ReplayResult",
     "RequestEnvelope",
     "ResponseEnvelope",
+    "RevisionStepChange",
+    "RevisionsResponse",
     "control_capability",
     "decode_card",
     "decode_control",
     "decode_event",
     "decode_plans",
     "decode_query",
+    "decode_replay",
     "decode_request",
     "decode_response",
+    "decode_revisions",
     "decode_run_plan",
     "decode_snapshot",
     "encode_answer",
@@ -99,8 +107,10 @@ __all__ = [
     "encode_event",
     "encode_plans",
     "encode_query",
+    "encode_replay",
     "encode_request",
     "encode_response",
+    "encode_revisions",
     "encode_run_plan",
     "encode_snapshot",
     "field_path",
@@ -127,9 +137,11 @@ PLAN_ID_PATTERN: Final[str] = next(
 """The pattern of a plan (or step) id, as ``PlanId`` declares it."""
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
-ReadRpc = Literal["Describe", "Watch", "Plans"]
+ReadRpc = Literal["Describe", "Watch", "Plans", "Revisions"]
+QueryRpc = Literal["Describe", "Watch", "Plans", "Revisions", "Replay"]
+"""The RPCs whose request is at most a plan id: the read RPCs, and ``Replay``."""
 
-ControlAction = Literal["approve", "reject", "pause", "cancel", "resume"]
+ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan"]
 """What ``Control`` does to a plan."""
 CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
 
@@ -286,6 +298,7 @@ class ControlRequest(WireModel):
     rationale: str = Field(default="", max_length=2000)
     revision: Count = 0
     output_json: str = Field(default="", max_length=1 << 20)
+    plan_json: str = Field(default="", max_length=16 << 20)
 
     @model_validator(mode="after")
     def _gate_given(self) -> ControlRequest:
@@ -293,7 +306,88 @@ class ControlRequest(WireModel):
             raise ValueError(f"{self.action} needs gate_id")
         if self.output_json and self.action != "approve":
             raise ValueError("output_json is only for approve")
+        if self.action == "replan" and not (self.plan_json and self.rationale):
+            raise ValueError("replan needs plan_json and rationale")
+        if self.plan_json and self.action != "replan":
+            raise ValueError("plan_json is only for replan")
         return self
+
+
+class ReplayDivergence(WireModel):
+    """One decision a replay reached differently (``step_id`` "" for the plan)."""
+
+    step_id: str = Field(default="", max_length=256)
+    decision: str = Field(max_length=32)
+    recorded: str = Field(default="", max_length=4000)
+    replayed: str = Field(default="", max_length=4000)
+
+
+class ReplayResult(WireModel):
+    """The answer to ``Replay``: what re-running a finished plan from its records found.
+
+    Attributes:
+        plan_id: The plan.
+        agent: Its owner, where it was replayed.
+        revision: The revision replayed (the newest).
+        recorded_status: The plan's recorded final status.
+        replayed_status: The replay's final status; "" when it did not end in time.
+        decisions: How many decisions were re-derived and compared.
+        divergences: The decisions that differ, steps in plan order, the plan's last.
+    """
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revision: Count = 0
+    recorded_status: str = Field(max_length=32)
+    replayed_status: str = Field(default="", max_length=32)
+    decisions: Count = 0
+    divergences: list[ReplayDivergence] = Field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether any decision differs."""
+        return bool(self.divergences)
+
+
+class RevisionStepChange(WireModel):
+    """A step in both revisions whose fields differ."""
+
+    step_id: str = Field(max_length=256)
+    fields: list[str] = Field(default_factory=list)
+
+
+class PlanRevision(WireModel):
+    """One revision of a plan, as ``Revisions`` lists them.
+
+    Attributes:
+        revision: The revision.
+        parent: The revision it was made from (0 for the first).
+        author: Who made it (``""`` for the first).
+        rationale: Why.
+        added: Steps only in this revision.
+        removed: Steps only in the parent.
+        changed: Steps in both whose fields differ.
+        carried: The parent's completed steps whose results carried over.
+        at: When it was made (seconds since the epoch; 0 when unknown).
+    """
+
+    revision: Count
+    parent: Count = 0
+    author: str = Field(default="", max_length=256)
+    rationale: str = Field(default="", max_length=4000)
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: list[RevisionStepChange] = Field(default_factory=list)
+    carried: list[str] = Field(default_factory=list)
+    at: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+
+class RevisionsResponse(WireModel):
+    """The answer to ``Revisions``: a plan's history on its owner, oldest first."""
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revisions: list[PlanRevision] = Field(default_factory=list)
 
 
 def control_capability(action: ControlAction) -> str:
@@ -315,6 +409,8 @@ _QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
     "Describe": (pb.DescribeRequest, _NoQuery),
     "Watch": (pb.WatchRequest, _PlanQuery),
     "Plans": (pb.PlansRequest, _PlanQuery),
+    "Revisions": (pb.RevisionsRequest, _PlanQuery),
+    "Replay": (pb.ReplayRequest, _PlanQuery),
 }
 
 # The built-in capabilities by their ``oneof body`` field. ``register_capability`` only adds
@@ -781,8 +877,29 @@ def decode_snapshot(data: bytes) -> PlanSnapshot:
     return _decode(data, pb.PlanSnapshot, PlanSnapshot)
 
 
-def encode_query(rpc: ReadRpc, plan_id: str = "") -> bytes:
-    """Serialize a read RPC's request (``DescribeRequest``, ``WatchRequest``, ``PlansRequest``).
+def encode_replay(result: ReplayResult) -> bytes:
+    """Serialize one ``stratagem.v1.ReplayResult``."""
+    return to_message(result, pb.ReplayResult).SerializeToString()
+
+
+def decode_replay(data: bytes) -> ReplayResult:
+    """Parse and validate ``stratagem.v1.ReplayResult`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.ReplayResult, ReplayResult)
+
+
+def encode_revisions(response: RevisionsResponse) -> bytes:
+    """Serialize one ``stratagem.v1.RevisionsResponse``."""
+    return to_message(response, pb.RevisionsResponse).SerializeToString()
+
+
+def decode_revisions(data: bytes) -> RevisionsResponse:
+    """Parse and validate ``stratagem.v1.RevisionsResponse`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.RevisionsResponse, RevisionsResponse)
+
+
+def encode_query(rpc: QueryRpc, plan_id: str = "") -> bytes:
+    """Serialize a plan-id request (``DescribeRequest``, ``WatchRequest``, ``PlansRequest``,
+    ``RevisionsRequest``, ``ReplayRequest``).
 
     Raises:
         ProtocolUsageError: When ``plan_id`` is malformed, or given to ``Describe``.
@@ -795,8 +912,9 @@ def encode_query(rpc: ReadRpc, plan_id: str = "") -> bytes:
     return to_message(query, message_type).SerializeToString()
 
 
-def decode_query(rpc: ReadRpc, data: bytes) -> str:
-    """Parse and validate the request of a read RPC; returns its ``plan_id`` ("" for ``Describe``).
+def decode_query(rpc: QueryRpc, data: bytes) -> str:
+    """Parse and validate a plan-id request (see ``encode_query``); returns its ``plan_id`` ("" for
+    ``Describe``).
 
     Raises:
         InvalidArgumentError: Unparseable bytes or a malformed ``plan_id``.

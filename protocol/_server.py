@@ -19,9 +19,10 @@ own, answered with one status code and audited. ``Call`` runs these stages in or
 An ``x-stratagem-request-id`` metadata value, when sent, names a call refused before its body is
 decoded in the audit log; the envelope must then carry the same id.
 
-``Describe``, ``Watch``, ``Plans`` and ``RunPlan`` go through stages 1-4 too, authorized as the
-pseudo-capabilities of the same names; their target defaults to this agent. ``Control`` (approve,
-reject, pause, cancel or resume a plan) is authorized as ``Control.<action>``, named in the
+``Describe``, ``Watch``, ``Plans``, ``Revisions``, ``RunPlan`` and ``Replay`` go through stages 1-4
+too, authorized as the pseudo-capabilities of the same names; their target defaults to this agent.
+``Control`` (approve, reject, pause, cancel, resume or replan a plan) is authorized as
+``Control.<action>``, named in the
 capability metadata so authorization still precedes decoding; its audit records carry the action,
 the gate, the approver (the verified caller) and the rationale (redacted) in their detail.
 
@@ -63,7 +64,9 @@ from protocol._codec import (
     PlanEvent,
     PlanSnapshot,
     ReadRpc,
+    ReplayResult,
     RequestEnvelope,
+    RevisionsResponse,
     control_capability,
     decode_control,
     decode_query,
@@ -73,6 +76,8 @@ from protocol._codec import (
     encode_card,
     encode_event,
     encode_plans,
+    encode_replay,
+    encode_revisions,
     encode_snapshot,
 )
 from protocol._context import CallContext, current_call
@@ -152,7 +157,15 @@ class AgentBackend(Protocol):
         ...
 
     async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
-        """Approve, reject, pause, cancel or resume a plan; ``ctx.caller`` is the approver."""
+        """Approve, reject, pause, cancel, resume or replan a plan; ``ctx.caller`` is the actor."""
+        ...
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """The plan's revision history, oldest first (``NotFoundError`` for an unknown plan)."""
+        ...
+
+    async def replay(self, plan_id: str, ctx: CallContext) -> ReplayResult:
+        """Re-run a finished plan from its records, with no side effects, and compare decisions."""
         ...
 
 
@@ -288,6 +301,8 @@ class AgentServer:
                         "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
                         "RunPlan": grpc.unary_unary_rpc_method_handler(self._run_plan),
                         "Control": grpc.unary_unary_rpc_method_handler(self._control),
+                        "Replay": grpc.unary_unary_rpc_method_handler(self._replay_plan),
+                        "Revisions": grpc.unary_unary_rpc_method_handler(self._revisions),
                     },
                 ),
             )
@@ -355,6 +370,12 @@ class AgentServer:
 
     async def _control(self, request: bytes, context: Any) -> bytes | None:
         return await self._serve("Control", request, context, self._serve_control)
+
+    async def _replay_plan(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Replay", request, context, self._serve_replay)
+
+    async def _revisions(self, request: bytes, context: Any) -> bytes | None:
+        return await self._serve("Revisions", request, context, self._serve_revisions)
 
     async def _watch(self, request: bytes, context: Any) -> None:
         await self._serve("Watch", request, context, self._serve_watch)
@@ -560,6 +581,50 @@ class AgentServer:
         self._limit(len(answer), "response")
         return answer
 
+    async def _serve_revisions(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        plan_id = await self._admit_read(exchange, request, span, "Revisions")
+        response = await _within(
+            self._budget(context), self._backend.revisions(plan_id), f"revisions of {plan_id}"
+        )
+        exchange.summary = f"plan {plan_id}: {len(response.revisions)} revisions"
+        answer = encode_revisions(response)
+        self._limit(len(answer), "response")
+        return answer
+
+    async def _serve_replay(
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        """Replay: authorized as "Replay" (operator-only in the default policy), audited with the
+        plan and, in the outcome, how many decisions diverged."""
+        self._admit(exchange, request, span, read="Replay")
+        self._limit(len(request), "request")
+        plan_id = decode_query("Replay", request)
+        span.set_attributes(stratagem_attributes(plan_id=plan_id))
+        await self._accept(exchange, f"plan {plan_id} replay")
+        budget = self._budget(context)
+        call = CallContext(
+            caller=exchange.caller,
+            target=self._role,
+            capability="Replay",
+            request_id=exchange.request_id,
+            plan_id=plan_id,
+            deadline=time.monotonic() + budget.seconds,
+        )
+        token = current_call.set(call)
+        try:
+            result = await _within(budget, self._backend.replay(plan_id, call), f"replay {plan_id}")
+        finally:
+            current_call.reset(token)
+        exchange.summary = (
+            f"plan {plan_id} revision {result.revision} replayed: {result.decisions} decisions, "
+            f"{len(result.divergences)} diverged"
+        )
+        answer = encode_replay(result)
+        self._limit(len(answer), "response")
+        return answer
+
     async def _serve_run_plan(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
@@ -617,6 +682,8 @@ class AgentServer:
                 + (" (recorded as done)" if control.output_json else "")
                 + f": {control.rationale}"
             )
+        elif control.action == "replan":
+            described += f" by {exchange.caller}: {control.rationale}"
         await self._accept(exchange, described)
         budget = self._budget(context)
         call = CallContext(

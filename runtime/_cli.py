@@ -39,6 +39,8 @@ from protocol import (
     PlanSnapshot,
     ProtocolError,
     RemoteError,
+    ReplayResult,
+    RevisionsResponse,
     SqliteAuditLog,
     SubmitGoalRequest,
     capability_for,
@@ -363,9 +365,14 @@ def request(
 # -- plans ---------------------------------------------------------------------------------------
 
 
-def _load_plan(path: Path, settings: Settings) -> tuple[str, str]:
-    """Read a plan file and check it the way its owner will: returns (owner, plan JSON)."""
+def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:
+    """Read a plan file and check it the way its owner will: returns (owner, plan JSON).
+
+    ``plan_id``, when given, replaces the file's id (a new revision of that plan).
+    """
     raw = _read_mapping(path, "a plan's id, owner and steps")
+    if plan_id:
+        raw["id"] = plan_id
     owner = raw.get("owner")
     if owner not in ROLES:
         raise InputError(f"{path}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
@@ -408,14 +415,22 @@ def plans_run(
 @plans_app.command("show")
 def plans_show(
     plan_id: Annotated[str, typer.Argument(help="A plan id, e.g. the goal id demo printed.")],
+    revisions: Annotated[
+        bool,
+        typer.Option("--revisions", help="Print the plan's revision history from its owner."),
+    ] = False,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a plan and every sub-plan it caused, from a running deployment."""
     with _errors():
-        with _running(Deployment(_settings(address, state_dir))) as deployment:
+        settings = _settings(address, state_dir)
+        with _running(Deployment(settings)) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
+        if revisions:
+            _show_revisions(plan_id, endpoints, settings, as_json=as_json)
+            return
 
         async def collect() -> list[PlanSnapshot]:
             found: list[PlanSnapshot] = []
@@ -431,6 +446,82 @@ def plans_show(
             _print_json([json.loads(s.model_dump_json()) for s in snapshots])
         else:
             console.print(plan_forest(snapshots, plan_id))
+
+
+def _show_revisions(
+    plan_id: str, endpoints: dict[str, str], settings: Settings, *, as_json: bool
+) -> None:
+    config = ClientConfig(default_timeout_s=settings.request_timeout_s)
+
+    async def fetch() -> RevisionsResponse:
+        owner = await _owner_of(plan_id, endpoints, config)
+        async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+            return await client.revisions(plan_id)
+
+    history = _run(fetch)
+    if as_json:
+        _print_json(history.model_dump(mode="json"))
+        return
+    table = Table(title=f"Revisions of plan {plan_id} on {history.agent}", title_justify="left")
+    for column in ("revision", "parent", "author", "rationale", "added", "removed", "changed"):
+        table.add_column(column)
+    for entry in history.revisions:
+        table.add_row(
+            str(entry.revision),
+            str(entry.parent) if entry.parent else "-",
+            entry.author or "-",
+            entry.rationale or "-",
+            ", ".join(entry.added) or "-",
+            ", ".join(entry.removed) or "-",
+            ", ".join(f"{c.step_id} ({', '.join(c.fields)})" for c in entry.changed) or "-",
+        )
+    console.print(table)
+
+
+@app.command()
+def replay(
+    plan_id: Annotated[str, typer.Argument(help="A finished plan's id.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Re-run a finished plan on its owner from its recorded outputs (no side effects) and report
+    where decisions diverge; exit 1 when any does."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        with _running(Deployment(settings)) as deployment:
+            endpoints = {info.role: info.endpoint for info in deployment.status()}
+        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
+
+        async def send() -> ReplayResult:
+            owner = await _owner_of(plan_id, endpoints, config)
+            async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+                return await client.replay(plan_id)
+
+        result = _run(send)
+        if as_json:
+            _print_json({**result.model_dump(mode="json"), "diverged": result.diverged})
+        elif not result.diverged:
+            console.print(
+                f"no divergence: {result.decisions} decisions re-derived "
+                f"(plan {result.plan_id} revision {result.revision} on {result.agent}, "
+                f"{result.recorded_status})",
+                highlight=False,
+            )
+        else:
+            table = Table(
+                title=f"Replay of plan {result.plan_id} revision {result.revision}: "
+                f"{len(result.divergences)} of {result.decisions} decisions diverged",
+                title_justify="left",
+            )
+            for column in ("step", "decision", "recorded", "replayed"):
+                table.add_column(column)
+            for d in result.divergences:
+                table.add_row(d.step_id or "(plan)", d.decision, d.recorded, d.replayed)
+            console.print(table)
+    if result.diverged:
+        raise typer.Exit(1)
 
 
 # -- control -------------------------------------------------------------------------------------
@@ -455,10 +546,14 @@ def _control(
     gate_id: str = "",
     rationale: str = "",
     output: str | None = None,
+    plan_file: Path | None = None,
 ) -> None:
     """Send one control action to the agent that owns ``plan_id`` and print the plan's state."""
     with _errors():
         settings = _settings(address, state_dir)
+        plan_json = ""
+        if plan_file is not None:
+            _, plan_json = _load_plan(plan_file, settings, plan_id=plan_id)
         recorded: dict[str, Any] | None = None
         if output is not None:
             try:
@@ -477,6 +572,7 @@ def _control(
                 gate_id=gate_id,
                 rationale=rationale,
                 output_json="" if recorded is None else json.dumps(recorded),
+                plan_json=plan_json,
             )
         except ValidationError as exc:
             raise InputError(_validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
@@ -488,7 +584,12 @@ def _control(
             owner = await _owner_of(plan_id, endpoints, config)
             async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
                 return await client.control(
-                    plan_id, action, gate_id=gate_id, rationale=rationale, output=recorded
+                    plan_id,
+                    action,
+                    gate_id=gate_id,
+                    rationale=rationale,
+                    output=recorded,
+                    plan_json=plan_json,
                 )
 
         snapshot = _run(send)
@@ -497,8 +598,8 @@ def _control(
         else:
             gate = f" gate {gate_id}" if gate_id else ""
             console.print(
-                f"{action}{gate}: plan {snapshot.plan_id} on {snapshot.agent} is "
-                f"[bold]{snapshot.status}[/]",
+                f"{action}{gate}: plan {snapshot.plan_id} revision {snapshot.revision} on "
+                f"{snapshot.agent} is [bold]{snapshot.status}[/]",
                 highlight=False,
             )
 
@@ -606,6 +707,34 @@ def resume(
     """Resume a stored, unfinished plan that is not running (paused, or left by a stop)."""
     _control(
         plan_id, "resume", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+    )
+
+
+@app.command()
+def replan(
+    plan_id: PlanArg,
+    plan_file: Annotated[
+        Path, typer.Argument(help="YAML or JSON plan: the new revision's owner and steps.")
+    ],
+    rationale: Annotated[
+        str, typer.Option("--rationale", help="Why the plan changes (kept with the revision).")
+    ],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Make a new revision of a stored plan that is not running (pause it first); 'resume' runs
+    it, with the results of unchanged completed steps carried over."""
+    _control(
+        plan_id,
+        "replan",
+        rationale=rationale,
+        plan_file=plan_file,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -360,3 +361,51 @@ def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None
     finally:
         audit.close()
     assert any("gate ok by operator: looks right" in detail for detail in details)
+
+
+def _who_leads(tmp_path: Path, plan_id: str, text: str | None = None) -> Path:
+    plan = yaml.safe_load((EXAMPLES / "plans" / "who-leads.yaml").read_text(encoding="utf-8"))
+    plan["id"] = plan_id
+    if text is not None:
+        plan["steps"][-1]["input"]["text"] = text
+    path = tmp_path / f"{plan_id}-{len(text or '')}.yaml"
+    path.write_text(yaml.safe_dump(plan), encoding="utf-8")
+    return path
+
+
+def test_a_finished_plan_replays_without_divergence(deployed: Path, tmp_path: Path) -> None:
+    ran = run("plans", "run", str(_who_leads(tmp_path, "cli-replayed")), state_dir=deployed)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    shown = run("replay", "cli-replayed", state_dir=deployed)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    # Two steps, four decisions each (order, outcomes, status, output), and the plan's status.
+    assert "no divergence: 9 decisions re-derived" in shown.stdout
+    as_json = run("replay", "cli-replayed", "--json", state_dir=deployed)
+    assert as_json.returncode == 0, as_json.stderr[-2000:]
+    report = json.loads(as_json.stdout)
+    assert (report["agent"], report["diverged"], report["divergences"]) == ("strategic", False, [])
+    missing = run("replay", "no-such-plan", state_dir=deployed)
+    assert missing.returncode == 2
+    assert "no plan 'no-such-plan'" in missing.stderr
+
+
+def test_a_replanned_plan_shows_its_revisions(deployed: Path, tmp_path: Path) -> None:
+    ran = run("plans", "run", str(_who_leads(tmp_path, "cli-revised")), state_dir=deployed)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    changed = _who_leads(tmp_path, "cli-revised", text="Oren wakes in the tower. Oren leads.")
+    replanned = run(
+        "replan", "cli-revised", str(changed), "--rationale", "new passage", state_dir=deployed
+    )
+    assert replanned.returncode == 0, replanned.stderr[-2000:]
+    assert "revision 2" in replanned.stdout
+    history = run("plans", "show", "cli-revised", "--revisions", "--json", state_dir=deployed)
+    assert history.returncode == 0, history.stderr[-2000:]
+    revisions = json.loads(history.stdout)["revisions"]
+    assert [(r["revision"], r["parent"]) for r in revisions] == [(1, 0), (2, 1)]
+    assert revisions[1]["rationale"] == "new passage"
+    assert revisions[1]["author"] == "operator"
+    assert [c["step_id"] for c in revisions[1]["changed"]] == ["themes"]
+    table = run("plans", "show", "cli-revised", "--revisions", state_dir=deployed)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "new passage" in table.stdout
+    assert "themes (input)" in table.stdout

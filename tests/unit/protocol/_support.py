@@ -32,8 +32,13 @@ from protocol import (
     PlanExecutionSequenceResponse,
     PlanNarrativeArcRequest,
     PlanNarrativeArcResponse,
+    PlanRevision,
     PlanSnapshot,
     Relation,
+    ReplayDivergence,
+    ReplayResult,
+    RevisionsResponse,
+    RevisionStepChange,
     SpatialContext,
     SubmitGoalRequest,
     SubmitGoalResponse,
@@ -167,6 +172,46 @@ class FakeBackend:
             raise NotFoundError(f"no plan {request.plan_id!r}")
         return PlanSnapshot(
             plan_id=request.plan_id, agent=self._role, revision=1, status=request.action
+        )
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        if plan_id == "missing":
+            raise NotFoundError(f"no plan {plan_id!r}")
+        return RevisionsResponse(
+            plan_id=plan_id,
+            agent=self._role,
+            revisions=[
+                PlanRevision(revision=1),
+                PlanRevision(
+                    revision=2,
+                    parent=1,
+                    author="operator",
+                    rationale="why",
+                    added=["c"],
+                    changed=[RevisionStepChange(step_id="b", fields=["input"])],
+                    carried=["a"],
+                    at=1.5,
+                ),
+            ],
+        )
+
+    async def replay(self, plan_id: str, ctx: CallContext) -> ReplayResult:
+        self.calls.append(("Replay", PlanSnapshot(plan_id=plan_id, agent="x", status="x"), ctx))
+        if plan_id == "missing":
+            raise NotFoundError(f"no plan {plan_id!r}")
+        divergences = (
+            [ReplayDivergence(step_id="b", decision="output", recorded="1", replayed="2")]
+            if plan_id == "diverged"
+            else []
+        )
+        return ReplayResult(
+            plan_id=plan_id,
+            agent=self._role,
+            revision=1,
+            recorded_status="succeeded",
+            replayed_status="succeeded",
+            decisions=9,
+            divergences=divergences,
         )
 
 

@@ -128,3 +128,56 @@ async def test_a_durable_answer_is_replayed_after_the_server_restarts(
     # The second server (a restart) answered from the file: the handler ran once.
     assert len(backend.calls) == 1
     assert [r.action for r in audit.records()] == ["call.replayed", "call.refused"]
+
+
+async def test_replan_carries_its_plan_and_rationale_into_the_audit(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    snapshot = await connect(server.endpoint).control(
+        "plan-1", "replan", plan_json='{"steps": []}', rationale="new passage"
+    )
+    assert snapshot.status == "replan"
+    [(request, ctx)] = backend.controls
+    assert request.plan_json == '{"steps": []}'
+    assert ctx.capability == "Control.replan"
+    accepted = list(audit.records())[-2]
+    assert accepted.detail == "plan plan-1 replan by operator: new passage"
+
+
+def test_replan_needs_a_plan_and_a_rationale() -> None:
+    with pytest.raises(ValueError, match="replan needs plan_json and rationale"):
+        ControlRequest(plan_id="p", action="replan", plan_json="{}")
+    with pytest.raises(ValueError, match="plan_json is only for replan"):
+        ControlRequest(plan_id="p", action="pause", plan_json="{}")
+
+
+async def test_replay_answers_the_backends_report_and_is_audited(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    client = connect(server.endpoint)
+    clean = await client.replay("plan-1")
+    assert (clean.decisions, clean.diverged) == (9, False)
+    diverged = await client.replay("diverged")
+    assert [(d.step_id, d.decision) for d in diverged.divergences] == [("b", "output")]
+    accepted, outcome = list(audit.records())[-2:]
+    assert (accepted.capability, accepted.detail) == ("Replay", "plan diverged replay")
+    assert outcome.detail == "plan diverged revision 1 replayed: 9 decisions, 1 diverged"
+    with pytest.raises(NotFoundError):
+        await client.replay("missing")
+
+
+async def test_replay_is_for_the_operator_only(
+    server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    with pytest.raises(PermissionDeniedError):
+        await connect(server.endpoint, caller="orchestrator").replay("plan-1")
+    assert list(audit.records())[-1].action == "call.denied"
+
+
+async def test_revisions_round_trip(server: AgentServer, connect: Connect) -> None:
+    client = connect(server.endpoint)
+    history = await client.revisions("plan-1")
+    assert [(r.revision, r.parent) for r in history.revisions] == [(1, 0), (2, 1)]
+    assert history.revisions[1].changed[0].fields == ["input"]
+    with pytest.raises(NotFoundError):
+        await client.revisions("missing")

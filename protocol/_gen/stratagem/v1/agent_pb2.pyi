@@ -1006,17 +1006,20 @@ class ControlRequest(_message.Message):
     RATIONALE_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    PLAN_JSON_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     action: _builtins.str
-    """approve | reject | pause | cancel | resume"""
+    """approve | reject | pause | cancel | resume | replan"""
     gate_id: _builtins.str
     """approve | reject: the gate step, or the step a reconcile gate names"""
     rationale: _builtins.str
-    """approve | reject: why (audited, redacted)"""
+    """approve | reject | replan: why (audited, redacted)"""
     revision: _builtins.int
     """approve | reject: the plan revision decided for; 0 for the current one"""
     output_json: _builtins.str
     """approve of a reconcile gate: record the step as done with this output"""
+    plan_json: _builtins.str
+    """replan: the new revision's plan (the agent's typed plan, as JSON)"""
     def __init__(
         self,
         *,
@@ -1026,11 +1029,228 @@ class ControlRequest(_message.Message):
         rationale: _builtins.str = ...,
         revision: _builtins.int = ...,
         output_json: _builtins.str = ...,
+        plan_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "gate_id", b"gate_id", "output_json", b"output_json", "plan_id", b"plan_id", "rationale", b"rationale", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "gate_id", b"gate_id", "output_json", b"output_json", "plan_id", b"plan_id", "plan_json", b"plan_json", "rationale", b"rationale", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ControlRequest: _TypeAlias = ControlRequest  # noqa: Y015
+
+@_typing.final
+class ReplayRequest(_message.Message):
+    """Replay: re-run a finished plan's newest revision on its owner, from the outputs its store
+    recorded (nothing outside the engine runs), and compare every decision. Authorized as "Replay".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_id", b"plan_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayRequest: _TypeAlias = ReplayRequest  # noqa: Y015
+
+@_typing.final
+class ReplayDivergence(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """"" for the plan"""
+    decision: _builtins.str
+    """order | outcomes | status | output | plan_status"""
+    recorded: _builtins.str
+    replayed: _builtins.str
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        decision: _builtins.str = ...,
+        recorded: _builtins.str = ...,
+        replayed: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "recorded", b"recorded", "replayed", b"replayed", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayDivergence: _TypeAlias = ReplayDivergence  # noqa: Y015
+
+@_typing.final
+class ReplayResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    RECORDED_STATUS_FIELD_NUMBER: _builtins.int
+    REPLAYED_STATUS_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    DIVERGENCES_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    agent: _builtins.str
+    revision: _builtins.int
+    recorded_status: _builtins.str
+    replayed_status: _builtins.str
+    """"" when the replay did not end in time"""
+    decisions: _builtins.int
+    """how many decisions were re-derived and compared"""
+    @_builtins.property
+    def divergences(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayDivergence]: ...
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        recorded_status: _builtins.str = ...,
+        replayed_status: _builtins.str = ...,
+        decisions: _builtins.int = ...,
+        divergences: _abc.Iterable[Global___ReplayDivergence] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "decisions", b"decisions", "divergences", b"divergences", "plan_id", b"plan_id", "recorded_status", b"recorded_status", "replayed_status", b"replayed_status", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayResult: _TypeAlias = ReplayResult  # noqa: Y015
+
+@_typing.final
+class RevisionsRequest(_message.Message):
+    """Revisions: a plan's revision history, oldest first, from its owner's store. Authorized as
+    "Revisions" (a read RPC).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_id", b"plan_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevisionsRequest: _TypeAlias = RevisionsRequest  # noqa: Y015
+
+@_typing.final
+class RevisionStepChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fields", b"fields", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevisionStepChange: _TypeAlias = RevisionStepChange  # noqa: Y015
+
+@_typing.final
+class PlanRevision(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    ADDED_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    CARRIED_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    parent: _builtins.int
+    """0 for the first revision"""
+    author: _builtins.str
+    rationale: _builtins.str
+    at: _builtins.float
+    """seconds since the epoch; 0 when unknown"""
+    @_builtins.property
+    def added(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def changed(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevisionStepChange]: ...
+    @_builtins.property
+    def carried(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the parent's completed steps whose results carried over"""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        parent: _builtins.int = ...,
+        author: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        added: _abc.Iterable[_builtins.str] | None = ...,
+        removed: _abc.Iterable[_builtins.str] | None = ...,
+        changed: _abc.Iterable[Global___RevisionStepChange] | None = ...,
+        carried: _abc.Iterable[_builtins.str] | None = ...,
+        at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "at", b"at", "author", b"author", "carried", b"carried", "changed", b"changed", "parent", b"parent", "rationale", b"rationale", "removed", b"removed", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanRevision: _TypeAlias = PlanRevision  # noqa: Y015
+
+@_typing.final
+class RevisionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    REVISIONS_FIELD_NUMBER: _builtins.int
+    plan_id: _builtins.str
+    agent: _builtins.str
+    @_builtins.property
+    def revisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanRevision]: ...
+    def __init__(
+        self,
+        *,
+        plan_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+        revisions: _abc.Iterable[Global___PlanRevision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "plan_id", b"plan_id", "revisions", b"revisions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevisionsResponse: _TypeAlias = RevisionsResponse  # noqa: Y015

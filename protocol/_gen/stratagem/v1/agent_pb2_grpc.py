@@ -64,6 +64,16 @@ class AgentServiceStub:
                 request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
                 response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
                 _registered_method=True)
+        self.Replay = channel.unary_unary(
+                '/stratagem.v1.AgentService/Replay',
+                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
+                _registered_method=True)
+        self.Revisions = channel.unary_unary(
+                '/stratagem.v1.AgentService/Revisions',
+                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
+                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -105,6 +115,18 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replay(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revisions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +159,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Control,
                     request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.FromString,
                     response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
+            ),
+            'Replay': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replay,
+                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.FromString,
+                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.SerializeToString,
+            ),
+            'Revisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revisions,
+                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.FromString,
+                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +333,60 @@ class AgentService:
             '/stratagem.v1.AgentService/Control',
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
             protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratagem.v1.AgentService/Replay',
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stratagem.v1.AgentService/Revisions',
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
+            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,8 @@ class AgentServiceStub:
     Plans: _grpc.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]
     RunPlan: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]
     Control: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ControlRequest, _agent_pb2.PlanSnapshot]
+    Replay: _grpc.UnaryUnaryMultiCallable[_agent_pb2.ReplayRequest, _agent_pb2.ReplayResult]
+    Revisions: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RevisionsRequest, _agent_pb2.RevisionsResponse]
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -52,6 +54,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Plans: _aio.UnaryUnaryMultiCallable[_agent_pb2.PlansRequest, _agent_pb2.PlansResponse]  # type: ignore[assignment]
     RunPlan: _aio.UnaryUnaryMultiCallable[_agent_pb2.RunPlanRequest, _agent_pb2.PlanSnapshot]  # type: ignore[assignment]
     Control: _aio.UnaryUnaryMultiCallable[_agent_pb2.ControlRequest, _agent_pb2.PlanSnapshot]  # type: ignore[assignment]
+    Replay: _aio.UnaryUnaryMultiCallable[_agent_pb2.ReplayRequest, _agent_pb2.ReplayResult]  # type: ignore[assignment]
+    Revisions: _aio.UnaryUnaryMultiCallable[_agent_pb2.RevisionsRequest, _agent_pb2.RevisionsResponse]  # type: ignore[assignment]
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -95,5 +99,19 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.ControlRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.PlanSnapshot, _abc.Awaitable[_agent_pb2.PlanSnapshot]]: ...
+
+    @_abc_1.abstractmethod
+    def Replay(
+        self,
+        request: _agent_pb2.ReplayRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.ReplayResult, _abc.Awaitable[_agent_pb2.ReplayResult]]: ...
+
+    @_abc_1.abstractmethod
+    def Revisions(
+        self,
+        request: _agent_pb2.RevisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.RevisionsResponse, _abc.Awaitable[_agent_pb2.RevisionsResponse]]: ...
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
