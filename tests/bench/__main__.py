@@ -18,6 +18,7 @@ from typing import Any
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.report import RESULTS_PATH, machine_facts, verdicts, write_outputs
 from tests.bench.rpc import run_rpc_benchmark
@@ -34,7 +35,7 @@ def _log_to_stderr() -> None:
 
 
 def main() -> int:
-    """Run the engine benchmark, then the cross-agent one; write and print the results."""
+    """Run the engine and durable benchmarks, then the cross-agent one; write and print them."""
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -54,6 +55,19 @@ def main() -> int:
         engine["variants"]["bare_loop"]["per_step_us"]["median"],
         engine["ratios"]["engine_noop_tracer"],
     )
+    logger.info("durable: the same plan with SqliteStateStore checkpoints vs none; store size")
+    durable = run_durable_benchmark(folder=RESULTS_PATH.parent / "durable")
+    for name, ratio in durable["ratios"].items():
+        logger.info("durable: %s at %.2fx the store-free engine per step", name, ratio)
+    size = durable["store_size"]
+    logger.info(
+        "durable: %d -> %d bytes for %d -> %d steps (%.2fx)",
+        size["small"]["bytes"],
+        size["large"]["bytes"],
+        size["small"]["steps"],
+        size["large"]["steps"],
+        size["growth"]["bytes"],
+    )
     logger.info("rpc: actor to actor through the pipeline vs a bare grpc.aio echo")
     # The audit files go under .bench/: the file system the default state directory is on.
     rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
@@ -63,8 +77,8 @@ def main() -> int:
         "schema": 1,
         "machine": machine,
         "duration_s": round(time.perf_counter() - started, 1),
-        "verdicts": verdicts(rpc, engine),
-        "benchmarks": {"rpc": rpc, "engine": engine},
+        "verdicts": verdicts(rpc, engine, durable),
+        "benchmarks": {"rpc": rpc, "engine": engine, "durable": durable},
     }
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
 
@@ -41,6 +42,13 @@ ENGINE_ASK: Final = (
     "loop that runs the same DAG"
 )
 ENGINE_TARGET: Final = "Target: the engine within 4x of the bare loop"
+DURABLE_ASK: Final = (
+    "per-step overhead with durable checkpoints for a 1,000-step layered plan, beside the same "
+    "plan with checkpoints off, in one run; store size after 1,000 and 10,000 steps"
+)
+DURABLE_TARGET: Final = (
+    "checkpoints cost at most 3x the checkpoint-free engine per step, and the store grows linearly"
+)
 
 _PACKAGES: Final = ("ray", "grpcio", "protobuf", "pydantic", "opentelemetry-sdk")
 _VARIANT_NOTES: Final = {
@@ -52,6 +60,11 @@ _VARIANT_NOTES: Final = {
     engine_bench.BARE: "bare asyncio Kahn loop (tasks, dependency counts, done-callbacks)",
     engine_bench.ENGINE_NOOP: "`Engine.run`, no tracer provider configured (API no-op tracer)",
     engine_bench.ENGINE_SDK: "`Engine.run`, SDK `TracerProvider` without span processor",
+    durable_bench.NO_STORE: "`Engine.run` without a store: checkpoints off",
+    durable_bench.IDEMPOTENT: "`SqliteStateStore`; tools declared idempotent (steps do not wait "
+    "for their intent's commit)",
+    durable_bench.SIDE_EFFECTING: "`SqliteStateStore`; tools declared not idempotent (each step "
+    "waits for the commit of its intent)",
 }
 
 
@@ -102,8 +115,15 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def verdicts(rpc: dict[str, Any], engine: dict[str, Any]) -> list[dict[str, Any]]:
-    """One verdict per variant a target applies to: ``met`` when its ratio is within the bound."""
+def verdicts(
+    rpc: dict[str, Any], engine: dict[str, Any], durable: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One verdict per variant a target applies to: ``met`` when its ratio is within the bound.
+
+    The durable benchmark's store growth is a verdict too (variant ``store_growth``): ``ratio`` is
+    bytes after the large plan over bytes after the small one, ``met`` when within the linear
+    range (``max_ratio`` is the range's top, ``min_ratio`` its bottom).
+    """
     found = [
         {
             "benchmark": "rpc",
@@ -127,6 +147,31 @@ def verdicts(rpc: dict[str, Any], engine: dict[str, Any]) -> list[dict[str, Any]
                 "met": ratio <= bound,
             }
         )
+    durable_bound = durable["target"]["max_ratio"]
+    for variant, target in durable["target"]["variants"].items():
+        found.append(
+            {
+                "benchmark": "durable",
+                "target": DURABLE_TARGET,
+                "variant": variant,
+                "ratio": target["ratio"],
+                "max_ratio": durable_bound,
+                "met": target["met"],
+            }
+        )
+    size = durable["store_size"]
+    low, high = size["linear_range"]
+    found.append(
+        {
+            "benchmark": "durable",
+            "target": DURABLE_TARGET,
+            "variant": "store_growth",
+            "ratio": size["growth"]["bytes"],
+            "min_ratio": low,
+            "max_ratio": high,
+            "met": size["linear"],
+        }
+    )
     return found
 
 
@@ -172,11 +217,35 @@ def _machine_section(machine: dict[str, Any], duration_s: float) -> list[str]:
     return ["## Machine", "", *_table(("", ""), rows, text_columns=2)]
 
 
-def _verdict_section(found: list[dict[str, Any]], rpc: dict[str, Any]) -> list[str]:
+def _target_text(item: dict[str, Any], durable: dict[str, Any]) -> str:
+    match item["benchmark"]:
+        case "rpc":
+            return f"≤ {item['max_ratio']:g}x the bare echo's median latency"
+        case "engine":
+            return f"≤ {item['max_ratio']:g}x the bare loop"
+        case _ if item["variant"] == "store_growth":
+            size = durable["store_size"]
+            return (
+                f"bytes({size['large']['steps']:,} steps) / bytes({size['small']['steps']:,}) "
+                f"within {item['min_ratio']:g} to {item['max_ratio']:g}x (linear)"
+            )
+        case _:
+            return f"≤ {item['max_ratio']:g}x the store-free engine per step"
+
+
+def _verdict_section(
+    found: list[dict[str, Any]], rpc: dict[str, Any], durable: dict[str, Any]
+) -> list[str]:
     lines = ["## Verdicts", ""]
     rows = []
     for item in found:
-        if item["benchmark"] == "rpc":
+        if item["benchmark"] == "durable" and item["variant"] != "store_growth":
+            variants = durable["variants"]
+            measured = (
+                f"{item['ratio']:.2f}x ({variants[item['variant']]['per_step_us']['median']:.1f}"
+                f" µs vs {variants[durable_bench.NO_STORE]['per_step_us']['median']:.1f} µs)"
+            )
+        elif item["benchmark"] == "rpc":
             variants = rpc["variants"]
             measured = (
                 f"{item['ratio']:.2f}x ({_us(variants[item['variant']]['latency_us']['median'])}"
@@ -187,8 +256,7 @@ def _verdict_section(found: list[dict[str, Any]], rpc: dict[str, Any]) -> list[s
         rows.append(
             (
                 f"{item['benchmark']}: `{item['variant']}`",
-                f"≤ {item['max_ratio']:g}x the "
-                + ("bare echo's median latency" if item["benchmark"] == "rpc" else "bare loop"),
+                _target_text(item, durable),
                 measured,
                 _verdict(item["met"]),
             )
@@ -463,6 +531,126 @@ def _engine_section(engine: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _durable_section(durable: dict[str, Any]) -> list[str]:
+    config, variants, ratios = durable["config"], durable["variants"], durable["ratios"]
+    size = durable["store_size"]
+    lines = [
+        "## 3. Durable checkpoints: per-step overhead and store size",
+        "",
+        f'Asked: "{DURABLE_ASK}". Target: "{DURABLE_TARGET}".',
+        "",
+        "How it was measured:",
+        "",
+        f"- The plan of section 2 ({config['steps']} no-op `ToolStep`s, {config['layers']} layers "
+        f"of {config['width']}, fan-in {config['fan_in']}, in-flight bound "
+        f"{config['max_in_flight']}), run by `Engine.run` with no tracer provider, in one event "
+        "loop in the driver process, before Ray starts.",
+        "- `no_store` has no store; the two durable variants each write to a `SqliteStateStore` "
+        "file of their own under `.bench/durable/` (WAL, `synchronous=NORMAL`, the store's own "
+        "writer thread). Each run has a fresh plan id, so every run journals its whole plan.",
+        "- The engine treats the two kinds of tool differently (`docs/durability.md`): a step "
+        "whose tool is declared idempotent (in a plan without a budget) starts without waiting "
+        "for its intent's commit; a side-effecting (not idempotent) step waits for it. Both are "
+        "reported; the target applies to both.",
+        f"- {config['warmup']} warm-up runs of each variant, then {config['repeats']} timed runs "
+        "each, in rotating order, after a `gc.collect()`; per-step cost = the run's wall time / "
+        "steps; medians, min and max over the runs, and the ratio of medians to `no_store`'s.",
+        "",
+    ]
+    rows = []
+    for name, variant in variants.items():
+        per_step = variant["per_step_us"]
+        rows.append(
+            (
+                f"`{name}`",
+                _VARIANT_NOTES[name],
+                f"{per_step['median']:.2f}",
+                f"{per_step['min']:.2f}",
+                f"{per_step['max']:.2f}",
+                f"{variant['run_ms']:.1f}",
+                f"{ratios[name]:.2f}x" if name in ratios else "1x",
+            )
+        )
+    lines += _table(
+        (
+            "variant",
+            "what",
+            "median µs/step",
+            "min µs/step",
+            "max µs/step",
+            "median ms/run",
+            "vs no store",
+        ),
+        rows,
+        text_columns=2,
+    )
+    bound = durable["target"]["max_ratio"]
+    for name, target in durable["target"]["variants"].items():
+        extra = (
+            variants[name]["per_step_us"]["median"]
+            - (variants[durable_bench.NO_STORE]["per_step_us"]["median"])
+        )
+        lines.append(
+            f"- `{name}`: {target['ratio']:.2f}x the store-free engine per step "
+            f"(+{extra:.1f} µs per step), target ≤ {bound:g}x: {_verdict(target['met'])}."
+        )
+    small, large = size["small"], size["large"]
+    lines += [
+        "",
+        "### Store size",
+        "",
+        f"A fresh store runs one plan of {small['steps']:,} steps, another fresh store one plan "
+        f"of {large['steps']:,} steps (same layer width and fan-in; side-effecting tools). "
+        "After each run, `SqliteStateStore.stats()` checkpoints the WAL (`TRUNCATE`) and counts "
+        "the plan rows, the journal rows and the bytes of the database pages in use; the file "
+        "bytes are the database file plus its WAL on disk after that checkpoint (they include "
+        "free pages).",
+        "",
+    ]
+    growth = size["growth"]
+    lines += _table(
+        (
+            "steps",
+            "plan rows",
+            "journal rows",
+            "rows per step",
+            "bytes in use",
+            "bytes per step",
+            "file bytes (db + WAL)",
+        ),
+        [
+            (
+                f"{item['steps']:,}",
+                item["plans"],
+                f"{item['records']:,}",
+                f"{item['records_per_step']:.2f}",
+                f"{item['bytes']:,}",
+                f"{item['bytes_per_step']:.0f}",
+                f"{item['file_bytes']:,} ({item['db_file_bytes']:,} + {item['wal_file_bytes']:,})",
+            )
+            for item in (small, large)
+        ]
+        + [
+            (
+                f"growth ({size['steps_ratio']:g}x steps)",
+                "",
+                f"{growth['records']:.2f}x",
+                "",
+                f"{growth['bytes']:.2f}x",
+                "",
+                f"{growth['file_bytes']:.2f}x",
+            )
+        ],
+    )
+    low, high = size["linear_range"]
+    lines += [
+        f"- Bytes in use grew {growth['bytes']:.2f}x for {size['steps_ratio']:g}x the steps; "
+        f"linear means within {low:g} to {high:g}x: {_verdict(size['linear'])}.",
+        "",
+    ]
+    return lines
+
+
 def _wrapped(lines: Iterable[str], width: int = 100) -> list[str]:
     """Prose lines wrapped at ``width`` (bullets with a hanging indent); tables left as they are."""
     out: list[str] = []
@@ -483,7 +671,8 @@ def _wrapped(lines: Iterable[str], width: int = 100) -> list[str]:
 
 def render_markdown(results: dict[str, Any]) -> str:
     """``BENCHMARKS.md`` for one run's results."""
-    rpc, engine = results["benchmarks"]["rpc"], results["benchmarks"]["engine"]
+    benchmarks = results["benchmarks"]
+    rpc, engine, durable = benchmarks["rpc"], benchmarks["engine"], benchmarks["durable"]
     lines = [
         "# Benchmarks",
         "",
@@ -491,10 +680,11 @@ def render_markdown(results: dict[str, Any]) -> str:
         "of the same run are in `.bench/results.json`. Every ratio below compares figures measured "
         "in this one run.",
         "",
-        *_verdict_section(results["verdicts"], rpc),
+        *_verdict_section(results["verdicts"], rpc, durable),
         *_machine_section(results["machine"], results["duration_s"]),
         *_rpc_section(rpc),
         *_engine_section(engine),
+        *_durable_section(durable),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
 

@@ -56,6 +56,7 @@ from protocol import (
     AuditLog,
     CallContext,
     CapabilityCard,
+    ControlRequest,
     FailedPreconditionError,
     FindSpatialContextRequest,
     FindSpatialContextResponse,
@@ -64,8 +65,10 @@ from protocol import (
     PlanEvent,
     PlanSnapshot,
     Policy,
+    ReplayResult,
     RequestEnvelope,
     ResponseEnvelope,
+    RevisionsResponse,
     ServerConfig,
     SpatialContext,
     SqliteAuditLog,
@@ -170,6 +173,18 @@ class ConstantBackend:
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         """No plans."""
         return []
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """No plans to control."""
+        raise NotFoundError(f"no plan {request.plan_id!r}")
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """No plans, so no revisions."""
+        raise NotFoundError(f"no plan {plan_id!r}")
+
+    async def replay(self, plan_id: str, ctx: CallContext) -> ReplayResult:
+        """No plans to replay."""
+        raise NotFoundError(f"no plan {plan_id!r}")
 
 
 async def _echo(request: bytes, context: Any) -> bytes:

@@ -1,4 +1,4 @@
-"""Smoke test of the engine benchmark: a tiny plan, one repeat, well-formed results.
+"""Smoke tests of the engine and durable benchmarks: tiny plans, one repeat, well-formed results.
 
 Only the shape of the results is checked, never a timing: the figures themselves are
 ``make bench``'s business.
@@ -7,7 +7,15 @@ Only the shape of the results is checked, never a timing: the figures themselves
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from tests.bench.durable import (
+    IDEMPOTENT,
+    NO_STORE,
+    SIDE_EFFECTING,
+    DurableBenchConfig,
+    run_durable_benchmark,
+)
 from tests.bench.engine import (
     BARE,
     ENGINE_NOOP,
@@ -16,6 +24,7 @@ from tests.bench.engine import (
     layered_plan,
     run_engine_benchmark,
 )
+from tests.bench.report import _durable_section, verdicts
 
 
 def test_layered_plan_has_the_asked_shape() -> None:
@@ -46,3 +55,35 @@ def test_engine_benchmark_returns_well_formed_results() -> None:
     assert target["max_ratio"] == 4.0
     assert target["ratio"] == result["ratios"][ENGINE_NOOP]
     assert isinstance(target["met"], bool)
+
+
+def test_durable_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
+    shape = EngineBenchConfig(layers=2, width=10, fan_in=2, repeats=1, warmup=0)
+    config = DurableBenchConfig(plan=shape, small_layers=2, large_layers=4)
+    result = run_durable_benchmark(config, folder=tmp_path)
+
+    assert result["config"]["steps"] == 20
+    assert (result["config"]["small_steps"], result["config"]["large_steps"]) == (20, 40)
+    assert set(result["variants"]) == {NO_STORE, IDEMPOTENT, SIDE_EFFECTING}
+    for variant in result["variants"].values():
+        assert variant["per_step_us"]["n"] == 1
+        assert variant["per_step_us"]["median"] > 0
+        assert len(variant["samples_us"]) == 1
+    assert set(result["ratios"]) == {IDEMPOTENT, SIDE_EFFECTING}
+    assert all(math.isfinite(ratio) and ratio > 0 for ratio in result["ratios"].values())
+    target = result["target"]
+    assert target["baseline"] == NO_STORE
+    assert target["max_ratio"] == 3.0
+    assert set(target["variants"]) == {IDEMPOTENT, SIDE_EFFECTING}
+    size = result["store_size"]
+    assert (size["small"]["steps"], size["large"]["steps"]) == (20, 40)
+    for item in (size["small"], size["large"]):
+        assert item["plans"] == 1
+        assert item["records"] >= 2 * item["steps"]  # an intent and a result per step
+        assert 0 < item["bytes"] <= item["file_bytes"]
+    assert size["steps_ratio"] == 2.0
+    assert size["linear_range"] == [1.6, 2.5]
+    assert isinstance(size["linear"], bool)
+    found = verdicts({"targets": []}, {"target": {"max_ratio": 4.0}, "ratios": {}}, result)
+    assert [item["variant"] for item in found] == [IDEMPOTENT, SIDE_EFFECTING, "store_growth"]
+    assert "## 3. Durable checkpoints" in "\n".join(_durable_section(result))
