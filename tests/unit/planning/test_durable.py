@@ -277,21 +277,22 @@ async def test_a_stored_plan_is_not_run_twice(tmp_path: Path) -> None:
 # --- crash and resume ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "threaded"])
 @pytest.mark.parametrize("seed", range(20))
 async def test_crash_anywhere_then_resume_runs_every_effect_exactly_once(
-    seed: int, tmp_path: Path
+    seed: int, threaded: bool, tmp_path: Path
 ) -> None:
     rng = random.Random(seed)
     plan = random_plan(seed)
     effect_steps = [s.id for s in plan.steps if isinstance(s, ToolStep) and s.tool == "effect"]
     ledger = Ledger()
     path = tmp_path / "state.db"
-    store = SqliteStateStore(path)
+    store = SqliteStateStore(path, threaded=threaded)
     task = asyncio.create_task(engine_with(ledger, store).run(plan))
     await crash_after(task, ledger, rng.randrange(1, 50), rng.randrange(0, 6))
     await store.aclose()
 
-    async with SqliteStateStore(path) as fresh:
+    async with SqliteStateStore(path, threaded=threaded) as fresh:
         result, decided = await resume_reconciling(engine_with(ledger, fresh), plan.id, ledger)
         assert await fresh.unfinished() == []
     assert result.status is PlanStatus.SUCCEEDED, result.failures

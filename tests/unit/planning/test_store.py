@@ -36,10 +36,11 @@ from planning import (
 from ._support import make_plan, tool_step
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "sqlite-threaded", "memory"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StateStore]:
-    if request.param == "sqlite":
-        async with SqliteStateStore(tmp_path / "state.db") as sqlite:
+    if request.param.startswith("sqlite"):
+        threaded = request.param == "sqlite-threaded"
+        async with SqliteStateStore(tmp_path / "state.db", threaded=threaded) as sqlite:
             yield sqlite
     else:
         yield InMemoryStateStore()
