@@ -58,6 +58,7 @@ from planning._revisions import (
 from planning._sqlite_store import SqliteStateStore
 from planning._store import (
     BreakerState,
+    BudgetRecord,
     CompensationRecord,
     CompensationState,
     CompensationStatus,
@@ -81,6 +82,7 @@ from planning._validate import validate_plan
 __all__ = [
     "BreakerState",
     "Budget",
+    "BudgetRecord",
     "CircuitBreakerConfig",
     "CompensationRecord",
     "CompensationState",

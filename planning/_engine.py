@@ -110,6 +110,7 @@ from planning._revisions import (
 )
 from planning._store import (
     BreakerState,
+    BudgetRecord,
     CompensationRecord,
     CompensationStatus,
     ControlRecord,
@@ -648,7 +649,14 @@ class Engine:
         attempts = {step_id: s.attempt for step_id, s in state.steps.items()}
         compensations = {c.step_id: c.status for c in state.compensations}
         revision, _ = await self._revise(
-            old, new_plan, state.outputs, attempts, compensations, rationale, author
+            old,
+            new_plan,
+            state.outputs,
+            attempts,
+            compensations,
+            rationale,
+            author,
+            spent=(state.spent_calls, state.spent_cost),
         )
         logger.info(
             "plan %s: revision %d made by %s: %s", plan_id, revision.revision, author, rationale
@@ -664,8 +672,11 @@ class Engine:
         compensations: dict[str, CompensationStatus],
         rationale: str,
         author: str,
+        *,
+        spent: tuple[int, float] = (0, 0.0),
     ) -> tuple[Revision, PlanState]:
-        """Make (and store) the revision after ``old``; its state holds the carried results."""
+        """Make (and store) the revision after ``old``; its state holds the carried results and
+        what earlier revisions spent of the plan's budget."""
         steps = [
             step
             if step.status is StepStatus.PENDING
@@ -679,6 +690,8 @@ class Engine:
         same = unchanged_steps(old, plan)
         carried = [step.id for step in plan.steps if step.id in same and step.id in outputs]
         records: list[Record] = []
+        if spent != (0, 0.0):
+            records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
         message = f"carried over from revision {old.revision}"
         for step in plan.steps:
             if step.id not in carried:
@@ -1494,6 +1507,7 @@ class _PlanRun(Generic[P]):
                 self.compensation,
                 rationale,
                 f"replanner:{self.agent}",
+                spent=(self.spent_calls, self.spent_cost),
             )
         except PlanValidationError as exc:
             logger.error("plan %s: the replanner's plan is not a DAG: %s", self.plan.id, exc)

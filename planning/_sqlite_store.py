@@ -53,6 +53,7 @@ from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 from planning._revisions import RevisionDiff, RevisionRecord
 from planning._store import (
     BreakerState,
+    BudgetRecord,
     CompensationRecord,
     CompensationStatus,
     ControlRecord,
@@ -85,6 +86,7 @@ _STEP_RESULT: Final = 3
 _GATE: Final = 4
 _COMPENSATION: Final = 5
 _CONTROL: Final = 6
+_BUDGET: Final = 7
 
 _Row = tuple[int, str | None, int | None, str | None, str | None, str | None]
 
@@ -804,6 +806,8 @@ def _encode(record: Record) -> _Row:
             )
         case ControlRecord():
             return _CONTROL, None, None, record.action, None, _json([record.at])
+        case BudgetRecord():
+            return _BUDGET, None, record.calls, None, None, repr(record.cost)
         case _:
             assert_never(record)
 
@@ -851,6 +855,8 @@ def _decode(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
         case 6:
             (at,) = json.loads(data)
             return ControlRecord(plan_id, revision, "cancel", at)
+        case 7:
+            return BudgetRecord(plan_id, revision, attempt, float(data))
         case _:
             raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
 

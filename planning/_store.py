@@ -233,8 +233,34 @@ class ControlRecord:
     at: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetRecord:
+    """What earlier revisions of the plan spent, carried into a new revision's budget account.
+
+    A budget belongs to the plan, not to one revision: without this record a replan would start
+    spending from zero again.
+
+    Attributes:
+        plan_id: The plan.
+        revision: The new revision.
+        calls: Tool calls reserved by earlier revisions.
+        cost: Cost units reserved by earlier revisions.
+    """
+
+    plan_id: str
+    revision: int
+    calls: int
+    cost: float
+
+
 Record = (
-    PlanStatusRecord | StepIntent | StepResult | GateRecord | CompensationRecord | ControlRecord
+    PlanStatusRecord
+    | StepIntent
+    | StepResult
+    | GateRecord
+    | CompensationRecord
+    | ControlRecord
+    | BudgetRecord
 )
 """Any journal record."""
 
@@ -388,6 +414,9 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 state.spent_calls += 1
                 if record.cost is not None:
                     state.spent_cost += record.cost
+            case BudgetRecord():
+                state.spent_calls += record.calls
+                state.spent_cost += record.cost
             case StepResult():
                 output = None if record.output_json is None else json.loads(record.output_json)
                 state.steps[record.step_id] = StepState(

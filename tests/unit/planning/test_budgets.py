@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from planning import (
     Budget,
     CircuitBreakerConfig,
@@ -14,6 +16,7 @@ from planning import (
     EngineConfig,
     FailureClass,
     InMemoryStateStore,
+    LogicError,
     Plan,
     PlanStatus,
     RetryPolicy,
@@ -246,3 +249,46 @@ async def test_a_policy_gate_holds_a_step_whose_breaker_is_open() -> None:
     result = await task
     assert result.status is PlanStatus.SUCCEEDED
     assert runner.ledger["call"] == 2
+
+
+class _RetryWithNewInput:
+    """A replanner that gives the failed step another input (so it is 'changed')."""
+
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        steps = [
+            s.model_copy(update={"input": {"again": True}}) if s.id == failure.step_id else s
+            for s in plan.steps
+            if isinstance(s, ToolStep)
+        ]
+        return plan.model_copy(update={"steps": steps})
+
+
+class _FailsOnce(Runner):
+    async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        if ctx.step_id == "s2" and not input.get("again"):
+            self.ledger[ctx.step_id] += 1
+            raise LogicError("s2 needs another input")
+        return await super().run_tool(name, input, ctx)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+async def test_a_new_revision_keeps_spending_from_the_plans_budget(
+    kind: str, tmp_path: Path
+) -> None:
+    runner = _FailsOnce()
+    store = SqliteStateStore(tmp_path / "state.db") if kind == "sqlite" else InMemoryStateStore()
+    engine = Engine(tools=runner, agent="tactical", store=store, replanner=_RetryWithNewInput())
+    result = await engine.run(chain(5, budget=Budget(tool_calls=4)))
+    # Revision 1 reserved s0, s1 and the failed s2 (3 calls); revision 2 carries s0 and s1 over
+    # and may reserve only 1 more: s2 again, then s3 is refused.
+    assert result.submitted.revision == 2
+    assert result.status is PlanStatus.FAILED
+    assert result.failures[0].message == (
+        "budget exhausted: tool_calls 4/4 used; step 's3' needs 1 more"
+    )
+    assert runner.ledger == Counter({"s0": 1, "s1": 1, "s2": 2})
+    state = await store.load("b1")
+    assert state is not None
+    assert (state.revision, state.spent_calls) == (2, 4)
+    if isinstance(store, SqliteStateStore):
+        await store.aclose()

@@ -11,6 +11,7 @@ EXPECTED = [
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
+    "BudgetRecord",
     "ControlRecord",
     "CrossAgentCall",
     "CrossAgentStep",
