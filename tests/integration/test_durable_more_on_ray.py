@@ -59,7 +59,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 CHAINS = 2
 STEPS = 8  # two chains of four effect steps; the failing step waits for both chains' tails
-SEEDS = range(5)
+SEEDS = range(20)
 FINAL = {status.value for status in PlanStatus if status.is_final}
 
 
