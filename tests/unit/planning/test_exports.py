@@ -7,11 +7,11 @@ import planning
 EXPECTED = [
     "BreakerState",
     "Budget",
+    "BudgetRecord",
     "CircuitBreakerConfig",
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
-    "BudgetRecord",
     "ControlRecord",
     "CrossAgentCall",
     "CrossAgentStep",
