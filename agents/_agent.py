@@ -83,6 +83,7 @@ from planning import (
     StateStore,
     StepError,
     StepEvent,
+    StepFailure,
     StepStatus,
     validate_plan,
 )
@@ -156,6 +157,33 @@ class Planner(Protocol):
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
         """The capability's response, built from a succeeded plan's outputs."""
         ...
+
+
+def _follow_revision(record: PlanRecord, result: PlanResult[Any]) -> None:
+    # The engine may have replaced the plan by a new revision mid-run (a replan after a logic
+    # failure); the record shows the revision that ran last.
+    if result.submitted.revision != record.plan.revision:
+        record.plan = result.submitted
+
+
+class _PlannerReplanner:
+    """The engine's ``Replanner``: asks the planner that made a plan for its next revision.
+
+    A planner takes part by having a ``replan(plan, failure) -> Plan | None`` method; plans
+    submitted directly (no capability) and planners without one are not replanned.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        record = self._agent._records.get(plan.id)
+        handler = self._agent._handlers.get(record.capability) if record is not None else None
+        replan = getattr(handler[1], "replan", None) if handler is not None else None
+        if not callable(replan):
+            return None
+        new_plan = replan(plan, failure)
+        return new_plan if isinstance(new_plan, Plan) else None
 
 
 @dataclass(slots=True)
@@ -248,6 +276,7 @@ class Agent:
             agent=role,
             tracer_provider=tracer_provider,
             store=store,
+            replanner=_PlannerReplanner(self),
         )
         self.store = store
         # Plans running through ``_run`` here, and background resumptions, by plan id.
@@ -951,6 +980,7 @@ class Agent:
         result = await self._engine.resume(plan_id, plan_type=self.plan_type, on_event=on_event)
         record.status = result.status
         record.result = result
+        _follow_revision(record, result)
         return result
 
     # --- internals -----------------------------------------------------------------------------
@@ -1002,11 +1032,15 @@ class Agent:
         record = self._remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
         try:
-            return await self._engine.run(plan, on_event=lambda event: self._observe(record, event))
+            result = await self._engine.run(
+                plan, on_event=lambda event: self._observe(record, event)
+            )
         except PlanControlError as exc:
             raise FailedPreconditionError(_one_line(str(exc))) from exc
         finally:
             self._active.discard(plan.id)
+        _follow_revision(record, result)
+        return result
 
     def _refuse(self, plan: Plan, capability: str, message: str) -> None:
         record = self._remember(PlanRecord(plan=plan, capability=capability))

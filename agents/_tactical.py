@@ -28,6 +28,7 @@ from planning import (
     Plan,
     PlanResult,
     StateStore,
+    StepFailure,
     ToolStep,
     ref,
 )
@@ -52,6 +53,9 @@ __all__ = [
 ]
 
 DEFAULT_NODE_CAP = 20_000
+# A replan after an exhausted search multiplies its node cap by this, up to MAX_NODE_CAP.
+NODE_CAP_GROWTH = 4
+MAX_NODE_CAP = 400_000
 """The most world states one search expands."""
 
 
@@ -257,6 +261,33 @@ class TacticalPlanner:
                 cost_units=float(len(steps)),
             ),
         )
+
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        """After a logic failure: give a search that ran out of states a larger node cap.
+
+        The node cap is this agent's own bound on work, so it may grow (by ``NODE_CAP_GROWTH``, up
+        to ``MAX_NODE_CAP``); the request's ``max_depth`` is the caller's and is never exceeded,
+        and other failures (no sequence within the depth, a failed verification) are final.
+        """
+        search = next((s for s in plan.steps if s.id == "search"), None)
+        if failure.step_id != "search" or not isinstance(search, ToolStep):
+            return None
+        cap = int(search.input.get("node_cap", self.node_cap))
+        if f"within {cap} states" not in failure.message or cap >= MAX_NODE_CAP:
+            return None
+        bigger = min(cap * NODE_CAP_GROWTH, MAX_NODE_CAP)
+        steps = [
+            step.model_copy(update={"input": {**step.input, "node_cap": bigger}})
+            if step is search
+            else step
+            for step in plan.steps
+        ]
+        update: dict[str, Any] = {"steps": steps}
+        if isinstance(plan, TacticalPlan):
+            update["resource_requirements"] = plan.resource_requirements.model_copy(
+                update={"node_cap": bigger}
+            )
+        return plan.model_copy(update=update)
 
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
         """The response, from the plan's outputs."""

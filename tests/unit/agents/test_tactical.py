@@ -134,8 +134,28 @@ async def test_unreachable_goal_and_node_cap_are_clear_failures() -> None:
     stranded = Beat(id="beat_1", title="Stranded", goals=[r("mira", "at", "moon")])
     with pytest.raises(FailedPreconditionError, match=r"reaches at\(mira, moon\) within 12 steps"):
         await plan_sequence(TacticalAgent(), stranded, [])
-    with pytest.raises(FailedPreconditionError, match=r"within 2 states"):
+    # An exhausted node cap is replanned once with 4x the cap (2 -> 8), which is still too few.
+    with pytest.raises(FailedPreconditionError, match=r"within 8 states"):
         await plan_sequence(TacticalAgent(node_cap=2), PRIZE, [MEANS, THRESHOLD])
+
+
+async def test_an_exhausted_search_is_replanned_with_a_larger_node_cap() -> None:
+    agent = TacticalAgent(node_cap=4)  # the search needs 13 states; a replan gives it 16
+    answer = await plan_sequence(agent, PRIZE, [MEANS, THRESHOLD])
+    assert len(answer.actions) == 7
+    [snapshot] = agent.plans("")
+    plan = TacticalPlan.model_validate_json(snapshot.plan_json)
+    assert (snapshot.revision, snapshot.status) == (2, "succeeded")
+    assert plan.resource_requirements.node_cap == 16
+    assert next(s for s in plan.steps if s.id == "search").input["node_cap"] == 16
+
+
+async def test_the_callers_depth_is_never_exceeded_by_a_replan() -> None:
+    agent = TacticalAgent()
+    with pytest.raises(FailedPreconditionError, match="within 3 steps"):
+        await plan_sequence(agent, PRIZE, [MEANS, THRESHOLD], max_depth=3)
+    [snapshot] = agent.plans("")
+    assert snapshot.revision == 1
 
 
 async def test_tactical_plan_is_typed() -> None:
