@@ -21,3 +21,15 @@ def test_answer_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     settings = load_settings()
     assert (settings.answer_retention_count, settings.answer_retention_s) == (10, 3600.0)
     assert load_settings(answer_retention_count=5).answer_retention_count == 5
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    import re
+    from pathlib import Path
+
+    from runtime import Settings
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`(STRATAGEM_[A-Z_]+)`", readme))
+    settings = {f"STRATAGEM_{name.upper()}" for name in Settings.model_fields}
+    assert settings <= documented, sorted(settings - documented)
