@@ -11,7 +11,9 @@ event-loop timer (see ``_Watchdog``) with the semantics of ``asyncio.timeout``.
 
 Tracing: a span ``invoke_agent {agent}`` per run, ``step {id}`` per attempt and ``execute_tool
 {tool}`` per tool call; a cross-agent step dispatches inside its step span, so the client's span is
-its child. Step and tool spans are made only when the run span is recording.
+its child. Retries, gate openings and decisions and compensations are events on the run span
+(``retry``, ``gate.blocked``, ``gate.decided``, ``compensation``). Step and tool spans and the
+events are made only when the run span is recording (``docs/telemetry.md`` has the whole model).
 
 Failure handling is fail-fast. When a step fails for good (its class is not retried, or it ran out
 of attempts), the engine starts nothing new and cancels the steps still running, so the plan ends
@@ -147,6 +149,12 @@ _RETRYABLE: Final = frozenset({FailureClass.TRANSIENT, FailureClass.TIMEOUT})
 _CLOCK_RESOLUTION: Final = time.get_clock_info("monotonic").resolution
 _TRACER_NAME: Final = "stratagem.planning"
 _FAILURE_CLASS_ATTR: Final = "stratagem.failure.class"
+# Step statuses that are a ``compensation`` span event, and the event's status attribute.
+_COMPENSATION_EVENT: Final = {
+    StepStatus.COMPENSATING: "running",
+    StepStatus.COMPENSATED: "compensated",
+    StepStatus.COMPENSATION_FAILED: "failed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +353,7 @@ class Engine:
         tools: Runs the agent's tools.
         dispatcher: Sends cross-agent steps; without one, such steps fail with a logic failure.
         agent: The role of the agent (names the plan span and every tool call's context).
+        agent_id: ``gen_ai.agent.id`` on the plan span; the role by default (one agent per role).
         tracer_provider: Where spans go; the global provider by default.
         sleep: Waits out retry backoffs (inject a fake one in tests).
         store: Where plans and their journals are kept; ``None`` keeps nothing (no resume).
@@ -361,6 +370,7 @@ class Engine:
         tools: ToolRunner,
         dispatcher: Dispatcher | None = None,
         agent: str,
+        agent_id: str = "",
         tracer_provider: TracerProvider | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         store: StateStore | None = None,
@@ -369,6 +379,7 @@ class Engine:
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
+        self.agent_id = agent_id or agent
         self.store = store
         self.replanner = replanner
         self.clock = clock
@@ -1048,6 +1059,7 @@ class _PlanRun(Generic[P]):
         self.events = 0
         self.stop_reason = ""
         self.tracing = False
+        self.span: Span = trace.INVALID_SPAN  # the plan span, for events (when ``tracing``)
         self.steps: dict[str, Step] = {step.id: step for step in plan.steps}
         self.waiting: dict[str, int] = {}
         self.dependents: dict[str, list[str]] = {step.id: [] for step in plan.steps}
@@ -1103,6 +1115,7 @@ class _PlanRun(Generic[P]):
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
                 "gen_ai.agent.name": self.agent,
+                "gen_ai.agent.id": self.engine.agent_id,
                 "stratagem.plan.id": plan.id,
                 "stratagem.plan.revision": plan.revision,
             },
@@ -1112,6 +1125,7 @@ class _PlanRun(Generic[P]):
             # Step and tool spans are made only under a recording plan span: a no-op tracer
             # (no provider set up) or a sampled-out plan then costs nothing per step.
             self.tracing = span.is_recording()
+            self.span = span
             self._emit("", PlanStatus.RUNNING, 0)
             now = self.clock()
             if self.started_at is None:
@@ -1596,6 +1610,8 @@ class _PlanRun(Generic[P]):
         delay_s: float | None = None,
     ) -> None:
         self.events += 1
+        if self.tracing and step_id:
+            self._span_event(step_id, status, attempt, failure_class, delay_s)
         if self.on_event is None:
             return
         event = StepEvent(
@@ -1613,6 +1629,49 @@ class _PlanRun(Generic[P]):
             self.on_event(event)
         except Exception:
             logger.exception("on_event failed for plan %s event %s", self.plan.id, event)
+
+    def _span_event(
+        self,
+        step_id: str,
+        status: StepStatus | PlanStatus,
+        attempt: int,
+        failure_class: FailureClass | None,
+        delay_s: float | None,
+    ) -> None:
+        """Retries, gate openings and compensations as events on the plan span."""
+        if not isinstance(status, StepStatus):
+            return
+        if status is StepStatus.RETRYING:
+            name = "retry"
+        elif status is StepStatus.BLOCKED:
+            name = "gate.blocked"
+        elif status in _COMPENSATION_EVENT:
+            name = "compensation"
+        else:
+            return
+        span = self.span
+        if not span.is_recording():  # the run has ended (e.g. a late compensation event)
+            return
+        attributes: dict[str, str | int | float] = {
+            "stratagem.step.id": step_id,
+            "stratagem.step.attempt": attempt,
+        }
+        if name == "gate.blocked":
+            attributes["stratagem.gate.kind"] = self.gates.get(step_id, GateKind.GATE).value
+        elif name == "compensation":
+            attributes["stratagem.compensation.status"] = (
+                "retrying"
+                if failure_class is not None and status is StepStatus.COMPENSATING
+                else _COMPENSATION_EVENT[status]
+            )
+            tool = self.steps[step_id].compensate
+            if tool is not None:
+                attributes["gen_ai.tool.name"] = tool
+        if failure_class is not None:
+            attributes[_FAILURE_CLASS_ATTR] = failure_class.value
+        if delay_s is not None:
+            attributes["stratagem.retry.delay_s"] = delay_s
+        span.add_event(name, attributes)
 
     # --- gates and control -------------------------------------------------------------------
 
@@ -1715,7 +1774,9 @@ class _PlanRun(Generic[P]):
             return
         try:
             self._decide(gate_id, kind, approve, approver, rationale, output)
-            self._start_ready()
+            # The decision comes from the caller's task; the steps it releases belong under the
+            # plan span, like those a completion starts.
+            self.callback_context.run(self._start_ready)
         except Exception as exc:  # a bug here must not hang the run: hand it to run()
             if not self.finished.done():
                 self.finished.set_exception(exc)
@@ -1740,6 +1801,16 @@ class _PlanRun(Generic[P]):
             rationale,
         )
         attempt = self.attempts.get(gate_id, 0)
+        if self.tracing and self.span.is_recording():
+            self.span.add_event(
+                "gate.decided",
+                {
+                    "stratagem.step.id": gate_id,
+                    "stratagem.gate.kind": kind.value,
+                    "stratagem.gate.decision": "approved" if approve else "rejected",
+                    "stratagem.gate.approver": approver,
+                },
+            )
         if not approve:
             message = f"rejected by {approver}: {rationale}"
             self._fail(gate_id, FailureClass.POLICY, message, attempt)

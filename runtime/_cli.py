@@ -49,9 +49,16 @@ from protocol import (
 from runtime._directory import AgentInfo
 from runtime._goal import GoalOutcome, run_goal
 from runtime._launcher import Deployment, LaunchError, LocalCluster
-from runtime._render import Progress, action_text, plan_forest, relation_text, span_tree
+from runtime._render import (
+    Progress,
+    action_text,
+    plan_forest,
+    relation_text,
+    span_json,
+    span_tree,
+)
 from runtime._settings import Settings, load_settings
-from runtime._telemetry import read_spans, setup_telemetry, shutdown_telemetry
+from runtime._telemetry import SpanRecord, read_spans, setup_telemetry, shutdown_telemetry
 
 __all__ = ["app", "main"]
 
@@ -836,6 +843,61 @@ def down(
                 f"removed agents: {', '.join(removed) or 'none'}"
                 + ("; stopped the local Ray head" if local is not None else "")
             )
+
+
+# -- traces --------------------------------------------------------------------------------------
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _trace_spans(path: Path, trace_id: str) -> list[SpanRecord]:
+    """The spans of the one trace whose id is ``trace_id`` or starts with it (>= 8 hex chars)."""
+    wanted = trace_id.strip().lower()
+    if not 8 <= len(wanted) <= 32 or not set(wanted) <= _HEX:
+        raise InputError(
+            f"trace id {trace_id!r} must be 32 hex characters, or a prefix of at least 8"
+        )
+    if not path.is_file():
+        raise InputError(f"no span file at {path} (set --file or STRATAGEM_TRACE_FILE)")
+    by_trace: dict[str, list[SpanRecord]] = {}
+    for record in read_spans(path):
+        if record.trace_id.startswith(wanted):
+            by_trace.setdefault(record.trace_id, []).append(record)
+    if not by_trace:
+        raise InputError(f"no trace {trace_id!r} in {path}")
+    if len(by_trace) > 1:
+        raise InputError(
+            f"trace id prefix {trace_id!r} matches {len(by_trace)} traces in {path}; give more"
+        )
+    (spans,) = by_trace.values()
+    return spans
+
+
+@app.command("trace")
+def trace_command(
+    trace_id: Annotated[
+        str, typer.Argument(help="The trace id demo printed (or a prefix of >= 8 hex chars).")
+    ],
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help="JSON-lines span file (default STRATAGEM_TRACE_FILE, else STATE_DIR/spans.jsonl).",
+        ),
+    ] = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a trace as a waterfall: the span tree with services, timing, events and status."""
+    with _errors():
+        if file is None:
+            settings = _settings(None, state_dir)
+            file = settings.trace_file or settings.state_dir / "spans.jsonl"
+        spans = _trace_spans(file, trace_id)
+        if as_json:
+            _print_json({"trace_id": spans[0].trace_id, "spans": span_json(spans)})
+        else:
+            console.print(span_tree(spans))
 
 
 # -- audit ---------------------------------------------------------------------------------------

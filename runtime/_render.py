@@ -1,7 +1,8 @@
-"""Terminal rendering for the CLI: live progress, plan trees, span trees, results."""
+"""Terminal rendering for the CLI: live progress, plan trees, trace waterfalls, results."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -16,7 +17,14 @@ from rich.tree import Tree
 from protocol import Action, PlanEvent, PlanSnapshot, Relation
 from runtime._telemetry import SpanRecord
 
-__all__ = ["Progress", "action_text", "plan_forest", "relation_text", "span_tree"]
+__all__ = [
+    "Progress",
+    "action_text",
+    "plan_forest",
+    "relation_text",
+    "span_json",
+    "span_tree",
+]
 
 _STATUS_STYLE = {
     "pending": "dim",
@@ -145,40 +153,109 @@ def action_text(action: Action) -> str:
     return f"{action.name}({', '.join(action.args)})"
 
 
-def span_tree(spans: Iterable[SpanRecord]) -> Tree | Text:
-    """A trace as a waterfall-ish tree: name, service, duration, status."""
-    records = list(spans)
-    if not records:
-        return Text("no spans recorded", style="dim")
+def _span_rows(records: Sequence[SpanRecord]) -> list[tuple[str, SpanRecord, list[SpanRecord]]]:
+    """Depth-first rows of a trace: (tree guide, span, its children), children in start order.
+
+    A span whose parent is not in ``records`` (its process lost it, or the trace started
+    elsewhere) is shown as a root.
+    """
     ids = {r.span_id for r in records}
     children: dict[str, list[SpanRecord]] = {}
     roots: list[SpanRecord] = []
-    for record in records:
-        if record.parent_id and record.parent_id in ids:
+    for record in sorted(records, key=lambda r: (r.start, r.end)):
+        if record.parent_id and record.parent_id in ids and record.parent_id != record.span_id:
             children.setdefault(record.parent_id, []).append(record)
         else:
             roots.append(record)
+    rows: list[tuple[str, SpanRecord, list[SpanRecord]]] = []
+
+    def walk(record: SpanRecord, guide: str, last: bool, depth: int) -> None:
+        kids = children.get(record.span_id, [])
+        rows.append((guide + ("" if depth == 0 else "└─ " if last else "├─ "), record, kids))
+        below = guide + ("" if depth == 0 else "   " if last else "│  ")
+        for i, kid in enumerate(kids):
+            walk(kid, below, i == len(kids) - 1, depth + 1)
+
+    for root in roots:
+        walk(root, "", True, 0)
+    return rows
+
+
+def _events_text(record: SpanRecord) -> str:
+    """``retry x2, gate.blocked``: the span's events by name, in order of first occurrence."""
+    counts: dict[str, int] = {}
+    for event in record.events:
+        name = str(event.get("name", "?"))
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
+
+
+def _bar(offset: int, duration: int, total: int, width: int, error: bool) -> Text:
+    """The span's place in the trace: blank up to its start, a bar as long as it lasted."""
+    lead = min(width - 1, int(offset / total * width)) if total else 0
+    length = max(1, round(duration / total * width)) if total else width
+    length = min(length, width - lead)
+    return Text.assemble(
+        " " * lead, ("█" * length, "red" if error else "green"), " " * (width - lead - length)
+    )
+
+
+def span_tree(spans: Iterable[SpanRecord], *, bar_width: int = 32) -> RenderableType:
+    """A trace as a waterfall: the span tree with each span's service, start offset, duration,
+    a bar scaled to the whole trace, its events and its status (errors in red)."""
+    records = list(spans)
+    if not records:
+        return Text("no spans recorded", style="dim")
     t0 = min(r.start for r in records)
-
-    def label(r: SpanRecord) -> Text:
-        style = "red" if r.status == "ERROR" else ""
-        return Text.assemble(
-            (r.name, "bold " + style),
-            (f"  {r.service}", "magenta"),
-            (f"  +{(r.start - t0) / 1e6:.1f}ms", "dim"),
-            (f"  {r.duration_ms:.1f}ms", "cyan"),
-            (f"  {r.status}" if r.status == "ERROR" else "", "red"),
+    total = max(r.end for r in records) - t0
+    table = Table(
+        title=f"trace {records[0].trace_id} · {len(records)} spans · {total / 1e6:.1f}ms",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+    )
+    table.add_column("span", no_wrap=True)
+    table.add_column("service", style="magenta", no_wrap=True)
+    table.add_column("start", justify="right", style="dim", no_wrap=True)
+    table.add_column("duration", justify="right", style="cyan", no_wrap=True)
+    table.add_column("waterfall", no_wrap=True)
+    table.add_column("events", style="yellow")
+    table.add_column("status", no_wrap=True)
+    for guide, r, _ in _span_rows(records):
+        error = r.status == "ERROR"
+        table.add_row(
+            Text.assemble((guide, "dim"), (r.name, "bold red" if error else "bold")),
+            r.service,
+            f"+{(r.start - t0) / 1e6:.1f}ms",
+            f"{r.duration_ms:.1f}ms",
+            _bar(r.start - t0, r.end - r.start, total, bar_width, error),
+            _events_text(r),
+            Text("✗ ERROR", style="bold red") if error else Text("✓ ok", style="green"),
         )
+    return table
 
-    def add(node: Tree, r: SpanRecord) -> None:
-        child = node.add(label(r))
-        for c in children.get(r.span_id, []):
-            add(child, c)
 
-    tree = Tree(Text(f"trace {records[0].trace_id}", style="bold"))
-    for r in roots:
-        add(tree, r)
-    return tree
+def span_json(spans: Iterable[SpanRecord]) -> list[dict[str, Any]]:
+    """A trace as a JSON tree: each span's fields, its offset and duration in ms, ``children``."""
+    records = list(spans)
+    if not records:
+        return []
+    t0 = min(r.start for r in records)
+    rows = _span_rows(records)
+    nodes: dict[str, dict[str, Any]] = {}
+    for _, r, _kids in rows:
+        nodes[r.span_id] = {
+            **dataclasses.asdict(r),
+            "offset_ms": (r.start - t0) / 1e6,
+            "duration_ms": r.duration_ms,
+            "children": [],
+        }
+    roots: list[dict[str, Any]] = []
+    for guide, r, kids in rows:
+        if not guide:
+            roots.append(nodes[r.span_id])
+        nodes[r.span_id]["children"] = [nodes[k.span_id] for k in kids]
+    return roots
 
 
 def group(*items: RenderableType) -> Group:

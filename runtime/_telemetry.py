@@ -91,6 +91,14 @@ def _span_to_dict(span: ReadableSpan) -> dict[str, Any]:
         "service": str(span.resource.attributes.get("service.name", "")),
         "pid": os.getpid(),
         "attributes": {key: _jsonable(value) for key, value in (span.attributes or {}).items()},
+        "events": [
+            {
+                "name": event.name,
+                "time": event.timestamp,
+                "attributes": {k: _jsonable(v) for k, v in (event.attributes or {}).items()},
+            }
+            for event in span.events
+        ],
     }
 
 
@@ -117,6 +125,8 @@ class SpanRecord:
     service: str
     pid: int
     attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """Span events: ``name``, ``time`` (ns since the epoch) and ``attributes`` each."""
 
     @property
     def duration_ms(self) -> float:

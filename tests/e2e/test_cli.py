@@ -71,6 +71,35 @@ def test_demo_exits_zero_and_reports_a_goal(tmp_path: Path) -> None:
     ]
 
 
+def test_the_demo_trace_prints_as_a_waterfall(tmp_path: Path) -> None:
+    result = run("demo", "--json", state_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    trace_id = json.loads(result.stdout)["trace_id"]
+    assert len(trace_id) == 32
+    spans_file = str(tmp_path / "spans.jsonl")
+    shown = run("trace", trace_id, "--file", spans_file, state_dir=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert f"trace {trace_id}" in shown.stdout
+    for name in ("invoke_agent orchestrator", "stratagem.v1.AgentService/Call", "execute_tool"):
+        assert name in shown.stdout
+    as_json = run("trace", trace_id[:12], "--file", spans_file, "--json", state_dir=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    tree = json.loads(as_json.stdout)
+    assert tree["trace_id"] == trace_id
+    services: set[str] = set()
+    nodes = list(tree["spans"])
+    while nodes:
+        node = nodes.pop()
+        services.add(node["service"])
+        nodes.extend(node["children"])
+    assert len(services) >= 3, services
+    for service in services:
+        assert service in shown.stdout
+    unknown = run("trace", "0" * 32, "--file", spans_file, state_dir=tmp_path)
+    assert unknown.returncode == 2
+    assert len(unknown.stderr.strip().splitlines()) == 1
+
+
 def test_demo_pretty_output_shows_trees_trace_and_audit(tmp_path: Path) -> None:
     result = run("demo", state_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
