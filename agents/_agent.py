@@ -55,7 +55,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, assert_never
 
@@ -818,13 +818,7 @@ class Agent:
             protocol.NotFoundError: No such plan here.
             protocol.FailedPreconditionError: The plan is finished.
         """
-        await self._ready(plan_id)
-        await self._revision_of(plan_id)
-        try:
-            await self._engine.pause(plan_id)
-        except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
-        return await self._settled(plan_id)
+        return await self._stop(plan_id, self._engine.pause)
 
     async def cancel(self, plan_id: str) -> PlanSnapshot:
         """Cancel a plan for good: running steps are cancelled, completed ones compensated.
@@ -833,10 +827,14 @@ class Agent:
             protocol.NotFoundError: No such plan here.
             protocol.FailedPreconditionError: The plan is finished.
         """
+        return await self._stop(plan_id, self._engine.cancel)
+
+    async def _stop(self, plan_id: str, action: Callable[[str], Awaitable[object]]) -> PlanSnapshot:
+        """Pause or cancel through the engine, once the plan is known here and loaded."""
         await self._ready(plan_id)
         await self._revision_of(plan_id)
         try:
-            await self._engine.cancel(plan_id)
+            await action(plan_id)
         except PlanControlError as exc:
             raise FailedPreconditionError(_one_line(str(exc))) from exc
         return await self._settled(plan_id)

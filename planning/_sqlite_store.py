@@ -556,35 +556,13 @@ class SqliteStateStore:
     def _commit(self, records: list[Record]) -> None:
         conn = self._connection()
         try:
-            if self._seq < 0:
-                row = conn.execute("SELECT max(seq) FROM events").fetchone()
-                self._seq = 0 if row is None or row[0] is None else int(row[0])
-            seq = self._seq
-            rows = []
-            statuses: dict[int, tuple[str, float]] = {}
-            for record in records:
-                rowid = self._rowid(conn, record.plan_id, record.revision)
-                seq += 1
-                rows.append((rowid, seq, *_encode(record)))
-                if isinstance(record, PlanStatusRecord):
-                    statuses[rowid] = (record.status.value, record.at)
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany(
-                    "INSERT INTO events (plan, seq, kind, step_id, attempt, status, output, data) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-                if statuses:
-                    conn.executemany(
-                        "UPDATE plans SET status = ?, updated = ? WHERE id = ?",
-                        [(status, at, rowid) for rowid, (status, at) in statuses.items()],
-                    )
+                self._append(conn, records)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.rollback()
                 raise
-            self._seq = seq
         except sqlite3.Error as exc:
             raise self._error(f"commit {len(records)} record(s)", exc) from exc
 
