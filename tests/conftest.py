@@ -3,7 +3,83 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 # Ray started by tests runs without token authentication and without usage reporting.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------
+# Tests marked ``postgres`` run the stores against a real server: STRATAGEM_TEST_PG_URL when set,
+# otherwise a throwaway cluster from scripts/postgres.sh, started once per session and stopped at
+# its end (unless it was running already). Each test gets a database of its own.
+
+_POSTGRES_SH = Path(__file__).resolve().parent.parent / "scripts" / "postgres.sh"
+
+
+def _reachable(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _no_postgres(reason: str) -> None:
+    message = f"PostgreSQL is not available: {reason}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """The URL of a PostgreSQL server whose user may create databases."""
+    url = os.environ.get("STRATAGEM_TEST_PG_URL")
+    if url:
+        if not _reachable(url):
+            _no_postgres(f"STRATAGEM_TEST_PG_URL={url} cannot be reached")
+        yield url
+        return
+    script = ["bash", str(_POSTGRES_SH)]
+    url = subprocess.run([*script, "url"], capture_output=True, text=True).stdout.strip()
+    if url and _reachable(url):  # someone else's cluster: use it, leave it running
+        yield url
+        return
+    try:
+        started = subprocess.run(
+            [*script, "start"], capture_output=True, text=True, timeout=600, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _no_postgres(f"scripts/postgres.sh start failed: {exc}")
+    if started.returncode != 0:
+        _no_postgres(f"scripts/postgres.sh start failed: {started.stderr.strip()[-800:]}")
+    url = started.stdout.strip().splitlines()[-1]
+    try:
+        yield url
+    finally:
+        subprocess.run([*script, "stop"], capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A connection string to a fresh, empty database, dropped after the test."""
+    name = f"stratagem_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(postgres_server, dbname=name)
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

@@ -38,6 +38,7 @@ from planning import (
     PlanResult,
     PlanStatus,
     PlanValidationError,
+    PostgresStateStore,
     Record,
     SqliteStateStore,
     StepEvent,
@@ -304,6 +305,31 @@ async def test_crash_anywhere_then_resume_runs_every_effect_exactly_once(
         if step.depends_on:
             assert result.outputs[step.id]["saw"] == step.depends_on[0]
     # an interrupted non-idempotent step never re-ran without a decision
+    for step_id, _ in decided:
+        assert ledger.effects[f"{plan.id}@1:{step_id}"] == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("seed", range(6))
+async def test_crash_then_resume_on_postgres_runs_every_effect_exactly_once(
+    seed: int, postgres_url: str
+) -> None:
+    rng = random.Random(seed)
+    plan = random_plan(seed)
+    effect_steps = [s.id for s in plan.steps if isinstance(s, ToolStep) and s.tool == "effect"]
+    ledger = Ledger()
+    store = PostgresStateStore(postgres_url, schema="stratagem_tactical")
+    task = asyncio.create_task(engine_with(ledger, store).run(plan))
+    await crash_after(task, ledger, rng.randrange(1, 50), rng.randrange(0, 6))
+    await store.aclose()
+
+    async with PostgresStateStore(postgres_url, schema="stratagem_tactical") as fresh:
+        result, decided = await resume_reconciling(engine_with(ledger, fresh), plan.id, ledger)
+        assert await fresh.unfinished() == []
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    assert {s: ledger.effects[f"{plan.id}@1:{s}"] for s in effect_steps} == dict.fromkeys(
+        effect_steps, 1
+    )
     for step_id, _ in decided:
         assert ledger.effects[f"{plan.id}@1:{step_id}"] == 1
 

@@ -1,19 +1,26 @@
-"""Answer stores: bounded retention by count, bytes and age; the SQLite one survives a reopen."""
+"""Answer stores: bounded retention by count, bytes and age; the durable ones (SQLite, PostgreSQL)
+survive a reopen."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from protocol import (
     AnswerRetention,
     AnswerStore,
     InMemoryAnswerStore,
+    PostgresAnswerStore,
     ProtocolUsageError,
     SqliteAnswerStore,
 )
+
+DurableStore = SqliteAnswerStore | PostgresAnswerStore
+Open = Callable[..., DurableStore]
 
 
 class _Clock:
@@ -49,15 +56,45 @@ async def test_in_memory_store_forgets_answers_older_than_the_age_limit() -> Non
     assert len(store) == 0
 
 
-async def test_sqlite_store_keeps_answers_across_a_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "answers.sqlite3"
-    async with SqliteAnswerStore(path) as store:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def durable(request: pytest.FixtureRequest, tmp_path: Path) -> Open:
+    """``durable(retention=None, clock=...)``: a durable store, on the same file or schema each
+    time it is called."""
+    if request.param == "sqlite":
+
+        def sqlite(retention: AnswerRetention | None = None, **options: object) -> DurableStore:
+            path = tmp_path / "answers.sqlite3"
+            return SqliteAnswerStore(path, retention, **options)  # type: ignore[arg-type]
+
+        return sqlite
+    url: str = request.getfixturevalue("postgres_url")
+
+    def postgres(retention: AnswerRetention | None = None, **options: object) -> DurableStore:
+        schema = "stratagem_perception"
+        return PostgresAnswerStore(url, retention, schema=schema, **options)  # type: ignore[arg-type]
+
+    return postgres
+
+
+async def test_durable_store_keeps_answers_across_a_reopen(durable: Open) -> None:
+    async with durable() as store:
         await store.put("orchestrator", "p@1:s1", "digest", b"\x00answer")
-    async with SqliteAnswerStore(path) as store:
+        await store.put("orchestrator", "p@1:s2", "first", b"1")
+        await store.put("orchestrator", "p@1:s2", "second", b"2")  # the last answer wins
+    async with durable() as store:
         kept = await store.get("orchestrator", "p@1:s1")
         assert kept is not None
         assert (kept.request_digest, kept.answer) == ("digest", b"\x00answer")
         assert await store.get("tactical", "p@1:s1") is None  # keyed by caller too
+        replaced = await store.get("orchestrator", "p@1:s2")
+        assert replaced is not None
+        assert (replaced.request_digest, replaced.answer) == ("second", b"2")
+        assert isinstance(store, AnswerStore)
+
+
+def test_sqlite_store_is_wal(tmp_path: Path) -> None:
+    path = tmp_path / "answers.sqlite3"
+    SqliteAnswerStore(path)
     db = sqlite3.connect(path)
     try:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -65,10 +102,10 @@ async def test_sqlite_store_keeps_answers_across_a_reopen(tmp_path: Path) -> Non
         db.close()
 
 
-async def test_sqlite_store_retention_by_count_and_age(tmp_path: Path) -> None:
+async def test_durable_store_retention_by_count_and_age(durable: Open) -> None:
     clock = _Clock()
     retention = AnswerRetention(max_entries=3, max_age_s=100)
-    async with SqliteAnswerStore(tmp_path / "a.sqlite3", retention, clock=clock) as store:
+    async with durable(retention, clock=clock) as store:
         for i in range(5):
             clock.now += 1
             await store.put("a", str(i), f"d{i}", b"x")
@@ -81,11 +118,56 @@ async def test_sqlite_store_retention_by_count_and_age(tmp_path: Path) -> None:
         assert await store.prune() == 3
 
 
-async def test_a_closed_sqlite_store_is_a_usage_error(tmp_path: Path) -> None:
-    store = SqliteAnswerStore(tmp_path / "a.sqlite3")
+async def test_a_closed_durable_store_is_a_usage_error(durable: Open) -> None:
+    store = durable()
     await store.aclose()
     with pytest.raises(ProtocolUsageError):
         await store.get("a", "1")
+
+
+@pytest.mark.postgres
+async def test_postgres_store_retention_by_bytes(postgres_url: str) -> None:
+    clock = _Clock()
+    retention = AnswerRetention(max_bytes=10)
+    store = await PostgresAnswerStore.open(postgres_url, retention, schema="s", clock=clock)
+    try:
+        for i, answer in enumerate([b"1234", b"1234", b"12", b"123456"]):
+            clock.now += 1
+            await store.put("a", str(i), f"d{i}", answer)
+        await store.put("a", "big", "d", b"x" * 11)  # larger than the whole store: not kept
+        assert await store.prune() == 2  # 6 + 2 bytes fit; the two older answers do not
+        assert [await store.get("a", key) is not None for key in ("0", "1", "2", "3", "big")] == [
+            False,
+            False,
+            True,
+            True,
+            False,
+        ]
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_postgres_stores_of_two_roles_share_a_database_not_answers(
+    postgres_url: str,
+) -> None:
+    async with (
+        PostgresAnswerStore(postgres_url, schema="stratagem_tactical") as tactical,
+        PostgresAnswerStore(postgres_url, schema="stratagem_perception") as perception,
+    ):
+        await tactical.put("orchestrator", "r1", "d", b"tactical")
+        assert await perception.get("orchestrator", "r1") is None
+        assert await perception.count() == 0
+
+
+@pytest.mark.postgres
+async def test_postgres_store_refuses_another_schema_version(postgres_url: str) -> None:
+    async with PostgresAnswerStore(postgres_url, schema="s"):
+        pass
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE s.schema_versions SET version = 99 WHERE component = 'answers'")
+    with pytest.raises(ProtocolUsageError, match="schema version 99"):
+        await PostgresAnswerStore.open(postgres_url, schema="s")
 
 
 def test_bad_retention_is_a_usage_error() -> None:

@@ -1,0 +1,778 @@
+"""``PostgresStateStore``: a ``StateStore`` on a PostgreSQL server, for agents that move nodes.
+
+It keeps what ``SqliteStateStore`` keeps, in the same shape, with the same semantics: a plan
+revision's JSON written once, an append-only journal of small rows (intent before effect: the
+engine acts only after the commit holding an intent returned), one transaction per ``commit`` and
+per ``save_revision``, the revision history, the circuit breakers, ``unfinished``, ``prune`` and
+``stats``.
+
+Namespacing: every store works in one PostgreSQL **schema** of its own (``schema=``, created when
+missing), so the agents of a deployment share one database and never see each other's plans: the
+runtime gives each role its own, e.g. ``stratagem_tactical``. Two stores on one schema are one
+store (as two handles on one SQLite file are). The table names do not collide with those of
+``protocol.PostgresAnswerStore`` and ``protocol.PostgresAuditLog``, so a role's answers may live in
+its plans' schema.
+
+Durability: a commit that returned is on the server's disk under PostgreSQL's default
+``synchronous_commit=on`` (stronger than SQLite's ``synchronous=NORMAL``); the server, not the
+agent's node, holds the state, so a node that dies takes nothing with it.
+
+Connections come from an ``psycopg_pool.AsyncConnectionPool`` (checked before each use, so a
+restarted server costs one failed connection, not a broken store). Writes are serialised by the
+store (an ``asyncio.Lock``, first come first served) so commits are applied in call order; reads
+run beside them on other connections.
+
+Schema (version 1), in the store's schema::
+
+    schema_versions(component, version)             one row per component sharing the schema:
+                                                    'plans' for this store
+    plans(id, plan_id, revision, plan_type, status, created, updated)
+                                                    one row per (plan id, revision); status and
+                                                    updated follow the journal
+    plan_bodies(id, plan_json)                      the revision's plan, written once
+    events(plan, seq, kind, step_id, attempt, status, output, data)
+                                                    the append-only journal, one row per record,
+                                                    in the row format of the SQLite store; seq is
+                                                    an identity column
+    revisions(plan_id, revision, parent, rationale, author, diff, carried, at)
+                                                    the history of revisions made by a replan
+    breakers(tool, failures, opened_at)             the engine's circuit breakers
+
+``plan_bodies`` and ``events`` reference ``plans`` with ``ON DELETE CASCADE``: a journal never
+outlives its plan, and a commit for a plan pruned meanwhile fails instead of leaving orphans.
+
+Migrations are an ordered list of async functions (``MIGRATIONS``); the ``plans`` row of
+``schema_versions`` says how many have run. They run in one transaction under a transaction-level
+advisory lock keyed by the schema, so processes opening a store at once migrate it once; opening a
+store whose version is newer than the list is a ``StoreSchemaError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import psycopg
+from opentelemetry.metrics import MeterProvider
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from planning._errors import StoreError, StoreSchemaError
+from planning._metrics import PlanningMetrics
+from planning._plan import Plan, PlanStatus
+from planning._revisions import RevisionDiff, RevisionRecord
+
+# One row format for both backends: a journal reads the same whichever store wrote it.
+from planning._sqlite_store import _decode, _encode
+from planning._store import (
+    BreakerState,
+    PlanState,
+    PlanStatusRecord,
+    Record,
+    StoreStats,
+    fold,
+)
+
+__all__ = ["MIGRATIONS", "PostgresStateStore"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+Migration = Callable[[Connection, sql.Identifier], Awaitable[None]]
+
+COMPONENT: Final = "plans"
+"""This store's row in ``schema_versions``."""
+
+_FINAL: Final = [status.value for status in PlanStatus if status.is_final]
+_TABLES: Final = ("plans", "plan_bodies", "events", "revisions", "breakers")
+
+
+def _q(text: str, schema: sql.Identifier) -> sql.Composed:
+    """``text`` with every ``{s}`` replaced by the quoted schema name."""
+    return sql.SQL(text).format(s=schema)
+
+
+async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
+    await conn.execute(
+        _q(
+            """CREATE TABLE {s}.plans (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                plan_id TEXT NOT NULL,
+                revision INTEGER NOT NULL,
+                plan_type TEXT NOT NULL,
+                status TEXT NOT NULL,
+                created DOUBLE PRECISION NOT NULL,
+                updated DOUBLE PRECISION NOT NULL,
+                UNIQUE (plan_id, revision)
+            )""",
+            schema,
+        )
+    )
+    await conn.execute(_q("CREATE INDEX plans_by_status ON {s}.plans (status, updated)", schema))
+    await conn.execute(
+        _q(
+            """CREATE TABLE {s}.plan_bodies (
+                id BIGINT PRIMARY KEY REFERENCES {s}.plans (id) ON DELETE CASCADE,
+                plan_json TEXT NOT NULL
+            )""",
+            schema,
+        )
+    )
+    # Keyed by plan first: a plan's journal is one index range to read on load.
+    await conn.execute(
+        _q(
+            """CREATE TABLE {s}.events (
+                plan BIGINT NOT NULL REFERENCES {s}.plans (id) ON DELETE CASCADE,
+                seq BIGINT GENERATED ALWAYS AS IDENTITY,
+                kind SMALLINT NOT NULL,
+                step_id TEXT,
+                attempt INTEGER,
+                status TEXT,
+                output TEXT,
+                data TEXT,
+                PRIMARY KEY (plan, seq)
+            )""",
+            schema,
+        )
+    )
+    await conn.execute(
+        _q(
+            """CREATE TABLE {s}.revisions (
+                plan_id TEXT NOT NULL,
+                revision INTEGER NOT NULL,
+                parent INTEGER,
+                rationale TEXT NOT NULL,
+                author TEXT NOT NULL,
+                diff TEXT NOT NULL,
+                carried TEXT NOT NULL,
+                at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (plan_id, revision)
+            )""",
+            schema,
+        )
+    )
+    await conn.execute(
+        _q(
+            """CREATE TABLE {s}.breakers (
+                tool TEXT PRIMARY KEY,
+                failures INTEGER NOT NULL,
+                opened_at DOUBLE PRECISION
+            )""",
+            schema,
+        )
+    )
+
+
+MIGRATIONS: Final[list[Migration]] = [_migrate_v1]
+"""The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
+
+
+async def _prepare_schema(conn: Connection, name: str) -> None:
+    """Inside the caller's transaction: lock the schema's migrations, create it and its versions.
+
+    The advisory lock is held until the transaction ends, so two processes opening stores on one
+    schema at once migrate it one after the other.
+    """
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+        (f"stratagem.schema:{name}",),
+    )
+    schema = sql.Identifier(name)
+    await conn.execute(_q("CREATE SCHEMA IF NOT EXISTS {s}", schema))
+    await conn.execute(
+        _q(
+            "CREATE TABLE IF NOT EXISTS {s}.schema_versions "
+            "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+            schema,
+        )
+    )
+
+
+async def _read_version(conn: Connection, schema: sql.Identifier, component: str) -> int:
+    """The version of ``component`` in the schema (0 when it was never migrated)."""
+    cursor = await conn.execute(
+        _q("SELECT version FROM {s}.schema_versions WHERE component = %s", schema), (component,)
+    )
+    row = await cursor.fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def _write_version(
+    conn: Connection, schema: sql.Identifier, component: str, version: int
+) -> None:
+    """Record ``component``'s version, inside the caller's transaction."""
+    await conn.execute(
+        _q(
+            "INSERT INTO {s}.schema_versions (component, version) VALUES (%s, %s) "
+            "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+            schema,
+        ),
+        (component, version),
+    )
+
+
+def _describe(url: str, schema: str) -> str:
+    """Where a store keeps its data, for messages: the server, database and schema, no password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return f"postgresql (schema {schema})"
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    user = params.get("user")
+    who = f"{user}@" if user else ""
+    return f"postgresql://{who}{host}:{port}/{params.get('dbname') or ''} (schema {schema})"
+
+
+class PostgresStateStore:
+    """A ``StateStore`` in one schema of a PostgreSQL database (psycopg 3, a connection pool).
+
+    Use ``store = await PostgresStateStore.open(url, schema="stratagem_tactical")``, or
+    ``async with PostgresStateStore(url, schema=...) as store:``, or call ``start``/``aclose``;
+    the methods also open the pool on first use.
+
+    Args:
+        url: A libpq connection string or URL, e.g. ``postgresql://stratagem@db:5432/stratagem``.
+        schema: The PostgreSQL schema holding this store's tables (created when missing); one
+            per agent role.
+        min_size: Connections the pool keeps open.
+        max_size: The most connections the pool opens.
+        timeout_s: How long a call waits for a connection (and ``start`` for the server).
+        meter_provider: Where the commit latency histogram goes
+            (``stratagem.store.commit.duration``, ``store=postgres``); the global provider by
+            default.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str,
+        min_size: int = 1,
+        max_size: int = 4,
+        timeout_s: float = 30.0,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if not schema or len(schema.encode()) > 63 or "\x00" in schema:
+            raise StoreError(f"invalid PostgreSQL schema name {schema!r} (1-63 bytes)")
+        self.schema = schema
+        self.location = _describe(url, schema)
+        self._metrics = PlanningMetrics(meter_provider)
+        self._url = url
+        self._ident = sql.Identifier(schema)
+        self._min_size = min_size
+        self._max_size = max_size
+        self._timeout_s = timeout_s
+        self._pool: AsyncConnectionPool[Connection] | None = None
+        self._opening = asyncio.Lock()
+        self._writing = asyncio.Lock()
+        self._rowids: dict[tuple[str, int], int] = {}
+        self._closed = False
+
+    @classmethod
+    async def open(cls, url: str, *, schema: str, **options: Any) -> PostgresStateStore:
+        """A started store (see the class for the arguments).
+
+        Raises:
+            StoreSchemaError: When the schema is newer than this code knows, or a migration fails.
+            StoreError: When the server cannot be reached.
+        """
+        store = cls(url, schema=schema, **options)
+        await store.start()
+        return store
+
+    async def __aenter__(self) -> PostgresStateStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Open the pool and run pending migrations.
+
+        Raises:
+            StoreSchemaError: When the schema is newer than this code knows, or a migration fails.
+            StoreError: When the server cannot be reached.
+        """
+        await self._connections()
+
+    async def aclose(self) -> None:
+        """Close the pool; further calls raise ``StoreError``."""
+        if self._closed:
+            return
+        self._closed = True
+        async with self._opening:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def schema_version(self) -> int:
+        """The schema version of the open store."""
+
+        async def read(conn: Connection) -> int:
+            return await _read_version(conn, self._ident, COMPONENT)
+
+        return await self._read("read the schema version", read)
+
+    async def save_plan(self, plan: Plan) -> bool:
+        """See ``StateStore.save_plan``."""
+        plan_json = plan.model_dump_json()
+        plan_type = f"{type(plan).__module__}.{type(plan).__qualname__}"
+
+        async def write(conn: Connection) -> bool:
+            return await self._insert_plan(conn, plan.id, plan.revision, plan_type, plan_json)
+
+        return await self._write(f"save plan {plan.id!r}", write)
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        """See ``StateStore.commit``: one transaction for all of ``records``."""
+        if not records:
+            return
+        batch = list(records)
+
+        async def write(conn: Connection) -> None:
+            await self._append(conn, batch)
+
+        started = time.perf_counter()
+        await self._write(f"commit {len(batch)} record(s)", write)
+        self._metrics.commit_recorded("postgres", time.perf_counter() - started)
+
+    async def save_revision(
+        self, plan: Plan, record: RevisionRecord, records: Sequence[Record]
+    ) -> None:
+        """See ``StateStore.save_revision``: one transaction."""
+        plan_json = plan.model_dump_json()
+        plan_type = f"{type(plan).__module__}.{type(plan).__qualname__}"
+        batch = list(records)
+
+        async def write(conn: Connection) -> None:
+            if not await self._insert_plan(conn, plan.id, plan.revision, plan_type, plan_json):
+                raise StoreError(
+                    f"plan {plan.id!r} revision {plan.revision} is already stored",
+                    location=self.location,
+                )
+            await conn.execute(
+                _q(
+                    "INSERT INTO {s}.revisions "
+                    "(plan_id, revision, parent, rationale, author, diff, carried, at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    self._ident,
+                ),
+                (
+                    record.plan_id,
+                    record.revision,
+                    record.parent,
+                    record.rationale,
+                    record.author,
+                    _json(record.diff.to_json()),
+                    _json(record.carried),
+                    record.at,
+                ),
+            )
+            await self._append(conn, batch)
+
+        await self._write(f"save revision {plan.revision} of plan {plan.id!r}", write)
+
+    async def load(self, plan_id: str) -> PlanState | None:
+        """See ``StateStore.load``."""
+
+        async def read(conn: Connection) -> PlanState | None:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT p.id, p.revision, b.plan_json FROM {s}.plans AS p "
+                    "JOIN {s}.plan_bodies AS b ON b.id = p.id WHERE p.plan_id = %s "
+                    "ORDER BY p.revision DESC LIMIT 1",
+                    self._ident,
+                ),
+                (plan_id,),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            rowid, revision, plan_json = int(row[0]), int(row[1]), str(row[2])
+            rows = await self._events(conn, rowid)
+            return fold(plan_id, revision, plan_json, (_decode(plan_id, revision, r) for r in rows))
+
+        return await self._read(f"load plan {plan_id!r}", read)
+
+    async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
+        """See ``StateStore.journal``."""
+
+        async def read(conn: Connection) -> list[Record]:
+            if revision is None:
+                cursor = await conn.execute(
+                    _q(
+                        "SELECT id, revision FROM {s}.plans WHERE plan_id = %s "
+                        "ORDER BY revision DESC LIMIT 1",
+                        self._ident,
+                    ),
+                    (plan_id,),
+                )
+            else:
+                cursor = await conn.execute(
+                    _q(
+                        "SELECT id, revision FROM {s}.plans WHERE plan_id = %s AND revision = %s",
+                        self._ident,
+                    ),
+                    (plan_id, revision),
+                )
+            row = await cursor.fetchone()
+            if row is None:
+                return []
+            rows = await self._events(conn, int(row[0]))
+            return [_decode(plan_id, int(row[1]), r) for r in rows]
+
+        return await self._read(f"read the journal of plan {plan_id!r}", read)
+
+    async def revisions(self, plan_id: str) -> list[RevisionRecord]:
+        """See ``StateStore.revisions``."""
+
+        async def read(conn: Connection) -> list[RevisionRecord]:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT p.revision, p.created, r.parent, r.rationale, r.author, r.diff, "
+                    "r.carried, r.at FROM {s}.plans AS p LEFT JOIN {s}.revisions AS r "
+                    "ON r.plan_id = p.plan_id AND r.revision = p.revision "
+                    "WHERE p.plan_id = %s ORDER BY p.revision",
+                    self._ident,
+                ),
+                (plan_id,),
+            )
+            history = []
+            for (
+                revision,
+                created,
+                parent,
+                rationale,
+                author,
+                diff,
+                carried,
+                at,
+            ) in await cursor.fetchall():
+                if at is None:  # a first revision: its plans row stands for it
+                    history.append(RevisionRecord(plan_id, int(revision), None, at=float(created)))
+                    continue
+                history.append(
+                    RevisionRecord(
+                        plan_id,
+                        int(revision),
+                        None if parent is None else int(parent),
+                        str(rationale),
+                        str(author),
+                        RevisionDiff.from_json(json.loads(diff)),
+                        list(json.loads(carried)),
+                        float(at),
+                    )
+                )
+            return history
+
+        return await self._read(f"read the revisions of plan {plan_id!r}", read)
+
+    async def breakers(self) -> list[BreakerState]:
+        """See ``StateStore.breakers``."""
+
+        async def read(conn: Connection) -> list[BreakerState]:
+            cursor = await conn.execute(
+                _q("SELECT tool, failures, opened_at FROM {s}.breakers ORDER BY tool", self._ident)
+            )
+            return [
+                BreakerState(str(r[0]), int(r[1]), None if r[2] is None else float(r[2]))
+                for r in await cursor.fetchall()
+            ]
+
+        return await self._read("read the circuit breakers", read)
+
+    async def save_breaker(self, state: BreakerState) -> None:
+        """See ``StateStore.save_breaker``."""
+
+        async def write(conn: Connection) -> None:
+            await conn.execute(
+                _q(
+                    "INSERT INTO {s}.breakers (tool, failures, opened_at) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (tool) DO UPDATE SET failures = EXCLUDED.failures, "
+                    "opened_at = EXCLUDED.opened_at",
+                    self._ident,
+                ),
+                (state.tool, state.failures, state.opened_at),
+            )
+
+        await self._write(f"save the circuit breaker of tool {state.tool!r}", write)
+
+    async def unfinished(self) -> list[str]:
+        """See ``StateStore.unfinished``."""
+
+        async def read(conn: Connection) -> list[str]:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT plan_id FROM {s}.plans AS p WHERE status <> ALL (%s) AND revision = "
+                    "(SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) "
+                    "ORDER BY created, id",
+                    self._ident,
+                ),
+                (_FINAL,),
+            )
+            return list(dict.fromkeys(str(r[0]) for r in await cursor.fetchall()))
+
+        return await self._read("list unfinished plans", read)
+
+    async def prune(self, *, before: float | None = None, keep_last: int | None = None) -> int:
+        """See ``StateStore.prune``."""
+
+        async def write(conn: Connection) -> int:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT plan_id, updated FROM {s}.plans AS p WHERE status = ANY (%s) AND "
+                    "revision = (SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) "
+                    "ORDER BY updated DESC",
+                    self._ident,
+                ),
+                (_FINAL,),
+            )
+            rows = await cursor.fetchall()
+            candidates = rows[keep_last:] if keep_last else rows
+            ids = [str(r[0]) for r in candidates if before is None or float(r[1]) < before]
+            if not ids:
+                return 0
+            # The journals and bodies go with their plans rows (ON DELETE CASCADE).
+            cursor = await conn.execute(
+                _q("DELETE FROM {s}.plans WHERE plan_id = ANY (%s)", self._ident), (ids,)
+            )
+            deleted = cursor.rowcount
+            await conn.execute(
+                _q("DELETE FROM {s}.revisions WHERE plan_id = ANY (%s)", self._ident), (ids,)
+            )
+            return deleted
+
+        deleted = await self._write("prune plans", write)
+        self._rowids.clear()
+        if deleted:
+            logger.info("state store %s: pruned %d finished plan(s)", self.location, deleted)
+        return deleted
+
+    async def stats(self) -> StoreStats:
+        """See ``StateStore.stats``; ``bytes`` is the tables' total size, indexes included."""
+
+        async def read(conn: Connection) -> StoreStats:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT (SELECT count(*) FROM {s}.plans), (SELECT count(*) FROM {s}.events)",
+                    self._ident,
+                )
+            )
+            counts = await cursor.fetchone()
+            cursor = await conn.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class AS c "
+                "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'r' AND c.relname = ANY (%s)",
+                (self.schema, list(_TABLES)),
+            )
+            size = await cursor.fetchone()
+            # Aggregates always return a row.
+            assert counts is not None
+            assert size is not None
+            return StoreStats(plans=int(counts[0]), records=int(counts[1]), bytes=int(size[0]))
+
+        return await self._read("measure the store", read)
+
+    # --- connections and transactions ----------------------------------------------------------
+
+    async def _connections(self) -> AsyncConnectionPool[Connection]:
+        if self._closed:
+            raise StoreError("the state store is closed", location=self.location)
+        pool = self._pool
+        if pool is not None:
+            return pool
+        async with self._opening:
+            if self._pool is not None:
+                return self._pool
+            if self._closed:
+                raise StoreError("the state store is closed", location=self.location)
+            pool = AsyncConnectionPool(
+                self._url,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                timeout=self._timeout_s,
+                kwargs={"autocommit": True},
+                check=AsyncConnectionPool.check_connection,
+                name=f"stratagem-store-{self.schema}",
+                open=False,
+            )
+            try:
+                await pool.open(wait=True, timeout=self._timeout_s)
+                async with pool.connection() as conn:
+                    await self._migrate(conn)
+            except (psycopg.Error, PoolTimeout) as exc:
+                await pool.close()
+                raise StoreError(
+                    f"cannot open the state store {self.location}: {exc}", location=self.location
+                ) from exc
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            return pool
+
+    async def _migrate(self, conn: Connection) -> None:
+        known = len(MIGRATIONS)
+        try:
+            async with conn.transaction():
+                await _prepare_schema(conn, self.schema)
+                found = await _read_version(conn, self._ident, COMPONENT)
+                if found > known:
+                    raise StoreSchemaError(
+                        f"the state store {self.location} has schema version {found}, newer "
+                        f"than this code knows ({known}); upgrade Stratagem or use another schema",
+                        location=self.location,
+                        found=found,
+                        known=known,
+                    )
+                for version in range(found, known):
+                    await MIGRATIONS[version](conn, self._ident)
+                    logger.info(
+                        "state store %s: migrated to schema version %d", self.location, version + 1
+                    )
+                if found < known:
+                    await _write_version(conn, self._ident, COMPONENT, known)
+        except psycopg.Error as exc:
+            raise StoreSchemaError(
+                f"cannot migrate the state store {self.location}: {exc}",
+                location=self.location,
+                found=-1,
+                known=known,
+            ) from exc
+
+    async def _read(self, action: str, fn: Callable[[Connection], Awaitable[T]]) -> T:
+        pool = await self._connections()
+        try:
+            async with pool.connection() as conn:
+                return await fn(conn)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise self._error(action, exc) from exc
+
+    async def _write(self, action: str, fn: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction, after the writes called before it."""
+        pool = await self._connections()
+        async with self._writing:
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    return await fn(conn)
+            except (psycopg.Error, PoolTimeout) as exc:
+                # A cached row id may belong to a plan deleted by another process.
+                self._rowids.clear()
+                raise self._error(action, exc) from exc
+            except StoreError:
+                self._rowids.clear()
+                raise
+
+    def _error(self, action: str, exc: Exception) -> StoreError:
+        return StoreError(f"cannot {action} in {self.location}: {exc}", location=self.location)
+
+    # --- inside a transaction ------------------------------------------------------------------
+
+    async def _insert_plan(
+        self, conn: Connection, plan_id: str, revision: int, plan_type: str, plan_json: str
+    ) -> bool:
+        """Insert a plan revision and its body; False when it is stored already."""
+        now = time.time()
+        cursor = await conn.execute(
+            _q(
+                "INSERT INTO {s}.plans (plan_id, revision, plan_type, status, created, updated) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (plan_id, revision) DO NOTHING "
+                "RETURNING id",
+                self._ident,
+            ),
+            (plan_id, revision, plan_type, PlanStatus.PENDING.value, now, now),
+        )
+        row = await cursor.fetchone()
+        if row is None:
+            return False
+        await conn.execute(
+            _q("INSERT INTO {s}.plan_bodies (id, plan_json) VALUES (%s, %s)", self._ident),
+            (row[0], plan_json),
+        )
+        return True
+
+    async def _rowid_map(
+        self, conn: Connection, records: list[Record]
+    ) -> dict[tuple[str, int], int]:
+        keys = {(r.plan_id, r.revision) for r in records}
+        missing = [key for key in keys if key not in self._rowids]
+        if missing:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT p.plan_id, p.revision, p.id FROM {s}.plans AS p "
+                    "JOIN unnest(%s::text[], %s::integer[]) AS k (plan_id, revision) "
+                    "ON p.plan_id = k.plan_id AND p.revision = k.revision",
+                    self._ident,
+                ),
+                ([k[0] for k in missing], [k[1] for k in missing]),
+            )
+            for plan_id, revision, rowid in await cursor.fetchall():
+                self._rowids[(str(plan_id), int(revision))] = int(rowid)
+        unknown = sorted(key for key in keys if key not in self._rowids)
+        if unknown:
+            plan_id, revision = unknown[0]
+            raise StoreError(
+                f"plan {plan_id!r} revision {revision} was never saved", location=self.location
+            )
+        return {key: self._rowids[key] for key in keys}
+
+    async def _append(self, conn: Connection, records: list[Record]) -> None:
+        """Insert ``records`` in order and follow their plans' status (caller's transaction)."""
+        if not records:
+            return
+        rowids = await self._rowid_map(conn, records)
+        rows = []
+        statuses: dict[int, tuple[str, float]] = {}
+        for record in records:
+            rowid = rowids[(record.plan_id, record.revision)]
+            rows.append((rowid, *_encode(record)))
+            if isinstance(record, PlanStatusRecord):
+                statuses[rowid] = (record.status.value, record.at)
+        # Row by row in one pipeline (one round trip): the identity column numbers them in order.
+        async with conn.cursor() as cursor:
+            await cursor.executemany(
+                _q(
+                    "INSERT INTO {s}.events (plan, kind, step_id, attempt, status, output, data) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    self._ident,
+                ),
+                rows,
+            )
+        if statuses:
+            await conn.execute(
+                _q(
+                    "UPDATE {s}.plans AS p SET status = u.status, updated = u.updated FROM "
+                    "unnest(%s::bigint[], %s::text[], %s::double precision[]) AS u "
+                    "(id, status, updated) WHERE p.id = u.id",
+                    self._ident,
+                ),
+                (
+                    list(statuses),
+                    [status for status, _ in statuses.values()],
+                    [at for _, at in statuses.values()],
+                ),
+            )
+
+    async def _events(self, conn: Connection, rowid: int) -> list[tuple[Any, ...]]:
+        cursor = await conn.execute(
+            _q(
+                "SELECT kind, step_id, attempt, status, output, data FROM {s}.events "
+                "WHERE plan = %s ORDER BY seq",
+                self._ident,
+            ),
+            (rowid,),
+        )
+        return await cursor.fetchall()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,611 @@
+"""The answer store and the audit log on a PostgreSQL server (psycopg 3 with a connection pool).
+
+``PostgresAnswerStore`` and ``PostgresAuditLog`` keep what ``SqliteAnswerStore`` and
+``SqliteAuditLog`` keep, with the same semantics, on a server every node of a cluster reaches:
+an agent that restarts on another node finds its answers and the audit chain where it left them.
+
+Namespacing: each works in a PostgreSQL **schema** (``schema=``, created when missing). Answers are
+keyed by (caller, request id) only, so each agent role needs a schema of its own for them (the
+runtime may use the role's plans schema: the table names differ from ``planning``'s). The audit log
+is one chain for the whole deployment, like the one SQLite file it replaces: every agent appends to
+the same schema (``"stratagem"`` by default).
+
+Schema (version 1 of each component; ``schema_versions`` has one row per component)::
+
+    schema_versions(component, version)     'answers' and 'audit' (and 'plans', for planning's)
+    answers(caller, request_id, request_digest, answer, stored_at)
+    audit(seq, ts, actor, action, target, capability, request_id, code, detail, digest,
+          prev_hash, hash)                  append-only: triggers refuse UPDATE, DELETE, TRUNCATE
+    audit_lock(id)                          one row; appenders lock it (``SELECT ... FOR UPDATE``)
+
+Concurrent audit writers: every transaction that appends first locks the one ``audit_lock`` row,
+then reads the last record and writes its own after it. Writers in other threads, processes or
+nodes wait for that row lock, and under ``READ COMMITTED`` the read that follows it sees every
+record committed before, so the chain never forks (the primary key on ``seq`` would refuse a fork
+anyway). ``append_async`` hands records to the log's writer thread, which commits everything queued
+meanwhile in one transaction (group commit), like ``SqliteAuditLog``.
+
+Durability: a commit that returned is on the server's disk under PostgreSQL's default
+``synchronous_commit=on``, so an answer or a record survives a crash of the agent, of its node and
+of the server. Errors of the server or the connection are raised as ``psycopg.Error`` (as the
+SQLite stores raise ``sqlite3.Error``); calls after closing raise ``ProtocolUsageError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from protocol._answers import AnswerRetention, StoredAnswer
+from protocol._audit import (
+    _COLUMNS,
+    GENESIS,
+    AuditRecord,
+    _ChainedLog,
+    _Entry,
+    _entry,
+    _Pending,
+    _resolve,
+)
+from protocol._errors import ProtocolUsageError
+
+__all__ = ["PostgresAnswerStore", "PostgresAuditLog"]
+
+logger = logging.getLogger(__name__)
+
+AsyncConnection = psycopg.AsyncConnection[tuple[Any, ...]]
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+ANSWERS_VERSION: Final = 1
+AUDIT_VERSION: Final = 1
+# Expired and surplus answers are dropped on every this-many puts (and when a store opens).
+_PRUNE_EVERY: Final = 256
+# The most records one group commit writes; more wait for the next transaction.
+_MAX_BATCH: Final = 512
+
+
+def _q(text: str, schema: sql.Identifier) -> sql.Composed:
+    """``text`` with every ``{s}`` replaced by the quoted schema name."""
+    return sql.SQL(text).format(s=schema)
+
+
+def _check_schema(schema: str) -> sql.Identifier:
+    if not schema or len(schema.encode()) > 63 or "\x00" in schema:
+        raise ProtocolUsageError(f"invalid PostgreSQL schema name {schema!r} (1-63 bytes)")
+    return sql.Identifier(schema)
+
+
+def _preamble(name: str) -> list[tuple[sql.SQL | sql.Composed, tuple[Any, ...]]]:
+    """The statements that start a migration transaction: lock, create the schema and versions.
+
+    The advisory lock (the key ``planning``'s store takes too) is held until the transaction
+    ends, so processes opening stores on one schema at once create and migrate it one at a time.
+    """
+    schema = sql.Identifier(name)
+    return [
+        (
+            sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"),
+            (f"stratagem.schema:{name}",),
+        ),
+        (_q("CREATE SCHEMA IF NOT EXISTS {s}", schema), ()),
+        (
+            _q(
+                "CREATE TABLE IF NOT EXISTS {s}.schema_versions "
+                "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+                schema,
+            ),
+            (),
+        ),
+    ]
+
+
+def _version_query(schema: sql.Identifier) -> sql.Composed:
+    return _q("SELECT version FROM {s}.schema_versions WHERE component = %s", schema)
+
+
+def _set_version(schema: sql.Identifier) -> sql.Composed:
+    return _q("INSERT INTO {s}.schema_versions (component, version) VALUES (%s, %s)", schema)
+
+
+def _schema_mismatch(what: str, location: str, found: int, known: int) -> ProtocolUsageError:
+    return ProtocolUsageError(
+        f"{what} {location} has schema version {found}; this build reads version {known}"
+    )
+
+
+def _location(url: str, schema: str) -> str:
+    """The server, database and schema, without a password: for messages."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return f"postgresql (schema {schema})"
+    user = params.get("user")
+    who = f"{user}@" if user else ""
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    return f"postgresql://{who}{host}:{port}/{params.get('dbname') or ''} (schema {schema})"
+
+
+# --- answers --------------------------------------------------------------------------------------
+
+
+class PostgresAnswerStore:
+    """Answers in a PostgreSQL schema, kept across restarts and nodes.
+
+    Retention applies all three bounds of ``AnswerRetention``: answers older than ``max_age_s``
+    are never served, and every ``_PRUNE_EVERY`` puts (and on ``prune``) the expired ones and the
+    oldest beyond ``max_entries`` or beyond ``max_bytes`` of answers are deleted. An answer larger
+    than ``max_bytes`` is not kept.
+
+    Use ``await PostgresAnswerStore.open(url, schema=...)``, ``async with``, or ``start``; the
+    methods also open the pool on first use.
+
+    Args:
+        url: A libpq connection string or URL.
+        retention: The bounds; ``AnswerRetention()`` by default.
+        schema: The PostgreSQL schema of this agent's answers (one per role).
+        clock: Seconds since the epoch (inject one in tests).
+        max_size: The most connections the pool opens.
+        timeout_s: How long a call waits for a connection (and ``start`` for the server).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        retention: AnswerRetention | None = None,
+        *,
+        schema: str,
+        clock: Callable[[], float] = time.time,
+        max_size: int = 4,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._ident = _check_schema(schema)
+        self.schema = schema
+        self.location = _location(url, schema)
+        self._url = url
+        self._retention = retention or AnswerRetention()
+        self._clock = clock
+        self._max_size = max_size
+        self._timeout_s = timeout_s
+        self._puts = 0
+        self._pool: AsyncConnectionPool[AsyncConnection] | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        retention: AnswerRetention | None = None,
+        *,
+        schema: str,
+        **options: Any,
+    ) -> PostgresAnswerStore:
+        """A started store (see the class for the arguments)."""
+        store = cls(url, retention, schema=schema, **options)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        """Open the pool, create or check the schema, and drop what retention no longer keeps.
+
+        Raises:
+            ProtocolUsageError: When the schema holds answers of another schema version.
+            psycopg.Error: When the server cannot be reached.
+        """
+        await self._connections()
+
+    async def __aenter__(self) -> PostgresAnswerStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _connections(self) -> AsyncConnectionPool[AsyncConnection]:
+        if self._closed:
+            raise ProtocolUsageError(f"the answer store {self.location} is closed")
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is not None:
+                return self._pool
+            pool: AsyncConnectionPool[AsyncConnection] = AsyncConnectionPool(
+                self._url,
+                min_size=1,
+                max_size=self._max_size,
+                timeout=self._timeout_s,
+                kwargs={"autocommit": True},
+                check=AsyncConnectionPool.check_connection,
+                name=f"stratagem-answers-{self.schema}",
+                open=False,
+            )
+            try:
+                await pool.open(wait=True, timeout=self._timeout_s)
+                async with pool.connection() as conn:
+                    await self._migrate(conn)
+                    await self._prune(conn)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+            return pool
+
+    async def _migrate(self, conn: AsyncConnection) -> None:
+        schema = self._ident
+        async with conn.transaction():
+            for statement, params in _preamble(self.schema):
+                await conn.execute(statement, params)
+            row = await (await conn.execute(_version_query(schema), ("answers",))).fetchone()
+            if row is not None and row[0] != ANSWERS_VERSION:
+                raise _schema_mismatch("answer store", self.location, row[0], ANSWERS_VERSION)
+            if row is None:
+                await conn.execute(
+                    _q(
+                        """CREATE TABLE IF NOT EXISTS {s}.answers (
+                            caller TEXT NOT NULL,
+                            request_id TEXT NOT NULL,
+                            request_digest TEXT NOT NULL,
+                            answer BYTEA NOT NULL,
+                            stored_at DOUBLE PRECISION NOT NULL,
+                            PRIMARY KEY (caller, request_id)
+                        )""",
+                        schema,
+                    )
+                )
+                await conn.execute(
+                    _q(
+                        "CREATE INDEX IF NOT EXISTS answers_by_age ON {s}.answers (stored_at)",
+                        schema,
+                    )
+                )
+                await conn.execute(_set_version(schema), ("answers", ANSWERS_VERSION))
+
+    async def get(self, caller: str, request_id: str) -> StoredAnswer | None:
+        """The answer, unless it expired (see ``AnswerStore.get``)."""
+        horizon = self._clock() - self._retention.max_age_s
+        pool = await self._connections()
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                _q(
+                    "SELECT request_digest, answer, stored_at FROM {s}.answers "
+                    "WHERE caller = %s AND request_id = %s AND stored_at >= %s",
+                    self._ident,
+                ),
+                (caller, request_id, horizon),
+            )
+            row = await cursor.fetchone()
+        return None if row is None else StoredAnswer(str(row[0]), bytes(row[1]), float(row[2]))
+
+    async def put(self, caller: str, request_id: str, request_digest: str, answer: bytes) -> None:
+        """Commit an answer; every ``_PRUNE_EVERY`` puts, drop what retention no longer keeps."""
+        retention = self._retention
+        if retention.max_entries == 0 or len(answer) > retention.max_bytes:
+            return
+        self._puts += 1
+        prune = self._puts % _PRUNE_EVERY == 0
+        stored_at = self._clock()
+        pool = await self._connections()
+        async with pool.connection() as conn:
+            await conn.execute(
+                _q(
+                    "INSERT INTO {s}.answers (caller, request_id, request_digest, answer, "
+                    "stored_at) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (caller, request_id) "
+                    "DO UPDATE SET request_digest = EXCLUDED.request_digest, "
+                    "answer = EXCLUDED.answer, stored_at = EXCLUDED.stored_at",
+                    self._ident,
+                ),
+                (caller, request_id, request_digest, answer, stored_at),
+            )
+            if prune:
+                await self._prune(conn)
+
+    async def prune(self) -> int:
+        """Drop expired answers and the oldest beyond ``max_entries`` or ``max_bytes``; how many."""
+        pool = await self._connections()
+        async with pool.connection() as conn:
+            return await self._prune(conn)
+
+    async def count(self) -> int:
+        """How many answers are stored."""
+        pool = await self._connections()
+        async with pool.connection() as conn:
+            cursor = await conn.execute(_q("SELECT count(*) FROM {s}.answers", self._ident))
+            row = await cursor.fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def _prune(self, conn: AsyncConnection) -> int:
+        retention = self._retention
+        horizon = self._clock() - retention.max_age_s
+        # Newest first: an answer goes when it is expired, or when it and the newer ones exceed
+        # the count or the bytes kept.
+        cursor = await conn.execute(
+            _q(
+                "DELETE FROM {s}.answers AS a USING (SELECT caller, request_id, "
+                "row_number() OVER w AS n, sum(octet_length(answer)) OVER w AS total "
+                "FROM {s}.answers WINDOW w AS (ORDER BY stored_at DESC, caller, request_id)) AS k "
+                "WHERE a.caller = k.caller AND a.request_id = k.request_id "
+                "AND (a.stored_at < %s OR k.n > %s OR k.total > %s)",
+                self._ident,
+            ),
+            (horizon, retention.max_entries, retention.max_bytes),
+        )
+        return max(cursor.rowcount, 0)
+
+    async def aclose(self) -> None:
+        """Close the pool; later calls raise ``ProtocolUsageError``."""
+        if self._closed:
+            return
+        self._closed = True
+        async with self._opening:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+# --- audit ----------------------------------------------------------------------------------------
+
+_AUDIT_SCHEMA: Final = (
+    """CREATE TABLE {s}.audit (
+        seq BIGINT PRIMARY KEY,
+        ts TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        capability TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        code TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL
+    )""",
+    "CREATE TABLE {s}.audit_lock (id SMALLINT PRIMARY KEY CHECK (id = 1))",
+    "INSERT INTO {s}.audit_lock (id) VALUES (1)",
+    # Append-only for this code and anyone using the table by mistake; a deliberate tamperer can
+    # drop the triggers, which the hash chain then exposes.
+    """CREATE FUNCTION {s}.audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$""",
+    """CREATE TRIGGER audit_no_change BEFORE UPDATE OR DELETE ON {s}.audit
+        FOR EACH ROW EXECUTE FUNCTION {s}.audit_append_only()""",
+    """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON {s}.audit
+        FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_append_only()""",
+)
+
+
+class PostgresAuditLog(_ChainedLog):
+    """An audit log in a PostgreSQL schema, one chain for every writer of every process and node.
+
+    ``append``, ``records`` and ``head`` block (call them from a thread in async code);
+    ``append_async`` does not.
+
+    Args:
+        url: A libpq connection string or URL.
+        schema: The PostgreSQL schema of the deployment's audit log.
+        max_size: The most connections the pool opens.
+        timeout_s: How long a call waits for a connection (and the constructor for the server).
+
+    Raises:
+        ProtocolUsageError: When the schema holds an audit log of another schema version.
+        psycopg.Error: When the server cannot be reached.
+    """
+
+    _PAGE = 1000
+
+    def __init__(
+        self, url: str, *, schema: str = "stratagem", max_size: int = 4, timeout_s: float = 30.0
+    ) -> None:
+        self._ident = _check_schema(schema)
+        self.schema = schema
+        self.location = _location(url, schema)
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_size,
+            timeout=timeout_s,
+            kwargs={"autocommit": True},
+            check=ConnectionPool.check_connection,
+            name=f"stratagem-audit-{schema}",
+            open=False,
+        )
+        self._insert = _q(
+            f"INSERT INTO {{s}}.audit ({', '.join(_COLUMNS)}) "
+            f"VALUES ({', '.join(['%s'] * len(_COLUMNS))})",
+            self._ident,
+        )
+        self._last = _q("SELECT seq, hash FROM {s}.audit ORDER BY seq DESC LIMIT 1", self._ident)
+        try:
+            self._pool.open(wait=True, timeout=timeout_s)
+            self._migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        if self._closed and threading.current_thread() is not self._writer:
+            raise ProtocolUsageError(f"the audit log {self.location} is closed")
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _migrate(self) -> None:
+        with self._connection() as conn, conn.transaction():
+            for statement, params in _preamble(self.schema):
+                conn.execute(statement, params)
+            row = conn.execute(_version_query(self._ident), ("audit",)).fetchone()
+            if row is not None and row[0] != AUDIT_VERSION:
+                raise _schema_mismatch("audit log", self.location, row[0], AUDIT_VERSION)
+            if row is None:
+                for text in _AUDIT_SCHEMA:
+                    conn.execute(_q(text, self._ident))
+                conn.execute(_set_version(self._ident), ("audit", AUDIT_VERSION))
+
+    def _commit(self, entry: _Entry) -> AuditRecord:
+        [record] = self._commit_many([entry])
+        return record
+
+    def _commit_many(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
+        """Chain and write ``entries`` in one transaction, in order, after every earlier writer."""
+        with self._connection() as conn, conn.transaction():
+            # The row lock orders appenders across connections, processes and nodes; the read
+            # below runs after it is granted, so it sees the last record committed before.
+            conn.execute(_q("SELECT id FROM {s}.audit_lock FOR UPDATE", self._ident))
+            last = conn.execute(self._last).fetchone()
+            seq, prev_hash = (int(last[0]), str(last[1])) if last else (0, GENESIS)
+            records = []
+            for entry in entries:
+                seq += 1
+                record = entry.seal(seq, prev_hash)
+                prev_hash = record.hash
+                records.append(record)
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    self._insert,
+                    [tuple(getattr(record, name) for name in _COLUMNS) for record in records],
+                )
+        return records
+
+    def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> asyncio.Future[AuditRecord]:
+        """Append like ``append`` without blocking the event loop: the writer thread commits it.
+
+        Records appended by concurrent callers are committed together in one transaction (group
+        commit). Once handed over, the record is written even when the awaiting task is cancelled.
+
+        Returns:
+            A future of the event loop that settles once the transaction holding the record has
+            committed: the stored record, or the exception that kept it from being stored.
+
+        Raises:
+            ProtocolUsageError: When the log is closed.
+        """
+        if self._closed:
+            raise ProtocolUsageError(f"the audit log {self.location} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AuditRecord] = loop.create_future()
+        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write, name=f"audit-writer {self.schema}", daemon=True
+                )
+                self._writer.start()
+        self._queue.put(_Pending(entry, loop, future))
+        return future
+
+    def _write(self) -> None:
+        """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    pending = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if pending is None:
+                    stop = True
+                    break
+                batch.append(pending)
+            outcomes: list[AuditRecord] | BaseException
+            try:
+                outcomes = self._commit_many([pending.entry for pending in batch])
+            except Exception as exc:
+                logger.error(
+                    "cannot write %d audit records to %s: %s", len(batch), self.location, exc
+                )
+                outcomes = exc
+            by_loop: dict[
+                asyncio.AbstractEventLoop,
+                list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
+            ] = {}
+            for index, pending in enumerate(batch):
+                outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
+                by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
+            for loop, settled in by_loop.items():
+                # A closed loop has nobody waiting any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_resolve, settled)
+
+    def records(self) -> Iterator[AuditRecord]:
+        """Every record, in ``seq`` order, read a page at a time."""
+        after = 0
+        page = _q(
+            f"SELECT {', '.join(_COLUMNS)} FROM {{s}}.audit WHERE seq > %s ORDER BY seq LIMIT %s",
+            self._ident,
+        )
+        while True:
+            with self._connection() as conn:
+                rows = conn.execute(page, (after, self._PAGE)).fetchall()
+            for row in rows:
+                yield AuditRecord(*row)
+            if len(rows) < self._PAGE:
+                return
+            after = int(rows[-1][0])
+
+    def head(self) -> str:
+        """The hash of the last record (``GENESIS`` when the log is empty)."""
+        with self._connection() as conn:
+            row = conn.execute(self._last).fetchone()
+        return str(row[1]) if row else GENESIS
+
+    def last(self) -> AuditRecord | None:
+        """The last record, ``None`` when the log is empty (its ``seq`` and ``hash``: the head)."""
+        query = _q(
+            f"SELECT {', '.join(_COLUMNS)} FROM {{s}}.audit ORDER BY seq DESC LIMIT 1", self._ident
+        )
+        with self._connection() as conn:
+            row = conn.execute(query).fetchone()
+        return AuditRecord(*row) if row else None
+
+    def close(self) -> None:
+        """Write the records already handed to ``append_async``, then close the pool."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            writer = self._writer
+        if writer is not None:
+            self._queue.put(None)
+            writer.join()
+        self._pool.close()
+
+    def __enter__(self) -> PostgresAuditLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
