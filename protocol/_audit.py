@@ -397,6 +397,11 @@ class InMemoryAuditLog(_ChainedLog):
         with self._lock:
             return self._records[-1].hash if self._records else GENESIS
 
+    def last(self) -> AuditRecord | None:
+        """The last record, ``None`` when the log is empty (its ``seq`` and ``hash``: the head)."""
+        with self._lock:
+            return self._records[-1] if self._records else None
+
 
 _COLUMNS: Final = tuple(field.name for field in dataclasses.fields(AuditRecord))
 _INSERT: Final = (
@@ -406,6 +411,7 @@ _SELECT_PAGE: Final = (
     f"SELECT {', '.join(_COLUMNS)} FROM audit WHERE ? IS NULL OR seq > ? ORDER BY seq LIMIT ?"
 )
 _SELECT_LAST: Final = "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"
+_SELECT_LAST_RECORD: Final = f"SELECT {', '.join(_COLUMNS)} FROM audit ORDER BY seq DESC LIMIT 1"
 _SCHEMA: Final = (
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     """CREATE TABLE IF NOT EXISTS audit (
@@ -652,6 +658,12 @@ class SqliteAuditLog(_ChainedLog):
             row = self._db.execute(_SELECT_LAST).fetchone()
         return str(row[1]) if row else GENESIS
 
+    def last(self) -> AuditRecord | None:
+        """The last record, ``None`` when the log is empty (its ``seq`` and ``hash``: the head)."""
+        with self._lock:
+            row = self._db.execute(_SELECT_LAST_RECORD).fetchone()
+        return AuditRecord(*row) if row else None
+
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the database."""
         self._closed = True
@@ -682,14 +694,20 @@ class ChainVerdict:
         ok: Whether the whole chain is intact.
         count: How many records verified before the first broken one (all of them when ``ok``).
         first_broken_seq: The ``seq`` of the first broken record (for a truncated tail, the first
-            missing one), or ``None`` when ``ok``.
+            missing one), or ``None`` when ``ok`` (or when no record is to blame: ``heads_line``).
         reason: Why it is broken, one line; "" when ``ok``.
+        sealed: How many signed heads verified (``verify_sealed`` in ``protocol._audit_seal``;
+            always 0 from ``verify_chain``).
+        heads_line: The line of the signed-heads file that does not verify, when that is what
+            broke (``verify_sealed``); ``None`` otherwise.
     """
 
     ok: bool
     count: int
     first_broken_seq: int | None = None
     reason: str = ""
+    sealed: int = 0
+    heads_line: int | None = None
 
 
 def verify_chain(

@@ -1,4 +1,5 @@
-"""The audit log: the chain formula, redaction, and tamper detection in memory and in SQLite."""
+"""The audit log: the chain formula, redaction, and tamper detection in memory, in SQLite and in
+PostgreSQL (with concurrent writers from several processes)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import multiprocessing
 import re
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +22,7 @@ from hypothesis import strategies as st
 from protocol import (
     AuditRecord,
     InMemoryAuditLog,
+    PostgresAuditLog,
     ProtocolUsageError,
     SqliteAuditLog,
     digest,
@@ -26,8 +30,10 @@ from protocol import (
 )
 from protocol._audit import GENESIS, AsyncAuditLog, Synchronous, redact
 
+Log = InMemoryAuditLog | SqliteAuditLog | PostgresAuditLog
 
-def _fill(log: InMemoryAuditLog | SqliteAuditLog, count: int, actor: str = "operator") -> None:
+
+def _fill(log: Log, count: int, actor: str = "operator") -> None:
     for index in range(count):
         log.append(
             actor=actor,
@@ -233,10 +239,21 @@ def test_sqlite_log_refuses_another_schema_version(tmp_path: Path) -> None:
         SqliteAuditLog(path)
 
 
+OpenLog = Callable[[], SqliteAuditLog | PostgresAuditLog]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def durable(request: pytest.FixtureRequest, tmp_path: Path) -> OpenLog:
+    """``durable()``: a durable log, on the same file or schema each time it is called."""
+    if request.param == "sqlite":
+        return lambda: SqliteAuditLog(tmp_path / "audit.db")
+    url: str = request.getfixturevalue("postgres_url")
+    return lambda: PostgresAuditLog(url, schema="stratagem")
+
+
 @pytest.mark.integration
-def test_sqlite_logs_on_one_file_share_one_chain(tmp_path: Path) -> None:
-    path = tmp_path / "audit.db"
-    logs = [SqliteAuditLog(path) for _ in range(3)]
+def test_durable_logs_on_one_store_share_one_chain(durable: OpenLog) -> None:
+    logs = [durable() for _ in range(3)]
     threads = [
         threading.Thread(target=_fill, args=(log, 30, f"t{i}")) for i, log in enumerate(logs)
     ]
@@ -337,9 +354,8 @@ async def test_in_memory_append_async_appends_on_the_spot() -> None:
 
 
 @pytest.mark.integration
-async def test_sqlite_group_commit_keeps_one_chain_across_writers(tmp_path: Path) -> None:
-    path = tmp_path / "audit.db"
-    with SqliteAuditLog(path) as log, SqliteAuditLog(path) as other:
+async def test_group_commit_keeps_one_chain_across_writers(durable: OpenLog) -> None:
+    with durable() as log, durable() as other:
         writer = threading.Thread(target=_fill, args=(other, 40, "thread"))
         writer.start()
         records = await asyncio.gather(
@@ -375,15 +391,14 @@ async def test_a_failed_group_commit_fails_its_callers(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-async def test_close_writes_what_was_handed_over(tmp_path: Path) -> None:
-    path = tmp_path / "audit.db"
-    log = SqliteAuditLog(path)
+async def test_close_writes_what_was_handed_over(durable: OpenLog) -> None:
+    log = durable()
     pending = [log.append_async(actor="operator", action="call.outcome") for _ in range(50)]
     log.close()
     assert len(await asyncio.gather(*pending)) == 50
     with pytest.raises(ProtocolUsageError, match="closed"):
         log.append_async(actor="operator", action="call.outcome")
-    with SqliteAuditLog(path) as reopened:
+    with durable() as reopened:
         assert verify_chain(reopened.records()).count == 50
 
 
@@ -407,3 +422,184 @@ def test_sqlite_durability_must_be_known(tmp_path: Path) -> None:
 def test_sqlite_defaults_to_normal(tmp_path: Path) -> None:
     with SqliteAuditLog(tmp_path / "audit.db") as log:
         assert log.synchronous == "normal"
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def _pg_execute(url: str, *statements: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pg_log(postgres_url: str) -> Callable[[], PostgresAuditLog]:
+    """``pg_log()``: a log on the test database's ``audit`` schema, holding 6 records."""
+    with PostgresAuditLog(postgres_url, schema="audit") as log:
+        _fill(log, 6)
+    return lambda: PostgresAuditLog(postgres_url, schema="audit")
+
+
+@pytest.mark.postgres
+def test_postgres_log_persists_and_verifies(pg_log: Callable[[], PostgresAuditLog]) -> None:
+    with pg_log() as log:
+        records = list(log.records())
+        assert [r.seq for r in records] == [1, 2, 3, 4, 5, 6]
+        assert log.head() == records[-1].hash
+        assert log.last() == records[-1]
+        record = log.append(actor="operator", action="call.denied", code="PERMISSION_DENIED")
+        assert (record.seq, record.prev_hash) == (7, records[-1].hash)
+        verdict = verify_chain(log.records(), expected_head=log.head())
+        assert (verdict.ok, verdict.count) == (True, 7)
+    with pytest.raises(ProtocolUsageError, match="closed"):
+        log.head()
+
+
+@pytest.mark.postgres
+def test_postgres_log_pages_through_many_records(postgres_url: str) -> None:
+    with PostgresAuditLog(postgres_url) as log:
+        log._PAGE = 7
+        _fill(log, 30)
+        assert [r.seq for r in log.records()] == list(range(1, 31))
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE audit.audit SET code = 'OK' WHERE seq = 2",
+        "DELETE FROM audit.audit WHERE seq = 2",
+        "TRUNCATE audit.audit",
+    ],
+    ids=["update", "delete", "truncate"],
+)
+def test_postgres_log_refuses_updates_and_deletes(
+    pg_log: Callable[[], PostgresAuditLog], postgres_url: str, statement: str
+) -> None:
+    pg_log().close()
+    with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+        _pg_execute(postgres_url, statement)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("statements", "broken", "reason"),
+    [
+        (["UPDATE audit.audit SET detail = 'nothing happened' WHERE seq = 3"], 3, "edited"),
+        (["DELETE FROM audit.audit WHERE seq = 3"], 4, "seq 4 follows seq 2"),
+        (
+            [
+                "UPDATE audit.audit SET seq = -1 WHERE seq = 3",
+                "UPDATE audit.audit SET seq = 3 WHERE seq = 4",
+                "UPDATE audit.audit SET seq = 4 WHERE seq = -1",
+            ],
+            3,
+            "edited",
+        ),
+    ],
+    ids=["edit", "delete", "swap"],
+)
+def test_postgres_tampering_is_named(
+    pg_log: Callable[[], PostgresAuditLog],
+    postgres_url: str,
+    statements: list[str],
+    broken: int,
+    reason: str,
+) -> None:
+    # Someone with the rights to disable the triggers; the chain still tells.
+    _pg_execute(
+        postgres_url,
+        "ALTER TABLE audit.audit DISABLE TRIGGER USER",
+        *statements,
+        "ALTER TABLE audit.audit ENABLE TRIGGER USER",
+    )
+    with pg_log() as log:
+        verdict = verify_chain(log.records())
+    assert (verdict.ok, verdict.first_broken_seq) == (False, broken)
+    assert reason in verdict.reason
+
+
+@pytest.mark.postgres
+def test_postgres_log_refuses_another_schema_version(postgres_url: str) -> None:
+    PostgresAuditLog(postgres_url).close()
+    _pg_execute(
+        postgres_url, "UPDATE stratagem.schema_versions SET version = 99 WHERE component = 'audit'"
+    )
+    with pytest.raises(ProtocolUsageError, match="schema version 99"):
+        PostgresAuditLog(postgres_url)
+
+
+@pytest.mark.postgres
+async def test_postgres_failed_group_commit_fails_its_callers(postgres_url: str) -> None:
+    with PostgresAuditLog(postgres_url, schema="audit") as log:
+        _pg_execute(
+            postgres_url,
+            """CREATE FUNCTION audit.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN IF NEW.actor = 'mallory' THEN RAISE EXCEPTION 'disk says no'; END IF;
+                RETURN NEW; END $$""",
+            "CREATE TRIGGER refuse BEFORE INSERT ON audit.audit "
+            "FOR EACH ROW EXECUTE FUNCTION audit.refuse()",
+        )
+        with pytest.raises(psycopg.errors.RaiseException, match="disk says no"):
+            await log.append_async(actor="mallory", action="call.accepted")
+        record = await log.append_async(actor="operator", action="call.accepted")
+        assert [r.seq for r in log.records()] == [record.seq] == [1]
+
+
+def _append_to_postgres(url: str, actor: str, count: int) -> None:
+    """One writer process: blocking appends and group commits, on connections of its own."""
+
+    async def grouped(log: PostgresAuditLog) -> None:
+        await asyncio.gather(
+            *(
+                log.append_async(actor=actor, action="call.accepted", request_id=f"{actor}-a{i}")
+                for i in range(count)
+            )
+        )
+
+    with PostgresAuditLog(url) as log, PostgresAuditLog(url) as other:
+        writer = threading.Thread(target=_fill, args=(other, count, actor))
+        writer.start()
+        asyncio.run(grouped(log))
+        writer.join()
+
+
+@pytest.mark.postgres
+def test_postgres_writers_in_several_processes_keep_one_chain(postgres_url: str) -> None:
+    PostgresAuditLog(postgres_url).close()
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_append_to_postgres, args=(postgres_url, f"p{i}", 40))
+        for i in range(4)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=90)
+        assert process.exitcode == 0
+    with PostgresAuditLog(postgres_url) as log:
+        records = list(log.records())
+        head = log.head()
+    verdict = verify_chain(records, expected_head=head)
+    assert (verdict.ok, verdict.count) == (True, 4 * 2 * 40)
+    assert [r.seq for r in records] == list(range(1, 321))
+    for actor in ("p0", "p1", "p2", "p3"):
+        mine = [r for r in records if r.actor == actor]
+        assert len(mine) == 80
+        assert {r.request_id for r in mine if r.action == "call.accepted"} == {
+            f"{actor}-a{i}" for i in range(40)
+        }
+
+
+@pytest.mark.postgres
+def test_postgres_logs_in_two_schemas_are_two_chains(postgres_url: str) -> None:
+    with (
+        PostgresAuditLog(postgres_url, schema="one") as one,
+        PostgresAuditLog(postgres_url, schema="two") as two,
+    ):
+        _fill(one, 3)
+        _fill(two, 2)
+        assert [r.seq for r in one.records()] == [1, 2, 3]
+        assert [r.seq for r in two.records()] == [1, 2]
+        assert isinstance(one, AsyncAuditLog)
