@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: demo test lint typecheck imports unit integration e2e proto bench fmt clean help
+.PHONY: otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fmt clean help
 
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
 	@echo "make test   - lint, type-check, import contracts, unit + integration + e2e tests"
 	@echo "make bench  - benchmarks; JSON in .bench/results.json and a table in BENCHMARKS.md"
 	@echo "make proto  - regenerate protocol/_gen/ from proto/"
+	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,14 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/stratagem demo
+
+# Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
+# `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).
+otel-backend:
+	bash scripts/otel_backend.sh start
+
+otel-backend-stop:
+	bash scripts/otel_backend.sh stop
 
 proto: $(STAMP)
 	bash scripts/gen_protos.sh

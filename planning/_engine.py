@@ -73,7 +73,16 @@ from functools import cached_property
 from typing import Any, Final, Generic, Protocol, TypeVar, assert_never, cast
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import (
+    Link,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TracerProvider,
+)
 from pydantic import ValidationError
 
 from planning._dag import structural_problems
@@ -91,6 +100,7 @@ from planning._errors import (
     failure_class_for_code,
     field_problems,
 )
+from planning._metrics import PlanningMetrics
 from planning._plan import (
     CrossAgentStep,
     FailureClass,
@@ -146,6 +156,10 @@ P = TypeVar("P", bound=Plan)
 T = TypeVar("T")
 
 _RETRYABLE: Final = frozenset({FailureClass.TRANSIENT, FailureClass.TIMEOUT})
+# Step statuses counted as a step's outcome (``stratagem.steps``).
+_SETTLED: Final = frozenset(
+    {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED}
+)
 _CLOCK_RESOLUTION: Final = time.get_clock_info("monotonic").resolution
 _TRACER_NAME: Final = "stratagem.planning"
 _FAILURE_CLASS_ATTR: Final = "stratagem.failure.class"
@@ -361,6 +375,8 @@ class Engine:
             ``config.max_replans`` times per run); ``None`` lets such a plan fail.
         clock: Wall-clock time (``time.time``) for budgets and circuit breakers; inject a fake
             one in tests.
+        meter_provider: Where plan, step and retry counts go (``PlanningMetrics``); the global
+            provider by default.
     """
 
     def __init__(
@@ -376,6 +392,7 @@ class Engine:
         store: StateStore | None = None,
         replanner: Replanner | None = None,
         clock: Callable[[], float] = time.time,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
@@ -387,6 +404,7 @@ class Engine:
         self._dispatcher = dispatcher
         self._sleep = sleep
         self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
+        self._metrics = PlanningMetrics(meter_provider)
         self._runs: dict[str, _PlanRun[Any]] = {}
         self._breakers: dict[str, BreakerState] = {}
         self._breakers_loaded = store is None
@@ -1046,6 +1064,8 @@ class _PlanRun(Generic[P]):
         self.plan = plan
         self.on_event = on_event
         self.tracer = engine._tracer
+        self.metrics = engine._metrics
+        self.links: list[Link] = []  # a resumed run's links to the runs it continues
         self.tools = engine._tools
         self.dispatcher = engine._dispatcher
         self.sleep = engine._sleep
@@ -1119,6 +1139,7 @@ class _PlanRun(Generic[P]):
                 "stratagem.plan.id": plan.id,
                 "stratagem.plan.revision": plan.revision,
             },
+            links=self.links,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
@@ -1130,12 +1151,21 @@ class _PlanRun(Generic[P]):
             now = self.clock()
             if self.started_at is None:
                 self.started_at = now
-            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING, at=now))
+            self._record(
+                PlanStatusRecord(
+                    plan.id,
+                    plan.revision,
+                    PlanStatus.RUNNING,
+                    at=now,
+                    trace_context=_traceparent(span) if self.tracing else "",
+                )
+            )
             try:
                 await self._schedule()
                 status = self._end_status()
                 if status is PlanStatus.FAILED and await self._replan():
                     span.set_attribute("stratagem.plan.status", "replanned")
+                    self.metrics.plan_ended(self.agent, "replanned")
                     return self._result(status, time.monotonic() - started)
                 if status is not PlanStatus.PAUSED:
                     self._close_gates()
@@ -1156,6 +1186,7 @@ class _PlanRun(Generic[P]):
                 span.set_attribute("stratagem.plan.status", PlanStatus.CANCELLED.value)
                 span.set_status(Status(StatusCode.ERROR, reason))
                 self._emit("", PlanStatus.CANCELLED, 0, message=message)
+                self.metrics.plan_ended(self.agent, "interrupted")
                 logger.info("plan %s@%d: interrupted (%s)", plan.id, plan.revision, reason)
                 raise
             finally:
@@ -1164,6 +1195,7 @@ class _PlanRun(Generic[P]):
             if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
                 span.set_status(Status(StatusCode.ERROR, message or status.value))
             self._emit("", status, 0, message=message)
+        self.metrics.plan_ended(self.agent, status.value)
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
         return self._result(status, duration)
@@ -1610,8 +1642,15 @@ class _PlanRun(Generic[P]):
         delay_s: float | None = None,
     ) -> None:
         self.events += 1
-        if self.tracing and step_id:
-            self._span_event(step_id, status, attempt, failure_class, delay_s)
+        if step_id:
+            if status in _SETTLED:
+                self.metrics.step_settled(self.agent, status.value)
+            elif status is StepStatus.RETRYING:
+                self.metrics.retried(
+                    self.agent, failure_class.value if failure_class else "unknown"
+                )
+            if self.tracing:
+                self._span_event(step_id, status, attempt, failure_class, delay_s)
         if self.on_event is None:
             return
         event = StepEvent(
@@ -1878,6 +1917,7 @@ class _PlanRun(Generic[P]):
         """Take the recorded state: what is done stays done, what was in flight is reconciled."""
         plan = self.plan
         self.restored = True
+        self.links = _resume_links(state.trace_contexts)
         self.started_at = state.started_at
         self.spent_calls = state.spent_calls
         self.spent_cost = state.spent_cost
@@ -2362,6 +2402,39 @@ class _PlanRun(Generic[P]):
                 f"{type(response).__name__}, not {spec.response.__name__}"
             )
         return response.model_dump(mode="json")
+
+
+def _traceparent(span: Span) -> str:
+    """The W3C ``traceparent`` of ``span``."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def _span_context(traceparent: str) -> SpanContext | None:
+    """The span context a ``traceparent`` names, or ``None`` when it is malformed."""
+    parts = traceparent.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return context if context.is_valid else None
+
+
+def _resume_links(trace_contexts: list[str]) -> list[Link]:
+    """Links from a resumed run's plan span to the original run and to the run it continues."""
+    links: list[Link] = []
+    if not trace_contexts:
+        return links
+    first, last = trace_contexts[0], trace_contexts[-1]
+    for traceparent, kind in ((first, "original"), (last, "previous")):
+        context = _span_context(traceparent)
+        if context is None or (kind == "previous" and last == first):
+            continue
+        links.append(Link(context, {"stratagem.link.kind": kind}))
+    return links
 
 
 def _fail_span(span: Span, failure_class: FailureClass, message: str) -> None:

@@ -48,7 +48,10 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Final, TypeVar, assert_never
 
+from opentelemetry.metrics import MeterProvider
+
 from planning._errors import StoreError, StoreSchemaError
+from planning._metrics import PlanningMetrics
 from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 from planning._revisions import RevisionDiff, RevisionRecord
 from planning._store import (
@@ -198,12 +201,20 @@ class SqliteStateStore:
         path: The database file; its directory is created when missing.
         busy_timeout_s: How long a write waits for another connection's lock.
         threaded: Run calls on the store's own thread rather than the caller's.
+        meter_provider: Where the commit latency histogram goes
+            (``stratagem.store.commit.duration``); the global provider by default.
     """
 
     def __init__(
-        self, path: str | PathLike[str], *, busy_timeout_s: float = 5.0, threaded: bool = False
+        self,
+        path: str | PathLike[str],
+        *,
+        busy_timeout_s: float = 5.0,
+        threaded: bool = False,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.path = Path(path)
+        self._metrics = PlanningMetrics(meter_provider)
         self._busy_timeout_ms = int(busy_timeout_s * 1000)
         self._threaded = threaded
         self._jobs: queue.SimpleQueue[_Job | None] | None = None
@@ -258,7 +269,9 @@ class SqliteStateStore:
     async def commit(self, records: Sequence[Record]) -> None:
         """See ``StateStore.commit``: one transaction for all of ``records``."""
         if records:
+            started = time.perf_counter()
             await self._call(self._commit, list(records))
+            self._metrics.commit_recorded("sqlite", time.perf_counter() - started)
 
     async def load(self, plan_id: str) -> PlanState | None:
         """See ``StateStore.load``."""
@@ -749,7 +762,12 @@ def _encode(record: Record) -> _Row:
                 None,
                 record.status.value,
                 None,
-                _json([record.message, record.at]),
+                # A traced run's context rides in the same JSON array (no schema change).
+                _json(
+                    [record.message, record.at, record.trace_context]
+                    if record.trace_context
+                    else [record.message, record.at]
+                ),
             )
         case StepIntent():
             cost = None if record.cost is None else repr(record.cost)
@@ -794,8 +812,10 @@ def _decode(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
     kind, step_id, attempt, status, output, data = row
     match kind:
         case 1:
-            message, at = json.loads(data)
-            return PlanStatusRecord(plan_id, revision, PlanStatus(status), message, at)
+            message, at, *context = json.loads(data)
+            return PlanStatusRecord(
+                plan_id, revision, PlanStatus(status), message, at, context[0] if context else ""
+            )
         case 2:
             return StepIntent(
                 plan_id, revision, step_id, attempt, None if data is None else float(data)

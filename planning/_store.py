@@ -104,6 +104,8 @@ class PlanStatusRecord:
         status: The new status.
         message: Why, in one line ("" when there is nothing to add).
         at: Wall-clock time (``time.time()``).
+        trace_context: For ``running``: the W3C ``traceparent`` of the run's plan span ("" when
+            the run was not traced), so a resumed run can link to the run it continues.
     """
 
     plan_id: str
@@ -111,6 +113,7 @@ class PlanStatusRecord:
     status: PlanStatus
     message: str = ""
     at: float = field(default_factory=time.time)
+    trace_context: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +353,8 @@ class PlanState:
         started_at: When the revision first ran (the first ``running`` status), or ``None``.
         spent_calls: Tool calls reserved so far (one per intent).
         spent_cost: Cost units reserved so far.
+        trace_contexts: The W3C ``traceparent`` of each traced run of the revision, oldest first
+            (the first is the original run's; a resumed run links to it and to the last).
     """
 
     plan_id: str
@@ -365,6 +370,7 @@ class PlanState:
     started_at: float | None = None
     spent_calls: int = 0
     spent_cost: float = 0.0
+    trace_contexts: list[str] = field(default_factory=list)
 
     @property
     def outputs(self) -> dict[str, Any]:
@@ -409,6 +415,8 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 state.message = record.message
                 if state.started_at is None and record.status is PlanStatus.RUNNING:
                     state.started_at = record.at
+                if record.trace_context and record.trace_context not in state.trace_contexts:
+                    state.trace_contexts.append(record.trace_context)
             case StepIntent():
                 state.steps[record.step_id] = StepState(StepStatus.RUNNING, record.attempt)
                 state.spent_calls += 1

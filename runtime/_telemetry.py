@@ -9,6 +9,15 @@ batches, to:
 * a JSON-lines file (``STRATAGEM_TRACE_FILE``) that every process appends to, which the CLI reads to
   print a goal's span tree without any backend.
 
+Each process also makes a ``MeterProvider`` when metrics are exported: an OTLP metric exporter when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set or
+``OTEL_METRICS_EXPORTER`` names ``otlp`` (``OTEL_METRICS_EXPORTER=none`` turns it off; interval from
+``OTEL_METRIC_EXPORT_INTERVAL``). The planning and protocol instruments use the global provider.
+
+Every span also carries its process's ``service.name`` and ``service.instance.id``, its kind and its
+links as ``stratagem.*`` attributes: some backends (Arize Phoenix among them) keep only a span's
+attributes and drop the resource, the kind and the links.
+
 ``shutdown_telemetry`` flushes and closes the exporters; actors call it when they stop.
 """
 
@@ -23,9 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 __all__ = [
@@ -41,6 +54,48 @@ logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
+_meter_provider: MeterProvider | None = None
+
+SERVICE_ATTR = "stratagem.service.name"
+INSTANCE_ATTR = "stratagem.service.instance.id"
+KIND_ATTR = "stratagem.span.kind"
+LINKS_ATTR = "stratagem.links"
+"""Span attributes that repeat what backends keeping only attributes drop (see the docstring)."""
+
+
+class SpanIdentityProcessor(SpanProcessor):
+    """Stamps every span with its service, instance, kind and links as ``stratagem.*`` attributes.
+
+    Args:
+        service: ``service.name`` of this process.
+        instance_id: ``service.instance.id`` of this process.
+    """
+
+    def __init__(self, service: str, instance_id: str) -> None:
+        self._service = service
+        self._instance = instance_id
+
+    def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
+        span.set_attribute(SERVICE_ATTR, self._service)
+        span.set_attribute(INSTANCE_ATTR, self._instance)
+        span.set_attribute(KIND_ATTR, span.kind.name)
+        if span.links:
+            span.set_attribute(
+                LINKS_ATTR,
+                [
+                    f"{link.context.trace_id:032x}-{link.context.span_id:016x}"
+                    for link in span.links
+                ],
+            )
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Nothing to do when a span ends."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -182,6 +237,34 @@ def _otlp_exporter() -> SpanExporter:
     return GrpcExporter()
 
 
+def _otlp_metrics_wanted() -> bool:
+    exporters = os.environ.get("OTEL_METRICS_EXPORTER", "")
+    if "none" in exporters.split(","):
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or "otlp" in exporters.split(",")
+    )
+
+
+def _otlp_metric_exporter() -> MetricExporter:
+    protocol = os.environ.get(
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    )
+    if protocol.startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HttpExporter,
+        )
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+        OTLPMetricExporter as GrpcExporter,
+    )
+
+    return GrpcExporter()
+
+
 def setup_telemetry(
     service: str,
     *,
@@ -199,8 +282,11 @@ def setup_telemetry(
 
     Returns:
         The provider; later calls in the same process return the first one.
+
+    With metrics exported (see the module docstring) it also makes this process's
+    ``MeterProvider``, with the same resource, and makes it the global one.
     """
-    global _provider
+    global _provider, _meter_provider
     with _lock:
         if _provider is not None:
             return _provider
@@ -211,8 +297,16 @@ def setup_telemetry(
             "service.instance.id": instance_id or f"{service}-{os.getpid()}",
         }
         attributes.update(extra_resource or {})
-        provider = TracerProvider(resource=Resource.create(attributes))
+        resource = Resource.create(attributes)
+        provider = TracerProvider(resource=resource)
         if os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+            provider.add_span_processor(
+                SpanIdentityProcessor(service, attributes["service.instance.id"])
+            )
+            if _otlp_metrics_wanted():
+                reader = PeriodicExportingMetricReader(_otlp_metric_exporter())
+                _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+                metrics.set_meter_provider(_meter_provider)
             if _otlp_wanted():
                 provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
             if trace_file is not None:
@@ -226,9 +320,12 @@ def setup_telemetry(
 
 def shutdown_telemetry() -> None:
     """Flush every pending span and close the exporters of this process's provider."""
-    global _provider
+    global _provider, _meter_provider
     with _lock:
         provider, _provider = _provider, None
+        meter_provider, _meter_provider = _meter_provider, None
     if provider is not None:
         provider.force_flush(timeout_millis=5_000)
         provider.shutdown()
+    if meter_provider is not None:
+        meter_provider.shutdown(timeout_millis=5_000)

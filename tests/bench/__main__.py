@@ -20,8 +20,16 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
-from tests.bench.report import RESULTS_PATH, machine_facts, verdicts, write_outputs
+from tests.bench.report import (
+    MARKDOWN_PATH,
+    RESULTS_PATH,
+    machine_facts,
+    tracing_section,
+    verdicts,
+    write_outputs,
+)
 from tests.bench.rpc import run_rpc_benchmark
+from tests.bench.tracing import run_tracing_benchmark
 
 logger = logging.getLogger("tests.bench")
 
@@ -34,8 +42,46 @@ def _log_to_stderr() -> None:
     logger.propagate = False
 
 
+def _tracing() -> dict[str, Any]:
+    """The tracing-overhead section, against the Phoenix ``make otel-backend`` runs (if it runs)."""
+    from pathlib import Path
+
+    from runtime._backend import find_backend
+
+    backend = find_backend(Path(os.environ.get("STRATAGEM_STATE_DIR", ".stratagem")))
+    if backend is None:
+        logger.info("tracing: skipped, no backend runs (make otel-backend)")
+        return {"skipped": "no OTLP backend was running: start one with make otel-backend"}
+    logger.info("tracing: engine and request with OTLP to %s vs tracing off", backend.otlp_endpoint)
+    tracing = run_tracing_benchmark(backend.otlp_endpoint)
+    for part in ("engine", "request"):
+        logger.info("tracing: %s +%.0f%% with tracing on", part, tracing[part]["added"] * 100)
+    return tracing
+
+
+def _only_tracing() -> int:
+    """``python -m tests.bench tracing``: this section alone, merged into the last results."""
+    _log_to_stderr()
+    results: dict[str, Any] = (
+        json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {"benchmarks": {}}
+    )
+    results["benchmarks"]["tracing"] = _tracing()
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    # The other sections of BENCHMARKS.md stay as their own run wrote them.
+    markdown = MARKDOWN_PATH.read_text(encoding="utf-8") if MARKDOWN_PATH.exists() else ""
+    kept = markdown.split("## Tracing overhead", 1)[0].rstrip("\n")
+    section = "\n".join(tracing_section(results["benchmarks"]["tracing"]))
+    MARKDOWN_PATH.write_text(f"{kept}\n\n{section}".lstrip("\n").rstrip("\n") + "\n")
+    json.dump(results["benchmarks"]["tracing"], sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
 def main() -> int:
     """Run the engine and durable benchmarks, then the cross-agent one; write and print them."""
+    if sys.argv[1:] == ["tracing"]:
+        return _only_tracing()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -78,7 +124,7 @@ def main() -> int:
         "machine": machine,
         "duration_s": round(time.perf_counter() - started, 1),
         "verdicts": verdicts(rpc, engine, durable),
-        "benchmarks": {"rpc": rpc, "engine": engine, "durable": durable},
+        "benchmarks": {"rpc": rpc, "engine": engine, "durable": durable, "tracing": _tracing()},
     }
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from tests.bench import auth as auth_bench
 from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
@@ -21,8 +22,10 @@ __all__ = [
     "MARKDOWN_PATH",
     "REPO",
     "RESULTS_PATH",
+    "auth_section",
     "machine_facts",
     "render_markdown",
+    "tracing_section",
     "verdicts",
     "write_outputs",
 ]
@@ -284,6 +287,9 @@ def _rpc_section(rpc: dict[str, Any]) -> list[str]:
         "under `.bench/`, the file system of the default state directory `./.stratagem`) and "
         "trace like a deployed actor without `OTEL_*` settings: an SDK `TracerProvider` without "
         "span processor at both ends.",
+        "- Every pipeline variant authenticates as a deployment does by default: token "
+        "authentication (`TokenAuthenticator`; the caller sends `TokenCredentials`). What "
+        "authentication costs is measured in its own section below.",
         f"- The caller actor calls through `AgentClient.call`; the echo gets the same encoded "
         f"request envelope ({rpc['payload']['request_bytes']} bytes; the pipeline answers "
         f"{rpc['payload']['response_bytes']} bytes) through a bare `unary_unary` multicallable.",
@@ -685,8 +691,121 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_rpc_section(rpc),
         *_engine_section(engine),
         *_durable_section(durable),
+        *auth_section(benchmarks.get("auth")),
+        *tracing_section(benchmarks.get("tracing")),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
+
+
+def tracing_section(tracing: dict[str, Any] | None) -> list[str]:
+    """Tracing overhead: tracing on (batch OTLP export to the running backend) beside off."""
+    lines = ["## Tracing overhead", ""]
+    if not tracing:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in tracing:
+        return [*lines, f"Skipped: {tracing['skipped']}.", ""]
+    lines += [
+        "Tracing on: an SDK `TracerProvider` with a `BatchSpanProcessor` and the OTLP gRPC "
+        f"exporter sending to the running Phoenix at `{tracing['backend']}`; tracing off: the "
+        "API's no-op tracer. Same process, same run, alternating. Target: tracing adds under "
+        f"{tracing['target']['max_added']:.0%}.",
+        "",
+        "| measure | off (median us) | on (median us) | on/off | added | target |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for part, label in (("request", "request latency"), ("engine", "engine per-step cost")):
+        item = tracing[part]
+        off, on = item["variants"]["tracing_off"], item["variants"]["tracing_on_otlp"]
+        lines.append(
+            f"| {label} | {off['median']:.1f} | {on['median']:.1f} | {item['ratio']:.2f}x "
+            f"| {item['added']:+.0%} | {_verdict(item['met'])} |"
+        )
+    return [*lines, ""]
+
+
+AUTH_ASK: Final = (
+    "request latency and throughput with token auth and with mTLS, beside auth off, same run"
+)
+AUTH_TARGET: Final = "token auth costs at most 10% over auth off"
+_AUTH_NOTES: Final = {
+    auth_bench.OFF: "`CallerMetadataAuthenticator`; the client sends its name only",
+    auth_bench.TOKEN: "`TokenAuthenticator` + `TokenCredentials` (HMAC-SHA256 bearer token)",
+    auth_bench.MTLS: "`TlsAuthenticator` + `TlsCredentials` (EC P-256, `init_certificates`)",
+}
+
+
+def auth_section(auth: dict[str, Any] | None) -> list[str]:
+    """The cost of security: auth off, token auth and mTLS on the same pipeline, same run."""
+    lines = ["## Cost of security: authentication off, token, mTLS", ""]
+    if not auth:
+        return [*lines, "Not measured in this run.", ""]
+    config, modes, ratios = auth["config"], auth["modes"], auth["ratios"]
+    lines += [
+        f'Asked: "{AUTH_ASK}". Target: "{AUTH_TARGET}".',
+        "",
+        "How it was measured:",
+        "",
+        "- Two processes on 127.0.0.1, no Ray. A server process hosts, on one event loop, three "
+        "`AgentServer`s identical but for their authenticator: role `perception`, "
+        "`Policy.default()`, a `SqliteAuditLog` file each, a constant handler (the fake backend "
+        "answers `FindSpatialContext` at once) and an SDK `TracerProvider` without span "
+        "processor: section 1's `pipeline_constant` case. The benchmark process calls them as "
+        "`orchestrator` through `AgentClient.call`, one long-lived channel per mode.",
+        f"- Latency: {config['warmup']} warm-up calls, then {config['latency_calls']} sequential "
+        f"calls per mode in {config['rounds']} rounds that rotate the modes' order. Throughput: "
+        f"{config['throughput_calls']} calls per mode by {config['concurrency']} concurrent "
+        f"workers, in {config['rounds']} rotating rounds. First call: {config['connects']} fresh "
+        "clients per mode, each timing its first call (connection and, for mTLS, the TLS "
+        "handshake included).",
+        "",
+    ]
+    rows = []
+    for name, mode in modes.items():
+        latency, loaded, first = mode["latency_us"], mode["under_load_us"], mode["first_call_ms"]
+        ratio = ratios.get(name)
+        rows.append(
+            (
+                f"`{name}`",
+                _AUTH_NOTES.get(name, ""),
+                _us(latency["median"]),
+                _us(latency["p99"]),
+                f"{ratio['median_latency']:.2f}x" if ratio else "1x",
+                f"{mode['throughput_rps']:,.0f}",
+                f"{ratio['throughput']:.2f}x" if ratio else "1x",
+                _us(loaded["median"]),
+                _us(loaded["p99"]),
+                f"{first['median']:.2f}" if first else "",
+            )
+        )
+    lines += _table(
+        (
+            "mode",
+            "what",
+            "median µs",
+            "p99 µs",
+            "median vs off",
+            f"req/s @{config['concurrency']}",
+            "req/s vs off",
+            f"median µs @{config['concurrency']}",
+            f"p99 µs @{config['concurrency']}",
+            "first call ms",
+        ),
+        rows,
+        text_columns=2,
+    )
+    for name, ratio in ratios.items():
+        lines.append(
+            f"- `{name}`: {ratio['median_latency']:.2f}x auth off's median latency, "
+            f"{ratio['p99_latency']:.2f}x its p99; {ratio['throughput']:.2f}x its throughput "
+            f"(the same calls take {auth['throughput_cost'][name]:.2f}x as long)."
+        )
+    for target in auth["targets"]:
+        measure = target["measure"].replace("_", " ")
+        lines.append(
+            f"- Target, `{target['variant']}` {measure}: {target['ratio']:.2f}x auth off, "
+            f"≤ {target['max_ratio']:g}x: {_verdict(target['met'])}."
+        )
+    return _wrapped([*lines, ""])
 
 
 def write_outputs(results: dict[str, Any]) -> tuple[Path, Path]:
