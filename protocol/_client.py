@@ -52,7 +52,7 @@ from protocol._codec import (
     encode_run_plan,
     violations_from,
 )
-from protocol._context import remaining_time
+from protocol._context import current_call, remaining_time
 from protocol._errors import (
     Code,
     DeadlineExceededError,
@@ -61,11 +61,15 @@ from protocol._errors import (
     ProtocolUsageError,
     RemoteError,
 )
+from protocol._identity import Credentials
 from protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
+    DELEGATION_KEY,
+    KEEPALIVE_OPTIONS,
     REQUEST_ID_KEY,
     TARGET_KEY,
+    VERSION_KEY,
     end_span,
     method_path,
     span_attributes,
@@ -131,7 +135,11 @@ class AgentClient:
 
     Args:
         endpoint: ``host:port`` of the agent's server.
-        caller: This side's identity (a role, or ``OPERATOR``).
+        caller: This side's identity (a role, or ``OPERATOR``); ``credentials.identity`` when
+            ``None``. The server refuses a caller other than the one its credentials prove.
+        credentials: What proves the identity: a token sent with every call
+            (``TokenCredentials``) or a client certificate (``TlsCredentials``); ``None`` sends
+            only the caller's name, which only a server with authentication off accepts.
         config: Timeouts and limits.
         tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
 
@@ -142,14 +150,17 @@ class AgentClient:
         self,
         endpoint: str,
         *,
-        caller: str,
+        caller: str | None = None,
+        credentials: Credentials | None = None,
         config: ClientConfig | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
+        caller = caller or (credentials.identity if credentials is not None else "")
         if not caller:
-            raise ProtocolUsageError("an AgentClient needs a caller identity")
+            raise ProtocolUsageError("an AgentClient needs a caller identity or credentials")
         self._endpoint = endpoint
         self._caller = caller
+        self._credentials = credentials
         self._config = config or ClientConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._channel: Any = None
@@ -168,10 +179,18 @@ class AgentClient:
         if self._closed:
             raise ProtocolUsageError("the client is closed")
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
-                self._endpoint,
-                options=[("grpc.max_receive_message_length", self._config.max_message_bytes)],
-            )
+            options = [
+                ("grpc.max_receive_message_length", self._config.max_message_bytes),
+                *KEEPALIVE_OPTIONS,
+            ]
+            secure = None
+            if self._credentials is not None:
+                secure = self._credentials.channel_credentials()
+                options.extend(self._credentials.channel_options())
+            if secure is None:
+                self._channel = grpc.aio.insecure_channel(self._endpoint, options=options)
+            else:
+                self._channel = grpc.aio.secure_channel(self._endpoint, secure, options=options)
             self._callables = {}
         return self._channel
 
@@ -239,6 +258,8 @@ class AgentClient:
                 f"{capability} takes a {spec.request.__name__}, not a {type(request).__name__}"
             )
         request_id = request_id or _request_ids.next()
+        serving = current_call.get()
+        delegation = () if serving is None else serving.onward_delegation()
         well_formed = (
             _REQUEST_ID.fullmatch(request_id)
             and _IDENTITY.fullmatch(self._caller)
@@ -257,6 +278,7 @@ class AgentClient:
                     step_id=step_id,
                     capability=capability,
                     body=request,
+                    delegation=list(delegation),
                 )
             except ValidationError as exc:
                 problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
@@ -271,6 +293,7 @@ class AgentClient:
             plan_id=plan_id,
             step_id=step_id,
             body=request,
+            delegation=delegation,
         )
 
         def answer(data: bytes) -> WireModel:
@@ -287,6 +310,11 @@ class AgentClient:
             target=target,
             capability=capability,
             request_id=request_id,
+            extra_metadata=(
+                ((VERSION_KEY, spec.version), (DELEGATION_KEY, ",".join(delegation)))
+                if delegation
+                else ((VERSION_KEY, spec.version),)
+            ),
             plan_id=plan_id,
             step_id=step_id,
         )
@@ -525,8 +553,10 @@ class AgentClient:
         target: str | None = None,
         request_id: str = "",
         context: Any = None,
+        extra: tuple[tuple[str, str], ...] = (),
     ) -> tuple[tuple[str, str], ...]:
-        """Routing metadata (caller, target, capability, request id) and W3C trace context."""
+        """Routing metadata (caller, target, capability, request id, ``extra``), the credentials'
+        metadata and W3C trace context."""
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=context)
         routing = {CALLER_KEY: self._caller, CAPABILITY_KEY: capability}
@@ -534,6 +564,9 @@ class AgentClient:
             routing[TARGET_KEY] = target
         if request_id:
             routing[REQUEST_ID_KEY] = request_id
+        routing.update(extra)
+        if self._credentials is not None:
+            routing.update(self._credentials.metadata())
         return tuple({**routing, **carrier}.items())
 
     async def _unary(
@@ -546,6 +579,7 @@ class AgentClient:
         target: str | None = None,
         capability: str = "",
         request_id: str = "",
+        extra_metadata: tuple[tuple[str, str], ...] = (),
         **span_values: str,
     ) -> R:
         """Send one unary request under its deadline and CLIENT span; decode or map the failure."""
@@ -564,7 +598,10 @@ class AgentClient:
                     request,
                     timeout=deadline,
                     metadata=self._metadata(
-                        capability or method, target=target, request_id=request_id
+                        capability or method,
+                        target=target,
+                        request_id=request_id,
+                        extra=extra_metadata,
                     ),
                     wait_for_ready=False,
                 )

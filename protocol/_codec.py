@@ -192,6 +192,7 @@ class RequestEnvelope(_Envelope):
     target: Identity
     plan_id: PlanId = ""
     step_id: PlanId = ""
+    delegation: list[Identity] = Field(default_factory=list, max_length=64)
 
 
 class ResponseEnvelope(_Envelope):
@@ -725,6 +726,7 @@ def encode_call(
     plan_id: str,
     step_id: str,
     body: WireModel,
+    delegation: Sequence[str] = (),
 ) -> bytes:
     """``encode_request`` of an envelope with these fields, for values already known to be valid.
 
@@ -740,6 +742,7 @@ def encode_call(
         "target": target,
         "plan_id": plan_id,
         "step_id": step_id,
+        "delegation": list(delegation),
     }
     data = _encode_fields(pb.AgentRequest, fields, spec.name, body)
     if data is not None:
@@ -753,6 +756,7 @@ def encode_call(
             target=target,
             plan_id=plan_id,
             step_id=step_id,
+            delegation=list(delegation),
         )
     )
 

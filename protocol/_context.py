@@ -25,6 +25,8 @@ class CallContext:
         plan_id: The caller's plan id ("" when the caller has no plan).
         step_id: The caller's step id ("" when the caller has no plan).
         deadline: Absolute deadline on the ``time.monotonic()`` clock, or ``None`` for none.
+        delegation: Who asked on whose behalf before ``caller``, outermost first (verified hop by
+            hop: each server checked its own caller).
     """
 
     caller: str
@@ -34,6 +36,11 @@ class CallContext:
     plan_id: str = ""
     step_id: str = ""
     deadline: float | None = None
+    delegation: tuple[str, ...] = ()
+
+    def onward_delegation(self) -> tuple[str, ...]:
+        """The delegation chain of a request made while serving this call: ours plus our caller."""
+        return (*self.delegation, self.caller)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never negative), or ``None`` when there is none."""

@@ -24,6 +24,22 @@ TARGET_KEY: Final = "x-stratagem-target"
 CAPABILITY_KEY: Final = "x-stratagem-capability"
 REQUEST_ID_KEY: Final = "x-stratagem-request-id"
 """Optional: lets a call refused before its body is decoded still be audited under its id."""
+DELEGATION_KEY: Final = "x-stratagem-delegation"
+"""Who asked on whose behalf, outermost first, comma-separated (the envelope's ``delegation``)."""
+VERSION_KEY: Final = "x-stratagem-capability-version"
+"""The capability's schema version the caller speaks; another version is refused before decoding."""
+# Keepalive: a peer that vanishes without closing its connection is noticed within ~20 s even
+# with no call in flight, instead of when a deadline runs out.
+KEEPALIVE_OPTIONS: Final = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+SERVER_KEEPALIVE_OPTIONS: Final = (
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
 
 # Codes a server reports as span errors (OpenTelemetry RPC semantic conventions, gRPC section).
 _SERVER_ERRORS: Final = frozenset(

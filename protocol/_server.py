@@ -3,23 +3,34 @@
 Every ``AgentService`` method takes the raw request bytes, so that each refusal is the pipeline's
 own, answered with one status code and audited. ``Call`` runs these stages in order:
 
-1. authenticate: a caller identity in ``x-stratagem-caller`` (``UNAUTHENTICATED``);
-2. authorize: the target is this agent and the policy allows the capability
+1. authenticate: the ``Authenticator`` verifies the caller's credentials (a signed token, or the
+   TLS peer certificate) and yields its identity (``UNAUTHENTICATED``); a caller named in the
+   metadata other than that identity is ``PERMISSION_DENIED``, audited under the verified one;
+2. authorize: the target is this agent and the policy allows the capability; the delegation chain
+   (``x-stratagem-delegation``: who asked on whose behalf) is no longer than
+   ``max_delegation_hops`` and names nobody twice, caller and target included
    (``PERMISSION_DENIED``); a capability this agent does not serve is ``NOT_FOUND``, told only to
-   a caller the policy allowed, so a denied caller never learns the capability list;
-3. the size limit on the raw request (``RESOURCE_EXHAUSTED``);
-4. decode and validate; the envelope must agree with the metadata (``INVALID_ARGUMENT`` with field
-   violations; ``FAILED_PRECONDITION`` for an extension capability of another version);
-5. a ``request_id`` seen before from the same caller gets the stored answer (a different payload
+   a caller the policy allowed, so a denied caller never learns the capability list; a caller
+   speaking another schema version of it (``x-stratagem-capability-version``) is
+   ``FAILED_PRECONDITION``;
+3. admission: at most ``max_concurrent_requests`` run at once and ``max_queued_requests`` wait
+   for a slot; beyond that the call is refused at once (``RESOURCE_EXHAUSTED``), so latency never
+   grows without bound. ``Watch`` streams are not counted;
+4. the size limit on the raw request (``RESOURCE_EXHAUSTED``);
+5. decode and validate; the envelope must agree with the metadata, delegation chain included
+   (``INVALID_ARGUMENT`` with field violations; ``FAILED_PRECONDITION`` for an extension
+   capability of another version);
+6. a ``request_id`` seen before from the same caller gets the stored answer (a different payload
    under the same id is ``FAILED_PRECONDITION``); a duplicate of a call still running waits for it;
-6. audit ``call.accepted``: if the audit log cannot record it, the call is not served (fail closed);
-7. the handler, under the remaining deadline (``DEADLINE_EXCEEDED``), with ``current_call`` set;
-8. audit the outcome (``call.outcome``) with the response's digest, then answer.
+7. audit ``call.accepted`` (naming the delegation chain): if the audit log cannot record it, the
+   call is not served (fail closed);
+8. the handler, under the remaining deadline (``DEADLINE_EXCEEDED``), with ``current_call`` set;
+9. audit the outcome (``call.outcome``) with the response's digest, then answer.
 
 An ``x-stratagem-request-id`` metadata value, when sent, names a call refused before its body is
 decoded in the audit log; the envelope must then carry the same id.
 
-``Describe``, ``Watch``, ``Plans``, ``Revisions``, ``RunPlan`` and ``Replay`` go through stages 1-4
+``Describe``, ``Watch``, ``Plans``, ``Revisions``, ``RunPlan`` and ``Replay`` go through stages 1-5
 too, authorized as the pseudo-capabilities of the same names; their target defaults to this agent.
 ``Control`` (approve, reject, pause, cancel, resume or replan a plan) is authorized as
 ``Control.<action>``, named in the
@@ -35,13 +46,14 @@ Errors become statuses in one place (``protocol._status``): a ``RemoteError`` ke
 message and violations; anything else is logged here and answered ``INTERNAL: internal error``.
 The transport's own size limit is set well above ours, so our check (audited) answers first.
 
-The caller identity is the ``x-stratagem-caller`` metadata value, trusted as sent over an insecure
-channel until transport identity lands (see the README).
+A call that no credentials, no policy rule or no free slot admits is refused before any of its
+body is read; every decision, allow or deny, leaves an audit record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
@@ -93,17 +105,20 @@ from protocol._errors import (
     ProtocolUsageError,
     RemoteError,
     ResourceExhaustedError,
-    UnauthenticatedError,
     UnavailableError,
     error_for_code,
 )
+from protocol._identity import Authenticator
 from protocol._policy import Policy
 from protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
+    DELEGATION_KEY,
     REQUEST_ID_KEY,
+    SERVER_KEEPALIVE_OPTIONS,
     SERVICE,
     TARGET_KEY,
+    VERSION_KEY,
     end_span,
     metadata_getter,
     span_attributes,
@@ -182,8 +197,10 @@ class ServerConfig:
             duplicate ``request_id``s.
         answer_cache_bytes: The most bytes of answers the default answer store keeps.
         grace_s: How long ``aclose`` lets calls in flight finish.
-        max_concurrent_rpcs: At most this many calls are served at once, later ones wait for a
-            slot (``None`` for no limit).
+        max_concurrent_requests: At most this many calls run at once (``Watch`` streams aside).
+        max_queued_requests: At most this many more wait for a slot; beyond that a call is
+            refused at once with ``RESOURCE_EXHAUSTED``.
+        max_delegation_hops: The longest delegation chain accepted, this call's hop included.
     """
 
     host: str = "127.0.0.1"
@@ -193,7 +210,9 @@ class ServerConfig:
     answer_cache_size: int = 4096
     answer_cache_bytes: int = 64 << 20
     grace_s: float = 5.0
-    max_concurrent_rpcs: int | None = None
+    max_concurrent_requests: int = 64
+    max_queued_requests: int = 256
+    max_delegation_hops: int = 8
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -201,8 +220,14 @@ class ServerConfig:
         for name in ("max_message_bytes", "default_deadline_s", "answer_cache_bytes"):
             if getattr(self, name) <= 0:
                 raise ProtocolUsageError(f"ServerConfig.{name} must be positive")
-        if self.answer_cache_size < 0 or self.grace_s < 0:
-            raise ProtocolUsageError("ServerConfig.answer_cache_size and grace_s must be >= 0")
+        if self.answer_cache_size < 0 or self.grace_s < 0 or self.max_queued_requests < 0:
+            raise ProtocolUsageError(
+                "ServerConfig.answer_cache_size, grace_s and max_queued_requests must be >= 0"
+            )
+        if self.max_concurrent_requests < 1 or self.max_delegation_hops < 1:
+            raise ProtocolUsageError(
+                "ServerConfig.max_concurrent_requests and max_delegation_hops must be >= 1"
+            )
 
 
 @dataclass(slots=True)
@@ -216,6 +241,8 @@ class _Exchange:
     capability: str = ""
     request_id: str = ""
     request_digest: str = ""
+    delegation: tuple[str, ...] = ()
+    slot: bool = False
     accepted: bool = False
     replayed: bool = False
     summary: str = ""
@@ -230,6 +257,8 @@ class AgentServer:
     Args:
         backend: The agent served.
         policy: Who may call what.
+        authenticator: How callers are verified (``TokenAuthenticator``, ``TlsAuthenticator``, or
+            ``CallerMetadataAuthenticator`` for none).
         audit: Where every accepted, refused and finished call is recorded.
         config: Where to listen and what to accept.
         tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
@@ -246,6 +275,7 @@ class AgentServer:
         backend: AgentBackend,
         *,
         policy: Policy,
+        authenticator: Authenticator,
         audit: AuditLog,
         config: ServerConfig | None = None,
         tracer_provider: TracerProvider | None = None,
@@ -254,6 +284,7 @@ class AgentServer:
         self._backend = backend
         self._role = backend.role
         self._policy = policy
+        self._authenticator = authenticator
         self._audit = audit
         self._append = _appender(audit)
         self._config = config or ServerConfig()
@@ -265,6 +296,9 @@ class AgentServer:
             )
         )
         self._running: dict[tuple[str, str], tuple[str, asyncio.Future[bytes | RemoteError]]] = {}
+        self._admission = _Admission(
+            self._config.max_concurrent_requests, self._config.max_queued_requests
+        )
         self._server: Any = None
         self._health: Any = None
         self._port = 0
@@ -287,8 +321,8 @@ class AgentServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                *SERVER_KEEPALIVE_OPTIONS,
             ],
-            maximum_concurrent_rpcs=self._config.max_concurrent_rpcs,
         )
         server.add_generic_rpc_handlers(
             (
@@ -310,21 +344,35 @@ class AgentServer:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         address = f"{self._config.host}:{self._config.port}"
+        credentials = self._authenticator.server_credentials()
         try:
-            port = server.add_insecure_port(address)
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
         except RuntimeError as exc:
             raise ProtocolUsageError(f"cannot listen on {address}: {exc}") from exc
         await server.start()
         for service in ("", SERVICE):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self._port = server, health_servicer, int(port)
-        logger.info("agent %s serving on %s", self._role, self.endpoint)
+        logger.info(
+            "agent %s serving on %s (authentication: %s)",
+            self._role,
+            self.endpoint,
+            self._authenticator.mode,
+        )
         return self._port
 
     @property
     def port(self) -> int:
         """The bound port (0 before ``start``)."""
         return self._port
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """Calls running and calls queued for a slot, now."""
+        return self._admission.running, self._admission.queued
 
     @property
     def endpoint(self) -> str:
@@ -397,6 +445,7 @@ class AgentServer:
             try:
                 answer = await stage(exchange, request, context, span)
             except asyncio.CancelledError:
+                self._release(exchange)
                 await self._settle(exchange, span, _interruption(context), None)
                 raise
             except Exception as exc:
@@ -411,8 +460,10 @@ class AgentServer:
                         exc_info=exc,
                     )
             else:
+                self._release(exchange)
                 await self._settle(exchange, span, None, answer)
                 return answer
+            self._release(exchange)
             await self._settle(exchange, span, error, None)
             if _deadline_passed(context):
                 # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
@@ -422,19 +473,30 @@ class AgentServer:
 
     # --- stages -----------------------------------------------------------------------------
 
-    def _admit(self, exchange: _Exchange, request: bytes, span: Span, read: str | None) -> None:
-        """Authenticate and authorize; a read RPC, RunPlan or Control is its own (pseudo-)
-        capability and targets this agent."""
+    async def _admit(
+        self,
+        exchange: _Exchange,
+        request: bytes,
+        context: Any,
+        span: Span,
+        read: str | None,
+        *,
+        queue: bool = True,
+    ) -> None:
+        """Authenticate, authorize and take a slot (``queue``); a read RPC, RunPlan or Control is
+        its own (pseudo-)capability and targets this agent."""
         exchange.request_digest = digest(request)
-        exchange.caller = exchange.metadata.get(CALLER_KEY, "")
         exchange.target = exchange.metadata.get(TARGET_KEY, "") or (self._role if read else "")
         exchange.capability = read or exchange.metadata.get(CAPABILITY_KEY, "")
         exchange.request_id = exchange.metadata.get(REQUEST_ID_KEY, "")
         span.set_attributes(stratagem_attributes(capability=exchange.capability))
-        if not exchange.caller:
-            raise UnauthenticatedError(f"no caller identity: the {CALLER_KEY} metadata is missing")
-        if not _IDENTITY.fullmatch(exchange.caller):
-            raise UnauthenticatedError(f"malformed caller identity in {CALLER_KEY}")
+        exchange.caller = self._authenticator.authenticate(exchange.metadata, context)
+        claimed = exchange.metadata.get(CALLER_KEY, "")
+        if claimed and claimed != exchange.caller:
+            raise PermissionDeniedError(
+                f"the credentials are {exchange.caller!r}'s, but the call claims to come from "
+                f"{claimed[:64]!r}"
+            )
         if not (exchange.target and exchange.capability):
             raise InvalidArgumentError(f"a Call needs {TARGET_KEY} and {CAPABILITY_KEY} metadata")
         allowed = exchange.target == self._role and self._policy.allows(
@@ -444,6 +506,32 @@ class AgentServer:
             raise PermissionDeniedError(
                 f"{exchange.caller!r} may not call {exchange.capability!r} on {exchange.target!r}"
             )
+        exchange.delegation = self._delegation(exchange)
+        if queue:
+            await self._admission.acquire(self._role)
+            exchange.slot = True
+
+    def _delegation(self, exchange: _Exchange) -> tuple[str, ...]:
+        """The call's delegation chain from its metadata: bounded and free of cycles."""
+        text = exchange.metadata.get(DELEGATION_KEY, "")
+        chain = tuple(text.split(",")) if text else ()
+        limit = self._config.max_delegation_hops
+        if len(chain) + 1 > limit:
+            raise PermissionDeniedError(
+                f"the delegation chain is {len(chain) + 1} hops long; the limit is {limit}"
+            )
+        for identity in chain:
+            if not _IDENTITY.fullmatch(identity):
+                raise InvalidArgumentError(f"malformed identity in {DELEGATION_KEY}")
+        path = (*chain, exchange.caller, exchange.target)
+        if len(set(path)) < len(path):
+            raise PermissionDeniedError(f"delegation cycle: {' > '.join(path)}")
+        return chain
+
+    def _release(self, exchange: _Exchange) -> None:
+        if exchange.slot:
+            exchange.slot = False
+            self._admission.release()
 
     def _limit(self, size: int, what: str) -> None:
         if size > self._config.max_message_bytes:
@@ -452,6 +540,9 @@ class AgentServer:
             )
 
     async def _accept(self, exchange: _Exchange, detail: str = "") -> None:
+        if exchange.delegation:
+            via = f"on behalf of {' > '.join(exchange.delegation)}"
+            detail = f"{detail} {via}" if detail else via
         # Fail closed: a call the audit log cannot record is not served.
         await self._record(exchange, "call.accepted", "", detail, exchange.request_digest)
         exchange.accepted = True
@@ -459,10 +550,16 @@ class AgentServer:
     async def _serve_call(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
-        self._admit(exchange, request, span, read=None)
+        await self._admit(exchange, request, context, span, read=None)
         spec = capability_for(self._role, exchange.capability)
         if spec is None:
             raise NotFoundError(f"{self._role} does not serve {exchange.capability!r}")
+        spoken = exchange.metadata.get(VERSION_KEY, spec.version)
+        if spoken != spec.version:
+            raise FailedPreconditionError(
+                f"{spec.name}: the caller speaks schema version {spoken[:32]!r}, "
+                f"{self._role} speaks {spec.version!r}; update one side"
+            )
         self._limit(len(request), "request")
         envelope = decode_request(request)
         span.set_attributes(
@@ -540,6 +637,7 @@ class AgentServer:
             plan_id=envelope.plan_id,
             step_id=envelope.step_id,
             deadline=time.monotonic() + budget.seconds,
+            delegation=tuple(envelope.delegation),
         )
         token = current_call.set(call)
         try:
@@ -555,10 +653,10 @@ class AgentServer:
         return answer
 
     async def _admit_read(
-        self, exchange: _Exchange, request: bytes, span: Span, rpc: ReadRpc
+        self, exchange: _Exchange, request: bytes, context: Any, span: Span, rpc: ReadRpc
     ) -> str:
-        """Stages 1-4 and ``call.accepted`` for a read RPC; returns the plan id it asks about."""
-        self._admit(exchange, request, span, read=rpc)
+        """Stages 1-5 and ``call.accepted`` for a read RPC; returns the plan id it asks about."""
+        await self._admit(exchange, request, context, span, read=rpc, queue=rpc != "Watch")
         self._limit(len(request), "request")
         plan_id = decode_query(rpc, request)
         span.set_attributes(stratagem_attributes(plan_id=plan_id))
@@ -568,7 +666,7 @@ class AgentServer:
     async def _serve_describe(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
-        await self._admit_read(exchange, request, span, "Describe")
+        await self._admit_read(exchange, request, context, span, "Describe")
         answer = encode_card(self._backend.card())
         self._limit(len(answer), "response")
         return answer
@@ -576,7 +674,7 @@ class AgentServer:
     async def _serve_plans(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
-        plan_id = await self._admit_read(exchange, request, span, "Plans")
+        plan_id = await self._admit_read(exchange, request, context, span, "Plans")
         answer = encode_plans(self._backend.plans(plan_id))
         self._limit(len(answer), "response")
         return answer
@@ -584,7 +682,7 @@ class AgentServer:
     async def _serve_revisions(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
-        plan_id = await self._admit_read(exchange, request, span, "Revisions")
+        plan_id = await self._admit_read(exchange, request, context, span, "Revisions")
         response = await _within(
             self._budget(context), self._backend.revisions(plan_id), f"revisions of {plan_id}"
         )
@@ -598,7 +696,7 @@ class AgentServer:
     ) -> bytes:
         """Replay: authorized as "Replay" (operator-only in the default policy), audited with the
         plan and, in the outcome, how many decisions diverged."""
-        self._admit(exchange, request, span, read="Replay")
+        await self._admit(exchange, request, context, span, read="Replay")
         self._limit(len(request), "request")
         plan_id = decode_query("Replay", request)
         span.set_attributes(stratagem_attributes(plan_id=plan_id))
@@ -606,6 +704,7 @@ class AgentServer:
         budget = self._budget(context)
         call = CallContext(
             caller=exchange.caller,
+            delegation=exchange.delegation,
             target=self._role,
             capability="Replay",
             request_id=exchange.request_id,
@@ -628,13 +727,14 @@ class AgentServer:
     async def _serve_run_plan(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
-        self._admit(exchange, request, span, read="RunPlan")
+        await self._admit(exchange, request, context, span, read="RunPlan")
         self._limit(len(request), "request")
         plan_json = decode_run_plan(request)
         await self._accept(exchange)
         budget = self._budget(context)
         call = CallContext(
             caller=exchange.caller,
+            delegation=exchange.delegation,
             target=self._role,
             capability="RunPlan",
             request_id=exchange.request_id,
@@ -658,11 +758,11 @@ class AgentServer:
         metadata, so authorization precedes decoding; the body must name the same action)."""
         capability = exchange.metadata.get(CAPABILITY_KEY, "")
         if not capability.startswith(_CONTROL_PREFIX):
-            exchange.caller = exchange.metadata.get(CALLER_KEY, "")
+            exchange.caller = self._authenticator.authenticate(exchange.metadata, context)
             raise InvalidArgumentError(
                 f"a Control call needs {CAPABILITY_KEY} metadata 'Control.<action>'"
             )
-        self._admit(exchange, request, span, read=capability)
+        await self._admit(exchange, request, context, span, read=capability)
         self._limit(len(request), "request")
         control = decode_control(request)
         if control_capability(control.action) != capability:
@@ -688,6 +788,7 @@ class AgentServer:
         budget = self._budget(context)
         call = CallContext(
             caller=exchange.caller,
+            delegation=exchange.delegation,
             target=self._role,
             capability=capability,
             request_id=exchange.request_id,
@@ -709,7 +810,7 @@ class AgentServer:
     async def _serve_watch(
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> None:
-        plan_id = await self._admit_read(exchange, request, span, "Watch")
+        plan_id = await self._admit_read(exchange, request, context, span, "Watch")
         events = self._backend.watch(plan_id)
         sent = 0
         try:
@@ -798,6 +899,7 @@ def _check_routing(envelope: RequestEnvelope, exchange: _Exchange) -> None:
         "target": exchange.target,
         "capability": exchange.capability,
         "request_id": exchange.request_id or envelope.request_id,  # optional in metadata
+        "delegation": list(exchange.delegation),
     }
     violations = tuple(
         FieldViolation(name, f"{getattr(envelope, name)!r} differs from the metadata's {value!r}")
@@ -808,6 +910,53 @@ def _check_routing(envelope: RequestEnvelope, exchange: _Exchange) -> None:
         raise InvalidArgumentError(
             "the envelope does not match the call metadata", violations=violations
         )
+
+
+class _Admission:
+    """At most ``limit`` calls run at once and ``queue`` wait; the rest are refused at once.
+
+    Waiters are served first come, first served; a waiter whose call is cancelled (its deadline
+    passed, its caller went away) leaves the queue.
+    """
+
+    def __init__(self, limit: int, queue: int) -> None:
+        self._limit = limit
+        self._queue = queue
+        self.running = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self, role: str) -> None:
+        if self.running < self._limit and not self._waiters:
+            self.running += 1
+            return
+        if len(self._waiters) >= self._queue:
+            raise ResourceExhaustedError(
+                f"{role} is at its limit ({self.running} requests running, "
+                f"{len(self._waiters)} queued); retry later"
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot was handed over as this call was cancelled
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        """Hand the slot to the first live waiter, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.running -= 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from protocol import (
     AgentClient,
     AgentServer,
+    CallerMetadataAuthenticator,
     ClientConfig,
     InMemoryAuditLog,
     Policy,
@@ -60,6 +61,7 @@ def serve(audit: InMemoryAuditLog, tracing: Tracing) -> Serve:
         server = AgentServer(
             backend,
             policy=Policy.default(),
+            authenticator=CallerMetadataAuthenticator(),
             audit=audit,
             config=ServerConfig(**settings),
             tracer_provider=tracing.provider,

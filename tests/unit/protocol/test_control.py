@@ -11,6 +11,7 @@ import pytest
 from protocol import (
     AgentClient,
     AgentServer,
+    CallerMetadataAuthenticator,
     ControlRequest,
     FailedPreconditionError,
     InMemoryAuditLog,
@@ -115,7 +116,13 @@ async def test_a_durable_answer_is_replayed_after_the_server_restarts(
     for _ in range(2):
         audit = InMemoryAuditLog()
         async with SqliteAnswerStore(path) as answers:
-            server = AgentServer(backend, policy=Policy.default(), audit=audit, answers=answers)
+            server = AgentServer(
+                backend,
+                policy=Policy.default(),
+                authenticator=CallerMetadataAuthenticator(),
+                audit=audit,
+                answers=answers,
+            )
             async with server:
                 client = connect(server.endpoint, caller="orchestrator")
                 answer = await client.call(

@@ -19,6 +19,7 @@ from protocol import (
     AgentClient,
     AgentServer,
     CallContext,
+    CallerMetadataAuthenticator,
     CapabilitySpec,
     ClientConfig,
     DeadlineExceededError,
@@ -435,7 +436,12 @@ async def test_concurrent_duplicates_run_the_handler_once(connect: Connect) -> N
         return SAMPLES["ExtractEntities"][1]
 
     backend.behaviour["ExtractEntities"] = gated
-    server = AgentServer(backend, policy=Policy.default(), audit=_SlowAudit())
+    server = AgentServer(
+        backend,
+        policy=Policy.default(),
+        authenticator=CallerMetadataAuthenticator(),
+        audit=_SlowAudit(),
+    )
     async with server:
         client = connect(server.endpoint)
         calls = [
@@ -563,7 +569,9 @@ async def test_shutdown_lets_calls_in_flight_finish(
 async def test_start_twice_and_endpoint_before_start_are_usage_errors(
     backend: FakeBackend, audit: InMemoryAuditLog
 ) -> None:
-    server = AgentServer(backend, policy=Policy.default(), audit=audit)
+    server = AgentServer(
+        backend, policy=Policy.default(), authenticator=CallerMetadataAuthenticator(), audit=audit
+    )
     with pytest.raises(ProtocolUsageError, match="not started"):
         server.endpoint  # noqa: B018
     async with server:
@@ -662,7 +670,9 @@ async def test_a_call_whose_acceptance_cannot_be_recorded_is_not_served(
     backend: FakeBackend, connect: Connect
 ) -> None:
     audit = _UnwritableAudit()
-    async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+    async with AgentServer(
+        backend, policy=Policy.default(), authenticator=CallerMetadataAuthenticator(), audit=audit
+    ) as server:
         with pytest.raises(InternalError):
             await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)
     assert backend.calls == []
@@ -691,7 +701,9 @@ async def test_a_blocking_audit_log_is_called_from_a_thread(
     backend: FakeBackend, connect: Connect
 ) -> None:
     audit = _BlockingOnlyAudit()
-    async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+    async with AgentServer(
+        backend, policy=Policy.default(), authenticator=CallerMetadataAuthenticator(), audit=audit
+    ) as server:
         await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)
     assert [r.action for r in audit.records()] == ["call.accepted", "call.outcome"]
     assert threading.current_thread().name not in audit.threads
@@ -702,7 +714,12 @@ async def test_a_sqlite_audit_log_records_concurrent_calls_in_one_chain(
     tmp_path: Path, backend: FakeBackend, connect: Connect
 ) -> None:
     with SqliteAuditLog(tmp_path / "audit.db") as audit:
-        async with AgentServer(backend, policy=Policy.default(), audit=audit) as server:
+        async with AgentServer(
+            backend,
+            policy=Policy.default(),
+            authenticator=CallerMetadataAuthenticator(),
+            audit=audit,
+        ) as server:
             client = connect(server.endpoint)
             await asyncio.gather(
                 *(client.call("perception", "ExtractEntities", EXTRACT) for _ in range(40))

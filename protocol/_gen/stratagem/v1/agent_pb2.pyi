@@ -628,6 +628,7 @@ class AgentRequest(_message.Message):
     TARGET_FIELD_NUMBER: _builtins.int
     PLAN_ID_FIELD_NUMBER: _builtins.int
     STEP_ID_FIELD_NUMBER: _builtins.int
+    DELEGATION_FIELD_NUMBER: _builtins.int
     EXTRACT_ENTITIES_FIELD_NUMBER: _builtins.int
     FIND_SPATIAL_CONTEXT_FIELD_NUMBER: _builtins.int
     UPDATE_WORLD_STATE_FIELD_NUMBER: _builtins.int
@@ -646,6 +647,12 @@ class AgentRequest(_message.Message):
     """the caller's plan, if any"""
     step_id: _builtins.str
     """the caller's step, if any"""
+    @_builtins.property
+    def delegation(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Who asked on whose behalf, outermost first: the callers of the requests this one serves
+        (empty for a request nobody delegated). Its length plus one is the request's hop count.
+        """
+
     @_builtins.property
     def extract_entities(self) -> Global___ExtractEntitiesRequest: ...
     @_builtins.property
@@ -670,6 +677,7 @@ class AgentRequest(_message.Message):
         target: _builtins.str = ...,
         plan_id: _builtins.str = ...,
         step_id: _builtins.str = ...,
+        delegation: _abc.Iterable[_builtins.str] | None = ...,
         extract_entities: Global___ExtractEntitiesRequest | None = ...,
         find_spatial_context: Global___FindSpatialContextRequest | None = ...,
         update_world_state: Global___UpdateWorldStateRequest | None = ...,
@@ -681,7 +689,7 @@ class AgentRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_narrative_arc", b"plan_narrative_arc", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "caller", b"caller", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "step_id", b"step_id", "submit_goal", b"submit_goal", "target", b"target", "update_world_state", b"update_world_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "caller", b"caller", "delegation", b"delegation", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "step_id", b"step_id", "submit_goal", b"submit_goal", "target", b"target", "update_world_state", b"update_world_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["extract_entities", "find_spatial_context", "update_world_state", "analyze_narrative", "plan_narrative_arc", "plan_execution_sequence", "submit_goal", "extension"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015

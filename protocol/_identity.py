@@ -1,0 +1,407 @@
+"""Who is calling: verified identities for every agent and operator client.
+
+A server never takes the caller's word for who it is. An ``Authenticator`` turns what arrived with
+a call (its metadata, its TLS peer) into a verified identity, or refuses it with
+``UNAUTHENTICATED``; the caller named in the metadata and the envelope must then be that identity.
+Three authenticators:
+
+- ``TokenAuthenticator`` (the default): the caller sends ``authorization: Bearer <token>``, a
+  token that names its identity and an expiry and carries an HMAC-SHA256 over both, made with the
+  cluster secret. The MAC is checked in constant time (``hmac.compare_digest``); verified tokens are
+  remembered until they expire, so a long-lived client pays for one check, not one per call.
+- ``TlsAuthenticator`` (``STRATAGEM_AUTH=mtls``): the transport verified the peer's certificate
+  against the cluster's CA; the identity is the one in the certificate (see ``protocol._tls``).
+- ``CallerMetadataAuthenticator``: the ``x-stratagem-caller`` metadata, trusted as sent. For tests
+  and for measuring what authentication costs, never for a deployment.
+
+The cluster secret is the trust root of token mode: whoever can read it can mint a token for any
+identity, so it is created once with mode 0600 and handed only to the processes of the deployment
+(the agents and the operator's CLI). Per-identity isolation, where one compromised agent cannot
+speak as another, is what mutual TLS with a private key per identity gives.
+
+A token is ``stv1.<identity>.<expiry>.<mac>``: ``expiry`` in whole Unix seconds, ``mac`` the
+unpadded URL-safe base64 of HMAC-SHA256(secret, ``stv1.<identity>.<expiry>``). Tokens never appear
+in logs, spans, errors or audit records: ``redact`` masks them wherever free text is recorded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from protocol._codec import IDENTITY_PATTERN
+from protocol._errors import ProtocolUsageError, UnauthenticatedError
+from protocol._rpc import CALLER_KEY
+from protocol._tls import (
+    CHANNEL_OPTIONS,
+    TlsFiles,
+    certificate_identity,
+    channel_credentials,
+    identity_from_auth_context,
+    server_credentials,
+)
+
+__all__ = [
+    "AUTHORIZATION_KEY",
+    "Authenticator",
+    "CallerMetadataAuthenticator",
+    "ClusterSecret",
+    "Credentials",
+    "TlsAuthenticator",
+    "TlsCredentials",
+    "TokenAuthenticator",
+    "TokenCredentials",
+    "TokenSigner",
+]
+
+AUTHORIZATION_KEY: Final = "authorization"
+"""The metadata key of a token (``Bearer <token>``)."""
+
+_PREFIX: Final = "stv1"
+_BEARER: Final = "Bearer "
+_SECRET_BYTES: Final = 32
+_IDENTITY: Final = re.compile(IDENTITY_PATTERN)
+# A token's shape, checked before any MAC is computed (and used by ``redact`` to mask tokens).
+TOKEN_PATTERN: Final = r"stv1\.[a-z][a-z0-9_-]{0,63}\.[0-9]{1,12}\.[A-Za-z0-9_-]{43}"
+_TOKEN: Final = re.compile(TOKEN_PATTERN)
+# Verified tokens kept at most; a full cache is cleared (tokens are re-verified, never trusted).
+_CACHE_LIMIT: Final = 4096
+
+
+class ClusterSecret:
+    """The secret that signs tokens, kept in a file only its owner may read.
+
+    The value never appears in ``repr`` or ``str``; use ``reveal()`` where the bytes are needed.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: bytes) -> None:
+        if len(value) < 16:
+            raise ProtocolUsageError("a cluster secret needs at least 16 bytes")
+        self._value = value
+
+    def __repr__(self) -> str:
+        return "ClusterSecret(<redacted>)"
+
+    __str__ = __repr__
+
+    def reveal(self) -> bytes:
+        """The secret's bytes."""
+        return self._value
+
+    def __reduce__(self) -> tuple[Callable[[bytes], ClusterSecret], tuple[bytes]]:
+        # Handed to agent actors as a constructor argument; pickles as its bytes.
+        return (ClusterSecret, (self._value,))
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> ClusterSecret:
+        """Read the secret at ``path``, creating it (mode 0600, 32 random bytes) on first use.
+
+        Raises:
+            ProtocolUsageError: When the file is readable by others than its owner, is too short,
+                or cannot be read or created.
+        """
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                # Written once, by whoever created it; a concurrent reader retries below.
+                with os.fdopen(fd, "wb") as out:
+                    out.write(base64.b64encode(os.urandom(_SECRET_BYTES)) + b"\n")
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if mode & 0o077:
+                raise ProtocolUsageError(
+                    f"the cluster secret {path} is readable by others (mode {mode:o}); "
+                    "chmod 600 it or delete it to make a new one"
+                )
+            for _ in range(50):
+                text = path.read_bytes().strip()
+                if text:
+                    break
+                time.sleep(0.01)
+        except OSError as exc:
+            raise ProtocolUsageError(
+                f"cannot read or create the cluster secret {path}: {exc}"
+            ) from exc
+        try:
+            value = base64.b64decode(text, validate=True)
+        except ValueError:
+            value = b""
+        if len(value) < 16:
+            raise ProtocolUsageError(f"the cluster secret {path} is damaged; delete it to make one")
+        return cls(value)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class TokenSigner:
+    """Issues and verifies tokens made with one cluster secret.
+
+    Args:
+        secret: The cluster secret.
+        clock: Seconds since the epoch (tests pass their own).
+    """
+
+    def __init__(self, secret: ClusterSecret, *, clock: Callable[[], float] = time.time) -> None:
+        self._key = secret.reveal()
+        self._clock = clock
+
+    def _mac(self, identity: str, expiry: int) -> str:
+        message = f"{_PREFIX}.{identity}.{expiry}".encode("ascii")
+        return _b64(hmac.new(self._key, message, hashlib.sha256).digest())
+
+    def issue(self, identity: str, ttl_s: float) -> str:
+        """A token for ``identity`` valid for ``ttl_s`` seconds from now.
+
+        Raises:
+            ProtocolUsageError: For a malformed identity or a non-positive ``ttl_s``.
+        """
+        if not _IDENTITY.fullmatch(identity):
+            raise ProtocolUsageError(f"{identity!r} is not an identity ({IDENTITY_PATTERN})")
+        if ttl_s <= 0:
+            raise ProtocolUsageError(f"ttl_s must be positive, not {ttl_s}")
+        expiry = int(self._clock() + ttl_s)
+        return f"{_PREFIX}.{identity}.{expiry}.{self._mac(identity, expiry)}"
+
+    def verify(self, token: str) -> tuple[str, int]:
+        """The identity a token names and its expiry, when its MAC holds and it has not expired.
+
+        Raises:
+            UnauthenticatedError: A malformed, forged or expired token; the message never repeats
+                the token.
+        """
+        if _TOKEN.fullmatch(token) is None:
+            raise UnauthenticatedError("malformed token")
+        _, identity, expiry_text, mac = token.split(".")
+        expiry = int(expiry_text)
+        if not hmac.compare_digest(mac, self._mac(identity, expiry)):
+            raise UnauthenticatedError("invalid token: its signature does not verify")
+        if expiry <= self._clock():
+            raise UnauthenticatedError(f"expired token for {identity!r}")
+        return identity, expiry
+
+
+class Authenticator(Protocol):
+    """Turns what arrived with a call into the caller's verified identity."""
+
+    @property
+    def mode(self) -> str:
+        """``token``, ``mtls`` or ``none``: what audit records and ``status`` show."""
+        ...
+
+    def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
+        """The verified identity of the call's caller.
+
+        Args:
+            metadata: The call's text metadata.
+            context: grpc's servicer context (its ``auth_context()`` for TLS).
+
+        Raises:
+            UnauthenticatedError: No credentials, or credentials that do not verify.
+        """
+        ...
+
+    def server_credentials(self) -> Any:
+        """``grpc.ServerCredentials`` to listen with, or ``None`` for a plaintext port."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallerMetadataAuthenticator:
+    """Trusts the ``x-stratagem-caller`` metadata as sent: authentication off (tests only)."""
+
+    @property
+    def mode(self) -> str:
+        return "none"
+
+    def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
+        caller = metadata.get(CALLER_KEY, "")
+        if not caller:
+            raise UnauthenticatedError(f"no caller identity: the {CALLER_KEY} metadata is missing")
+        if not _IDENTITY.fullmatch(caller):
+            raise UnauthenticatedError(f"malformed caller identity in {CALLER_KEY}")
+        return caller
+
+    def server_credentials(self) -> Any:
+        return None
+
+
+class TokenAuthenticator:
+    """Verifies ``authorization: Bearer <token>`` with the cluster secret.
+
+    Verified tokens are remembered until they expire (at most a few thousand), so a client
+    reusing its token costs a dictionary lookup and one clock read per call. A forged token is
+    never remembered.
+    """
+
+    def __init__(self, signer: TokenSigner, *, clock: Callable[[], float] = time.time) -> None:
+        self._signer = signer
+        self._clock = clock
+        self._verified: dict[str, tuple[str, int]] = {}
+
+    @property
+    def mode(self) -> str:
+        return "token"
+
+    def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
+        value = metadata.get(AUTHORIZATION_KEY, "")
+        if not value:
+            raise UnauthenticatedError(
+                f"no credentials: send '{AUTHORIZATION_KEY}: Bearer <token>' metadata"
+            )
+        if not value.startswith(_BEARER):
+            raise UnauthenticatedError(f"the {AUTHORIZATION_KEY} metadata is not a bearer token")
+        token = value[len(_BEARER) :]
+        known = self._verified.get(token)
+        if known is not None:
+            identity, expiry = known
+            if expiry > self._clock():
+                return identity
+            del self._verified[token]
+        identity, expiry = self._signer.verify(token)
+        if len(self._verified) >= _CACHE_LIMIT:
+            self._verified.clear()
+        self._verified[token] = (identity, expiry)
+        return identity
+
+    def server_credentials(self) -> Any:
+        return None
+
+
+class Credentials(Protocol):
+    """What a client proves itself with: call metadata and/or a TLS channel."""
+
+    @property
+    def identity(self) -> str:
+        """Who the client is (the caller it names)."""
+        ...
+
+    def metadata(self) -> Sequence[tuple[str, str]]:
+        """Metadata sent with every call (a token), or nothing."""
+        ...
+
+    def channel_credentials(self) -> Any:
+        """``grpc.ChannelCredentials`` for a TLS channel, or ``None`` for plaintext."""
+        ...
+
+    def channel_options(self) -> Sequence[tuple[str, Any]]:
+        """Extra channel options (a TLS server name override)."""
+        ...
+
+
+class TokenCredentials:
+    """A client's token for one identity, renewed when half of its lifetime has passed.
+
+    Args:
+        signer: Made with the cluster secret.
+        identity: Who this client is.
+        ttl_s: Each token's lifetime.
+    """
+
+    def __init__(
+        self,
+        signer: TokenSigner,
+        identity: str,
+        *,
+        ttl_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._signer = signer
+        self._identity = identity
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        self._renew_at = 0.0
+        self.metadata()  # fail now on a bad identity or ttl
+
+    def __repr__(self) -> str:
+        return f"TokenCredentials({self._identity!r}, <token redacted>)"
+
+    @property
+    def identity(self) -> str:
+        """The identity the tokens name."""
+        return self._identity
+
+    def metadata(self) -> Sequence[tuple[str, str]]:
+        """The call metadata carrying a valid token."""
+        now = self._clock()
+        if now >= self._renew_at:
+            with self._lock:
+                if now >= self._renew_at:
+                    token = self._signer.issue(self._identity, self._ttl_s)
+                    self._metadata = ((AUTHORIZATION_KEY, _BEARER + token),)
+                    self._renew_at = now + self._ttl_s / 2
+        return self._metadata
+
+    def channel_credentials(self) -> Any:
+        return None
+
+    def channel_options(self) -> Sequence[tuple[str, Any]]:
+        return ()
+
+
+class TlsAuthenticator:
+    """Mutual TLS: the transport verified the peer's certificate against the cluster's CA; the
+    identity is the one the certificate names (see ``protocol._tls``).
+
+    A peer with no certificate, or one from another CA, never gets past the TLS handshake: its
+    client sees ``UNAVAILABLE`` and no call reaches the pipeline (nor the audit log).
+    """
+
+    def __init__(self, files: TlsFiles) -> None:
+        self._files = files
+        self._credentials = server_credentials(files)  # fails now on missing or damaged files
+
+    @property
+    def mode(self) -> str:
+        return "mtls"
+
+    def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
+        identity = identity_from_auth_context(context.auth_context())
+        if identity is None:
+            raise UnauthenticatedError("no verified client certificate")
+        return identity
+
+    def server_credentials(self) -> Any:
+        return self._credentials
+
+
+class TlsCredentials:
+    """A client's certificate and key for one identity, with the CA that signs the servers'."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self._identity = certificate_identity(files.cert)
+        self._credentials = channel_credentials(files)
+
+    def __repr__(self) -> str:
+        return f"TlsCredentials({self._identity!r}, <key redacted>)"
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    def metadata(self) -> Sequence[tuple[str, str]]:
+        return ()
+
+    def channel_credentials(self) -> Any:
+        return self._credentials
+
+    def channel_options(self) -> Sequence[tuple[str, Any]]:
+        return CHANNEL_OPTIONS

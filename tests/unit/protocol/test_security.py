@@ -1,0 +1,627 @@
+"""The security suite: every refusal with its exact status code and an audit record.
+
+Real gRPC over loopback sockets, token authentication with a real cluster secret file, mutual TLS
+with real certificates; the served agent is a real strategic agent for the plan test and the fake
+backend elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agents import build_agent
+from protocol import (
+    AUTHORIZATION_KEY,
+    AgentClient,
+    AgentServer,
+    CallContext,
+    ClientConfig,
+    ClusterSecret,
+    FailedPreconditionError,
+    InMemoryAuditLog,
+    PermissionDeniedError,
+    Policy,
+    ProtocolUsageError,
+    ResourceExhaustedError,
+    ServerConfig,
+    TlsAuthenticator,
+    TlsCredentials,
+    TlsFiles,
+    TokenAuthenticator,
+    TokenCredentials,
+    TokenSigner,
+    UnauthenticatedError,
+    UnavailableError,
+    WireModel,
+    current_call,
+    init_certificates,
+)
+from protocol._audit import AuditRecord
+from protocol._codec import RequestEnvelope, encode_request
+from protocol._identity import Authenticator
+from protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY, VERSION_KEY, method_path
+from protocol._status import from_rpc_error
+from tests.unit.protocol._support import SAMPLES, FakeBackend
+from tests.unit.protocol.conftest import Tracing
+
+pytestmark = pytest.mark.integration
+
+EXTRACT = SAMPLES["ExtractEntities"][0]
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> ClusterSecret:
+    return ClusterSecret.load_or_create(tmp_path / "cluster.secret")
+
+
+@pytest.fixture
+def signer(secret: ClusterSecret) -> TokenSigner:
+    return TokenSigner(secret)
+
+
+Serve = Callable[..., object]
+
+
+@pytest.fixture
+def serve_secure(
+    audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> Callable[..., AsyncIterator[AgentServer]]:
+    @asynccontextmanager
+    async def serving(
+        backend: object,
+        *,
+        authenticator: Authenticator | None = None,
+        **config: object,
+    ) -> AsyncIterator[AgentServer]:
+        settings: dict[str, object] = {"default_deadline_s": 5.0, "grace_s": 1.0, **config}
+        server = AgentServer(
+            backend,  # type: ignore[arg-type]
+            policy=Policy.default(),
+            authenticator=authenticator or TokenAuthenticator(signer),
+            audit=audit,
+            config=ServerConfig(**settings),  # type: ignore[arg-type]
+            tracer_provider=tracing.provider,
+        )
+        await server.start()
+        try:
+            yield server
+        finally:
+            await server.aclose()
+
+    return serving  # type: ignore[return-value]
+
+
+async def _refusal(audit: InMemoryAuditLog, action: str) -> AuditRecord:
+    """The newest record of ``action`` (the refusal is audited just after it is answered)."""
+    for _ in range(200):
+        found = [r for r in audit.records() if r.action == action]
+        if found:
+            return found[-1]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {action} record in {[r.action for r in audit.records()]}")
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def _client(endpoint: str, tracing: Tracing, **kwargs: object) -> AgentClient:
+    return AgentClient(
+        endpoint,
+        config=ClientConfig(default_timeout_s=5.0),
+        tracer_provider=tracing.provider,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+# --- the cluster secret and tokens --------------------------------------------------------------
+
+
+def test_the_cluster_secret_is_created_private_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "cluster.secret"
+    first = ClusterSecret.load_or_create(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ClusterSecret.load_or_create(path).reveal() == first.reveal()
+    assert "redacted" in repr(first)
+    assert first.reveal().hex() not in repr(first)
+    path.chmod(0o644)
+    with pytest.raises(ProtocolUsageError, match="readable by others"):
+        ClusterSecret.load_or_create(path)
+
+
+def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
+    now = [1_000_000.0]
+    signer = TokenSigner(secret, clock=lambda: now[0])
+    token = signer.issue("perception", ttl_s=60)
+    assert signer.verify(token) == ("perception", 1_000_060)
+    forged = token.replace("perception", "strategic")
+    with pytest.raises(UnauthenticatedError, match="signature"):
+        signer.verify(forged)
+    other = TokenSigner(ClusterSecret(os.urandom(32)), clock=lambda: now[0])
+    with pytest.raises(UnauthenticatedError, match="signature"):
+        other.verify(token)
+    now[0] += 61
+    with pytest.raises(UnauthenticatedError, match="expired"):
+        signer.verify(token)
+    with pytest.raises(UnauthenticatedError, match="malformed"):
+        signer.verify("Bearer nonsense")
+
+
+def test_token_credentials_renew_before_expiry(signer: TokenSigner, secret: ClusterSecret) -> None:
+    now = [1_000_000.0]
+    clocked = TokenSigner(secret, clock=lambda: now[0])
+    credentials = TokenCredentials(clocked, "operator", ttl_s=100, clock=lambda: now[0])
+    first = dict(credentials.metadata())[AUTHORIZATION_KEY]
+    now[0] += 40
+    assert dict(credentials.metadata())[AUTHORIZATION_KEY] == first
+    now[0] += 20  # past half the lifetime: a fresh token
+    assert dict(credentials.metadata())[AUTHORIZATION_KEY] != first
+    assert "redacted" in repr(credentials)
+
+
+# --- refusals over the wire ---------------------------------------------------------------------
+
+
+async def test_no_credentials_is_unauthenticated_and_audited(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, caller="operator")
+        with pytest.raises(UnauthenticatedError, match="no credentials"):
+            await client.call("perception", "ExtractEntities", EXTRACT, request_id="nocred-1")
+        await client.aclose()
+    record = await _refusal(audit, "call.refused")
+    assert (record.code, record.actor, record.request_id) == ("UNAUTHENTICATED", "", "nocred-1")
+    assert backend.calls == []
+
+
+async def test_a_token_from_another_secret_is_unauthenticated(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing
+) -> None:
+    stranger = TokenCredentials(TokenSigner(ClusterSecret(os.urandom(32))), "operator")
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=stranger)
+        with pytest.raises(UnauthenticatedError, match="does not verify"):
+            await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+    record = await _refusal(audit, "call.refused")
+    assert record.code == "UNAUTHENTICATED"
+    assert backend.calls == []
+
+
+async def test_an_expired_token_is_unauthenticated(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, secret: ClusterSecret
+) -> None:
+    past = TokenSigner(secret, clock=lambda: time.time() - 7200)
+    stale = TokenCredentials(past, "operator", ttl_s=60, clock=lambda: time.time() - 7200)
+    async with serve_secure(FakeBackend("perception")) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=stale)
+        with pytest.raises(UnauthenticatedError, match="expired token for 'operator'"):
+            await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+    assert (await _refusal(audit, "call.refused")).code == "UNAUTHENTICATED"
+
+
+async def test_a_valid_token_claiming_another_caller_is_denied_under_the_verified_identity(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    perception = TokenCredentials(signer, "perception")
+    backend = FakeBackend("strategic")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        # perception's token, but the call (metadata and envelope) says it is the orchestrator.
+        client = _client(server.endpoint, tracing, caller="orchestrator", credentials=perception)
+        request = SAMPLES["AnalyzeNarrative"][0]
+        with pytest.raises(PermissionDeniedError, match="claims to come from 'orchestrator'"):
+            await client.call("strategic", "AnalyzeNarrative", request, request_id="spoof-1")
+        await client.aclose()
+    record = await _refusal(audit, "call.denied")
+    assert (record.actor, record.code, record.request_id) == (
+        "perception",
+        "PERMISSION_DENIED",
+        "spoof-1",
+    )
+    assert backend.calls == []
+
+
+async def test_an_envelope_naming_another_caller_than_the_token_is_invalid(
+    serve_secure: Serve, audit: InMemoryAuditLog, signer: TokenSigner
+) -> None:
+    """Metadata and token agree; only the envelope lies: refused before the handler runs."""
+    token = signer.issue("operator", 60)
+    envelope = RequestEnvelope(
+        request_id="lie-1",
+        caller="orchestrator",
+        target="perception",
+        capability="ExtractEntities",
+        body=EXTRACT,
+    )
+    backend = FakeBackend("perception")
+    async with (
+        serve_secure(backend) as server,  # type: ignore[attr-defined]
+        grpc.aio.insecure_channel(server.endpoint) as channel,
+    ):
+        call = channel.unary_unary(method_path("Call"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(
+                encode_request(envelope),
+                metadata=(
+                    (AUTHORIZATION_KEY, f"Bearer {token}"),
+                    (TARGET_KEY, "perception"),
+                    (CAPABILITY_KEY, "ExtractEntities"),
+                ),
+                timeout=5,
+            )
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    violations = from_rpc_error(caught.value).violations
+    assert [v.field for v in violations] == ["caller"]
+    record = await _refusal(audit, "call.refused")
+    assert (record.actor, record.code) == ("operator", "INVALID_ARGUMENT")
+    assert backend.calls == []
+
+
+async def test_a_capability_the_policy_does_not_grant_is_denied(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("tactical")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(
+            server.endpoint, tracing, credentials=TokenCredentials(signer, "perception")
+        )
+        request = SAMPLES["PlanExecutionSequence"][0]
+        with pytest.raises(PermissionDeniedError, match="'perception' may not call"):
+            await client.call("tactical", "PlanExecutionSequence", request, request_id="deny-1")
+        await client.aclose()
+    record = await _refusal(audit, "call.denied")
+    assert (record.actor, record.capability, record.code) == (
+        "perception",
+        "PlanExecutionSequence",
+        "PERMISSION_DENIED",
+    )
+    assert backend.calls == []
+
+
+async def test_a_plan_naming_another_agents_tool_is_refused_before_it_runs(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    agent = build_agent("strategic", entry_points=False)
+    plan = {
+        "id": "grab",
+        "owner": "strategic",
+        "goal": "use perception's tool",
+        "steps": [{"id": "s1", "kind": "tool", "tool": "extract_entities", "input": {}}],
+    }
+    async with serve_secure(agent) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        with pytest.raises(FailedPreconditionError, match="tool 'extract_entities', which is not"):
+            await client.run_plan(json.dumps(plan))
+        await client.aclose()
+    record = await _refusal(audit, "call.outcome")
+    assert (record.actor, record.capability, record.code) == (
+        "operator",
+        "RunPlan",
+        "FAILED_PRECONDITION",
+    )
+    # Recorded as refused (failed) at revision 1, with nothing run: the tool is not the agent's.
+    assert [(p.plan_id, p.status) for p in agent.plans("")] == [("grab", "failed")]
+    await agent.aclose()
+
+
+async def test_a_delegation_cycle_is_denied(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        # The operator calls perception while serving a request perception made: a cycle.
+        token = current_call.set(
+            CallContext(caller="perception", target="operator", capability="x", request_id="r")
+        )
+        try:
+            with pytest.raises(
+                PermissionDeniedError, match="delegation cycle: perception > operator > perception"
+            ):
+                await client.call("perception", "ExtractEntities", EXTRACT, request_id="cycle-1")
+        finally:
+            current_call.reset(token)
+        await client.aclose()
+    record = await _refusal(audit, "call.denied")
+    assert (record.actor, record.request_id, record.code) == (
+        "operator",
+        "cycle-1",
+        "PERMISSION_DENIED",
+    )
+    assert backend.calls == []
+
+
+async def test_a_delegation_chain_past_the_limit_is_denied_and_an_allowed_one_is_audited(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend, max_delegation_hops=3) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        ok = CallContext(
+            caller="orchestrator", target="x", capability="x", request_id="r", delegation=("alice",)
+        )
+        token = current_call.set(ok)
+        try:
+            await client.call("perception", "ExtractEntities", EXTRACT, request_id="chain-ok")
+        finally:
+            current_call.reset(token)
+        [(_, _, ctx)] = backend.calls
+        assert ctx.delegation == ("alice", "orchestrator")
+        accepted = await _refusal(audit, "call.accepted")
+        assert "on behalf of alice > orchestrator" in accepted.detail
+        long = CallContext(
+            caller="orchestrator",
+            target="x",
+            capability="x",
+            request_id="r",
+            delegation=("alice", "bob"),
+        )
+        token = current_call.set(long)
+        try:
+            with pytest.raises(PermissionDeniedError, match="4 hops long; the limit is 3"):
+                await client.call("perception", "ExtractEntities", EXTRACT, request_id="chain-long")
+        finally:
+            current_call.reset(token)
+        await client.aclose()
+    assert (await _refusal(audit, "call.denied")).request_id == "chain-long"
+    assert len(backend.calls) == 1
+
+
+async def test_a_reused_request_id_with_another_payload_is_failed_precondition(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        await client.call("perception", "ExtractEntities", EXTRACT, request_id="reuse-1")
+        other = type(EXTRACT)(text="Something else entirely.")
+        with pytest.raises(FailedPreconditionError, match="already used for a different request"):
+            await client.call("perception", "ExtractEntities", other, request_id="reuse-1")
+        await client.aclose()
+    record = await _refusal(audit, "call.refused")
+    assert (record.request_id, record.code) == ("reuse-1", "FAILED_PRECONDITION")
+    assert len(backend.calls) == 1
+
+
+async def test_an_oversized_message_is_resource_exhausted(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend, max_message_bytes=1024) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        with pytest.raises(ResourceExhaustedError, match="the request is"):
+            await client.call("perception", "ExtractEntities", type(EXTRACT)(text="x" * 4000))
+        await client.aclose()
+    record = await _refusal(audit, "call.refused")
+    assert (record.actor, record.code) == ("operator", "RESOURCE_EXHAUSTED")
+    assert backend.calls == []
+
+
+async def test_another_schema_version_is_a_clear_failed_precondition(
+    serve_secure: Serve, audit: InMemoryAuditLog, signer: TokenSigner
+) -> None:
+    envelope = RequestEnvelope(
+        request_id="v-1",
+        caller="operator",
+        target="perception",
+        capability="ExtractEntities",
+        body=EXTRACT,
+    )
+    backend = FakeBackend("perception")
+    async with (
+        serve_secure(backend) as server,  # type: ignore[attr-defined]
+        grpc.aio.insecure_channel(server.endpoint) as channel,
+    ):
+        call = channel.unary_unary(method_path("Call"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(
+                encode_request(envelope),
+                metadata=(
+                    (AUTHORIZATION_KEY, f"Bearer {signer.issue('operator', 60)}"),
+                    (CALLER_KEY, "operator"),
+                    (TARGET_KEY, "perception"),
+                    (CAPABILITY_KEY, "ExtractEntities"),
+                    (VERSION_KEY, "99"),
+                ),
+                timeout=5,
+            )
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "schema version '99'" in str(caught.value.details())
+    assert (await _refusal(audit, "call.refused")).code == "FAILED_PRECONDITION"
+    assert backend.calls == []
+
+
+async def test_admission_refuses_at_once_beyond_the_queue(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    release = asyncio.Event()
+
+    async def slow(request: WireModel, ctx: CallContext) -> WireModel:
+        await release.wait()
+        return SAMPLES["ExtractEntities"][1]
+
+    backend.behaviour["ExtractEntities"] = slow
+    limits = {"max_concurrent_requests": 2, "max_queued_requests": 1}
+    async with serve_secure(backend, **limits) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        admitted = [
+            asyncio.create_task(client.call("perception", "ExtractEntities", EXTRACT))
+            for _ in range(3)
+        ]
+        await _until(lambda: server.load == (2, 1))
+        started = time.monotonic()
+        with pytest.raises(ResourceExhaustedError, match="at its limit"):
+            await client.call("perception", "ExtractEntities", EXTRACT, request_id="over-1")
+        refused_after = time.monotonic() - started
+        release.set()
+        answers = await asyncio.gather(*admitted)
+        assert len(answers) == 3
+        assert server.load == (0, 0)
+        await client.aclose()
+    # Refused at once, not after waiting out the slow calls (they never finish until released).
+    assert refused_after < 2.0
+    record = [r for r in audit.records() if r.request_id == "over-1"][-1]
+    assert (record.action, record.code) == ("call.refused", "RESOURCE_EXHAUSTED")
+
+
+async def test_a_queued_call_whose_caller_gives_up_leaves_the_queue(
+    serve_secure: Serve, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    release = asyncio.Event()
+
+    async def slow(request: WireModel, ctx: CallContext) -> WireModel:
+        await release.wait()
+        return SAMPLES["ExtractEntities"][1]
+
+    backend.behaviour["ExtractEntities"] = slow
+    limits = {"max_concurrent_requests": 1, "max_queued_requests": 1}
+    async with serve_secure(backend, **limits) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        running = asyncio.create_task(client.call("perception", "ExtractEntities", EXTRACT))
+        await _until(lambda: server.load == (1, 0))
+        with pytest.raises(Exception, match="DEADLINE_EXCEEDED"):
+            await client.call("perception", "ExtractEntities", EXTRACT, timeout=0.3)
+        await _until(lambda: server.load == (1, 0))
+        release.set()
+        await running
+        assert server.load == (0, 0)
+        await client.aclose()
+
+
+# --- mutual TLS ---------------------------------------------------------------------------------
+
+
+async def test_mtls_verifies_the_certificate_identity_and_refuses_another_ca(
+    tmp_path: Path, serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    init_certificates(ours, ["perception", "operator", "strategic"])
+    init_certificates(theirs, ["operator"])
+    backend = FakeBackend("perception")
+    authenticator = TlsAuthenticator(TlsFiles.for_identity(ours, "perception"))
+    async with serve_secure(backend, authenticator=authenticator) as server:  # type: ignore[attr-defined]
+        good = _client(
+            server.endpoint,
+            tracing,
+            credentials=TlsCredentials(TlsFiles.for_identity(ours, "operator")),
+        )
+        assert await good.call("perception", "ExtractEntities", EXTRACT, request_id="tls-1")
+        [(_, _, ctx)] = backend.calls
+        assert ctx.caller == "operator"
+        # strategic's certificate, claiming to be the operator: denied under strategic.
+        spoof = _client(
+            server.endpoint,
+            tracing,
+            caller="operator",
+            credentials=TlsCredentials(TlsFiles.for_identity(ours, "strategic")),
+        )
+        with pytest.raises(PermissionDeniedError, match="claims to come from 'operator'"):
+            await spoof.call("perception", "ExtractEntities", EXTRACT)
+        # A certificate from another CA never completes the handshake: no call, no record.
+        foreign_files = TlsFiles(
+            ca=ours / "ca.pem", cert=theirs / "operator.pem", key=theirs / "operator.key"
+        )
+        before = len(list(audit.records()))
+        foreign = _client(server.endpoint, tracing, credentials=_UncheckedTls(foreign_files))
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            await foreign.call("perception", "ExtractEntities", EXTRACT)
+        assert time.monotonic() - started < 4.0
+        assert len(list(audit.records())) == before
+        # The server keeps serving good clients.
+        assert await good.call("perception", "ExtractEntities", EXTRACT)
+        for client in (good, spoof, foreign):
+            await client.aclose()
+    assert len(backend.calls) == 2
+
+
+class _UncheckedTls:
+    """TLS client credentials built from raw files, skipping the library's own CA check (which
+    would refuse the foreign certificate before any connection is made)."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self._credentials = grpc.ssl_channel_credentials(
+            root_certificates=files.ca.read_bytes(),
+            private_key=files.key.read_bytes(),
+            certificate_chain=files.cert.read_bytes(),
+        )
+
+    identity = "operator"
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return self._credentials
+
+    def channel_options(self) -> tuple[tuple[str, str], ...]:
+        return (("grpc.ssl_target_name_override", "stratagem"),)
+
+
+# --- redaction ----------------------------------------------------------------------------------
+
+
+async def test_tokens_never_reach_logs_spans_errors_or_audit_records(
+    serve_secure: Serve,
+    audit: InMemoryAuditLog,
+    tracing: Tracing,
+    signer: TokenSigner,
+    secret: ClusterSecret,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    good = TokenCredentials(signer, "operator")
+    stranger_signer = TokenSigner(ClusterSecret(os.urandom(32)))
+    stranger = TokenCredentials(stranger_signer, "operator")
+    secrets = [
+        dict(good.metadata())[AUTHORIZATION_KEY].split()[1],
+        dict(stranger.metadata())[AUTHORIZATION_KEY].split()[1],
+        secret.reveal().hex(),
+    ]
+    messages: list[str] = []
+    async with serve_secure(FakeBackend("perception")) as server:  # type: ignore[attr-defined]
+        ok = _client(server.endpoint, tracing, credentials=good)
+        await ok.call("perception", "ExtractEntities", EXTRACT)
+        bad = _client(server.endpoint, tracing, credentials=stranger)
+        with pytest.raises(UnauthenticatedError) as caught:
+            await bad.call("perception", "ExtractEntities", EXTRACT)
+        messages.append(str(caught.value))
+        messages.append(repr(good))
+        await ok.aclose()
+        await bad.aclose()
+    await _refusal(audit, "call.refused")
+    recorded = [
+        json.dumps(r.__dict__ if hasattr(r, "__dict__") else str(r), default=str)
+        for r in audit.records()
+    ]
+    recorded += [str(r) for r in audit.records()]
+    spans = [
+        json.dumps({**dict(s.attributes or {}), "status": s.status.description or ""})
+        for s in tracing.exporter.get_finished_spans()
+    ]
+    assert spans, "the calls made spans"
+    logs = [record.getMessage() for record in caplog.records]
+    for text in [*messages, *recorded, *spans, *logs]:
+        for value in secrets:
+            assert value not in text
