@@ -31,6 +31,8 @@ from planning._errors import (
     TransientError,
     failure_class_for_code,
 )
+from planning._metrics import PlanningMetrics
+from planning._pg_store import PostgresStateStore
 from planning._plan import (
     Budget,
     CrossAgentStep,
@@ -114,7 +116,9 @@ __all__ = [
     "PlanStatusRecord",
     "PlanValidationError",
     "PlanningError",
+    "PlanningMetrics",
     "PolicyError",
+    "PostgresStateStore",
     "Record",
     "Ref",
     "RefError",

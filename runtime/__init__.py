@@ -5,6 +5,7 @@ from runtime._actor import AgentActor, load_policy
 from runtime._directory import AgentInfo, EndpointDirectory, GrpcDispatcher, actor_name
 from runtime._goal import GoalOutcome, run_goal
 from runtime._launcher import Deployment, LaunchError, LocalCluster
+from runtime._security import authenticator_for, cluster_secret, credentials_for
 from runtime._settings import Settings, load_settings
 from runtime._telemetry import (
     JsonLinesSpanExporter,
@@ -27,6 +28,9 @@ __all__ = [
     "Settings",
     "SpanRecord",
     "actor_name",
+    "authenticator_for",
+    "cluster_secret",
+    "credentials_for",
     "load_policy",
     "load_settings",
     "read_spans",

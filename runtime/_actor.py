@@ -7,10 +7,14 @@ directory.
 
 Each agent keeps its plans in ``STATE_DIR/<role>.plans.sqlite3`` (a ``planning.SqliteStateStore``)
 and its answers to cross-agent requests in ``STATE_DIR/<role>.answers.sqlite3`` (a
-``protocol.SqliteAnswerStore``). Once serving, the constructor resumes every unfinished plan of the
-agent from its store, so a restarted actor continues where its predecessor died: completed steps are
-skipped, an in-flight step is re-run only when idempotent (otherwise its plan waits at a reconcile
-gate for ``stratagem approve|reject``), and a repeated request from a peer gets the stored answer.
+``protocol.SqliteAnswerStore``), or both in PostgreSQL when ``STRATAGEM_STORE_URL`` names a
+database (see ``runtime._stores``). Every few seconds, and when it shuts down, it signs the audit
+chain's head (``protocol.AuditSealer``) with the key the launcher handed it.
+
+Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
+restarted actor continues where its predecessor died: completed steps are skipped, an in-flight
+step is re-run only when idempotent (otherwise its plan waits at a reconcile gate for
+``stratagem approve|reject``), and a repeated request from a peer gets the stored answer.
 """
 
 from __future__ import annotations
@@ -24,17 +28,19 @@ from typing import Any
 import ray
 
 from agents import build_agent
-from planning import EngineConfig, SqliteStateStore
+from planning import EngineConfig
 from protocol import (
     AgentServer,
-    AnswerRetention,
+    AuditSealer,
+    ClusterSecret,
     Policy,
     ServerConfig,
-    SqliteAnswerStore,
-    SqliteAuditLog,
+    load_or_create_key,
 )
 from runtime._directory import EndpointDirectory, GrpcDispatcher
+from runtime._security import authenticator_for, credentials_for
 from runtime._settings import Settings
+from runtime._stores import open_answer_store, open_audit_log, open_state_store
 from runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__ = ["AgentActor", "load_policy"]
@@ -54,7 +60,13 @@ class AgentActor:
 
     # Ray awaits an async constructor on the actor's event loop, so the server starts (and, after
     # a restart, starts again) before the actor takes any call.
-    async def __init__(self, role: str, settings_json: str) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self,
+        role: str,
+        settings_json: str,
+        secret: ClusterSecret | None = None,
+        audit_key: bytes | None = None,
+    ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._role = role
         self._settings = settings
@@ -71,17 +83,12 @@ class AgentActor:
         for folder in map(str, settings.extension_paths):
             if folder not in sys.path:
                 sys.path.append(folder)
-        self._store = SqliteStateStore(settings.plans_path(role))
-        await self._store.start()
-        self._answers = SqliteAnswerStore(
-            settings.answers_path(role),
-            AnswerRetention(
-                max_entries=settings.answer_retention_count,
-                max_age_s=settings.answer_retention_s,
-            ),
-        )
+        self._store = await open_state_store(settings, role)
+        self._answers = await open_answer_store(settings, role)
         self._directory = EndpointDirectory(settings.namespace)
-        self._dispatcher = GrpcDispatcher(role, self._directory)
+        self._dispatcher = GrpcDispatcher(
+            role, self._directory, credentials=credentials_for(settings, role, secret)
+        )
         self._agent = build_agent(
             role,
             dispatcher=self._dispatcher,
@@ -90,18 +97,28 @@ class AgentActor:
             extensions=settings.extensions,
             store=self._store,
         )
-        self._audit = SqliteAuditLog(settings.audit_path, synchronous=settings.audit_sync)
+        self._audit = open_audit_log(settings)
+        self._sealer = AuditSealer(
+            self._audit,
+            audit_key or load_or_create_key(settings.audit_key_path),
+            settings.audit_heads_path,
+        )
+        self._sealing = asyncio.create_task(self._seal_periodically())
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         host = settings.grpc_host or self._node_ip
         self._server = AgentServer(
             self._agent,
             policy=load_policy(settings),
+            authenticator=authenticator_for(settings, role, secret),
             audit=self._audit,
             config=ServerConfig(
                 host=host,
                 port=0,
                 max_message_bytes=settings.max_message_bytes,
                 default_deadline_s=settings.default_deadline_s,
+                max_concurrent_requests=settings.max_concurrent_requests,
+                max_queued_requests=settings.max_queued_requests,
+                max_delegation_hops=settings.max_delegation_hops,
             ),
             tracer_provider=self._tracer_provider,
             answers=self._answers,
@@ -133,9 +150,21 @@ class AgentActor:
         """Export every finished span now (the CLI calls this before printing a trace)."""
         await asyncio.to_thread(self._tracer_provider.force_flush, 5_000)
 
+    async def _seal_periodically(self) -> None:
+        """Sign the audit chain's head every few seconds while records arrive (see
+        ``protocol.AuditSealer``); a failed seal is logged and tried again."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await asyncio.to_thread(self._sealer.maybe_seal, 0)
+            except Exception:
+                logger.exception("cannot seal the audit log's head")
+
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
         await self._server.aclose()
+        self._sealing.cancel()
+        await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
         await self._dispatcher.aclose()
         await self._answers.aclose()

@@ -41,11 +41,14 @@ from protocol import (
     RemoteError,
     ReplayResult,
     RevisionsResponse,
-    SqliteAuditLog,
     SubmitGoalRequest,
     capability_for,
+    init_certificates,
+    load_or_create_key,
     verify_chain,
+    verify_sealed,
 )
+from runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
 from runtime._directory import AgentInfo
 from runtime._goal import GoalOutcome, run_goal
 from runtime._launcher import Deployment, LaunchError, LocalCluster
@@ -57,7 +60,9 @@ from runtime._render import (
     span_json,
     span_tree,
 )
+from runtime._security import credentials_for
 from runtime._settings import Settings, load_settings
+from runtime._stores import open_audit_log
 from runtime._telemetry import SpanRecord, read_spans, setup_telemetry, shutdown_telemetry
 
 __all__ = ["app", "main"]
@@ -77,6 +82,10 @@ plans_app = typer.Typer(
     help="Plans written by you, and plans the agents made.", no_args_is_help=True
 )
 app.add_typer(plans_app, name="plans")
+certs_app = typer.Typer(
+    help="Certificates for mutual TLS (STRATAGEM_AUTH=mtls).", no_args_is_help=True
+)
+app.add_typer(certs_app, name="certs")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -173,6 +182,10 @@ def _execute_goal(
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
+    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured.
+    backend = use_backend(settings.state_dir)
+    if backend is not None and not as_json:
+        err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
     provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
     deployment = Deployment(settings)
     progress = Progress()
@@ -188,8 +201,11 @@ def _execute_goal(
                     + "[/]"
                 )
             deadline = timeout or settings.request_timeout_s
+            operator = credentials_for(settings, OPERATOR)
             if as_json or not console.is_terminal:
-                outcome = _run(lambda: run_goal(endpoints, request, timeout_s=deadline))
+                outcome = _run(
+                    lambda: run_goal(endpoints, request, timeout_s=deadline, credentials=operator)
+                )
             else:
                 with Live(progress.render(), console=console, refresh_per_second=8) as live:
 
@@ -198,7 +214,13 @@ def _execute_goal(
                         live.update(progress.render())
 
                     outcome = _run(
-                        lambda: run_goal(endpoints, request, timeout_s=deadline, on_event=on_event)
+                        lambda: run_goal(
+                            endpoints,
+                            request,
+                            timeout_s=deadline,
+                            on_event=on_event,
+                            credentials=operator,
+                        )
                     )
             dep.flush_telemetry()
         provider.force_flush()
@@ -222,13 +244,21 @@ def _execute_goal(
 
 
 def _audit_head(settings: Settings) -> dict[str, Any]:
-    if not settings.audit_path.exists():
-        return {"records": 0, "head": "", "ok": True}
-    log = SqliteAuditLog(settings.audit_path)
+    if settings.store_url is None and not settings.audit_path.exists():
+        return {"records": 0, "head": "", "ok": True, "signed_heads": 0}
+    log = open_audit_log(settings)
     try:
-        records = list(log.records())
-        verdict = verify_chain(records)
-        return {"records": verdict.count, "head": log.head(), "ok": verdict.ok}
+        if settings.audit_key_path.exists():
+            key = load_or_create_key(settings.audit_key_path)
+            verdict = verify_sealed(log.records(), settings.audit_heads_path, key)
+        else:
+            verdict = verify_chain(log.records())
+        return {
+            "records": verdict.count,
+            "head": log.head(),
+            "ok": verdict.ok,
+            "signed_heads": verdict.sealed,
+        }
     finally:
         log.close()
 
@@ -314,7 +344,7 @@ def _with_agent(
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
         async def call() -> T:
-            async with AgentClient(endpoint, caller=caller, config=config) as client:
+            async with _client(settings, endpoint, caller=caller, config=config) as client:
                 return await send(client)
 
         answer: T = asyncio.run(call())
@@ -442,7 +472,7 @@ def plans_show(
         async def collect() -> list[PlanSnapshot]:
             found: list[PlanSnapshot] = []
             for endpoint in endpoints.values():
-                async with AgentClient(endpoint, caller=OPERATOR) as client:
+                async with _client(settings, endpoint) as client:
                     found.extend(await client.plans(plan_id))
             return found
 
@@ -461,8 +491,8 @@ def _show_revisions(
     config = ClientConfig(default_timeout_s=settings.request_timeout_s)
 
     async def fetch() -> RevisionsResponse:
-        owner = await _owner_of(plan_id, endpoints, config)
-        async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+        owner = await _owner_of(plan_id, endpoints, settings, config)
+        async with _client(settings, endpoints[owner], config=config) as client:
             return await client.revisions(plan_id)
 
     history = _run(fetch)
@@ -502,8 +532,8 @@ def replay(
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
         async def send() -> ReplayResult:
-            owner = await _owner_of(plan_id, endpoints, config)
-            async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+            owner = await _owner_of(plan_id, endpoints, settings, config)
+            async with _client(settings, endpoints[owner], config=config) as client:
                 return await client.replay(plan_id)
 
         result = _run(send)
@@ -588,8 +618,8 @@ def _control(
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
         async def send() -> PlanSnapshot:
-            owner = await _owner_of(plan_id, endpoints, config)
-            async with AgentClient(endpoints[owner], caller=OPERATOR, config=config) as client:
+            owner = await _owner_of(plan_id, endpoints, settings, config)
+            async with _client(settings, endpoints[owner], config=config) as client:
                 return await client.control(
                     plan_id,
                     action,
@@ -611,10 +641,25 @@ def _control(
             )
 
 
-async def _owner_of(plan_id: str, endpoints: dict[str, str], config: ClientConfig) -> str:
+def _client(
+    settings: Settings,
+    endpoint: str,
+    *,
+    caller: str = OPERATOR,
+    config: ClientConfig | None = None,
+) -> AgentClient:
+    """A client of ``endpoint`` as ``caller``, with the credentials ``STRATAGEM_AUTH`` asks for."""
+    return AgentClient(
+        endpoint, caller=caller, credentials=credentials_for(settings, caller), config=config
+    )
+
+
+async def _owner_of(
+    plan_id: str, endpoints: dict[str, str], settings: Settings, config: ClientConfig
+) -> str:
     """The role of the agent that holds ``plan_id`` (asked through each agent's Plans RPC)."""
     for role, endpoint in endpoints.items():
-        async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+        async with _client(settings, endpoint, config=config) as client:
             if any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id)):
                 return role
     raise InputError(f"no plan {plan_id!r} on any agent")
@@ -873,6 +918,18 @@ def _trace_spans(path: Path, trace_id: str) -> list[SpanRecord]:
     return spans
 
 
+def _backend_spans(url: str, project: str, trace_id: str) -> list[SpanRecord]:
+    """The trace's spans from a Phoenix backend: empty when it has none or cannot be asked."""
+    wanted = trace_id.strip().lower()
+    if len(wanted) != 32 or not set(wanted) <= _HEX:
+        return []  # the backend filters by the whole id; a prefix is looked up in the file
+    try:
+        return PhoenixTraces(url, project=project).spans(wanted)
+    except BackendError as exc:
+        err_console.print(f"[yellow]warning:[/] {exc}; reading the span file", soft_wrap=True)
+        return []
+
+
 @app.command("trace")
 def trace_command(
     trace_id: Annotated[
@@ -885,15 +942,31 @@ def trace_command(
             help="JSON-lines span file (default STRATAGEM_TRACE_FILE, else STATE_DIR/spans.jsonl).",
         ),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            envvar="STRATAGEM_TRACE_BACKEND",
+            help="Phoenix URL to read the trace from (default: the one `make otel-backend` "
+            "started, if it runs).",
+        ),
+    ] = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print a trace as a waterfall: the span tree with services, timing, events and status."""
     with _errors():
+        spans: list[SpanRecord] = []
         if file is None:
             settings = _settings(None, state_dir)
+            project = "default"
+            if backend is None and (found := find_backend(settings.state_dir)) is not None:
+                backend, project = found.url, found.project
+            if backend is not None:
+                spans = _backend_spans(backend, project, trace_id)
             file = settings.trace_file or settings.state_dir / "spans.jsonl"
-        spans = _trace_spans(file, trace_id)
+        if not spans:
+            spans = _trace_spans(file, trace_id)
         if as_json:
             _print_json({"trace_id": spans[0].trace_id, "spans": span_json(spans)})
         else:
@@ -905,14 +978,20 @@ def trace_command(
 
 @audit_app.command("verify")
 def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Recompute the audit chain and name the first broken record."""
+    """Verify the audit chain and its signed heads; name the first edited, deleted, reordered or
+    missing record."""
     with _errors():
         settings = _settings(None, state_dir)
-        if not settings.audit_path.exists():
+        if settings.store_url is None and not settings.audit_path.exists():
             raise InputError(f"no audit log at {settings.audit_path}")
-        log = SqliteAuditLog(settings.audit_path)
+        sealed = settings.audit_key_path.exists()
+        log = open_audit_log(settings)
         try:
-            verdict = verify_chain(list(log.records()))
+            if sealed:
+                key = load_or_create_key(settings.audit_key_path)
+                verdict = verify_sealed(log.records(), settings.audit_heads_path, key)
+            else:
+                verdict = verify_chain(log.records())
             head = log.head()
         finally:
             log.close()
@@ -922,22 +1001,76 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
                     "ok": verdict.ok,
                     "records": verdict.count,
                     "head": head,
+                    "signed_heads": verdict.sealed,
                     "first_broken_seq": verdict.first_broken_seq,
+                    "heads_line": verdict.heads_line,
                     "reason": verdict.reason,
                 }
             )
         elif verdict.ok:
+            signed = (
+                f", {verdict.sealed} signed heads verified"
+                if sealed
+                else f" (no signing key at {settings.audit_key_path}: chain only)"
+            )
             console.print(
-                f"audit chain verified: {verdict.count} records, head {head}", soft_wrap=True
+                f"audit chain verified: {verdict.count} records{signed}, head {head}",
+                soft_wrap=True,
             )
         else:
+            where = (
+                f"record {verdict.first_broken_seq}"
+                if verdict.first_broken_seq is not None
+                else f"line {verdict.heads_line} of {settings.audit_heads_path}"
+            )
             err_console.print(
-                f"[bold red]audit chain broken[/] at record {verdict.first_broken_seq}: "
-                f"{verdict.reason}",
-                soft_wrap=True,
+                f"[bold red]audit chain broken[/] at {where}: {verdict.reason}", soft_wrap=True
             )
         if not verdict.ok:
             raise typer.Exit(1)
+
+
+# -- certificates --------------------------------------------------------------------------------
+
+
+@certs_app.command("init")
+def certs_init(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", help="Where to write them (default STRATAGEM_TLS_DIR, STATE_DIR/tls)."
+        ),
+    ] = None,
+    identities: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--identity",
+            help="An identity to certify (repeatable; default: the agents + operator).",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace existing files, CA included.")
+    ] = False,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a CA (once) and a certificate and key per identity, for STRATAGEM_AUTH=mtls."""
+    with _errors():
+        settings = _settings(None, state_dir)
+        folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
+        names = identities or [*ROLES, OPERATOR]
+        written = init_certificates(folder, names, overwrite=force)
+        if as_json:
+            _print_json(
+                {"dir": str(folder), "identities": names, "written": [str(p) for p in written]}
+            )
+        else:
+            console.print(
+                f"{len(written)} files written to {folder} for {', '.join(names)}; "
+                "set STRATAGEM_AUTH=mtls (and STRATAGEM_TLS_DIR if not the default) to use them",
+                soft_wrap=True,
+                highlight=False,
+            )
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from planning import CrossAgentCall
-from protocol import AgentClient, ClientConfig, UnavailableError, WireModel
+from protocol import AgentClient, ClientConfig, Credentials, UnavailableError, WireModel
 
 __all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name"]
 
@@ -91,9 +91,15 @@ class GrpcDispatcher:
     """``planning.Dispatcher`` over gRPC: sends a plan's cross-agent steps to other agents."""
 
     def __init__(
-        self, caller: str, directory: EndpointDirectory, config: ClientConfig | None = None
+        self,
+        caller: str,
+        directory: EndpointDirectory,
+        config: ClientConfig | None = None,
+        *,
+        credentials: Credentials | None = None,
     ) -> None:
         self._caller = caller
+        self._credentials = credentials
         self._directory = directory
         self._config = config or ClientConfig()
         self._clients: dict[str, AgentClient] = {}
@@ -107,7 +113,9 @@ class GrpcDispatcher:
         endpoint = await self._directory.resolve(call.target)
         client = self._clients.get(endpoint)
         if client is None:
-            client = AgentClient(endpoint, caller=self._caller, config=self._config)
+            client = AgentClient(
+                endpoint, caller=self._caller, credentials=self._credentials, config=self._config
+            )
             self._clients[endpoint] = client
         try:
             return await client.call(

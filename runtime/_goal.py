@@ -17,6 +17,7 @@ from protocol import (
     ROLES,
     AgentClient,
     ClientConfig,
+    Credentials,
     PlanEvent,
     PlanSnapshot,
     ProtocolError,
@@ -51,6 +52,7 @@ async def run_goal(
     *,
     timeout_s: float,
     on_event: Callable[[PlanEvent], None] | None = None,
+    credentials: Credentials | None = None,
 ) -> GoalOutcome:
     """Submit ``request`` to the orchestrator and wait for its answer.
 
@@ -63,6 +65,7 @@ async def run_goal(
             before the plan starts.
         timeout_s: Deadline for the whole goal.
         on_event: Called with every plan event from every agent while the goal runs.
+        credentials: The operator's credentials (``None`` when authentication is off).
 
     Raises:
         protocol.RemoteError: The orchestrator refused or failed the goal.
@@ -70,7 +73,10 @@ async def run_goal(
     plan_id = request.plan_id or f"goal-{uuid.uuid4().hex[:12]}"
     request = request.model_copy(update={"plan_id": plan_id})
     config = ClientConfig(default_timeout_s=timeout_s)
-    clients = {role: AgentClient(endpoints[role], caller=OPERATOR, config=config) for role in ROLES}
+    clients = {
+        role: AgentClient(endpoints[role], caller=OPERATOR, credentials=credentials, config=config)
+        for role in ROLES
+    }
     tracer = trace.get_tracer("stratagem.cli")
     watchers: list[asyncio.Task[None]] = []
     try:

@@ -26,9 +26,10 @@ from typing import Any, Literal
 
 import ray
 
-from protocol import ROLES
+from protocol import ROLES, load_or_create_key
 from runtime._actor import AgentActor
 from runtime._directory import AgentInfo, actor_name
+from runtime._security import cluster_secret
 from runtime._settings import Settings
 
 __all__ = ["Deployment", "LaunchError", "LocalCluster"]
@@ -247,6 +248,9 @@ class Deployment:
         env = {
             key: value for key, value in os.environ.items() if key.startswith(_FORWARDED_PREFIXES)
         }
+        secret = cluster_secret(self.settings)
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
         for role in ROLES:
             options: dict[str, Any] = {
@@ -264,7 +268,7 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings.model_dump_json()
+                role, settings.model_dump_json(), secret, audit_key
             )
         return self.status(timeout_s=_READY_TIMEOUT_S)
 

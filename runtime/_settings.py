@@ -46,6 +46,21 @@ class Settings(BaseSettings):
             caller and request id) so a repeated request gets the stored answer.
         answer_retention_s: How long (seconds) such answers are kept; a request repeated later
             runs its handler again, so this must outlast a caller's retries and resumes.
+        store_url: Where agents keep plans, answers and the audit log: ``None`` for SQLite files
+            in ``state_dir`` (the embedded default), or ``postgresql://USER@HOST:PORT/DB`` for a
+            PostgreSQL server every node reaches (needed when agents move between nodes).
+        auth: How agents and clients prove who they are: ``token`` (signed tokens from the
+            cluster secret in ``state_dir``), ``mtls`` (a certificate per identity from
+            ``stratagem certs init``) or ``none`` (the caller metadata is trusted; tests only).
+        secret_file: The cluster secret that signs tokens; ``None`` for
+            ``state_dir/cluster.secret``. An operator on another machine points it at a copy.
+        token_ttl_s: How long a signed token is valid; clients renew theirs before it expires.
+        tls_dir: Where ``stratagem certs init`` writes the CA, certificates and keys for ``mtls``;
+            ``None`` for ``state_dir/tls``.
+        max_concurrent_requests: Requests an agent serves at once.
+        max_queued_requests: Requests an agent queues beyond those; more are refused at once
+            with ``RESOURCE_EXHAUSTED``.
+        max_delegation_hops: The longest delegation chain (who asked on whose behalf) accepted.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -68,6 +83,14 @@ class Settings(BaseSettings):
     audit_sync: Literal["normal", "full"] = "normal"
     answer_retention_count: int = Field(default=100_000, ge=0)
     answer_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    store_url: str | None = None
+    auth: Literal["token", "mtls", "none"] = "token"
+    secret_file: Path | None = None
+    token_ttl_s: float = Field(default=3600.0, ge=10, le=30 * 24 * 3600)
+    tls_dir: Path | None = None
+    max_concurrent_requests: int = Field(default=64, ge=1, le=100_000)
+    max_queued_requests: int = Field(default=256, ge=0, le=1_000_000)
+    max_delegation_hops: int = Field(default=8, ge=1, le=64)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -77,7 +100,16 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("state_dir", "policy_file", "trace_file")
+    @field_validator("store_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (leave it unset for SQLite files)")
+        return value
+
+    @field_validator("state_dir", "policy_file", "trace_file", "tls_dir", "secret_file")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         # Actors run with another working directory: hand them absolute paths.
@@ -92,9 +124,29 @@ class Settings(BaseSettings):
         """The SQLite state store of ``role``'s agent (its durable plans)."""
         return self.state_dir / f"{role}.plans.sqlite3"
 
+    @property
+    def audit_key_path(self) -> Path:
+        """The key that signs the audit chain's heads (outside the database, mode 0600)."""
+        return self.state_dir / "audit.key"
+
+    @property
+    def audit_heads_path(self) -> Path:
+        """The append-only file of the audit chain's signed heads."""
+        return self.state_dir / "audit.heads"
+
     def answers_path(self, role: str) -> Path:
         """The SQLite answer store of ``role``'s agent (answers by caller and request id)."""
         return self.state_dir / f"{role}.answers.sqlite3"
+
+    @property
+    def secret_path(self) -> Path:
+        """The cluster secret that signs tokens (created on first start, mode 0600)."""
+        return self.secret_file or self.state_dir / "cluster.secret"
+
+    @property
+    def tls_path(self) -> Path:
+        """The folder of the CA, certificates and keys for ``auth=mtls``."""
+        return self.tls_dir or self.state_dir / "tls"
 
     @property
     def local_cluster_file(self) -> Path:

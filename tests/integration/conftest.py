@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,21 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stratagem-state")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cluster_secret_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cluster secret for every deployment of the session (token authentication is on)."""
+    path = tmp_path_factory.mktemp("secret") / "cluster.secret"
+    previous = os.environ.get("STRATAGEM_SECRET_FILE")
+    os.environ["STRATAGEM_SECRET_FILE"] = str(path)
+    yield path
+    if previous is None:
+        del os.environ["STRATAGEM_SECRET_FILE"]
+    else:
+        os.environ["STRATAGEM_SECRET_FILE"] = previous
+
+
 @pytest.fixture(scope="session")
-def settings(state_dir: Path) -> Settings:
+def settings(state_dir: Path, cluster_secret_file: Path) -> Settings:
     return load_settings(
         state_dir=state_dir,
         trace_file=state_dir / "spans.jsonl",

@@ -12,7 +12,6 @@ import pytest
 
 from agents import DEMO_GOAL
 from protocol import (
-    OPERATOR,
     ROLES,
     AgentClient,
     AnalyzeNarrativeRequest,
@@ -26,6 +25,7 @@ from protocol import (
     verify_chain,
 )
 from runtime import Deployment, Settings, read_spans, run_goal
+from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -42,7 +42,7 @@ def test_four_agents_are_up_on_distinct_processes(deployment: Deployment) -> Non
 
 
 async def test_operator_request_reaches_perception_over_grpc(endpoints: dict[str, str]) -> None:
-    async with AgentClient(endpoints["perception"], caller=OPERATOR) as client:
+    async with AgentClient(endpoints["perception"], credentials=credentials()) as client:
         answer = await client.call(
             "perception",
             "ExtractEntities",
@@ -56,7 +56,7 @@ async def test_operator_request_reaches_perception_over_grpc(endpoints: dict[str
 async def test_goal_runs_actor_to_actor_and_is_one_trace(
     endpoints: dict[str, str], deployment: Deployment, settings: Settings
 ) -> None:
-    outcome = await run_goal(endpoints, DEMO_GOAL, timeout_s=60)
+    outcome = await run_goal(endpoints, DEMO_GOAL, timeout_s=60, credentials=credentials())
     assert outcome.response.status == "succeeded"
     assert outcome.response.actions, "the goal produced no action sequence"
     assert len(outcome.response.beats) == DEMO_GOAL.beats
@@ -113,7 +113,9 @@ async def test_deadline_exceeded_returns_promptly(endpoints: dict[str, str]) -> 
     # always cuts it short.
     config = ClientConfig(default_timeout_s=0.01)
     started = time.monotonic()
-    async with AgentClient(endpoints["orchestrator"], caller=OPERATOR, config=config) as client:
+    async with AgentClient(
+        endpoints["orchestrator"], credentials=credentials(), config=config
+    ) as client:
         with pytest.raises(DeadlineExceededError):
             await client.call("orchestrator", "SubmitGoal", request)
     # Not a performance assertion: only that the caller is never left hanging.
@@ -122,7 +124,7 @@ async def test_deadline_exceeded_returns_promptly(endpoints: dict[str, str]) -> 
 
 async def test_permission_denied_is_audited(endpoints: dict[str, str], settings: Settings) -> None:
     request_id = f"denied-{uuid.uuid4().hex}"
-    async with AgentClient(endpoints["strategic"], caller="perception") as client:
+    async with AgentClient(endpoints["strategic"], credentials=credentials("perception")) as client:
         with pytest.raises(PermissionDeniedError):
             await client.call(
                 "strategic",
@@ -150,7 +152,7 @@ async def test_a_killed_agent_is_restarted_and_found_again(deployment: Deploymen
     # This test's own client asks for the new endpoints; the orchestrator still has the dead
     # one cached, and its retry must find the restarted agent through the directory.
     fresh = {info.role: info.endpoint for info in deployment.status(timeout_s=60)}
-    outcome = await run_goal(fresh, DEMO_GOAL, timeout_s=60)
+    outcome = await run_goal(fresh, DEMO_GOAL, timeout_s=60, credentials=credentials())
     assert outcome.response.status == "succeeded"
     after = {info.role: info for info in deployment.status()}
     assert after["perception"].restarted is True

@@ -43,7 +43,6 @@ from planning import (
     StepStatus,
 )
 from protocol import (
-    OPERATOR,
     AgentClient,
     ClientConfig,
     Code,
@@ -53,6 +52,7 @@ from protocol import (
     verify_chain,
 )
 from runtime import Deployment, load_settings
+from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -127,7 +127,7 @@ async def _final_status(dep: Deployment, endpoint: str, plan_id: str) -> str:
     (the plan ended before the kill, so nothing was resumed)."""
     config = ClientConfig(default_timeout_s=30)
     deadline = time.monotonic() + 60
-    async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+    async with AgentClient(endpoint, credentials=credentials(), config=config) as client:
         while time.monotonic() < deadline:
             found = [s for s in await client.plans(plan_id) if s.plan_id == plan_id]
             if not found:
@@ -185,7 +185,7 @@ async def test_a_kill_during_compensation_resumes_it_and_undoes_each_step_once(
         plan_id = f"compensate-{seed}"
         files = {name: folder / f"{plan_id}.{name}" for name in ("effects", "undone", "calls")}
         pid, endpoint = _tactical(durable_more)
-        async with AgentClient(endpoint, caller=OPERATOR) as client:
+        async with AgentClient(endpoint, credentials=credentials()) as client:
             run = asyncio.create_task(
                 client.run_plan(_compensated_plan(plan_id, files), timeout=60, request_id=plan_id)
             )
@@ -267,7 +267,7 @@ async def test_an_exhausted_budget_stops_the_plan_with_a_policy_failure(
     ledger = durable_more.settings.state_dir / "budget.effects"
     plan_id = "budget-calls"
     _, endpoint = _tactical(durable_more)
-    async with AgentClient(endpoint, caller=OPERATOR) as client:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
         with pytest.raises(PermissionDeniedError) as raised:
             await client.run_plan(_chain(plan_id, ledger, 5, budget={"tool_calls": 3}), timeout=60)
     error = raised.value
@@ -295,7 +295,7 @@ async def test_an_open_circuit_stops_plans_and_stays_open_across_a_restart(
     calls = durable_more.settings.state_dir / "breaker.calls"
     circuit = "circuit open for tool 'always_unavailable' after 5 failures"
     pid, endpoint = _tactical(durable_more)
-    async with AgentClient(endpoint, caller=OPERATOR) as client:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
         # Five transient failures open the breaker (the default threshold); the sixth attempt
         # is refused without calling the tool.
         with pytest.raises(PermissionDeniedError) as raised:
@@ -314,7 +314,7 @@ async def test_an_open_circuit_stops_plans_and_stays_open_across_a_restart(
 
     # The breaker is stored: the restarted agent starts with it open (within its 30 s).
     endpoint = await asyncio.to_thread(_kill_and_wait, durable_more, pid)
-    async with AgentClient(endpoint, caller=OPERATOR) as client:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
         with pytest.raises(PermissionDeniedError) as raised:
             await client.run_plan(_flaky("breaker-3", calls, attempts=3), timeout=60)
     assert raised.value.code is Code.PERMISSION_DENIED

@@ -40,6 +40,7 @@ from protocol import (
     verify_chain,
 )
 from runtime import Deployment, Settings, load_settings
+from tests.integration._auth import credentials
 from tests.integration.ledger_extension import (
     RECORD_ENTRY,
     RecordEntryRequest,
@@ -165,7 +166,7 @@ async def _drive(endpoint: str, plan_id: str, ledger: Path, gates: set[str]) -> 
     kill, so nothing was resumed).
     """
     config = ClientConfig(default_timeout_s=30)
-    async with AgentClient(endpoint, caller=OPERATOR, config=config) as client:
+    async with AgentClient(endpoint, credentials=credentials(), config=config) as client:
         while True:
             snapshot = await _snapshot(client, plan_id)
             if snapshot is None or snapshot.status in FINAL:
@@ -212,7 +213,7 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
         rng = random.Random(seed)
         plan_id = f"crash-{seed}"
         pid, endpoint = _tactical(durable)
-        async with AgentClient(endpoint, caller=OPERATOR) as client:
+        async with AgentClient(endpoint, credentials=credentials()) as client:
             run = asyncio.create_task(
                 client.run_plan(_crash_plan(plan_id, ledger), timeout=60, request_id=plan_id)
             )
@@ -263,14 +264,14 @@ async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
         ],
     }
     pid, endpoint = _tactical(durable)
-    async with AgentClient(endpoint, caller=OPERATOR) as client:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
         run = asyncio.create_task(client.run_plan(json.dumps(plan), timeout=60))
         await _next_stop(client, plan_id)
         assert (await _snapshot(client, plan_id)) is not None
         endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
         with pytest.raises(RemoteError):
             await run
-    async with AgentClient(endpoint, caller=OPERATOR) as client:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
         snapshot = await _snapshot(client, plan_id)
         assert snapshot is not None
         assert snapshot.status == "blocked"  # resumed, and waiting for the decision again
@@ -300,7 +301,7 @@ async def test_a_replayed_request_gets_the_stored_answer_after_the_target_restar
     answers: list[RecordEntryResponse] = []
     pid, endpoint = _tactical(durable)
     for _ in range(2):
-        async with AgentClient(endpoint, caller=OPERATOR) as client:
+        async with AgentClient(endpoint, credentials=credentials()) as client:
             answer = await client.call("tactical", "RecordEntry", request, request_id="entry-1")
         assert isinstance(answer, RecordEntryResponse)
         answers.append(answer)

@@ -1,0 +1,72 @@
+"""How this deployment's processes prove who they are, from the settings (``STRATAGEM_AUTH``).
+
+``token`` (the default): the cluster secret in ``STATE_DIR/cluster.secret`` (created mode 0600 by
+the first ``stratagem`` command that needs it) signs each identity's tokens; the launcher hands it
+to the agent actors it creates, so agents on other nodes need no copy of the file. An operator on
+another machine copies the file (it is the deployment's root of trust: guard it like a password).
+
+``mtls``: each process presents the certificate of its identity from ``STRATAGEM_TLS_DIR``
+(``stratagem certs init``); every node needs the folder (or at least the CA, its own agents'
+certificates and keys).
+
+``none``: no credentials; the caller's name is trusted. For tests and benchmarks only.
+"""
+
+from __future__ import annotations
+
+from protocol import (
+    Authenticator,
+    CallerMetadataAuthenticator,
+    ClusterSecret,
+    Credentials,
+    TlsAuthenticator,
+    TlsCredentials,
+    TlsFiles,
+    TokenAuthenticator,
+    TokenCredentials,
+    TokenSigner,
+)
+from runtime._settings import Settings
+
+__all__ = ["authenticator_for", "cluster_secret", "credentials_for"]
+
+
+def cluster_secret(settings: Settings) -> ClusterSecret | None:
+    """The cluster secret token mode needs (read or created), or ``None`` in another mode.
+
+    Raises:
+        ProtocolUsageError: When the secret file cannot be read or created, or others may read it.
+    """
+    if settings.auth != "token":
+        return None
+    return ClusterSecret.load_or_create(settings.secret_path)
+
+
+def authenticator_for(
+    settings: Settings, role: str, secret: ClusterSecret | None = None
+) -> Authenticator:
+    """How ``role``'s server verifies its callers.
+
+    Args:
+        settings: The deployment's settings.
+        role: The agent served (its own certificate in mTLS mode).
+        secret: The cluster secret (token mode); read from the state directory when ``None``.
+    """
+    if settings.auth == "token":
+        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        return TokenAuthenticator(signer)
+    if settings.auth == "mtls":
+        return TlsAuthenticator(TlsFiles.for_identity(settings.tls_path, role))
+    return CallerMetadataAuthenticator()
+
+
+def credentials_for(
+    settings: Settings, identity: str, secret: ClusterSecret | None = None
+) -> Credentials | None:
+    """What a client of ``identity`` sends (``None`` when authentication is off)."""
+    if settings.auth == "token":
+        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
+    if settings.auth == "mtls":
+        return TlsCredentials(TlsFiles.for_identity(settings.tls_path, identity))
+    return None
