@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any, Final, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import propagate, trace
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import ValidationError
 
@@ -62,6 +64,7 @@ from protocol._errors import (
     RemoteError,
 )
 from protocol._identity import Credentials
+from protocol._metrics import RpcMetrics
 from protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
@@ -142,6 +145,8 @@ class AgentClient:
             only the caller's name, which only a server with authentication off accepts.
         config: Timeouts and limits.
         tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
+        meter_provider: Where call duration and in-flight metrics go; the global one when
+            ``None``.
 
     The channel opens on the first call; close it with ``aclose`` or ``async with``.
     """
@@ -154,6 +159,7 @@ class AgentClient:
         credentials: Credentials | None = None,
         config: ClientConfig | None = None,
         tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         caller = caller or (credentials.identity if credentials is not None else "")
         if not caller:
@@ -163,6 +169,7 @@ class AgentClient:
         self._credentials = credentials
         self._config = config or ClientConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        self._metrics = RpcMetrics(meter_provider, side="client")
         self._channel: Any = None
         self._callables: dict[str, Any] = {}
         self._closed = False
@@ -593,6 +600,9 @@ class AgentClient:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
+            began = time.perf_counter()
+            self._metrics.started(method, capability)
+            code = Code.UNKNOWN
             try:
                 data = await self._unary_callable(method)(
                     request,
@@ -607,15 +617,21 @@ class AgentClient:
                 )
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc)
+                code = error.code
                 end_span(span, error.code, error.message, server=False)
                 logger.debug("%s %s on %s failed: %s", method, capability, self._endpoint, error)
                 raise error from exc
-            try:
-                answer = decode(bytes(data))
-            except RemoteError as exc:
-                raise self._malformed(span, target or self._endpoint, exc) from exc
-            end_span(span, Code.OK, "", server=False)
-            return answer
+            else:
+                try:
+                    answer = decode(bytes(data))
+                except RemoteError as exc:
+                    code = Code.INTERNAL
+                    raise self._malformed(span, target or self._endpoint, exc) from exc
+                code = Code.OK
+                end_span(span, Code.OK, "", server=False)
+                return answer
+            finally:
+                self._metrics.finished(method, capability, code, time.perf_counter() - began)
 
     def _malformed(self, span: Span, target: str, exc: RemoteError) -> InternalError:
         error = InternalError(f"malformed response from {target}: {exc}")

@@ -97,9 +97,22 @@ class RpcMetrics:
         """A call to ``method`` (for ``Call``: of ``capability``) began."""
         self._active.add(1, self._in_flight_attributes(method, capability))
 
-    def finished(self, method: str, capability: str, code: Code, seconds: float) -> None:
-        """The call ``started`` announced ended with ``code`` after ``seconds``."""
-        self._active.add(-1, self._in_flight_attributes(method, capability))
+    def finished(
+        self,
+        method: str,
+        capability: str,
+        code: Code,
+        seconds: float,
+        *,
+        started_as: str | None = None,
+    ) -> None:
+        """The call ``started`` announced ended with ``code`` after ``seconds``.
+
+        ``started_as`` is the capability ``started`` was given when it differs (a server learns
+        a call's capability only once it is authorized, and never labels with an unvetted one).
+        """
+        in_flight = capability if started_as is None else started_as
+        self._active.add(-1, self._in_flight_attributes(method, in_flight))
         self._duration.record(
             seconds,
             {

@@ -64,6 +64,7 @@ from typing import Any, Final, Protocol, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import propagate, trace
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from protocol._answers import AnswerRetention, AnswerStore, InMemoryAnswerStore
@@ -109,6 +110,7 @@ from protocol._errors import (
     error_for_code,
 )
 from protocol._identity import Authenticator
+from protocol._metrics import RpcMetrics
 from protocol._policy import Policy
 from protocol._rpc import (
     CALLER_KEY,
@@ -262,6 +264,8 @@ class AgentServer:
         audit: Where every accepted, refused and finished call is recorded.
         config: Where to listen and what to accept.
         tracer_provider: The OpenTelemetry tracer provider; the global one when ``None``.
+        meter_provider: Where request duration and in-flight metrics go (``RpcMetrics``); the
+            global one when ``None``. Calls are labelled with their capability once authorized.
         answers: Where answers to ``Call`` are kept by (caller, request_id); an
             ``InMemoryAnswerStore`` bounded by the config's ``answer_cache_*`` by default. A
             ``SqliteAnswerStore`` keeps them across restarts of this server (the server does not
@@ -280,6 +284,7 @@ class AgentServer:
         config: ServerConfig | None = None,
         tracer_provider: TracerProvider | None = None,
         answers: AnswerStore | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self._backend = backend
         self._role = backend.role
@@ -289,6 +294,7 @@ class AgentServer:
         self._append = _appender(audit)
         self._config = config or ServerConfig()
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        self._metrics = RpcMetrics(meter_provider, side="server")
         self._answers: AnswerStore = answers or InMemoryAnswerStore(
             AnswerRetention(
                 max_entries=self._config.answer_cache_size,
@@ -434,6 +440,8 @@ class AgentServer:
         """Run one RPC's stages inside its server span; settle, audit and answer its outcome."""
         metadata = tuple(context.invocation_metadata() or ())
         exchange = _Exchange(method=method, metadata=text_metadata(metadata))
+        began = time.perf_counter()
+        self._metrics.started(method)
         with self._tracer.start_as_current_span(
             span_name(method),
             context=propagate.extract(metadata, getter=metadata_getter),
@@ -446,7 +454,7 @@ class AgentServer:
                 answer = await stage(exchange, request, context, span)
             except asyncio.CancelledError:
                 self._release(exchange)
-                await self._settle(exchange, span, _interruption(context), None)
+                await self._settle(exchange, span, _interruption(context), None, began)
                 raise
             except Exception as exc:
                 error = as_remote_error(exc)
@@ -461,10 +469,10 @@ class AgentServer:
                     )
             else:
                 self._release(exchange)
-                await self._settle(exchange, span, None, answer)
+                await self._settle(exchange, span, None, answer, began)
                 return answer
             self._release(exchange)
-            await self._settle(exchange, span, error, None)
+            await self._settle(exchange, span, error, None, began)
             if _deadline_passed(context):
                 # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
                 raise asyncio.CancelledError
@@ -832,11 +840,24 @@ class AgentServer:
         return _Budget(float(remaining), backstop=_BACKSTOP_S)
 
     async def _settle(
-        self, exchange: _Exchange, span: Span, error: RemoteError | None, answer: bytes | None
+        self,
+        exchange: _Exchange,
+        span: Span,
+        error: RemoteError | None,
+        answer: bytes | None,
+        began: float = 0.0,
     ) -> None:
-        """Record the outcome on the span and in the audit log (a failed write is only logged)."""
+        """Record the outcome on the span, in the metrics and in the audit log (a failed write is
+        only logged)."""
         code = Code.OK if error is None else error.code
         end_span(span, code, error.message if error else "", server=True)
+        self._metrics.finished(
+            exchange.method,
+            exchange.capability if exchange.accepted else "",
+            code,
+            time.perf_counter() - began,
+            started_as="",
+        )
         if exchange.replayed:
             action = "call.replayed"
         elif exchange.accepted:
