@@ -49,6 +49,7 @@ from protocol._capabilities import (
     WireModel,
     capability_for,
     register_capability,
+    sensitive,
 )
 from protocol._client import AgentClient, ClientConfig
 from protocol._codec import (
@@ -230,6 +231,7 @@ __all__ = [
     "load_or_create_key",
     "register_capability",
     "remaining_time",
+    "sensitive",
     "to_message",
     "verify_chain",
     "verify_sealed",

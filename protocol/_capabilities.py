@@ -12,7 +12,7 @@ before sending, and ``Describe`` publishes their JSON Schema.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -44,6 +44,7 @@ __all__ = [
     "WireModel",
     "capability_for",
     "register_capability",
+    "sensitive",
 ]
 
 Role = Literal["strategic", "tactical", "perception", "orchestrator"]
@@ -315,6 +316,21 @@ CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
 
 
 EXTENSION_FIELD: Final = "extension"
+
+
+def sensitive(description: str = "", **constraints: Any) -> Any:
+    """A field whose value must never be shown: ``secret: str = sensitive(max_length=64)``.
+
+    The value is left out of the model's ``repr`` (so of logs and error messages that print the
+    model), its JSON Schema says ``"x-sensitive": true``, and, as for every field, validation
+    errors never quote it and audit records keep only the request's digest.
+    """
+    return Field(
+        description=description or None,
+        repr=False,
+        json_schema_extra={"x-sensitive": True},
+        **constraints,
+    )
 
 
 def register_capability(spec: CapabilitySpec) -> None:

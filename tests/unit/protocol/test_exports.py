@@ -116,6 +116,7 @@ EXPECTED = [
     "load_or_create_key",
     "register_capability",
     "remaining_time",
+    "sensitive",
     "to_message",
     "verify_chain",
     "verify_sealed",

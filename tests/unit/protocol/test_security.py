@@ -625,3 +625,29 @@ async def test_tokens_never_reach_logs_spans_errors_or_audit_records(
     for text in [*messages, *recorded, *spans, *logs]:
         for value in secrets:
             assert value not in text
+
+
+def test_sensitive_fields_stay_out_of_reprs_errors_and_redacted_text(signer: TokenSigner) -> None:
+    from pydantic import ValidationError
+
+    from protocol import WireModel as Model
+    from protocol import sensitive, violations_from
+    from protocol._audit import redact
+
+    class Login(Model):
+        user: str
+        api_key: str = sensitive("the user's key", min_length=12)
+
+    secret_value = "hunter2-is-not-long"
+    login = Login(user="mira", api_key=secret_value)
+    assert secret_value not in repr(login)
+    assert secret_value not in str(login)
+    assert Login.model_json_schema()["properties"]["api_key"]["x-sensitive"] is True
+    with pytest.raises(ValidationError) as caught:
+        Login(user="mira", api_key="short-key")
+    described = " ".join(f"{v.field}: {v.description}" for v in violations_from(caught.value))
+    assert "api_key" in described
+    assert "short-key" not in described
+    token = signer.issue("operator", 60)
+    for text in (token, f"refused {token} here", f"authorization: Bearer {token}"):
+        assert token not in redact(text)
