@@ -33,6 +33,8 @@ VERSION_KEY: Final = "x-stratagem-capability-version"
 KEEPALIVE_OPTIONS: Final = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # grpcio waits this long for a ping's answer (60 s by default, whatever the timeout above).
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )

@@ -18,11 +18,13 @@ from typing import Any
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+from tests.bench.auth import run_auth_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.report import (
     MARKDOWN_PATH,
     RESULTS_PATH,
+    auth_section,
     machine_facts,
     tracing_section,
     verdicts,
@@ -78,10 +80,54 @@ def _only_tracing() -> int:
     return 0
 
 
+def _auth() -> dict[str, Any]:
+    """The cost-of-security section: auth off, token auth and mTLS, interleaved in one run."""
+    logger.info("auth: the constant pipeline with auth off, token auth and mTLS, interleaved")
+    # The secret, certificates and audit files go under .bench/, as the rpc section's do.
+    auth = run_auth_benchmark(state_parent=RESULTS_PATH.parent)
+    for mode, ratio in auth["ratios"].items():
+        logger.info(
+            "auth: %s at %.2fx auth off's median latency, %.2fx its throughput",
+            mode,
+            ratio["median_latency"],
+            ratio["throughput"],
+        )
+    return auth
+
+
+def _only_auth() -> int:
+    """``python -m tests.bench auth``: this section alone, merged into the last results."""
+    _log_to_stderr()
+    results: dict[str, Any] = (
+        json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {"benchmarks": {}}
+    )
+    results["benchmarks"]["auth"] = _auth()
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    # Only this section of BENCHMARKS.md is replaced (or added, before the tracing section).
+    markdown = MARKDOWN_PATH.read_text(encoding="utf-8") if MARKDOWN_PATH.exists() else ""
+    heading = "## Cost of security"
+    before, found, after = markdown.partition(heading)
+    if found:
+        rest = after.partition("\n## ")
+        after = f"\n## {rest[2]}" if rest[1] else ""
+    else:
+        before, found, after = markdown.partition("## Tracing overhead")
+        after = found + after
+    section = "\n".join(auth_section(results["benchmarks"]["auth"])).rstrip("\n")
+    parts = (before.rstrip("\n"), section, after.strip("\n"))
+    MARKDOWN_PATH.write_text("\n\n".join(part for part in parts if part) + "\n")
+    json.dump(results["benchmarks"]["auth"], sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
 def main() -> int:
     """Run the engine and durable benchmarks, then the cross-agent one; write and print them."""
     if sys.argv[1:] == ["tracing"]:
         return _only_tracing()
+    if sys.argv[1:] == ["auth"]:
+        return _only_auth()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -119,6 +165,7 @@ def main() -> int:
     rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
     for target in rpc["targets"]:
         logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
+    auth = _auth()
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -126,6 +173,7 @@ def main() -> int:
         "verdicts": verdicts(rpc, engine, durable),
         "benchmarks": {"rpc": rpc, "engine": engine, "durable": durable, "tracing": _tracing()},
     }
+    results["benchmarks"]["auth"] = auth
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

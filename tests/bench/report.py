@@ -734,6 +734,13 @@ _AUTH_NOTES: Final = {
 }
 
 
+def _cpu_text(cpu: dict[str, float | None] | None) -> str:
+    if not cpu or cpu.get("client") is None:
+        return ""
+    server = cpu.get("server")
+    return f"{cpu['client']:.0f} + {server:.0f}" if server is not None else f"{cpu['client']:.0f}"
+
+
 def auth_section(auth: dict[str, Any] | None) -> list[str]:
     """The cost of security: auth off, token auth and mTLS on the same pipeline, same run."""
     lines = ["## Cost of security: authentication off, token, mTLS", ""]
@@ -756,7 +763,9 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
         f"{config['throughput_calls']} calls per mode by {config['concurrency']} concurrent "
         f"workers, in {config['rounds']} rotating rounds. First call: {config['connects']} fresh "
         "clients per mode, each timing its first call (connection and, for mTLS, the TLS "
-        "handshake included).",
+        "handshake included). CPU: user + system time of each process (all threads, gRPC's "
+        "included) while a mode's latency and throughput calls ran, per call; on a machine "
+        "shared with other work it varies less than wall time.",
         "",
     ]
     rows = []
@@ -775,6 +784,7 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
                 _us(loaded["median"]),
                 _us(loaded["p99"]),
                 f"{first['median']:.2f}" if first else "",
+                _cpu_text(mode.get("cpu_us_per_call")),
             )
         )
     lines += _table(
@@ -789,6 +799,7 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
             f"median µs @{config['concurrency']}",
             f"p99 µs @{config['concurrency']}",
             "first call ms",
+            "CPU µs/call client + server",
         ),
         rows,
         text_columns=2,
@@ -797,7 +808,8 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
         lines.append(
             f"- `{name}`: {ratio['median_latency']:.2f}x auth off's median latency, "
             f"{ratio['p99_latency']:.2f}x its p99; {ratio['throughput']:.2f}x its throughput "
-            f"(the same calls take {auth['throughput_cost'][name]:.2f}x as long)."
+            f"(the same calls take {auth['throughput_cost'][name]:.2f}x as long)"
+            + (f"; {ratio['cpu']:.2f}x its CPU per call." if ratio.get("cpu") else ".")
         )
     for target in auth["targets"]:
         measure = target["measure"].replace("_", " ")

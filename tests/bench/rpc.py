@@ -19,6 +19,9 @@ The pipeline variants trace like a deployed agent actor without ``OTEL_*`` setti
 ``TracerProvider`` with no span processor at both ends (``setup_telemetry`` gives actors one), so
 spans are made, propagated and dropped. Audit files live in a temporary directory, under
 ``.bench/`` when run by ``python -m tests.bench``: the file system of the default state directory.
+Every pipeline variant authenticates like a deployment's default: token authentication
+(``TokenAuthenticator``; the caller sends ``TokenCredentials``) with a cluster secret file in that
+directory. What authentication costs is measured apart, in ``tests.bench.auth``.
 
 The caller actor sends ``FindSpatialContext(entity_ids=["mira"])`` as the orchestrator through
 ``AgentClient.call``; the echo gets the bytes of the same encoded request envelope. Latency is
@@ -56,6 +59,7 @@ from protocol import (
     AuditLog,
     CallContext,
     CapabilityCard,
+    ClusterSecret,
     ControlRequest,
     FailedPreconditionError,
     FindSpatialContextRequest,
@@ -72,6 +76,9 @@ from protocol import (
     ServerConfig,
     SpatialContext,
     SqliteAuditLog,
+    TokenAuthenticator,
+    TokenCredentials,
+    TokenSigner,
     WireModel,
     capability_for,
     encode_request,
@@ -119,6 +126,8 @@ RESPONSE: Final = FindSpatialContextResponse(contexts=[SpatialContext(entity_id=
 """What the perception agent answers ``REQUEST`` with while its world is empty."""
 ECHO_SERVICE: Final = "stratagem.bench.Echo"
 ECHO_METHOD: Final = f"/{ECHO_SERVICE}/Echo"
+SECRET_FILE: Final = "cluster.secret"
+"""The cluster secret's file name in the state directory; both actors read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +224,7 @@ class BenchTarget:
         policy = Policy.default()
         constant = ConstantBackend()
         agent = build_agent(TARGET, tracer_provider=sdk)
+        signer = TokenSigner(ClusterSecret.load_or_create(self._state_dir / SECRET_FILE))
         self._audits = {
             PIPELINE_AGENT: SqliteAuditLog(self._state_dir / "agent.sqlite3"),
             PIPELINE_CONSTANT: SqliteAuditLog(self._state_dir / "constant.sqlite3"),
@@ -232,6 +242,7 @@ class BenchTarget:
             server = AgentServer(
                 backend,
                 policy=policy,
+                authenticator=TokenAuthenticator(signer),
                 audit=self._audits[name],
                 config=ServerConfig(host="127.0.0.1", port=0),
                 tracer_provider=provider,
@@ -329,14 +340,18 @@ class BenchCaller:
         self._clients: list[AgentClient] = []
         self._channel: Any = None
 
-    async def open(self, endpoints: dict[str, str]) -> dict[str, int]:
-        """Connect to every variant and check one answer of each.
+    async def open(self, endpoints: dict[str, str], secret_file: str) -> dict[str, int]:
+        """Connect to every variant (with a token made from ``secret_file``); check one answer
+        of each.
 
         Returns:
             ``request_bytes`` (the encoded envelope, also the echo's payload) and
             ``response_bytes`` (the encoded response envelope the pipeline answers with).
         """
         sdk = SdkTracerProvider(shutdown_on_exit=False)
+        credentials = TokenCredentials(
+            TokenSigner(ClusterSecret.load_or_create(Path(secret_file))), CALLER
+        )
         envelope = RequestEnvelope(
             request_id=uuid.uuid4().hex,
             caller=CALLER,
@@ -350,7 +365,7 @@ class BenchCaller:
         self._calls[ECHO] = lambda: echo(payload)
         for name in (*PIPELINES, *DIAGNOSTICS):
             provider = NoOpTracerProvider() if name == DIAG_MEMORY_NOOP else sdk
-            client = AgentClient(endpoints[name], caller=CALLER, tracer_provider=provider)
+            client = AgentClient(endpoints[name], credentials=credentials, tracer_provider=provider)
             self._clients.append(client)
             self._calls[name] = _pipeline_call(client)
         for name, call in self._calls.items():
@@ -489,7 +504,8 @@ def run_rpc_benchmark(
             target: Any = ray.remote(BenchTarget).options(num_cpus=0).remote(state_dir)
             caller: Any = ray.remote(BenchCaller).options(num_cpus=0).remote()
             endpoints = _get(target.start.remote())
-            payload = _get(caller.open.remote(endpoints))
+            secret_file = str(Path(state_dir) / SECRET_FILE)
+            payload = _get(caller.open.remote(endpoints, secret_file))
             _load(caller, config, samples)
             medians = {name: statistics.median(values) for name, values in samples.latency.items()}
             missed = any(medians[name] / medians[ECHO] > TARGET_RATIO for name in PIPELINES)

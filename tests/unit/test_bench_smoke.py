@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
+from tests.bench.auth import MODES, AuthBenchConfig, run_auth_benchmark
 from tests.bench.durable import (
     IDEMPOTENT,
     NO_STORE,
@@ -24,7 +27,7 @@ from tests.bench.engine import (
     layered_plan,
     run_engine_benchmark,
 )
-from tests.bench.report import _durable_section, verdicts
+from tests.bench.report import _durable_section, auth_section, verdicts
 
 
 def test_layered_plan_has_the_asked_shape() -> None:
@@ -87,3 +90,27 @@ def test_durable_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
     found = verdicts({"targets": []}, {"target": {"max_ratio": 4.0}, "ratios": {}}, result)
     assert [item["variant"] for item in found] == [IDEMPOTENT, SIDE_EFFECTING, "store_growth"]
     assert "## 3. Durable checkpoints" in "\n".join(_durable_section(result))
+
+
+@pytest.mark.integration
+def test_auth_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
+    # A server process and real sockets (token and mTLS), hence the integration marker.
+    config = AuthBenchConfig(
+        warmup=2, latency_calls=6, rounds=2, throughput_calls=8, concurrency=2, connects=1
+    )
+    result = run_auth_benchmark(config, state_parent=tmp_path)
+
+    assert set(result["modes"]) == set(MODES)
+    for mode in result["modes"].values():
+        assert mode["latency_us"]["n"] == 6
+        assert mode["under_load_us"]["n"] == 8
+        assert mode["throughput_rps"] > 0
+        assert mode["first_call_ms"]["n"] == 1
+    assert set(result["ratios"]) == {"token", "mtls"}
+    assert [(t["variant"], t["measure"]) for t in result["targets"]] == [
+        ("token", "median_latency"),
+        ("token", "throughput_cost"),
+    ]
+    assert result["met"] == all(target["met"] for target in result["targets"])
+    assert "## Cost of security" in "\n".join(auth_section(result))
+    assert list(tmp_path.iterdir()) == []  # the secret, keys and audit files are gone
