@@ -9,13 +9,15 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fmt clean help
+.PHONY: otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fuzz load fmt clean help
 
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
 	@echo "make test   - lint, type-check, import contracts, unit + integration + e2e tests"
 	@echo "make bench  - benchmarks; JSON in .bench/results.json and a table in BENCHMARKS.md"
 	@echo "make proto  - regenerate protocol/_gen/ from proto/"
+	@echo "make fuzz   - the long fuzz campaign of the server pipeline (>100,000 calls)"
+	@echo "make load   - 64 callers for 60 s per phase against one agent (below/above admission)"
 	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
 
 $(STAMP): pyproject.toml
@@ -56,6 +58,17 @@ test: lint typecheck imports
 
 bench: $(STAMP)
 	@$(BIN)/python -m tests.bench
+
+# The long fuzz run (the short one is part of `make test`) against one server; failing examples
+# are kept in .hypothesis/. Hypothesis counts a repeated input towards its examples without calling
+# the server again (100,000 examples made 80,201 calls), so 130,000 makes over 100,000 calls.
+fuzz: $(STAMP)
+	STRATAGEM_FUZZ_EXAMPLES=130000 $(BIN)/pytest -q -s --timeout=3600 \
+		--hypothesis-show-statistics tests/unit/protocol/test_fuzz.py
+
+# 64 callers for 60 s per phase against a served perception agent; JSON in .bench/load.json.
+load: $(STAMP)
+	$(BIN)/python -m tests.load.load
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -323,10 +323,15 @@ class AgentServer:
         if self._server is not None:
             raise ProtocolUsageError("the server is already started")
         limit = _TRANSPORT_HEADROOM * self._config.max_message_bytes
+        admissible = self._config.max_concurrent_requests + self._config.max_queued_requests
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                # grpc's core cancels calls beyond these (1000 by default) before we see them:
+                # kept above our admission limits, so our audited check answers first.
+                ("grpc.server.max_pending_requests", 2 * admissible),
+                ("grpc.server.max_pending_requests_hard_limit", 4 * admissible),
                 *SERVER_KEEPALIVE_OPTIONS,
             ],
         )
