@@ -59,6 +59,9 @@ def test_demo_exits_zero_and_reports_a_goal(tmp_path: Path) -> None:
     verify = run("audit", "verify", state_dir=tmp_path)
     assert verify.returncode == 0, verify.stderr
     assert f"{out['audit']['records']} records" in verify.stdout
+    # The agents signed the chain's head as they stopped.
+    assert out["audit"]["signed_heads"] >= 1
+    assert "signed heads verified" in verify.stdout
     # Edit one record behind the log's back (dropping its append-only trigger first).
     with sqlite3.connect(tmp_path / "audit.sqlite3") as db:
         db.execute("DROP TRIGGER audit_no_update")
@@ -66,8 +69,7 @@ def test_demo_exits_zero_and_reports_a_goal(tmp_path: Path) -> None:
     broken = run("audit", "verify", state_dir=tmp_path)
     assert broken.returncode == 1
     assert broken.stderr.strip().splitlines() == [
-        "audit chain broken at record 3: its hash does not match its contents: the record was "
-        "edited"
+        "audit chain broken at record 3: record 3 was edited: its hash does not match its contents"
     ]
 
 
