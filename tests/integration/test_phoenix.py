@@ -85,12 +85,11 @@ def exported(
     # The driver: the session's provider (or a new one) gets a real OTLP exporter.
     provider = setup_telemetry("stratagem-tests")
     assert isinstance(provider, TracerProvider)
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=phoenix.otlp_endpoint, insecure=True),
-            schedule_delay_millis=200,
-        )
+    exporting = BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=phoenix.otlp_endpoint, insecure=True),
+        schedule_delay_millis=200,
     )
+    provider.add_span_processor(exporting)
     # The agents: the launcher forwards OTEL_* from this environment to the actors it creates.
     patch = pytest.MonkeyPatch()
     patch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
@@ -115,6 +114,9 @@ def exported(
     finally:
         ours.teardown()
         patch.undo()
+        # Stop exporting before Phoenix stops: an exporter left behind keeps retrying in a
+        # background thread (drawing on the global ``random``, which later hypothesis tests see).
+        exporting.shutdown()
 
 
 def _flush(dep: Deployment) -> None:
