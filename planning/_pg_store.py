@@ -66,9 +66,7 @@ from planning._errors import StoreError, StoreSchemaError
 from planning._metrics import PlanningMetrics
 from planning._plan import Plan, PlanStatus
 from planning._revisions import RevisionDiff, RevisionRecord
-
-# One row format for both backends: a journal reads the same whichever store wrote it.
-from planning._sqlite_store import _decode, _encode
+from planning._rows import compact_json, decode_record, encode_record
 from planning._store import (
     BreakerState,
     PlanState,
@@ -372,8 +370,8 @@ class PostgresStateStore:
                     record.parent,
                     record.rationale,
                     record.author,
-                    _json(record.diff.to_json()),
-                    _json(record.carried),
+                    compact_json(record.diff.to_json()),
+                    compact_json(record.carried),
                     record.at,
                 ),
             )
@@ -399,7 +397,9 @@ class PostgresStateStore:
                 return None
             rowid, revision, plan_json = int(row[0]), int(row[1]), str(row[2])
             rows = await self._events(conn, rowid)
-            return fold(plan_id, revision, plan_json, (_decode(plan_id, revision, r) for r in rows))
+            return fold(
+                plan_id, revision, plan_json, (decode_record(plan_id, revision, r) for r in rows)
+            )
 
         return await self._read(f"load plan {plan_id!r}", read)
 
@@ -428,7 +428,7 @@ class PostgresStateStore:
             if row is None:
                 return []
             rows = await self._events(conn, int(row[0]))
-            return [_decode(plan_id, int(row[1]), r) for r in rows]
+            return [decode_record(plan_id, int(row[1]), r) for r in rows]
 
         return await self._read(f"read the journal of plan {plan_id!r}", read)
 
@@ -734,7 +734,7 @@ class PostgresStateStore:
         statuses: dict[int, tuple[str, float]] = {}
         for record in records:
             rowid = rowids[(record.plan_id, record.revision)]
-            rows.append((rowid, *_encode(record)))
+            rows.append((rowid, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
                 statuses[rowid] = (record.status.value, record.at)
         # Row by row in one pipeline (one round trip): the identity column numbers them in order.
@@ -772,7 +772,3 @@ class PostgresStateStore:
             (rowid,),
         )
         return await cursor.fetchall()
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

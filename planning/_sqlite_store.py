@@ -46,28 +46,20 @@ import time
 from collections.abc import Callable, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, Final, TypeVar, assert_never
+from typing import Any, Final, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
 from planning._errors import StoreError, StoreSchemaError
 from planning._metrics import PlanningMetrics
-from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from planning._plan import Plan, PlanStatus
 from planning._revisions import RevisionDiff, RevisionRecord
+from planning._rows import compact_json, decode_record, encode_record
 from planning._store import (
     BreakerState,
-    BudgetRecord,
-    CompensationRecord,
-    CompensationStatus,
-    ControlRecord,
-    GateDecision,
-    GateKind,
-    GateRecord,
     PlanState,
     PlanStatusRecord,
     Record,
-    StepIntent,
-    StepResult,
     StoreStats,
     fold,
 )
@@ -81,17 +73,6 @@ T = TypeVar("T")
 Migration = Callable[[sqlite3.Connection], None]
 
 _FINAL: Final = tuple(status.value for status in PlanStatus if status.is_final)
-
-# Record kinds as stored in events.kind: never renumber, only add.
-_PLAN_STATUS: Final = 1
-_STEP_INTENT: Final = 2
-_STEP_RESULT: Final = 3
-_GATE: Final = 4
-_COMPENSATION: Final = 5
-_CONTROL: Final = 6
-_BUDGET: Final = 7
-
-_Row = tuple[int, str | None, int | None, str | None, str | None, str | None]
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -467,8 +448,8 @@ class SqliteStateStore:
                         record.parent,
                         record.rationale,
                         record.author,
-                        _json(record.diff.to_json()),
-                        _json(record.carried),
+                        compact_json(record.diff.to_json()),
+                        compact_json(record.carried),
                         record.at,
                     ),
                 )
@@ -551,7 +532,7 @@ class SqliteStateStore:
         for record in records:
             rowid = self._rowid(conn, record.plan_id, record.revision)
             seq += 1
-            rows.append((rowid, seq, *_encode(record)))
+            rows.append((rowid, seq, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
                 statuses[rowid] = (record.status.value, record.at)
         conn.executemany(
@@ -602,7 +583,7 @@ class SqliteStateStore:
             ).fetchall()
         except sqlite3.Error as exc:
             raise self._error(f"read the journal of plan {plan_id!r}", exc) from exc
-        return [_decode(plan_id, int(row[1]), r) for r in rows]
+        return [decode_record(plan_id, int(row[1]), r) for r in rows]
 
     def _load(self, plan_id: str) -> PlanState | None:
         conn = self._connection()
@@ -623,7 +604,9 @@ class SqliteStateStore:
             ).fetchall()
         except sqlite3.Error as exc:
             raise self._error(f"load plan {plan_id!r}", exc) from exc
-        return fold(plan_id, revision, plan_json, (_decode(plan_id, revision, r) for r in rows))
+        return fold(
+            plan_id, revision, plan_json, (decode_record(plan_id, revision, r) for r in rows)
+        )
 
     def _unfinished(self) -> list[str]:
         conn = self._connection()
@@ -750,114 +733,3 @@ def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 def _read_version(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
     return 0 if row is None or row[0] is None else int(row[0])
-
-
-def _encode(record: Record) -> _Row:
-    """A record as (kind, step_id, attempt, status, output, data) columns."""
-    match record:
-        case PlanStatusRecord():
-            return (
-                _PLAN_STATUS,
-                None,
-                None,
-                record.status.value,
-                None,
-                # A traced run's context rides in the same JSON array (no schema change).
-                _json(
-                    [record.message, record.at, record.trace_context]
-                    if record.trace_context
-                    else [record.message, record.at]
-                ),
-            )
-        case StepIntent():
-            cost = None if record.cost is None else repr(record.cost)
-            return _STEP_INTENT, record.step_id, record.attempt, None, None, cost
-        case StepResult():
-            data = (
-                None
-                if record.failure_class is None
-                else _json([record.failure_class.value, record.message])
-            )
-            return (
-                _STEP_RESULT,
-                record.step_id,
-                record.attempt,
-                record.status.value,
-                record.output_json,
-                data,
-            )
-        case GateRecord():
-            data = _json(
-                [record.kind.value, record.prompt, record.approver, record.rationale, record.at]
-            )
-            return _GATE, record.gate_id, None, record.decision.value, record.output_json, data
-        case CompensationRecord():
-            return (
-                _COMPENSATION,
-                record.step_id,
-                record.attempt,
-                record.status.value,
-                None,
-                record.message or None,
-            )
-        case ControlRecord():
-            return _CONTROL, None, None, record.action, None, _json([record.at])
-        case BudgetRecord():
-            return _BUDGET, None, record.calls, None, None, repr(record.cost)
-        case _:
-            assert_never(record)
-
-
-def _decode(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
-    kind, step_id, attempt, status, output, data = row
-    match kind:
-        case 1:
-            message, at, *context = json.loads(data)
-            return PlanStatusRecord(
-                plan_id, revision, PlanStatus(status), message, at, context[0] if context else ""
-            )
-        case 2:
-            return StepIntent(
-                plan_id, revision, step_id, attempt, None if data is None else float(data)
-            )
-        case 3:
-            failure_class, message = (None, "") if data is None else json.loads(data)
-            return StepResult(
-                plan_id,
-                revision,
-                step_id,
-                attempt,
-                StepStatus(status),
-                output,
-                None if failure_class is None else FailureClass(failure_class),
-                message,
-            )
-        case 4:
-            gate_kind, prompt, approver, rationale, at = json.loads(data)
-            return GateRecord(
-                plan_id,
-                revision,
-                step_id,
-                GateDecision(status),
-                GateKind(gate_kind),
-                prompt,
-                approver,
-                rationale,
-                output,
-                at,
-            )
-        case 5:
-            return CompensationRecord(
-                plan_id, revision, step_id, CompensationStatus(status), attempt, data or ""
-            )
-        case 6:
-            (at,) = json.loads(data)
-            return ControlRecord(plan_id, revision, "cancel", at)
-        case 7:
-            return BudgetRecord(plan_id, revision, attempt, float(data))
-        case _:
-            raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

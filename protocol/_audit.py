@@ -42,7 +42,7 @@ import queue
 import re
 import sqlite3
 import threading
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -467,7 +467,139 @@ def _resolve(
             future.set_result(outcome)
 
 
-class SqliteAuditLog(_ChainedLog):
+def _chain(entries: Sequence[_Entry], last: tuple[int, str] | None) -> list[AuditRecord]:
+    """Seal ``entries`` in order after the record ``last`` names (``(seq, hash)``, or none)."""
+    seq, prev_hash = last if last else (0, GENESIS)
+    records = []
+    for entry in entries:
+        seq += 1
+        record = entry.seal(seq, prev_hash)
+        prev_hash = record.hash
+        records.append(record)
+    return records
+
+
+class _GroupCommitLog(_ChainedLog):
+    """A log whose ``append_async`` hands records to one writer thread that commits whatever is
+    queued in one transaction (group commit); subclasses write a batch in ``_commit_many``.
+
+    Subclasses call ``_start_queue(label)`` in their constructor and ``_stop_writer()`` when they
+    close.
+    """
+
+    _label: str
+    _lock: threading.Lock
+    _queue: queue.SimpleQueue[_Pending | None]
+    _writer: threading.Thread | None
+    _closed: bool
+
+    def _start_queue(self, label: str) -> None:
+        self._label = label
+        self._lock = threading.Lock()
+        self._queue = queue.SimpleQueue()
+        self._writer = None
+        self._closed = False
+
+    def _commit(self, entry: _Entry) -> AuditRecord:
+        [record] = self._commit_many([entry])
+        return record
+
+    def _commit_many(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
+        raise NotImplementedError
+
+    def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> asyncio.Future[AuditRecord]:
+        """Append like ``append`` without blocking the event loop: the writer thread commits it.
+
+        Records appended by concurrent callers are committed together in one transaction (group
+        commit). Once handed over, the record is written even when the awaiting task is cancelled.
+
+        Returns:
+            A future of the event loop that settles once the transaction holding the record has
+            committed: the stored record, or the exception that kept it from being stored.
+
+        Raises:
+            ProtocolUsageError: When the log is closed.
+        """
+        if self._closed:
+            raise ProtocolUsageError(f"the audit log {self._label} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AuditRecord] = loop.create_future()
+        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
+        if self._writer is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._write, name=f"audit-writer {self._label}", daemon=True
+                    )
+                    self._writer.start()
+        self._queue.put(_Pending(entry, loop, future))
+        return future
+
+    def _write(self) -> None:
+        """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _MAX_BATCH:
+                try:
+                    pending = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if pending is None:
+                    stop = True
+                    break
+                batch.append(pending)
+            outcomes: list[AuditRecord] | BaseException
+            try:
+                outcomes = self._commit_many([pending.entry for pending in batch])
+            except Exception as exc:
+                logger.error(
+                    "cannot write %d audit records to %s: %s", len(batch), self._label, exc
+                )
+                outcomes = exc
+            _report(batch, outcomes)
+            if stop:
+                return
+
+    def _stop_writer(self) -> None:
+        """Refuse new records, then let the writer commit the ones already queued and end."""
+        self._closed = True
+        writer = self._writer
+        if writer is not None:
+            self._queue.put(None)
+            writer.join()
+
+
+def _report(batch: list[_Pending], outcomes: list[AuditRecord] | BaseException) -> None:
+    """Settle a batch's futures, each on its own event loop."""
+    by_loop: dict[
+        asyncio.AbstractEventLoop,
+        list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
+    ] = {}
+    for index, pending in enumerate(batch):
+        outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
+        by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
+    for loop, settled in by_loop.items():
+        # A closed loop has nobody waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, settled)
+
+
+class SqliteAuditLog(_GroupCommitLog):
     """An audit log in a SQLite file (WAL), shared safely by threads and processes.
 
     Args:
@@ -489,10 +621,7 @@ class SqliteAuditLog(_ChainedLog):
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._synchronous: Synchronous = synchronous
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._closed = False
+        self._start_queue(str(self._path))
         # Autocommit mode: every transaction below is explicit.
         self._db = sqlite3.connect(
             self._path, timeout=30.0, isolation_level=None, check_same_thread=False
@@ -541,106 +670,15 @@ class SqliteAuditLog(_ChainedLog):
                     f"this build reads version {SCHEMA_VERSION}"
                 )
 
-    def _commit(self, entry: _Entry) -> AuditRecord:
-        [record] = self._commit_many([entry])
-        return record
-
-    def _commit_many(self, entries: list[_Entry]) -> list[AuditRecord]:
+    def _commit_many(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
         """Chain and write ``entries`` in one transaction, in order."""
         with self._transaction() as db:
-            last = db.execute(_SELECT_LAST).fetchone()
-            seq, prev_hash = (last[0], last[1]) if last else (0, GENESIS)
-            records = []
-            for entry in entries:
-                seq += 1
-                record = entry.seal(seq, prev_hash)
-                prev_hash = record.hash
-                records.append(record)
+            records = _chain(entries, db.execute(_SELECT_LAST).fetchone())
             # A row per record, in column order (``dataclasses.astuple`` deep-copies every field).
             db.executemany(
                 _INSERT, [tuple(getattr(record, name) for name in _COLUMNS) for record in records]
             )
         return records
-
-    def append_async(
-        self,
-        *,
-        actor: str,
-        action: str,
-        target: str = "",
-        capability: str = "",
-        request_id: str = "",
-        code: str = "",
-        detail: str = "",
-        digest: str = "",
-    ) -> asyncio.Future[AuditRecord]:
-        """Append like ``append`` without blocking the event loop: the writer thread commits it.
-
-        Records appended by concurrent callers are committed together in one transaction (group
-        commit). Once handed over, the record is written even when the awaiting task is cancelled.
-
-        Returns:
-            A future of the event loop that settles once the transaction holding the record has
-            committed: the stored record, or the exception that kept it from being stored.
-
-        Raises:
-            ProtocolUsageError: When the log is closed.
-        """
-        if self._closed:
-            raise ProtocolUsageError(f"the audit log {self._path} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[AuditRecord] = loop.create_future()
-        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
-        if self._writer is None:
-            with self._lock:
-                if self._writer is None:
-                    self._writer = threading.Thread(
-                        target=self._write, name=f"audit-writer {self._path.name}", daemon=True
-                    )
-                    self._writer.start()
-        self._queue.put(_Pending(entry, loop, future))
-        return future
-
-    def _write(self) -> None:
-        """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < _MAX_BATCH:
-                try:
-                    pending = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if pending is None:
-                    stop = True
-                    break
-                batch.append(pending)
-            outcomes: list[AuditRecord] | BaseException
-            try:
-                outcomes = self._commit_many([pending.entry for pending in batch])
-            except Exception as exc:
-                logger.error("cannot write %d audit records to %s: %s", len(batch), self._path, exc)
-                outcomes = exc
-            self._report(batch, outcomes)
-            if stop:
-                return
-
-    @staticmethod
-    def _report(batch: list[_Pending], outcomes: list[AuditRecord] | BaseException) -> None:
-        by_loop: dict[
-            asyncio.AbstractEventLoop,
-            list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
-        ] = {}
-        for index, pending in enumerate(batch):
-            outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
-            by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
-        for loop, settled in by_loop.items():
-            # A closed loop has nobody waiting any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve, settled)
 
     def records(self) -> Iterator[AuditRecord]:
         """Every record, in ``seq`` order, read a page at a time."""
@@ -671,11 +709,7 @@ class SqliteAuditLog(_ChainedLog):
 
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the database."""
-        self._closed = True
-        writer = self._writer
-        if writer is not None:
-            self._queue.put(None)
-            writer.join()
+        self._stop_writer()
         with self._lock:
             self._db.close()
 

@@ -34,9 +34,7 @@ SQLite stores raise ``sqlite3.Error``); calls after closing raise ``ProtocolUsag
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,11 +51,9 @@ from protocol._audit import (
     _COLUMNS,
     GENESIS,
     AuditRecord,
-    _ChainedLog,
+    _chain,
     _Entry,
-    _entry,
-    _Pending,
-    _resolve,
+    _GroupCommitLog,
 )
 from protocol._errors import ProtocolUsageError
 
@@ -72,8 +68,6 @@ ANSWERS_VERSION: Final = 1
 AUDIT_VERSION: Final = 1
 # Expired and surplus answers are dropped on every this-many puts (and when a store opens).
 _PRUNE_EVERY: Final = 256
-# The most records one group commit writes; more wait for the next transaction.
-_MAX_BATCH: Final = 512
 
 
 def _q(text: str, schema: sql.Identifier) -> sql.Composed:
@@ -385,7 +379,7 @@ _AUDIT_SCHEMA: Final = (
 )
 
 
-class PostgresAuditLog(_ChainedLog):
+class PostgresAuditLog(_GroupCommitLog):
     """An audit log in a PostgreSQL schema, one chain for every writer of every process and node.
 
     ``append``, ``records`` and ``head`` block (call them from a thread in async code);
@@ -410,10 +404,7 @@ class PostgresAuditLog(_ChainedLog):
         self._ident = _check_schema(schema)
         self.schema = schema
         self.location = _location(url, schema)
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._closed = False
+        self._start_queue(self.location)
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             url,
             min_size=1,
@@ -456,10 +447,6 @@ class PostgresAuditLog(_ChainedLog):
                     conn.execute(_q(text, self._ident))
                 conn.execute(_set_version(self._ident), ("audit", AUDIT_VERSION))
 
-    def _commit(self, entry: _Entry) -> AuditRecord:
-        [record] = self._commit_many([entry])
-        return record
-
     def _commit_many(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
         """Chain and write ``entries`` in one transaction, in order, after every earlier writer."""
         with self._connection() as conn, conn.transaction():
@@ -467,94 +454,13 @@ class PostgresAuditLog(_ChainedLog):
             # below runs after it is granted, so it sees the last record committed before.
             conn.execute(_q("SELECT id FROM {s}.audit_lock FOR UPDATE", self._ident))
             last = conn.execute(self._last).fetchone()
-            seq, prev_hash = (int(last[0]), str(last[1])) if last else (0, GENESIS)
-            records = []
-            for entry in entries:
-                seq += 1
-                record = entry.seal(seq, prev_hash)
-                prev_hash = record.hash
-                records.append(record)
+            records = _chain(entries, (int(last[0]), str(last[1])) if last else None)
             with conn.cursor() as cursor:
                 cursor.executemany(
                     self._insert,
                     [tuple(getattr(record, name) for name in _COLUMNS) for record in records],
                 )
         return records
-
-    def append_async(
-        self,
-        *,
-        actor: str,
-        action: str,
-        target: str = "",
-        capability: str = "",
-        request_id: str = "",
-        code: str = "",
-        detail: str = "",
-        digest: str = "",
-    ) -> asyncio.Future[AuditRecord]:
-        """Append like ``append`` without blocking the event loop: the writer thread commits it.
-
-        Records appended by concurrent callers are committed together in one transaction (group
-        commit). Once handed over, the record is written even when the awaiting task is cancelled.
-
-        Returns:
-            A future of the event loop that settles once the transaction holding the record has
-            committed: the stored record, or the exception that kept it from being stored.
-
-        Raises:
-            ProtocolUsageError: When the log is closed.
-        """
-        if self._closed:
-            raise ProtocolUsageError(f"the audit log {self.location} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[AuditRecord] = loop.create_future()
-        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
-        with self._lock:
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write, name=f"audit-writer {self.schema}", daemon=True
-                )
-                self._writer.start()
-        self._queue.put(_Pending(entry, loop, future))
-        return future
-
-    def _write(self) -> None:
-        """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
-        stop = False
-        while not stop:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < _MAX_BATCH:
-                try:
-                    pending = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if pending is None:
-                    stop = True
-                    break
-                batch.append(pending)
-            outcomes: list[AuditRecord] | BaseException
-            try:
-                outcomes = self._commit_many([pending.entry for pending in batch])
-            except Exception as exc:
-                logger.error(
-                    "cannot write %d audit records to %s: %s", len(batch), self.location, exc
-                )
-                outcomes = exc
-            by_loop: dict[
-                asyncio.AbstractEventLoop,
-                list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
-            ] = {}
-            for index, pending in enumerate(batch):
-                outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
-                by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
-            for loop, settled in by_loop.items():
-                # A closed loop has nobody waiting any more.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_resolve, settled)
 
     def records(self) -> Iterator[AuditRecord]:
         """Every record, in ``seq`` order, read a page at a time."""
@@ -590,13 +496,10 @@ class PostgresAuditLog(_ChainedLog):
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the pool."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            writer = self._writer
-        if writer is not None:
-            self._queue.put(None)
-            writer.join()
+            closed, self._closed = self._closed, True
+        if closed:
+            return
+        self._stop_writer()
         self._pool.close()
 
     def __enter__(self) -> PostgresAuditLog:

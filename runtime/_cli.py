@@ -33,6 +33,7 @@ from protocol import (
     OPERATOR,
     ROLES,
     AgentClient,
+    ChainVerdict,
     ClientConfig,
     ControlAction,
     ControlRequest,
@@ -246,6 +247,18 @@ def _execute_goal(
 def _audit_head(settings: Settings) -> dict[str, Any]:
     if settings.store_url is None and not settings.audit_path.exists():
         return {"records": 0, "head": "", "ok": True, "signed_heads": 0}
+    verdict, head = _verify_audit(settings)
+    return {
+        "records": verdict.count,
+        "head": head,
+        "ok": verdict.ok,
+        "signed_heads": verdict.sealed,
+    }
+
+
+def _verify_audit(settings: Settings) -> tuple[ChainVerdict, str]:
+    """Verify the deployment's audit chain (and its signed heads, when a sealing key exists);
+    the verdict and the chain's head."""
     log = open_audit_log(settings)
     try:
         if settings.audit_key_path.exists():
@@ -253,12 +266,7 @@ def _audit_head(settings: Settings) -> dict[str, Any]:
             verdict = verify_sealed(log.records(), settings.audit_heads_path, key)
         else:
             verdict = verify_chain(log.records())
-        return {
-            "records": verdict.count,
-            "head": log.head(),
-            "ok": verdict.ok,
-            "signed_heads": verdict.sealed,
-        }
+        return verdict, log.head()
     finally:
         log.close()
 
@@ -985,16 +993,7 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
         if settings.store_url is None and not settings.audit_path.exists():
             raise InputError(f"no audit log at {settings.audit_path}")
         sealed = settings.audit_key_path.exists()
-        log = open_audit_log(settings)
-        try:
-            if sealed:
-                key = load_or_create_key(settings.audit_key_path)
-                verdict = verify_sealed(log.records(), settings.audit_heads_path, key)
-            else:
-                verdict = verify_chain(log.records())
-            head = log.head()
-        finally:
-            log.close()
+        verdict, head = _verify_audit(settings)
         if as_json:
             _print_json(
                 {

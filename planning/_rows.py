@@ -1,0 +1,152 @@
+"""One row format for a plan's journal, whichever store keeps it (SQLite or PostgreSQL).
+
+A record is six columns: ``(kind, step_id, attempt, status, output, data)``; ``kind`` numbers the
+record type and ``data`` carries what the other columns do not, as compact JSON. A journal reads the
+same whichever backend wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Final, assert_never
+
+from planning._errors import StoreError
+from planning._plan import FailureClass, PlanStatus, StepStatus
+from planning._store import (
+    BudgetRecord,
+    CompensationRecord,
+    CompensationStatus,
+    ControlRecord,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    PlanStatusRecord,
+    Record,
+    StepIntent,
+    StepResult,
+)
+
+__all__ = ["Row", "compact_json", "decode_record", "encode_record"]
+
+# Record kinds as stored in events.kind: never renumber, only add.
+_PLAN_STATUS: Final = 1
+_STEP_INTENT: Final = 2
+_STEP_RESULT: Final = 3
+_GATE: Final = 4
+_COMPENSATION: Final = 5
+_CONTROL: Final = 6
+_BUDGET: Final = 7
+
+Row = tuple[int, str | None, int | None, str | None, str | None, str | None]
+
+
+def encode_record(record: Record) -> Row:
+    """A record as (kind, step_id, attempt, status, output, data) columns."""
+    match record:
+        case PlanStatusRecord():
+            return (
+                _PLAN_STATUS,
+                None,
+                None,
+                record.status.value,
+                None,
+                # A traced run's context rides in the same JSON array (no schema change).
+                compact_json(
+                    [record.message, record.at, record.trace_context]
+                    if record.trace_context
+                    else [record.message, record.at]
+                ),
+            )
+        case StepIntent():
+            cost = None if record.cost is None else repr(record.cost)
+            return _STEP_INTENT, record.step_id, record.attempt, None, None, cost
+        case StepResult():
+            data = (
+                None
+                if record.failure_class is None
+                else compact_json([record.failure_class.value, record.message])
+            )
+            return (
+                _STEP_RESULT,
+                record.step_id,
+                record.attempt,
+                record.status.value,
+                record.output_json,
+                data,
+            )
+        case GateRecord():
+            data = compact_json(
+                [record.kind.value, record.prompt, record.approver, record.rationale, record.at]
+            )
+            return _GATE, record.gate_id, None, record.decision.value, record.output_json, data
+        case CompensationRecord():
+            return (
+                _COMPENSATION,
+                record.step_id,
+                record.attempt,
+                record.status.value,
+                None,
+                record.message or None,
+            )
+        case ControlRecord():
+            return _CONTROL, None, None, record.action, None, compact_json([record.at])
+        case BudgetRecord():
+            return _BUDGET, None, record.calls, None, None, repr(record.cost)
+        case _:
+            assert_never(record)
+
+
+def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
+    kind, step_id, attempt, status, output, data = row
+    match kind:
+        case 1:
+            message, at, *context = json.loads(data)
+            return PlanStatusRecord(
+                plan_id, revision, PlanStatus(status), message, at, context[0] if context else ""
+            )
+        case 2:
+            return StepIntent(
+                plan_id, revision, step_id, attempt, None if data is None else float(data)
+            )
+        case 3:
+            failure_class, message = (None, "") if data is None else json.loads(data)
+            return StepResult(
+                plan_id,
+                revision,
+                step_id,
+                attempt,
+                StepStatus(status),
+                output,
+                None if failure_class is None else FailureClass(failure_class),
+                message,
+            )
+        case 4:
+            gate_kind, prompt, approver, rationale, at = json.loads(data)
+            return GateRecord(
+                plan_id,
+                revision,
+                step_id,
+                GateDecision(status),
+                GateKind(gate_kind),
+                prompt,
+                approver,
+                rationale,
+                output,
+                at,
+            )
+        case 5:
+            return CompensationRecord(
+                plan_id, revision, step_id, CompensationStatus(status), attempt, data or ""
+            )
+        case 6:
+            (at,) = json.loads(data)
+            return ControlRecord(plan_id, revision, "cancel", at)
+        case 7:
+            return BudgetRecord(plan_id, revision, attempt, float(data))
+        case _:
+            raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
