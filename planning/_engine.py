@@ -72,6 +72,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Final, Generic, Protocol, TypeVar, assert_never, cast
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import (
@@ -2267,7 +2268,9 @@ class _PlanRun(Generic[P]):
         self, step: Step, attempt: int, limit_s: float
     ) -> tuple[dict[str, Any] | None, FailureClass | None, str]:
         """One attempt, in its own span: (output, None, "") or (None, class, message)."""
-        with self.tracer.start_as_current_span(
+        # start_span and attach/detach rather than start_as_current_span: the same span made
+        # current the same way, without two generator context managers per span.
+        span = self.tracer.start_span(
             f"step {step.id}",
             attributes={
                 "stratagem.plan.id": self.plan.id,
@@ -2277,15 +2280,19 @@ class _PlanRun(Generic[P]):
             },
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            try:
-                output, failure_class, message = await self._attempt_body(step, attempt, limit_s)
-            except asyncio.CancelledError:
-                _fail_span(span, FailureClass.CANCELLED, "cancelled")
-                raise
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            output, failure_class, message = await self._attempt_body(step, attempt, limit_s)
             if failure_class is not None:
                 _fail_span(span, failure_class, message)
             return output, failure_class, message
+        except asyncio.CancelledError:
+            _fail_span(span, FailureClass.CANCELLED, "cancelled")
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     async def _attempt_body(
         self, step: Step, attempt: int, limit_s: float
@@ -2352,17 +2359,26 @@ class _PlanRun(Generic[P]):
         if not self.tracing:
             output = await self._limited(self.tools.run_tool(step.tool, tool_input, ctx), limit_s)
         else:
-            with self.tracer.start_as_current_span(
+            span = self.tracer.start_span(
                 f"execute_tool {step.tool}",
                 attributes={
                     "gen_ai.operation.name": "execute_tool",
                     "gen_ai.tool.name": step.tool,
                     "gen_ai.tool.call.id": ctx.call_id,
                 },
-            ):
+            )
+            token = otel_context.attach(trace.set_span_in_context(span))
+            try:
                 output = await self._limited(
                     self.tools.run_tool(step.tool, tool_input, ctx), limit_s
                 )
+            except Exception as exc:  # what start_as_current_span records (not cancellations)
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
+            finally:
+                otel_context.detach(token)
+                span.end()
         if not isinstance(output, dict):
             raise LogicError(f"tool {step.tool!r} returned {kind_of(output)}, not a dict")
         return output

@@ -63,6 +63,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
@@ -447,14 +448,18 @@ class AgentServer:
         exchange = _Exchange(method=method, metadata=text_metadata(metadata))
         began = time.perf_counter()
         self._metrics.started(method)
-        with self._tracer.start_as_current_span(
+        # start_span and attach/detach rather than start_as_current_span: the same current span,
+        # without two generator context managers per call.
+        span = self._tracer.start_span(
             span_name(method),
             context=propagate.extract(metadata, getter=metadata_getter),
             kind=SpanKind.SERVER,
             attributes=span_attributes(method),
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
             try:
                 answer = await stage(exchange, request, context, span)
             except asyncio.CancelledError:
@@ -483,6 +488,9 @@ class AgentServer:
                 raise asyncio.CancelledError
             await context.abort_with_status(grpc_status(error))
             raise AssertionError("grpc's abort returned instead of raising")
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     # --- stages -----------------------------------------------------------------------------
 

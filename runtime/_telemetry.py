@@ -15,8 +15,9 @@ Each process also makes a ``MeterProvider`` when metrics are exported: an OTLP m
 ``OTEL_METRIC_EXPORT_INTERVAL``). The planning and protocol instruments use the global provider.
 
 Every span also carries its process's ``service.name`` and ``service.instance.id``, its kind and its
-links as ``stratagem.*`` attributes: some backends (Arize Phoenix among them) keep only a span's
-attributes and drop the resource, the kind and the links.
+links as ``stratagem.*`` attributes (``SpanIdentitySampler`` puts them among the span's initial
+attributes): some backends (Arize Phoenix among them) keep only a span's attributes and drop the
+resource, the kind and the links.
 
 ``shutdown_telemetry`` flushes and closes the exporters; actors call it when they stop.
 """
@@ -37,12 +38,15 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, TraceState
+from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
     "JsonLinesSpanExporter",
+    "SpanIdentitySampler",
     "SpanRecord",
     "read_spans",
     "setup_telemetry",
@@ -63,39 +67,58 @@ LINKS_ATTR = "stratagem.links"
 """Span attributes that repeat what backends keeping only attributes drop (see the docstring)."""
 
 
-class SpanIdentityProcessor(SpanProcessor):
-    """Stamps every span with its service, instance, kind and links as ``stratagem.*`` attributes.
+class SpanIdentitySampler(Sampler):
+    """Samples as its delegate does and gives every span it records the ``stratagem.*`` identity
+    attributes: service, instance, kind and links.
+
+    The attributes go into the sampling result, which the SDK makes the span's initial attributes
+    in one pass, instead of a span processor setting them one by one after the span started; the
+    per-process part is built once. The delegate's decision stands: this sampler drops nothing.
 
     Args:
         service: ``service.name`` of this process.
         instance_id: ``service.instance.id`` of this process.
+        delegate: The sampler that decides; by default the one the SDK takes from
+            ``OTEL_TRACES_SAMPLER`` (parent-based, always on, unless configured otherwise).
     """
 
-    def __init__(self, service: str, instance_id: str) -> None:
-        self._service = service
-        self._instance = instance_id
+    def __init__(self, service: str, instance_id: str, delegate: Sampler | None = None) -> None:
+        self._delegate = delegate or _configured_sampler()
+        self._identity = {
+            kind: {SERVICE_ATTR: service, INSTANCE_ATTR: instance_id, KIND_ATTR: kind.name}
+            for kind in SpanKind
+        }
 
-    def on_start(self, span: SdkSpan, parent_context: otel_context.Context | None = None) -> None:
-        span.set_attribute(SERVICE_ATTR, self._service)
-        span.set_attribute(INSTANCE_ATTR, self._instance)
-        span.set_attribute(KIND_ATTR, span.kind.name)
-        if span.links:
-            span.set_attribute(
-                LINKS_ATTR,
-                [
-                    f"{link.context.trace_id:032x}-{link.context.span_id:016x}"
-                    for link in span.links
-                ],
-            )
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        result = self._delegate.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+        if result.decision is Decision.DROP:
+            return result
+        merged: dict[str, AttributeValue] = {**result.attributes}
+        merged.update(self._identity[kind or SpanKind.INTERNAL])
+        if links:
+            merged[LINKS_ATTR] = [
+                f"{link.context.trace_id:032x}-{link.context.span_id:016x}" for link in links
+            ]
+        return SamplingResult(result.decision, merged, result.trace_state)
 
-    def on_end(self, span: ReadableSpan) -> None:
-        """Nothing to do when a span ends."""
+    def get_description(self) -> str:
+        return f"SpanIdentitySampler{{{self._delegate.get_description()}}}"
 
-    def shutdown(self) -> None:
-        """Nothing to release."""
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
+def _configured_sampler() -> Sampler:
+    """The sampler the SDK configures from ``OTEL_TRACES_SAMPLER`` (and its argument)."""
+    return TracerProvider(shutdown_on_exit=False).sampler
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -298,11 +321,14 @@ def setup_telemetry(
         }
         attributes.update(extra_resource or {})
         resource = Resource.create(attributes)
-        provider = TracerProvider(resource=resource)
-        if os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
-            provider.add_span_processor(
-                SpanIdentityProcessor(service, attributes["service.instance.id"])
-            )
+        disabled = os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true"
+        provider = TracerProvider(
+            resource=resource,
+            sampler=None
+            if disabled
+            else SpanIdentitySampler(service, attributes["service.instance.id"]),
+        )
+        if not disabled:
             if _otlp_metrics_wanted():
                 reader = PeriodicExportingMetricReader(_otlp_metric_exporter())
                 _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])

@@ -9,8 +9,11 @@ cannot be installed the module is skipped, except under ``CI=true``, where that 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -27,8 +30,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from agents import DEMO_GOAL
-from protocol import OPERATOR, ROLES, AgentClient, PermissionDeniedError, SubmitGoalRequest
-from runtime import Deployment, Settings, load_settings, run_goal
+from planning import PlanStatus, SqliteStateStore
+from protocol import (
+    OPERATOR,
+    ROLES,
+    AgentClient,
+    PermissionDeniedError,
+    RemoteError,
+    SubmitGoalRequest,
+)
+from runtime import Deployment, LaunchError, Settings, load_settings, run_goal
 from runtime._backend import BackendState, PhoenixTraces
 from runtime._telemetry import SpanRecord, setup_telemetry
 
@@ -36,6 +47,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "otel_backend.sh"
+FINAL = {status.value for status in PlanStatus if status.is_final}
 
 
 def _free_port() -> int:
@@ -237,8 +249,149 @@ async def test_a_failed_step_has_an_error_status_in_phoenix(
     assert plan_span.status == "ERROR"
     assert _attrs(plan_span)["stratagem.plan.status"] == "failed"
     # PERMISSION_DENIED is the caller's error: the client span says so, the server span does not.
-    (client,) = [s for s in spans if s.kind == "CLIENT"]
-    (server,) = [s for s in spans if s.kind == "SERVER"]
-    assert server.parent_id == client.span_id
-    assert _attrs(client)["rpc.grpc.status_code"] == _attrs(server)["rpc.grpc.status_code"] == 7
-    assert (client.status, server.status) == ("ERROR", "UNSET")
+    (client_span,) = [s for s in spans if s.kind == "CLIENT"]
+    (server_span,) = [s for s in spans if s.kind == "SERVER"]
+    assert server_span.parent_id == client_span.span_id
+    codes = {_attrs(span)["rpc.grpc.status_code"] for span in (client_span, server_span)}
+    assert codes == {7}
+    assert (client_span.status, server_span.status) == ("ERROR", "UNSET")
+
+
+def _tactical(dep: Deployment) -> tuple[int, str]:
+    [info] = [info for info in dep.status(timeout_s=60) if info.role == "tactical"]
+    return info.pid, info.endpoint
+
+
+def _kill_and_wait(dep: Deployment, pid: int) -> str:
+    """SIGKILL the agent's process; the restarted agent's endpoint once it serves again."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(LaunchError):
+            new_pid, endpoint = _tactical(dep)
+            if new_pid != pid:
+                return endpoint
+        time.sleep(0.2)
+    raise AssertionError("the killed tactical agent was not restarted")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def _final_status(endpoint: str, plan_id: str) -> str:
+    """Poll the (restarted) agent until the resumed plan has a final status."""
+    deadline = time.monotonic() + 120
+    async with AgentClient(endpoint, caller=OPERATOR) as client:
+        while time.monotonic() < deadline:
+            found = [s for s in await client.plans(plan_id) if s.plan_id == plan_id]
+            if found and found[0].status in FINAL:
+                return found[0].status
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"plan {plan_id} did not finish after the restart")
+
+
+async def _trace_contexts(dep: Deployment, plan_id: str) -> list[str]:
+    async with SqliteStateStore(dep.settings.plans_path("tactical")) as store:
+        state = await store.load(plan_id)
+    assert state is not None, plan_id
+    return state.trace_contexts
+
+
+def _ids(traceparent: str) -> tuple[str, str]:
+    """(trace id, span id) of a W3C ``traceparent``."""
+    _, trace_id, span_id, _ = traceparent.split("-")
+    return trace_id, span_id
+
+
+async def test_a_killed_agent_keeps_its_exported_spans_and_the_resumed_plan_links_back(
+    exported: Deployment, phoenix: BackendState
+) -> None:
+    """SIGKILL the tactical agent mid-plan; Ray restarts it and it resumes the plan from its store.
+
+    The agents export every ``OTEL_BSP_SCHEDULE_DELAY`` = 200 ms (set by ``exported``). The steps
+    that had ended a second (five export intervals) before the kill are in Phoenix; the resumed
+    run's plan span, in a new trace and a new process, links to the original run's plan span.
+    """
+    state_dir = exported.settings.state_dir
+    plan_id = f"killed-{uuid.uuid4().hex[:8]}"
+    ledger, calls = state_dir / f"{plan_id}.ledger", state_dir / f"{plan_id}.calls"
+    steps = 40
+    plan = {
+        "id": plan_id,
+        "owner": "tactical",
+        "goal": "a chain of slow idempotent steps, killed half-way",
+        "steps": [
+            {
+                "kind": "tool",
+                "id": f"s{i:02d}",
+                "tool": "undo_append",  # idempotent: resumed without a reconcile gate
+                "input": {"ledger": str(ledger), "calls": str(calls), "pause_s": 0.1},
+                "depends_on": [f"s{i - 1:02d}"] if i else [],
+            }
+            for i in range(steps)
+        ],
+    }
+    pid, endpoint = _tactical(exported)
+    tracer = trace.get_tracer("tests.phoenix")
+    with tracer.start_as_current_span("killed plan") as root:
+        trace_id = f"{root.get_span_context().trace_id:032x}"
+        async with AgentClient(endpoint, caller=OPERATOR) as client:
+            run = asyncio.create_task(
+                client.run_plan(json.dumps(plan), timeout=120, request_id=plan_id)
+            )
+            while len(_lines(ledger)) < 8:  # the ledger has a line once a step's tool ended
+                assert not run.done(), "the plan ended before the kill"
+                await asyncio.sleep(0.02)
+            ended = {line.split()[1] for line in _lines(ledger)}  # step ids, ended by now
+            await asyncio.sleep(1.0)  # five export intervals
+            assert not run.done(), "the plan ended before the kill"
+            endpoint = await asyncio.to_thread(_kill_and_wait, exported, pid)
+            with pytest.raises(RemoteError):  # the agent died under the call
+                await run
+    assert await _final_status(endpoint, plan_id) == "succeeded"
+    _flush(exported)
+
+    # The original run: what the killed process had exported is in Phoenix, under its plan span.
+    original, resumed = await _trace_contexts(exported, plan_id)
+    original_trace, original_span = _ids(original)
+    assert original_trace == trace_id
+    spans = _settled_spans(phoenix, trace_id, at_least=2 + 2 * len(ended))
+    tactical = [s for s in spans if s.service == "stratagem-tactical"]
+    killed = {_attrs(s)["stratagem.service.instance.id"] for s in tactical}
+    assert killed == {f"tactical-{pid}"}, killed
+    step_spans = {s.name.removeprefix("step "): s for s in tactical if s.name.startswith("step ")}
+    assert ended <= set(step_spans), sorted(ended - set(step_spans))
+    for step_id in ended:
+        assert step_spans[step_id].parent_id == original_span
+        assert step_spans[step_id].status != "ERROR"
+    tool_parents = {s.parent_id for s in tactical if s.name == "execute_tool undo_append"}
+    assert {step_spans[step_id].span_id for step_id in ended} <= tool_parents
+    # The plan span and the server span were open when the process died: lost with it.
+    assert not [s for s in tactical if s.name == "invoke_agent tactical"]
+
+    # The resumed run: a new trace, from the restarted process, linked to the original run.
+    resumed_trace, resumed_span = _ids(resumed)
+    assert resumed_trace != trace_id
+    after = _settled_spans(phoenix, resumed_trace, at_least=2)
+    (plan_span,) = [s for s in after if s.span_id == resumed_span]
+    assert plan_span.name == "invoke_agent tactical"
+    attrs = _attrs(plan_span)
+    assert attrs["stratagem.plan.id"] == plan_id
+    assert attrs["stratagem.plan.status"] == "succeeded"
+    assert attrs["stratagem.service.instance.id"] != f"tactical-{pid}"
+    assert list(attrs["stratagem.links"]) == [f"{original_trace}-{original_span}"]
+    # The steps left at the kill ran in the resumed trace (the one in flight again: idempotent),
+    # under the resumed plan span; each step's effect happened once.
+    rerun = [s for s in after if s.name.startswith("step ")]
+    first = min(int(s.name.removeprefix("step s")) for s in rerun)
+    assert {s.name for s in rerun} == {f"step s{i:02d}" for i in range(first, steps)}
+    assert f"s{first:02d}" not in ended
+    assert all(s.parent_id == resumed_span for s in rerun)
+    assert Counter(line.split()[1] for line in _lines(ledger)) == {
+        f"s{i:02d}": 1 for i in range(steps)
+    }
+    print(
+        f"killed tactical-{pid}: {len(step_spans)} step spans of its run in Phoenix "
+        f"({len(ended)} ended a second before the kill), {len(rerun)} steps run after the restart"
+    )
