@@ -55,6 +55,24 @@ def load_policy(settings: Settings) -> Policy:
     return Policy.default()
 
 
+def _restarts() -> int | None:
+    """How often Ray restarted this actor, from the cluster's actor table (``None`` if unknown).
+
+    Ray's runtime context says only whether the actor was restarted; the count is in the GCS actor
+    table, which Ray exposes through ``ray._private.state`` (a debugging interface: tolerated
+    to fail).
+    """
+    try:
+        from ray._private import state
+
+        actor_id = ray.get_runtime_context().get_actor_id()
+        record: dict[str, Any] = state.actors(actor_id=actor_id)
+        return int(record["NumRestarts"])
+    except Exception:  # a private interface; the count is informational
+        logger.debug("cannot read the actor's restart count", exc_info=True)
+        return None
+
+
 class AgentActor:
     """Hosts one role agent and serves it over gRPC (used as a Ray actor class)."""
 
@@ -72,6 +90,11 @@ class AgentActor:
         self._settings = settings
         context = ray.get_runtime_context()
         self._node_id = context.get_node_id()
+        self._node_labels = {
+            str(key): str(value)
+            for key, value in context.get_node_labels().items()
+            if not str(key).startswith("ray.io/")
+        }
         self._restarted = bool(context.was_current_actor_reconstructed)
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
@@ -144,11 +167,15 @@ class AgentActor:
             "restarted": self._restarted,
             "plans_running": sum(1 for p in self._agent.plans("") if p.status == "running"),
             "plans_blocked": sum(1 for p in self._agent.plans("") if p.status == "blocked"),
+            "restarts": _restarts(),
+            "node_labels": self._node_labels,
         }
 
     async def flush(self) -> None:
-        """Export every finished span now (the CLI calls this before printing a trace)."""
+        """Export every finished span now and sign the audit chain's head (the CLI calls this
+        before it prints a trace and verifies the audit log)."""
         await asyncio.to_thread(self._tracer_provider.force_flush, 5_000)
+        await asyncio.to_thread(self._sealer.seal)
 
     async def _seal_periodically(self) -> None:
         """Sign the audit chain's head every few seconds while records arrive (see

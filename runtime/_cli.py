@@ -8,6 +8,7 @@ user. ``--json`` prints machine-readable output on standard output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 import yaml
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -115,11 +117,24 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+_guarded: list[bool] = []  # non-empty while an `_errors` block runs
+
+
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn every expected failure into one line and an exit code."""
+    """Turn every expected failure into one line and an exit code.
+
+    Inside, standard output carries only what the command prints (tables, ``--json``): Ray
+    ``print()``s cluster events (a node marked dead, ...) to ``sys.stdout``, so other writers go to
+    standard error while the command runs.
+    """
+    outermost = not _guarded
+    if outermost:
+        console.file = sys.stdout
+        _guarded.append(True)
     try:
-        yield
+        with contextlib.redirect_stdout(sys.stderr) if outermost else contextlib.nullcontext():
+            yield
     except InputError as exc:
         _fail(str(exc), 2)
     except RemoteError as exc:
@@ -128,6 +143,10 @@ def _errors() -> Iterator[None]:
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    finally:
+        if outermost:
+            _guarded.clear()
+            console.file = None  # type: ignore[assignment]  # rich: follow sys.stdout again
 
 
 def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Settings:
@@ -135,6 +154,8 @@ def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Setti
         return load_settings(address=address, state_dir=state_dir, **more)
     except ValidationError as exc:
         raise InputError(_validation_line("settings", exc)) from exc
+    except SettingsError as exc:  # a STRATAGEM_* value that is not the JSON it must be
+        raise InputError(f"invalid settings: {exc}") from exc
 
 
 def _validation_line(what: str, exc: ValidationError) -> str:
@@ -146,7 +167,8 @@ def _validation_line(what: str, exc: ValidationError) -> str:
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    console.file.write(json.dumps(data, indent=2, default=str) + "\n")
+    console.file.flush()
 
 
 def _run(coro_fn: Callable[[], Any]) -> Any:
@@ -316,7 +338,8 @@ def demo(
     timeout: TimeoutOpt = None,
 ) -> None:
     """Start a local Ray, launch the four agents and pursue the built-in story goal."""
-    settings = _settings(address, state_dir)
+    with _errors():
+        settings = _settings(address, state_dir)
     _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
 
 
@@ -803,15 +826,28 @@ def replan(
 
 def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
     table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
-    for column in ("agent", "endpoint", "node", "pid", "restarted", "plans running", "blocked"):
+    for column in (
+        "agent",
+        "health",
+        "endpoint",
+        "node",
+        "pid",
+        "restarts",
+        "plans running",
+        "blocked",
+    ):
         table.add_column(column)
     for info in infos:
+        health = {"serving": "[green]serving[/]", "unreachable": "[red]unreachable[/]"}.get(
+            info.health, f"[yellow]{info.health} ({info.state.lower()})[/]"
+        )
         table.add_row(
             info.role,
-            info.endpoint,
-            f"{info.node_ip} {info.node_id[:8]}",
-            str(info.pid),
-            "yes" if info.restarted else "no",
+            health,
+            info.endpoint or "-",
+            " ".join([info.node_id[:8] or "-", *(f"{k}={v}" for k, v in info.node_labels.items())]),
+            str(info.pid or "-"),
+            "?" if info.restarts is None else str(info.restarts),
             str(info.plans_running),
             str(info.plans_blocked),
         )
@@ -849,6 +885,11 @@ def up(
     """Deploy the four agents as detached actors (starting a local Ray head when no address)."""
     with _errors():
         settings = _settings(address, state_dir)
+        # Agents also append their spans to a file in the state directory (on their own node),
+        # so `stratagem trace` works without a backend on one machine.
+        settings = settings.model_copy(
+            update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
+        )
         deployment = Deployment(settings)
         if settings.address is None and LocalCluster.read(settings.local_cluster_file) is None:
             if not as_json:
@@ -863,12 +904,17 @@ def up(
 def status(
     address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Show each agent's node, gRPC endpoint, process and running plans."""
+    """Show each agent's health, node, gRPC endpoint, process, restarts and running plans.
+
+    Exits 1 when an agent is not serving (a readiness check for scripts)."""
     with _errors():
         deployment = Deployment(_settings(address, state_dir))
         with _running(deployment):
             infos = deployment.status()
         _show_agents(infos, deployment.mode, as_json)
+        sick = [info.role for info in infos if info.health != "serving"]
+        if sick:
+            raise LaunchError(f"not serving: {', '.join(sick)}")
 
 
 @app.command()

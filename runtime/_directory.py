@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -31,7 +31,24 @@ def actor_name(role: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class AgentInfo:
-    """Where an agent runs and how to reach it."""
+    """Where an agent runs, how to reach it and how it is doing.
+
+    Attributes:
+        role: The agent's role.
+        endpoint: Its gRPC server's ``HOST:PORT`` (empty while it does not answer).
+        node_id: The Ray node it runs on.
+        node_ip: That node's address (the gRPC server binds to it on a cluster).
+        pid: The actor's process.
+        restarted: Whether Ray restarted the actor at least once.
+        plans_running: Plans the agent is running now (its in-flight plans).
+        plans_blocked: Plans waiting at a gate.
+        restarts: How often Ray restarted the actor (``None`` when Ray cannot tell).
+        state: Ray's state of the actor: ``ALIVE``, ``RESTARTING``, ``PENDING_CREATION``, ``DEAD``.
+        node_labels: The labels of its node (Ray's own ``ray.io/*`` labels left out).
+        health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
+            ``unreachable`` (it answered but its endpoint refuses connections from here),
+            ``not answering`` (it did not answer in time; see ``state``).
+    """
 
     role: str
     endpoint: str
@@ -41,6 +58,10 @@ class AgentInfo:
     restarted: bool
     plans_running: int
     plans_blocked: int = 0
+    restarts: int | None = None
+    state: str = "ALIVE"
+    health: str = "serving"
+    node_labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

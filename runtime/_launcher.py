@@ -10,6 +10,7 @@ Where the agents run is decided in this order:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from runtime._directory import AgentInfo, actor_name
 from runtime._security import cluster_secret
 from runtime._settings import Settings
 
-__all__ = ["Deployment", "LaunchError", "LocalCluster"]
+__all__ = ["Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,39 +266,75 @@ class Deployment:
                 "get_if_exists": True,
                 "runtime_env": {"env_vars": env} if env else None,
             }
+            options.update(placement_options(settings, role))
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
                 role, settings.model_dump_json(), secret, audit_key
             )
-        return self.status(timeout_s=_READY_TIMEOUT_S)
+        return self._ready(timeout_s=_READY_TIMEOUT_S)
 
-    def status(self, timeout_s: float = 10.0) -> list[AgentInfo]:
-        """Each deployed agent's node, endpoint, process and running plans."""
-        handles = {role: self._handle(role) for role in ROLES}
+    def _handles_or_fail(self) -> dict[str, Any]:
+        handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}
         missing = [role for role, handle in handles.items() if handle is None]
         if missing:
             raise LaunchError(f"agents not deployed: {', '.join(missing)}")
+        return handles
+
+    def _ready(self, timeout_s: float) -> list[AgentInfo]:
+        """Wait until every agent answers (it answers once its gRPC server serves)."""
+        handles = self._handles_or_fail()
         refs = [handles[role].info.remote() for role in ROLES]
         try:
             infos = ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
-            raise LaunchError(f"agents did not answer within {timeout_s:.0f}s") from exc
+            late = [info.role for info in self.status(timeout_s=1.0) if info.health != "serving"]
+            raise LaunchError(
+                f"agents did not start within {timeout_s:.0f}s: {', '.join(late) or 'none'}"
+                " (placement a node cannot satisfy? see 'stratagem status')"
+            ) from exc
         except ray.exceptions.RayActorError as exc:
             raise LaunchError(f"an agent failed to start: {_first_line(exc)}") from exc
         return [AgentInfo.from_dict(info) for info in infos]
+
+    def status(self, timeout_s: float = 10.0) -> list[AgentInfo]:
+        """Each deployed agent's node, endpoint, health, restarts and running plans.
+
+        An agent that does not answer within ``timeout_s`` (restarting, or waiting for a node its
+        placement allows) is listed with Ray's state of its actor instead of failing the call.
+        """
+        handles = self._handles_or_fail()
+        refs = {role: handles[role].info.remote() for role in ROLES}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        infos: list[AgentInfo] = []
+        for role, ref in refs.items():
+            raw: dict[str, Any] | None = None
+            if ref in done:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    raw = ray.get(ref)
+            if raw is None:
+                infos.append(_silent_agent(role, handles[role]))
+                continue
+            info = AgentInfo.from_dict(raw)
+            if not _accepts_connections(info.endpoint):
+                info = dataclasses.replace(info, health="unreachable")
+            infos.append(info)
+        return infos
 
     def endpoint(self, role: str) -> str:
         """The gRPC endpoint of ``role``'s agent."""
         if role not in ROLES:
             raise LaunchError(f"unknown agent {role!r}; agents are: {', '.join(ROLES)}")
         for info in self.status():
-            if info.role == role:
+            if info.role == role and info.endpoint:
                 return info.endpoint
+            if info.role == role:
+                raise LaunchError(f"agent {role} is not answering (Ray: {info.state})")
         raise LaunchError(f"agent {role} is not deployed")
 
     def flush_telemetry(self, timeout_s: float = 10.0) -> None:
-        """Ask every agent to export its finished spans now."""
+        """Ask every agent to export its finished spans and sign its audit head now."""
         refs = [h.flush.remote() for h in (self._handle(r) for r in ROLES) if h is not None]
         with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             ray.get(refs, timeout=timeout_s)
@@ -320,6 +357,53 @@ class Deployment:
             self._handles.pop(role, None)
             removed.append(role)
         return removed
+
+
+def placement_options(settings: Settings, role: str) -> dict[str, Any]:
+    """Ray actor options that put ``role``'s agent where ``settings.placement`` says."""
+    placement = settings.placement.get(role)
+    options: dict[str, Any] = {}
+    if placement is None:
+        return options
+    if placement.resources:
+        options["resources"] = dict(placement.resources)
+    if placement.labels:
+        options["label_selector"] = dict(placement.labels)
+    return options
+
+
+def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``HOST:PORT`` opens from this process."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _silent_agent(role: str, handle: Any) -> AgentInfo:
+    """What Ray's actor table says about an agent that did not answer."""
+    record: dict[str, Any] = {}
+    try:
+        from ray._private import state
+
+        record = state.actors(actor_id=handle._actor_id.hex())
+    except Exception:  # Ray's debugging interface; informational
+        logger.debug("cannot read the actor table", exc_info=True)
+    address: dict[str, Any] = record.get("Address") or {}
+    return AgentInfo(
+        role=role,
+        endpoint="",
+        node_id=str(address.get("NodeID", "")),
+        node_ip=str(address.get("IPAddress", "")),
+        pid=int(record.get("Pid", 0) or 0),
+        restarted=int(record.get("NumRestarts", 0) or 0) > 0,
+        plans_running=0,
+        restarts=int(record["NumRestarts"]) if "NumRestarts" in record else None,
+        state=str(record.get("State", "UNKNOWN")),
+        health="not answering",
+    )
 
 
 def _first_line(exc: BaseException) -> str:

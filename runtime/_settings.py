@@ -10,10 +10,39 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "load_settings"]
+from protocol import ROLES
+
+__all__ = ["RolePlacement", "Settings", "load_settings"]
+
+
+class RolePlacement(BaseModel):
+    """Where one role's agent may run in a Ray cluster.
+
+    Attributes:
+        resources: Custom Ray resources the agent reserves (a node must offer them, e.g. a node
+            started with ``ray start --resources '{"edge": 1}'`` for ``{"edge": 0.01}``).
+        labels: Node labels the agent's node must carry (Ray's ``label_selector``: a node started
+            with ``ray start --labels zone=b`` matches ``{"zone": "b"}``; Ray's operators such as
+            ``"!a"`` or ``"in(a,b)"`` pass through).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resources: dict[str, float] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if not name or amount <= 0:
+                raise ValueError(f"resource {name!r} needs a name and an amount above 0")
+            if name in ("CPU", "GPU", "memory"):
+                raise ValueError(f"{name} is not a custom resource (see STRATAGEM_ACTOR_CPUS)")
+        return value
 
 
 class Settings(BaseSettings):
@@ -61,6 +90,9 @@ class Settings(BaseSettings):
         max_queued_requests: Requests an agent queues beyond those; more are refused at once
             with ``RESOURCE_EXHAUSTED``.
         max_delegation_hops: The longest delegation chain (who asked on whose behalf) accepted.
+        placement: Per role, the Ray resources or node labels its agent's node must have (JSON
+            in ``STRATAGEM_PLACEMENT``, e.g. ``{"perception": {"labels": {"zone": "b"}}}``); a role
+            not named runs wherever Ray puts it. A restarted agent lands on a node that matches.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -91,6 +123,7 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(default=64, ge=1, le=100_000)
     max_queued_requests: int = Field(default=256, ge=0, le=1_000_000)
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
+    placement: dict[str, RolePlacement] = Field(default_factory=dict)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -98,6 +131,14 @@ class Settings(BaseSettings):
         # Accept "a,b:setup" from the environment as well as a JSON list.
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("placement")
+    @classmethod
+    def _placement_roles(cls, value: dict[str, RolePlacement]) -> dict[str, RolePlacement]:
+        unknown = sorted(set(value) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
         return value
 
     @field_validator("store_url")

@@ -184,6 +184,38 @@ def test_bad_input_is_one_line_and_exit_2(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("demo",),
+        ("submit", "examples/crown.yaml"),
+        ("up",),
+        ("status",),
+        ("down",),
+        ("request", "perception", "ExtractEntities"),
+        ("plans", "show", "p1"),
+        ("audit", "verify"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("STRATAGEM_MAX_RESTARTS", "often", "max_restarts"),
+        ("STRATAGEM_PLACEMENT", "{not json", "placement"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2_for_every_command(
+    command: tuple[str, ...], variable: str, value: str, fragment: str, tmp_path: Path
+) -> None:
+    result = run(*command, state_dir=tmp_path, timeout=60, **{variable: value})
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "invalid settings" in lines[0]
+    assert fragment in lines[0]
+    assert not (tmp_path / "local-ray.json").exists()  # nothing started
+
+
 def test_denied_caller_gets_permission_denied(deployed: Path) -> None:
     payload = json.dumps({"text": "Mira waits in the courtyard."})
     result = run(

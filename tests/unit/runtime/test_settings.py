@@ -33,3 +33,37 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     documented = set(re.findall(r"`(STRATAGEM_[A-Z_]+)`", readme))
     settings = {f"STRATAGEM_{name.upper()}" for name in Settings.model_fields}
     assert settings <= documented, sorted(settings - documented)
+
+
+def test_placement_comes_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime._launcher import placement_options
+
+    monkeypatch.setenv(
+        "STRATAGEM_PLACEMENT",
+        '{"perception": {"labels": {"zone": "b"}}, "tactical": {"resources": {"edge": 0.01}}}',
+    )
+    settings = load_settings()
+    assert placement_options(settings, "perception") == {"label_selector": {"zone": "b"}}
+    assert placement_options(settings, "tactical") == {"resources": {"edge": 0.01}}
+    assert placement_options(settings, "strategic") == {}
+
+
+@pytest.mark.parametrize(
+    ("placement", "complaint"),
+    [
+        ('{"percepton": {}}', "unknown role 'percepton'"),
+        ('{"tactical": {"resources": {"edge": 0}}}', "an amount above 0"),
+        ('{"tactical": {"resources": {"CPU": 1}}}', "not a custom resource"),
+        ('{"tactical": {"nodes": ["a"]}}', "Extra inputs are not permitted"),
+        ("{not json", "placement"),
+    ],
+)
+def test_a_bad_placement_is_refused_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, placement: str, complaint: str
+) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("STRATAGEM_PLACEMENT", placement)
+    with pytest.raises((ValidationError, ValueError)) as caught:
+        load_settings()
+    assert complaint in str(caught.value)
