@@ -6,6 +6,7 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -70,16 +71,23 @@ def postgres_server() -> Iterator[str]:
         subprocess.run([*script, "stop"], capture_output=True, timeout=120, check=False)
 
 
-@pytest.fixture
-def postgres_url(postgres_server: str) -> Iterator[str]:
-    """A connection string to a fresh, empty database, dropped after the test."""
+@contextmanager
+def fresh_database(server: str) -> Iterator[str]:
+    """A new, empty database on ``server`` (its connection string), dropped afterwards."""
     name = f"stratagem_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server, autocommit=True) as admin:
+    with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield make_conninfo(postgres_server, dbname=name)
+        yield make_conninfo(server, dbname=name)
     finally:
-        with psycopg.connect(postgres_server, autocommit=True) as admin:
+        with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A connection string to a fresh, empty database, dropped after the test."""
+    with fresh_database(postgres_server) as url:
+        yield url

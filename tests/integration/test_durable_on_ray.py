@@ -20,20 +20,17 @@ import os
 import random
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from planning import PlanStatus, SqliteStateStore
+from planning import SqliteStateStore
 from protocol import (
     CAPABILITIES,
     OPERATOR,
     AgentClient,
-    ClientConfig,
-    PlanSnapshot,
     RemoteError,
     SqliteAuditLog,
     register_capability,
@@ -41,6 +38,7 @@ from protocol import (
 )
 from runtime import Deployment, Settings, load_settings
 from tests.integration._auth import credentials
+from tests.integration._ledger import drive, ledger_lines, ledger_plan, next_stop, plan_snapshot
 from tests.integration.ledger_extension import (
     RECORD_ENTRY,
     RecordEntryRequest,
@@ -53,7 +51,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 50
 WIDTH = 5  # five chains of ten steps: step i waits for step i - WIDTH
 SEEDS = range(20)
-FINAL = {status.value for status in PlanStatus if status.is_final}
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +96,6 @@ def _ledger(durable: Deployment) -> Path:
     return _settings(durable).state_dir / "ledger.txt"
 
 
-def _lines(ledger: Path) -> Counter[str]:
-    if not ledger.exists():
-        return Counter()
-    return Counter(line for line in ledger.read_text().splitlines() if line)
-
-
 def _tactical(durable: Deployment) -> tuple[int, str]:
     [info] = [info for info in durable.status(timeout_s=60) if info.role == "tactical"]
     return info.pid, info.endpoint
@@ -114,7 +105,7 @@ def _wait_for_effects(ledger: Path, plan_id: str, count: int, run: asyncio.Task[
     """Block until the ledger holds ``count`` effects of ``plan_id`` (or the run ended)."""
     prefix = f"{plan_id} "
     while not run.done():
-        if sum(n for line, n in _lines(ledger).items() if line.startswith(prefix)) >= count:
+        if sum(n for line, n in ledger_lines(ledger).items() if line.startswith(prefix)) >= count:
             return
         time.sleep(0.001)
 
@@ -129,62 +120,7 @@ def _kill_and_wait(durable: Deployment, pid: int) -> str:
 
 
 def _crash_plan(plan_id: str, ledger: Path) -> str:
-    steps = [
-        {
-            "kind": "tool",
-            "id": f"s{i}",
-            "tool": "ledger_append",
-            "input": {"ledger": str(ledger), "pause_s": 0.01},
-            "depends_on": [f"s{i - WIDTH}"] if i >= WIDTH else [],
-        }
-        for i in range(STEPS)
-    ]
-    return json.dumps({"id": plan_id, "owner": "tactical", "goal": "crash me", "steps": steps})
-
-
-def _blocked_steps(snapshot: PlanSnapshot) -> list[str]:
-    plan: dict[str, Any] = json.loads(snapshot.plan_json)
-    return [step["id"] for step in plan["steps"] if step.get("status") == "blocked"]
-
-
-async def _snapshot(client: AgentClient, plan_id: str) -> PlanSnapshot | None:
-    found = [s for s in await client.plans(plan_id) if s.plan_id == plan_id]
-    return found[0] if found else None
-
-
-async def _next_stop(client: AgentClient, plan_id: str) -> None:
-    """Wait for the plan's next plan-level ``blocked`` or final event (stored ones included)."""
-    async for event in client.watch(plan_id, timeout=60):
-        if not event.step_id and (event.status == "blocked" or event.status in FINAL):
-            return
-
-
-async def _drive(endpoint: str, plan_id: str, ledger: Path, gates: set[str]) -> str | None:
-    """Follow a resumed plan to its end, deciding each reconcile gate from the ledger.
-
-    Returns its final status, or ``None`` when the agent does not hold it (it finished before the
-    kill, so nothing was resumed).
-    """
-    config = ClientConfig(default_timeout_s=30)
-    async with AgentClient(endpoint, credentials=credentials(), config=config) as client:
-        while True:
-            snapshot = await _snapshot(client, plan_id)
-            if snapshot is None or snapshot.status in FINAL:
-                return None if snapshot is None else snapshot.status
-            for step_id in _blocked_steps(snapshot):
-                if step_id in gates:
-                    continue
-                gates.add(step_id)
-                done = _lines(ledger)[f"{plan_id} {step_id}"] > 0
-                await client.control(
-                    plan_id,
-                    "approve",
-                    gate_id=step_id,
-                    rationale="ledger has the entry" if done else "ledger has no entry",
-                    output={"line": f"{plan_id} {step_id}"} if done else None,
-                )
-            if snapshot.status != "blocked" or not _blocked_steps(snapshot):
-                await _next_stop(client, plan_id)
+    return ledger_plan(plan_id, ledger, steps=STEPS, width=WIDTH)
 
 
 async def _stored_status(durable: Deployment, plan_id: str) -> str:
@@ -226,14 +162,14 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
             with contextlib.suppress(RemoteError):
                 await run
         gates = reconciled.setdefault(plan_id, set())
-        status = await _drive(endpoint, plan_id, ledger, gates)
+        status = await drive(endpoint, plan_id, ledger, gates)
         if status is None:
             status = await _stored_status(durable, plan_id)
         else:
             resumed += 1
         assert status == "succeeded", (seed, status)
 
-    counts = _lines(ledger)
+    counts = ledger_lines(ledger)
     for seed in SEEDS:
         for i in range(STEPS):
             assert counts[f"crash-{seed} s{i}"] == 1, (seed, i, counts[f"crash-{seed} s{i}"])
@@ -266,21 +202,21 @@ async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
     pid, endpoint = _tactical(durable)
     async with AgentClient(endpoint, credentials=credentials()) as client:
         run = asyncio.create_task(client.run_plan(json.dumps(plan), timeout=60))
-        await _next_stop(client, plan_id)
-        assert (await _snapshot(client, plan_id)) is not None
+        await next_stop(client, plan_id)
+        assert (await plan_snapshot(client, plan_id)) is not None
         endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
         with pytest.raises(RemoteError):
             await run
     async with AgentClient(endpoint, credentials=credentials()) as client:
-        snapshot = await _snapshot(client, plan_id)
+        snapshot = await plan_snapshot(client, plan_id)
         assert snapshot is not None
         assert snapshot.status == "blocked"  # resumed, and waiting for the decision again
         await client.control(plan_id, "approve", gate_id="ok", rationale="approved after restart")
-        await _next_stop(client, plan_id)
-        done = await _snapshot(client, plan_id)
+        await next_stop(client, plan_id)
+        done = await plan_snapshot(client, plan_id)
     assert done is not None
     assert done.status == "succeeded"
-    assert _lines(ledger)[f"{plan_id} write"] == 1
+    assert ledger_lines(ledger)[f"{plan_id} write"] == 1
     log = SqliteAuditLog(_settings(durable).audit_path)
     try:
         approvals = [r for r in log.records() if r.capability == "Control.approve"]
@@ -308,7 +244,7 @@ async def test_a_replayed_request_gets_the_stored_answer_after_the_target_restar
         if len(answers) == 1:
             endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
     assert answers[0] == answers[1]
-    assert _lines(ledger)["replayed-entry write"] == 1  # the handler ran once
+    assert ledger_lines(ledger)["replayed-entry write"] == 1  # the handler ran once
     log = SqliteAuditLog(_settings(durable).audit_path)
     try:
         actions = [r.action for r in log.records() if r.request_id == "entry-1"]
