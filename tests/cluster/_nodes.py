@@ -21,12 +21,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Node", "RayNodes", "descendants"]
 
-_RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+_BIN = str(Path(sys.executable).parent)
+_RAY = shutil.which("ray", path=_BIN) or "ray"
 # The GCS declares a silent node dead after period x threshold (defaults: 5 s x 5 at least);
 # shorter here so a node failure test does not wait half a minute for the verdict.
 _FAST_FAILURE_DETECTION = {
@@ -107,14 +109,28 @@ class RayNodes:
 
     folder: Path
     address: str = ""
+    dashboard_url: str = ""
     nodes: dict[str, Node] = field(default_factory=dict)
 
-    def start_head(self, *, cpus: int = 1, labels: dict[str, str] | None = None) -> None:
-        """Start the head node (resource ``stratagem-head``)."""
+    def start_head(
+        self, *, cpus: int = 1, labels: dict[str, str] | None = None, dashboard: bool = False
+    ) -> None:
+        """Start the head node (resource ``stratagem-head``); with ``dashboard``, also Ray's
+        dashboard and Jobs API on 127.0.0.1 (``dashboard_url``)."""
         log = self.folder / "head.log"
+        if dashboard:
+            port = _free_port()
+            self.dashboard_url = f"http://127.0.0.1:{port}"
+            board = [
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={port}",
+            ]
+        else:
+            board = ["--include-dashboard=false"]
         node = self._start(
             "head",
-            ["--head", "--port=0", "--include-dashboard=false", f"--temp-dir={self.folder}/ray"],
+            ["--head", "--port=0", *board, f"--temp-dir={self.folder}/ray"],
             cpus=cpus,
             resources={"stratagem-head": 1},
             labels={"stratagem/node": "head", **(labels or {})},
@@ -190,11 +206,31 @@ class RayNodes:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "RAY_AUTH_MODE": "disabled", **env},
+                # Ray jobs run their entrypoint (`stratagem ...`) with the node's PATH: put this
+                # Python's scripts first, as on a machine where Stratagem is installed.
+                env={
+                    **os.environ,
+                    "PATH": os.pathsep.join([_BIN, os.environ.get("PATH", "")]),
+                    "RAY_AUTH_MODE": "disabled",
+                    **env,
+                },
             )
         node = Node(name, process, log, resources, labels)
         self.nodes[name] = node
         return node
+
+    def wait_for_dashboard(self, timeout_s: float = 120.0) -> None:
+        """Block until the head's dashboard (and its Jobs API) answers."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"Ray's dashboard at {self.dashboard_url} did not answer")
 
     def wait_for_nodes(self, count: int, timeout_s: float = 120.0) -> None:
         """Block until ``ray status`` lists ``count`` live nodes."""

@@ -39,12 +39,13 @@ def ray_nodes() -> Iterator[RayNodes]:
     nodes = RayNodes(folder)
     started = False
     try:
-        nodes.start_head()
+        nodes.start_head(dashboard=True)  # for `ray job submit`
         # One at a time: on a busy 2-core machine a raylet may miss Ray's fixed 30 s to register.
         nodes.add_worker("a", resources={"stratagem-a": 1, "stratagem-worker": 1})
         nodes.wait_for_nodes(2)
         nodes.add_worker("b", resources={"stratagem-b": 1, "stratagem-worker": 1})
         nodes.wait_for_nodes(3)
+        nodes.wait_for_dashboard()
         started = True
         yield nodes
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -114,6 +115,58 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
         "ray.kill(ray.get_actor('bystander'))\n",
     )
     assert left.stdout.strip().endswith("pong"), left.stderr[-2000:]
+
+
+def test_a_goal_submitted_as_a_ray_job_runs_on_the_deployment(
+    ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    """``ray job submit --working-dir . -- stratagem submit GOAL``, as deploy/README.md shows: the
+    CLI runs as the job's driver on the head and finds the agents through the job's Ray."""
+    deployment = stratagem_on(
+        ray_nodes,
+        tmp_path / "state",
+        "stratagem-jobs",
+        placement={"perception": {"labels": {"stratagem/node": "a"}}},
+    )
+    deployment.json("up")
+    # The deployment's settings go with the job (on a real head they are in its environment).
+    settings = {k: v for k, v in deployment.env.items() if k.startswith("STRATAGEM_")}
+    job = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "job",
+            "submit",
+            f"--address={ray_nodes.dashboard_url}",
+            "--working-dir=.",
+            f"--runtime-env-json={json.dumps({'env_vars': settings})}",
+            "--",
+            "stratagem",
+            "submit",
+            "examples/orchard.yaml",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=REPO,
+        env=deployment.environment(),
+    )
+    assert job.returncode == 0, (job.stdout + job.stderr)[-3000:]
+    outcome = _json_in(job.stdout)
+    assert outcome["response"]["status"] == "succeeded", outcome["response"]
+    assert outcome["audit"]["ok"], outcome["audit"]
+    assert re.search(r"Job 'raysubmit_\w+' succeeded", job.stdout), job.stdout[-500:]
+    assert deployment.json("down")["removed"]
+
+
+def _json_in(text: str) -> dict[str, Any]:
+    """The one JSON object a job printed between Ray's own log lines."""
+    lines = text.splitlines()
+    start = lines.index("{")
+    end = start + lines[start:].index("}")
+    parsed: dict[str, Any] = json.loads("\n".join(lines[start : end + 1]))
+    return parsed
 
 
 def _cross_node_hops(deployment: Stratagem, trace_id: str, agents: dict[str, Any]) -> int:
