@@ -105,8 +105,12 @@ class LocalCluster:
         cluster.stop()
         raise LaunchError(f"the local Ray head did not start within {_READY_TIMEOUT_S:.0f}s")
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the head (SIGTERM to the process we started; it stops its Ray processes)."""
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the head (SIGTERM to the process we started; it stops its Ray processes).
+
+        Ray drains a node for up to 30 s before it stops the processes on it, so the timeout is
+        longer than that; only then is the process killed.
+        """
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
