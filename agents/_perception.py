@@ -5,7 +5,8 @@ Its tools act on text and on the agent's own :class:`~agents.WorldModel`. Plans:
 - ``ExtractEntities``: ``split`` (split_sentences) -> ``match`` (match_patterns, with the plan's
   extraction patterns) -> ``resolve`` (resolve_entities, with the plan's resolution strategy) ->
   ``merge`` (merge_world, a side effect).
-- ``FindSpatialContext``: ``locate`` (locate_entities) and ``facts`` (world_facts), in parallel.
+- ``FindSpatialContext``: ``locate`` (locate_entities) and ``facts`` (world_facts: the facts
+  linked to the requested entities), in parallel.
 - ``UpdateWorldState``: ``check`` (check_actions, a dry run) -> ``apply`` (apply_actions, a side
   effect; skipped for a dry run).
 """
@@ -203,9 +204,10 @@ def perception_tools(world: WorldModel) -> list[Tool[Any, Any]]:
         )
 
     @tool
-    async def world_facts() -> Facts:
-        """Every fact that currently holds in the world model."""
-        return Facts(facts=world.facts(), world_version=world.version)
+    async def world_facts(entity_ids: list[str] | None = None) -> Facts:
+        """The facts that currently hold: all of them, or those connected to ``entity_ids``."""
+        facts = world.facts() if entity_ids is None else world.facts_about(entity_ids)
+        return Facts(facts=facts, world_version=world.version)
 
     @tool
     async def check_actions(actions: list[Action]) -> Changes:
@@ -305,7 +307,7 @@ class PerceptionPlanner:
                 goal=f"spatial context of {', '.join(request.entity_ids)}"[:2000],
                 state_update_sequence=[
                     StateUpdate(step="locate", operation="read", description="spatial contexts"),
-                    StateUpdate(step="facts", operation="read", description="all facts"),
+                    StateUpdate(step="facts", operation="read", description="facts linked to them"),
                 ],
                 steps=[
                     ToolStep(
@@ -313,7 +315,9 @@ class PerceptionPlanner:
                         tool="locate_entities",
                         input={"entity_ids": request.entity_ids},
                     ),
-                    ToolStep(id="facts", tool="world_facts"),
+                    ToolStep(
+                        id="facts", tool="world_facts", input={"entity_ids": request.entity_ids}
+                    ),
                 ],
             )
         if isinstance(request, UpdateWorldStateRequest):

@@ -119,6 +119,32 @@ class WorldModel:
         """Every fact that currently holds, in the order it was first stated."""
         return list(self._facts)
 
+    def facts_about(self, entity_ids: Iterable[str]) -> list[Relation]:
+        """The facts connected to ``entity_ids``: those of every entity reachable from them
+        through facts (in the order first stated).
+
+        A goal's spatial context is its own part of the world: facts about entities no chain of
+        facts links to it (other stories told to the same agent) are left out, so the cost of
+        planning a goal does not grow with everything the world has learned.
+        """
+        linked: dict[str, list[Relation]] = {}
+        for fact in self._facts:
+            linked.setdefault(fact.subject, []).append(fact)
+            linked.setdefault(fact.object, []).append(fact)
+        seen = set(entity_ids)
+        pending = list(seen)
+        found: set[Relation] = set()
+        while pending:
+            for fact in linked.get(pending.pop(), ()):
+                if fact in found:
+                    continue
+                found.add(fact)
+                for other in (fact.subject, fact.object):
+                    if other not in seen:
+                        seen.add(other)
+                        pending.append(other)
+        return [fact for fact in self._facts if fact in found]
+
     def holds(self, fact: Relation) -> bool:
         """Whether ``fact`` currently holds."""
         return fact in self._facts

@@ -135,7 +135,7 @@ class SpatialContext(WireModel):
 
 
 class FindSpatialContextResponse(WireModel):
-    """The context of each entity asked about, and the whole current world state."""
+    """The context of each entity asked about, and the world facts linked to those entities."""
 
     contexts: list[SpatialContext] = Field(default_factory=list, max_length=100)
     facts: list[Relation] = Field(default_factory=list, max_length=5000)

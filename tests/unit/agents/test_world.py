@@ -142,3 +142,26 @@ def test_contains_and_neighbours() -> None:
     assert w.neighbours("hall") == ["vault"]
     assert w.neighbours("vault") == ["hall"]  # connected works both ways
     assert w.neighbours("chest") == []
+
+
+def test_facts_about_leave_out_parts_of_the_world_no_fact_links_to() -> None:
+    world = WorldModel()
+    world.merge(
+        [],
+        [
+            Relation(subject="mira", predicate="at", object="courtyard"),
+            Relation(subject="courtyard", predicate="connected", object="garden"),
+            Relation(subject="key", predicate="in", object="garden"),
+            Relation(subject="pip", predicate="at", object="cottage"),  # another story
+            Relation(subject="cottage", predicate="connected", object="lane"),
+        ],
+    )
+    mira = world.facts_about(["mira"])
+    assert [(f.subject, f.object) for f in mira] == [
+        ("mira", "courtyard"),
+        ("courtyard", "garden"),
+        ("key", "garden"),
+    ]
+    assert len(world.facts_about(["mira", "lane"])) == 5
+    assert world.facts_about(["nobody"]) == []
+    assert world.facts() == world.facts_about(["mira", "pip"])
