@@ -109,6 +109,7 @@ class RayNodes:
 
     folder: Path
     address: str = ""
+    client_address: str = ""  # ray://HOST:PORT of the head's Ray client server
     dashboard_url: str = ""
     nodes: dict[str, Node] = field(default_factory=dict)
 
@@ -128,9 +129,16 @@ class RayNodes:
             ]
         else:
             board = ["--include-dashboard=false"]
+        client_port = _free_port()
         node = self._start(
             "head",
-            ["--head", "--port=0", *board, f"--temp-dir={self.folder}/ray"],
+            [
+                "--head",
+                "--port=0",
+                f"--ray-client-server-port={client_port}",
+                *board,
+                f"--temp-dir={self.folder}/ray",
+            ],
             cpus=cpus,
             resources={"stratagem-head": 1},
             labels={"stratagem/node": "head", **(labels or {})},
@@ -142,6 +150,7 @@ class RayNodes:
             match = re.search(r"ray start --address='([^']+)'", log.read_text(errors="replace"))
             if match:
                 self.address = match.group(1)
+                self.client_address = f"ray://{self.address.rpartition(':')[0]}:{client_port}"
                 return
             if node.process.poll() is not None:
                 raise RuntimeError(f"the Ray head exited at start; see {log}")

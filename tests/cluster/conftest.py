@@ -65,12 +65,13 @@ class Stratagem:
     env: dict[str, str] = field(default_factory=dict)
 
     def run(
-        self, *args: str, timeout: float = 240, on_ray: bool = True
+        self, *args: str, timeout: float = 240, on_ray: bool = True, address: str = ""
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``stratagem ARGS`` with this deployment's environment (and ``--address ADDRESS``
-        for the commands that reach Ray)."""
+        """Run ``stratagem ARGS`` with this deployment's environment (and ``--address ADDRESS``,
+        the head's GCS unless ``address`` names another, for the commands that reach Ray)."""
+        where = ["--address", address or self.address] if on_ray else []
         return subprocess.run(
-            [_STRATAGEM, *args, *(["--address", self.address] if on_ray else [])],
+            [_STRATAGEM, *args, *where],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -84,9 +85,9 @@ class Stratagem:
         outer = {k: v for k, v in os.environ.items() if not k.startswith("STRATAGEM_")}
         return {**outer, **self.env}
 
-    def json(self, *args: str, timeout: float = 240, expect: int = 0) -> Any:
+    def json(self, *args: str, timeout: float = 240, expect: int = 0, address: str = "") -> Any:
         """Run a command with ``--json`` and parse its output; it must exit with ``expect``."""
-        done = self.run(*args, "--json", timeout=timeout)
+        done = self.run(*args, "--json", timeout=timeout, address=address)
         assert done.returncode == expect, (args, done.returncode, done.stderr[-2000:])
         return json.loads(done.stdout)
 

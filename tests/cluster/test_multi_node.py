@@ -88,6 +88,11 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
     status = deployment.json("status")
     assert all(a["health"] == "serving" for a in status["agents"])
     assert status["mode"] == "cluster"
+    # The same deployment through the Ray client (ray://), as from outside the cluster.
+    remote = deployment.json("status", address=ray_nodes.client_address)
+    assert {a["role"]: a["pid"] for a in remote["agents"]} == {
+        r: a["pid"] for r, a in first.items()
+    }
 
     # A bystander in the same namespace: `down` must leave it alone.
     made = _ray_script(
