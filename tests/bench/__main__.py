@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 # Before Ray is imported: the embedded Ray runs without token authentication or usage reporting.
@@ -19,12 +20,14 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 from tests.bench.auth import run_auth_benchmark
+from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.report import (
     MARKDOWN_PATH,
     RESULTS_PATH,
     auth_section,
+    cluster_section,
     machine_facts,
     tracing_section,
     verdicts,
@@ -97,16 +100,50 @@ def _auth() -> dict[str, Any]:
 
 def _only_auth() -> int:
     """``python -m tests.bench auth``: this section alone, merged into the last results."""
+    return _only_section("auth", _auth, "## Cost of security", auth_section)
+
+
+def _cluster() -> dict[str, Any]:
+    """Goals on a local three-node Ray cluster: 1, 4 and 16 in flight, SQLite and PostgreSQL."""
+    logger.info("cluster: goals/s and per-goal latency by goals in flight, SQLite and PostgreSQL")
+    cluster = {"machine": machine_facts(), **run_cluster_benchmark()}
+    for store, figures in cluster["stores"].items():
+        for level, item in figures.items():
+            logger.info(
+                "cluster: %s, %s in flight: %.2f goals/s, median %.0f ms (%.2fx 1 in flight)",
+                store,
+                level,
+                item["goals_per_s"],
+                item["latency_ms"]["median"],
+                item["vs_first_level"]["median_latency"],
+            )
+    return cluster
+
+
+def _only_cluster() -> int:
+    """``python -m tests.bench cluster``: this section alone, merged into the last results."""
+    return _only_section(
+        "cluster", _cluster, "## Goals on a multi-node Ray cluster", cluster_section
+    )
+
+
+def _only_section(
+    name: str,
+    measure: Callable[[], dict[str, Any]],
+    heading: str,
+    render: Callable[[dict[str, Any] | None], list[str]],
+) -> int:
+    """One section alone, merged into the last results: its key in ``.bench/results.json``, its
+    part of ``BENCHMARKS.md`` replaced (or added before the tracing section); the rest as their
+    own run wrote them."""
     _log_to_stderr()
     results: dict[str, Any] = (
         json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {"benchmarks": {}}
     )
-    results["benchmarks"]["auth"] = _auth()
+    results["benchmarks"][name] = measure()
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    # Only this section of BENCHMARKS.md is replaced (or added, before the tracing section).
     markdown = MARKDOWN_PATH.read_text(encoding="utf-8") if MARKDOWN_PATH.exists() else ""
-    heading = "## Cost of security"
     before, found, after = markdown.partition(heading)
     if found:
         rest = after.partition("\n## ")
@@ -114,20 +151,22 @@ def _only_auth() -> int:
     else:
         before, found, after = markdown.partition("## Tracing overhead")
         after = found + after
-    section = "\n".join(auth_section(results["benchmarks"]["auth"])).rstrip("\n")
+    section = "\n".join(render(results["benchmarks"][name])).rstrip("\n")
     parts = (before.rstrip("\n"), section, after.strip("\n"))
     MARKDOWN_PATH.write_text("\n\n".join(part for part in parts if part) + "\n")
-    json.dump(results["benchmarks"]["auth"], sys.stdout, indent=2)
+    json.dump(results["benchmarks"][name], sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
 
 
 def main() -> int:
-    """Run the engine and durable benchmarks, then the cross-agent one; write and print them."""
+    """Run every benchmark; write the results and print them."""
     if sys.argv[1:] == ["tracing"]:
         return _only_tracing()
     if sys.argv[1:] == ["auth"]:
         return _only_auth()
+    if sys.argv[1:] == ["cluster"]:
+        return _only_cluster()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -166,6 +205,7 @@ def main() -> int:
     for target in rpc["targets"]:
         logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
     auth = _auth()
+    cluster = _cluster()
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -174,6 +214,7 @@ def main() -> int:
         "benchmarks": {"rpc": rpc, "engine": engine, "durable": durable, "tracing": _tracing()},
     }
     results["benchmarks"]["auth"] = auth
+    results["benchmarks"]["cluster"] = cluster
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tests.bench import auth as auth_bench
+from tests.bench import cluster as cluster_bench
 from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
@@ -23,6 +24,7 @@ __all__ = [
     "REPO",
     "RESULTS_PATH",
     "auth_section",
+    "cluster_section",
     "machine_facts",
     "render_markdown",
     "tracing_section",
@@ -692,6 +694,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_engine_section(engine),
         *_durable_section(durable),
         *auth_section(benchmarks.get("auth")),
+        *cluster_section(benchmarks.get("cluster")),
         *tracing_section(benchmarks.get("tracing")),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
@@ -818,6 +821,144 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
             f"≤ {target['max_ratio']:g}x: {_verdict(target['met'])}."
         )
     return _wrapped([*lines, ""])
+
+
+CLUSTER_ASK: Final = (
+    "goals per second and per-goal latency with 1, 4 and 16 goals in flight on the local "
+    "multi-node cluster, SQLite beside PostgreSQL; and how per-goal latency changes from 1 to 16 "
+    "goals in flight (it should stay flat until the cores are busy)"
+)
+_STORE_NOTES: Final = {
+    cluster_bench.SQLITE: "SQLite (embedded default)",
+    cluster_bench.POSTGRESQL: "PostgreSQL (`STRATAGEM_STORE_URL`)",
+}
+
+
+def _cluster_reading(cluster: dict[str, Any]) -> str:
+    """One paragraph on what the run shows, from its own figures."""
+    levels = cluster["config"]["levels"]
+    first, last = str(levels[0]), str(levels[-1])
+    cores = cluster.get("machine", {}).get("cores") or "?"
+    parts = []
+    for store, figures in cluster["stores"].items():
+        low, high = figures[first], figures[last]
+        ratios = ", ".join(
+            f"{figures[str(level)]['vs_first_level']['median_latency']:.2f}x at {level}"
+            for level in levels[1:]
+        )
+        grown = [
+            level
+            for level in levels[1:]
+            if figures[str(level)]["vs_first_level"]["median_latency"] > 1.5
+        ]
+        where = (
+            "stays within 1.5x of it at every level"
+            if not grown
+            else f"passes 1.5x of it from {grown[0]} in flight, where the machine had "
+            f"{figures[str(grown[0])]['busy_cores'] or 0:.1f} of {cores} cores busy "
+            f"(at {first} in flight: {low['busy_cores'] or 0:.1f})"
+        )
+        parts.append(
+            f"{store}: the median goal takes {low['latency_ms']['median']:,.0f} ms at {first} in "
+            f"flight and {high['latency_ms']['median']:,.0f} ms at {last} ({ratios}); it {where}; "
+            f"throughput goes from {low['goals_per_s']:.2f} to {high['goals_per_s']:.2f} goals/s "
+            f"({high['vs_first_level']['goals_per_s']:.2f}x)."
+        )
+    return (
+        "Reading (every ratio from this one run; other work on the machine is noise in it). "
+        + " ".join(parts)
+    )
+
+
+def cluster_section(cluster: dict[str, Any] | None) -> list[str]:
+    """Goals on the local multi-node Ray cluster: throughput and latency by goals in flight."""
+    lines = [
+        "## Goals on a multi-node Ray cluster: 1, 4 and 16 in flight, SQLite and PostgreSQL",
+        "",
+    ]
+    if not cluster:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in cluster:
+        return [*lines, f"Skipped: {cluster['skipped']}.", ""]
+    config = cluster["config"]
+    placement: dict[str, str] = next(iter(cluster.get("placement", {}).values()), {})
+    machine = cluster.get("machine", {})
+    where = ", ".join(f"{role} on `{node}`" for role, node in sorted(placement.items()))
+    lines += [
+        f'Asked: "{CLUSTER_ASK}".',
+        "",
+        "How it was measured (`python -m tests.bench cluster`, `tests/bench/cluster.py`):",
+        "",
+        "- A Ray head and two worker nodes (`a`, `b`), each a `ray start --block` process on "
+        "this machine with one CPU; two Stratagem deployments brought up on it with `stratagem "
+        f"up --address`, identical but for their state store, agents placed {where}: every goal "
+        "crosses nodes. PostgreSQL is the `scripts/postgres.sh` server on 127.0.0.1, a fresh "
+        "database per run.",
+        f"- Goal: `DEMO_GOAL` ({config['goal']!r}, {config.get('beats', 3)} beats: the "
+        f"orchestrator's plan has {5 + config.get('beats', 3)} cross-agent steps), sent as "
+        "`stratagem submit` does (`runtime.run_goal`, token auth: four fresh channels, "
+        "`SubmitGoal`, then each agent's plans). Each worker has a world of its own (names "
+        "suffixed per worker): concurrent goals on the same characters would conflict at "
+        f"`apply`. First one goal per worker for {config['levels'][-1]} workers puts every world "
+        "into the perception agent, so all levels run against the same world (a goal's spatial "
+        "context holds only the facts linked to its own entities).",
+        "- Per level and store (stores alternate order from level to level): "
+        f"{config['warmup']} warm-up goal(s), then a closed loop of N goals with that many in "
+        "flight (each worker starts its next goal when its last one answered). Latency: each "
+        "`run_goal` call; goals/s: N over the loop's wall time; busy cores: machine-wide "
+        "(`/proc/stat`) over the loop, all Ray nodes, agents, this client and anything else on "
+        f"the machine ({machine.get('cores', '?')} cores, {machine.get('cpu', '?')}, "
+        f"Ray {machine.get('packages', {}).get('ray', '?')}).",
+        "",
+    ]
+    rows = []
+    for store, figures in cluster["stores"].items():
+        for level in config["levels"]:
+            item = figures[str(level)]
+            latency, ratio = item["latency_ms"], item["vs_first_level"]
+            rows.append(
+                (
+                    _STORE_NOTES.get(store, store),
+                    level,
+                    item["goals"],
+                    item["failed"],
+                    f"{item['goals_per_s']:.2f}",
+                    f"{latency['median']:,.0f}",
+                    f"{latency['p90']:,.0f}",
+                    f"{latency['p99']:,.0f}",
+                    f"{ratio['median_latency']:.2f}x",
+                    f"{ratio['p90_latency']:.2f}x",
+                    f"{ratio['goals_per_s']:.2f}x",
+                    "" if item["busy_cores"] is None else f"{item['busy_cores']:.2f}",
+                )
+            )
+    lines += _table(
+        (
+            "store",
+            "in flight",
+            "goals (N)",
+            "failed",
+            "goals/s",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "median vs 1",
+            "p90 vs 1",
+            "goals/s vs 1",
+            "busy cores",
+        ),
+        rows,
+    )
+    failures = [
+        f"- {store} at {level}: {failure}"
+        for store, figures in cluster["stores"].items()
+        for level, item in figures.items()
+        for failure in item["failures"][:2]
+    ]
+    if failures:
+        lines += ["Failed goals (first ones):", "", *failures, ""]
+    lines += [_cluster_reading(cluster), ""]
+    return _wrapped(lines)
 
 
 def write_outputs(results: dict[str, Any]) -> tuple[Path, Path]:

@@ -1,4 +1,4 @@
-"""Smoke tests of the engine and durable benchmarks: tiny plans, one repeat, well-formed results.
+"""Smoke tests of the benchmarks: tiny plans, one repeat, well-formed results.
 
 Only the shape of the results is checked, never a timing: the figures themselves are
 ``make bench``'s business.
@@ -6,12 +6,24 @@ Only the shape of the results is checked, never a timing: the figures themselves
 
 from __future__ import annotations
 
+import asyncio
 import math
+import uuid
 from pathlib import Path
 
 import pytest
 
+from agents import DEMO_GOAL, build_in_memory
+from protocol import CallContext, SubmitGoalResponse
 from tests.bench.auth import MODES, AuthBenchConfig, run_auth_benchmark
+from tests.bench.cluster import (
+    POSTGRESQL,
+    SQLITE,
+    ClusterBenchConfig,
+    GoalSamples,
+    goal_in_own_world,
+    summarize_cluster,
+)
 from tests.bench.durable import (
     IDEMPOTENT,
     NO_STORE,
@@ -27,7 +39,7 @@ from tests.bench.engine import (
     layered_plan,
     run_engine_benchmark,
 )
-from tests.bench.report import _durable_section, auth_section, verdicts
+from tests.bench.report import _durable_section, auth_section, cluster_section, verdicts
 
 
 def test_layered_plan_has_the_asked_shape() -> None:
@@ -114,3 +126,56 @@ def test_auth_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
     assert result["met"] == all(target["met"] for target in result["targets"])
     assert "## Cost of security" in "\n".join(auth_section(result))
     assert list(tmp_path.iterdir()) == []  # the secret, keys and audit files are gone
+
+
+async def test_each_cluster_worker_pursues_the_demo_goal_in_a_world_of_its_own() -> None:
+    # The same goal at once in one perception agent's world: distinct worlds do not conflict.
+    agents, _ = build_in_memory(entry_points=False)
+    goals = [goal_in_own_world(DEMO_GOAL, worker) for worker in range(4)]
+    assert goals[0].passage != goals[1].passage
+    assert "Mira Bravo" in goals[1].passage
+    assert "The iron keybravo lies in the gardenbravo" in goals[1].passage
+
+    async def pursue(index: int) -> object:
+        request = goals[index].model_copy(update={"plan_id": f"smoke-{index}"})
+        call = CallContext(
+            caller="operator",
+            target="orchestrator",
+            capability="SubmitGoal",
+            request_id=uuid.uuid4().hex,
+        )
+        return await agents["orchestrator"].handle("SubmitGoal", request, call)
+
+    answers = await asyncio.gather(*(pursue(index) for index in range(len(goals))))
+    assert all(isinstance(a, SubmitGoalResponse) for a in answers)
+    assert [a.status for a in answers if isinstance(a, SubmitGoalResponse)] == ["succeeded"] * 4
+
+
+def test_cluster_summary_and_section_are_well_formed() -> None:
+    config = ClusterBenchConfig(levels=(1, 4), goals={1: 2, 4: 4}, warmup=1)
+    samples = {
+        store: {
+            1: GoalSamples(latencies_s=[0.1, 0.12], wall_s=0.22, busy_cores=0.8),
+            4: GoalSamples(
+                latencies_s=[0.2, 0.3, 0.3, 0.4],
+                wall_s=0.5,
+                failures=["bench-x: status failed"],
+                busy_cores=1.9,
+            ),
+        }
+        for store in (SQLITE, POSTGRESQL)
+    }
+    result = summarize_cluster(config, samples)
+
+    assert set(result["stores"]) == {SQLITE, POSTGRESQL}
+    level = result["stores"][SQLITE]["4"]
+    assert level["goals"] == 4
+    assert level["failed"] == 1
+    assert level["goals_per_s"] == 8.0
+    assert set(level["latency_ms"]) == {"median", "p90", "p99", "min", "max", "mean", "n"}
+    assert level["vs_first_level"]["median_latency"] == round(300 / 110, 2)
+    assert result["stores"][SQLITE]["1"]["vs_first_level"]["median_latency"] == 1.0
+    text = "\n".join(cluster_section({**result, "machine": {"cores": 2}}))
+    assert "## Goals on a multi-node Ray cluster" in text
+    assert "passes 1.5x of it from 4 in flight" in text
+    assert "## Goals on a multi-node Ray cluster" in "\n".join(cluster_section(None))
