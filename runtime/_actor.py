@@ -39,7 +39,7 @@ from protocol import (
 )
 from runtime._directory import EndpointDirectory, GrpcDispatcher
 from runtime._security import authenticator_for, credentials_for
-from runtime._settings import Settings
+from runtime._settings import Settings, settings_digest
 from runtime._stores import open_answer_store, open_audit_log, open_state_store
 from runtime._telemetry import setup_telemetry, shutdown_telemetry
 
@@ -86,6 +86,7 @@ class AgentActor:
         audit_key: bytes | None = None,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
+        self._settings_digest = settings_digest(settings_json)
         self._role = role
         self._settings = settings
         context = ray.get_runtime_context()
@@ -169,6 +170,7 @@ class AgentActor:
             "plans_blocked": sum(1 for p in self._agent.plans("") if p.status == "blocked"),
             "restarts": _restarts(),
             "node_labels": self._node_labels,
+            "settings_digest": self._settings_digest,
         }
 
     async def flush(self) -> None:

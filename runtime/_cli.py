@@ -895,9 +895,20 @@ def up(
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
             LocalCluster.start(settings)
+        if not as_json:
+            err_console.print("[dim]deploying the agents…[/]")
         with _running(deployment):
             infos = deployment.deploy(detached=True, replace=replace)
-        _show_agents(infos, deployment.mode, as_json)
+        if as_json:
+            _print_json({**_infos_json(infos, deployment.mode), "stale": deployment.stale})
+        else:
+            _show_agents(infos, deployment.mode, as_json)
+        if deployment.stale and not as_json:
+            err_console.print(
+                f"[yellow]warning:[/] {', '.join(deployment.stale)} kept running with other "
+                "settings than this command's; 'stratagem up --replace' redeploys them",
+                soft_wrap=True,
+            )
 
 
 @app.command()

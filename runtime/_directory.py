@@ -45,6 +45,7 @@ class AgentInfo:
         restarts: How often Ray restarted the actor (``None`` when Ray cannot tell).
         state: Ray's state of the actor: ``ALIVE``, ``RESTARTING``, ``PENDING_CREATION``, ``DEAD``.
         node_labels: The labels of its node (Ray's own ``ray.io/*`` labels left out).
+        settings_digest: A digest of the settings it was deployed with.
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
@@ -62,6 +63,7 @@ class AgentInfo:
     state: str = "ALIVE"
     health: str = "serving"
     node_labels: dict[str, str] = field(default_factory=dict)
+    settings_digest: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -31,7 +31,7 @@ from protocol import ROLES, load_or_create_key
 from runtime._actor import AgentActor
 from runtime._directory import AgentInfo, actor_name
 from runtime._security import cluster_secret
-from runtime._settings import Settings
+from runtime._settings import Settings, settings_digest
 
 __all__ = ["Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
@@ -156,6 +156,8 @@ class Deployment:
         self.mode: Literal["cluster", "local", "embedded"] | None = None
         # Ray destroys a non-detached actor once no handle refers to it: keep the ones we create.
         self._handles: dict[str, Any] = {}
+        self.stale: list[str] = []
+        """Roles ``deploy`` found running with other settings than its own (left as they were)."""
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -245,6 +247,7 @@ class Deployment:
         """
         if replace:
             self._stop_agents(kill=True)
+        running = {role for role in ROLES if self._handle(role) is not None}
         update: dict[str, Any] = {"grpc_host": self._grpc_host()}
         if self.mode in ("embedded", "local") and self.settings.extensions:
             # Agents on this machine resolve extension modules from where the user launched us.
@@ -257,6 +260,7 @@ class Deployment:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
+        settings_json = settings.model_dump_json()
         for role in ROLES:
             options: dict[str, Any] = {
                 "name": actor_name(role),
@@ -274,9 +278,12 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings.model_dump_json(), secret, audit_key
+                role, settings_json, secret, audit_key
             )
-        return self._ready(timeout_s=_READY_TIMEOUT_S)
+        infos = self._ready(timeout_s=_READY_TIMEOUT_S)
+        digest = settings_digest(settings_json)
+        self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
+        return infos
 
     def _handles_or_fail(self) -> dict[str, Any]:
         handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}

@@ -6,6 +6,7 @@ reads the environment at import time; ``load_settings`` is the one place that do
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,7 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from protocol import ROLES
 
-__all__ = ["RolePlacement", "Settings", "load_settings"]
+__all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
 
 class RolePlacement(BaseModel):
@@ -205,3 +206,8 @@ def load_settings(**overrides: Any) -> Settings:
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
     return settings
+
+
+def settings_digest(settings_json: str) -> str:
+    """A short digest of the settings an agent was deployed with, to tell when they changed."""
+    return hashlib.sha256(settings_json.encode()).hexdigest()[:16]

@@ -73,10 +73,17 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
     assert all(a["health"] == "serving" and a["restarts"] == 0 for a in first.values())
 
     # `up` again changes nothing: the same processes on the same endpoints.
-    again = _agents(deployment.json("up"))
+    repeated = deployment.json("up")
+    again = _agents(repeated)
     assert {r: (a["pid"], a["endpoint"]) for r, a in again.items()} == {
         r: (a["pid"], a["endpoint"]) for r, a in first.items()
     }
+    assert repeated["stale"] == []
+    # With other settings it still changes nothing, but says which agents run the old ones.
+    deployment.env["STRATAGEM_MAX_IN_FLIGHT"] = "8"
+    changed = deployment.json("up")
+    assert sorted(changed["stale"]) == sorted(first)
+    assert {a["pid"] for a in changed["agents"]} == {a["pid"] for a in first.values()}
 
     # A goal through all four agents: gRPC between processes on different nodes.
     outcome = deployment.json("submit", "examples/orchard.yaml", timeout=300)
@@ -105,8 +112,10 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
     )
     assert made.stdout.strip().endswith("pong"), made.stderr[-2000:]
 
-    replaced = _agents(deployment.json("up", "--replace"))
+    replaced_out = deployment.json("up", "--replace")
+    replaced = _agents(replaced_out)
     assert all(replaced[r]["pid"] != first[r]["pid"] for r in first)
+    assert replaced_out["stale"] == []
 
     removed = deployment.json("down")
     assert sorted(removed["removed"]) == sorted(first)
