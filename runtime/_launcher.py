@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 # Environment handed to agent actors so that every process exports telemetry the same way.
 _FORWARDED_PREFIXES = ("OTEL_", "STRATAGEM_")
-_READY_TIMEOUT_S = 60.0
+_HEAD_START_TIMEOUT_S = 60.0
 
 
 class LaunchError(Exception):
@@ -94,7 +94,7 @@ class LocalCluster:
                 start_new_session=True,
             )
         cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
-        deadline = time.monotonic() + _READY_TIMEOUT_S
+        deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise LaunchError(f"the local Ray head exited at start; see {log_path}")
@@ -103,7 +103,7 @@ class LocalCluster:
                 return cluster
             time.sleep(0.25)
         cluster.stop()
-        raise LaunchError(f"the local Ray head did not start within {_READY_TIMEOUT_S:.0f}s")
+        raise LaunchError(f"the local Ray head did not start within {_HEAD_START_TIMEOUT_S:.0f}s")
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the head (SIGTERM to the process we started; it stops its Ray processes).
@@ -280,7 +280,7 @@ class Deployment:
             self._handles[role] = remote_cls.options(**options).remote(
                 role, settings_json, secret, audit_key
             )
-        infos = self._ready(timeout_s=_READY_TIMEOUT_S)
+        infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
         digest = settings_digest(settings_json)
         self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
         return infos

@@ -94,6 +94,8 @@ class Settings(BaseSettings):
         placement: Per role, the Ray resources or node labels its agent's node must have (JSON
             in ``STRATAGEM_PLACEMENT``, e.g. ``{"perception": {"labels": {"zone": "b"}}}``); a role
             not named runs wherever Ray puts it. A restarted agent lands on a node that matches.
+        deploy_timeout_s: How long ``stratagem up`` waits for every agent to serve (longer on a
+            cluster whose nodes start on demand); agents still starting then are reported.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -125,6 +127,7 @@ class Settings(BaseSettings):
     max_queued_requests: int = Field(default=256, ge=0, le=1_000_000)
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
+    deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod

@@ -89,7 +89,10 @@ class Stratagem:
         """Run a command with ``--json`` and parse its output; it must exit with ``expect``."""
         done = self.run(*args, "--json", timeout=timeout, address=address)
         assert done.returncode == expect, (args, done.returncode, done.stderr[-2000:])
-        return json.loads(done.stdout)
+        try:
+            return json.loads(done.stdout)
+        except json.JSONDecodeError as exc:
+            raise AssertionError(f"{args}: not JSON: {done.stdout[-2000:]!r}") from exc
 
     def credentials(self, identity: str = OPERATOR) -> Credentials | None:
         """What a client of ``identity`` sends to these agents."""

@@ -110,7 +110,7 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
         "Bystander.options(name='bystander', lifetime='detached').remote()\n"
         "print(ray.get(ray.get_actor('bystander').ping.remote()))\n",
     )
-    assert made.stdout.strip().endswith("pong"), made.stderr[-2000:]
+    assert "pong" in made.stdout.splitlines(), (made.stdout[-1000:], made.stderr[-2000:])
 
     replaced_out = deployment.json("up", "--replace")
     replaced = _agents(replaced_out)
@@ -128,7 +128,30 @@ def test_agents_placed_on_three_nodes_serve_a_goal_and_the_cli_manages_them(
         "print(ray.get(ray.get_actor('bystander').ping.remote()))\n"
         "ray.kill(ray.get_actor('bystander'))\n",
     )
-    assert left.stdout.strip().endswith("pong"), left.stderr[-2000:]
+    assert "pong" in left.stdout.splitlines(), (left.stdout[-1000:], left.stderr[-2000:])
+
+
+def test_an_agent_no_node_can_host_is_named_by_up_and_status(
+    ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    deployment = stratagem_on(
+        ray_nodes,
+        tmp_path / "state",
+        "stratagem-nowhere",
+        placement={"perception": {"labels": {"stratagem/node": "nowhere"}}},
+        deploy_timeout_s="5",
+    )
+    up = deployment.run("up")
+    assert up.returncode == 1, up.stderr
+    assert "did not start within 5s: perception" in up.stderr, up.stderr
+    assert "Traceback" not in up.stderr
+    status = deployment.json("status", expect=1)
+    health = {a["role"]: (a["health"], a["state"]) for a in status["agents"]}
+    assert health.pop("perception") == ("not answering", "PENDING_CREATION"), health
+    assert set(health.values()) == {("serving", "ALIVE")}, health
+    assert sorted(deployment.json("down")["removed"]) == sorted(
+        ["strategic", "tactical", "perception", "orchestrator"]
+    )
 
 
 def test_a_goal_submitted_as_a_ray_job_runs_on_the_deployment(
@@ -259,10 +282,13 @@ async def test_a_worker_node_dies_and_its_agent_finishes_every_plan_elsewhere_ex
             with contextlib.suppress(RemoteError):
                 await run  # UNAVAILABLE: the agent's node died under the call
 
-    after = await asyncio.to_thread(_serving_elsewhere, deployment, before["node_id"])
+    polls: list[tuple[int, str, str]] = []
+    after = await asyncio.to_thread(_serving_elsewhere, deployment, before["node_id"], polls)
     back_in = time.monotonic() - killed_at
     assert after["node_labels"]["stratagem/node"] == survivor
     assert after["restarts"] >= 1
+    # Whenever a poll found it not serving, `status` still answered and exited 1.
+    assert all(code == 1 for code, health, _ in polls if health != "serving"), polls
 
     gates: dict[str, set[str]] = {plan_id: set() for plan_id in plan_ids}
     statuses = {}
@@ -283,18 +309,22 @@ async def test_a_worker_node_dies_and_its_agent_finishes_every_plan_elsewhere_ex
     assert len(down["removed"]) == 4
     print(
         f"node {victim} killed; tactical serving again on node {survivor} after {back_in:.1f}s; "
-        f"{sum(len(g) for g in gates.values())} reconcile gates decided"
+        f"{sum(len(g) for g in gates.values())} reconcile gates decided; status polls: {polls}"
     )
 
 
-def _serving_elsewhere(deployment: Stratagem, dead_node: str) -> dict[str, Any]:
-    """Poll ``stratagem status`` until the tactical agent serves on another node."""
+def _serving_elsewhere(
+    deployment: Stratagem, dead_node: str, seen: list[tuple[int, str, str]]
+) -> dict[str, Any]:
+    """Poll ``stratagem status`` until the tactical agent serves on another node; ``seen`` gets
+    (exit code, health, Ray state) of each poll."""
     deadline = time.monotonic() + 180
     last: Any = None
     while time.monotonic() < deadline:
         done = deployment.run("status", "--json", timeout=120)
         if done.stdout.strip():
             last = _agents(json.loads(done.stdout))["tactical"]
+            seen.append((done.returncode, last["health"], last["state"]))
             if last["health"] == "serving" and last["node_id"] != dead_node:
                 return dict(last)
         time.sleep(1)
