@@ -24,9 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,15 +46,19 @@ from protocol import (
     Code,
     PermissionDeniedError,
     RemoteError,
-    SqliteAuditLog,
-    verify_chain,
 )
-from runtime import Deployment, load_settings
+from runtime import Deployment
+from tests.integration._agents import (
+    assert_audit_ok,
+    extension_deployment,
+    file_lines,
+    kill_and_wait,
+    pid_endpoint,
+)
 from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[2]
 CHAINS = 2
 STEPS = 8  # two chains of four effect steps; the failing step waits for both chains' tails
 SEEDS = range(20)
@@ -68,58 +70,18 @@ def durable_more(
     deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
     """The four agents with the compensation extension, on the session's Ray, removed at the end."""
-    state_dir = tmp_path_factory.mktemp("durable-more-state")
-    settings = load_settings(
-        state_dir=state_dir,
-        namespace="stratagem-durable-more",
-        grpc_host="127.0.0.1",
-        extensions=["tests.integration.compensation_extension"],
-        extension_paths=[REPO],
-        max_restarts=-1,
-        default_deadline_s=30.0,
-        request_timeout_s=30.0,
-    )
-    ours = Deployment(settings)
-    ours.deploy(detached=False)
-    try:
+    with extension_deployment(
+        tmp_path_factory.mktemp("durable-more-state"),
+        "stratagem-durable-more",
+        "tests.integration.compensation_extension",
+    ) as ours:
         yield ours
-    finally:
-        ours.teardown()
-
-
-def _lines(path: Path) -> list[str]:
-    if not path.exists():
-        return []
-    return [line for line in path.read_text().splitlines() if line]
-
-
-def _tactical(dep: Deployment) -> tuple[int, str]:
-    [info] = [info for info in dep.status(timeout_s=60) if info.role == "tactical"]
-    return info.pid, info.endpoint
-
-
-def _kill_and_wait(dep: Deployment, pid: int) -> str:
-    """SIGKILL the process; return the restarted agent's endpoint once it serves again."""
-    os.kill(pid, signal.SIGKILL)
-    while True:
-        new_pid, endpoint = _tactical(dep)
-        if new_pid != pid:
-            return endpoint
 
 
 def _wait_for_lines(path: Path, count: int, run: asyncio.Task[Any]) -> None:
     """Block until ``path`` holds ``count`` lines (or the run ended)."""
-    while not run.done() and len(_lines(path)) < count:
+    while not run.done() and len(file_lines(path)) < count:
         time.sleep(0.001)
-
-
-def _audit_ok(dep: Deployment) -> None:
-    log = SqliteAuditLog(dep.settings.audit_path)
-    try:
-        verdict = verify_chain(list(log.records()))
-    finally:
-        log.close()
-    assert verdict.ok, verdict.reason
 
 
 async def _final_status(dep: Deployment, endpoint: str, plan_id: str) -> str:
@@ -184,7 +146,7 @@ async def test_a_kill_during_compensation_resumes_it_and_undoes_each_step_once(
         rng = random.Random(seed)
         plan_id = f"compensate-{seed}"
         files = {name: folder / f"{plan_id}.{name}" for name in ("effects", "undone", "calls")}
-        pid, endpoint = _tactical(durable_more)
+        pid, endpoint = pid_endpoint(durable_more)
         async with AgentClient(endpoint, credentials=credentials()) as client:
             run = asyncio.create_task(
                 client.run_plan(_compensated_plan(plan_id, files), timeout=60, request_id=plan_id)
@@ -195,7 +157,7 @@ async def test_a_kill_during_compensation_resumes_it_and_undoes_each_step_once(
             await asyncio.to_thread(_wait_for_lines, files["calls"], calls, run)
             assert not run.done() or calls == STEPS, f"seed {seed}: the plan ended too early"
             await asyncio.sleep(rng.uniform(0, 0.06))
-            endpoint = await asyncio.to_thread(_kill_and_wait, durable_more, pid)
+            endpoint = await asyncio.to_thread(kill_and_wait, durable_more, pid)
             # UNAVAILABLE when the agent died under the call; PERMISSION_DENIED when the plan
             # ended (compensated) before the kill.
             with contextlib.suppress(RemoteError):
@@ -212,15 +174,15 @@ async def test_a_kill_during_compensation_resumes_it_and_undoes_each_step_once(
         assert sorted(completed) == sorted(f"s{i}" for i in range(STEPS)), (seed, completed)
         undo_order = list(reversed(completed))
         # Every effect happened once (the kill landed after the last one).
-        effects = _lines(files["effects"])
+        effects = file_lines(files["effects"])
         assert sorted(effects) == sorted(f"{plan_id} {step}" for step in completed), seed
         # Each compensation's effect exactly once, in reverse order of completion.
-        assert _lines(files["undone"]) == [
+        assert file_lines(files["undone"]) == [
             f"{plan_id} {step} {plan_id}@1:{step}" for step in undo_order
         ], seed
         # The compensating tool was called once per step, but for at most one call in flight at
         # the kill that was made again right after the restart.
-        called = [line.split()[1] for line in _lines(files["calls"])]
+        called = [line.split()[1] for line in file_lines(files["calls"])]
         collapsed = [step for i, step in enumerate(called) if i == 0 or called[i - 1] != step]
         assert collapsed == undo_order, (seed, called)
         assert len(called) - len(collapsed) <= 1, (seed, called)
@@ -238,7 +200,7 @@ async def test_a_kill_during_compensation_resumes_it_and_undoes_each_step_once(
             if isinstance(r, CompensationRecord) and r.status is CompensationStatus.FAILED
         ], seed
     print(f"{len(SEEDS)} kills during compensation, {duplicates} compensation call(s) made twice")
-    _audit_ok(durable_more)
+    assert_audit_ok(durable_more)
 
 
 def _chain(plan_id: str, ledger: Path, steps: int, **extra: Any) -> str:
@@ -266,7 +228,7 @@ async def test_an_exhausted_budget_stops_the_plan_with_a_policy_failure(
 ) -> None:
     ledger = durable_more.settings.state_dir / "budget.effects"
     plan_id = "budget-calls"
-    _, endpoint = _tactical(durable_more)
+    _, endpoint = pid_endpoint(durable_more)
     async with AgentClient(endpoint, credentials=credentials()) as client:
         with pytest.raises(PermissionDeniedError) as raised:
             await client.run_plan(_chain(plan_id, ledger, 5, budget={"tool_calls": 3}), timeout=60)
@@ -274,7 +236,7 @@ async def test_an_exhausted_budget_stops_the_plan_with_a_policy_failure(
     assert error.code is Code.PERMISSION_DENIED
     assert "budget exhausted: tool_calls 3/3 used; step 's3' needs 1 more" in error.message
     assert f"plan {plan_id!r} step 's3' failed (policy)" in error.message
-    assert _lines(ledger) == [f"{plan_id} s{i}" for i in range(3)]  # s3 and s4 never ran
+    assert file_lines(ledger) == [f"{plan_id} s{i}" for i in range(3)]  # s3 and s4 never ran
     assert await _final_status(durable_more, endpoint, plan_id) == "failed"
 
 
@@ -294,7 +256,7 @@ async def test_an_open_circuit_stops_plans_and_stays_open_across_a_restart(
 ) -> None:
     calls = durable_more.settings.state_dir / "breaker.calls"
     circuit = "circuit open for tool 'always_unavailable' after 5 failures"
-    pid, endpoint = _tactical(durable_more)
+    pid, endpoint = pid_endpoint(durable_more)
     async with AgentClient(endpoint, credentials=credentials()) as client:
         # Five transient failures open the breaker (the default threshold); the sixth attempt
         # is refused without calling the tool.
@@ -302,7 +264,7 @@ async def test_an_open_circuit_stops_plans_and_stays_open_across_a_restart(
             await client.run_plan(_flaky("breaker-1", calls, attempts=6), timeout=60)
         assert raised.value.code is Code.PERMISSION_DENIED
         assert circuit in raised.value.message, raised.value.message
-        assert len(_lines(calls)) == 5
+        assert len(file_lines(calls)) == 5
         # A new plan calling the tool fails at once, without calling it.
         started = time.monotonic()
         with pytest.raises(PermissionDeniedError) as raised:
@@ -310,14 +272,14 @@ async def test_an_open_circuit_stops_plans_and_stays_open_across_a_restart(
         assert circuit in raised.value.message, raised.value.message
         assert "step 'call' failed (policy)" in raised.value.message
         assert time.monotonic() - started < 5
-        assert len(_lines(calls)) == 5
+        assert len(file_lines(calls)) == 5
 
     # The breaker is stored: the restarted agent starts with it open (within its 30 s).
-    endpoint = await asyncio.to_thread(_kill_and_wait, durable_more, pid)
+    endpoint = await asyncio.to_thread(kill_and_wait, durable_more, pid)
     async with AgentClient(endpoint, credentials=credentials()) as client:
         with pytest.raises(PermissionDeniedError) as raised:
             await client.run_plan(_flaky("breaker-3", calls, attempts=3), timeout=60)
     assert raised.value.code is Code.PERMISSION_DENIED
     assert circuit in raised.value.message, raised.value.message
-    assert len(_lines(calls)) == 5  # never called after it opened, restart or not
-    _audit_ok(durable_more)
+    assert len(file_lines(calls)) == 5  # never called after it opened, restart or not
+    assert_audit_ok(durable_more)

@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +32,14 @@ from protocol import (
     RemoteError,
     SqliteAuditLog,
     register_capability,
-    verify_chain,
 )
-from runtime import Deployment, Settings, load_settings
+from runtime import Deployment
+from tests.integration._agents import (
+    assert_audit_ok,
+    extension_deployment,
+    kill_and_wait,
+    pid_endpoint,
+)
 from tests.integration._auth import credentials
 from tests.integration._ledger import drive, ledger_lines, ledger_plan, next_stop, plan_snapshot
 from tests.integration.ledger_extension import (
@@ -47,7 +50,6 @@ from tests.integration.ledger_extension import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 50
 WIDTH = 5  # five chains of ten steps: step i waits for step i - WIDTH
 SEEDS = range(20)
@@ -69,36 +71,16 @@ def durable(
     deployment: Deployment, tmp_path_factory: pytest.TempPathFactory, record_entry: None
 ) -> Iterator[Deployment]:
     """The four agents with the ledger extension, on the session's Ray, removed at the end."""
-    state_dir = tmp_path_factory.mktemp("durable-state")
-    settings = load_settings(
-        state_dir=state_dir,
-        namespace="stratagem-durable",
-        grpc_host="127.0.0.1",
-        extensions=["tests.integration.ledger_extension"],
-        extension_paths=[REPO],
-        max_restarts=-1,
-        default_deadline_s=30.0,
-        request_timeout_s=30.0,
-    )
-    ours = Deployment(settings)
-    ours.deploy(detached=False)
-    try:
+    with extension_deployment(
+        tmp_path_factory.mktemp("durable-state"),
+        "stratagem-durable",
+        "tests.integration.ledger_extension",
+    ) as ours:
         yield ours
-    finally:
-        ours.teardown()
-
-
-def _settings(durable: Deployment) -> Settings:
-    return durable.settings
 
 
 def _ledger(durable: Deployment) -> Path:
-    return _settings(durable).state_dir / "ledger.txt"
-
-
-def _tactical(durable: Deployment) -> tuple[int, str]:
-    [info] = [info for info in durable.status(timeout_s=60) if info.role == "tactical"]
-    return info.pid, info.endpoint
+    return durable.settings.state_dir / "ledger.txt"
 
 
 def _wait_for_effects(ledger: Path, plan_id: str, count: int, run: asyncio.Task[Any]) -> None:
@@ -110,33 +92,15 @@ def _wait_for_effects(ledger: Path, plan_id: str, count: int, run: asyncio.Task[
         time.sleep(0.001)
 
 
-def _kill_and_wait(durable: Deployment, pid: int) -> str:
-    """SIGKILL the process; return the restarted agent's endpoint once it serves again."""
-    os.kill(pid, signal.SIGKILL)
-    while True:
-        new_pid, endpoint = _tactical(durable)
-        if new_pid != pid:
-            return endpoint
-
-
 def _crash_plan(plan_id: str, ledger: Path) -> str:
     return ledger_plan(plan_id, ledger, steps=STEPS, width=WIDTH)
 
 
 async def _stored_status(durable: Deployment, plan_id: str) -> str:
-    async with SqliteStateStore(_settings(durable).plans_path("tactical")) as store:
+    async with SqliteStateStore(durable.settings.plans_path("tactical")) as store:
         state = await store.load(plan_id)
     assert state is not None, plan_id
     return state.status.value
-
-
-def _audit_ok(durable: Deployment) -> None:
-    log = SqliteAuditLog(_settings(durable).audit_path)
-    try:
-        verdict = verify_chain(list(log.records()))
-    finally:
-        log.close()
-    assert verdict.ok, verdict.reason
 
 
 async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
@@ -148,7 +112,7 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
     for seed in SEEDS:
         rng = random.Random(seed)
         plan_id = f"crash-{seed}"
-        pid, endpoint = _tactical(durable)
+        pid, endpoint = pid_endpoint(durable)
         async with AgentClient(endpoint, credentials=credentials()) as client:
             run = asyncio.create_task(
                 client.run_plan(_crash_plan(plan_id, ledger), timeout=60, request_id=plan_id)
@@ -157,7 +121,7 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
             effects = rng.randrange(STEPS)
             await asyncio.to_thread(_wait_for_effects, ledger, plan_id, effects, run)
             await asyncio.sleep(rng.uniform(0, 0.01))
-            endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+            endpoint = await asyncio.to_thread(kill_and_wait, durable, pid)
             # The agent died under the call (UNAVAILABLE), unless the plan finished first.
             with contextlib.suppress(RemoteError):
                 await run
@@ -178,7 +142,7 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
         f"{len(SEEDS)} kills, {resumed} plans held by the restarted agent, "
         f"{sum(map(len, reconciled.values()))} reconcile gates decided"
     )
-    _audit_ok(durable)
+    assert_audit_ok(durable)
 
 
 async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
@@ -199,12 +163,12 @@ async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
             },
         ],
     }
-    pid, endpoint = _tactical(durable)
+    pid, endpoint = pid_endpoint(durable)
     async with AgentClient(endpoint, credentials=credentials()) as client:
         run = asyncio.create_task(client.run_plan(json.dumps(plan), timeout=60))
         await next_stop(client, plan_id)
         assert (await plan_snapshot(client, plan_id)) is not None
-        endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+        endpoint = await asyncio.to_thread(kill_and_wait, durable, pid)
         with pytest.raises(RemoteError):
             await run
     async with AgentClient(endpoint, credentials=credentials()) as client:
@@ -217,7 +181,7 @@ async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
     assert done is not None
     assert done.status == "succeeded"
     assert ledger_lines(ledger)[f"{plan_id} write"] == 1
-    log = SqliteAuditLog(_settings(durable).audit_path)
+    log = SqliteAuditLog(durable.settings.audit_path)
     try:
         approvals = [r for r in log.records() if r.capability == "Control.approve"]
     finally:
@@ -226,7 +190,7 @@ async def test_a_gate_is_approved_across_a_restart(durable: Deployment) -> None:
         r.actor == OPERATOR and "gate ok by operator: approved after restart" in r.detail
         for r in approvals
     )
-    _audit_ok(durable)
+    assert_audit_ok(durable)
 
 
 async def test_a_replayed_request_gets_the_stored_answer_after_the_target_restarts(
@@ -235,20 +199,20 @@ async def test_a_replayed_request_gets_the_stored_answer_after_the_target_restar
     ledger = _ledger(durable)
     request = RecordEntryRequest(ledger=str(ledger), plan_id="replayed-entry")
     answers: list[RecordEntryResponse] = []
-    pid, endpoint = _tactical(durable)
+    pid, endpoint = pid_endpoint(durable)
     for _ in range(2):
         async with AgentClient(endpoint, credentials=credentials()) as client:
             answer = await client.call("tactical", "RecordEntry", request, request_id="entry-1")
         assert isinstance(answer, RecordEntryResponse)
         answers.append(answer)
         if len(answers) == 1:
-            endpoint = await asyncio.to_thread(_kill_and_wait, durable, pid)
+            endpoint = await asyncio.to_thread(kill_and_wait, durable, pid)
     assert answers[0] == answers[1]
     assert ledger_lines(ledger)["replayed-entry write"] == 1  # the handler ran once
-    log = SqliteAuditLog(_settings(durable).audit_path)
+    log = SqliteAuditLog(durable.settings.audit_path)
     try:
         actions = [r.action for r in log.records() if r.request_id == "entry-1"]
     finally:
         log.close()
     assert actions == ["call.accepted", "call.outcome", "call.replayed"]
-    _audit_ok(durable)
+    assert_audit_ok(durable)

@@ -10,10 +10,8 @@ cannot be installed the module is skipped, except under ``CI=true``, where that 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -39,9 +37,10 @@ from protocol import (
     RemoteError,
     SubmitGoalRequest,
 )
-from runtime import Deployment, LaunchError, Settings, load_settings, run_goal
+from runtime import Deployment, Settings, load_settings, run_goal
 from runtime._backend import BackendState, PhoenixTraces
 from runtime._telemetry import SpanRecord, setup_telemetry
+from tests.integration._agents import file_lines, kill_and_wait, pid_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -257,28 +256,6 @@ async def test_a_failed_step_has_an_error_status_in_phoenix(
     assert (client_span.status, server_span.status) == ("ERROR", "UNSET")
 
 
-def _tactical(dep: Deployment) -> tuple[int, str]:
-    [info] = [info for info in dep.status(timeout_s=60) if info.role == "tactical"]
-    return info.pid, info.endpoint
-
-
-def _kill_and_wait(dep: Deployment, pid: int) -> str:
-    """SIGKILL the agent's process; the restarted agent's endpoint once it serves again."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with contextlib.suppress(LaunchError):
-            new_pid, endpoint = _tactical(dep)
-            if new_pid != pid:
-                return endpoint
-        time.sleep(0.2)
-    raise AssertionError("the killed tactical agent was not restarted")
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
 async def _final_status(endpoint: str, plan_id: str) -> str:
     """Poll the (restarted) agent until the resumed plan has a final status."""
     deadline = time.monotonic() + 120
@@ -332,7 +309,7 @@ async def test_a_killed_agent_keeps_its_exported_spans_and_the_resumed_plan_link
             for i in range(steps)
         ],
     }
-    pid, endpoint = _tactical(exported)
+    pid, endpoint = pid_endpoint(exported)
     tracer = trace.get_tracer("tests.phoenix")
     with tracer.start_as_current_span("killed plan") as root:
         trace_id = f"{root.get_span_context().trace_id:032x}"
@@ -340,13 +317,13 @@ async def test_a_killed_agent_keeps_its_exported_spans_and_the_resumed_plan_link
             run = asyncio.create_task(
                 client.run_plan(json.dumps(plan), timeout=120, request_id=plan_id)
             )
-            while len(_lines(ledger)) < 8:  # the ledger has a line once a step's tool ended
+            while len(file_lines(ledger)) < 8:  # the ledger has a line once a step's tool ended
                 assert not run.done(), "the plan ended before the kill"
                 await asyncio.sleep(0.02)
-            ended = {line.split()[1] for line in _lines(ledger)}  # step ids, ended by now
+            ended = {line.split()[1] for line in file_lines(ledger)}  # step ids, ended by now
             await asyncio.sleep(1.0)  # five export intervals
             assert not run.done(), "the plan ended before the kill"
-            endpoint = await asyncio.to_thread(_kill_and_wait, exported, pid)
+            endpoint = await asyncio.to_thread(kill_and_wait, exported, pid)
             with pytest.raises(RemoteError):  # the agent died under the call
                 await run
     assert await _final_status(endpoint, plan_id) == "succeeded"
@@ -388,7 +365,7 @@ async def test_a_killed_agent_keeps_its_exported_spans_and_the_resumed_plan_link
     assert {s.name for s in rerun} == {f"step s{i:02d}" for i in range(first, steps)}
     assert f"s{first:02d}" not in ended
     assert all(s.parent_id == resumed_span for s in rerun)
-    assert Counter(line.split()[1] for line in _lines(ledger)) == {
+    assert Counter(line.split()[1] for line in file_lines(ledger)) == {
         f"s{i:02d}": 1 for i in range(steps)
     }
     print(
