@@ -37,7 +37,7 @@ from protocol import (
     ServerConfig,
     load_or_create_key,
 )
-from runtime._directory import EndpointDirectory, GrpcDispatcher
+from runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from runtime._security import authenticator_for, credentials_for
 from runtime._settings import Settings, settings_digest
 from runtime._stores import open_answer_store, open_audit_log, open_state_store
@@ -56,21 +56,10 @@ def load_policy(settings: Settings) -> Policy:
 
 
 def _restarts() -> int | None:
-    """How often Ray restarted this actor, from the cluster's actor table (``None`` if unknown).
-
-    Ray's runtime context says only whether the actor was restarted; the count is in the GCS actor
-    table, which Ray exposes through ``ray._private.state`` (a debugging interface: tolerated
-    to fail).
-    """
-    try:
-        from ray._private import state
-
-        actor_id = ray.get_runtime_context().get_actor_id()
-        record: dict[str, Any] = state.actors(actor_id=actor_id)
-        return int(record["NumRestarts"])
-    except Exception:  # a private interface; the count is informational
-        logger.debug("cannot read the actor's restart count", exc_info=True)
-        return None
+    """How often Ray restarted this actor (``None`` if unknown): the runtime context says only
+    whether it was restarted; the count is in the GCS actor table."""
+    record = actor_record(ray.get_runtime_context().get_actor_id())
+    return int(record["NumRestarts"]) if "NumRestarts" in record else None
 
 
 class AgentActor:

@@ -901,9 +901,9 @@ def up(
             infos = deployment.deploy(detached=True, replace=replace)
         if as_json:
             _print_json({**_infos_json(infos, deployment.mode), "stale": deployment.stale})
-        else:
-            _show_agents(infos, deployment.mode, as_json)
-        if deployment.stale and not as_json:
+            return
+        console.print(_agents_table(infos, deployment.mode))
+        if deployment.stale:
             err_console.print(
                 f"[yellow]warning:[/] {', '.join(deployment.stale)} kept running with other "
                 "settings than this command's; 'stratagem up --replace' redeploys them",

@@ -19,7 +19,7 @@ import ray
 from planning import CrossAgentCall
 from protocol import AgentClient, ClientConfig, Credentials, UnavailableError, WireModel
 
-__all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name"]
+__all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name", "actor_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,25 @@ logger = logging.getLogger(__name__)
 def actor_name(role: str) -> str:
     """The named-actor name of a role's agent."""
     return f"stratagem-{role}"
+
+
+def actor_record(actor_id: str | None) -> dict[str, Any]:
+    """The GCS actor table's record of an actor (``State``, ``NumRestarts``, ``Address``, ``Pid``,
+    ...), or ``{}`` when it cannot be read.
+
+    Ray's public state API needs the dashboard; this reads the table through ``ray._private.state``
+    (a debugging interface), so a failure is tolerated: what it gives is informational.
+    """
+    if actor_id is None:
+        return {}
+    try:
+        from ray._private import state
+
+        record: dict[str, Any] = state.actors(actor_id=actor_id)
+        return record
+    except Exception:
+        logger.debug("cannot read the actor table", exc_info=True)
+        return {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import ray
 
 from protocol import ROLES, load_or_create_key
 from runtime._actor import AgentActor
-from runtime._directory import AgentInfo, actor_name
+from runtime._directory import AgentInfo, actor_name, actor_record
 from runtime._security import cluster_secret
 from runtime._settings import Settings, settings_digest
 
@@ -395,13 +395,7 @@ def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:
 
 def _silent_agent(role: str, handle: Any) -> AgentInfo:
     """What Ray's actor table says about an agent that did not answer."""
-    record: dict[str, Any] = {}
-    try:
-        from ray._private import state
-
-        record = state.actors(actor_id=handle._actor_id.hex())
-    except Exception:  # Ray's debugging interface; informational
-        logger.debug("cannot read the actor table", exc_info=True)
+    record = actor_record(handle._actor_id.hex())
     address: dict[str, Any] = record.get("Address") or {}
     return AgentInfo(
         role=role,

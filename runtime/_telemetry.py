@@ -232,22 +232,29 @@ def read_spans(path: Path, trace_id: str | None = None) -> list[SpanRecord]:
     return records
 
 
-def _otlp_wanted() -> bool:
-    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
-    if "none" in exporters.split(","):
+def _otlp_wanted(signal: str) -> bool:
+    """Whether the ``OTEL_*`` variables ask for OTLP export of ``signal`` (TRACES or METRICS)."""
+    exporters = os.environ.get(f"OTEL_{signal}_EXPORTER", "").split(",")
+    if "none" in exporters:
         return False
     return bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or "otlp" in exporters.split(",")
+        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        or "otlp" in exporters
     )
+
+
+def _otlp_over_http(signal: str) -> bool:
+    """Whether ``signal`` goes over OTLP/HTTP (else gRPC, the default)."""
+    protocol = os.environ.get(
+        f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL",
+        os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    )
+    return protocol.startswith("http")
 
 
 def _otlp_exporter() -> SpanExporter:
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    )
-    if protocol.startswith("http"):
+    if _otlp_over_http("TRACES"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as HttpExporter,
         )
@@ -260,22 +267,8 @@ def _otlp_exporter() -> SpanExporter:
     return GrpcExporter()
 
 
-def _otlp_metrics_wanted() -> bool:
-    exporters = os.environ.get("OTEL_METRICS_EXPORTER", "")
-    if "none" in exporters.split(","):
-        return False
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or "otlp" in exporters.split(",")
-    )
-
-
 def _otlp_metric_exporter() -> MetricExporter:
-    protocol = os.environ.get(
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    )
-    if protocol.startswith("http"):
+    if _otlp_over_http("METRICS"):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
             OTLPMetricExporter as HttpExporter,
         )
@@ -329,11 +322,11 @@ def setup_telemetry(
             else SpanIdentitySampler(service, attributes["service.instance.id"]),
         )
         if not disabled:
-            if _otlp_metrics_wanted():
+            if _otlp_wanted("METRICS"):
                 reader = PeriodicExportingMetricReader(_otlp_metric_exporter())
                 _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
                 metrics.set_meter_provider(_meter_provider)
-            if _otlp_wanted():
+            if _otlp_wanted("TRACES"):
                 provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
             if trace_file is not None:
                 provider.add_span_processor(
