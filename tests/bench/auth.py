@@ -66,7 +66,7 @@ from protocol import (
     init_certificates,
 )
 from protocol._identity import Authenticator
-from tests.bench.stats import summarize
+from tests.bench.stats import closed_loop, summarize
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 __all__ = ["MODES", "AuthBenchConfig", "run_auth_benchmark"]
@@ -202,26 +202,6 @@ async def _latency(call: Callable[[], Awaitable[object]], calls: int) -> list[fl
     return samples
 
 
-async def _throughput(
-    call: Callable[[], Awaitable[object]], calls: int, concurrency: int
-) -> tuple[float, list[float]]:
-    """``calls`` calls by ``concurrency`` workers; the wall time and each call's latency."""
-    left = calls
-    samples: list[float] = []
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            started = time.perf_counter()
-            await call()
-            samples.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - started, samples
-
-
 def _rotated(names: tuple[str, ...], shift: int) -> tuple[str, ...]:
     shift %= len(names)
     return names[shift:] + names[:shift]
@@ -304,7 +284,7 @@ async def _measure(modes: _Modes, config: AuthBenchConfig, server_pid: int) -> _
         logger.info("auth: warming up %s", ", ".join(MODES))
         for mode in MODES:
             await _latency(calls[mode], config.warmup)
-            await _throughput(calls[mode], 4 * config.concurrency, config.concurrency)
+            await closed_loop(calls[mode], 4 * config.concurrency, config.concurrency)
         per_round = max(1, config.latency_calls // config.rounds)
         for index in range(config.rounds):
             logger.info(
@@ -327,7 +307,7 @@ async def _measure(modes: _Modes, config: AuthBenchConfig, server_pid: int) -> _
             for mode in _rotated(MODES, index):
                 gc.collect()
                 since = samples.cpu.start()
-                wall_s, loaded = await _throughput(calls[mode], per_round, config.concurrency)
+                wall_s, loaded = await closed_loop(calls[mode], per_round, config.concurrency)
                 samples.cpu.charge(mode, since, per_round)
                 samples.wall_s[mode] += wall_s
                 samples.calls[mode] += per_round

@@ -203,6 +203,26 @@ def _verdict(met: bool) -> str:
     return "**met**" if met else "**not met**"
 
 
+def _per_step_table(variants: dict[str, Any], ratios: dict[str, float], baseline: str) -> list[str]:
+    """Per-step cost of each engine variant (median, min, max) and its ratio to ``baseline``."""
+    rows = []
+    for name, variant in variants.items():
+        per_step = variant["per_step_us"]
+        rows.append(
+            (
+                f"`{name}`",
+                _VARIANT_NOTES[name],
+                f"{per_step['median']:.2f}",
+                f"{per_step['min']:.2f}",
+                f"{per_step['max']:.2f}",
+                f"{variant['run_ms']:.1f}",
+                f"{ratios[name]:.2f}x" if name in ratios else "1x",
+            )
+        )
+    header = ("variant", "what", "median µs/step", "min µs/step", "max µs/step", "median ms/run")
+    return _table((*header, f"vs {baseline}"), rows, text_columns=2)
+
+
 def _machine_section(machine: dict[str, Any], duration_s: float) -> list[str]:
     cores = f"{machine['cores']} ({machine['usable_cores']} usable)"
     commit = machine["commit"] + (
@@ -502,33 +522,7 @@ def _engine_section(engine: dict[str, Any]) -> list[str]:
         "runs, and the ratio of medians to the bare loop's.",
         "",
     ]
-    rows = []
-    for name, variant in variants.items():
-        per_step = variant["per_step_us"]
-        rows.append(
-            (
-                f"`{name}`",
-                _VARIANT_NOTES[name],
-                f"{per_step['median']:.2f}",
-                f"{per_step['min']:.2f}",
-                f"{per_step['max']:.2f}",
-                f"{variant['run_ms']:.1f}",
-                f"{ratios[name]:.2f}x" if name in ratios else "1x",
-            )
-        )
-    lines += _table(
-        (
-            "variant",
-            "what",
-            "median µs/step",
-            "min µs/step",
-            "max µs/step",
-            "median ms/run",
-            "vs bare loop",
-        ),
-        rows,
-        text_columns=2,
-    )
+    lines += _per_step_table(variants, ratios, "bare loop")
     bound = engine["target"]["max_ratio"]
     for name, ratio in ratios.items():
         lines.append(
@@ -565,33 +559,7 @@ def _durable_section(durable: dict[str, Any]) -> list[str]:
         "steps; medians, min and max over the runs, and the ratio of medians to `no_store`'s.",
         "",
     ]
-    rows = []
-    for name, variant in variants.items():
-        per_step = variant["per_step_us"]
-        rows.append(
-            (
-                f"`{name}`",
-                _VARIANT_NOTES[name],
-                f"{per_step['median']:.2f}",
-                f"{per_step['min']:.2f}",
-                f"{per_step['max']:.2f}",
-                f"{variant['run_ms']:.1f}",
-                f"{ratios[name]:.2f}x" if name in ratios else "1x",
-            )
-        )
-    lines += _table(
-        (
-            "variant",
-            "what",
-            "median µs/step",
-            "min µs/step",
-            "max µs/step",
-            "median ms/run",
-            "vs no store",
-        ),
-        rows,
-        text_columns=2,
-    )
+    lines += _per_step_table(variants, ratios, "no store")
     bound = durable["target"]["max_ratio"]
     for name, target in durable["target"]["variants"].items():
         extra = (

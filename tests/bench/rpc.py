@@ -85,7 +85,7 @@ from protocol import (
     encode_response,
 )
 from tests.bench.profiling import profile_summary
-from tests.bench.stats import summarize
+from tests.bench.stats import closed_loop, summarize
 
 __all__ = [
     "DIAGNOSTICS",
@@ -405,21 +405,8 @@ class BenchCaller:
         Returns:
             ``calls``, ``wall_s`` and ``samples`` (seconds per call, under load).
         """
-        call = self._calls[variant]
-        left = calls
-        samples: list[float] = []
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                started = time.perf_counter()
-                await call()
-                samples.append(time.perf_counter() - started)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return {"calls": calls, "wall_s": time.perf_counter() - started, "samples": samples}
+        wall_s, samples = await closed_loop(self._calls[variant], calls, concurrency)
+        return {"calls": calls, "wall_s": wall_s, "samples": samples}
 
     async def close(self) -> None:
         """Close every channel."""

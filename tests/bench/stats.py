@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
-__all__ = ["percentile", "summarize"]
+__all__ = ["closed_loop", "percentile", "summarize"]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -50,3 +52,24 @@ def summarize(samples: Sequence[float], *, scale: float = 1.0, digits: int = 2) 
         "mean": round(statistics.fmean(samples) * scale, digits),
         "n": len(samples),
     }
+
+
+async def closed_loop(
+    call: Callable[[], Awaitable[object]], calls: int, concurrency: int
+) -> tuple[float, list[float]]:
+    """``calls`` calls by ``concurrency`` workers, each starting its next call at once: the wall
+    time (seconds) and each call's latency (seconds)."""
+    left = calls
+    samples: list[float] = []
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            started = time.perf_counter()
+            await call()
+            samples.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.perf_counter() - started, samples
