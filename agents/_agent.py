@@ -646,15 +646,7 @@ class Agent:
             new_plan = self.plan_type.model_validate(raw)
         except ValidationError as exc:
             raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
-        problems: list[str] = []
-        if new_plan.owner != self.role:
-            problems.append(
-                f"the plan is owned by {new_plan.owner!r}, not by the {self.role} agent"
-            )
-        try:
-            validate_plan(new_plan, tools=self.registry)
-        except PlanValidationError as exc:
-            problems.extend(exc.problems)
+        problems = self._problems(new_plan)
         if problems:
             raise FailedPreconditionError(
                 _one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
@@ -1011,18 +1003,7 @@ class Agent:
         if plan.revision <= latest:
             # The same id again (a retried step, a resubmitted plan): a new revision of it.
             plan = plan.model_copy(update={"revision": latest + 1})
-        problems: list[str] = []
-        if plan.owner != self.role:
-            problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
-        if not isinstance(plan, self.plan_type):
-            problems.append(
-                f"the plan is a {type(plan).__name__}; the {self.role} agent runs "
-                f"{self.plan_type.__name__} plans"
-            )
-        try:
-            validate_plan(plan, tools=self.registry)
-        except PlanValidationError as exc:
-            problems.extend(exc.problems)
+        problems = self._problems(plan)
         if problems:
             message = _one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
             self._refuse(plan, capability, message)
@@ -1039,6 +1020,23 @@ class Agent:
             self._active.discard(plan.id)
         _follow_revision(record, result)
         return result
+
+    def _problems(self, plan: Plan) -> list[str]:
+        """Why this agent may not run ``plan``: another owner, another plan type, a tool it does
+        not have or a malformed DAG (empty when it may)."""
+        problems: list[str] = []
+        if plan.owner != self.role:
+            problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
+        if not isinstance(plan, self.plan_type):
+            problems.append(
+                f"the plan is a {type(plan).__name__}; the {self.role} agent runs "
+                f"{self.plan_type.__name__} plans"
+            )
+        try:
+            validate_plan(plan, tools=self.registry)
+        except PlanValidationError as exc:
+            problems.extend(exc.problems)
+        return problems
 
     def _refuse(self, plan: Plan, capability: str, message: str) -> None:
         record = self._remember(PlanRecord(plan=plan, capability=capability))
