@@ -86,6 +86,7 @@ class AgentActor:
             if not str(key).startswith("ray.io/")
         }
         self._restarted = bool(context.was_current_actor_reconstructed)
+        self._restarts: int | None = None
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
             trace_file=settings.trace_file,
@@ -157,10 +158,17 @@ class AgentActor:
             "restarted": self._restarted,
             "plans_running": sum(1 for p in self._agent.plans("") if p.status == "running"),
             "plans_blocked": sum(1 for p in self._agent.plans("") if p.status == "blocked"),
-            "restarts": _restarts(),
+            "restarts": self._restart_count(),
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
         }
+
+    def _restart_count(self) -> int | None:
+        """This incarnation's restart count: read once from the actor table (it cannot change
+        while the process lives), again only while Ray cannot tell."""
+        if self._restarts is None:
+            self._restarts = _restarts()
+        return self._restarts
 
     async def flush(self) -> None:
         """Export every finished span now and sign the audit chain's head (the CLI calls this
