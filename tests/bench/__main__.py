@@ -23,12 +23,14 @@ from tests.bench.auth import run_auth_benchmark
 from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
+from tests.bench.peers import run_peers_benchmark
 from tests.bench.report import (
     MARKDOWN_PATH,
     RESULTS_PATH,
     auth_section,
     cluster_section,
     machine_facts,
+    peers_section,
     tracing_section,
     verdicts,
     write_outputs,
@@ -127,6 +129,28 @@ def _only_cluster() -> int:
     )
 
 
+def _peers() -> dict[str, Any]:
+    """Stratagem's pipelines beside AutoGen's gRPC runtime and the A2A SDK, one harness."""
+    logger.info("peers: echo, Stratagem's pipelines, AutoGen's runtime and A2A, same harness")
+    peers = run_peers_benchmark(folder=RESULTS_PATH.parent / "peers")
+    if "skipped" in peers:
+        logger.info("peers: %s", peers["skipped"])
+        return peers
+    for name, ratio in peers["ratios"].items():
+        logger.info(
+            "peers: %s at %.2fx the echo's median latency, %.2fx its throughput",
+            name,
+            ratio["median_latency"],
+            ratio["throughput"],
+        )
+    return peers
+
+
+def _only_peers() -> int:
+    """``python -m tests.bench peers``: this section alone, merged into the last results."""
+    return _only_section("peers", _peers, "## Peers", peers_section)
+
+
 def _only_section(
     name: str,
     measure: Callable[[], dict[str, Any]],
@@ -167,6 +191,8 @@ def main() -> int:
         return _only_auth()
     if sys.argv[1:] == ["cluster"]:
         return _only_cluster()
+    if sys.argv[1:] == ["peers"]:
+        return _only_peers()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -206,6 +232,7 @@ def main() -> int:
         logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
     auth = _auth()
     cluster = _cluster()
+    peers = _peers()
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -215,6 +242,7 @@ def main() -> int:
     }
     results["benchmarks"]["auth"] = auth
     results["benchmarks"]["cluster"] = cluster
+    results["benchmarks"]["peers"] = peers
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

@@ -663,6 +663,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_durable_section(durable),
         *auth_section(benchmarks.get("auth")),
         *cluster_section(benchmarks.get("cluster")),
+        *peers_section(benchmarks.get("peers")),
         *tracing_section(benchmarks.get("tracing")),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
@@ -958,3 +959,69 @@ def write_outputs(results: dict[str, Any]) -> tuple[Path, Path]:
     RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     MARKDOWN_PATH.write_text(render_markdown(results), encoding="utf-8")
     return RESULTS_PATH, MARKDOWN_PATH
+
+
+_PEER_NOTES: Final = {
+    "echo": "bare `grpc.aio` echo of Stratagem's request bytes (the floor)",
+    "pipeline_constant": "Stratagem, full pipeline, constant handler",
+    "pipeline_agent": "Stratagem, full pipeline, real perception agent (2-step plan)",
+    "autogen": "AutoGen 0.7.5 gRPC worker runtime: worker -> host -> worker, JSON, no auth/audit",
+    "a2a": "A2A SDK 1.3.0: JSON-RPC `message/send` over HTTP, no auth/audit",
+}
+
+
+def peers_section(peers: dict[str, Any] | None) -> list[str]:
+    """Stratagem's request path beside AutoGen's runtime and the A2A SDK, same harness, same run."""
+    lines = ["## Peers: AutoGen's gRPC runtime and the A2A SDK beside Stratagem", ""]
+    if not peers:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in peers:
+        return [*lines, f"Skipped: {peers['skipped']}.", ""]
+    config, variants, ratios = peers["config"], peers["variants"], peers["ratios"]
+    lines += [
+        "How it was measured (`tests/bench/peers.py`): every variant in one harness, in this run, "
+        "on 127.0.0.1 without Ray: its server process(es) stay up, and a driver process per "
+        f"measurement warms up ({config['warmup']} calls), times {config['latency_calls']} "
+        f"sequential calls, then runs {config['throughput_calls']} calls by "
+        f"{config['concurrency']} concurrent callers; {config['rounds']} rounds rotate the "
+        "variants' order. The peers run from venvs of their own under `.bench/peers/` ("
+        + "; ".join(", ".join(reqs) for reqs in peers["peers"].values())
+        + "). Stratagem's variants are section 1's servers and clients (token auth, policy, "
+        "validation, SQLite audit, SDK tracer provider) in plain processes.",
+        "",
+    ]
+    rows = []
+    for name, item in variants.items():
+        latency = item["latency_us"]
+        ratio = ratios.get(name)
+        rows.append(
+            (
+                f"`{name}`",
+                _PEER_NOTES.get(name, ""),
+                _us(latency["median"]),
+                _us(latency["p99"]),
+                f"{ratio['median_latency']:.2f}x" if ratio else "1x",
+                f"{item['throughput_rps']:,.0f}",
+                f"{ratio['throughput']:.2f}x" if ratio else "1x",
+            )
+        )
+    lines += _table(
+        (
+            "variant",
+            "what",
+            "median µs",
+            "p99 µs",
+            "median vs echo",
+            f"req/s @{config['concurrency']}",
+            "req/s vs echo",
+        ),
+        rows,
+        text_columns=2,
+    )
+    for name, target in peers["targets"].items():
+        variant = name.removesuffix("_beats_autogen")
+        lines.append(
+            f"- `{variant}` beats AutoGen's runtime on median latency: "
+            f"{_verdict(target['latency'])}; on throughput: {_verdict(target['throughput'])}."
+        )
+    return _wrapped([*lines, ""])

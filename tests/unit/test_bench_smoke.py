@@ -39,7 +39,15 @@ from tests.bench.engine import (
     layered_plan,
     run_engine_benchmark,
 )
-from tests.bench.report import _durable_section, auth_section, cluster_section, verdicts
+from tests.bench.peers import VARIANTS as PEER_VARIANTS
+from tests.bench.peers import PeersBenchConfig, summarize_peers
+from tests.bench.report import (
+    _durable_section,
+    auth_section,
+    cluster_section,
+    peers_section,
+    verdicts,
+)
 
 
 def test_layered_plan_has_the_asked_shape() -> None:
@@ -179,3 +187,26 @@ def test_cluster_summary_and_section_are_well_formed() -> None:
     assert "## Goals on a multi-node Ray cluster" in text
     assert "passes 1.5x of it from 4 in flight" in text
     assert "## Goals on a multi-node Ray cluster" in "\n".join(cluster_section(None))
+
+
+def test_peers_summary_and_section_are_well_formed() -> None:
+    config = PeersBenchConfig(warmup=0, latency_calls=3, throughput_calls=4, rounds=1)
+    # Synthetic samples (seconds): shape only, no timing is judged here.
+    samples = {name: [0.001 * (index + 1)] * 3 for index, name in enumerate(PEER_VARIANTS)}
+    calls = dict.fromkeys(PEER_VARIANTS, 4)
+    wall = {name: 0.01 * (index + 1) for index, name in enumerate(PEER_VARIANTS)}
+    result = summarize_peers(config, samples, calls, wall)
+
+    assert set(result["variants"]) == set(PEER_VARIANTS)
+    assert set(result["ratios"]) == set(PEER_VARIANTS) - {"echo"}
+    assert result["ratios"]["autogen"]["median_latency"] == 4.0
+    # The pipelines are faster than AutoGen in these samples; the verdicts say so.
+    assert result["targets"]["pipeline_constant_beats_autogen"] == {
+        "latency": True,
+        "throughput": True,
+    }
+    text = "\n".join(peers_section(result))
+    assert "`autogen`" in text
+    assert "`a2a`" in text
+    assert "Not measured" not in text
+    assert peers_section({"skipped": "no network"})[-2] == "Skipped: no network."
