@@ -24,7 +24,14 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(MAKE) --no-print-directory .typecheck/stratagem
 	@touch $(STAMP)
+
+# The layer folders install as stratagem.<layer> (pyproject's package-dir); an editable install
+# maps them with an import hook that mypy does not run, so mypy reads them through this link tree.
+.typecheck/stratagem:
+	@mkdir -p .typecheck/stratagem
+	@for layer in agents planning protocol runtime; do ln -sfn ../../$$layer .typecheck/stratagem/$$layer; done
 
 demo: $(STAMP)
 	$(BIN)/stratagem demo

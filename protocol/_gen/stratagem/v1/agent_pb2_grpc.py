@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protocol._gen.stratagem.v1 import agent_pb2 as protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2
+from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protocol/_gen/stratagem/v1/agent_pb2_grpc.py depends on'
+        + ' but the generated code in stratagem/protocol/_gen/stratagem/v1/agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,43 +36,43 @@ class AgentServiceStub:
         """
         self.Call = channel.unary_unary(
                 '/stratagem.v1.AgentService/Call',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/stratagem.v1.AgentService/Describe',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.FromString,
                 _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/stratagem.v1.AgentService/Watch',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.FromString,
                 _registered_method=True)
         self.Plans = channel.unary_unary(
                 '/stratagem.v1.AgentService/Plans',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
                 _registered_method=True)
         self.RunPlan = channel.unary_unary(
                 '/stratagem.v1.AgentService/RunPlan',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
                 _registered_method=True)
         self.Control = channel.unary_unary(
                 '/stratagem.v1.AgentService/Control',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
                 _registered_method=True)
         self.Replay = channel.unary_unary(
                 '/stratagem.v1.AgentService/Replay',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
                 _registered_method=True)
         self.Revisions = channel.unary_unary(
                 '/stratagem.v1.AgentService/Revisions',
-                request_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
-                response_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
                 _registered_method=True)
 
 
@@ -132,43 +132,43 @@ def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Call': grpc.unary_unary_rpc_method_handler(
                     servicer.Call,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.SerializeToString,
             ),
             'Plans': grpc.unary_unary_rpc_method_handler(
                     servicer.Plans,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.SerializeToString,
             ),
             'RunPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.RunPlan,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
             ),
             'Control': grpc.unary_unary_rpc_method_handler(
                     servicer.Control,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.SerializeToString,
             ),
             'Replay': grpc.unary_unary_rpc_method_handler(
                     servicer.Replay,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.SerializeToString,
             ),
             'Revisions': grpc.unary_unary_rpc_method_handler(
                     servicer.Revisions,
-                    request_deserializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.FromString,
-                    response_serializer=protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -196,8 +196,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Call',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -223,8 +223,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Describe',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.DescribeRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.AgentCard.FromString,
             options,
             channel_credentials,
             insecure,
@@ -250,8 +250,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Watch',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.WatchRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -277,8 +277,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Plans',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlansResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -304,8 +304,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/RunPlan',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RunPlanRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
             options,
             channel_credentials,
             insecure,
@@ -331,8 +331,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Control',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.PlanSnapshot.FromString,
             options,
             channel_credentials,
             insecure,
@@ -358,8 +358,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Replay',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.ReplayResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -385,8 +385,8 @@ class AgentService:
             request,
             target,
             '/stratagem.v1.AgentService/Revisions',
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
-            protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsRequest.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_agent__pb2.RevisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

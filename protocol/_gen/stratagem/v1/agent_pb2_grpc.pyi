@@ -10,7 +10,7 @@ fails when those models and these messages drift apart.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from protocol._gen.stratagem.v1 import agent_pb2 as _agent_pb2
+from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as _agent_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
