@@ -41,7 +41,9 @@ class Tool(Generic[InT, OutT]):
         fn: The implementation: ``await fn(input, ctx)`` returns an ``output_model`` instance.
         side_effects: Whether it changes anything outside its output (the world model, a store).
         idempotent: Whether running it twice with the same input is the same as running it once;
-            the engine re-runs an interrupted step only when it is.
+            the engine re-runs an interrupted step only when it is (otherwise the plan waits at a
+            reconcile gate). When not given: ``True`` for a tool without side effects, ``False``
+            for one with side effects, so exactly-once is the default a tool opts out of.
         cost: Cost units charged to a plan's budget per call.
     """
 
@@ -51,8 +53,12 @@ class Tool(Generic[InT, OutT]):
     output_model: type[OutT]
     fn: Callable[[InT, ToolContext], Awaitable[OutT]]
     side_effects: bool = False
-    idempotent: bool = True
+    idempotent: bool | None = None
     cost: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.idempotent is None:
+            object.__setattr__(self, "idempotent", not self.side_effects)
 
     async def __call__(self, data: InT, ctx: ToolContext) -> OutT:
         """Run the tool on an already validated input."""
@@ -139,7 +145,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     side_effects: bool = False,
-    idempotent: bool = True,
+    idempotent: bool | None = None,
     cost: float = 1.0,
 ) -> Callable[[Callable[..., Awaitable[Any]]], Tool[Any, Any]]: ...
 
@@ -151,7 +157,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     side_effects: bool = False,
-    idempotent: bool = True,
+    idempotent: bool | None = None,
     cost: float = 1.0,
 ) -> Tool[Any, Any] | Callable[[Callable[..., Awaitable[Any]]], Tool[Any, Any]]:
     """Make a :class:`Tool` from an annotated async function.
@@ -173,7 +179,9 @@ def tool(
         name: The tool's name (default: the function's name).
         description: What it does (default: the first line of the function's docstring).
         side_effects: Whether it changes anything outside its output.
-        idempotent: Whether repeating a call with the same input is harmless.
+        idempotent: Whether repeating a call with the same input is harmless (default: when it
+            has no side effects). A side-effecting tool is re-run after a crash only when it says
+            ``idempotent=True``; otherwise its interrupted step waits at a reconcile gate.
         cost: Cost units per call.
 
     Returns:
@@ -268,7 +276,7 @@ class ToolRegistry:
         idempotent.
         """
         item = self._tools.get(name)
-        return item is not None and item.idempotent
+        return item is not None and item.idempotent is True
 
     def names(self) -> list[str]:
         """The tools' names, in registration order."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pydantic import BaseModel
 
@@ -134,3 +136,38 @@ def test_duplicate_name_is_refused_unless_replacing() -> None:
     reg.register(add)  # the same tool again is harmless
     reg.register(other, replace=True)
     assert reg.get("add") is other
+
+
+def test_a_side_effecting_tool_is_not_idempotent_unless_it_says_so() -> None:
+    async def charge(amount: int) -> int:
+        """Charge an amount."""
+        return amount
+
+    plain = tool(charge)
+    effect = tool(side_effects=True)(charge)
+    declared = tool(side_effects=True, idempotent=True)(charge)
+    pure_but_not_idempotent = tool(idempotent=False)(charge)
+    assert plain.idempotent is True
+    assert effect.idempotent is False
+    assert declared.idempotent is True
+    assert pure_but_not_idempotent.idempotent is False
+    # The same default for a Tool built directly.
+    direct = Tool(
+        name="direct",
+        description="d",
+        input_model=effect.input_model,
+        output_model=effect.output_model,
+        fn=effect.fn,
+        side_effects=True,
+    )
+    assert direct.idempotent is False
+    # The engine asks the registry: only the declared one is re-run after a crash.
+    reg = ToolRegistry("strategic")
+    for name, item in (("a", plain), ("b", effect), ("c", declared)):
+        reg.register(dataclasses.replace(item, name=name))
+    assert [reg.is_idempotent(name) for name in ("a", "b", "c", "unknown")] == [
+        True,
+        False,
+        True,
+        False,
+    ]
