@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -18,82 +20,221 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-import yaml
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
-from stratagem.agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
-from stratagem.planning import PlanValidationError, validate_plan
-from stratagem.protocol import (
-    CAPABILITIES,
-    OPERATOR,
-    ROLES,
-    AgentClient,
-    ChainVerdict,
-    ClientConfig,
-    ControlAction,
-    ControlRequest,
-    PlanSnapshot,
-    ProtocolError,
-    RemoteError,
-    ReplayResult,
-    RevisionsResponse,
-    SubmitGoalRequest,
-    capability_for,
-    init_certificates,
-    load_or_create_key,
-    verify_chain,
-    verify_sealed,
-)
-from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
-from stratagem.runtime._directory import AgentInfo
-from stratagem.runtime._goal import GoalOutcome, run_goal
-from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
-from stratagem.runtime._render import (
-    Progress,
-    action_text,
-    plan_forest,
-    relation_text,
-    span_json,
-    span_tree,
-)
-from stratagem.runtime._security import credentials_for
-from stratagem.runtime._settings import Settings, load_settings
-from stratagem.runtime._stores import open_audit_log
-from stratagem.runtime._telemetry import SpanRecord, read_spans, setup_telemetry, shutdown_telemetry
+if TYPE_CHECKING:
+    import yaml
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+    from rich.live import Live
+    from rich.table import Table
+
+    from stratagem.agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
+    from stratagem.planning import PlanValidationError, validate_plan
+    from stratagem.protocol import (
+        CAPABILITIES,
+        OPERATOR,
+        ROLES,
+        AgentClient,
+        ChainVerdict,
+        ClientConfig,
+        ControlAction,
+        ControlRequest,
+        PlanSnapshot,
+        ProtocolError,
+        RemoteError,
+        ReplayResult,
+        RevisionsResponse,
+        SubmitGoalRequest,
+        capability_for,
+        init_certificates,
+        load_or_create_key,
+        verify_chain,
+        verify_sealed,
+    )
+    from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
+    from stratagem.runtime._directory import AgentInfo
+    from stratagem.runtime._goal import GoalOutcome, run_goal
+    from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
+    from stratagem.runtime._render import (
+        Progress,
+        action_text,
+        plan_forest,
+        relation_text,
+        span_json,
+        span_tree,
+    )
+    from stratagem.runtime._security import credentials_for
+    from stratagem.runtime._settings import Settings, load_settings
+    from stratagem.runtime._stores import open_audit_log
+    from stratagem.runtime._telemetry import (
+        SpanRecord,
+        read_spans,
+        setup_telemetry,
+        shutdown_telemetry,
+    )
+
+# What the commands use beyond typer and rich's console: imported when a command runs (see
+# _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
+# gRPC, OpenTelemetry's SDK or pydantic. A module with no names is bound under its own name.
+_RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
+    "yaml": (),
+    "pydantic": ("ValidationError",),
+    "pydantic_settings": ("SettingsError",),
+    "rich.live": ("Live",),
+    "rich.table": ("Table",),
+    "stratagem.agents": (
+        "DEMO_GOAL",
+        "ExtensionError",
+        "build_agent",
+        "import_extensions",
+    ),
+    "stratagem.planning": (
+        "PlanValidationError",
+        "validate_plan",
+    ),
+    "stratagem.protocol": (
+        "CAPABILITIES",
+        "OPERATOR",
+        "ROLES",
+        "AgentClient",
+        "ChainVerdict",
+        "ClientConfig",
+        "ControlAction",
+        "ControlRequest",
+        "PlanSnapshot",
+        "ProtocolError",
+        "RemoteError",
+        "ReplayResult",
+        "RevisionsResponse",
+        "SubmitGoalRequest",
+        "capability_for",
+        "init_certificates",
+        "load_or_create_key",
+        "verify_chain",
+        "verify_sealed",
+    ),
+    "stratagem.runtime._backend": (
+        "BackendError",
+        "PhoenixTraces",
+        "find_backend",
+        "use_backend",
+    ),
+    "stratagem.runtime._directory": ("AgentInfo",),
+    "stratagem.runtime._goal": (
+        "GoalOutcome",
+        "run_goal",
+    ),
+    "stratagem.runtime._launcher": (
+        "Deployment",
+        "LaunchError",
+        "LocalCluster",
+    ),
+    "stratagem.runtime._render": (
+        "Progress",
+        "action_text",
+        "plan_forest",
+        "relation_text",
+        "span_json",
+        "span_tree",
+    ),
+    "stratagem.runtime._security": ("credentials_for",),
+    "stratagem.runtime._settings": (
+        "Settings",
+        "load_settings",
+    ),
+    "stratagem.runtime._stores": ("open_audit_log",),
+    "stratagem.runtime._telemetry": (
+        "SpanRecord",
+        "read_spans",
+        "setup_telemetry",
+        "shutdown_telemetry",
+    ),
+}
+
+
+def _load_runtime() -> None:
+    """Bind the names of ``_RUNTIME_IMPORTS`` in this module (once)."""
+    scope = globals()
+    if "load_settings" in scope:
+        return
+    for module_name, names in _RUNTIME_IMPORTS.items():
+        module = importlib.import_module(module_name)
+        if not names:
+            scope[module_name.rpartition(".")[2]] = module
+        for name in names:
+            scope[name] = getattr(module, name)
+
 
 __all__ = ["app", "main"]
 
 logger = logging.getLogger(__name__)
 
+_CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="stratagem",
     help="Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=_CONTEXT,
 )
-audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+audit_app = typer.Typer(
+    help="The hash-chained audit log.", no_args_is_help=True, context_settings=_CONTEXT
+)
 app.add_typer(audit_app, name="audit")
 plans_app = typer.Typer(
-    help="Plans written by you, and plans the agents made.", no_args_is_help=True
+    help="Plans written by you, and plans the agents made.",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
 )
 app.add_typer(plans_app, name="plans")
 certs_app = typer.Typer(
-    help="Certificates for mutual TLS (STRATAGEM_AUTH=mtls).", no_args_is_help=True
+    help="Certificates for mutual TLS (STRATAGEM_AUTH=mtls).",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
 )
 app.add_typer(certs_app, name="certs")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("stratagem")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"stratagem {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Print Stratagem's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol."""
+
 
 console = Console()
 err_console = Console(stderr=True)
 
 T = TypeVar("T")
+_OPERATOR = "operator"
+"""``protocol.OPERATOR``, the CLI's identity, as a default before the protocol is imported (a test
+checks that the two agree)."""
 
 AddressOpt = Annotated[
     str | None,
@@ -128,6 +269,7 @@ def _errors() -> Iterator[None]:
     ``print()``s cluster events (a node marked dead, ...) to ``sys.stdout``, so other writers go to
     standard error while the command runs.
     """
+    _load_runtime()
     outermost = not _guarded
     if outermost:
         console.file = sys.stdout
@@ -391,7 +533,7 @@ def request(
     caller: Annotated[
         str,
         typer.Option("--as", help="Caller identity (trusted until identity authentication lands)."),
-    ] = OPERATOR,
+    ] = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = None,
@@ -676,7 +818,7 @@ def _client(
     settings: Settings,
     endpoint: str,
     *,
-    caller: str = OPERATOR,
+    caller: str = _OPERATOR,
     config: ClientConfig | None = None,
 ) -> AgentClient:
     """A client of ``endpoint`` as ``caller``, with the credentials ``STRATAGEM_AUTH`` asks for."""
