@@ -4,6 +4,9 @@ Protobuf messages stay inside this package: everything exported here speaks pyda
 values and ``ProtocolError`` subclasses.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from stratagem.protocol._answers import (
     AnswerRetention,
     AnswerStore,
@@ -119,10 +122,29 @@ from stratagem.protocol._identity import (
     TokenSigner,
 )
 from stratagem.protocol._metrics import RpcMetrics
-from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditLog
 from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
 from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
 from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
+
+if TYPE_CHECKING:
+    from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditLog
+
+# The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
+# so that the package works without it.
+_POSTGRES: dict[str, str] = {
+    "PostgresAnswerStore": "stratagem.protocol._pg",
+    "PostgresAuditLog": "stratagem.protocol._pg",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _POSTGRES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AUTHORIZATION_KEY",

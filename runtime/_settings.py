@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from stratagem.protocol import ROLES
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
+
+
+def _importable(name: str) -> bool:
+    """Whether module ``name`` can be imported, without importing it."""
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class RolePlacement(BaseModel):
@@ -152,6 +161,12 @@ class Settings(BaseSettings):
             return None
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL (leave it unset for SQLite files)")
+        missing = [name for name in ("psycopg", "psycopg_pool") if not _importable(name)]
+        if missing:
+            raise ValueError(
+                f"PostgreSQL needs {' and '.join(missing)}, which are not installed: "
+                "pip install 'stratagem[postgres]' (and 'psycopg[binary]' where libpq is missing)"
+            )
         return value
 
     @field_validator("state_dir", "policy_file", "trace_file", "tls_dir", "secret_file")

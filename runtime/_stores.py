@@ -9,16 +9,14 @@ with ``STATE_DIR/audit.key``: outside the database, whichever database it is.
 
 from __future__ import annotations
 
-from stratagem.planning import PostgresStateStore, SqliteStateStore, StateStore
-from stratagem.protocol import (
-    AnswerRetention,
-    AnswerStore,
-    PostgresAnswerStore,
-    PostgresAuditLog,
-    SqliteAnswerStore,
-    SqliteAuditLog,
-)
+from typing import TYPE_CHECKING
+
+from stratagem.planning import SqliteStateStore, StateStore
+from stratagem.protocol import AnswerRetention, AnswerStore, SqliteAnswerStore, SqliteAuditLog
 from stratagem.runtime._settings import Settings
+
+if TYPE_CHECKING:
+    from stratagem.protocol import PostgresAuditLog
 
 __all__ = ["open_answer_store", "open_audit_log", "open_state_store", "store_location"]
 
@@ -38,6 +36,8 @@ def store_location(settings: Settings) -> str:
 async def open_state_store(settings: Settings, role: str) -> StateStore:
     """``role``'s durable plans, started."""
     if settings.store_url is not None:
+        from stratagem.planning import PostgresStateStore  # needs the postgres extra
+
         return await PostgresStateStore.open(settings.store_url, schema=_schema(role))
     store = SqliteStateStore(settings.plans_path(role))
     await store.start()
@@ -50,6 +50,8 @@ async def open_answer_store(settings: Settings, role: str) -> AnswerStore:
         max_entries=settings.answer_retention_count, max_age_s=settings.answer_retention_s
     )
     if settings.store_url is not None:
+        from stratagem.protocol import PostgresAnswerStore  # needs the postgres extra
+
         return await PostgresAnswerStore.open(settings.store_url, retention, schema=_schema(role))
     return SqliteAnswerStore(settings.answers_path(role), retention)
 
@@ -57,5 +59,7 @@ async def open_answer_store(settings: Settings, role: str) -> AnswerStore:
 def open_audit_log(settings: Settings) -> SqliteAuditLog | PostgresAuditLog:
     """The deployment's audit log (one hash chain for every agent)."""
     if settings.store_url is not None:
+        from stratagem.protocol import PostgresAuditLog  # needs the postgres extra
+
         return PostgresAuditLog(settings.store_url)
     return SqliteAuditLog(settings.audit_path, synchronous=settings.audit_sync)
