@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The dependency floors in pyproject.toml are true: installs the LOWEST versions they allow (uv's
+# lowest-direct resolution: each direct dependency at its floor, the rest as the floors need) into
+# a venv of its own, .lowest-venv/, and runs the unit tests there. Test tools come at their usual
+# versions (they are not Stratagem's dependencies). Usage: scripts/lowest.sh [pytest args...]
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+venv=.lowest-venv
+py="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/uv" ]; then
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet uv
+fi
+export VIRTUAL_ENV="$repo/$venv"
+# Runtime dependencies at their floors; editable, so the tests import this tree.
+"$venv/bin/uv" pip install --quiet --resolution lowest-direct -e ".[postgres]"
+# What the unit tests need besides, at current versions, without moving the floors (not
+# grpcio-tools, which needs the newest grpcio, nor import-linter, which needs a newer rich: the
+# freshness of protocol/_gen/ and the import contracts are make test's checks).
+"$venv/bin/uv" pip install --quiet "pytest>=8" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" \
+  "hypothesis>=6.100" "psycopg[binary]"
+"$venv/bin/python" - <<'PY'
+import importlib.metadata as m
+names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentelemetry-sdk",
+         "typer", "rich", "pyyaml", "cryptography", "psycopg", "psycopg-pool"]
+print("lowest:", ", ".join(f"{n} {m.version(n)}" for n in names))
+PY
+RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/unit -m "not integration and not postgres" \
+  --deselect tests/unit/test_architecture.py::test_generated_protobuf_code_is_fresh \
+  --deselect tests/unit/test_architecture.py::test_import_contracts_hold "$@"
