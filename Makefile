@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-runtime
 # Tests start one Ray per session; token authentication is for real clusters, not CI.
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -20,9 +21,14 @@ help:
 	@echo "make load   - 64 callers for 60 s per phase against one agent (below/above admission)"
 	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
 
-$(STAMP): pyproject.toml
+# `make demo` installs the runtime alone; `make test` adds the development tools (.[dev]).
+$(RUN_STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@$(MAKE) --no-print-directory .typecheck/stratagem
 	@touch $(STAMP)
@@ -33,8 +39,9 @@ $(STAMP): pyproject.toml
 	@mkdir -p .typecheck/stratagem
 	@for layer in agents planning protocol runtime; do ln -sfn ../../$$layer .typecheck/stratagem/$$layer; done
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/stratagem demo
+	@echo "The stratagem command is $(BIN)/stratagem (or: source $(BIN)/activate, then stratagem --help)."
 
 # Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
 # `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).
