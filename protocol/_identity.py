@@ -108,20 +108,43 @@ class ClusterSecret:
     def load_or_create(cls, path: Path) -> ClusterSecret:
         """Read the secret at ``path``, creating it (mode 0600, 32 random bytes) on first use.
 
+        Only what deploys agents creates a secret; a client of running agents uses :meth:`load`.
+
         Raises:
             ProtocolUsageError: When the file is readable by others than its owner, is too short,
                 or cannot be read or created.
         """
+        return cls._read(path, create=True)
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterSecret:
+        """Read the secret at ``path``; never make one (a new secret would match no agent).
+
+        Raises:
+            ProtocolUsageError: When there is no file at ``path`` (the message says where the
+                secret comes from), or it is readable by others, too short or unreadable.
+        """
+        return cls._read(path, create=False)
+
+    @classmethod
+    def _read(cls, path: Path, *, create: bool) -> ClusterSecret:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                # Written once, by whoever created it; a concurrent reader retries below.
-                with os.fdopen(fd, "wb") as out:
-                    out.write(base64.b64encode(os.urandom(_SECRET_BYTES)) + b"\n")
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    pass
+                else:
+                    # Written once, by whoever created it; a concurrent reader retries below.
+                    with os.fdopen(fd, "wb") as out:
+                        out.write(base64.b64encode(os.urandom(_SECRET_BYTES)) + b"\n")
+            elif not path.exists():
+                raise ProtocolUsageError(
+                    f"no cluster secret at {path}: the agents' secret is made by 'stratagem up' "
+                    "(or 'demo') in the deployment's state directory; copy that cluster.secret "
+                    "here with mode 600, or point STRATAGEM_SECRET_FILE at a copy"
+                )
             mode = stat.S_IMODE(path.stat().st_mode)
             if mode & 0o077:
                 raise ProtocolUsageError(

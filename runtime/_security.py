@@ -32,7 +32,8 @@ __all__ = ["authenticator_for", "cluster_secret", "credentials_for"]
 
 
 def cluster_secret(settings: Settings) -> ClusterSecret | None:
-    """The cluster secret token mode needs (read or created), or ``None`` in another mode.
+    """The cluster secret token mode needs (read, or created: for whoever deploys the agents), or
+    ``None`` in another mode.
 
     Raises:
         ProtocolUsageError: When the secret file cannot be read or created, or others may read it.
@@ -63,9 +64,13 @@ def authenticator_for(
 def credentials_for(
     settings: Settings, identity: str, secret: ClusterSecret | None = None
 ) -> Credentials | None:
-    """What a client of ``identity`` sends (``None`` when authentication is off)."""
+    """What a client of ``identity`` sends (``None`` when authentication is off).
+
+    A client never makes a cluster secret: without ``secret`` it reads the deployment's file, and
+    its absence is an error that says where the secret comes from (a new one would match no agent).
+    """
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        signer = TokenSigner(secret or ClusterSecret.load(settings.secret_path))
         return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
     if settings.auth == "mtls":
         return TlsCredentials(TlsFiles.for_identity(settings.tls_path, identity))

@@ -154,6 +154,28 @@ def test_request_against_the_deployment(deployed: Path) -> None:
     assert {"mira", "courtyard", "gate"} <= {e["id"] for e in answer["entities"]}
 
 
+def test_an_operator_without_the_secret_is_told_where_it_comes_from(
+    deployed: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "elsewhere" / "cluster.secret"
+    result = run(
+        "request",
+        "perception",
+        "ExtractEntities",
+        "--json",
+        '{"text": "Mira waits."}',
+        state_dir=deployed,
+        STRATAGEM_SECRET_FILE=str(missing),
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"no cluster secret at {missing}" in lines[0]
+    assert "copy" in lines[0]
+    # No new secret was made: one would match no agent.
+    assert not missing.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

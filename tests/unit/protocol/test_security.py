@@ -144,6 +144,18 @@ def test_the_cluster_secret_is_created_private_and_reused(tmp_path: Path) -> Non
         ClusterSecret.load_or_create(path)
 
 
+def test_loading_a_missing_secret_says_where_it_comes_from_and_makes_none(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "operator" / "cluster.secret"
+    with pytest.raises(ProtocolUsageError, match=r"no cluster secret at .*stratagem up.*copy"):
+        ClusterSecret.load(path)
+    assert not path.exists()
+    assert not path.parent.exists()
+    made = ClusterSecret.load_or_create(path)
+    assert ClusterSecret.load(path).reveal() == made.reveal()
+
+
 def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
     now = [1_000_000.0]
     signer = TokenSigner(secret, clock=lambda: now[0])
