@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -34,11 +34,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
-    from stratagem.planning import PlanValidationError, validate_plan
+    from stratagem.planning import PlanStatus, PlanValidationError, validate_plan
     from stratagem.protocol import (
         CAPABILITIES,
         OPERATOR,
         ROLES,
+        AgentCard,
         AgentClient,
         ChainVerdict,
         ClientConfig,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
         verify_sealed,
     )
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
+    from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
     from stratagem.runtime._directory import AgentInfo
     from stratagem.runtime._goal import GoalOutcome, run_goal
     from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
@@ -94,6 +96,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "import_extensions",
     ),
     "stratagem.planning": (
+        "PlanStatus",
         "PlanValidationError",
         "validate_plan",
     ),
@@ -101,6 +104,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "CAPABILITIES",
         "OPERATOR",
         "ROLES",
+        "AgentCard",
         "AgentClient",
         "ChainVerdict",
         "ClientConfig",
@@ -124,6 +128,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "find_backend",
         "use_backend",
     ),
+    "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime._directory": ("AgentInfo",),
     "stratagem.runtime._goal": (
         "GoalOutcome",
@@ -302,6 +307,11 @@ def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Setti
         raise InputError(f"invalid settings: {exc}") from exc
 
 
+def _unknown(what: str, name: str, valid: Iterable[str]) -> str:
+    """One line for a name that is not one of ``valid``, listing them."""
+    return f"unknown {what} {name!r}; valid: {', '.join(sorted(valid))}"
+
+
 def _validation_line(what: str, exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
@@ -312,6 +322,11 @@ def _validation_line(what: str, exc: ValidationError) -> str:
 
 def _print_json(data: Any) -> None:
     console.file.write(json.dumps(data, indent=2, default=str) + "\n")
+    console.file.flush()
+
+
+def _print_json_line(data: Any) -> None:
+    console.file.write(json.dumps(data, default=str) + "\n")
     console.file.flush()
 
 
@@ -631,12 +646,18 @@ def plans_show(
         bool,
         typer.Option("--revisions", help="Print the plan's revision history from its owner."),
     ] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="A picture of the DAG with step statuses: mermaid or dot."),
+    ] = None,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show a plan and every sub-plan it caused, from a running deployment."""
     with _errors():
+        if fmt is not None and fmt not in DIAGRAM_FORMATS:
+            raise InputError(_unknown("format", fmt, DIAGRAM_FORMATS))
         settings = _settings(address, state_dir)
         with _running(Deployment(settings)) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
@@ -654,10 +675,170 @@ def plans_show(
         snapshots = _run(collect)
         if not snapshots:
             raise InputError(f"no plan {plan_id!r} on any agent")
-        if as_json:
+        if fmt is not None:
+            console.file.write(plan_diagram(snapshots, plan_id, fmt))
+        elif as_json:
             _print_json([json.loads(s.model_dump_json()) for s in snapshots])
         else:
             console.print(plan_forest(snapshots, plan_id))
+
+
+def _deployed_endpoints(settings: Settings) -> dict[str, str]:
+    """Each agent's endpoint on the running deployment (never an embedded one)."""
+    with _running(Deployment(settings)) as deployment:
+        return {info.role: info.endpoint for info in deployment.status()}
+
+
+def _check_role(agent: str) -> None:
+    if agent not in ROLES:
+        raise InputError(_unknown("agent", agent, ROLES))
+
+
+@plans_app.command("list")
+def plans_list(
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only this agent's plans (a role).")
+    ] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="Only plans in this status, e.g. blocked.")
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the plans the agents hold: id, agent, revision, status."""
+    with _errors():
+        if agent is not None:
+            _check_role(agent)
+        statuses = [value.value for value in PlanStatus]
+        if status is not None and status not in statuses:
+            raise InputError(_unknown("status", status, statuses))
+        settings = _settings(address, state_dir)
+        endpoints = _deployed_endpoints(settings)
+        roles = [agent] if agent is not None else list(endpoints)
+
+        async def collect() -> list[PlanSnapshot]:
+            found: list[PlanSnapshot] = []
+            for role in roles:
+                async with _client(settings, endpoints[role]) as client:
+                    found.extend(await client.plans(""))
+            return found
+
+        snapshots = [s for s in _run(collect) if status is None or s.status == status]
+        snapshots.sort(key=lambda s: (s.agent, s.plan_id))
+        if as_json:
+            _print_json(
+                [
+                    {"plan_id": s.plan_id, "agent": s.agent, "revision": s.revision}
+                    | {"status": s.status}
+                    for s in snapshots
+                ]
+            )
+            return
+        table = Table(box=None, pad_edge=False)
+        for column in ("plan", "agent", "rev", "status"):
+            table.add_column(column)
+        for snap in snapshots:
+            table.add_row(snap.plan_id, snap.agent, str(snap.revision), snap.status)
+        console.print(table)
+        console.print(f"{len(snapshots)} plans", highlight=False)
+
+
+@plans_app.command("watch")
+def plans_watch(
+    plan_id: Annotated[str, typer.Argument(help="The plan to follow.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Follow a plan's events (and its sub-plans') as they happen, until the plan ends."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        endpoints = _deployed_endpoints(settings)
+        config = ClientConfig(default_timeout_s=settings.request_timeout_s)
+
+        async def follow() -> int:
+            owner = await _owner_of(plan_id, endpoints, settings, config)
+            seen = 0
+            async with _client(settings, endpoints[owner]) as client:
+                async for event in client.watch(plan_id):
+                    seen += 1
+                    if as_json:
+                        _print_json_line(json.loads(event.model_dump_json()))
+                    else:
+                        step = f" step {event.step_id}" if event.step_id else ""
+                        why = f" ({event.failure_class}: {event.message})" if event.message else ""
+                        console.print(
+                            f"{event.agent or owner} {event.plan_id}{step} -> "
+                            f"[bold]{event.status}[/]{escape(why)}",
+                            highlight=False,
+                        )
+            return seen
+
+        seen = _run(follow)
+        if not as_json:
+            console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
+
+
+@app.command()
+def describe(
+    agent: Annotated[str, typer.Argument(help="An agent's role, e.g. perception.")],
+    capability: Annotated[
+        str | None, typer.Argument(help="One capability: its request and response schemas.")
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC)."""
+    with _errors():
+        _check_role(agent)
+        settings = _settings(address, state_dir)
+        endpoint = _deployed_endpoints(settings)[agent]
+
+        async def ask() -> AgentCard:
+            async with _client(settings, endpoint) as client:
+                return await client.describe()
+
+        card = _run(ask)
+        cards = {c.name: c for c in card.capabilities}
+        if capability is not None and capability not in cards:
+            raise InputError(_unknown(f"capability of {agent}", capability, cards))
+        chosen = [cards[capability]] if capability is not None else list(cards.values())
+        if as_json:
+            _print_json(
+                {
+                    "role": card.role,
+                    "version": card.version,
+                    "tools": card.tools,
+                    "capabilities": [
+                        {
+                            "name": c.name,
+                            "version": c.version,
+                            "request_schema": json.loads(c.request_schema),
+                            "response_schema": json.loads(c.response_schema),
+                        }
+                        for c in chosen
+                    ],
+                }
+            )
+            return
+        if capability is None:
+            console.print(f"[bold]{card.role}[/] {card.version}", highlight=False)
+            table = Table(box=None, pad_edge=False)
+            for column in ("capability", "version", "request fields"):
+                table.add_column(column)
+            for c in chosen:
+                fields = json.loads(c.request_schema).get("properties", {})
+                table.add_row(c.name, c.version, ", ".join(fields))
+            console.print(table)
+            console.print(f"tools: {', '.join(card.tools)}", highlight=False, soft_wrap=True)
+            return
+        c = chosen[0]
+        console.print(f"[bold]{card.role}.{c.name}[/] version {c.version}", highlight=False)
+        for title, schema in (("request", c.request_schema), ("response", c.response_schema)):
+            console.print(f"[bold]{title} schema[/]")
+            console.print_json(schema)
 
 
 def _show_revisions(

@@ -494,3 +494,56 @@ def test_a_replanned_plan_shows_its_revisions(deployed: Path, tmp_path: Path) ->
     assert table.returncode == 0, table.stderr[-2000:]
     assert "new passage" in table.stdout
     assert "themes (input)" in table.stdout
+
+
+def test_describe_lists_capabilities_and_shows_one_schema(deployed: Path) -> None:
+    listed = run("describe", "perception", state_dir=deployed)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    for name in ("ExtractEntities", "FindSpatialContext", "UpdateWorldState"):
+        assert name in listed.stdout
+    one = run("describe", "perception", "ExtractEntities", "--json", state_dir=deployed)
+    assert one.returncode == 0, one.stderr[-2000:]
+    card = json.loads(one.stdout)
+    assert card["role"] == "perception"
+    assert [c["name"] for c in card["capabilities"]] == ["ExtractEntities"]
+    assert "text" in card["capabilities"][0]["request_schema"]["properties"]
+    unknown = run("describe", "perception", "PlanNarrativeArc", state_dir=deployed)
+    assert unknown.returncode == 2
+    assert "valid: ExtractEntities, FindSpatialContext, UpdateWorldState" in unknown.stderr
+
+
+def test_plans_list_show_as_a_picture_and_watch(deployed: Path) -> None:
+    payload = json.dumps({"text": "Ada waits in the tower."})
+    made = run("request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed)
+    assert made.returncode == 0, made.stderr[-2000:]
+    listed = run("plans", "list", "--agent", "perception", "--json", state_dir=deployed)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    plans = json.loads(listed.stdout)
+    assert plans
+    assert {p["agent"] for p in plans} == {"perception"}
+    done = run(
+        "plans",
+        "list",
+        "--agent",
+        "perception",
+        "--status",
+        "succeeded",
+        "--json",
+        state_dir=deployed,
+    )
+    plan_id = json.loads(done.stdout)[0]["plan_id"]
+
+    picture = run("plans", "show", plan_id, "--format", "mermaid", state_dir=deployed)
+    assert picture.returncode == 0, picture.stderr[-2000:]
+    assert picture.stdout.startswith("flowchart TD\n")
+    assert ":::succeeded" in picture.stdout
+    dot = run("plans", "show", plan_id, "--format", "dot", state_dir=deployed)
+    assert dot.stdout.startswith("digraph plan {")
+
+    # A finished plan's stream replays its events and ends.
+    watched = run("plans", "watch", plan_id, "--json", state_dir=deployed, timeout=60)
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    events = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert events
+    assert events[-1]["plan_id"] == plan_id
+    assert events[-1]["status"] == "succeeded"
