@@ -212,6 +212,10 @@ def _version() -> str:
         return "unknown"
 
 
+_PROFILE: list[str] = []
+"""The config file's profile ``--profile`` chose (empty: STRATAGEM_PROFILE, else none)."""
+
+
 def _print_version(value: bool) -> None:
     if value:
         typer.echo(f"stratagem {_version()}")
@@ -230,8 +234,19 @@ def _root(
             is_eager=True,
         ),
     ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="A profile of the config file (STRATAGEM_CONFIG, default "
+            "~/.config/stratagem/config.toml); also STRATAGEM_PROFILE.",
+        ),
+    ] = None,
 ) -> None:
     """Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol."""
+    _PROFILE.clear()
+    if profile:
+        _PROFILE.append(profile)
 
 
 console = Console()
@@ -247,7 +262,12 @@ AddressOpt = Annotated[
     typer.Option("--address", help="Ray cluster address (auto, HOST:PORT, ray://HOST:10001)."),
 ]
 StateDirOpt = Annotated[
-    Path | None, typer.Option("--state-dir", help="State directory (default ./.stratagem).")
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="State directory (else STRATAGEM_STATE_DIR, the profile's, the nearest .stratagem "
+        "folder here or above, ~/.local/state/stratagem).",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 TimeoutOpt = Annotated[
@@ -300,7 +320,8 @@ def _errors() -> Iterator[None]:
 
 def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Settings:
     try:
-        return load_settings(address=address, state_dir=state_dir, **more)
+        profile = _PROFILE[0] if _PROFILE else None
+        return load_settings(profile=profile, address=address, state_dir=state_dir, **more)
     except ValidationError as exc:
         raise InputError(_validation_line("settings", exc)) from exc
     except SettingsError as exc:  # a STRATAGEM_* value that is not the JSON it must be

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tomllib
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stratagem.protocol import ROLES
 
@@ -214,13 +215,112 @@ class Settings(BaseSettings):
         return self.state_dir / "local-ray.json"
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build settings: ``overrides`` (arguments; ``None`` values ignored) > environment > defaults.
+CONFIG_ENV = "STRATAGEM_CONFIG"
+"""The variable naming the config file (default ``$XDG_CONFIG_HOME/stratagem/config.toml``)."""
+PROFILE_ENV = "STRATAGEM_PROFILE"
+"""The variable naming the config file's profile to use (``--profile`` on the command line)."""
+STATE_DIR_NAME = ".stratagem"
+_MAX_CONFIG_BYTES = 1 << 20
 
-    ``RAY_ADDRESS`` is honoured when neither an argument nor ``STRATAGEM_ADDRESS`` gives an address.
+
+def config_path() -> Path:
+    """Where the optional config file is: ``STRATAGEM_CONFIG``, else the user's config folder."""
+    named = os.environ.get(CONFIG_ENV)
+    if named:
+        return Path(named).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "stratagem" / "config.toml"
+
+
+def default_state_dir(cwd: Path | None = None) -> Path:
+    """The state directory when no flag, variable or profile names one.
+
+    The nearest ``.stratagem`` folder in ``cwd`` or a folder above it (a deployment made from a
+    project folder, as ``stratagem up`` there makes one), else the user's own,
+    ``$XDG_STATE_HOME/stratagem`` (``~/.local/state/stratagem``): the same from any folder.
+    """
+    here = (cwd or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / STATE_DIR_NAME
+        if candidate.is_dir():
+            return candidate
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "stratagem"
+
+
+def profile_values(profile: str | None) -> dict[str, Any]:
+    """The settings the config file gives: its ``[default]`` table, then ``[profiles.NAME]``.
+
+    Raises:
+        SettingsError: The file cannot be read or parsed, names an unknown setting, or has no
+            profile ``profile`` (the message lists the valid ones).
+    """
+    path = config_path()
+    if not path.is_file():
+        if profile:
+            raise SettingsError(f"no config file {path} for profile {profile!r}")
+        return {}
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(_MAX_CONFIG_BYTES + 1)
+        if len(raw) > _MAX_CONFIG_BYTES:
+            raise SettingsError(f"config file {path} is over {_MAX_CONFIG_BYTES} bytes")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    extra = sorted(set(data) - {"default", "profiles"})
+    if extra:
+        raise SettingsError(
+            f"config file {path}: unknown table {extra[0]!r}; valid: default, profiles"
+        )
+    tables = [("default", data.get("default", {}))]
+    profiles = data.get("profiles", {})
+    if not isinstance(profiles, dict):
+        raise SettingsError(f"config file {path}: profiles must be a table of tables")
+    if profile:
+        if profile not in profiles:
+            valid = ", ".join(sorted(profiles)) or "none defined"
+            raise SettingsError(f"config file {path} has no profile {profile!r}; valid: {valid}")
+        tables.append((f"profiles.{profile}", profiles[profile]))
+    values: dict[str, Any] = {}
+    for name, table in tables:
+        if not isinstance(table, dict):
+            raise SettingsError(f"config file {path}: [{name}] must be a table of settings")
+        values.update(table)
+    unknown = sorted(set(values) - set(Settings.model_fields))
+    if unknown:
+        raise SettingsError(
+            f"config file {path}: unknown setting {unknown[0]!r}; valid: "
+            + ", ".join(sorted(Settings.model_fields))
+        )
+    return values
+
+
+def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
+    """Build settings: ``overrides`` (arguments; ``None`` values ignored) > environment
+    (``STRATAGEM_*``) > the config file's profile > defaults.
+
+    The profile is ``profile``, else ``STRATAGEM_PROFILE``; the config file's ``[default]`` table
+    applies with or without one. The state directory, when nothing names it, is
+    :func:`default_state_dir`. ``RAY_ADDRESS`` is honoured when neither an argument nor
+    ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
+
+    Raises:
+        pydantic.ValidationError: A value is outside its constraints.
+        SettingsError: A ``STRATAGEM_*`` value is not the JSON it must be, or the config file is
+            wrong (see :func:`profile_values`).
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     settings = Settings(**given)
+    chosen = profile or os.environ.get(PROFILE_ENV) or None
+    from_file = {
+        key: value
+        for key, value in profile_values(chosen).items()
+        if key not in settings.model_fields_set
+    }
+    if "state_dir" not in settings.model_fields_set and "state_dir" not in from_file:
+        from_file["state_dir"] = default_state_dir()
+    settings = Settings(**given, **from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
     return settings

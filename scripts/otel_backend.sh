@@ -11,7 +11,8 @@
 # Environment (all optional):
 #   OTEL_BACKEND_VENV   the virtual environment                 (default .otel-venv)
 #   OTEL_BACKEND_DIR    PID, state file, log and Phoenix's data (default $STRATAGEM_STATE_DIR/otel-backend,
-#                       STRATAGEM_STATE_DIR defaulting to .stratagem, where the CLI looks for it)
+#                       STRATAGEM_STATE_DIR defaulting as the CLI's does: the nearest .stratagem folder
+#                       here or above, else ${XDG_STATE_HOME:-~/.local/state}/stratagem)
 #   PHOENIX_PORT        HTTP port: UI, REST API and OTLP/HTTP   (default 6006)
 #   PHOENIX_GRPC_PORT   OTLP/gRPC port                          (default 4317)
 #   PHOENIX_SPEC        what pip installs                       (default arize-phoenix)
@@ -24,7 +25,18 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${OTEL_BACKEND_VENV:-.otel-venv}"
-DIR="${OTEL_BACKEND_DIR:-${STRATAGEM_STATE_DIR:-.stratagem}/otel-backend}"
+# The CLI's default state directory (runtime/_settings.py default_state_dir), where it looks.
+default_state_dir() {
+  local dir
+  dir="$(pwd -P)"
+  while :; do
+    if [ -d "$dir/.stratagem" ]; then echo "$dir/.stratagem"; return; fi
+    [ "$dir" = / ] && break
+    dir="$(dirname "$dir")"
+  done
+  echo "${XDG_STATE_HOME:-$HOME/.local/state}/stratagem"
+}
+DIR="${OTEL_BACKEND_DIR:-${STRATAGEM_STATE_DIR:-$(default_state_dir)}/otel-backend}"
 HOST=127.0.0.1
 PORT="${PHOENIX_PORT:-6006}"
 GRPC_PORT="${PHOENIX_GRPC_PORT:-4317}"

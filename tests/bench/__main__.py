@@ -54,8 +54,10 @@ def _tracing() -> dict[str, Any]:
     from pathlib import Path
 
     from stratagem.runtime._backend import find_backend
+    from stratagem.runtime._settings import default_state_dir
 
-    backend = find_backend(Path(os.environ.get("STRATAGEM_STATE_DIR", ".stratagem")))
+    state_dir = os.environ.get("STRATAGEM_STATE_DIR")
+    backend = find_backend(Path(state_dir) if state_dir else default_state_dir())
     if backend is None:
         logger.info("tracing: skipped, no backend runs (make otel-backend)")
         return {"skipped": "no OTLP backend was running: start one with make otel-backend"}

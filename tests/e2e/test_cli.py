@@ -547,3 +547,50 @@ def test_plans_list_show_as_a_picture_and_watch(deployed: Path) -> None:
     assert events
     assert events[-1]["plan_id"] == plan_id
     assert events[-1]["status"] == "succeeded"
+
+
+def test_status_from_another_folder_through_a_profile(deployed: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[profiles.here]\nstate_dir = "{deployed}"\n', encoding="utf-8")
+    elsewhere = tmp_path / "some" / "other" / "folder"
+    elsewhere.mkdir(parents=True)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"STRATAGEM_STATE_DIR", "RAY_ADDRESS", "STRATAGEM_PROFILE"}
+    }
+    env.update(STRATAGEM_CONFIG=str(config), XDG_STATE_HOME=str(tmp_path / "state"))
+    found = subprocess.run(
+        [STRATAGEM, "--profile", "here", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=elsewhere,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert len(json.loads(found.stdout)["agents"]) == 4
+    # Without the profile, that folder has no deployment: the user's default is empty.
+    plain = subprocess.run(
+        [STRATAGEM, "status"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=elsewhere,
+        check=False,
+    )
+    assert plain.returncode == 1
+    assert "no Stratagem deployment found" in plain.stderr
+    unknown = subprocess.run(
+        [STRATAGEM, "--profile", "nowhere", "status"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=elsewhere,
+        check=False,
+    )
+    assert unknown.returncode == 2
+    assert "no profile 'nowhere'; valid: here" in unknown.stderr
