@@ -38,6 +38,7 @@ from stratagem.protocol import (
     load_or_create_key,
 )
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
+from stratagem.runtime._local import publish_endpoint
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
 from stratagem.runtime._stores import open_answer_store, open_audit_log, open_state_store
@@ -138,6 +139,10 @@ class AgentActor:
             answers=self._answers,
         )
         await self._server.start()
+        try:
+            publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
+        except OSError as exc:  # the CLI then finds this agent through Ray, as before
+            logger.warning("agent %s could not publish its endpoint: %s", role, exc)
         resumed = await self._agent.resume_unfinished()
         logger.info(
             "agent %s serving on %s (restarted=%s, resumed %d plans)",

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         ReplayResult,
         RevisionsResponse,
         SubmitGoalRequest,
+        UnavailableError,
         capability_for,
         init_certificates,
         load_or_create_key,
@@ -61,7 +62,8 @@ if TYPE_CHECKING:
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
     from stratagem.runtime._directory import AgentInfo
     from stratagem.runtime._goal import GoalOutcome, run_goal
-    from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
+    from stratagem.runtime._launcher import Deployment
+    from stratagem.runtime._local import LaunchError, LocalCluster, published_endpoint
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -116,6 +118,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ReplayResult",
         "RevisionsResponse",
         "SubmitGoalRequest",
+        "UnavailableError",
         "capability_for",
         "init_certificates",
         "load_or_create_key",
@@ -129,15 +132,14 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "use_backend",
     ),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
-    "stratagem.runtime._directory": ("AgentInfo",),
     "stratagem.runtime._goal": (
         "GoalOutcome",
         "run_goal",
     ),
-    "stratagem.runtime._launcher": (
-        "Deployment",
+    "stratagem.runtime._local": (
         "LaunchError",
         "LocalCluster",
+        "published_endpoint",
     ),
     "stratagem.runtime._render": (
         "Progress",
@@ -160,6 +162,23 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "shutdown_telemetry",
     ),
 }
+
+
+# What joins Ray: imported only by the commands that do (see _deployment).
+_RAY_IMPORTS: dict[str, tuple[str, ...]] = {
+    "stratagem.runtime._directory": ("AgentInfo",),
+    "stratagem.runtime._launcher": ("Deployment",),
+}
+
+
+def _deployment(settings: Settings) -> Deployment:
+    """A handle on the deployment ``settings`` name (this imports Ray)."""
+    scope = globals()
+    for module_name, names in _RAY_IMPORTS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            scope[name] = getattr(module, name)
+    return Deployment(settings)
 
 
 def _load_runtime() -> None:
@@ -390,7 +409,7 @@ def _execute_goal(
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
     provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
-    deployment = Deployment(settings)
+    deployment = _deployment(settings)
     progress = Progress()
     with _errors():
         if not as_json:
@@ -548,9 +567,29 @@ def _with_agent(
     timeout: float | None,
     send: Callable[[AgentClient], Awaitable[T]],
 ) -> T:
-    """Send one call to ``role``'s agent: on the running deployment, else on an embedded one."""
+    """Send one call to ``role``'s agent: on the running deployment, else on an embedded one.
+
+    On this machine's local deployment the call goes straight to the endpoint the agent published
+    (no Ray driver: see ``runtime._local``); when that agent does not answer there, or in any
+    other case, the endpoint comes from Ray.
+    """
     setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
-    with Deployment(settings).embedded() as dep:
+    published = published_endpoint(settings, role)
+    if published is not None:
+        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
+
+        async def direct() -> T:
+            async with _client(settings, published, caller=caller, config=config) as client:
+                return await send(client)
+
+        try:
+            found: T = asyncio.run(direct())
+        except UnavailableError:
+            logger.info("no answer at %s's published endpoint %s: asking Ray", role, published)
+        else:
+            shutdown_telemetry()
+            return found
+    with _deployment(settings).embedded() as dep:
         endpoint = dep.endpoint(role)
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
@@ -583,11 +622,13 @@ def request(
             import_extensions(settings.extensions)
         except ExtensionError as exc:
             raise InputError(str(exc)) from exc
-        if agent not in ROLES:
-            raise InputError(f"unknown agent {agent!r}; agents are: {', '.join(ROLES)}")
+        _check_role(agent)
         spec = capability_for(agent, capability)
         if spec is None:
-            raise InputError(f"agent {agent!r} has no capability {capability!r}")
+            served = [name for name, item in CAPABILITIES.items() if item.role == agent]
+            raise InputError(
+                f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
+            )
         try:
             raw = json.loads(payload)
         except json.JSONDecodeError as exc:
@@ -598,14 +639,14 @@ def request(
             body = spec.request.model_validate(raw)
         except ValidationError as exc:
             raise InputError(_validation_line(f"{capability} request", exc)) from exc
+        # One request id whichever way the call goes: a repeat gets the stored answer.
+        request_id = f"cli-{uuid.uuid4().hex}"
         answer = _with_agent(
             settings,
             agent,
             caller,
             timeout,
-            lambda client: client.call(
-                agent, capability, body, request_id=f"cli-{uuid.uuid4().hex}"
-            ),
+            lambda client: client.call(agent, capability, body, request_id=request_id),
         )
         _print_json(answer.model_dump(mode="json"))
 
@@ -680,7 +721,7 @@ def plans_show(
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
             raise InputError(_unknown("format", fmt, DIAGRAM_FORMATS))
         settings = _settings(address, state_dir)
-        with _running(Deployment(settings)) as deployment:
+        with _running(_deployment(settings)) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
         if revisions:
             _show_revisions(plan_id, endpoints, settings, as_json=as_json)
@@ -706,7 +747,7 @@ def plans_show(
 
 def _deployed_endpoints(settings: Settings) -> dict[str, str]:
     """Each agent's endpoint on the running deployment (never an embedded one)."""
-    with _running(Deployment(settings)) as deployment:
+    with _running(_deployment(settings)) as deployment:
         return {info.role: info.endpoint for info in deployment.status()}
 
 
@@ -904,7 +945,7 @@ def replay(
     where decisions diverge; exit 1 when any does."""
     with _errors():
         settings = _settings(address, state_dir)
-        with _running(Deployment(settings)) as deployment:
+        with _running(_deployment(settings)) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
@@ -990,7 +1031,7 @@ def _control(
             )
         except ValidationError as exc:
             raise InputError(_validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
-        with _running(Deployment(settings)) as deployment:
+        with _running(_deployment(settings)) as deployment:
             endpoints = {info.role: info.endpoint for info in deployment.status()}
         config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
 
@@ -1236,7 +1277,7 @@ def up(
         settings = settings.model_copy(
             update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
         )
-        deployment = Deployment(settings)
+        deployment = _deployment(settings)
         if settings.address is None and LocalCluster.read(settings.local_cluster_file) is None:
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
@@ -1265,7 +1306,7 @@ def status(
 
     Exits 1 when an agent is not serving (a readiness check for scripts)."""
     with _errors():
-        deployment = Deployment(_settings(address, state_dir))
+        deployment = _deployment(_settings(address, state_dir))
         with _running(deployment):
             infos = deployment.status()
         _show_agents(infos, deployment.mode, as_json)
@@ -1281,7 +1322,7 @@ def down(
     """Remove the four agents (and the local Ray head that 'up' started, if any)."""
     with _errors():
         settings = _settings(address, state_dir)
-        deployment = Deployment(settings)
+        deployment = _deployment(settings)
         local = None if settings.address else LocalCluster.read(settings.local_cluster_file)
         removed: list[str] = []
         if settings.address or local is not None:

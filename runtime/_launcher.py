@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import shutil
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +23,7 @@ import ray
 from stratagem.protocol import ROLES, load_or_create_key
 from stratagem.runtime._actor import AgentActor
 from stratagem.runtime._directory import AgentInfo, actor_name, actor_record
+from stratagem.runtime._local import LaunchError, LocalCluster
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
 
@@ -39,107 +33,6 @@ logger = logging.getLogger(__name__)
 
 # Environment handed to agent actors so that every process exports telemetry the same way.
 _FORWARDED_PREFIXES = ("OTEL_", "STRATAGEM_")
-_HEAD_START_TIMEOUT_S = 60.0
-
-
-class LaunchError(Exception):
-    """Stratagem could not be started, reached or stopped; the message says why in one line."""
-
-
-@dataclass(frozen=True, slots=True)
-class LocalCluster:
-    """A local Ray head started by ``stratagem up``, owned by the process ``pid``."""
-
-    address: str
-    pid: int
-
-    @classmethod
-    def read(cls, path: Path) -> LocalCluster | None:
-        """The recorded head, or ``None`` when there is none or its process is gone."""
-        try:
-            raw = json.loads(path.read_text())
-            cluster = cls(address=str(raw["address"]), pid=int(raw["pid"]))
-        except (OSError, ValueError, KeyError):
-            return None
-        return cluster if _alive(cluster.pid) else None
-
-    def write(self, path: Path) -> None:
-        """Record the head in the state directory."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"address": self.address, "pid": self.pid}))
-
-    @classmethod
-    def start(cls, settings: Settings) -> LocalCluster:
-        """Start a local Ray head in the background, owned by a process we can stop by its PID."""
-        ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-        if ray_cli is None:
-            raise LaunchError("the 'ray' command is not installed next to this Python")
-        port = _free_port()
-        log_path = settings.state_dir / "local-ray.log"
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [
-                    ray_cli,
-                    "start",
-                    "--head",
-                    f"--port={port}",
-                    "--include-dashboard=false",
-                    "--disable-usage-stats",
-                    "--block",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
-        deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise LaunchError(f"the local Ray head exited at start; see {log_path}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-                cluster.write(settings.local_cluster_file)
-                return cluster
-            time.sleep(0.25)
-        cluster.stop()
-        raise LaunchError(f"the local Ray head did not start within {_HEAD_START_TIMEOUT_S:.0f}s")
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the head (SIGTERM to the process we started; it stops its Ray processes).
-
-        Ray drains a node for up to 30 s before it stops the processes on it, so the timeout is
-        longer than that; only then is the process killed.
-        """
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(self.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(self.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Deployment:

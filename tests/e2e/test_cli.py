@@ -594,3 +594,73 @@ def test_status_from_another_folder_through_a_profile(deployed: Path, tmp_path: 
     )
     assert unknown.returncode == 2
     assert "no profile 'nowhere'; valid: here" in unknown.stderr
+
+
+# Runs the CLI's entry point in this process, then says whether it imported Ray.
+_RAY_PROBE = """
+import sys
+from stratagem.runtime._cli import main
+sys.argv = ["stratagem", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+print(f"RAY={'ray' in sys.modules} EXIT={code}", file=sys.stderr)
+"""
+
+
+def _probe(*args: str, state_dir: Path) -> tuple[str, str]:
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir))
+    env.pop("RAY_ADDRESS", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _RAY_PROBE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+    status = next(line for line in result.stderr.splitlines() if line.startswith("RAY="))
+    return status, result.stdout
+
+
+def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Path) -> None:
+    published = json.loads((deployed / "endpoints" / "perception.json").read_text())
+    agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]
+    perception = next(a for a in agents if a["role"] == "perception")
+    assert published == {"endpoint": perception["endpoint"], "pid": perception["pid"]}
+
+    payload = json.dumps({"text": "Mira waits in the courtyard."})
+    status, out = _probe(
+        "request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed
+    )
+    assert status == "RAY=False EXIT=0"
+    assert "mira" in {e["id"] for e in json.loads(out)["entities"]}
+
+
+def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
+    path = deployed / "endpoints" / "perception.json"
+    kept = path.read_text()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    try:
+        path.write_text(json.dumps({"endpoint": "127.0.0.1:9", "pid": int(dead.stdout)}))
+        status, out = _probe(
+            "request",
+            "perception",
+            "ExtractEntities",
+            "--json",
+            json.dumps({"text": "Mira waits in the courtyard."}),
+            state_dir=deployed,
+        )
+        assert status == "RAY=True EXIT=0"
+        assert "mira" in {e["id"] for e in json.loads(out)["entities"]}
+    finally:
+        path.write_text(kept)

@@ -88,7 +88,7 @@ def test_the_lazy_import_table_matches_the_type_checking_imports() -> None:
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 typed[alias.name] = ()
-    assert typed == _cli._RUNTIME_IMPORTS
+    assert typed == {**_cli._RUNTIME_IMPORTS, **_cli._RAY_IMPORTS}
     _cli._load_runtime()
     for names in _cli._RUNTIME_IMPORTS.values():
         for name in names:
@@ -97,3 +97,15 @@ def test_the_lazy_import_table_matches_the_type_checking_imports() -> None:
 
 def test_the_cli_default_caller_is_the_operator() -> None:
     assert _cli._OPERATOR == OPERATOR
+
+
+def test_what_commands_load_first_leaves_ray_out() -> None:
+    # request, describe, plans and audit reach agents over gRPC first; only Deployment joins Ray.
+    code = (
+        "import sys\nfrom stratagem.runtime import _cli\n_cli._load_runtime()\n"
+        "print('ray' in sys.modules, 'grpc' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["False", "True"]

@@ -1,0 +1,164 @@
+"""What the command line knows of a local deployment without joining Ray (no Ray import here).
+
+* ``LocalCluster``: the Ray head ``stratagem up`` started, recorded in the state directory;
+* published endpoints: each agent writes ``STATE_DIR/endpoints/<role>.json`` (its gRPC endpoint,
+  its process id) once it serves, so a command on the same machine reaches it over gRPC without
+  becoming a Ray driver. An entry is used only while its process lives; anything else (another
+  machine, a restarted agent not yet published, a stale file) falls back to Ray's directory, which
+  stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stratagem.runtime._settings import Settings
+
+__all__ = [
+    "LaunchError",
+    "LocalCluster",
+    "alive",
+    "publish_endpoint",
+    "published_endpoint",
+    "published_path",
+]
+
+_HEAD_START_TIMEOUT_S = 60.0
+ENDPOINTS_DIR = "endpoints"
+
+
+class LaunchError(Exception):
+    """Stratagem could not be started, reached or stopped; the message says why in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCluster:
+    """A local Ray head started by ``stratagem up``, owned by the process ``pid``."""
+
+    address: str
+    pid: int
+
+    @classmethod
+    def read(cls, path: Path) -> LocalCluster | None:
+        """The recorded head, or ``None`` when there is none or its process is gone."""
+        try:
+            raw = json.loads(path.read_text())
+            cluster = cls(address=str(raw["address"]), pid=int(raw["pid"]))
+        except (OSError, ValueError, KeyError):
+            return None
+        return cluster if alive(cluster.pid) else None
+
+    def write(self, path: Path) -> None:
+        """Record the head in the state directory."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"address": self.address, "pid": self.pid}))
+
+    @classmethod
+    def start(cls, settings: Settings) -> LocalCluster:
+        """Start a local Ray head in the background, owned by a process we can stop by its PID."""
+        ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+        if ray_cli is None:
+            raise LaunchError("the 'ray' command is not installed next to this Python")
+        port = _free_port()
+        log_path = settings.state_dir / "local-ray.log"
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    ray_cli,
+                    "start",
+                    "--head",
+                    f"--port={port}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                    "--block",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
+        deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LaunchError(f"the local Ray head exited at start; see {log_path}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+                cluster.write(settings.local_cluster_file)
+                return cluster
+            time.sleep(0.25)
+        cluster.stop()
+        raise LaunchError(f"the local Ray head did not start within {_HEAD_START_TIMEOUT_S:.0f}s")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the head (SIGTERM to the process we started; it stops its Ray processes).
+
+        Ray drains a node for up to 30 s before it stops the processes on it, so the timeout is
+        longer than that; only then is the process killed.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def published_path(state_dir: Path, role: str) -> Path:
+    """Where ``role``'s agent publishes its endpoint."""
+    return state_dir / ENDPOINTS_DIR / f"{role}.json"
+
+
+def publish_endpoint(state_dir: Path, role: str, endpoint: str, pid: int) -> None:
+    """Record ``role``'s endpoint and process (atomically: a reader sees the old or the new)."""
+    path = published_path(state_dir, role)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{pid}.tmp")
+    scratch.write_text(json.dumps({"endpoint": endpoint, "pid": pid}), encoding="utf-8")
+    os.replace(scratch, path)
+
+
+def published_endpoint(settings: Settings, role: str) -> str | None:
+    """``role``'s endpoint as its agent published it, when this machine's local deployment (the
+    head ``stratagem up`` started) runs it in a live process; else ``None`` (ask Ray)."""
+    if settings.address is not None or LocalCluster.read(settings.local_cluster_file) is None:
+        return None
+    try:
+        raw = json.loads(published_path(settings.state_dir, role).read_text(encoding="utf-8"))
+        endpoint, pid = str(raw["endpoint"]), int(raw["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return endpoint if alive(pid) else None
