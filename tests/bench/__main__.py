@@ -20,6 +20,7 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 from tests.bench.auth import run_auth_benchmark
+from tests.bench.cli import run_cli_benchmark
 from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
@@ -28,6 +29,7 @@ from tests.bench.report import (
     MARKDOWN_PATH,
     RESULTS_PATH,
     auth_section,
+    cli_section,
     cluster_section,
     machine_facts,
     peers_section,
@@ -148,6 +150,20 @@ def _peers() -> dict[str, Any]:
     return peers
 
 
+def _cli() -> dict[str, Any]:
+    """``--help`` and ``request`` wall time against a running local deployment."""
+    logger.info("cli: --help and request against a local deployment, whole processes")
+    cli = run_cli_benchmark()
+    for target in cli.get("targets", []):
+        logger.info("cli: %s median %.3f s", target["command"], target["median_s"])
+    return cli
+
+
+def _only_cli() -> int:
+    """``python -m tests.bench cli``: this section alone, merged into the last results."""
+    return _only_section("cli", _cli, "## Command-line start", cli_section)
+
+
 def _only_peers() -> int:
     """``python -m tests.bench peers``: this section alone, merged into the last results."""
     return _only_section("peers", _peers, "## Peers", peers_section)
@@ -195,6 +211,8 @@ def main() -> int:
         return _only_cluster()
     if sys.argv[1:] == ["peers"]:
         return _only_peers()
+    if sys.argv[1:] == ["cli"]:
+        return _only_cli()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -235,6 +253,7 @@ def main() -> int:
     auth = _auth()
     cluster = _cluster()
     peers = _peers()
+    cli = _cli()
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -245,6 +264,7 @@ def main() -> int:
     results["benchmarks"]["auth"] = auth
     results["benchmarks"]["cluster"] = cluster
     results["benchmarks"]["peers"] = peers
+    results["benchmarks"]["cli"] = cli
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

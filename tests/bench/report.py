@@ -664,6 +664,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *auth_section(benchmarks.get("auth")),
         *cluster_section(benchmarks.get("cluster")),
         *peers_section(benchmarks.get("peers")),
+        *cli_section(benchmarks.get("cli")),
         *tracing_section(benchmarks.get("tracing")),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
@@ -1024,4 +1025,34 @@ def peers_section(peers: dict[str, Any] | None) -> list[str]:
             f"- `{variant}` beats AutoGen's runtime on median latency: "
             f"{_verdict(target['latency'])}; on throughput: {_verdict(target['throughput'])}."
         )
+    return _wrapped([*lines, ""])
+
+
+def cli_section(cli: dict[str, Any] | None) -> list[str]:
+    """Wall time of CLI commands against a running local deployment."""
+    lines = ["## Command-line start: --help and request", ""]
+    if not cli:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in cli:
+        return [*lines, f"Skipped: {cli['skipped']}.", ""]
+    lines += [
+        "How it was measured (`tests/bench/cli.py`): `stratagem up` in a temporary state "
+        "directory, then each command run as a new process, one untimed run each, then "
+        f"{cli['commands']['help']['n']} alternating timed runs; wall time of the whole process "
+        "(interpreter start, imports, the call, exit). `request` is `stratagem request perception "
+        "ExtractEntities` on this machine's deployment (the endpoint the agent published, no Ray "
+        "driver).",
+        "",
+    ]
+    rows = [
+        (
+            f"`{item['command']}`",
+            f"{cli['commands'][item['command']]['median']:.3f}",
+            f"{cli['commands'][item['command']]['max']:.3f}",
+            f"≤ {item['max_s']:g}",
+            _verdict(item["met"]),
+        )
+        for item in cli["targets"]
+    ]
+    lines += _table(("command", "median s", "max s", "target s", "verdict"), rows, text_columns=1)
     return _wrapped([*lines, ""])

@@ -16,6 +16,7 @@ import pytest
 from stratagem.agents import DEMO_GOAL, build_in_memory
 from stratagem.protocol import CallContext, SubmitGoalResponse
 from tests.bench.auth import MODES, AuthBenchConfig, run_auth_benchmark
+from tests.bench.cli import summarize_cli
 from tests.bench.cluster import (
     POSTGRESQL,
     SQLITE,
@@ -44,6 +45,7 @@ from tests.bench.peers import PeersBenchConfig, summarize_peers
 from tests.bench.report import (
     _durable_section,
     auth_section,
+    cli_section,
     cluster_section,
     peers_section,
     verdicts,
@@ -210,3 +212,13 @@ def test_peers_summary_and_section_are_well_formed() -> None:
     assert "`a2a`" in text
     assert "Not measured" not in text
     assert peers_section({"skipped": "no network"})[-2] == "Skipped: no network."
+
+
+def test_cli_summary_and_section_are_well_formed() -> None:
+    result = summarize_cli({"help": [0.2, 0.25, 0.21], "request": [0.6, 0.7, 0.65]})
+    verdict = {item["command"]: item["met"] for item in result["targets"]}
+    assert verdict == {"help": True, "request": False}
+    text = "\n".join(cli_section(result))
+    assert "`help`" in text
+    assert "`request`" in text
+    assert "**not met**" in text
