@@ -25,6 +25,8 @@ from stratagem.protocol._audit import (
 )
 from stratagem.protocol._audit_seal import (
     AuditSealer,
+    FileHeads,
+    HeadsStore,
     SignedHead,
     load_or_create_key,
     verify_sealed,
@@ -127,12 +129,13 @@ from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
 from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 if TYPE_CHECKING:
-    from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditLog
+    from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditHeads, PostgresAuditLog
 
 # The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
 # so that the package works without it.
 _POSTGRES: dict[str, str] = {
     "PostgresAnswerStore": "stratagem.protocol._pg",
+    "PostgresAuditHeads": "stratagem.protocol._pg",
     "PostgresAuditLog": "stratagem.protocol._pg",
 }
 
@@ -186,8 +189,10 @@ __all__ = [
     "ExtractEntitiesResponse",
     "FailedPreconditionError",
     "FieldViolation",
+    "FileHeads",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "HeadsStore",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
     "InternalError",
@@ -204,6 +209,7 @@ __all__ = [
     "Policy",
     "PolicyRule",
     "PostgresAnswerStore",
+    "PostgresAuditHeads",
     "PostgresAuditLog",
     "ProtocolError",
     "ProtocolUsageError",

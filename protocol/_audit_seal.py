@@ -70,6 +70,8 @@ from stratagem.protocol._errors import ProtocolUsageError
 __all__ = [
     "KEY_BYTES",
     "AuditSealer",
+    "FileHeads",
+    "HeadsStore",
     "SealableAuditLog",
     "SignedHead",
     "load_or_create_key",
@@ -252,6 +254,72 @@ def _last_of(log: AuditLog) -> tuple[int, str]:
     return (record.seq, record.hash) if record is not None else (0, GENESIS)
 
 
+class HeadsStore(Protocol):
+    """Where signed heads are kept: appended to, read whole. A file (``FileHeads``) by default; a
+    table of the store's database (``PostgresAuditHeads``) where nodes share no file system."""
+
+    where: str
+    """Where the heads are, for people (a path, or a database without its password)."""
+
+    def append(self, line: bytes) -> None:
+        """Add one signed-head line (it ends with a newline)."""
+
+    def read(self) -> bytes | None:
+        """Every line, in the order appended; ``None`` when no heads were ever kept here."""
+
+    def tail(self) -> bytes:
+        """The last lines (a few KiB at most): where a restarted sealer finds its last head."""
+
+
+class FileHeads:
+    """Signed heads in an append-only file (mode 0600), the default beside a SQLite log.
+
+    Args:
+        path: The file; created when missing, only ever appended to.
+        fsync: Whether each append is fsynced.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self._fsync = fsync
+
+    def append(self, line: bytes) -> None:
+        """Append ``line`` with one write on an O_APPEND descriptor (lines never interleave)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+            if self._fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self) -> bytes | None:
+        """The file's bytes, or ``None`` when it is missing."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def tail(self) -> bytes:
+        """The file's last 4 KiB (empty when missing)."""
+        try:
+            with self.path.open("rb") as file:
+                size = file.seek(0, os.SEEK_END)
+                file.seek(max(0, size - 4096))
+                return file.read()
+        except FileNotFoundError:
+            return b""
+
+
+def _heads_store(heads: Path | HeadsStore, *, fsync: bool = False) -> HeadsStore:
+    if isinstance(heads, (str, os.PathLike)):
+        return FileHeads(Path(heads), fsync=fsync)
+    return heads
+
+
 class AuditSealer:
     """Signs the head of an audit log into an append-only heads file.
 
@@ -263,7 +331,8 @@ class AuditSealer:
         log: Any ``AuditLog``; one with ``last()`` (``SealableAuditLog``) reads its head cheaply.
         key: The HMAC key, kept outside the database (``load_or_create_key``, or derived from a
             secret); at least 16 bytes.
-        heads_path: The heads file; created with mode 0600 when missing, only ever appended to.
+        heads_path: The heads file (created with mode 0600 when missing, only ever appended to),
+            or another ``HeadsStore`` (e.g. a table every node of a cluster reaches).
         every_records: ``maybe_seal`` seals once this many records were appended since the last
             seal.
         every_s: ... or once this many seconds passed since the last seal.
@@ -278,7 +347,7 @@ class AuditSealer:
         self,
         log: AuditLog,
         key: bytes,
-        heads_path: Path,
+        heads_path: Path | HeadsStore,
         *,
         every_records: int = 64,
         every_s: float = 5.0,
@@ -290,20 +359,19 @@ class AuditSealer:
             raise ProtocolUsageError("every_records and every_s must be positive")
         self._log = log
         self._key = key
-        self._heads_path = Path(heads_path)
+        self._heads = _heads_store(heads_path, fsync=fsync)
         self._every_records = every_records
         self._every_s = every_s
         self._clock = clock
-        self._fsync = fsync
         self._lock = threading.Lock()
         self._sealed: tuple[int, str] = self._last_signed()
         self._sealed_at = clock()
         self._appended = 0
 
     @property
-    def heads_path(self) -> Path:
-        """The heads file."""
-        return self._heads_path
+    def heads(self) -> HeadsStore:
+        """Where the heads go."""
+        return self._heads
 
     def _last_signed(self) -> tuple[int, str]:
         """The last head in the heads file that verifies, so a restart does not seal it again.
@@ -311,13 +379,7 @@ class AuditSealer:
         Only a verified head counts: a forged line claiming a far-ahead ``seq`` must not stop
         this sealer from sealing.
         """
-        try:
-            with self._heads_path.open("rb") as file:
-                size = file.seek(0, os.SEEK_END)
-                file.seek(max(0, size - 4096))
-                lines = file.read().split(b"\n")
-        except FileNotFoundError:
-            return (0, GENESIS)
+        lines = self._heads.tail().split(b"\n")
         for line in reversed(lines):
             head = _parse_head(line)
             if head is not None and head.verifies(self._key):
@@ -341,22 +403,10 @@ class AuditSealer:
                 timespec="microseconds"
             )
             head = SignedHead(seq, hash, sealed_at, _mac(self._key, seq, hash, sealed_at))
-            self._write(head.line())
+            self._heads.append(head.line())
             self._sealed = (seq, hash)
-        logger.debug("sealed the audit head at seq %s into %s", seq, self._heads_path)
+        logger.debug("sealed the audit head at seq %s into %s", seq, self._heads.where)
         return head
-
-    def _write(self, line: bytes) -> None:
-        fd = os.open(self._heads_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            # One write on an O_APPEND descriptor: lines of concurrent sealers never interleave.
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {self._heads_path}: {written} of {len(line)} bytes")
-            if self._fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def maybe_seal(self, appended: int = 1) -> SignedHead | None:
         """Seal when ``every_records`` records or ``every_s`` seconds passed since the last seal.
@@ -379,14 +429,15 @@ class AuditSealer:
         return self.seal() if due else None
 
 
-def _read_heads(path: Path, key: bytes) -> tuple[list[tuple[int, SignedHead]], int | None] | None:
+def _read_heads(
+    heads_store: HeadsStore, key: bytes
+) -> tuple[list[tuple[int, SignedHead]], int | None] | None:
     """The heads that verify, each with its line number, and the first line that does not.
 
-    ``None`` when the file is missing.
+    ``None`` when no heads were ever kept there.
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = heads_store.read()
+    if data is None:
         return None
     lines = data.split(b"\n")
     if lines[-1] == b"":
@@ -469,14 +520,16 @@ def _diagnose(verdict: ChainVerdict, tap: _Tap) -> tuple[int, str]:
     )
 
 
-def verify_sealed(records: Iterable[AuditRecord], heads_path: Path, key: bytes) -> ChainVerdict:
+def verify_sealed(
+    records: Iterable[AuditRecord], heads_path: Path | HeadsStore, key: bytes
+) -> ChainVerdict:
     """Verify the hash chain, then every signed head in ``heads_path``, and name what changed.
 
     Records are read once, in order (a log of any size streams through).
 
     Args:
         records: The records in ``seq`` order, e.g. ``log.records()``.
-        heads_path: The heads file an ``AuditSealer`` wrote.
+        heads_path: The heads file an ``AuditSealer`` wrote, or its other ``HeadsStore``.
         key: The key it signed with.
 
     Returns:
@@ -490,8 +543,8 @@ def verify_sealed(records: Iterable[AuditRecord], heads_path: Path, key: bytes) 
         ProtocolUsageError: When the key is too short.
     """
     _check_key(key)
-    heads_path = Path(heads_path)
-    read = _read_heads(heads_path, key)
+    heads_store = _heads_store(heads_path)
+    read = _read_heads(heads_store, key)
     heads, bad_line = read if read is not None else ([], None)
     tap = _Tap(records, {head.seq for _, head in heads})
     chain = verify_chain(tap)
@@ -512,14 +565,14 @@ def verify_sealed(records: Iterable[AuditRecord], heads_path: Path, key: bytes) 
     last_seq = tap.current.seq if tap.current is not None else 0
     if bad_line is not None:
         reason = f"signed head line {bad_line} does not verify: the heads file was edited"
-        logger.warning("audit heads file %s: %s", heads_path, reason)
+        logger.warning("audit heads %s: %s", heads_store.where, reason)
         return ChainVerdict(
             ok=False, count=chain.count, reason=reason, sealed=matching(None), heads_line=bad_line
         )
     if not heads and last_seq > 0:
         what = "missing" if read is None else "empty"
         reason = (
-            f"the heads file {heads_path} is {what}: no signed head vouches for records "
+            f"the heads file {heads_store.where} is {what}: no signed head vouches for records "
             f"1..{last_seq} (the heads file was deleted or emptied, or the log was never sealed)"
         )
         return ChainVerdict(ok=False, count=chain.count, first_broken_seq=1, reason=reason)

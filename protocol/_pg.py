@@ -57,7 +57,7 @@ from stratagem.protocol._audit import (
 )
 from stratagem.protocol._errors import ProtocolUsageError
 
-__all__ = ["PostgresAnswerStore", "PostgresAuditLog"]
+__all__ = ["PostgresAnswerStore", "PostgresAuditHeads", "PostgresAuditLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -512,3 +512,100 @@ class PostgresAuditLog(_GroupCommitLog):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class PostgresAuditHeads:
+    """The audit chain's signed heads in a table beside the log (``audit_heads`` in the log's
+    schema), so ``stratagem audit verify`` on any node checks every seal, wherever it was made.
+
+    A ``HeadsStore``: append-only (triggers refuse UPDATE, DELETE and TRUNCATE, as on ``audit``).
+    Each call opens a short connection: heads are written every few seconds at most.
+
+    Args:
+        url: A libpq connection string or URL.
+        schema: The audit log's PostgreSQL schema.
+        timeout_s: How long to wait for the server.
+    """
+
+    def __init__(self, url: str, *, schema: str = "stratagem", timeout_s: float = 30.0) -> None:
+        self._ident = _check_schema(schema)
+        self._url = url
+        self._timeout_s = timeout_s
+        self.where = f"{_location(url, schema)} table audit_heads"
+        self._ready = False
+
+    @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        with psycopg.connect(self._url, connect_timeout=max(1, int(self._timeout_s))) as conn:
+            if not self._ready:
+                self._create(conn)
+            yield conn
+
+    def _create(self, conn: Connection) -> None:
+        s = self._ident
+        with conn.transaction():
+            # Agents on several nodes may create it at once: one at a time.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('stratagem.audit_heads'))")
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=s))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {s}.audit_heads "
+                    "(id BIGSERIAL PRIMARY KEY, line BYTEA NOT NULL)"
+                ).format(s=s)
+            )
+            conn.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE FUNCTION {s}.audit_heads_append_only() RETURNS trigger "
+                    "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+                    "'audit_heads is append-only'; END $$"
+                ).format(s=s)
+            )
+            for name, when in (
+                (
+                    "audit_heads_no_change",
+                    "BEFORE UPDATE OR DELETE ON {s}.audit_heads FOR EACH ROW",
+                ),
+                (
+                    "audit_heads_no_truncate",
+                    "BEFORE TRUNCATE ON {s}.audit_heads FOR EACH STATEMENT",
+                ),
+            ):
+                conn.execute(
+                    sql.SQL("DROP TRIGGER IF EXISTS {name} ON {s}.audit_heads").format(
+                        name=sql.Identifier(name), s=s
+                    )
+                )
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TRIGGER {name} "
+                        + when
+                        + " EXECUTE FUNCTION {s}.audit_heads_append_only()"
+                    ).format(name=sql.Identifier(name), s=s)
+                )
+        self._ready = True
+
+    def append(self, line: bytes) -> None:
+        """Insert one signed-head line."""
+        with self._connect() as conn, conn.transaction():
+            conn.execute(
+                sql.SQL("INSERT INTO {s}.audit_heads (line) VALUES (%s)").format(s=self._ident),
+                (line,),
+            )
+
+    def read(self) -> bytes | None:
+        """Every line in the order inserted; ``None`` when the table holds none."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT line FROM {s}.audit_heads ORDER BY id").format(s=self._ident)
+            ).fetchall()
+        return b"".join(bytes(row[0]) for row in rows) if rows else None
+
+    def tail(self) -> bytes:
+        """The last 32 lines."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT line FROM {s}.audit_heads ORDER BY id DESC LIMIT 32").format(
+                    s=self._ident
+                )
+            ).fetchall()
+        return b"".join(bytes(row[0]) for row in reversed(rows))

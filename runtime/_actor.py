@@ -41,7 +41,12 @@ from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, acto
 from stratagem.runtime._local import publish_endpoint
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
-from stratagem.runtime._stores import open_answer_store, open_audit_log, open_state_store
+from stratagem.runtime._stores import (
+    open_answer_store,
+    open_audit_heads,
+    open_audit_log,
+    open_state_store,
+)
 from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__ = ["AgentActor", "load_policy"]
@@ -116,7 +121,7 @@ class AgentActor:
         self._sealer = AuditSealer(
             self._audit,
             audit_key or load_or_create_key(settings.audit_key_path),
-            settings.audit_heads_path,
+            open_audit_heads(settings),
         )
         self._sealing = asyncio.create_task(self._seal_periodically())
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]

@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     )
     from stratagem.runtime._security import credentials_for
     from stratagem.runtime._settings import Settings, load_settings
-    from stratagem.runtime._stores import open_audit_log
+    from stratagem.runtime._stores import open_audit_heads, open_audit_log
     from stratagem.runtime._telemetry import (
         SpanRecord,
         read_spans,
@@ -154,7 +154,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "Settings",
         "load_settings",
     ),
-    "stratagem.runtime._stores": ("open_audit_log",),
+    "stratagem.runtime._stores": ("open_audit_heads", "open_audit_log"),
     "stratagem.runtime._telemetry": (
         "SpanRecord",
         "read_spans",
@@ -481,12 +481,25 @@ def _verify_audit(settings: Settings) -> tuple[ChainVerdict, str]:
     """Verify the deployment's audit chain (and its signed heads, when a sealing key exists);
     the verdict and the chain's head."""
     log = open_audit_log(settings)
+    heads = open_audit_heads(settings)
     try:
         if settings.audit_key_path.exists():
             key = load_or_create_key(settings.audit_key_path)
-            verdict = verify_sealed(log.records(), settings.audit_heads_path, key)
+            verdict = verify_sealed(log.records(), heads, key)
         else:
             verdict = verify_chain(log.records())
+            if verdict.ok and heads.read():
+                # Seals that cannot be checked vouch for nothing: a rewritten chain with
+                # recomputed hashes would pass a chain-only check.
+                verdict = dataclasses.replace(
+                    verdict,
+                    ok=False,
+                    reason=(
+                        f"signed heads exist in {heads.where} but the key to check them is missing "
+                        f"({settings.audit_key_path}): the chain cannot be vouched for; restore "
+                        "the key (or STRATAGEM_STATE_DIR's audit.key) and verify again"
+                    ),
+                )
         return verdict, log.head()
     finally:
         log.close()
@@ -1461,13 +1474,17 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
                 soft_wrap=True,
             )
         else:
-            where = (
-                f"record {verdict.first_broken_seq}"
-                if verdict.first_broken_seq is not None
-                else f"line {verdict.heads_line} of {settings.audit_heads_path}"
-            )
+            if verdict.first_broken_seq is not None:
+                where = f" at record {verdict.first_broken_seq}"
+            elif verdict.heads_line is not None:
+                where = f" at line {verdict.heads_line} of the signed heads"
+            else:
+                where = ""
             err_console.print(
-                f"[bold red]audit chain broken[/] at {where}: {verdict.reason}", soft_wrap=True
+                f"[bold red]audit chain not verified[/]{where}: {escape(verdict.reason or '')}"
+                if not where
+                else f"[bold red]audit chain broken[/]{where}: {escape(verdict.reason or '')}",
+                soft_wrap=True,
             )
         if not verdict.ok:
             raise typer.Exit(1)

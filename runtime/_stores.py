@@ -3,8 +3,9 @@ one PostgreSQL database (``STRATAGEM_STORE_URL``) that every node reaches.
 
 In PostgreSQL each agent keeps its plans and answers in a schema of its own (``stratagem_<role>``)
 and every agent appends to one audit chain (schema ``stratagem``), serialised across processes.
-The audit chain's signed heads (``protocol.AuditSealer``) go to ``STATE_DIR/audit.heads``, signed
-with ``STATE_DIR/audit.key``: outside the database, whichever database it is.
+The audit chain's signed heads (``protocol.AuditSealer``) go to ``STATE_DIR/audit.heads`` beside
+SQLite, and to a table beside the log in PostgreSQL; they are signed with ``STATE_DIR/audit.key``,
+which stays outside the database whichever database it is.
 """
 
 from __future__ import annotations
@@ -12,13 +13,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stratagem.planning import SqliteStateStore, StateStore
-from stratagem.protocol import AnswerRetention, AnswerStore, SqliteAnswerStore, SqliteAuditLog
+from stratagem.protocol import (
+    AnswerRetention,
+    AnswerStore,
+    FileHeads,
+    HeadsStore,
+    SqliteAnswerStore,
+    SqliteAuditLog,
+)
 from stratagem.runtime._settings import Settings
 
 if TYPE_CHECKING:
     from stratagem.protocol import PostgresAuditLog
 
-__all__ = ["open_answer_store", "open_audit_log", "open_state_store", "store_location"]
+__all__ = [
+    "open_answer_store",
+    "open_audit_heads",
+    "open_audit_log",
+    "open_state_store",
+    "store_location",
+]
 
 
 def _schema(role: str) -> str:
@@ -63,3 +77,14 @@ def open_audit_log(settings: Settings) -> SqliteAuditLog | PostgresAuditLog:
 
         return PostgresAuditLog(settings.store_url)
     return SqliteAuditLog(settings.audit_path, synchronous=settings.audit_sync)
+
+
+def open_audit_heads(settings: Settings) -> HeadsStore:
+    """Where the audit chain's signed heads are kept: ``STATE_DIR/audit.heads`` beside a SQLite
+    log; a table beside the log in PostgreSQL, which every node reads (so ``audit verify`` on any
+    node checks every seal)."""
+    if settings.store_url is not None:
+        from stratagem.protocol import PostgresAuditHeads  # needs the postgres extra
+
+        return PostgresAuditHeads(settings.store_url)
+    return FileHeads(settings.audit_heads_path, fsync=settings.audit_sync == "full")

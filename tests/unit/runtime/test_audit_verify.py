@@ -1,0 +1,98 @@
+"""``stratagem audit verify`` on the deployment's log: seals kept where every node reads them
+(PostgreSQL), and seals that cannot be checked never pass for a verified chain."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stratagem.protocol import AuditSealer, SqliteAuditLog, load_or_create_key
+from stratagem.runtime._cli import app
+from stratagem.runtime._settings import load_settings
+from stratagem.runtime._stores import open_audit_heads, open_audit_log
+
+
+def _append(log: object, count: int) -> None:
+    for index in range(count):
+        log.append(  # type: ignore[attr-defined]
+            actor="orchestrator",
+            action="call.accepted",
+            target="perception",
+            capability="ExtractEntities",
+            request_id=f"{index:032x}",
+            digest="0" * 64,
+        )
+
+
+def _verify(state_dir: Path, **env: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app,
+        ["audit", "verify", "--state-dir", str(state_dir)],
+        env={"STRATAGEM_STORE_URL": "", **env},
+    )
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_seals_without_their_key_fail_verification(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 5)
+        AuditSealer(
+            log, load_or_create_key(settings.audit_key_path), open_audit_heads(settings)
+        ).seal()
+    code, out = _verify(tmp_path)
+    assert code == 0, out
+    assert "1 signed heads verified" in out
+
+    settings.audit_key_path.unlink()
+    code, out = _verify(tmp_path)
+    assert code == 1, out
+    assert "signed heads exist in" in out
+    assert "the key to check them is missing" in out
+
+    # A log that was never sealed still verifies as a chain without a key.
+    settings.audit_heads_path.unlink()
+    code, out = _verify(tmp_path)
+    assert code == 0, out
+    assert "chain only" in out
+
+
+@pytest.mark.postgres
+def test_seals_in_postgresql_are_checked_from_any_node(tmp_path: Path, postgres_url: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(postgres_url)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    node_a = tmp_path / "node-a"
+    node_b = tmp_path / "node-b"  # another machine: an empty state dir but for the key
+    settings = load_settings(state_dir=node_a, store_url=url)
+    log = open_audit_log(settings)
+    try:
+        key = load_or_create_key(settings.audit_key_path)
+        sealer = AuditSealer(log, key, open_audit_heads(settings))
+        _append(log, 3)
+        assert sealer.seal() is not None
+        _append(log, 4)
+        assert sealer.seal() is not None
+        # A sealer restarted elsewhere finds the last head in the table, not in a file.
+        again = AuditSealer(log, key, open_audit_heads(settings))
+        assert again.seal() is None
+    finally:
+        log.close()
+    assert not settings.audit_heads_path.exists()
+    node_b.mkdir()
+    shutil.copy2(settings.audit_key_path, node_b / "audit.key")
+    os.chmod(node_b / "audit.key", 0o600)
+    code, out = _verify(node_b, STRATAGEM_STORE_URL=url)
+    assert code == 0, out
+    assert "7 records, 2 signed heads verified" in out
+
+    # The table is append-only, like the log.
+    import psycopg
+
+    with psycopg.connect(postgres_url) as conn, pytest.raises(psycopg.Error):
+        conn.execute("DELETE FROM stratagem.audit_heads")
