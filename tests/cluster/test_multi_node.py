@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -305,6 +306,17 @@ async def test_a_worker_node_dies_and_its_agent_finishes_every_plan_elsewhere_ex
 
     verified = await asyncio.to_thread(deployment.run, "audit", "verify", on_ray=False)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    # An operator on another node: a state dir holding only the audit key. The seals the agents
+    # made on every node are in the store beside the log, so all of them are checked there too.
+    elsewhere = tmp_path / "another-node"
+    elsewhere.mkdir()
+    shutil.copy2(tmp_path / "state" / "audit.key", elsewhere / "audit.key")
+    there = await asyncio.to_thread(
+        deployment.run, "audit", "verify", "--state-dir", str(elsewhere), "--json", on_ray=False
+    )
+    assert there.returncode == 0, there.stdout + there.stderr
+    assert json.loads(there.stdout)["signed_heads"] >= 1
+    assert not (elsewhere / "audit.heads").exists()
     down = await asyncio.to_thread(deployment.json, "down")
     assert len(down["removed"]) == 4
     print(
