@@ -126,14 +126,17 @@ from stratagem.protocol._identity import (
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
 from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
-from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 if TYPE_CHECKING:
     from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditHeads, PostgresAuditLog
+    from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
-# The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
-# so that the package works without it.
+# Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
+# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds.
 _POSTGRES: dict[str, str] = {
+    "TlsFiles": "stratagem.protocol._tls",
+    "certificate_identity": "stratagem.protocol._tls",
+    "init_certificates": "stratagem.protocol._tls",
     "PostgresAnswerStore": "stratagem.protocol._pg",
     "PostgresAuditHeads": "stratagem.protocol._pg",
     "PostgresAuditLog": "stratagem.protocol._pg",

@@ -37,19 +37,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from stratagem.protocol._codec import IDENTITY_PATTERN
 from stratagem.protocol._errors import ProtocolUsageError, UnauthenticatedError
 from stratagem.protocol._rpc import CALLER_KEY
-from stratagem.protocol._tls import (
-    CHANNEL_OPTIONS,
-    TlsFiles,
-    certificate_identity,
-    channel_credentials,
-    identity_from_auth_context,
-    server_credentials,
-)
+
+if TYPE_CHECKING:
+    from stratagem.protocol._tls import TlsFiles
 
 __all__ = [
     "AUTHORIZATION_KEY",
@@ -389,15 +384,19 @@ class TlsAuthenticator:
     """
 
     def __init__(self, files: TlsFiles) -> None:
+        # mTLS needs `cryptography`'s X.509 code: loaded by who uses it, not by every importer.
+        from stratagem.protocol._tls import identity_from_auth_context, server_credentials
+
         self._files = files
         self._credentials = server_credentials(files)  # fails now on missing or damaged files
+        self._identity_of = identity_from_auth_context
 
     @property
     def mode(self) -> str:
         return "mtls"
 
     def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
-        identity = identity_from_auth_context(context.auth_context())
+        identity = self._identity_of(context.auth_context())
         if identity is None:
             raise UnauthenticatedError("no verified client certificate")
         return identity
@@ -410,8 +409,15 @@ class TlsCredentials:
     """A client's certificate and key for one identity, with the CA that signs the servers'."""
 
     def __init__(self, files: TlsFiles) -> None:
+        from stratagem.protocol._tls import (
+            CHANNEL_OPTIONS,
+            certificate_identity,
+            channel_credentials,
+        )
+
         self._identity = certificate_identity(files.cert)
         self._credentials = channel_credentials(files)
+        self._options: Sequence[tuple[str, Any]] = CHANNEL_OPTIONS
 
     def __repr__(self) -> str:
         return f"TlsCredentials({self._identity!r}, <key redacted>)"
@@ -427,4 +433,4 @@ class TlsCredentials:
         return self._credentials
 
     def channel_options(self) -> Sequence[tuple[str, Any]]:
-        return CHANNEL_OPTIONS
+        return self._options

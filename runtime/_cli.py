@@ -53,7 +53,6 @@ if TYPE_CHECKING:
         SubmitGoalRequest,
         UnavailableError,
         capability_for,
-        init_certificates,
         load_or_create_key,
         verify_chain,
         verify_sealed,
@@ -91,17 +90,6 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "pydantic_settings": ("SettingsError",),
     "rich.live": ("Live",),
     "rich.table": ("Table",),
-    "stratagem.agents": (
-        "DEMO_GOAL",
-        "ExtensionError",
-        "build_agent",
-        "import_extensions",
-    ),
-    "stratagem.planning": (
-        "PlanStatus",
-        "PlanValidationError",
-        "validate_plan",
-    ),
     "stratagem.protocol": (
         "CAPABILITIES",
         "OPERATOR",
@@ -120,7 +108,6 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "SubmitGoalRequest",
         "UnavailableError",
         "capability_for",
-        "init_certificates",
         "load_or_create_key",
         "verify_chain",
         "verify_sealed",
@@ -164,6 +151,12 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# The agents and the planning engine: for the commands that build an agent or check a plan here
+# (see _load_agents); a request to a running agent needs neither.
+_AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
+    "stratagem.agents": ("DEMO_GOAL", "ExtensionError", "build_agent", "import_extensions"),
+    "stratagem.planning": ("PlanStatus", "PlanValidationError", "validate_plan"),
+}
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._directory": ("AgentInfo",),
@@ -171,27 +164,35 @@ _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _deployment(settings: Settings) -> Deployment:
-    """A handle on the deployment ``settings`` name (this imports Ray)."""
+def _bind(table: dict[str, tuple[str, ...]]) -> None:
+    """Import each module of ``table`` and bind its names here (a module with none: itself)."""
     scope = globals()
-    for module_name, names in _RAY_IMPORTS.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            scope[name] = getattr(module, name)
-    return Deployment(settings)
-
-
-def _load_runtime() -> None:
-    """Bind the names of ``_RUNTIME_IMPORTS`` in this module (once)."""
-    scope = globals()
-    if "load_settings" in scope:
-        return
-    for module_name, names in _RUNTIME_IMPORTS.items():
+    for module_name, names in table.items():
         module = importlib.import_module(module_name)
         if not names:
             scope[module_name.rpartition(".")[2]] = module
         for name in names:
             scope[name] = getattr(module, name)
+
+
+def _load_runtime() -> None:
+    """Bind the names of ``_RUNTIME_IMPORTS`` (once): what every command needs."""
+    if "load_settings" not in globals():
+        _bind(_RUNTIME_IMPORTS)
+
+
+def _load_agents() -> None:
+    """Bind the names of ``_AGENT_IMPORTS`` (once)."""
+    if "build_agent" not in globals():
+        _bind(_AGENT_IMPORTS)
+
+
+def _deployment(settings: Settings) -> Deployment:
+    """A handle on the deployment ``settings`` name (this imports Ray)."""
+    if "Deployment" not in globals():
+        _bind(_RAY_IMPORTS)
+    _load_agents()  # what an embedded deployment builds
+    return Deployment(settings)
 
 
 __all__ = ["app", "main"]
@@ -552,6 +553,7 @@ def demo(
     """Start a local Ray, launch the four agents and pursue the built-in story goal."""
     with _errors():
         settings = _settings(address, state_dir)
+    _load_agents()
     _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
 
 
@@ -631,10 +633,12 @@ def request(
     """Send one cross-agent request and print the answer as JSON."""
     with _errors():
         settings = _settings(address, state_dir)
-        try:
-            import_extensions(settings.extensions)
-        except ExtensionError as exc:
-            raise InputError(str(exc)) from exc
+        if settings.extensions:  # they may register capabilities this command must encode
+            _load_agents()
+            try:
+                import_extensions(settings.extensions)
+            except ExtensionError as exc:
+                raise InputError(str(exc)) from exc
         _check_role(agent)
         spec = capability_for(agent, capability)
         if spec is None:
@@ -678,6 +682,7 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
     owner = raw.get("owner")
     if owner not in ROLES:
         raise InputError(f"{path}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
+    _load_agents()
     try:
         agent = build_agent(owner, extensions=settings.extensions)
     except ExtensionError as exc:
@@ -785,6 +790,7 @@ def plans_list(
     with _errors():
         if agent is not None:
             _check_role(agent)
+        _load_agents()
         statuses = [value.value for value in PlanStatus]
         if status is not None and status not in statuses:
             raise InputError(_unknown("status", status, statuses))
@@ -1519,6 +1525,8 @@ def certs_init(
         settings = _settings(None, state_dir)
         folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
         names = identities or [*ROLES, OPERATOR]
+        from stratagem.protocol import init_certificates
+
         written = init_certificates(folder, names, overwrite=force)
         if as_json:
             _print_json(

@@ -21,7 +21,6 @@ from stratagem.protocol import (
     Credentials,
     TlsAuthenticator,
     TlsCredentials,
-    TlsFiles,
     TokenAuthenticator,
     TokenCredentials,
     TokenSigner,
@@ -57,6 +56,8 @@ def authenticator_for(
         signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
         return TokenAuthenticator(signer)
     if settings.auth == "mtls":
+        from stratagem.protocol import TlsFiles
+
         return TlsAuthenticator(TlsFiles.for_identity(settings.tls_path, role))
     return CallerMetadataAuthenticator()
 
@@ -73,5 +74,7 @@ def credentials_for(
         signer = TokenSigner(secret or ClusterSecret.load(settings.secret_path))
         return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
     if settings.auth == "mtls":
+        from stratagem.protocol import TlsFiles
+
         return TlsCredentials(TlsFiles.for_identity(settings.tls_path, identity))
     return None

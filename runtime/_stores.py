@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stratagem.planning import SqliteStateStore, StateStore
 from stratagem.protocol import (
     AnswerRetention,
     AnswerStore,
@@ -24,6 +23,7 @@ from stratagem.protocol import (
 from stratagem.runtime._settings import Settings
 
 if TYPE_CHECKING:
+    from stratagem.planning import StateStore
     from stratagem.protocol import PostgresAuditLog
 
 __all__ = [
@@ -49,6 +49,8 @@ def store_location(settings: Settings) -> str:
 
 async def open_state_store(settings: Settings, role: str) -> StateStore:
     """``role``'s durable plans, started."""
+    from stratagem.planning import SqliteStateStore  # the engine's store: only where agents run
+
     if settings.store_url is not None:
         from stratagem.planning import PostgresStateStore  # needs the postgres extra
 

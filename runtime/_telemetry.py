@@ -31,18 +31,20 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState
 from opentelemetry.util.types import Attributes, AttributeValue
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter
 
 __all__ = [
     "JsonLinesSpanExporter",
@@ -323,6 +325,10 @@ def setup_telemetry(
         )
         if not disabled:
             if _otlp_wanted("METRICS"):
+                # The metrics SDK only where metrics are exported (not in every CLI command).
+                from opentelemetry.sdk.metrics import MeterProvider
+                from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
                 reader = PeriodicExportingMetricReader(_otlp_metric_exporter())
                 _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
                 metrics.set_meter_provider(_meter_provider)

@@ -46,6 +46,10 @@ def run_cli_benchmark(runs: int = 15) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cli-bench-") as state_dir:
         env = dict(os.environ, STRATAGEM_STATE_DIR=state_dir)
         env.pop("RAY_ADDRESS", None)
+        # As an installed package runs: with Python's bytecode cache (the untimed first run of
+        # each command writes it where an editable install lacks it). Some machines set
+        # PYTHONDONTWRITEBYTECODE for everything, which makes every start compile the sources.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         logger.info("cli: stratagem up in %s", state_dir)
         up = subprocess.run(
             [STRATAGEM, "up", "--json"], capture_output=True, text=True, env=env, timeout=300

@@ -1039,7 +1039,8 @@ def cli_section(cli: dict[str, Any] | None) -> list[str]:
         "How it was measured (`tests/bench/cli.py`): `stratagem up` in a temporary state "
         "directory, then each command run as a new process, one untimed run each, then "
         f"{cli['commands']['help']['n']} alternating timed runs; wall time of the whole process "
-        "(interpreter start, imports, the call, exit). `request` is `stratagem request perception "
+        "(interpreter start, imports, the call, exit), with Python's bytecode cache as an "
+        "installed package has it. `request` is `stratagem request perception "
         "ExtractEntities` on this machine's deployment (the endpoint the agent published, no Ray "
         "driver).",
         "",

@@ -88,9 +88,10 @@ def test_the_lazy_import_table_matches_the_type_checking_imports() -> None:
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 typed[alias.name] = ()
-    assert typed == {**_cli._RUNTIME_IMPORTS, **_cli._RAY_IMPORTS}
+    assert typed == {**_cli._RUNTIME_IMPORTS, **_cli._AGENT_IMPORTS, **_cli._RAY_IMPORTS}
     _cli._load_runtime()
-    for names in _cli._RUNTIME_IMPORTS.values():
+    _cli._load_agents()
+    for names in [*_cli._RUNTIME_IMPORTS.values(), *_cli._AGENT_IMPORTS.values()]:
         for name in names:
             assert name in vars(_cli), name
 
@@ -103,9 +104,9 @@ def test_what_commands_load_first_leaves_ray_out() -> None:
     # request, describe, plans and audit reach agents over gRPC first; only Deployment joins Ray.
     code = (
         "import sys\nfrom stratagem.runtime import _cli\n_cli._load_runtime()\n"
-        "print('ray' in sys.modules, 'grpc' in sys.modules)"
+        "print('ray' in sys.modules, 'grpc' in sys.modules, 'stratagem.planning' in sys.modules)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert result.stdout.split() == ["False", "True"]
+    assert result.stdout.split() == ["False", "True", "False"]
