@@ -64,7 +64,9 @@ INT32_MAX: Final = 2**31 - 1
 class WireModel(BaseModel):
     """Base of every model that crosses the wire: strict about unknown fields, immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a model's validator is built when first used, not at import, so a process that
+    # uses a few capabilities (the CLI's one request) does not pay for all of them at start.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Entity(WireModel):
