@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
-    import yaml
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
     from rich.live import Live
@@ -85,7 +84,6 @@ if TYPE_CHECKING:
 # _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
 # gRPC, OpenTelemetry's SDK or pydantic. A module with no names is bound under its own name.
 _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
-    "yaml": (),
     "pydantic": ("ValidationError",),
     "pydantic_settings": ("SettingsError",),
     "rich.live": ("Live",),
@@ -380,6 +378,8 @@ def _run(coro_fn: Callable[[], Any]) -> Any:
 
 def _read_mapping(path: Path, holds: str) -> dict[str, Any]:
     """A YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
+    import yaml  # only the commands that read a goal or plan file need it
+
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
