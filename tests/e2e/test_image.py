@@ -6,9 +6,9 @@ read from the Dockerfile itself: the build context is assembled as ``Dockerfile.
 filters the repository, every ``COPY`` source is in it, the pinned lock installs with
 ``--require-hashes --no-deps`` into a fresh Python, the project builds from the context alone
 without build isolation (nothing unpinned is fetched), and the image's ``ENTRYPOINT`` runs its
-``CMD`` and the built-in goal with the image's ``ENV``. Not proven here: the base image, the
-Debian packages (tini, wget), the non-root user and the file system layout; CI with a Docker
-engine runs ``docker build`` for those (deploy/README.md).
+``CMD`` and the built-in goal (``demo``) with the image's ``ENV``. Not proven here: the base
+image, the Debian packages (tini, wget), the non-root user and the file system layout; CI with a
+Docker engine runs ``docker build`` for those (deploy/README.md).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_the_build_context_and_entrypoint_work_as_the_dockerfile_says(tmp_path: 
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "demo" in shown.stdout
     demo = subprocess.run(
-        [stratagem, "submit", "examples/crown.yaml", "--json"],
+        [stratagem, "demo", "--json"],
         capture_output=True,
         text=True,
         env=image_env,
