@@ -4,8 +4,7 @@ The public names are re-exported here; the ``_module.py`` files are private. ``d
 describes how the names fit the layers around this one.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stratagem.planning._dag import find_cycle, topological_layers
 from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, Handler, InMemoryDispatcher
@@ -82,23 +81,14 @@ from stratagem.planning._store import (
     StoreStats,
 )
 from stratagem.planning._validate import validate_plan
+from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stratagem.planning._pg_store import PostgresStateStore
 
 # The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
 # so that the package works without it.
-_POSTGRES: dict[str, str] = {"PostgresStateStore": "stratagem.planning._pg_store"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _POSTGRES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._pg_store"})
 
 __all__ = [
     "BreakerState",

@@ -4,8 +4,7 @@ Protobuf messages stay inside this package: everything exported here speaks pyda
 values and ``ProtocolError`` subclasses.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stratagem.protocol._answers import (
     AnswerRetention,
@@ -123,6 +122,7 @@ from stratagem.protocol._identity import (
     TokenCredentials,
     TokenSigner,
 )
+from stratagem.protocol._lazy import lazy_exports
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
 from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
@@ -133,24 +133,17 @@ if TYPE_CHECKING:
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
 # TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds.
-_POSTGRES: dict[str, str] = {
-    "TlsFiles": "stratagem.protocol._tls",
-    "certificate_identity": "stratagem.protocol._tls",
-    "init_certificates": "stratagem.protocol._tls",
-    "PostgresAnswerStore": "stratagem.protocol._pg",
-    "PostgresAuditHeads": "stratagem.protocol._pg",
-    "PostgresAuditLog": "stratagem.protocol._pg",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _POSTGRES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "TlsFiles": "._tls",
+        "certificate_identity": "._tls",
+        "init_certificates": "._tls",
+        "PostgresAnswerStore": "._pg",
+        "PostgresAuditHeads": "._pg",
+        "PostgresAuditLog": "._pg",
+    },
+)
 
 __all__ = [
     "AUTHORIZATION_KEY",

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
         actor_name,
     )
     from stratagem.runtime._goal import GoalOutcome, run_goal
-    from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
+    from stratagem.runtime._launcher import Deployment
+    from stratagem.runtime._local import LaunchError, LocalCluster
     from stratagem.runtime._security import authenticator_for, cluster_secret, credentials_for
     from stratagem.runtime._settings import Settings, load_settings
     from stratagem.runtime._telemetry import (
@@ -40,8 +41,8 @@ _HOME: dict[str, str] = {
     "GoalOutcome": "_goal",
     "run_goal": "_goal",
     "Deployment": "_launcher",
-    "LaunchError": "_launcher",
-    "LocalCluster": "_launcher",
+    "LaunchError": "_local",
+    "LocalCluster": "_local",
     "authenticator_for": "_security",
     "cluster_secret": "_security",
     "credentials_for": "_security",
@@ -55,6 +56,8 @@ _HOME: dict[str, str] = {
 }
 
 
+# Not protocol's lazy_exports: importing anything of stratagem.protocol would load gRPC and pydantic
+# here, which is what this package's laziness keeps out of `stratagem --help`.
 def __getattr__(name: str) -> Any:
     module = _HOME.get(name)
     if module is None:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
-import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -38,6 +36,7 @@ from a2a.types import (
     Role,
     SendMessageRequest,
 )
+from peer_loop import measure  # beside this script
 from starlette.applications import Starlette
 
 
@@ -101,25 +100,7 @@ async def drive(
             if get_message_text(message) != text:
                 raise RuntimeError(f"unexpected answer {answers!r}")
 
-        for _ in range(warmup):
-            await call()
-        samples = []
-        for _ in range(latency):
-            started = time.perf_counter()
-            await call()
-            samples.append(time.perf_counter() - started)
-        left = throughput
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await call()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall_s = time.perf_counter() - started
-    print(json.dumps({"latency": samples, "calls": throughput, "wall_s": wall_s}), flush=True)
+        await measure(call, warmup, latency, throughput, concurrency)
 
 
 def main() -> None:

@@ -16,10 +16,8 @@ autogen-ext[grpc] 0.7.5 into a venv of their own (they pin other grpcio/protobuf
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
-import time
 from dataclasses import dataclass
 
 from autogen_core import (
@@ -30,6 +28,7 @@ from autogen_core import (
     try_get_known_serializers_for_type,
 )
 from autogen_ext.runtimes.grpc import GrpcWorkerAgentRuntime, GrpcWorkerAgentRuntimeHost
+from peer_loop import measure  # beside this script
 
 
 @dataclass
@@ -97,27 +96,9 @@ async def drive(
             raise RuntimeError(f"unexpected reply {reply!r}")
 
     try:
-        for _ in range(warmup):
-            await call()
-        samples = []
-        for _ in range(latency):
-            started = time.perf_counter()
-            await call()
-            samples.append(time.perf_counter() - started)
-        left = throughput
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await call()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall_s = time.perf_counter() - started
+        await measure(call, warmup, latency, throughput, concurrency)
     finally:
         await runtime.stop()
-    print(json.dumps({"latency": samples, "calls": throughput, "wall_s": wall_s}), flush=True)
 
 
 def main() -> None:

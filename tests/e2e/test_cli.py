@@ -560,38 +560,26 @@ def test_status_from_another_folder_through_a_profile(deployed: Path, tmp_path: 
         if key not in {"STRATAGEM_STATE_DIR", "RAY_ADDRESS", "STRATAGEM_PROFILE"}
     }
     env.update(STRATAGEM_CONFIG=str(config), XDG_STATE_HOME=str(tmp_path / "state"))
-    found = subprocess.run(
-        [STRATAGEM, "--profile", "here", "status", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=elsewhere,
-        check=False,
-    )
+
+    def there(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [STRATAGEM, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=elsewhere,
+            check=False,
+        )
+
+    found = there("--profile", "here", "status", "--json")
     assert found.returncode == 0, found.stderr[-2000:]
     assert len(json.loads(found.stdout)["agents"]) == 4
     # Without the profile, that folder has no deployment: the user's default is empty.
-    plain = subprocess.run(
-        [STRATAGEM, "status"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=elsewhere,
-        check=False,
-    )
+    plain = there("status")
     assert plain.returncode == 1
     assert "no Stratagem deployment found" in plain.stderr
-    unknown = subprocess.run(
-        [STRATAGEM, "--profile", "nowhere", "status"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=elsewhere,
-        check=False,
-    )
+    unknown = there("--profile", "nowhere", "status")
     assert unknown.returncode == 2
     assert "no profile 'nowhere'; valid: here" in unknown.stderr
 
