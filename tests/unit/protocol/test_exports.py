@@ -50,6 +50,7 @@ EXPECTED = [
     "InMemoryAuditLog",
     "InternalError",
     "InvalidArgumentError",
+    "MissingSecretError",
     "NotFoundError",
     "PermissionDeniedError",
     "PlanEvent",
