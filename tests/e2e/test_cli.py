@@ -167,7 +167,7 @@ def test_an_operator_without_the_secret_is_told_where_it_comes_from(
         state_dir=deployed,
         STRATAGEM_SECRET_FILE=str(missing),
     )
-    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert f"no cluster secret at {missing}" in lines[0]
