@@ -109,7 +109,7 @@ class AgentActor:
                 sys.path.append(folder)
         self._store = await open_state_store(settings, role)
         self._answers = await open_answer_store(settings, role)
-        self._watch = StoreWatch(settings, role)
+        self._watch = await asyncio.to_thread(StoreWatch, settings, role)
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)

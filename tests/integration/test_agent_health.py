@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -70,5 +73,18 @@ def test_status_reports_a_deleted_plan_store(
         assert infos["strategic"].health == "not serving"
         assert infos["strategic"].problem.startswith(f"plan store missing: {plans} was deleted")
         assert infos["tactical"].health == "serving"
+        # Ray restarts the agent after a kill -9: it opens a new, empty store in place of the
+        # deleted one, and says so instead of serving with no plans.
+        os.kill(infos["strategic"].pid, signal.SIGKILL)
+        for _ in range(120):
+            after = {info.role: info for info in own.status(timeout_s=5)}["strategic"]
+            if after.pid not in (0, infos["strategic"].pid) and after.endpoint:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the strategic agent was not restarted")
+        assert after.health == "not serving"
+        assert after.problem.startswith(f"plan store missing: {plans} was deleted after")
+        assert "this one is new and empty" in after.problem
     finally:
         own.teardown()

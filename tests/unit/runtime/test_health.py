@@ -46,3 +46,24 @@ def test_a_state_dir_that_cannot_be_written_is_named(tmp_path: Path) -> None:
     problems = watch.problems(0)
     assert problems[-1].startswith(f"state dir not writable: {tmp_path / 'state'} (")
     assert len(problems) == 2
+
+
+def test_a_restart_on_a_recreated_empty_store_is_noticed_until_accepted(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.state_dir.mkdir()
+    plans = settings.plans_path("strategic")
+    sqlite3.connect(plans).close()
+    assert StoreWatch(settings, "strategic").problems(4) == []
+    # The agent restarts on the same store: nothing to report.
+    assert StoreWatch(settings, "strategic").problems(4) == []
+    # The store is deleted and an empty one made in its place (as a restarted agent would).
+    plans.unlink()
+    sqlite3.connect(plans).close()
+    (problem,) = StoreWatch(settings, "strategic").problems(0)
+    marker = settings.state_dir / "strategic.plans.marker"
+    assert problem == (
+        f"plan store missing: {plans} was deleted after 4 plans were written "
+        f"(this one is new and empty; delete {marker} to accept it)"
+    )
+    marker.unlink()
+    assert StoreWatch(settings, "strategic").problems(0) == []
