@@ -744,3 +744,17 @@ def test_a_deleted_secret_is_noticed_by_up_and_mended_by_rotate(
     )
     assert stale.returncode == 1
     assert "UNAUTHENTICATED" in stale.stderr
+
+
+# After the secret test: it leaves the shared deployment's strategic agent without its store.
+def test_status_names_a_deleted_plan_store(deployed: Path) -> None:
+    plans = deployed / "strategic.plans.sqlite3"
+    plans.unlink()
+    result = run("status", state_dir=deployed)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        f"error: not serving: strategic (plan store missing: {plans} was deleted after"
+    )
+    assert "plan store missing" in result.stdout
