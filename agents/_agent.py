@@ -758,8 +758,10 @@ class Agent:
     ) -> PlanSnapshot:
         """Approve or reject a gate (a gate step, or a reconcile gate named after its step).
 
-        The decision is recorded before it is acted on; a plan running here goes on at once, a
-        stored one acts on it when resumed (``docs/durability.md``).
+        The decision is recorded before it is acted on; a plan running here goes on at once, and
+        so does a stored, unpaused plan that no run carries on any more (its runner ended with
+        an abandoned call): the agent resumes it from its store. A paused plan acts on the
+        decision when resumed (``docs/durability.md``).
 
         Args:
             plan_id: The plan.
@@ -801,7 +803,21 @@ class Agent:
             "approved" if approve else "rejected",
             approver,
         )
+        await self._continue_orphan(plan_id)
         return await self._settled(plan_id)
+
+    async def _continue_orphan(self, plan_id: str) -> None:
+        """Resume a stored plan that no run here carries on (its runner went with an abandoned
+        call, ``plans run`` past its deadline): the decision just recorded then takes effect
+        now, not at an unannounced ``resume``. A paused plan stays paused."""
+        if self.store is None or self._is_active(plan_id):
+            return
+        state = await self.store.load(plan_id)
+        if state is None or state.status.is_final or state.status is PlanStatus.PAUSED:
+            return
+        logger.info("agent %s resumes plan %s: its runner is gone", self.role, plan_id)
+        self._start_resume(plan_id)
+        await self._ready(plan_id)
 
     async def pause(self, plan_id: str) -> PlanSnapshot:
         """Pause a plan: no new step starts, running ones finish; ``resume`` continues it.

@@ -52,6 +52,7 @@ __all__ = [
     "CallerMetadataAuthenticator",
     "ClusterSecret",
     "Credentials",
+    "MissingSecretError",
     "TlsAuthenticator",
     "TlsCredentials",
     "TokenAuthenticator",
@@ -73,10 +74,18 @@ _TOKEN: Final = re.compile(TOKEN_PATTERN)
 _CACHE_LIMIT: Final = 4096
 
 
+class MissingSecretError(ProtocolUsageError):
+    """There is no cluster secret where one is needed, and this process must not make one (a new
+    secret would match no agent); the message says where the secret comes from."""
+
+
 class ClusterSecret:
     """The secret that signs tokens, kept in a file only its owner may read.
 
     The value never appears in ``repr`` or ``str``; use ``reveal()`` where the bytes are needed.
+    ``key_id`` names it without revealing it: agents publish it, so that ``stratagem up`` notices
+    agents that hold another secret than the operator's (and, in a later token format, it is the
+    ``kid`` that lets two secrets overlap).
     """
 
     __slots__ = ("_value",)
@@ -94,6 +103,38 @@ class ClusterSecret:
     def reveal(self) -> bytes:
         """The secret's bytes."""
         return self._value
+
+    @property
+    def key_id(self) -> str:
+        """16 hex characters naming this secret: a domain-separated SHA-256 of it, which tells
+        nothing about the secret itself."""
+        return hashlib.sha256(b"stratagem cluster secret id\0" + self._value).hexdigest()[:16]
+
+    @classmethod
+    def generate(cls) -> ClusterSecret:
+        """A new random secret (32 bytes)."""
+        return cls(os.urandom(_SECRET_BYTES))
+
+    def save(self, path: Path) -> None:
+        """Write the secret to ``path`` (mode 0600), replacing what was there in one step: a
+        reader sees the old secret or the new one, never a partial file.
+
+        Raises:
+            ProtocolUsageError: When the file cannot be written.
+        """
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.unlink(missing_ok=True)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(base64.b64encode(self._value) + b"\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise ProtocolUsageError(f"cannot write the cluster secret {path}: {exc}") from exc
 
     def __reduce__(self) -> tuple[Callable[[bytes], ClusterSecret], tuple[bytes]]:
         # Handed to agent actors as a constructor argument; pickles as its bytes.
@@ -116,8 +157,9 @@ class ClusterSecret:
         """Read the secret at ``path``; never make one (a new secret would match no agent).
 
         Raises:
-            ProtocolUsageError: When there is no file at ``path`` (the message says where the
-                secret comes from), or it is readable by others, too short or unreadable.
+            MissingSecretError: When there is no file at ``path`` (the message says where the
+                secret comes from and how to copy it).
+            ProtocolUsageError: When it is readable by others, too short or unreadable.
         """
         return cls._read(path, create=False)
 
@@ -135,7 +177,7 @@ class ClusterSecret:
                     with os.fdopen(fd, "wb") as out:
                         out.write(base64.b64encode(os.urandom(_SECRET_BYTES)) + b"\n")
             elif not path.exists():
-                raise ProtocolUsageError(
+                raise MissingSecretError(
                     f"no cluster secret at {path}: the agents' secret is made by 'stratagem up' "
                     "(or 'demo') in the deployment's state directory; copy that cluster.secret "
                     "here with mode 600, or point STRATAGEM_SECRET_FILE at a copy"

@@ -376,6 +376,19 @@ class AgentServer:
         )
         return self._port
 
+    async def set_serving(self, serving: bool) -> None:
+        """Report ``SERVING`` or ``NOT_SERVING`` on the health service, for a problem the host
+        found outside the server (its store is gone); calls are still answered."""
+        if self._server is None:
+            return
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE):
+            await self._health.set(service, status)
+
     @property
     def port(self) -> int:
         """The bound port (0 before ``start``)."""

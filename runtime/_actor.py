@@ -9,7 +9,9 @@ Each agent keeps its plans in ``STATE_DIR/<role>.plans.sqlite3`` (a ``planning.S
 and its answers to cross-agent requests in ``STATE_DIR/<role>.answers.sqlite3`` (a
 ``protocol.SqliteAnswerStore``), or both in PostgreSQL when ``STRATAGEM_STORE_URL`` names a
 database (see ``runtime._stores``). Every few seconds, and when it shuts down, it signs the audit
-chain's head (``protocol.AuditSealer``) with the key the launcher handed it.
+chain's head (``protocol.AuditSealer``) with the key the launcher handed it; every few seconds (and
+whenever asked for its ``info``) it also checks its stores (``runtime._health``) and reports
+``NOT_SERVING`` on the gRPC health service, and the problem in ``info``, while one is broken.
 
 Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
 restarted actor continues where its predecessor died: completed steps are skipped, an in-flight
@@ -38,6 +40,7 @@ from stratagem.protocol import (
     load_or_create_key,
 )
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
+from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
@@ -93,6 +96,7 @@ class AgentActor:
         }
         self._restarted = bool(context.was_current_actor_reconstructed)
         self._restarts: int | None = None
+        self._secret_id = secret.key_id if secret is not None else ""
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
             trace_file=settings.trace_file,
@@ -105,6 +109,7 @@ class AgentActor:
                 sys.path.append(folder)
         self._store = await open_state_store(settings, role)
         self._answers = await open_answer_store(settings, role)
+        self._watch = await asyncio.to_thread(StoreWatch, settings, role)
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)
@@ -157,9 +162,19 @@ class AgentActor:
             len(resumed),
         )
 
+    async def _problems(self) -> list[str]:
+        """What is wrong with this agent's storage (see ``runtime._health``); the gRPC health
+        service says ``NOT_SERVING`` while anything is."""
+        problems = await asyncio.to_thread(self._watch.problems, len(self._agent.plans("")))
+        await self._server.set_serving(not problems)
+        return problems
+
     async def info(self) -> dict[str, Any]:
-        """Role, endpoint, node, process and how many plans are running."""
+        """Role, endpoint, node, process, how many plans are running, and any store problem."""
+        problems = await self._problems()
         return {
+            "health": "not serving" if problems else "serving",
+            "problem": "; ".join(problems),
             "role": self._role,
             "endpoint": self._server.endpoint,
             "node_id": self._node_id,
@@ -171,6 +186,7 @@ class AgentActor:
             "restarts": self._restart_count(),
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
+            "secret_id": self._secret_id,
         }
 
     def _restart_count(self) -> int | None:
@@ -189,8 +205,15 @@ class AgentActor:
     async def _seal_periodically(self) -> None:
         """Sign the audit chain's head every few seconds while records arrive (see
         ``protocol.AuditSealer``); a failed seal is logged and tried again."""
+        ticks = 0
         while True:
             await asyncio.sleep(1.0)
+            ticks += 1
+            if ticks % 5 == 0:
+                try:
+                    await self._problems()
+                except Exception:
+                    logger.exception("cannot check the agent's stores")
             try:
                 await asyncio.to_thread(self._sealer.maybe_seal, 0)
             except Exception:

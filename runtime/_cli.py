@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         ClientConfig,
         ControlAction,
         ControlRequest,
+        MissingSecretError,
         PlanSnapshot,
         ProtocolError,
         RemoteError,
@@ -98,6 +99,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ClientConfig",
         "ControlAction",
         "ControlRequest",
+        "MissingSecretError",
         "PlanSnapshot",
         "ProtocolError",
         "RemoteError",
@@ -221,6 +223,12 @@ certs_app = typer.Typer(
     context_settings=_CONTEXT,
 )
 app.add_typer(certs_app, name="certs")
+secret_app = typer.Typer(
+    help="The cluster secret that signs tokens (STRATAGEM_AUTH=token).",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+)
+app.add_typer(secret_app, name="secret")
 
 
 def _version() -> str:
@@ -322,7 +330,7 @@ def _errors() -> Iterator[None]:
     try:
         with contextlib.redirect_stdout(sys.stderr) if outermost else contextlib.nullcontext():
             yield
-    except InputError as exc:
+    except (InputError, MissingSecretError) as exc:
         _fail(str(exc), 2)
     except RemoteError as exc:
         _fail(str(exc), 1)
@@ -1247,6 +1255,8 @@ def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
         health = {"serving": "[green]serving[/]", "unreachable": "[red]unreachable[/]"}.get(
             info.health, f"[yellow]{info.health} ({info.state.lower()})[/]"
         )
+        if info.problem:
+            health += f" [red]{escape(info.problem)}[/]"
         table.add_row(
             info.role,
             health,
@@ -1329,9 +1339,40 @@ def status(
         with _running(deployment):
             infos = deployment.status()
         _show_agents(infos, deployment.mode, as_json)
-        sick = [info.role for info in infos if info.health != "serving"]
+        sick = [
+            info.role + (f" ({info.problem})" if info.problem else "")
+            for info in infos
+            if info.health != "serving"
+        ]
         if sick:
             raise LaunchError(f"not serving: {', '.join(sick)}")
+
+
+@secret_app.command("rotate")
+def secret_rotate(
+    address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Make a new cluster secret and redeploy the agents with it (as 'up --replace' does):
+    tokens signed with the old secret stop passing; plans continue from their stores."""
+    with _errors():
+        from stratagem.runtime._rotation import rotate_secret  # joins Ray
+
+        settings = _settings(address, state_dir)
+        settings = settings.model_copy(
+            update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
+        )
+        deployment = _deployment(settings)
+        with _running(deployment):
+            key_id, infos = rotate_secret(deployment)
+        if as_json:
+            _print_json({**_infos_json(infos, deployment.mode), "key_id": key_id})
+            return
+        console.print(_agents_table(infos, deployment.mode))
+        err_console.print(
+            f"new cluster secret {key_id} in {settings.secret_path}; copy it to every other "
+            "operator machine (their old copy is refused now)",
+            soft_wrap=True,
+        )
 
 
 @app.command()

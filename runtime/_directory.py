@@ -19,7 +19,15 @@ import ray
 from stratagem.planning import CrossAgentCall
 from stratagem.protocol import AgentClient, ClientConfig, Credentials, UnavailableError, WireModel
 
-__all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name", "actor_record"]
+__all__ = [
+    "AgentInfo",
+    "EndpointDirectory",
+    "GrpcDispatcher",
+    "actor_name",
+    "actor_record",
+    "dead_actor_record",
+    "death_cause",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +56,63 @@ def actor_record(actor_id: str | None) -> dict[str, Any]:
         return {}
 
 
+def dead_actor_record(name: str) -> dict[str, Any]:
+    """The actor table's record of the last dead actor called ``name`` (``{}``: none, or the
+    table cannot be read). Ray's table does not say the namespace: informational only."""
+    try:
+        from ray._private import state
+
+        records: dict[str, Any] = state.actors()
+    except Exception:
+        logger.debug("cannot read the actor table", exc_info=True)
+        return {}
+    dead = [r for r in records.values() if r.get("Name") == name and r.get("State") == "DEAD"]
+    return max(dead, key=lambda r: r.get("EndTime", 0), default={})
+
+
+# Ray's ActorDiedErrorContext.reason, in words.
+_DEATH_REASONS = {
+    "WORKER_DIED": "its worker process died",
+    "OWNER_DIED": "the process that created it died",
+    "NODE_DIED": "its node died",
+    "RAY_KILL": "killed (ray.kill)",
+    "OUT_OF_SCOPE": "no handle referred to it",
+    "REF_DELETED": "its reference was deleted",
+}
+
+
+def death_cause(record: dict[str, Any]) -> str:
+    """Why Ray says an actor died, in one line (``""`` when it is not dead or Ray does not say).
+
+    Args:
+        record: The actor's record (``actor_record``): its ``State`` and ``DeathCause`` (Ray's
+            ``ActorDeathCause`` message) are read.
+    """
+    if record.get("State") != "DEAD":
+        return ""
+    cause: Any = record.get("DeathCause")
+    kind = cause.WhichOneof("context") if cause is not None else None
+    if kind == "oom_context":
+        why = "out of memory"
+    elif kind == "creation_task_failure_context":
+        lines = cause.creation_task_failure_context.formatted_exception_string.strip().splitlines()
+        why = f"its constructor failed: {lines[-1] if lines else 'unknown error'}"
+    elif kind == "runtime_env_failed_context":
+        why = f"its runtime environment failed: {cause.runtime_env_failed_context.error_message}"
+    elif kind == "actor_unschedulable_context":
+        why = f"unschedulable: {cause.actor_unschedulable_context.error_message}"
+    elif kind == "actor_died_error_context":
+        context = cause.actor_died_error_context
+        reason = context.DESCRIPTOR.fields_by_name["reason"].enum_type.values_by_number
+        name = reason[context.reason].name if context.reason in reason else ""
+        why = _DEATH_REASONS.get(name) or context.error_message.strip().splitlines()[0]
+    else:
+        why = "cause unknown"
+    restarts = record.get("NumRestarts")
+    spent = f"; restarts spent ({restarts})" if restarts else ""
+    return f"died: {why.strip()}{spent}"[:300]
+
+
 @dataclass(frozen=True, slots=True)
 class AgentInfo:
     """Where an agent runs, how to reach it and how it is doing.
@@ -65,6 +130,10 @@ class AgentInfo:
         state: Ray's state of the actor: ``ALIVE``, ``RESTARTING``, ``PENDING_CREATION``, ``DEAD``.
         node_labels: The labels of its node (Ray's own ``ray.io/*`` labels left out).
         settings_digest: A digest of the settings it was deployed with.
+        problem: What keeps it from serving, in one line: Ray's death cause of a dead agent
+            (``died: out of memory``, ...), or a store problem the agent found itself.
+        secret_id: The key id of the cluster secret it verifies tokens with (token mode; empty
+            otherwise): ``up`` compares it with the operator's secret.
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
@@ -83,6 +152,8 @@ class AgentInfo:
     health: str = "serving"
     node_labels: dict[str, str] = field(default_factory=dict)
     settings_digest: str = ""
+    secret_id: str = ""
+    problem: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

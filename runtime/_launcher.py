@@ -22,7 +22,13 @@ import ray
 
 from stratagem.protocol import ROLES, load_or_create_key
 from stratagem.runtime._actor import AgentActor
-from stratagem.runtime._directory import AgentInfo, actor_name, actor_record
+from stratagem.runtime._directory import (
+    AgentInfo,
+    actor_name,
+    actor_record,
+    dead_actor_record,
+    death_cause,
+)
 from stratagem.runtime._local import LaunchError, LocalCluster
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
@@ -105,7 +111,9 @@ class Deployment:
         try:
             created = not self.deployed()
             if created:
-                self.deploy(detached=False)
+                # Only a Ray of its own may get a new secret; agents put on a recorded or named
+                # cluster use that deployment's secret, which must be here already.
+                self.deploy(detached=False, create_secret=self.mode == "embedded")
             yield self
         finally:
             if created and self.mode != "embedded":
@@ -132,11 +140,23 @@ class Deployment:
         except ValueError:
             return None
 
-    def deploy(self, *, detached: bool, replace: bool = False) -> list[AgentInfo]:
+    def deploy(
+        self, *, detached: bool, replace: bool = False, create_secret: bool = True
+    ) -> list[AgentInfo]:
         """Create the agent actors that are missing (all of them with ``replace``) and wait until
         every agent serves.
 
         Re-running it against a running deployment changes nothing.
+
+        Args:
+            detached: Agents outlive this process (``up``).
+            replace: Redeploy running agents.
+            create_secret: Make a cluster secret when there is none (token mode); otherwise its
+                absence is a ``MissingSecretError``.
+
+        Raises:
+            LaunchError: Agents did not start, or running agents hold another cluster secret
+                than this process (every operator command would be refused).
         """
         if replace:
             self._stop_agents(kill=True)
@@ -149,7 +169,7 @@ class Deployment:
         env = {
             key: value for key, value in os.environ.items() if key.startswith(_FORWARDED_PREFIXES)
         }
-        secret = cluster_secret(self.settings)
+        secret = cluster_secret(self.settings, create=create_secret)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
@@ -176,13 +196,20 @@ class Deployment:
         infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
         digest = settings_digest(settings_json)
         self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
+        if secret is not None:
+            _check_secret(infos, secret.key_id, self.settings.secret_path)
         return infos
 
     def _handles_or_fail(self) -> dict[str, Any]:
         handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}
         missing = [role for role, handle in handles.items() if handle is None]
         if missing:
-            raise LaunchError(f"agents not deployed: {', '.join(missing)}")
+            # A dead agent's name is free again; Ray's table still says why it died.
+            why = {role: death_cause(dead_actor_record(actor_name(role))) for role in missing}
+            raise LaunchError(
+                "agents not deployed: "
+                + ", ".join(f"{role} ({why[role]})" if why[role] else role for role in missing)
+            )
         return handles
 
     def _ready(self, timeout_s: float) -> list[AgentInfo]:
@@ -263,6 +290,20 @@ class Deployment:
         return removed
 
 
+def _check_secret(infos: list[AgentInfo], key_id: str, path: Path) -> None:
+    """Refuse agents that verify tokens with another secret than ``key_id`` (agents from before
+    key ids, which publish none, are not judged)."""
+    others = sorted({info.secret_id for info in infos if info.secret_id} - {key_id})
+    if others:
+        roles = [info.role for info in infos if info.secret_id and info.secret_id != key_id]
+        raise LaunchError(
+            f"agents {', '.join(roles)} hold another cluster secret (key id {', '.join(others)}) "
+            f"than {path} (key id {key_id}), so every command from here would be "
+            "UNAUTHENTICATED: copy the deployment's cluster.secret here, or give the agents "
+            "this one with 'stratagem secret rotate' or 'stratagem up --replace'"
+        )
+
+
 def placement_options(settings: Settings, role: str) -> dict[str, Any]:
     """Ray actor options that put ``role``'s agent where ``settings.placement`` says."""
     placement = settings.placement.get(role)
@@ -301,6 +342,7 @@ def _silent_agent(role: str, handle: Any) -> AgentInfo:
         restarts=int(record["NumRestarts"]) if "NumRestarts" in record else None,
         state=str(record.get("State", "UNKNOWN")),
         health="not answering",
+        problem=death_cause(record),
     )
 
 

@@ -1,7 +1,8 @@
 """How this deployment's processes prove who they are, from the settings (``STRATAGEM_AUTH``).
 
 ``token`` (the default): the cluster secret in ``STATE_DIR/cluster.secret`` (created mode 0600 by
-the first ``stratagem`` command that needs it) signs each identity's tokens; the launcher hands it
+``stratagem up`` or the embedded demo: nothing else makes one; ``stratagem secret rotate`` replaces
+it) signs each identity's tokens; the launcher hands it
 to the agent actors it creates, so agents on other nodes need no copy of the file. An operator on
 another machine copies the file (it is the deployment's root of trust: guard it like a password).
 
@@ -30,16 +31,24 @@ from stratagem.runtime._settings import Settings
 __all__ = ["authenticator_for", "cluster_secret", "credentials_for"]
 
 
-def cluster_secret(settings: Settings) -> ClusterSecret | None:
-    """The cluster secret token mode needs (read, or created: for whoever deploys the agents), or
-    ``None`` in another mode.
+def cluster_secret(settings: Settings, *, create: bool = True) -> ClusterSecret | None:
+    """The cluster secret token mode needs, or ``None`` in another mode.
+
+    Args:
+        settings: The deployment's settings.
+        create: Make the secret when there is none: only for what starts a deployment of its own
+            (``up``, the embedded demo); everything else must use the deployment's secret.
 
     Raises:
+        MissingSecretError: There is none and ``create`` is false (the message says where the
+            secret comes from).
         ProtocolUsageError: When the secret file cannot be read or created, or others may read it.
     """
     if settings.auth != "token":
         return None
-    return ClusterSecret.load_or_create(settings.secret_path)
+    if create:
+        return ClusterSecret.load_or_create(settings.secret_path)
+    return ClusterSecret.load(settings.secret_path)
 
 
 def authenticator_for(
@@ -50,10 +59,11 @@ def authenticator_for(
     Args:
         settings: The deployment's settings.
         role: The agent served (its own certificate in mTLS mode).
-        secret: The cluster secret (token mode); read from the state directory when ``None``.
+        secret: The cluster secret (token mode); read from the state directory when ``None``
+            (never made: a server with a new secret would refuse every client).
     """
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        signer = TokenSigner(secret or ClusterSecret.load(settings.secret_path))
         return TokenAuthenticator(signer)
     if settings.auth == "mtls":
         from stratagem.protocol import TlsFiles

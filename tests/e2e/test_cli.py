@@ -167,7 +167,7 @@ def test_an_operator_without_the_secret_is_told_where_it_comes_from(
         state_dir=deployed,
         STRATAGEM_SECRET_FILE=str(missing),
     )
-    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert f"no cluster secret at {missing}" in lines[0]
@@ -448,6 +448,43 @@ def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None
     assert any("gate ok by operator: looks right" in detail for detail in details)
 
 
+def test_approve_after_a_plans_run_deadline_carries_the_plan_on(
+    deployed: Path, tmp_path: Path
+) -> None:
+    plan = {
+        "id": "cli-orphan",
+        "owner": "strategic",
+        "goal": "wait for a yes after the caller gave up",
+        "steps": [
+            {"kind": "gate", "id": "ok", "prompt": "Go on?"},
+            {
+                "kind": "tool",
+                "id": "protagonist",
+                "tool": "find_protagonist",
+                "input": {"text": "Mira wants the crown.", "entities": []},
+                "depends_on": ["ok"],
+            },
+        ],
+    }
+    path = tmp_path / "orphan.json"
+    path.write_text(json.dumps(plan))
+    ran = run("plans", "run", str(path), "--timeout", "3", state_dir=deployed)
+    assert ran.returncode == 1, ran.stderr
+    assert "DEADLINE_EXCEEDED" in ran.stderr
+    approved = run(
+        "approve", "cli-orphan", "ok", "--rationale", "late yes", "--json", state_dir=deployed
+    )
+    assert approved.returncode == 0, approved.stderr
+    # No `resume`: the agent carries the plan on itself.
+    for _ in range(100):
+        shown = run("plans", "show", "cli-orphan", "--json", state_dir=deployed)
+        assert shown.returncode == 0, shown.stderr
+        if json.loads(shown.stdout)[0]["status"] == "succeeded":
+            break
+    else:
+        pytest.fail(f"the approved plan did not go on: {shown.stdout[-500:]}")
+
+
 def _who_leads(tmp_path: Path, plan_id: str, text: str | None = None) -> Path:
     plan = yaml.safe_load((EXAMPLES / "plans" / "who-leads.yaml").read_text(encoding="utf-8"))
     plan["id"] = plan_id
@@ -652,3 +689,60 @@ def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
         assert "mira" in {e["id"] for e in json.loads(out)["entities"]}
     finally:
         path.write_text(kept)
+
+
+# Last in the module: it gives the shared deployment a new secret (and redeploys its agents).
+def test_a_deleted_secret_is_noticed_by_up_and_mended_by_rotate(
+    deployed: Path, tmp_path: Path
+) -> None:
+    secret = deployed / "cluster.secret"
+    old = tmp_path / "old.secret"
+    old.write_bytes(secret.read_bytes())
+    old.chmod(0o600)
+    secret.unlink()
+    up = run("up", "--json", state_dir=deployed)
+    assert up.returncode == 1, up.stderr[-2000:]
+    lines = up.stderr.strip().splitlines()
+    assert len(lines) == 1, up.stderr
+    assert "another cluster secret" in lines[0]
+    assert "secret rotate" in lines[0]
+    assert "up --replace" in lines[0]
+    rotated = run(
+        "secret",
+        "rotate",
+        "--json",
+        state_dir=deployed,
+        STRATAGEM_MAX_MESSAGE_BYTES=str(MAX_MESSAGE_BYTES),
+        STRATAGEM_EXTENSIONS="examples.extensions.word_count",
+    )
+    assert rotated.returncode == 0, rotated.stderr[-2000:]
+    key_id = json.loads(rotated.stdout)["key_id"]
+    assert {a["secret_id"] for a in json.loads(rotated.stdout)["agents"]} == {key_id}
+    payload = '{"text": "Mira waits."}'
+    fresh = run("request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    stale = run(
+        "request",
+        "perception",
+        "ExtractEntities",
+        "--json",
+        payload,
+        state_dir=deployed,
+        STRATAGEM_SECRET_FILE=str(old),
+    )
+    assert stale.returncode == 1
+    assert "UNAUTHENTICATED" in stale.stderr
+
+
+# After the secret test: it leaves the shared deployment's strategic agent without its store.
+def test_status_names_a_deleted_plan_store(deployed: Path) -> None:
+    plans = deployed / "strategic.plans.sqlite3"
+    plans.unlink()
+    result = run("status", state_dir=deployed)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        f"error: not serving: strategic (plan store missing: {plans} was deleted after"
+    )
+    assert "plan store missing" in result.stdout

@@ -193,3 +193,30 @@ async def test_a_paused_plan_stays_paused_after_a_restart(tmp_path: Path) -> Non
         await restarted.resume("held")
         await _until(restarted, "held", PlanStatus.SUCCEEDED)
     assert ledger.entries == ["held b"]
+
+
+@pytest.mark.parametrize(("approve", "final"), [(True, PlanStatus.SUCCEEDED), (False, None)])
+async def test_a_decision_continues_a_plan_whose_runner_is_gone(
+    store: SqliteStateStore, approve: bool, final: PlanStatus | None
+) -> None:
+    # `plans run` with a deadline: the call (and the run serving it) ends while the plan waits.
+    ledger = Ledger()
+    agent = _agent(store, ledger)
+    run = asyncio.create_task(agent.submit_plan(_plan("orphan", gate=True)))
+    await _until(agent, "orphan", PlanStatus.BLOCKED)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await agent.decide_gate("orphan", "g", approve=approve, approver="operator", rationale="ok")
+    # The decision alone carries the plan on: no `resume` is needed.
+    wanted = final or PlanStatus.FAILED
+
+    async def settled() -> PlanStatus | None:
+        while True:
+            state = await store.load("orphan")
+            if state is not None and state.status.is_final:
+                return state.status
+            await asyncio.sleep(0.01)
+
+    assert await asyncio.wait_for(settled(), timeout=30) is wanted
+    assert ledger.entries == (["orphan b"] if approve else [])

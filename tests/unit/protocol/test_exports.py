@@ -52,6 +52,7 @@ EXPECTED = [
     "InMemoryAuditLog",
     "InternalError",
     "InvalidArgumentError",
+    "MissingSecretError",
     "NotFoundError",
     "PermissionDeniedError",
     "PlanEvent",

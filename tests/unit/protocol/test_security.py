@@ -30,6 +30,7 @@ from stratagem.protocol import (
     ClusterSecret,
     FailedPreconditionError,
     InMemoryAuditLog,
+    MissingSecretError,
     PermissionDeniedError,
     Policy,
     ProtocolUsageError,
@@ -148,12 +149,30 @@ def test_loading_a_missing_secret_says_where_it_comes_from_and_makes_none(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "operator" / "cluster.secret"
-    with pytest.raises(ProtocolUsageError, match=r"no cluster secret at .*stratagem up.*copy"):
+    with pytest.raises(MissingSecretError, match=r"no cluster secret at .*stratagem up.*copy"):
         ClusterSecret.load(path)
     assert not path.exists()
     assert not path.parent.exists()
     made = ClusterSecret.load_or_create(path)
     assert ClusterSecret.load(path).reveal() == made.reveal()
+
+
+def test_a_saved_secret_replaces_the_old_one_and_its_key_id_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.secret"
+    old = ClusterSecret.load_or_create(path)
+    new = ClusterSecret.generate()
+    new.save(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ClusterSecret.load(path).reveal() == new.reveal()
+    assert [p.name for p in tmp_path.iterdir()] == ["cluster.secret"]
+    # The key id names a secret (same bytes, same id) without revealing it.
+    assert len(new.key_id) == 16
+    assert new.key_id == ClusterSecret(new.reveal()).key_id != old.key_id
+    assert new.key_id not in new.reveal().hex()
+    # A token of the old secret no longer verifies with the new one.
+    token = TokenSigner(old).issue("operator", 60)
+    with pytest.raises(UnauthenticatedError, match="signature"):
+        TokenSigner(new).verify(token)
 
 
 def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:

@@ -157,6 +157,18 @@ async def test_health_describe_and_plans(
     assert (await connect(server.endpoint, caller="tactical").describe()).role == "perception"
 
 
+async def test_health_says_not_serving_while_the_host_reports_a_problem(
+    server: AgentServer, connect: Connect
+) -> None:
+    client = connect(server.endpoint)
+    await server.set_serving(False)
+    assert await client.health() == "NOT_SERVING"
+    # Calls are still answered: the problem is reported, not enforced.
+    assert (await client.describe()).role == "perception"
+    await server.set_serving(True)
+    assert await client.health() == "SERVING"
+
+
 async def test_run_plan_is_served_audited_and_refusals_keep_their_code(
     server: AgentServer, backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
 ) -> None:

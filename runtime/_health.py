@@ -1,0 +1,130 @@
+"""What an agent checks about its own storage, so that ``status`` reports a broken store instead
+of an agent that says it serves while its plans are gone or every write fails.
+
+Three problems are looked for, when the agent starts and each time it is asked for its ``info``:
+
+- its SQLite plan store is missing, or is not the file it opened (the file's device and inode);
+- after a restart, the plan store is not the one the agent used before: the store carries an id
+  (a table of its own in the database) that is also kept beside it in ``<role>.plans.marker``
+  with the number of plans the agent held, so a deleted store recreated empty is noticed instead
+  of an agent that silently remembers no plans. Deleting the marker accepts the new store;
+- its state directory is not writable (a probe file cannot be created there), where answers,
+  audit records and plans are written.
+
+A PostgreSQL store (``STRATAGEM_STORE_URL``) is not watched here: its own errors reach callers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+from stratagem.runtime._settings import Settings
+
+__all__ = ["StoreWatch"]
+
+_TABLE = "stratagem_store_identity"
+
+
+class StoreWatch:
+    """Remembers which plan store ``role``'s agent opened and finds what went wrong since.
+
+    Create it once the store is open, before the agent resumes its plans.
+
+    Args:
+        settings: The deployment's settings.
+        role: The agent's role.
+    """
+
+    def __init__(self, settings: Settings, role: str) -> None:
+        self._state_dir = settings.state_dir
+        self._plans: Path | None = None
+        self._identity: tuple[int, int] | None = None
+        self._marker = settings.state_dir / f"{role}.plans.marker"
+        self._store_id = ""
+        self._known = 0
+        self._replaced = ""
+        if settings.store_url is not None:
+            return
+        self._plans = settings.plans_path(role)
+        self._identity = _identity(self._plans)
+        try:
+            self._store_id = _store_id(self._plans)
+            marker = json.loads(self._marker.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self._write_marker(0)
+            return
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            self._replaced = f"plan store unreadable: {self._plans} ({exc})"
+            return
+        self._known = int(marker.get("plans", 0))
+        if marker.get("store") != self._store_id:
+            self._replaced = (
+                f"plan store missing: {self._plans} was deleted after {self._known} plans were "
+                f"written (this one is new and empty; delete {self._marker} to accept it)"
+            )
+
+    def problems(self, plans_written: int) -> list[str]:
+        """What is wrong with the agent's storage now, one line each (empty: nothing).
+
+        Args:
+            plans_written: How many plans the agent remembers (kept in the marker, and said in
+                the message).
+        """
+        found: list[str] = [self._replaced] if self._replaced else []
+        if self._plans is not None and self._identity is not None and not self._replaced:
+            now = _identity(self._plans)
+            if now is None:
+                found.append(
+                    f"plan store missing: {self._plans} was deleted after {plans_written} plans "
+                    "were written"
+                )
+            elif now != self._identity:
+                found.append(
+                    f"plan store replaced: {self._plans} is not the file this agent opened "
+                    f"(deleted and recreated after {plans_written} plans were written)"
+                )
+            elif plans_written != self._known:
+                self._write_marker(plans_written)
+        probe = self._state_dir / f".probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            found.append(f"state dir not writable: {self._state_dir} ({exc.strerror})")
+        return found
+
+    def _write_marker(self, plans: int) -> None:
+        temporary = self._marker.with_name(f".{self._marker.name}.{os.getpid()}")
+        try:
+            temporary.write_text(
+                json.dumps({"store": self._store_id, "plans": plans}), encoding="utf-8"
+            )
+            os.replace(temporary, self._marker)
+        except OSError:
+            return  # reported by the state dir probe
+        self._known = plans
+
+
+def _store_id(path: Path) -> str:
+    """The id kept in the store's own table, made on first use."""
+    with contextlib.closing(sqlite3.connect(path, timeout=10, isolation_level=None)) as db:
+        db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLE} (id TEXT NOT NULL)")
+        row = db.execute(f"SELECT id FROM {_TABLE}").fetchone()
+        if row is not None:
+            return str(row[0])
+        made = uuid.uuid4().hex
+        db.execute(f"INSERT INTO {_TABLE} (id) VALUES (?)", (made,))
+        return made
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino

@@ -1,0 +1,88 @@
+"""The cluster secret on a real Ray: agents publish its key id, ``up`` refuses agents that hold
+another one, ``secret rotate`` replaces it, and nothing but a deployment of its own makes one."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stratagem.protocol import (
+    OPERATOR,
+    AgentClient,
+    ClusterSecret,
+    MissingSecretError,
+    TokenCredentials,
+    TokenSigner,
+    UnauthenticatedError,
+)
+from stratagem.runtime import Deployment, LaunchError, Settings
+from stratagem.runtime._rotation import rotate_secret
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def _own_deployment(settings: Settings, tmp_path: Path) -> Deployment:
+    """Agents in a namespace of their own, with a secret of their own (the session's stay as
+    they are)."""
+    own = settings.model_copy(
+        update={
+            "namespace": f"secret-{uuid.uuid4().hex[:8]}",
+            "state_dir": tmp_path / "state",
+            "secret_file": tmp_path / "state" / "cluster.secret",
+        }
+    )
+    return Deployment(own)
+
+
+async def _plans_as(endpoint: str, secret: ClusterSecret) -> None:
+    credentials = TokenCredentials(TokenSigner(secret), OPERATOR, ttl_s=60)
+    async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials) as client:
+        await client.plans("")
+
+
+async def test_up_notices_agents_holding_another_secret_and_rotate_mends_it(
+    deployment: Deployment, settings: Settings, tmp_path: Path
+) -> None:
+    own = _own_deployment(settings, tmp_path)
+    secret_path = own.settings.secret_path
+    try:
+        infos = own.deploy(detached=False)
+        old = ClusterSecret.load(secret_path)
+        assert {info.secret_id for info in infos} == {old.key_id}
+        # The operator's secret is deleted: `up` makes a new one, which the running agents do
+        # not hold. It says so instead of reporting success.
+        secret_path.unlink()
+        with pytest.raises(LaunchError, match=r"another cluster secret.*secret rotate"):
+            Deployment(own.settings).deploy(detached=False)
+        new_here = ClusterSecret.load(secret_path)
+        assert new_here.key_id != old.key_id
+        # The old secret's tokens still pass until the agents are given the new one ...
+        endpoint = {info.role: info.endpoint for info in own.status()}["perception"]
+        await _plans_as(endpoint, old)
+        # ... which rotate does (a new secret again, agents redeployed with it).
+        key_id, rotated = rotate_secret(own)
+        assert {info.secret_id for info in rotated} == {key_id}
+        current = ClusterSecret.load(secret_path)
+        assert current.key_id == key_id != new_here.key_id
+        endpoint = {info.role: info.endpoint for info in rotated}["perception"]
+        with pytest.raises(UnauthenticatedError):
+            await _plans_as(endpoint, old)
+        await _plans_as(endpoint, current)
+        # Running `up` again now finds agents and operator agreeing.
+        again = Deployment(own.settings).deploy(detached=False)
+        assert {info.secret_id for info in again} == {key_id}
+    finally:
+        own.teardown()
+
+
+def test_agents_put_on_a_deployment_of_another_make_no_secret(
+    deployment: Deployment, settings: Settings, tmp_path: Path
+) -> None:
+    # What `submit` does on a recorded or named Ray (not one of its own): its agents must use the
+    # deployment's secret, and a missing one is an error that makes none.
+    own = _own_deployment(settings, tmp_path)
+    with pytest.raises(MissingSecretError, match="no cluster secret at"):
+        own.deploy(detached=False, create_secret=False)
+    assert not own.settings.secret_path.exists()

@@ -1,0 +1,69 @@
+"""An agent's own storage checks (``runtime._health``): real files in a temporary folder."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from stratagem.runtime._health import StoreWatch
+from stratagem.runtime._settings import Settings
+
+
+def _watched(tmp_path: Path) -> tuple[StoreWatch, Path]:
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.state_dir.mkdir()
+    plans = settings.plans_path("strategic")
+    sqlite3.connect(plans).close()
+    return StoreWatch(settings, "strategic"), plans
+
+
+def test_a_healthy_store_has_no_problem(tmp_path: Path) -> None:
+    watch, _ = _watched(tmp_path)
+    assert watch.problems(3) == []
+
+
+def test_a_deleted_plan_store_is_named(tmp_path: Path) -> None:
+    watch, plans = _watched(tmp_path)
+    plans.unlink()
+    assert watch.problems(3) == [
+        f"plan store missing: {plans} was deleted after 3 plans were written"
+    ]
+
+
+def test_a_recreated_empty_plan_store_is_noticed(tmp_path: Path) -> None:
+    watch, plans = _watched(tmp_path)
+    keep = plans.with_suffix(".keep")
+    plans.rename(keep)  # the old file's inode stays in use, so the new one gets another
+    sqlite3.connect(plans).close()
+    (problem,) = watch.problems(2)
+    assert problem.startswith(f"plan store replaced: {plans} is not the file this agent opened")
+
+
+def test_a_state_dir_that_cannot_be_written_is_named(tmp_path: Path) -> None:
+    watch, _ = _watched(tmp_path)
+    shutil.rmtree(tmp_path / "state")
+    problems = watch.problems(0)
+    assert problems[-1].startswith(f"state dir not writable: {tmp_path / 'state'} (")
+    assert len(problems) == 2
+
+
+def test_a_restart_on_a_recreated_empty_store_is_noticed_until_accepted(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.state_dir.mkdir()
+    plans = settings.plans_path("strategic")
+    sqlite3.connect(plans).close()
+    assert StoreWatch(settings, "strategic").problems(4) == []
+    # The agent restarts on the same store: nothing to report.
+    assert StoreWatch(settings, "strategic").problems(4) == []
+    # The store is deleted and an empty one made in its place (as a restarted agent would).
+    plans.unlink()
+    sqlite3.connect(plans).close()
+    (problem,) = StoreWatch(settings, "strategic").problems(0)
+    marker = settings.state_dir / "strategic.plans.marker"
+    assert problem == (
+        f"plan store missing: {plans} was deleted after 4 plans were written "
+        f"(this one is new and empty; delete {marker} to accept it)"
+    )
+    marker.unlink()
+    assert StoreWatch(settings, "strategic").problems(0) == []
