@@ -14,7 +14,7 @@ if [ ! -x "$venv/bin/uv" ]; then
 fi
 export VIRTUAL_ENV="$repo/$venv"
 # Runtime dependencies at their floors; editable, so the tests import this tree.
-"$venv/bin/uv" pip install --quiet --resolution lowest-direct -e ".[postgres]"
+"$venv/bin/uv" pip install --quiet --resolution lowest-direct -e ".[postgres,model]"
 # What the unit tests need besides, at current versions, without moving the floors (not
 # grpcio-tools, which needs the newest grpcio, nor import-linter, which needs a newer rich: the
 # freshness of protocol/_gen/ and the import contracts are make test's checks).
@@ -23,7 +23,7 @@ export VIRTUAL_ENV="$repo/$venv"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as m
 names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentelemetry-sdk",
-         "typer", "rich", "pyyaml", "cryptography", "psycopg", "psycopg-pool"]
+         "typer", "rich", "pyyaml", "cryptography", "psycopg", "psycopg-pool", "openai"]
 print("lowest:", ", ".join(f"{n} {m.version(n)}" for n in names))
 PY
 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \

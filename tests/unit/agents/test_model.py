@@ -1,0 +1,141 @@
+"""Model clients: the scripted one, and the OpenAI-compatible one over a fake HTTP transport (the
+real library, no socket: httpx2's MockTransport answers)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+import pytest
+
+from stratagem.agents import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    ModelConfig,
+    OpenAIModelClient,
+    ScriptedModelClient,
+    parse_json_answer,
+)
+from stratagem.planning import LogicError, TransientError
+
+SECRET = "sk-test-never-shown-0123456789"
+SCHEMA = {"type": "object", "properties": {"steps": {"type": "array", "maxItems": 4}}}
+REQUEST = ChatRequest(
+    messages=(ChatMessage("system", "Plan."), ChatMessage("user", "Mira takes the key.")),
+    max_tokens=64,
+    schema=SCHEMA,
+    schema_name="tactical_plan",
+)
+
+
+def _completion(content: str, finish: str = "stop") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gemma-3-270m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
+    }
+
+
+def _client(handler: Any) -> tuple[OpenAIModelClient, list[httpx2.Request]]:
+    seen: list[httpx2.Request] = []
+
+    def record(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        answer: httpx2.Response = handler(request)
+        return answer
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(record))
+    config = ModelConfig(url="http://127.0.0.1:8089/v1", model="gemma-3-270m", api_key=SECRET)
+    return OpenAIModelClient(config, http_client=http), seen
+
+
+async def test_a_chat_sends_the_schema_and_reads_the_answer_and_its_usage() -> None:
+    client, seen = _client(lambda r: httpx2.Response(200, json=_completion('{"steps": []}')))
+    answer = await client.chat(REQUEST)
+    assert answer.content == '{"steps": []}'
+    assert (answer.model, answer.finish_reason) == ("gemma-3-270m", "stop")
+    assert (answer.input_tokens, answer.output_tokens) == (21, 7)
+    (request,) = seen
+    assert request.url.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {SECRET}"
+    body = json.loads(request.content)
+    assert body["max_tokens"] == 64
+    assert body["messages"][1] == {"role": "user", "content": "Mira takes the key."}
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "tactical_plan", "schema": SCHEMA, "strict": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(503, TransientError), (500, TransientError), (429, TransientError), (400, LogicError)],
+)
+async def test_a_failing_server_is_a_named_failure_class(
+    status: int, kind: type[Exception]
+) -> None:
+    client, _ = _client(lambda r: httpx2.Response(status, json={"error": {"message": "no"}}))
+    with pytest.raises(kind) as caught:
+        await client.chat(REQUEST)
+    assert type(caught.value) is kind
+    assert str(status) in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+async def test_an_unreachable_server_is_transient() -> None:
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ConnectError("connection refused", request=request)
+
+    client, _ = _client(refuse)
+    with pytest.raises(TransientError, match="unreachable"):
+        await client.chat(REQUEST)
+
+
+def test_the_key_never_shows() -> None:
+    config = ModelConfig(url="http://x/v1", model="m", api_key=SECRET)
+    client, _ = _client(lambda r: httpx2.Response(200, json=_completion("{}")))
+    for text in (repr(config), str(config), repr(client)):
+        assert SECRET not in text
+    assert "api_key=<set>" in repr(config)
+
+
+async def test_the_scripted_model_answers_in_order_and_records_requests() -> None:
+    boom = TransientError("model server down")
+    scripted = ScriptedModelClient(
+        ['{"a": 1}', boom, lambda req: f'{{"n": {len(req.messages)}}}'], model="script"
+    )
+    first = await scripted.chat(REQUEST)
+    assert first.content == '{"a": 1}'
+    assert first.model == "script"
+    assert first.output_tokens > 0
+    with pytest.raises(TransientError):
+        await scripted.chat(REQUEST)
+    third = await scripted.chat(REQUEST)
+    assert parse_json_answer(third) == {"n": 2}
+    assert scripted.remaining == 0
+    assert len(scripted.requests) == 3
+    with pytest.raises(LogicError, match="no answer left"):
+        await scripted.chat(REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("response", "complaint"),
+    [
+        (ChatResponse('{"steps": [', "m", "length", output_tokens=64), "cut at the token limit"),
+        (ChatResponse("Sure! Here is", "m", "stop"), "not JSON"),
+    ],
+)
+def test_an_answer_that_is_not_json_is_a_critique(response: ChatResponse, complaint: str) -> None:
+    with pytest.raises(LogicError, match=complaint):
+        parse_json_answer(response)
