@@ -10,7 +10,7 @@ RUN_STAMP := $(VENV)/.installed-runtime
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fuzz load fmt clean help
+.PHONY: model-server model-server-stop otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fuzz load fmt clean help
 
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
@@ -20,6 +20,7 @@ help:
 	@echo "make fuzz   - the long fuzz campaign of the server pipeline (>100,000 calls)"
 	@echo "make load   - 64 callers for 60 s per phase against one agent (below/above admission)"
 	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
+	@echo "make model-server / model-server-stop - llama.cpp serving Gemma 3 270M on 127.0.0.1:8089"
 
 # `make demo` installs the runtime alone; `make test` adds the development tools (.[dev]).
 $(RUN_STAMP): pyproject.toml
@@ -45,6 +46,14 @@ demo: $(RUN_STAMP)
 
 # Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
 # `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).
+# llama.cpp's OpenAI-compatible server with Gemma 3 270M (Q4_K_M) in its own venv (.model-venv,
+# built from source once), on 127.0.0.1:8089 only (scripts/model_server.sh).
+model-server:
+	bash scripts/model_server.sh start
+
+model-server-stop:
+	bash scripts/model_server.sh stop
+
 otel-backend:
 	bash scripts/otel_backend.sh start
 
