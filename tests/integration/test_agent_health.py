@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -12,8 +13,10 @@ import pytest
 import ray
 from ray.core.generated import common_pb2
 
+from stratagem.protocol import OPERATOR, AgentClient
 from stratagem.runtime import Deployment, LaunchError, Settings
 from stratagem.runtime._directory import actor_name, death_cause
+from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -57,6 +60,11 @@ def test_status_says_why_a_dead_agent_is_gone(
         own.teardown()
 
 
+async def _health(endpoint: str) -> str:
+    async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials()) as client:
+        return await client.health()
+
+
 def test_status_reports_a_deleted_plan_store(
     deployment: Deployment, settings: Settings, tmp_path: Path
 ) -> None:
@@ -73,6 +81,8 @@ def test_status_reports_a_deleted_plan_store(
         assert infos["strategic"].health == "not serving"
         assert infos["strategic"].problem.startswith(f"plan store missing: {plans} was deleted")
         assert infos["tactical"].health == "serving"
+        assert asyncio.run(_health(infos["strategic"].endpoint)) == "NOT_SERVING"
+        assert asyncio.run(_health(infos["tactical"].endpoint)) == "SERVING"
         # Ray restarts the agent after a kill -9: it opens a new, empty store in place of the
         # deleted one, and says so instead of serving with no plans.
         os.kill(infos["strategic"].pid, signal.SIGKILL)
