@@ -4,42 +4,52 @@ The public names are re-exported here; the ``_module.py`` files are private. ``d
 describes how they fit the layers around this one.
 """
 
-from agents._agent import Agent, Planner, PlanRecord, serve_in_memory
-from agents._demo import DEMO_GOAL
-from agents._errors import AgentError, ExtensionError
-from agents._extensions import ENTRY_POINT_GROUP, Extension, import_extensions, load_extensions
-from agents._extract import (
+from stratagem.agents._agent import Agent, Planner, PlanRecord, serve_in_memory
+from stratagem.agents._demo import DEMO_GOAL
+from stratagem.agents._errors import AgentError, ExtensionError
+from stratagem.agents._extensions import (
+    ENTRY_POINT_GROUP,
+    Extension,
+    import_extensions,
+    load_extensions,
+)
+from stratagem.agents._extract import (
     DEFAULT_PATTERNS,
     ExtractionPattern,
     Mention,
     ResolutionStrategy,
     slugify,
 )
-from agents._narrative import THEME_LEXICONS, ArcChoice
-from agents._orchestrator import (
+from stratagem.agents._narrative import THEME_LEXICONS, ArcChoice
+from stratagem.agents._orchestrator import (
     Assignment,
     OrchestrationPlan,
     OrchestratorAgent,
     OrchestratorPlanner,
 )
-from agents._perception import PerceptionAgent, PerceptionPlan, PerceptionPlanner, StateUpdate
-from agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
-from agents._strategic import (
+from stratagem.agents._perception import (
+    PerceptionAgent,
+    PerceptionPlan,
+    PerceptionPlanner,
+    StateUpdate,
+)
+from stratagem.agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
+from stratagem.agents._strategic import (
     DramaticBeat,
     NarrativeGoal,
     StrategicAgent,
     StrategicPlan,
     StrategicPlanner,
 )
-from agents._tactical import (
+from stratagem.agents._tactical import (
     ResourceRequirements,
     TacticalAgent,
     TacticalPlan,
     TacticalPlanner,
     TacticalStep,
 )
-from agents._tool import Tool, ToolRegistry, tool
-from agents._world import WorldModel
+from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._world import WorldModel
 
 __all__ = [
     "DEFAULT_PATTERNS",

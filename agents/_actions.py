@@ -31,8 +31,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from agents._world import run_actions
-from protocol import Action, FailedPreconditionError, Relation
+from stratagem.agents._world import run_actions
+from stratagem.protocol import Action, FailedPreconditionError, Relation
 
 __all__ = [
     "FLUENT_PREDICATES",

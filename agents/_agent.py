@@ -62,8 +62,8 @@ from typing import Any, Final, Protocol, assert_never
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from agents._tool import ToolRegistry
-from planning import (
+from stratagem.agents._tool import ToolRegistry
+from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
@@ -87,8 +87,8 @@ from planning import (
     StepStatus,
     validate_plan,
 )
-from planning import replay as replay_plan
-from protocol import (
+from stratagem.planning import replay as replay_plan
+from stratagem.protocol import (
     CAPABILITIES,
     AgentCard,
     CallContext,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from protocol import SubmitGoalRequest
+from stratagem.protocol import SubmitGoalRequest
 
 __all__ = ["DEMO_GOAL"]
 

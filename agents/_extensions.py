@@ -28,10 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
-from agents._errors import ExtensionError
+from stratagem.agents._errors import ExtensionError
 
 if TYPE_CHECKING:
-    from agents._agent import Agent
+    from stratagem.agents._agent import Agent
 
 __all__ = ["ENTRY_POINT_GROUP", "Extension", "import_extensions", "load_extensions"]
 

@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from protocol import Entity, Relation
+from stratagem.protocol import Entity, Relation
 
 __all__ = [
     "DEFAULT_PATTERNS",

@@ -33,9 +33,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents._extract import slugify
-from agents._world import WorldModel
-from protocol import Beat, Entity, Relation
+from stratagem.agents._extract import slugify
+from stratagem.agents._world import WorldModel
+from stratagem.protocol import Beat, Entity, Relation
 
 __all__ = [
     "THEME_LEXICONS",

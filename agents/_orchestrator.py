@@ -32,10 +32,18 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents._agent import Agent
-from agents._tool import ToolRegistry
-from planning import CrossAgentStep, Dispatcher, EngineConfig, Plan, PlanResult, StateStore, ref
-from protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
+from stratagem.agents._agent import Agent
+from stratagem.agents._tool import ToolRegistry
+from stratagem.planning import (
+    CrossAgentStep,
+    Dispatcher,
+    EngineConfig,
+    Plan,
+    PlanResult,
+    StateStore,
+    ref,
+)
+from stratagem.protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
 
 __all__ = [
     "Assignment",

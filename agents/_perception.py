@@ -19,8 +19,8 @@ from typing import Any, Literal
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents._agent import Agent
-from agents._extract import (
+from stratagem.agents._agent import Agent
+from stratagem.agents._extract import (
     DEFAULT_PATTERNS,
     ExtractionPattern,
     Mention,
@@ -29,9 +29,9 @@ from agents._extract import (
     resolve_mentions,
     split_sentences,
 )
-from agents._tool import Tool, ToolRegistry, tool
-from agents._world import WorldModel
-from planning import (
+from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._world import WorldModel
+from stratagem.planning import (
     Dispatcher,
     EngineConfig,
     LogicError,
@@ -41,7 +41,7 @@ from planning import (
     ToolStep,
     ref,
 )
-from protocol import (
+from stratagem.protocol import (
     Action,
     Entity,
     ExtractEntitiesRequest,

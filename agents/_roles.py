@@ -8,14 +8,14 @@ from typing import Final, Protocol
 
 from opentelemetry.trace import TracerProvider
 
-from agents._agent import Agent, serve_in_memory
-from agents._extensions import load_extensions
-from agents._orchestrator import OrchestratorAgent
-from agents._perception import PerceptionAgent
-from agents._strategic import StrategicAgent
-from agents._tactical import TacticalAgent
-from planning import Dispatcher, EngineConfig, InMemoryDispatcher, StateStore
-from protocol import ROLES
+from stratagem.agents._agent import Agent, serve_in_memory
+from stratagem.agents._extensions import load_extensions
+from stratagem.agents._orchestrator import OrchestratorAgent
+from stratagem.agents._perception import PerceptionAgent
+from stratagem.agents._strategic import StrategicAgent
+from stratagem.agents._tactical import TacticalAgent
+from stratagem.planning import Dispatcher, EngineConfig, InMemoryDispatcher, StateStore
+from stratagem.protocol import ROLES
 
 __all__ = ["ROLE_TYPES", "RoleAgentType", "build_agent", "build_in_memory"]
 

@@ -15,8 +15,8 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents._agent import Agent
-from agents._narrative import (
+from stratagem.agents._agent import Agent
+from stratagem.agents._narrative import (
     THEME_LEXICONS,
     ArcChoice,
     ArcError,
@@ -26,8 +26,8 @@ from agents._narrative import (
     score_themes,
     select_template,
 )
-from agents._tool import Tool, ToolRegistry, tool
-from planning import (
+from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.planning import (
     Dispatcher,
     EngineConfig,
     LogicError,
@@ -37,7 +37,7 @@ from planning import (
     ToolStep,
     ref,
 )
-from protocol import (
+from stratagem.protocol import (
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
     Beat,

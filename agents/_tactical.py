@@ -17,11 +17,11 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents._actions import GroundAction, actors_for, ground_actions, search, simulate
-from agents._agent import Agent
-from agents._tool import Tool, ToolRegistry, tool
-from agents._world import format_fact
-from planning import (
+from stratagem.agents._actions import GroundAction, actors_for, ground_actions, search, simulate
+from stratagem.agents._agent import Agent
+from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._world import format_fact
+from stratagem.planning import (
     Dispatcher,
     EngineConfig,
     LogicError,
@@ -32,7 +32,7 @@ from planning import (
     ToolStep,
     ref,
 )
-from protocol import (
+from stratagem.protocol import (
     Action,
     Beat,
     PlanExecutionSequenceRequest,

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from planning import LogicError, ToolContext
+from stratagem.planning import LogicError, ToolContext
 
 __all__ = ["Tool", "ToolRegistry", "tool"]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
-from protocol import Action, Entity, FailedPreconditionError, Relation
+from stratagem.protocol import Action, Entity, FailedPreconditionError, Relation
 
 __all__ = ["WorldModel", "format_fact", "run_actions"]
 

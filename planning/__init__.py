@@ -4,9 +4,9 @@ The public names are re-exported here; the ``_module.py`` files are private. ``d
 describes how the names fit the layers around this one.
 """
 
-from planning._dag import find_cycle, topological_layers
-from planning._dispatch import CrossAgentCall, Dispatcher, Handler, InMemoryDispatcher
-from planning._engine import (
+from stratagem.planning._dag import find_cycle, topological_layers
+from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, Handler, InMemoryDispatcher
+from stratagem.planning._engine import (
     CircuitBreakerConfig,
     Engine,
     EngineConfig,
@@ -15,7 +15,7 @@ from planning._engine import (
     ToolContext,
     ToolRunner,
 )
-from planning._errors import (
+from stratagem.planning._errors import (
     GateDecisionError,
     LogicError,
     PlanControlError,
@@ -31,9 +31,9 @@ from planning._errors import (
     TransientError,
     failure_class_for_code,
 )
-from planning._metrics import PlanningMetrics
-from planning._pg_store import PostgresStateStore
-from planning._plan import (
+from stratagem.planning._metrics import PlanningMetrics
+from stratagem.planning._pg_store import PostgresStateStore
+from stratagem.planning._plan import (
     Budget,
     CrossAgentStep,
     FailureClass,
@@ -46,9 +46,9 @@ from planning._plan import (
     StepStatus,
     ToolStep,
 )
-from planning._refs import Ref, ref, refs_in, resolve_refs
-from planning._replay import Divergence, ReplayReport, replay
-from planning._revisions import (
+from stratagem.planning._refs import Ref, ref, refs_in, resolve_refs
+from stratagem.planning._replay import Divergence, ReplayReport, replay
+from stratagem.planning._revisions import (
     Replanner,
     Revision,
     RevisionDiff,
@@ -57,8 +57,8 @@ from planning._revisions import (
     diff_plans,
     unchanged_steps,
 )
-from planning._sqlite_store import SqliteStateStore
-from planning._store import (
+from stratagem.planning._sqlite_store import SqliteStateStore
+from stratagem.planning._store import (
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -79,7 +79,7 @@ from planning._store import (
     StepState,
     StoreStats,
 )
-from planning._validate import validate_plan
+from stratagem.planning._validate import validate_plan
 
 __all__ = [
     "BreakerState",

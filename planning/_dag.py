@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from planning._errors import PlanValidationError
+from stratagem.planning._errors import PlanValidationError
 
 __all__ = ["find_cycle", "structural_problems", "topological_layers"]
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol import NotFoundError, UnavailableError, WireModel
-from protocol._context import CallContext, current_call
+from stratagem.protocol import NotFoundError, UnavailableError, WireModel
+from stratagem.protocol._context import CallContext, current_call
 
 __all__ = ["CrossAgentCall", "Dispatcher", "Handler", "InMemoryDispatcher", "step_run_id"]
 

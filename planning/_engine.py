@@ -86,9 +86,9 @@ from opentelemetry.trace import (
 )
 from pydantic import ValidationError
 
-from planning._dag import structural_problems
-from planning._dispatch import CrossAgentCall, Dispatcher, step_run_id
-from planning._errors import (
+from stratagem.planning._dag import structural_problems
+from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, step_run_id
+from stratagem.planning._errors import (
     GateDecisionError,
     LogicError,
     PlanControlError,
@@ -101,8 +101,8 @@ from planning._errors import (
     failure_class_for_code,
     field_problems,
 )
-from planning._metrics import PlanningMetrics
-from planning._plan import (
+from stratagem.planning._metrics import PlanningMetrics
+from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
@@ -113,15 +113,15 @@ from planning._plan import (
     StepStatus,
     ToolStep,
 )
-from planning._refs import has_refs, kind_of, resolve_refs
-from planning._revisions import (
+from stratagem.planning._refs import has_refs, kind_of, resolve_refs
+from stratagem.planning._revisions import (
     Replanner,
     Revision,
     RevisionRecord,
     diff_plans,
     unchanged_steps,
 )
-from planning._store import (
+from stratagem.planning._store import (
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -139,7 +139,7 @@ from planning._store import (
     StepResult,
     fold,
 )
-from protocol import RemoteError, capability_for
+from stratagem.protocol import RemoteError, capability_for
 
 __all__ = [
     "CircuitBreakerConfig",

@@ -33,8 +33,8 @@ from typing import ClassVar
 
 from pydantic import ValidationError
 
-from planning._plan import FailureClass
-from protocol import Code
+from stratagem.planning._plan import FailureClass
+from stratagem.protocol import Code
 
 __all__ = [
     "GateDecisionError",

@@ -62,12 +62,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from planning._errors import StoreError, StoreSchemaError
-from planning._metrics import PlanningMetrics
-from planning._plan import Plan, PlanStatus
-from planning._revisions import RevisionDiff, RevisionRecord
-from planning._rows import compact_json, decode_record, encode_record
-from planning._store import (
+from stratagem.planning._errors import StoreError, StoreSchemaError
+from stratagem.planning._metrics import PlanningMetrics
+from stratagem.planning._plan import Plan, PlanStatus
+from stratagem.planning._revisions import RevisionDiff, RevisionRecord
+from stratagem.planning._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store import (
     BreakerState,
     PlanState,
     PlanStatusRecord,

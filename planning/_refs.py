@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
-from planning._errors import RefError
-from planning._plan import STEP_ID_PATTERN
+from stratagem.planning._errors import RefError
+from stratagem.planning._plan import STEP_ID_PATTERN
 
 __all__ = ["REF_KEY", "Ref", "ref", "refs_in", "resolve_refs"]
 

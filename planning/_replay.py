@@ -44,11 +44,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from planning._dispatch import CrossAgentCall
-from planning._engine import Engine, EngineConfig, StepEvent, ToolContext, ToolRunner
-from planning._errors import PlanControlError, StepError
-from planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus, ToolStep
-from planning._store import (
+from stratagem.planning._dispatch import CrossAgentCall
+from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolContext, ToolRunner
+from stratagem.planning._errors import PlanControlError, StepError
+from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus, ToolStep
+from stratagem.planning._store import (
     GateDecision,
     GateRecord,
     Record,
@@ -57,7 +57,7 @@ from planning._store import (
     StepResult,
     fold,
 )
-from protocol import capability_for
+from stratagem.protocol import capability_for
 
 __all__ = ["Divergence", "ReplayReport", "replay"]
 

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from planning._errors import StepFailure
-from planning._plan import Plan, Step
+from stratagem.planning._errors import StepFailure
+from stratagem.planning._plan import Plan, Step
 
 __all__ = [
     "Replanner",

@@ -11,9 +11,9 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final, assert_never
 
-from planning._errors import StoreError
-from planning._plan import FailureClass, PlanStatus, StepStatus
-from planning._store import (
+from stratagem.planning._errors import StoreError
+from stratagem.planning._plan import FailureClass, PlanStatus, StepStatus
+from stratagem.planning._store import (
     BudgetRecord,
     CompensationRecord,
     CompensationStatus,

@@ -50,12 +50,12 @@ from typing import Any, Final, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
-from planning._errors import StoreError, StoreSchemaError
-from planning._metrics import PlanningMetrics
-from planning._plan import Plan, PlanStatus
-from planning._revisions import RevisionDiff, RevisionRecord
-from planning._rows import compact_json, decode_record, encode_record
-from planning._store import (
+from stratagem.planning._errors import StoreError, StoreSchemaError
+from stratagem.planning._metrics import PlanningMetrics
+from stratagem.planning._plan import Plan, PlanStatus
+from stratagem.planning._revisions import RevisionDiff, RevisionRecord
+from stratagem.planning._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store import (
     BreakerState,
     PlanState,
     PlanStatusRecord,

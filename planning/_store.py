@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol, TypeVar
 
-from planning._dispatch import step_run_id
-from planning._errors import StoreError
-from planning._plan import FailureClass, Plan, PlanStatus, StepStatus
-from planning._revisions import RevisionRecord
+from stratagem.planning._dispatch import step_run_id
+from stratagem.planning._errors import StoreError
+from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from stratagem.planning._revisions import RevisionRecord
 
 __all__ = [
     "BreakerState",

@@ -12,11 +12,11 @@ from typing import Any, assert_never
 
 from pydantic import ValidationError
 
-from planning._dag import structural_problems
-from planning._errors import PlanValidationError, RefError, field_problems
-from planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
-from planning._refs import Ref, iter_refs
-from protocol import CAPABILITIES, ROLES, CapabilitySpec
+from stratagem.planning._dag import structural_problems
+from stratagem.planning._errors import PlanValidationError, RefError, field_problems
+from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
+from stratagem.planning._refs import Ref, iter_refs
+from stratagem.protocol import CAPABILITIES, ROLES, CapabilitySpec
 
 __all__ = ["validate_plan"]
 

@@ -4,14 +4,14 @@ Protobuf messages stay inside this package: everything exported here speaks pyda
 values and ``ProtocolError`` subclasses.
 """
 
-from protocol._answers import (
+from stratagem.protocol._answers import (
     AnswerRetention,
     AnswerStore,
     InMemoryAnswerStore,
     SqliteAnswerStore,
     StoredAnswer,
 )
-from protocol._audit import (
+from stratagem.protocol._audit import (
     AuditLog,
     AuditRecord,
     ChainVerdict,
@@ -20,8 +20,13 @@ from protocol._audit import (
     digest,
     verify_chain,
 )
-from protocol._audit_seal import AuditSealer, SignedHead, load_or_create_key, verify_sealed
-from protocol._capabilities import (
+from stratagem.protocol._audit_seal import (
+    AuditSealer,
+    SignedHead,
+    load_or_create_key,
+    verify_sealed,
+)
+from stratagem.protocol._capabilities import (
     CAPABILITIES,
     EXTENSION_FIELD,
     ROLES,
@@ -51,8 +56,8 @@ from protocol._capabilities import (
     register_capability,
     sensitive,
 )
-from protocol._client import AgentClient, ClientConfig
-from protocol._codec import (
+from stratagem.protocol._client import AgentClient, ClientConfig
+from stratagem.protocol._codec import (
     CONTROL_ACTIONS,
     AgentCard,
     CapabilityCard,
@@ -82,8 +87,8 @@ from protocol._codec import (
     to_message,
     violations_from,
 )
-from protocol._context import CallContext, current_call, remaining_time
-from protocol._errors import (
+from stratagem.protocol._context import CallContext, current_call, remaining_time
+from stratagem.protocol._errors import (
     CancelledError,
     Code,
     DeadlineExceededError,
@@ -101,7 +106,7 @@ from protocol._errors import (
     UnavailableError,
     error_for_code,
 )
-from protocol._identity import (
+from stratagem.protocol._identity import (
     AUTHORIZATION_KEY,
     Authenticator,
     CallerMetadataAuthenticator,
@@ -113,11 +118,11 @@ from protocol._identity import (
     TokenCredentials,
     TokenSigner,
 )
-from protocol._metrics import RpcMetrics
-from protocol._pg import PostgresAnswerStore, PostgresAuditLog
-from protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
-from protocol._server import AgentBackend, AgentServer, ServerConfig
-from protocol._tls import TlsFiles, certificate_identity, init_certificates
+from stratagem.protocol._metrics import RpcMetrics
+from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditLog
+from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
+from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 __all__ = [
     "AUTHORIZATION_KEY",

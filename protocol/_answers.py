@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar, runtime_checkable
 
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [
     "AnswerRetention",

@@ -51,7 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Literal, Protocol, runtime_checkable
 
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [
     "GENESIS",

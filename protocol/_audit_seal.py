@@ -64,8 +64,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
-from protocol._audit import GENESIS, AuditLog, AuditRecord, ChainVerdict, verify_chain
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._audit import GENESIS, AuditLog, AuditRecord, ChainVerdict, verify_chain
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [
     "KEY_BYTES",

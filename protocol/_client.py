@@ -26,8 +26,8 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import ValidationError
 
-from protocol._capabilities import WireModel, capability_for
-from protocol._codec import (
+from stratagem.protocol._capabilities import WireModel, capability_for
+from stratagem.protocol._codec import (
     CAPABILITY_NAME_PATTERN,
     IDENTITY_PATTERN,
     PLAN_ID_PATTERN,
@@ -54,8 +54,8 @@ from protocol._codec import (
     encode_run_plan,
     violations_from,
 )
-from protocol._context import current_call, remaining_time
-from protocol._errors import (
+from stratagem.protocol._context import current_call, remaining_time
+from stratagem.protocol._errors import (
     Code,
     DeadlineExceededError,
     InternalError,
@@ -63,9 +63,9 @@ from protocol._errors import (
     ProtocolUsageError,
     RemoteError,
 )
-from protocol._identity import Credentials
-from protocol._metrics import RpcMetrics
-from protocol._rpc import (
+from stratagem.protocol._identity import Credentials
+from stratagem.protocol._metrics import RpcMetrics
+from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
     DELEGATION_KEY,
@@ -78,7 +78,7 @@ from protocol._rpc import (
     span_attributes,
     span_name,
 )
-from protocol._status import from_rpc_error
+from stratagem.protocol._status import from_rpc_error
 
 __all__ = ["AgentClient", "ClientConfig"]
 

@@ -51,7 +51,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from protocol._capabilities import (
+from stratagem.protocol._capabilities import (
     CAPABILITIES,
     EXTENSION_FIELD,
     INT32_MAX,
@@ -59,13 +59,13 @@ from protocol._capabilities import (
     PlanId,
     WireModel,
 )
-from protocol._errors import (
+from stratagem.protocol._errors import (
     FailedPreconditionError,
     FieldViolation,
     InvalidArgumentError,
     ProtocolUsageError,
 )
-from protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
 
 __all__ = [
     "CAPABILITY_NAME_PATTERN",

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from protocol._codec import IDENTITY_PATTERN
-from protocol._errors import ProtocolUsageError, UnauthenticatedError
-from protocol._rpc import CALLER_KEY
-from protocol._tls import (
+from stratagem.protocol._codec import IDENTITY_PATTERN
+from stratagem.protocol._errors import ProtocolUsageError, UnauthenticatedError
+from stratagem.protocol._rpc import CALLER_KEY
+from stratagem.protocol._tls import (
     CHANNEL_OPTIONS,
     TlsFiles,
     certificate_identity,

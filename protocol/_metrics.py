@@ -14,8 +14,8 @@ from typing import Final, Literal
 from opentelemetry import metrics
 from opentelemetry.metrics import MeterProvider
 
-from protocol._errors import Code
-from protocol._rpc import SERVICE, code_number
+from stratagem.protocol._errors import Code
+from stratagem.protocol._rpc import SERVICE, code_number
 
 __all__ = ["RpcMetrics"]
 

@@ -46,8 +46,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from protocol._answers import AnswerRetention, StoredAnswer
-from protocol._audit import (
+from stratagem.protocol._answers import AnswerRetention, StoredAnswer
+from stratagem.protocol._audit import (
     _COLUMNS,
     GENESIS,
     AuditRecord,
@@ -55,7 +55,7 @@ from protocol._audit import (
     _Entry,
     _GroupCommitLog,
 )
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = ["PostgresAnswerStore", "PostgresAuditLog"]
 

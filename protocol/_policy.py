@@ -29,8 +29,8 @@ from typing import Annotated, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from protocol._codec import ReadRpc, field_path
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._codec import ReadRpc, field_path
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = ["ANY", "OPERATOR", "READ_RPCS", "Policy", "PolicyRule"]
 
@@ -160,7 +160,9 @@ class Policy:
     @classmethod
     def default(cls) -> Policy:
         """The policy shipped in ``protocol/default_policy.toml``."""
-        text = resources.files("protocol").joinpath("default_policy.toml").read_text("utf-8")
+        text = (
+            resources.files("stratagem.protocol").joinpath("default_policy.toml").read_text("utf-8")
+        )
         return cls.from_toml(text, source="default_policy.toml")
 
     def __repr__(self) -> str:

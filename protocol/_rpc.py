@@ -14,7 +14,7 @@ import grpc
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, Status, StatusCode
 
-from protocol._errors import Code
+from stratagem.protocol._errors import Code
 
 SERVICE: Final = "stratagem.v1.AgentService"
 """The fully qualified gRPC service name."""

@@ -68,10 +68,10 @@ from opentelemetry import propagate, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
-from protocol._answers import AnswerRetention, AnswerStore, InMemoryAnswerStore
-from protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
-from protocol._capabilities import CapabilitySpec, WireModel, capability_for
-from protocol._codec import (
+from stratagem.protocol._answers import AnswerRetention, AnswerStore, InMemoryAnswerStore
+from stratagem.protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
+from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
+from stratagem.protocol._codec import (
     IDENTITY_PATTERN,
     AgentCard,
     ControlRequest,
@@ -94,8 +94,8 @@ from protocol._codec import (
     encode_revisions,
     encode_snapshot,
 )
-from protocol._context import CallContext, current_call
-from protocol._errors import (
+from stratagem.protocol._context import CallContext, current_call
+from stratagem.protocol._errors import (
     CancelledError,
     Code,
     DeadlineExceededError,
@@ -110,10 +110,10 @@ from protocol._errors import (
     UnavailableError,
     error_for_code,
 )
-from protocol._identity import Authenticator
-from protocol._metrics import RpcMetrics
-from protocol._policy import Policy
-from protocol._rpc import (
+from stratagem.protocol._identity import Authenticator
+from stratagem.protocol._metrics import RpcMetrics
+from stratagem.protocol._policy import Policy
+from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
     DELEGATION_KEY,
@@ -129,7 +129,7 @@ from protocol._rpc import (
     stratagem_attributes,
     text_metadata,
 )
-from protocol._status import as_remote_error, grpc_status
+from stratagem.protocol._status import as_remote_error, grpc_status
 
 __all__ = ["AgentBackend", "AgentServer", "ServerConfig"]
 

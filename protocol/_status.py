@@ -18,8 +18,14 @@ from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from protocol._errors import Code, FieldViolation, InternalError, RemoteError, error_for_code
-from protocol._rpc import code_number
+from stratagem.protocol._errors import (
+    Code,
+    FieldViolation,
+    InternalError,
+    RemoteError,
+    error_for_code,
+)
+from stratagem.protocol._rpc import code_number
 
 __all__ = ["as_remote_error", "from_rpc_error", "grpc_status"]
 

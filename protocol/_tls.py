@@ -43,8 +43,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from protocol._codec import IDENTITY_PATTERN
-from protocol._errors import ProtocolUsageError
+from stratagem.protocol._codec import IDENTITY_PATTERN
+from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [
     "CHANNEL_OPTIONS",

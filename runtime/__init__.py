@@ -1,13 +1,13 @@
 """Stratagem's runtime: Ray actors hosting the agents and their gRPC servers, the launcher,
 settings, telemetry set-up and the ``stratagem`` command line. Ray is imported only here."""
 
-from runtime._actor import AgentActor, load_policy
-from runtime._directory import AgentInfo, EndpointDirectory, GrpcDispatcher, actor_name
-from runtime._goal import GoalOutcome, run_goal
-from runtime._launcher import Deployment, LaunchError, LocalCluster
-from runtime._security import authenticator_for, cluster_secret, credentials_for
-from runtime._settings import Settings, load_settings
-from runtime._telemetry import (
+from stratagem.runtime._actor import AgentActor, load_policy
+from stratagem.runtime._directory import AgentInfo, EndpointDirectory, GrpcDispatcher, actor_name
+from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
+from stratagem.runtime._security import authenticator_for, cluster_secret, credentials_for
+from stratagem.runtime._settings import Settings, load_settings
+from stratagem.runtime._telemetry import (
     JsonLinesSpanExporter,
     SpanRecord,
     read_spans,

@@ -27,9 +27,9 @@ from typing import Any
 
 import ray
 
-from agents import build_agent
-from planning import EngineConfig
-from protocol import (
+from stratagem.agents import build_agent
+from stratagem.planning import EngineConfig
+from stratagem.protocol import (
     AgentServer,
     AuditSealer,
     ClusterSecret,
@@ -37,11 +37,11 @@ from protocol import (
     ServerConfig,
     load_or_create_key,
 )
-from runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
-from runtime._security import authenticator_for, credentials_for
-from runtime._settings import Settings, settings_digest
-from runtime._stores import open_answer_store, open_audit_log, open_state_store
-from runtime._telemetry import setup_telemetry, shutdown_telemetry
+from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
+from stratagem.runtime._security import authenticator_for, credentials_for
+from stratagem.runtime._settings import Settings, settings_digest
+from stratagem.runtime._stores import open_answer_store, open_audit_log, open_state_store
+from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__ = ["AgentActor", "load_policy"]
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runtime._telemetry import INSTANCE_ATTR, KIND_ATTR, SERVICE_ATTR, SpanRecord
+from stratagem.runtime._telemetry import INSTANCE_ATTR, KIND_ATTR, SERVICE_ATTR, SpanRecord
 
 __all__ = [
     "BackendError",

@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
-from planning import PlanValidationError, validate_plan
-from protocol import (
+from stratagem.agents import DEMO_GOAL, ExtensionError, build_agent, import_extensions
+from stratagem.planning import PlanValidationError, validate_plan
+from stratagem.protocol import (
     CAPABILITIES,
     OPERATOR,
     ROLES,
@@ -51,11 +51,11 @@ from protocol import (
     verify_chain,
     verify_sealed,
 )
-from runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
-from runtime._directory import AgentInfo
-from runtime._goal import GoalOutcome, run_goal
-from runtime._launcher import Deployment, LaunchError, LocalCluster
-from runtime._render import (
+from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
+from stratagem.runtime._directory import AgentInfo
+from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
+from stratagem.runtime._render import (
     Progress,
     action_text,
     plan_forest,
@@ -63,10 +63,10 @@ from runtime._render import (
     span_json,
     span_tree,
 )
-from runtime._security import credentials_for
-from runtime._settings import Settings, load_settings
-from runtime._stores import open_audit_log
-from runtime._telemetry import SpanRecord, read_spans, setup_telemetry, shutdown_telemetry
+from stratagem.runtime._security import credentials_for
+from stratagem.runtime._settings import Settings, load_settings
+from stratagem.runtime._stores import open_audit_log
+from stratagem.runtime._telemetry import SpanRecord, read_spans, setup_telemetry, shutdown_telemetry
 
 __all__ = ["app", "main"]
 

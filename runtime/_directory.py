@@ -16,8 +16,8 @@ from typing import Any
 
 import ray
 
-from planning import CrossAgentCall
-from protocol import AgentClient, ClientConfig, Credentials, UnavailableError, WireModel
+from stratagem.planning import CrossAgentCall
+from stratagem.protocol import AgentClient, ClientConfig, Credentials, UnavailableError, WireModel
 
 __all__ = ["AgentInfo", "EndpointDirectory", "GrpcDispatcher", "actor_name", "actor_record"]
 

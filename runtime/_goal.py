@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from protocol import (
+from stratagem.protocol import (
     OPERATOR,
     ROLES,
     AgentClient,

@@ -27,11 +27,11 @@ from typing import Any, Literal
 
 import ray
 
-from protocol import ROLES, load_or_create_key
-from runtime._actor import AgentActor
-from runtime._directory import AgentInfo, actor_name, actor_record
-from runtime._security import cluster_secret
-from runtime._settings import Settings, settings_digest
+from stratagem.protocol import ROLES, load_or_create_key
+from stratagem.runtime._actor import AgentActor
+from stratagem.runtime._directory import AgentInfo, actor_name, actor_record
+from stratagem.runtime._security import cluster_secret
+from stratagem.runtime._settings import Settings, settings_digest
 
 __all__ = ["Deployment", "LaunchError", "LocalCluster", "placement_options"]
 

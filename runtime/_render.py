@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from protocol import Action, PlanEvent, PlanSnapshot, Relation
-from runtime._telemetry import SpanRecord
+from stratagem.protocol import Action, PlanEvent, PlanSnapshot, Relation
+from stratagem.runtime._telemetry import SpanRecord
 
 __all__ = [
     "Progress",

@@ -14,7 +14,7 @@ certificates and keys).
 
 from __future__ import annotations
 
-from protocol import (
+from stratagem.protocol import (
     Authenticator,
     CallerMetadataAuthenticator,
     ClusterSecret,
@@ -26,7 +26,7 @@ from protocol import (
     TokenCredentials,
     TokenSigner,
 )
-from runtime._settings import Settings
+from stratagem.runtime._settings import Settings
 
 __all__ = ["authenticator_for", "cluster_secret", "credentials_for"]
 

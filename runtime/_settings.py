@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from protocol import ROLES
+from stratagem.protocol import ROLES
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 

@@ -9,8 +9,8 @@ with ``STATE_DIR/audit.key``: outside the database, whichever database it is.
 
 from __future__ import annotations
 
-from planning import PostgresStateStore, SqliteStateStore, StateStore
-from protocol import (
+from stratagem.planning import PostgresStateStore, SqliteStateStore, StateStore
+from stratagem.protocol import (
     AnswerRetention,
     AnswerStore,
     PostgresAnswerStore,
@@ -18,7 +18,7 @@ from protocol import (
     SqliteAnswerStore,
     SqliteAuditLog,
 )
-from runtime._settings import Settings
+from stratagem.runtime._settings import Settings
 
 __all__ = ["open_answer_store", "open_audit_log", "open_state_store", "store_location"]
 

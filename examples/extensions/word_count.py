@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import Field
 
-from agents import Agent, StrategicPlan, tool
-from planning import PlanResult, ToolStep
-from protocol import EXTENSION_FIELD, CapabilitySpec, WireModel, register_capability
+from stratagem.agents import Agent, StrategicPlan, tool
+from stratagem.planning import PlanResult, ToolStep
+from stratagem.protocol import EXTENSION_FIELD, CapabilitySpec, WireModel, register_capability
 
 
 class CountWordsRequest(WireModel):

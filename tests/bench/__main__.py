@@ -51,7 +51,7 @@ def _tracing() -> dict[str, Any]:
     """The tracing-overhead section, against the Phoenix ``make otel-backend`` runs (if it runs)."""
     from pathlib import Path
 
-    from runtime._backend import find_backend
+    from stratagem.runtime._backend import find_backend
 
     backend = find_backend(Path(os.environ.get("STRATAGEM_STATE_DIR", ".stratagem")))
     if backend is None:

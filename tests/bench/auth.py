@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallerMetadataAuthenticator,
@@ -65,7 +65,7 @@ from protocol import (
     TokenSigner,
     init_certificates,
 )
-from protocol._identity import Authenticator
+from stratagem.protocol._identity import Authenticator
 from tests.bench.stats import closed_loop, summarize
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 

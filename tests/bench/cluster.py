@@ -50,9 +50,9 @@ from typing import Any, Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from agents import DEFAULT_PATTERNS, DEMO_GOAL
-from protocol import Credentials, SubmitGoalRequest
-from runtime import run_goal
+from stratagem.agents import DEFAULT_PATTERNS, DEMO_GOAL
+from stratagem.protocol import Credentials, SubmitGoalRequest
+from stratagem.runtime import run_goal
 from tests.bench.stats import percentile
 from tests.cluster._nodes import RayNodes
 from tests.cluster.conftest import REPO, Stratagem, stratagem_on

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from planning import Engine, EngineConfig, Plan, PlanStatus, SqliteStateStore, ToolContext
+from stratagem.planning import Engine, EngineConfig, Plan, PlanStatus, SqliteStateStore, ToolContext
 from tests.bench.engine import EngineBenchConfig, layered_plan
 from tests.bench.stats import summarize
 

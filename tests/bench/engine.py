@@ -32,7 +32,7 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-from planning import Engine, EngineConfig, Plan, PlanStatus, ToolContext, ToolStep
+from stratagem.planning import Engine, EngineConfig, Plan, PlanStatus, ToolContext, ToolStep
 from tests.bench.stats import summarize
 
 __all__ = [

@@ -50,8 +50,8 @@ import ray
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 
-from agents import build_agent
-from protocol import (
+from stratagem.agents import build_agent
+from stratagem.protocol import (
     AgentBackend,
     AgentCard,
     AgentClient,

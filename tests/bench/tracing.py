@@ -37,8 +37,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider
 
-from planning import Engine, EngineConfig, PlanStatus
-from protocol import (
+from stratagem.planning import Engine, EngineConfig, PlanStatus
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallerMetadataAuthenticator,
@@ -48,7 +48,7 @@ from protocol import (
     Policy,
     ServerConfig,
 )
-from runtime._telemetry import SpanIdentitySampler
+from stratagem.runtime._telemetry import SpanIdentitySampler
 from tests.bench.engine import EngineBenchConfig, NoopTools, layered_plan
 from tests.bench.stats import summarize
 from tests.unit.protocol._support import FakeBackend

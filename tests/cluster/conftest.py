@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from protocol import OPERATOR, Credentials
-from runtime import credentials_for, load_settings
+from stratagem.protocol import OPERATOR, Credentials
+from stratagem.runtime import credentials_for, load_settings
 from tests.cluster._nodes import RayNodes
 
 REPO = Path(__file__).resolve().parents[2]

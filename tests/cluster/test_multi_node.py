@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from planning import PostgresStateStore
-from protocol import AgentClient, ClientConfig, RemoteError
-from runtime import read_spans
+from stratagem.planning import PostgresStateStore
+from stratagem.protocol import AgentClient, ClientConfig, RemoteError
+from stratagem.runtime import read_spans
 from tests.cluster._nodes import RayNodes
 from tests.cluster.conftest import REPO, Stratagem, stratagem_on
 from tests.conftest import fresh_database

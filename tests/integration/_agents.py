@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from protocol import SqliteAuditLog, verify_chain
-from runtime import Deployment, LaunchError, load_settings
+from stratagem.protocol import SqliteAuditLog, verify_chain
+from stratagem.runtime import Deployment, LaunchError, load_settings
 
 __all__ = ["assert_audit_ok", "extension_deployment", "file_lines", "kill_and_wait", "pid_endpoint"]
 

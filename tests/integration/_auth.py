@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from protocol import OPERATOR, Credentials
-from runtime import credentials_for, load_settings
+from stratagem.protocol import OPERATOR, Credentials
+from stratagem.runtime import credentials_for, load_settings
 
 
 def credentials(identity: str = OPERATOR) -> Credentials | None:

@@ -14,8 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from planning import PlanStatus
-from protocol import AgentClient, ClientConfig, Credentials, PlanSnapshot
+from stratagem.planning import PlanStatus
+from stratagem.protocol import AgentClient, ClientConfig, Credentials, PlanSnapshot
 from tests.integration._auth import credentials
 
 __all__ = ["FINAL", "drive", "ledger_lines", "ledger_plan", "next_stop", "plan_snapshot"]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from protocol import (
+from stratagem.protocol import (
     AgentServer,
     CallContext,
     ClusterSecret,

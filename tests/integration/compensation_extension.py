@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from agents import Agent, tool
-from planning import PolicyError, ToolContext, TransientError
+from stratagem.agents import Agent, tool
+from stratagem.planning import PolicyError, ToolContext, TransientError
 
 
 class Line(BaseModel):

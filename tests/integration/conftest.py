@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import Deployment, Settings, load_settings, setup_telemetry
+from stratagem.runtime import Deployment, Settings, load_settings, setup_telemetry
 
 
 @pytest.fixture(scope="session")

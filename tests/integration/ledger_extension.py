@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import Field
 
-from agents import Agent, TacticalPlan, tool
-from planning import PlanResult, ToolContext, ToolStep
-from protocol import EXTENSION_FIELD, CapabilitySpec, WireModel, register_capability
+from stratagem.agents import Agent, TacticalPlan, tool
+from stratagem.planning import PlanResult, ToolContext, ToolStep
+from stratagem.protocol import EXTENSION_FIELD, CapabilitySpec, WireModel, register_capability
 
 
 class RecordEntryRequest(WireModel):

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from agents import DEMO_GOAL
-from protocol import (
+from stratagem.agents import DEMO_GOAL
+from stratagem.protocol import (
     ROLES,
     AgentClient,
     AnalyzeNarrativeRequest,
@@ -24,7 +24,7 @@ from protocol import (
     SubmitGoalRequest,
     verify_chain,
 )
-from runtime import Deployment, Settings, read_spans, run_goal
+from stratagem.runtime import Deployment, Settings, read_spans, run_goal
 from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

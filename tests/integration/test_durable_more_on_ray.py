@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     CompensationRecord,
     CompensationStatus,
     PlanStatus,
@@ -40,14 +40,14 @@ from planning import (
     StepResult,
     StepStatus,
 )
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     ClientConfig,
     Code,
     PermissionDeniedError,
     RemoteError,
 )
-from runtime import Deployment
+from stratagem.runtime import Deployment
 from tests.integration._agents import (
     assert_audit_ok,
     extension_deployment,

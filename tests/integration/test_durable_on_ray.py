@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from planning import SqliteStateStore
-from protocol import (
+from stratagem.planning import SqliteStateStore
+from stratagem.protocol import (
     CAPABILITIES,
     OPERATOR,
     AgentClient,
@@ -33,7 +33,7 @@ from protocol import (
     SqliteAuditLog,
     register_capability,
 )
-from runtime import Deployment
+from stratagem.runtime import Deployment
 from tests.integration._agents import (
     assert_audit_ok,
     extension_deployment,

@@ -27,9 +27,9 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from agents import DEMO_GOAL
-from planning import PlanStatus, SqliteStateStore
-from protocol import (
+from stratagem.agents import DEMO_GOAL
+from stratagem.planning import PlanStatus, SqliteStateStore
+from stratagem.protocol import (
     OPERATOR,
     ROLES,
     AgentClient,
@@ -37,9 +37,9 @@ from protocol import (
     RemoteError,
     SubmitGoalRequest,
 )
-from runtime import Deployment, Settings, load_settings, run_goal
-from runtime._backend import BackendState, PhoenixTraces
-from runtime._telemetry import SpanRecord, setup_telemetry
+from stratagem.runtime import Deployment, Settings, load_settings, run_goal
+from stratagem.runtime._backend import BackendState, PhoenixTraces
+from stratagem.runtime._telemetry import SpanRecord, setup_telemetry
 from tests.integration._agents import file_lines, kill_and_wait, pid_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -23,7 +23,7 @@ from typing import Final
 
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     OPERATOR,
     AgentClient,
     ClientConfig,

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from agents import build_agent
-from protocol import (
+from stratagem.agents import build_agent
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     ClientConfig,

@@ -46,7 +46,10 @@ def test_generated_protobuf_code_is_fresh(tmp_path: Path) -> None:
 
 def test_ray_is_not_imported_by_lower_layers() -> None:
     # A process that imports every lower layer must not have loaded Ray.
-    code = "import sys, protocol, planning, agents; print('ray' in sys.modules)"
+    code = (
+        "import sys, stratagem.protocol, stratagem.planning, stratagem.agents; "
+        "print('ray' in sys.modules)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )

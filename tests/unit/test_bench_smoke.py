@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import DEMO_GOAL, build_in_memory
-from protocol import CallContext, SubmitGoalResponse
+from stratagem.agents import DEMO_GOAL, build_in_memory
+from stratagem.protocol import CallContext, SubmitGoalResponse
 from tests.bench.auth import MODES, AuthBenchConfig, run_auth_benchmark
 from tests.bench.cluster import (
     POSTGRESQL,

@@ -22,8 +22,8 @@ import pytest
 import typer.main
 import yaml
 
-from runtime import Settings
-from runtime._cli import app
+from stratagem.runtime import Settings
+from stratagem.runtime._cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents import Agent, build_in_memory
-from planning import InMemoryDispatcher
-from protocol import CAPABILITIES, CallContext, SubmitGoalRequest
+from stratagem.agents import Agent, build_in_memory
+from stratagem.planning import InMemoryDispatcher
+from stratagem.protocol import CAPABILITIES, CallContext, SubmitGoalRequest
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"

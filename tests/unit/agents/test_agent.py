@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents import (
+from stratagem.agents import (
     Agent,
     PerceptionAgent,
     StrategicAgent,
@@ -18,7 +18,7 @@ from agents import (
     ToolRegistry,
     tool,
 )
-from planning import (
+from stratagem.planning import (
     LogicError,
     PlanResult,
     PlanStatus,
@@ -27,7 +27,7 @@ from planning import (
     ToolStep,
     TransientError,
 )
-from protocol import (
+from stratagem.protocol import (
     AgentBackend,
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
@@ -325,7 +325,7 @@ async def test_snapshots_carry_the_typed_plan_with_step_statuses() -> None:
 
 
 def test_add_capability_checks_role_and_registration() -> None:
-    from protocol import CAPABILITIES
+    from stratagem.protocol import CAPABILITIES
 
     agent = StrategicAgent()
     with pytest.raises(ValueError, match="served by perception, not strategic"):

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agents import Agent, ToolRegistry, tool
-from planning import (
+from stratagem.agents import Agent, ToolRegistry, tool
+from stratagem.planning import (
     GateStep,
     Plan,
     PlanResult,
@@ -20,7 +20,7 @@ from planning import (
     ToolContext,
     ToolStep,
 )
-from protocol import (
+from stratagem.protocol import (
     CallContext,
     ControlRequest,
     FailedPreconditionError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-import agents
+from stratagem import agents
 
 EXPECTED = [
     "DEFAULT_PATTERNS",

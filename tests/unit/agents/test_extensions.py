@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import agents._extensions as extensions_module
-from agents import (
+import stratagem.agents._extensions as extensions_module
+from stratagem.agents import (
     ENTRY_POINT_GROUP,
     Agent,
     ExtensionError,
@@ -20,7 +20,7 @@ from agents import (
     build_in_memory,
     load_extensions,
 )
-from protocol import CAPABILITIES, WireModel
+from stratagem.protocol import CAPABILITIES, WireModel
 from tests.unit.agents.conftest import REPO, call
 
 pytestmark = pytest.mark.usefixtures("clean_registry")

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from agents import DEMO_GOAL, Agent, OrchestrationPlan, PerceptionAgent
-from agents._actions import simulate
-from planning import CrossAgentStep, InMemoryDispatcher, Plan, ToolStep, validate_plan
-from protocol import (
+from stratagem.agents import DEMO_GOAL, Agent, OrchestrationPlan, PerceptionAgent
+from stratagem.agents._actions import simulate
+from stratagem.planning import CrossAgentStep, InMemoryDispatcher, Plan, ToolStep, validate_plan
+from stratagem.protocol import (
     FailedPreconditionError,
     PlanEvent,
     SubmitGoalRequest,

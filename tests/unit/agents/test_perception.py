@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents import DEFAULT_PATTERNS, PerceptionAgent, PerceptionPlan, slugify
-from agents._extract import match_sentence, resolve_mentions, split_sentences
-from protocol import (
+from stratagem.agents import DEFAULT_PATTERNS, PerceptionAgent, PerceptionPlan, slugify
+from stratagem.agents._extract import match_sentence, resolve_mentions, split_sentences
+from stratagem.protocol import (
     Action,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,

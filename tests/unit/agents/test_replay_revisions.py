@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agents import Agent, ToolRegistry, tool
-from planning import Plan, PlanResult, PlanStatus, SqliteStateStore, StateStore, ToolStep
-from protocol import (
+from stratagem.agents import Agent, ToolRegistry, tool
+from stratagem.planning import Plan, PlanResult, PlanStatus, SqliteStateStore, StateStore, ToolStep
+from stratagem.protocol import (
     CallContext,
     ControlRequest,
     FailedPreconditionError,

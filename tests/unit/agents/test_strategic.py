@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from agents import ArcChoice, StrategicAgent, StrategicPlan
-from agents._narrative import (
+from stratagem.agents import ArcChoice, StrategicAgent, StrategicPlan
+from stratagem.agents._narrative import (
     decompose,
     find_protagonist,
     measure_tension,
     score_themes,
     select_template,
 )
-from agents._perception import PerceptionAgent
-from protocol import (
+from stratagem.agents._perception import PerceptionAgent
+from stratagem.protocol import (
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
     Entity,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents import TacticalAgent, TacticalPlan
-from agents._actions import actors_for, ground_actions, search, simulate
-from protocol import (
+from stratagem.agents import TacticalAgent, TacticalPlan
+from stratagem.agents._actions import actors_for, ground_actions, search, simulate
+from stratagem.protocol import (
     Beat,
     FailedPreconditionError,
     PlanExecutionSequenceRequest,

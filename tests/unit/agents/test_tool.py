@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from agents import Tool, ToolRegistry, tool
-from planning import LogicError, ToolContext
+from stratagem.agents import Tool, ToolRegistry, tool
+from stratagem.planning import LogicError, ToolContext
 
 CTX = ToolContext(plan_id="p", step_id="s", attempt=1, agent="strategic")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents import WorldModel
-from protocol import Action, Entity, FailedPreconditionError, Relation
+from stratagem.agents import WorldModel
+from stratagem.protocol import Action, Entity, FailedPreconditionError, Relation
 
 
 def r(subject: str, predicate: str, obj: str) -> Relation:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from planning import CrossAgentStep, Plan, RetryPolicy, ToolContext, ToolStep
+from stratagem.planning import CrossAgentStep, Plan, RetryPolicy, ToolContext, ToolStep
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
 

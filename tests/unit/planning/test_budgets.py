@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     Budget,
     CircuitBreakerConfig,
     Engine,

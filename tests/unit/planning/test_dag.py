@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planning import PlanValidationError, find_cycle, topological_layers
+from stratagem.planning import PlanValidationError, find_cycle, topological_layers
 
 from ._support import tool_step
 

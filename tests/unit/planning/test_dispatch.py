@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planning import CrossAgentCall, InMemoryDispatcher
-from protocol import (
+from stratagem.planning import CrossAgentCall, InMemoryDispatcher
+from stratagem.protocol import (
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
     NotFoundError,
@@ -13,7 +13,7 @@ from protocol import (
     WireModel,
     remaining_time,
 )
-from protocol._context import current_call
+from stratagem.protocol._context import current_call
 
 
 def call(target: str = "strategic", capability: str = "AnalyzeNarrative") -> CrossAgentCall:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     Budget,
     Engine,
     EngineConfig,

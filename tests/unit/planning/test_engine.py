@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     Engine,
     EngineConfig,
     FailureClass,
@@ -25,7 +25,7 @@ from planning import (
     ToolContext,
     TransientError,
 )
-from protocol import (
+from stratagem.protocol import (
     AnalyzeNarrativeRequest,
     AnalyzeNarrativeResponse,
     DeadlineExceededError,
@@ -744,7 +744,7 @@ async def test_a_failing_observer_does_not_change_the_run(caplog: pytest.LogCapt
         raise RuntimeError("observer bug")
 
     engine, _ = engine_for({})
-    with caplog.at_level(logging.ERROR, logger="planning._engine"):
+    with caplog.at_level(logging.ERROR, logger="stratagem.planning._engine"):
         result = await engine.run(make_plan(tool_step("a")), on_event=observer)
     assert result.status is PlanStatus.SUCCEEDED
     assert sum("on_event failed" in r.getMessage() for r in caplog.records) == 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     FailureClass,
     LogicError,
     PlanFailedError,
@@ -17,7 +17,7 @@ from planning import (
     TransientError,
     failure_class_for_code,
 )
-from protocol import Code
+from stratagem.protocol import Code
 
 
 @pytest.mark.parametrize(

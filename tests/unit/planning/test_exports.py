@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import planning
+from stratagem import planning
 
 EXPECTED = [
     "BreakerState",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from planning import (
+from stratagem.planning import (
     CrossAgentStep,
     FailureClass,
     Plan,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from planning import Ref, RefError, ref, refs_in, resolve_refs
+from stratagem.planning import Ref, RefError, ref, refs_in, resolve_refs
 
 OUTPUTS: dict[str, Any] = {
     "extract": {

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     Divergence,
     Engine,
     GateStep,
@@ -26,7 +26,7 @@ from planning import (
     TransientError,
     replay,
 )
-from protocol import AnalyzeNarrativeRequest, AnalyzeNarrativeResponse, WireModel
+from stratagem.protocol import AnalyzeNarrativeRequest, AnalyzeNarrativeResponse, WireModel
 
 from ._support import DictToolRunner, cross_step
 

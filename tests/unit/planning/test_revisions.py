@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from planning import (
+from stratagem.planning import (
     Engine,
     EngineConfig,
     FailureClass,

@@ -12,9 +12,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import planning._pg_store as pg_store
-import planning._sqlite_store as sqlite_store
-from planning import (
+import stratagem.planning._pg_store as pg_store
+import stratagem.planning._sqlite_store as sqlite_store
+from stratagem.planning import (
     BreakerState,
     CompensationRecord,
     CompensationStatus,
@@ -232,7 +232,7 @@ async def test_migrations_run_in_order_and_keep_data(
     conn.execute("INSERT INTO schema_version (version) VALUES (1)")
     conn.execute(
         "INSERT INTO plans (plan_id, revision, plan_type, plan_json, status, created, updated) "
-        "VALUES ('p1', 1, 'planning._plan.Plan', ?, 'pending', 0, 0)",
+        "VALUES ('p1', 1, 'stratagem.planning._plan.Plan', ?, 'pending', 0, 0)",
         (three_steps().model_dump_json(),),
     )
     conn.commit()

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from planning import (
+from stratagem.planning import (
     Engine,
     EngineConfig,
     GateStep,
@@ -25,7 +25,7 @@ from planning import (
     ToolStep,
     TransientError,
 )
-from protocol import AnalyzeNarrativeResponse, WireModel
+from stratagem.protocol import AnalyzeNarrativeResponse, WireModel
 
 from ._support import FAST_RETRY, DictToolRunner, cross_step, make_plan, noop, tool_step
 

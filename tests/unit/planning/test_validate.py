@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from planning import PlanValidationError, validate_plan
-from protocol import CapabilitySpec, WireModel
+from stratagem.planning import PlanValidationError, validate_plan
+from stratagem.protocol import CapabilitySpec, WireModel
 
 from ._support import cross_step, make_plan, tool_step
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from protocol import (
+from stratagem.protocol import (
     CAPABILITIES,
     Action,
     AgentCard,

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallerMetadataAuthenticator,

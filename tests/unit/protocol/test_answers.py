@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     AnswerRetention,
     AnswerStore,
     InMemoryAnswerStore,

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from stratagem.protocol import (
     AuditRecord,
     InMemoryAuditLog,
     PostgresAuditLog,
@@ -28,7 +28,7 @@ from protocol import (
     digest,
     verify_chain,
 )
-from protocol._audit import GENESIS, AsyncAuditLog, Synchronous, redact
+from stratagem.protocol._audit import GENESIS, AsyncAuditLog, Synchronous, redact
 
 Log = InMemoryAuditLog | SqliteAuditLog | PostgresAuditLog
 

@@ -15,9 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from protocol import AuditRecord, InMemoryAuditLog, ProtocolUsageError, SqliteAuditLog, digest
-from protocol._audit import GENESIS, verify_chain
-from protocol._audit_seal import (
+from stratagem.protocol import (
+    AuditRecord,
+    InMemoryAuditLog,
+    ProtocolUsageError,
+    SqliteAuditLog,
+    digest,
+)
+from stratagem.protocol._audit import GENESIS, verify_chain
+from stratagem.protocol._audit_seal import (
     KEY_BYTES,
     AuditSealer,
     SealableAuditLog,

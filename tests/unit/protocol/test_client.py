@@ -7,15 +7,15 @@ from collections.abc import Callable
 
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     ExtractEntitiesRequest,
     InMemoryAuditLog,
     ProtocolUsageError,
 )
-from protocol._client import _request_ids, _RequestIds
-from protocol._codec import REQUEST_ID_PATTERN
+from stratagem.protocol._client import _request_ids, _RequestIds
+from stratagem.protocol._codec import REQUEST_ID_PATTERN
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 Connect = Callable[..., AgentClient]

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, ValidationError
 
-from protocol import (
+from stratagem.protocol import (
     CAPABILITIES,
     EXTENSION_FIELD,
     AgentCard,
@@ -46,7 +46,7 @@ from protocol import (
     register_capability,
     to_message,
 )
-from protocol._codec import (
+from stratagem.protocol._codec import (
     _fill,
     _NoQuery,
     _PlanQuery,
@@ -59,7 +59,7 @@ from protocol._codec import (
     field_path,
     schema_drift,
 )
-from protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, model_strategy
 
 BUILTIN = [spec for spec in CAPABILITIES.values() if spec.field != EXTENSION_FIELD]

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallerMetadataAuthenticator,
@@ -23,8 +23,8 @@ from protocol import (
     SqliteAnswerStore,
     control_capability,
 )
-from protocol._codec import decode_control, encode_control
-from protocol._rpc import CALLER_KEY, CAPABILITY_KEY
+from stratagem.protocol._codec import decode_control, encode_control
+from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 pytestmark = pytest.mark.integration

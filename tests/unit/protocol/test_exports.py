@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import protocol
+from stratagem import protocol
 
 EXPECTED = [
     "AUTHORIZATION_KEY",
@@ -131,4 +131,4 @@ def test_all_is_pinned() -> None:
 def test_every_exported_name_exists_and_no_protobuf_leaks() -> None:
     for name in protocol.__all__:
         value = getattr(protocol, name)
-        assert not getattr(value, "__module__", "").startswith("protocol._gen"), name
+        assert not getattr(value, "__module__", "").startswith("stratagem.protocol._gen"), name

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from protocol import (
+from stratagem.protocol import (
     AUTHORIZATION_KEY,
     AgentServer,
     ClusterSecret,
@@ -59,16 +59,16 @@ from protocol import (
     decode_response,
     encode_request,
 )
-from protocol._audit import AuditRecord
-from protocol._codec import (
+from stratagem.protocol._audit import AuditRecord
+from stratagem.protocol._codec import (
     IDENTITY_PATTERN,
     control_capability,
     decode_control,
     decode_query,
     decode_run_plan,
 )
-from protocol._gen.stratagem.v1 import agent_pb2 as pb
-from protocol._rpc import (
+from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
     DELEGATION_KEY,

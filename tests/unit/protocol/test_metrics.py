@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from protocol import Code, RpcMetrics
+from stratagem.protocol import Code, RpcMetrics
 
 
 def metrics_by_name(reader: InMemoryMetricReader) -> dict[str, list[Any]]:

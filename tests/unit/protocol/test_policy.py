@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from protocol import CAPABILITIES, OPERATOR, READ_RPCS, Policy, PolicyRule, ProtocolUsageError
+from stratagem.protocol import (
+    CAPABILITIES,
+    OPERATOR,
+    READ_RPCS,
+    Policy,
+    PolicyRule,
+    ProtocolUsageError,
+)
 
 DEFAULT = Policy.default()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallContext,

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from protocol import (
+from stratagem.protocol import (
     AgentClient,
     AgentServer,
     CallerMetadataAuthenticator,

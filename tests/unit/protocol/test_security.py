@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agents import build_agent
-from protocol import (
+from stratagem.agents import build_agent
+from stratagem.protocol import (
     AUTHORIZATION_KEY,
     AgentClient,
     AgentServer,
@@ -47,11 +47,11 @@ from protocol import (
     current_call,
     init_certificates,
 )
-from protocol._audit import AuditRecord
-from protocol._codec import RequestEnvelope, encode_request
-from protocol._identity import Authenticator
-from protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY, VERSION_KEY, method_path
-from protocol._status import from_rpc_error
+from stratagem.protocol._audit import AuditRecord
+from stratagem.protocol._codec import RequestEnvelope, encode_request
+from stratagem.protocol._identity import Authenticator
+from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY, VERSION_KEY, method_path
+from stratagem.protocol._status import from_rpc_error
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 from tests.unit.protocol.conftest import Tracing
 
@@ -630,9 +630,9 @@ async def test_tokens_never_reach_logs_spans_errors_or_audit_records(
 def test_sensitive_fields_stay_out_of_reprs_errors_and_redacted_text(signer: TokenSigner) -> None:
     from pydantic import ValidationError
 
-    from protocol import WireModel as Model
-    from protocol import sensitive, violations_from
-    from protocol._audit import redact
+    from stratagem.protocol import WireModel as Model
+    from stratagem.protocol import sensitive, violations_from
+    from stratagem.protocol._audit import redact
 
     class Login(Model):
         user: str

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from protocol import (
+from stratagem.protocol import (
     CAPABILITIES,
     EXTENSION_FIELD,
     AgentClient,
@@ -45,7 +45,7 @@ from protocol import (
     register_capability,
     verify_chain,
 )
-from protocol._audit import AuditRecord
+from stratagem.protocol._audit import AuditRecord
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, FakeBackend
 from tests.unit.protocol.conftest import Serve, Tracing
 
@@ -472,7 +472,7 @@ async def test_an_unexpected_exception_is_internal_without_a_traceback(
 
     backend.behaviour["ExtractEntities"] = broken
     with (
-        caplog.at_level(logging.ERROR, logger="protocol._server"),
+        caplog.at_level(logging.ERROR, logger="stratagem.protocol._server"),
         pytest.raises(InternalError) as caught,
     ):
         await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol import ProtocolUsageError, ServerConfig
+from stratagem.protocol import ProtocolUsageError, ServerConfig
 
 
 @pytest.mark.parametrize(

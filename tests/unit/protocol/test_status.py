@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from protocol import (
+from stratagem.protocol import (
     CancelledError,
     Code,
     FieldViolation,
@@ -16,7 +16,7 @@ from protocol import (
     RemoteError,
     error_for_code,
 )
-from protocol._status import as_remote_error, from_rpc_error, grpc_status
+from stratagem.protocol._status import as_remote_error, from_rpc_error, grpc_status
 
 
 def _failed_call(status: grpc.Status) -> grpc.aio.AioRpcError:

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from protocol import OPERATOR, ROLES, ProtocolUsageError
-from protocol._tls import (
+from stratagem.protocol import OPERATOR, ROLES, ProtocolUsageError
+from stratagem.protocol._tls import (
     CHANNEL_OPTIONS,
     TLS_SERVER_NAME,
     TlsFiles,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime._backend import find_backend, span_record, use_backend
+from stratagem.runtime._backend import find_backend, span_record, use_backend
 
 PHOENIX_SPAN = {
     "id": "U3Bhbjox",

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import runtime
+from stratagem import runtime
 
 EXPECTED = [
     "AgentActor",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import load_settings
+from stratagem.runtime import load_settings
 
 
 def test_each_agent_has_its_own_plan_and_answer_store(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     import re
     from pathlib import Path
 
-    from runtime import Settings
+    from stratagem.runtime import Settings
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"`(STRATAGEM_[A-Z_]+)`", readme))
@@ -36,7 +36,7 @@ def test_every_setting_is_documented_in_the_readme() -> None:
 
 
 def test_placement_comes_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime._launcher import placement_options
+    from stratagem.runtime._launcher import placement_options
 
     monkeypatch.setenv(
         "STRATAGEM_PLACEMENT",

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Link, SpanKind
 
-from planning import Engine, PlanStatus
-from runtime._telemetry import (
+from stratagem.planning import Engine, PlanStatus
+from stratagem.runtime._telemetry import (
     INSTANCE_ATTR,
     KIND_ATTR,
     LINKS_ATTR,

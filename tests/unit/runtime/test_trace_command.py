@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from typer.testing import CliRunner
 
-from runtime import JsonLinesSpanExporter, SpanRecord, read_spans
-from runtime import _cli as cli
+from stratagem.runtime import JsonLinesSpanExporter, SpanRecord, read_spans
+from stratagem.runtime import _cli as cli
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OTHER = "4bf92f3577b34da6ffffffffffffffff"
