@@ -952,9 +952,10 @@ def down(
         local = recorded if recorded is not None and recorded.alive else None
         removed: list[str] = []
         cleaned: list[str] = []
-        if settings.address or local is not None:
+        if settings.address or (local is not None and settings.ray_token_path.is_file()):
             with _running(deployment):
                 removed = deployment.teardown()
+        # A local head whose token is gone cannot be joined: stopping it stops its agents too.
         if local is not None:
             local.stop()
             settings.local_cluster_file.unlink(missing_ok=True)

@@ -228,6 +228,21 @@ def test_a_dead_head_is_reported_and_down_cleans_up_after_it(tmp_path: Path) -> 
     assert run("down", state_dir=tmp_path).returncode == 0
 
 
+def test_down_stops_a_live_head_whose_token_is_gone(tmp_path: Path) -> None:
+    up = run("up", "--json", state_dir=tmp_path)
+    assert up.returncode == 0, up.stderr[-2000:]
+    pid = int(str(_recorded(tmp_path)["pid"]))
+    (tmp_path / "ray.token").unlink()
+    status = run("status", state_dir=tmp_path)
+    assert status.returncode == 1
+    assert "cannot read the local Ray head's token" in status.stderr
+    down = run("down", "--json", state_dir=tmp_path)
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert json.loads(down.stdout)["stopped_local_ray"] is True
+    assert not Path(f"/proc/{pid}").exists()
+    assert not (tmp_path / "local-ray.json").exists()
+
+
 def test_an_unauthenticated_external_ray_is_refused_unless_allowed(tmp_path: Path) -> None:
     outside = _network_address()
     if outside is None:
