@@ -3,8 +3,12 @@
 Where the agents run is decided in this order:
 
 1. ``--address`` / ``STRATAGEM_ADDRESS`` / ``RAY_ADDRESS``: a running Ray cluster;
-2. the local Ray head that ``stratagem up`` started and recorded in the state directory;
+2. the local Ray head that ``stratagem up`` started and recorded in the state directory (joined
+   with its token; when that head is dead the command fails instead of starting another Ray on the
+   deployment's state directory: ``stratagem down`` cleans up, ``stratagem up`` starts again);
 3. otherwise an embedded Ray started in this process, which lives as long as the command.
+
+See ``runtime._rayauth`` for why Ray is part of the trust boundary.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ import ray
 from stratagem.protocol import ROLES, load_or_create_key
 from stratagem.runtime._actor import AgentActor
 from stratagem.runtime._directory import AgentInfo, actor_name, actor_record
+from stratagem.runtime._rayauth import (
+    LOOPBACK,
+    RayAuth,
+    create_token,
+    head_environment,
+    is_loopback,
+    join_local_head,
+    probe_auth,
+)
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
 
@@ -54,14 +67,39 @@ class LocalCluster:
     pid: int
 
     @classmethod
-    def read(cls, path: Path) -> LocalCluster | None:
-        """The recorded head, or ``None`` when there is none or its process is gone."""
+    def recorded(cls, path: Path) -> LocalCluster | None:
+        """The head recorded in the state directory, alive or not (``None`` when none is)."""
         try:
             raw = json.loads(path.read_text())
-            cluster = cls(address=str(raw["address"]), pid=int(raw["pid"]))
-        except (OSError, ValueError, KeyError):
+            return cls(address=str(raw["address"]), pid=int(raw["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        return cluster if _alive(cluster.pid) else None
+
+    @classmethod
+    def read(cls, path: Path) -> LocalCluster | None:
+        """The recorded head, or ``None`` when there is none or its process is gone."""
+        cluster = cls.recorded(path)
+        return cluster if cluster is not None and cluster.alive else None
+
+    @classmethod
+    def find(cls, path: Path) -> LocalCluster | None:
+        """The recorded head when it runs, ``None`` when none is recorded.
+
+        Raises:
+            LaunchError: A head is recorded but its process is gone (one line naming the fix).
+        """
+        cluster = cls.recorded(path)
+        if cluster is not None and not cluster.alive:
+            raise LaunchError(
+                f"the local Ray head 'stratagem up' started (pid {cluster.pid}, {cluster.address})"
+                " is gone: run 'stratagem down', then 'stratagem up'"
+            )
+        return cluster
+
+    @property
+    def alive(self) -> bool:
+        """Whether the head's process runs."""
+        return _alive(self.pid)
 
     def write(self, path: Path) -> None:
         """Record the head in the state directory."""
@@ -77,6 +115,8 @@ class LocalCluster:
         port = _free_port()
         log_path = settings.state_dir / "local-ray.log"
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # The head asks every caller for this token, and binds its ports to loopback only.
+        create_token(settings.ray_token_path)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [
@@ -84,6 +124,8 @@ class LocalCluster:
                     "start",
                     "--head",
                     f"--port={port}",
+                    f"--node-ip-address={LOOPBACK}",
+                    f"--ray-client-server-port={_free_port()}",
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                     "--block",
@@ -92,8 +134,9 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=head_environment(settings.ray_token_path),
             )
-        cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
+        cluster = cls(address=f"{LOOPBACK}:{port}", pid=proc.pid)
         deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -119,6 +162,58 @@ class LocalCluster:
         if _alive(self.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+
+    def clean_up(self, settings: Settings, timeout_s: float = 10.0) -> list[str]:
+        """After the head's process died: stop what is left of its Ray processes and remove the
+        files ``up`` recorded; returns what was cleaned.
+
+        The head was started in a session of its own (process group ``pid``), so whatever of it
+        survives (Ray's agents outlive a killed ``ray start``) is found by that group.
+
+        Raises:
+            LaunchError: When a leftover process or file could not be removed.
+        """
+        cleaned: list[str] = []
+        if _group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while _group_alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            cleaned.append(f"the dead head's leftover Ray processes (group {self.pid})")
+        for path in (settings.local_cluster_file, settings.ray_token_path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise LaunchError(f"cannot remove {path}: {exc.strerror}") from exc
+            cleaned.append(str(path))
+        return cleaned
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (zombies waiting to be reaped do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")".
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:
@@ -158,6 +253,8 @@ class Deployment:
         self._handles: dict[str, Any] = {}
         self.stale: list[str] = []
         """Roles ``deploy`` found running with other settings than its own (left as they were)."""
+        self.warnings: list[str] = []
+        """Risks ``deploy`` was told to accept (an unauthenticated external Ray)."""
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -168,9 +265,16 @@ class Deployment:
         address = self.settings.address
         mode: Literal["cluster", "local", "embedded"] = "cluster"
         if address is None:
-            local = LocalCluster.read(self.settings.local_cluster_file)
+            local = LocalCluster.find(self.settings.local_cluster_file)
             if local is not None:
                 address, mode = local.address, "local"
+                try:
+                    join_local_head(self.settings.ray_token_path)
+                except OSError as exc:
+                    raise LaunchError(
+                        f"cannot read the local Ray head's token {self.settings.ray_token_path}"
+                        f" ({exc.strerror or exc}): run 'stratagem down', then 'stratagem up'"
+                    ) from exc
             elif not allow_embedded:
                 raise LaunchError(
                     "no Stratagem deployment found: run 'stratagem up' or pass --address"
@@ -245,6 +349,8 @@ class Deployment:
 
         Re-running it against a running deployment changes nothing.
         """
+        if self.mode == "cluster":
+            self._check_cluster_auth()
         if replace:
             self._stop_agents(kill=True)
         running = {role for role in ROLES if self._handle(role) is not None}
@@ -284,6 +390,30 @@ class Deployment:
         digest = settings_digest(settings_json)
         self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
         return infos
+
+    def _check_cluster_auth(self) -> None:
+        """Refuse an external Ray that is not on loopback and lets anyone join (unless allowed)."""
+        address = self.settings.address or ""
+        host = address.removeprefix("ray://").rpartition(":")[0] or address
+        if address == "auto" or not host:
+            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        if is_loopback(host):
+            return
+        auth = _cluster_auth()
+        if auth is RayAuth.TOKEN:
+            return
+        risk = (
+            f"the Ray cluster at {address} "
+            + ("asks for no token" if auth is RayAuth.NONE else "may ask for no token")
+            + ": anyone who reaches it can run code in the agents and read their secrets"
+        )
+        if not self.settings.allow_unauthenticated_ray:
+            raise LaunchError(
+                f"refusing to deploy: {risk}; start Ray with RAY_AUTH_MODE=token, or pass"
+                " --allow-unauthenticated-ray (STRATAGEM_ALLOW_UNAUTHENTICATED_RAY=1)"
+            )
+        logger.warning("deploying although %s", risk)
+        self.warnings.append(f"deploying although {risk}")
 
     def _handles_or_fail(self) -> dict[str, Any]:
         handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}
@@ -381,6 +511,22 @@ def placement_options(settings: Settings, role: str) -> dict[str, Any]:
     if placement.labels:
         options["label_selector"] = dict(placement.labels)
     return options
+
+
+def _probe_from_the_cluster() -> str:
+    gcs_address = ray.get_runtime_context().gcs_address
+    return probe_auth(gcs_address).value
+
+
+def _cluster_auth(timeout_s: float = 30.0) -> RayAuth:
+    """Whether the connected cluster's GCS asks for a token, probed from inside the cluster (a
+    driver connected through the Ray client may not reach the GCS itself)."""
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_from_the_cluster)
+    try:
+        return RayAuth(ray.get(probe.remote(), timeout=timeout_s))
+    except (ray.exceptions.RayError, ValueError):
+        logger.info("cannot tell whether the Ray cluster asks for a token", exc_info=True)
+        return RayAuth.UNKNOWN
 
 
 def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:
