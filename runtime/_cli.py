@@ -1296,18 +1296,28 @@ def up(
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     replace: Annotated[bool, typer.Option("--replace", help="Redeploy running agents.")] = False,
+    allow_unauthenticated_ray: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-unauthenticated-ray",
+            help="Deploy onto an external Ray that asks for no token (anyone reaching it owns "
+            "the agents).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Deploy the four agents as detached actors (starting a local Ray head when no address)."""
     with _errors():
-        settings = _settings(address, state_dir)
+        settings = _settings(
+            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None
+        )
         # Agents also append their spans to a file in the state directory (on their own node),
         # so `stratagem trace` works without a backend on one machine.
         settings = settings.model_copy(
             update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
         )
         deployment = _deployment(settings)
-        if settings.address is None and LocalCluster.read(settings.local_cluster_file) is None:
+        if settings.address is None and LocalCluster.find(settings.local_cluster_file) is None:
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
             LocalCluster.start(settings)
@@ -1315,6 +1325,8 @@ def up(
             err_console.print("[dim]deploying the agents…[/]")
         with _running(deployment):
             infos = deployment.deploy(detached=True, replace=replace)
+        for warning in deployment.warnings:
+            err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
         if as_json:
             _print_json({**_infos_json(infos, deployment.mode), "stale": deployment.stale})
             return
@@ -1383,16 +1395,31 @@ def down(
     with _errors():
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)
-        local = None if settings.address else LocalCluster.read(settings.local_cluster_file)
+        recorded = None if settings.address else LocalCluster.recorded(settings.local_cluster_file)
+        local = recorded if recorded is not None and recorded.alive else None
         removed: list[str] = []
-        if settings.address or local is not None:
+        cleaned: list[str] = []
+        if settings.address or (local is not None and settings.ray_token_path.is_file()):
             with _running(deployment):
                 removed = deployment.teardown()
+        # A local head whose token is gone cannot be joined: stopping it stops its agents too.
         if local is not None:
             local.stop()
             settings.local_cluster_file.unlink(missing_ok=True)
+            settings.ray_token_path.unlink(missing_ok=True)
+        elif recorded is not None:  # the head died: clean up after it
+            cleaned = recorded.clean_up(settings)
         if as_json:
-            _print_json({"removed": removed, "stopped_local_ray": local is not None})
+            _print_json(
+                {"removed": removed, "stopped_local_ray": local is not None, "cleaned": cleaned}
+            )
+        elif recorded is not None and local is None:
+            console.print(
+                f"the local Ray head (pid {recorded.pid}) was already gone; cleaned up: "
+                + (", ".join(cleaned) or "nothing was left"),
+                soft_wrap=True,
+                highlight=False,
+            )
         elif not removed and local is None:
             console.print("nothing to stop: no Stratagem deployment found")
         else:

@@ -3,8 +3,12 @@
 Where the agents run is decided in this order:
 
 1. ``--address`` / ``STRATAGEM_ADDRESS`` / ``RAY_ADDRESS``: a running Ray cluster;
-2. the local Ray head that ``stratagem up`` started and recorded in the state directory;
+2. the local Ray head that ``stratagem up`` started and recorded in the state directory (joined
+   with its token; when that head is dead the command fails instead of starting another Ray on the
+   deployment's state directory: ``stratagem down`` cleans up, ``stratagem up`` starts again);
 3. otherwise an embedded Ray started in this process, which lives as long as the command.
+
+See ``runtime._rayauth`` for why Ray is part of the trust boundary.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from stratagem.runtime._directory import (
     death_cause,
 )
 from stratagem.runtime._local import LaunchError, LocalCluster
+from stratagem.runtime._rayauth import (
+    RayAuth,
+    is_loopback,
+    join_local_head,
+    probe_auth,
+)
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
 
@@ -57,6 +67,8 @@ class Deployment:
         self._handles: dict[str, Any] = {}
         self.stale: list[str] = []
         """Roles ``deploy`` found running with other settings than its own (left as they were)."""
+        self.warnings: list[str] = []
+        """Risks ``deploy`` was told to accept (an unauthenticated external Ray)."""
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -67,9 +79,16 @@ class Deployment:
         address = self.settings.address
         mode: Literal["cluster", "local", "embedded"] = "cluster"
         if address is None:
-            local = LocalCluster.read(self.settings.local_cluster_file)
+            local = LocalCluster.find(self.settings.local_cluster_file)
             if local is not None:
                 address, mode = local.address, "local"
+                try:
+                    join_local_head(self.settings.ray_token_path)
+                except OSError as exc:
+                    raise LaunchError(
+                        f"cannot read the local Ray head's token {self.settings.ray_token_path}"
+                        f" ({exc.strerror or exc}): run 'stratagem down', then 'stratagem up'"
+                    ) from exc
             elif not allow_embedded:
                 raise LaunchError(
                     "no Stratagem deployment found: run 'stratagem up' or pass --address"
@@ -158,6 +177,8 @@ class Deployment:
             LaunchError: Agents did not start, or running agents hold another cluster secret
                 than this process (every operator command would be refused).
         """
+        if self.mode == "cluster":
+            self._check_cluster_auth()
         if replace:
             self._stop_agents(kill=True)
         running = {role for role in ROLES if self._handle(role) is not None}
@@ -199,6 +220,30 @@ class Deployment:
         if secret is not None:
             _check_secret(infos, secret.key_id, self.settings.secret_path)
         return infos
+
+    def _check_cluster_auth(self) -> None:
+        """Refuse an external Ray that is not on loopback and lets anyone join (unless allowed)."""
+        address = self.settings.address or ""
+        host = address.removeprefix("ray://").rpartition(":")[0] or address
+        if address == "auto" or not host:
+            host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        if is_loopback(host):
+            return
+        auth = _cluster_auth()
+        if auth is RayAuth.TOKEN:
+            return
+        risk = (
+            f"the Ray cluster at {address} "
+            + ("asks for no token" if auth is RayAuth.NONE else "may ask for no token")
+            + ": anyone who reaches it can run code in the agents and read their secrets"
+        )
+        if not self.settings.allow_unauthenticated_ray:
+            raise LaunchError(
+                f"refusing to deploy: {risk}; start Ray with RAY_AUTH_MODE=token, or pass"
+                " --allow-unauthenticated-ray (STRATAGEM_ALLOW_UNAUTHENTICATED_RAY=1)"
+            )
+        logger.warning("deploying although %s", risk)
+        self.warnings.append(f"deploying although {risk}")
 
     def _handles_or_fail(self) -> dict[str, Any]:
         handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}
@@ -315,6 +360,22 @@ def placement_options(settings: Settings, role: str) -> dict[str, Any]:
     if placement.labels:
         options["label_selector"] = dict(placement.labels)
     return options
+
+
+def _probe_from_the_cluster() -> str:
+    gcs_address = ray.get_runtime_context().gcs_address
+    return probe_auth(gcs_address).value
+
+
+def _cluster_auth(timeout_s: float = 30.0) -> RayAuth:
+    """Whether the connected cluster's GCS asks for a token, probed from inside the cluster (a
+    driver connected through the Ray client may not reach the GCS itself)."""
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_from_the_cluster)
+    try:
+        return RayAuth(ray.get(probe.remote(), timeout=timeout_s))
+    except (ray.exceptions.RayError, ValueError):
+        logger.info("cannot tell whether the Ray cluster asks for a token", exc_info=True)
+        return RayAuth.UNKNOWN
 
 
 def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stratagem.runtime._rayauth import LOOPBACK, create_token, head_environment
 from stratagem.runtime._settings import Settings
 
 __all__ = [
@@ -49,14 +50,39 @@ class LocalCluster:
     pid: int
 
     @classmethod
-    def read(cls, path: Path) -> LocalCluster | None:
-        """The recorded head, or ``None`` when there is none or its process is gone."""
+    def recorded(cls, path: Path) -> LocalCluster | None:
+        """The head recorded in the state directory, alive or not (``None`` when none is)."""
         try:
             raw = json.loads(path.read_text())
-            cluster = cls(address=str(raw["address"]), pid=int(raw["pid"]))
-        except (OSError, ValueError, KeyError):
+            return cls(address=str(raw["address"]), pid=int(raw["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        return cluster if alive(cluster.pid) else None
+
+    @classmethod
+    def read(cls, path: Path) -> LocalCluster | None:
+        """The recorded head, or ``None`` when there is none or its process is gone."""
+        cluster = cls.recorded(path)
+        return cluster if cluster is not None and cluster.alive else None
+
+    @classmethod
+    def find(cls, path: Path) -> LocalCluster | None:
+        """The recorded head when it runs, ``None`` when none is recorded.
+
+        Raises:
+            LaunchError: A head is recorded but its process is gone (one line naming the fix).
+        """
+        cluster = cls.recorded(path)
+        if cluster is not None and not cluster.alive:
+            raise LaunchError(
+                f"the local Ray head 'stratagem up' started (pid {cluster.pid}, {cluster.address})"
+                " is gone: run 'stratagem down', then 'stratagem up'"
+            )
+        return cluster
+
+    @property
+    def alive(self) -> bool:
+        """Whether the head's process runs."""
+        return alive(self.pid)
 
     def write(self, path: Path) -> None:
         """Record the head in the state directory."""
@@ -72,6 +98,8 @@ class LocalCluster:
         port = _free_port()
         log_path = settings.state_dir / "local-ray.log"
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # The head asks every caller for this token, and binds its ports to loopback only.
+        create_token(settings.ray_token_path)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [
@@ -79,6 +107,8 @@ class LocalCluster:
                     "start",
                     "--head",
                     f"--port={port}",
+                    f"--node-ip-address={LOOPBACK}",
+                    f"--ray-client-server-port={_free_port()}",
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                     "--block",
@@ -87,8 +117,9 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=head_environment(settings.ray_token_path),
             )
-        cluster = cls(address=f"127.0.0.1:{port}", pid=proc.pid)
+        cluster = cls(address=f"{LOOPBACK}:{port}", pid=proc.pid)
         deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -115,8 +146,61 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
+    def clean_up(self, settings: Settings, timeout_s: float = 10.0) -> list[str]:
+        """After the head's process died: stop what is left of its Ray processes and remove the
+        files ``up`` recorded; returns what was cleaned.
+
+        The head was started in a session of its own (process group ``pid``), so whatever of it
+        survives (Ray's agents outlive a killed ``ray start``) is found by that group.
+
+        Raises:
+            LaunchError: When a leftover process or file could not be removed.
+        """
+        cleaned: list[str] = []
+        if _group_alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while _group_alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            cleaned.append(f"the dead head's leftover Ray processes (group {self.pid})")
+        for path in (settings.local_cluster_file, settings.ray_token_path):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise LaunchError(f"cannot remove {path}: {exc.strerror}") from exc
+            cleaned.append(str(path))
+        return cleaned
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (zombies waiting to be reaped do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")".
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
 
 def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie child of ours does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -106,6 +106,9 @@ class Settings(BaseSettings):
             not named runs wherever Ray puts it. A restarted agent lands on a node that matches.
         deploy_timeout_s: How long ``stratagem up`` waits for every agent to serve (longer on a
             cluster whose nodes start on demand); agents still starting then are reported.
+        allow_unauthenticated_ray: Deploy onto an external Ray cluster that is not on loopback
+            and asks for no Ray token (anyone who reaches it can run code in the agents); refused
+            unless set, and then warned about.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -138,6 +141,7 @@ class Settings(BaseSettings):
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    allow_unauthenticated_ray: bool = False
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -208,6 +212,11 @@ class Settings(BaseSettings):
     def tls_path(self) -> Path:
         """The folder of the CA, certificates and keys for ``auth=mtls``."""
         return self.tls_dir or self.state_dir / "tls"
+
+    @property
+    def ray_token_path(self) -> Path:
+        """The Ray token of the local head ``stratagem up`` starts (mode 0600)."""
+        return self.state_dir / "ray.token"
 
     @property
     def local_cluster_file(self) -> Path:

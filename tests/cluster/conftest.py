@@ -106,6 +106,8 @@ def stratagem_on(ray_nodes: RayNodes, folder: Path, namespace: str, **settings: 
     """A deployment's environment: its namespace, state directory and ``STRATAGEM_*`` settings."""
     env = {
         "RAY_AUTH_MODE": "disabled",
+        # These nodes listen on this machine's address without Ray token authentication.
+        "STRATAGEM_ALLOW_UNAUTHENTICATED_RAY": "1",
         "STRATAGEM_NAMESPACE": namespace,
         "STRATAGEM_STATE_DIR": str(folder),
         "STRATAGEM_DEFAULT_DEADLINE_S": "30",

@@ -482,3 +482,49 @@ def test_compose_references_resolve() -> None:
         build = svc["build"]
         context = (DEPLOY / build["context"]).resolve()
         assert (context / build["dockerfile"]) == DEPLOY / "Dockerfile", name
+
+
+# -- Ray's token authentication ------------------------------------------------------------------
+
+
+def _token_env(env: list[dict[str, Any]], where: str) -> None:
+    """``env`` (a container's) turns Ray's token auth on with the token from the Secret."""
+    by_name = {item["name"]: item for item in env}
+    assert by_name.get("RAY_AUTH_MODE", {}).get("value") == "token", where
+    ref = by_name.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    (secret,) = _kuberay("Secret")
+    assert ref.get("name") == secret["metadata"]["name"], where
+    assert ref.get("key") in secret["stringData"], where
+
+
+def test_every_kuberay_ray_container_and_job_submitter_uses_the_ray_token() -> None:
+    containers = [c for _, pod in _pod_specs() for c in pod["containers"]]
+    assert containers
+    for container in containers:
+        _token_env(container.get("env", []), f"container {container['name']}")
+    jobs = _kuberay("RayJob")
+    assert jobs
+    for job in jobs:
+        (submitter,) = job["spec"]["submitterPodTemplate"]["spec"]["containers"]
+        _token_env(submitter["env"], f"RayJob {job['metadata']['name']} submitter")
+
+
+def test_every_compose_ray_process_uses_the_ray_token() -> None:
+    for name, svc in _stratagem_services().items():
+        env = svc["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        # Required from the shell (compose fails without it), never a token written in the file.
+        assert re.fullmatch(r"\$\{RAY_AUTH_TOKEN:\?[^}]+\}", env["RAY_AUTH_TOKEN"]), name
+    probe = " ".join(_compose()["services"]["ray-head"]["healthcheck"]["test"])
+    assert "Authorization: Bearer $$RAY_AUTH_TOKEN" in probe
+
+
+def test_the_cluster_launcher_gives_every_machine_the_ray_token() -> None:
+    launcher = _cluster_launcher()
+    assert launcher["file_mounts"]["~/ray.token"] == "deploy/ray.token"
+    assert "deploy/ray.token" in launcher["rsync_exclude"]
+    setup = "\n".join(launcher["setup_commands"])
+    assert "chmod 600 ~/ray.token && ! grep -q REPLACE ~/ray.token" in setup  # not the example
+    assert 'export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/ray.token"' in setup
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    assert "deploy/ray.token" in ignored
