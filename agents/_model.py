@@ -108,22 +108,32 @@ class ModelConfig:
         model: The model's name at that server.
         api_key: The key, a secret (never in a repr, a log line, a span or the audit log).
         timeout_s: How long one call may take.
+        schema_style: How the server takes a JSON Schema: ``json_schema`` (OpenAI's
+            ``{"type": "json_schema", "json_schema": {...}}``: OpenAI, vLLM, Ollama, LM Studio) or
+            ``json_object`` (``{"type": "json_object", "schema": {...}}``: llama-cpp-python's
+            server, which refuses the other).
     """
 
     url: str
     model: str
     api_key: str = field(default="", repr=False)
     timeout_s: float = 60.0
+    schema_style: Literal["json_schema", "json_object"] = "json_schema"
 
     def __repr__(self) -> str:
         key = "<set>" if self.api_key else "<none>"
         return f"ModelConfig(url={self.url!r}, model={self.model!r}, api_key={key})"
 
 
-def response_format(request: ChatRequest) -> dict[str, Any] | None:
-    """The ``response_format`` argument for ``request``'s schema (``None`` without one)."""
+def response_format(
+    request: ChatRequest, style: Literal["json_schema", "json_object"] = "json_schema"
+) -> dict[str, Any] | None:
+    """The ``response_format`` argument for ``request``'s schema (``None`` without one), in the
+    server's ``style`` (see ``ModelConfig.schema_style``)."""
     if request.schema is None:
         return None
+    if style == "json_object":
+        return {"type": "json_object", "schema": dict(request.schema)}
     return {
         "type": "json_schema",
         "json_schema": {
@@ -181,7 +191,7 @@ class OpenAIModelClient:
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
         }
-        fmt = response_format(request)
+        fmt = response_format(request, self._config.schema_style)
         if fmt is not None:
             arguments["response_format"] = fmt
         started = time.perf_counter()

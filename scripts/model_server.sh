@@ -91,7 +91,7 @@ start() {
     install
     local model
     model="$(model_path)"
-    setsid "$VENV/bin/python" -m llama_cpp.server --model "$model" --model_alias "$MODEL_ALIAS" \
+    setsid "$VENV/bin/python" -m llama_cpp.server --model "$model" --model_alias "$MODEL_ALIAS" --chat_format gemma \
         --host "$HOST" --port "$PORT" --n_ctx "$CTX" --n_threads "$(nproc)" \
         >"$LOG_FILE" 2>&1 </dev/null &
     local pid=$!

@@ -139,3 +139,21 @@ async def test_the_scripted_model_answers_in_order_and_records_requests() -> Non
 def test_an_answer_that_is_not_json_is_a_critique(response: ChatResponse, complaint: str) -> None:
     with pytest.raises(LogicError, match=complaint):
         parse_json_answer(response)
+
+
+async def test_llama_cpp_servers_get_the_schema_in_their_own_style() -> None:
+    seen: list[httpx2.Request] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(200, json=_completion("{}"))
+
+    config = ModelConfig(
+        url="http://127.0.0.1:8089/v1", model="gemma-3-270m", schema_style="json_object"
+    )
+    client = OpenAIModelClient(
+        config, http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    )
+    await client.chat(REQUEST)
+    body = json.loads(seen[0].content)
+    assert body["response_format"] == {"type": "json_object", "schema": SCHEMA}
