@@ -38,6 +38,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import queue
 import re
 import sqlite3
@@ -620,6 +621,8 @@ class SqliteAuditLog(_GroupCommitLog):
             raise ProtocolUsageError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        # Private to its owner: SQLite makes its -wal and -shm files with the database's mode.
+        os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         self._synchronous: Synchronous = synchronous
         self._start_queue(str(self._path))
         # Autocommit mode: every transaction below is explicit.

@@ -92,6 +92,9 @@ class Settings(BaseSettings):
         auth: How agents and clients prove who they are: ``token`` (signed tokens from the
             cluster secret in ``state_dir``), ``mtls`` (a certificate per identity from
             ``stratagem certs init``) or ``none`` (the caller metadata is trusted; tests only).
+        audit_key_file: The key that signs the audit chain's heads; ``None`` for
+            ``STATE_DIR/audit.key``. Keep it apart from the log (another volume, a secret store's
+            mount): whoever can write both can rewrite the chain and sign it again.
         secret_file: The cluster secret that signs tokens; ``None`` for
             ``state_dir/cluster.secret``. An operator on another machine points it at a copy.
         token_ttl_s: How long a signed token is valid; clients renew theirs before it expires.
@@ -133,6 +136,7 @@ class Settings(BaseSettings):
     answer_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     store_url: str | None = None
     auth: Literal["token", "mtls", "none"] = "token"
+    audit_key_file: Path | None = None
     secret_file: Path | None = None
     token_ttl_s: float = Field(default=3600.0, ge=10, le=30 * 24 * 3600)
     tls_dir: Path | None = None
@@ -174,7 +178,9 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("state_dir", "policy_file", "trace_file", "tls_dir", "secret_file")
+    @field_validator(
+        "state_dir", "policy_file", "trace_file", "tls_dir", "secret_file", "audit_key_file"
+    )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         # Actors run with another working directory: hand them absolute paths.
@@ -191,8 +197,9 @@ class Settings(BaseSettings):
 
     @property
     def audit_key_path(self) -> Path:
-        """The key that signs the audit chain's heads (outside the database, mode 0600)."""
-        return self.state_dir / "audit.key"
+        """The key that signs the audit chain's heads (outside the database, mode 0600):
+        ``audit_key_file``, else ``STATE_DIR/audit.key``."""
+        return self.audit_key_file or self.state_dir / "audit.key"
 
     @property
     def audit_heads_path(self) -> Path:

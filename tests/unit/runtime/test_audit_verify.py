@@ -96,3 +96,37 @@ def test_seals_in_postgresql_are_checked_from_any_node(tmp_path: Path, postgres_
 
     with psycopg.connect(postgres_url) as conn, pytest.raises(psycopg.Error):
         conn.execute("DELETE FROM stratagem.audit_heads")
+
+
+def test_the_log_is_private_and_a_key_kept_apart_defeats_a_resigned_rewrite(
+    tmp_path: Path,
+) -> None:
+    import stat
+
+    from tests.unit.protocol.test_audit_seal import _rechain, _tamper
+
+    state = tmp_path / "state"
+    vault = tmp_path / "vault"  # where the operator keeps the key: not the state dir
+    key_file = vault / "audit.key"
+    settings = load_settings(state_dir=state, audit_key_file=key_file)
+    assert settings.audit_key_path == key_file
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 12)
+        AuditSealer(log, load_or_create_key(key_file), open_audit_heads(settings)).seal()
+    for name in ("audit.sqlite3", "audit.sqlite3-wal", "audit.heads"):
+        path = state / name
+        if path.exists():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
+    env = {"STRATAGEM_AUDIT_KEY_FILE": str(key_file)}
+    assert _verify(state, **env)[0] == 0
+
+    # Someone who can write the state dir: edit a record, recompute the chain, and sign the new
+    # head with a key of their own (they cannot read the vault).
+    _tamper(settings.audit_path, "UPDATE audit SET actor = 'nobody' WHERE seq = 5")
+    _rechain(settings.audit_path)
+    forged_key = state / "audit.key"
+    with SqliteAuditLog(settings.audit_path) as log:
+        AuditSealer(log, load_or_create_key(forged_key), open_audit_heads(settings)).seal()
+    code, out = _verify(state, **env)
+    assert code == 1, out
+    assert "does not verify" in out or "rewritten" in out
