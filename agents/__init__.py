@@ -59,7 +59,7 @@ from stratagem.agents._tactical import (
     TacticalPlanner,
     TacticalStep,
 )
-from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
 from stratagem.agents._world import WorldModel
 
 __all__ = [
@@ -110,6 +110,7 @@ __all__ = [
     "build_agent",
     "build_in_memory",
     "import_extensions",
+    "in_thread",
     "load_extensions",
     "parse_json_answer",
     "response_format",

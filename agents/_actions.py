@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from stratagem.agents._world import run_actions
@@ -250,11 +250,17 @@ class SearchOutcome:
         actions: The action sequence, or ``None`` when none was found within the bounds.
         explored: The number of states expanded.
         exhausted: Whether the node cap (rather than the depth bound) ended the search.
+        stopped: Whether ``should_stop`` ended it (its caller gave up: a deadline, a cancel).
     """
 
     actions: list[Action] | None
     explored: int
     exhausted: bool = False
+    stopped: bool = False
+
+
+STOP_CHECK_EVERY = 256
+"""How many states a search expands between two looks at ``should_stop`` (a few ms of work)."""
 
 
 def search(
@@ -264,6 +270,7 @@ def search(
     max_depth: int,
     node_cap: int = 20_000,
     actions: Sequence[GroundAction] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SearchOutcome:
     """A* search for a shortest action sequence from ``facts`` to a state where all goals hold.
 
@@ -274,6 +281,8 @@ def search(
         node_cap: The most states expanded before giving up.
         actions: The ground actions to use (grounded from ``facts`` for the goals' actors when
             omitted).
+        should_stop: Asked every ``STOP_CHECK_EVERY`` expansions; ``True`` ends the search
+            (``stopped``): how a search on a worker thread hears that its caller gave up.
 
     Returns:
         The outcome; ``actions`` is ``None`` when no sequence was found.
@@ -309,6 +318,8 @@ def search(
         explored += 1
         if explored > node_cap:
             return SearchOutcome(None, explored - 1, exhausted=True)
+        if should_stop is not None and explored % STOP_CHECK_EVERY == 0 and should_stop():
+            return SearchOutcome(None, explored, stopped=True)
         if g >= max_depth:
             continue
         for index, ground in enumerate(usable):

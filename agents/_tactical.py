@@ -9,7 +9,6 @@ preconditions, adds and deletes, so the perception agent can apply them as they 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.agents._actions import GroundAction, actors_for, ground_actions, search, simulate
 from stratagem.agents._agent import Agent
-from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
 from stratagem.agents._world import format_fact
 from stratagem.planning import (
     Dispatcher,
@@ -160,8 +159,9 @@ async def search_sequence(
     node_cap: int = DEFAULT_NODE_CAP,
 ) -> Found:
     """A* search for a shortest action sequence that reaches every goal fact."""
-    # A large search takes a while; run it off the event loop so the agent keeps serving.
-    outcome = await asyncio.to_thread(
+    # A large search takes a while: off the event loop, so the agent keeps serving, and stopped
+    # when this step is cancelled (a deadline, a step timeout, a cancelled plan).
+    outcome = await in_thread(
         functools.partial(
             search,
             facts,

@@ -9,8 +9,10 @@ plan step with a bad input fails as a logic error naming the field instead of cr
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, get_type_hints, overload
@@ -25,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT", bound=BaseModel)
+T = TypeVar("T")
 
 _RESULT_FIELD = "result"
 
@@ -129,6 +132,24 @@ def _derive(
         return output_model.model_validate({_RESULT_FIELD: result}) if wrapped else result
 
     return input_model, output_model, adapter
+
+
+async def in_thread(fn: Callable[..., T], /) -> T:
+    """Run CPU-bound work on a worker thread, where cancellation can still reach it.
+
+    ``fn`` is called as ``fn(should_stop=...)``: a function it must ask every few milliseconds,
+    returning as soon as it says ``True``. When the awaiting task is cancelled (the request's
+    deadline passed, the step timed out, the plan was cancelled), ``should_stop`` starts saying
+    so, and the thread ends with the next look instead of running on for nothing. A function that
+    never asks runs to its end on its thread, as any blocking call does: only cooperation stops
+    a Python thread.
+    """
+    stop = threading.Event()
+    try:
+        return await asyncio.to_thread(fn, should_stop=stop.is_set)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
 
 
 @overload

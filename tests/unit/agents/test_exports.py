@@ -54,6 +54,7 @@ EXPECTED = [
     "build_agent",
     "build_in_memory",
     "import_extensions",
+    "in_thread",
     "load_extensions",
     "parse_json_answer",
     "response_format",
