@@ -60,7 +60,7 @@ from stratagem.agents._tactical import (
     TacticalStep,
 )
 from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
-from stratagem.agents._world import WorldModel
+from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
 
 __all__ = [
     "DEFAULT_PATTERNS",
@@ -79,6 +79,7 @@ __all__ = [
     "Extension",
     "ExtensionError",
     "ExtractionPattern",
+    "FileWorldStore",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -107,6 +108,7 @@ __all__ = [
     "Tool",
     "ToolRegistry",
     "WorldModel",
+    "WorldStore",
     "build_agent",
     "build_in_memory",
     "import_extensions",

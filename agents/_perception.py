@@ -13,6 +13,7 @@ Its tools act on text and on the agent's own :class:`~agents.WorldModel`. Plans:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from stratagem.agents._extract import (
     split_sentences,
 )
 from stratagem.agents._tool import Tool, ToolRegistry, tool
-from stratagem.agents._world import WorldModel
+from stratagem.agents._world import WorldModel, WorldStore
 from stratagem.planning import (
     Dispatcher,
     EngineConfig,
@@ -149,11 +150,34 @@ class Changes(_Out):
     world_version: int
 
 
-def perception_tools(world: WorldModel) -> list[Tool[Any, Any]]:
+class _Keeper:
+    """Saves the world after each change, before the tool that made it returns (so before the
+    engine records the step as done, and before any answer reports it)."""
+
+    def __init__(self, world: WorldModel, store: WorldStore | None) -> None:
+        self.world = world
+        self._store = store
+        self._lock = asyncio.Lock()
+        self._saved = world.version
+
+    async def keep(self) -> None:
+        if self._store is None:
+            return
+        async with self._lock:  # one save at a time, each of the latest state
+            if self.world.version == self._saved:
+                return
+            version = self.world.version
+            await asyncio.to_thread(self._store.save, self.world.snapshot())
+            self._saved = version
+
+
+def perception_tools(world: WorldModel, store: WorldStore | None = None) -> list[Tool[Any, Any]]:
     """The perception tools, bound to ``world``.
 
     Args:
         world: The world model the tools read and change.
+        store: Where each change is saved before the tool that made it returns (``None``: the
+            world lives in memory only).
 
     Returns:
         ``split_sentences``, ``match_patterns``, ``resolve_entities``, ``merge_world``,
@@ -183,10 +207,14 @@ def perception_tools(world: WorldModel) -> list[Tool[Any, Any]]:
         entities, relations = resolve_mentions(mentions, strategy)
         return Resolved(entities=entities, relations=relations)
 
+    keeper = _Keeper(world, store)
+
     @tool(side_effects=True, idempotent=True)
     async def merge_world(entities: list[Entity], relations: list[Relation]) -> WorldVersion:
         """Merge entities and facts into the world model (newer locations replace older)."""
-        return WorldVersion(world_version=world.merge(entities, relations))
+        version = world.merge(entities, relations)
+        await keeper.keep()
+        return WorldVersion(world_version=version)
 
     @tool
     async def locate_entities(entity_ids: list[str]) -> Contexts:
@@ -217,7 +245,9 @@ def perception_tools(world: WorldModel) -> list[Tool[Any, Any]]:
     @tool(side_effects=True, idempotent=False)
     async def apply_actions(actions: list[Action]) -> Changes:
         """Apply actions to the world, all or nothing."""
-        return _changes(world, actions, dry_run=False)
+        changes = _changes(world, actions, dry_run=False)
+        await keeper.keep()
+        return changes
 
     return [
         split_text,
@@ -376,10 +406,13 @@ class PerceptionAgent(Agent):
     """The perception agent: a world model and the tools that read and change it.
 
     Args:
-        world: The world model (a new, empty one by default).
+        world: The world model (by default the one ``world_store`` saved last, else a new one).
         dispatcher: Sends cross-agent steps (perception plans have none).
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
+        store: Where its engine keeps plans durably.
+        world_store: Where the world is saved after every change (and read back at start), so a
+            restarted agent has the world its recorded steps and stored answers describe.
     """
 
     def __init__(
@@ -390,10 +423,14 @@ class PerceptionAgent(Agent):
         engine_config: EngineConfig | None = None,
         tracer_provider: TracerProvider | None = None,
         store: StateStore | None = None,
+        world_store: WorldStore | None = None,
     ) -> None:
-        self.world = world if world is not None else WorldModel()
+        if world is None:
+            saved = world_store.load() if world_store is not None else None
+            world = WorldModel.restore(saved) if saved is not None else WorldModel()
+        self.world = world
         registry = ToolRegistry("perception")
-        for item in perception_tools(self.world):
+        for item in perception_tools(self.world, world_store):
             registry.register(item)
         super().__init__(
             "perception",

@@ -14,6 +14,7 @@ from stratagem.agents._orchestrator import OrchestratorAgent
 from stratagem.agents._perception import PerceptionAgent
 from stratagem.agents._strategic import StrategicAgent
 from stratagem.agents._tactical import TacticalAgent
+from stratagem.agents._world import WorldStore
 from stratagem.planning import Dispatcher, EngineConfig, InMemoryDispatcher, StateStore
 from stratagem.protocol import ROLES
 
@@ -55,6 +56,7 @@ def build_agent(
     extensions: Sequence[str] = (),
     entry_points: bool = True,
     store: StateStore | None = None,
+    world_store: WorldStore | None = None,
 ) -> Agent:
     """Build the agent of a built-in role and load extensions into it.
 
@@ -66,6 +68,8 @@ def build_agent(
         extensions: Extensions to load (``module``, ``module:function`` or ``file.py``).
         entry_points: Also load the ``stratagem.extensions`` entry points.
         store: Where its engine keeps plans durably (``None``: nothing is kept, no resume).
+        world_store: Where the perception agent keeps its world across restarts (other roles
+            keep no world).
 
     Returns:
         The agent.
@@ -77,12 +81,21 @@ def build_agent(
     agent_type = ROLE_TYPES.get(role)
     if agent_type is None:
         raise ValueError(f"unknown role {role!r}; roles are: {', '.join(ROLE_TYPES)}")
-    agent = agent_type(
-        dispatcher=dispatcher,
-        engine_config=engine_config,
-        tracer_provider=tracer_provider,
-        store=store,
-    )
+    if agent_type is PerceptionAgent:
+        agent: Agent = PerceptionAgent(
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+            store=store,
+            world_store=world_store,
+        )
+    else:
+        agent = agent_type(
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+            store=store,
+        )
     load_extensions(extensions, agent, entry_points=entry_points)
     return agent
 

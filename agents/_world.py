@@ -29,12 +29,16 @@ express.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any, Protocol
 
 from stratagem.protocol import Action, Entity, FailedPreconditionError, Relation
 
-__all__ = ["WorldModel", "format_fact", "run_actions"]
+__all__ = ["FileWorldStore", "WorldModel", "WorldStore", "format_fact", "run_actions"]
 
 _LOCATION_PREDICATES = frozenset({"at", "in"})
 
@@ -109,6 +113,26 @@ class WorldModel:
     def version(self) -> int:
         """The number of changes made to the model so far."""
         return self._version
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole model as JSON-ready data (``restore`` reads it back)."""
+        return {
+            "version": self._version,
+            "entities": [e.model_dump(mode="json") for e in self._entities.values()],
+            "facts": [f.model_dump(mode="json") for f in self._facts],
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> WorldModel:
+        """A model holding what ``snapshot`` saved (validated like any wire data)."""
+        world = cls()
+        for raw in data.get("entities", []):
+            entity = Entity.model_validate(raw)
+            world._entities[entity.id] = entity
+        for raw in data.get("facts", []):
+            world._facts[Relation.model_validate(raw)] = None
+        world._version = int(data.get("version", 0))
+        return world
 
     @property
     def entities(self) -> Mapping[str, Entity]:
@@ -275,3 +299,48 @@ def _superseded(facts: Mapping[Relation, None], new: Relation) -> list[Relation]
         if (fact.predicate in _LOCATION_PREDICATES and fact.subject == moved)
         or (fact.predicate == "has" and fact.object == moved)
     ]
+
+
+class WorldStore(Protocol):
+    """Where a world model is kept across restarts."""
+
+    def load(self) -> dict[str, Any] | None:
+        """The last snapshot saved, or ``None`` when none was."""
+
+    def save(self, snapshot: Mapping[str, Any]) -> None:
+        """Keep ``snapshot`` durably (it replaces the previous one); blocks until it is."""
+
+
+class FileWorldStore:
+    """A world snapshot in one JSON file, replaced atomically and fsynced on every save.
+
+    Args:
+        path: The file (its folder is created when missing).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.path} does not hold a world snapshot")
+        return data
+
+    def save(self, snapshot: Mapping[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = self.path.with_suffix(".tmp")
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(snapshot, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself survives a power loss
+        finally:
+            os.close(dir_fd)

@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from stratagem.agents import build_agent
+from stratagem.agents import FileWorldStore, build_agent
 from stratagem.planning import EngineConfig
 from stratagem.protocol import (
     AgentServer,
@@ -121,6 +121,7 @@ class AgentActor:
             tracer_provider=self._tracer_provider,
             extensions=settings.extensions,
             store=self._store,
+            world_store=FileWorldStore(settings.world_path(role)),
         )
         self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(

@@ -191,6 +191,10 @@ class Settings(BaseSettings):
         """The audit log's SQLite file."""
         return self.state_dir / "audit.sqlite3"
 
+    def world_path(self, role: str) -> Path:
+        """Where ``role``'s agent keeps its world model (the perception agent's), a JSON file."""
+        return self.state_dir / f"{role}.world.json"
+
     def plans_path(self, role: str) -> Path:
         """The SQLite state store of ``role``'s agent (its durable plans)."""
         return self.state_dir / f"{role}.plans.sqlite3"

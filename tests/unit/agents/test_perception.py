@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from stratagem.agents import DEFAULT_PATTERNS, PerceptionAgent, PerceptionPlan, slugify
+from stratagem.agents import (
+    DEFAULT_PATTERNS,
+    FileWorldStore,
+    PerceptionAgent,
+    PerceptionPlan,
+    slugify,
+)
 from stratagem.agents._extract import match_sentence, resolve_mentions, split_sentences
 from stratagem.protocol import (
     Action,
@@ -254,3 +262,53 @@ async def test_extraction_plan_is_typed_and_uses_only_perception_tools() -> None
     assert [u.operation for u in plan.state_update_sequence] == ["merge"]
     assert {s.tool for s in plan.steps if s.kind == "tool"} <= set(agent.registry)
     assert all(s.status == "succeeded" for s in plan.steps)
+
+
+async def test_the_world_survives_a_restart_through_its_store(tmp_path: Path) -> None:
+    store = FileWorldStore(tmp_path / "perception.world.json")
+    agent = PerceptionAgent(world_store=store)
+    await extract(agent, load_goal("crown").passage)
+    await agent.handle(
+        "UpdateWorldState",
+        UpdateWorldStateRequest(actions=[MOVE]),
+        call("UpdateWorldState", "perception"),
+    )
+    facts, version = agent.world.facts(), agent.world.version
+    assert len(facts) >= 10
+    assert version == 2
+    # The agent's process dies; a new one reads the world back, as it was after the last change.
+    again = PerceptionAgent(world_store=FileWorldStore(tmp_path / "perception.world.json"))
+    assert again.world.facts() == facts
+    assert again.world.version == version
+    assert again.world.holds(r("mira", "at", "garden"))
+    assert dict(again.world.entities) == dict(agent.world.entities)
+    assert oct((tmp_path / "perception.world.json").stat().st_mode & 0o777) == oct(0o600)
+
+
+async def test_a_failed_change_saves_nothing_and_a_read_saves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "perception.world.json"
+    agent = PerceptionAgent(world_store=FileWorldStore(path))
+    await extract(agent, load_goal("crown").passage)
+    saved = path.read_bytes()
+    with pytest.raises(FailedPreconditionError):
+        await agent.handle(
+            "UpdateWorldState",
+            UpdateWorldStateRequest(
+                actions=[
+                    Action(
+                        name="move",
+                        args=["mira", "courtyard", "vault"],
+                        preconditions=[r("mira", "at", "vault")],
+                        adds=[r("mira", "at", "vault")],
+                        deletes=[r("mira", "at", "courtyard")],
+                    )
+                ]
+            ),
+            call("UpdateWorldState", "perception"),
+        )
+    await agent.handle(
+        "FindSpatialContext",
+        FindSpatialContextRequest(entity_ids=["mira"]),
+        call("FindSpatialContext", "perception"),
+    )
+    assert path.read_bytes() == saved

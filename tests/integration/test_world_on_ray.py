@@ -1,0 +1,57 @@
+"""The perception agent's world survives a SIGKILL of its process (real Ray, real gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from stratagem.protocol import (
+    AgentClient,
+    ExtractEntitiesRequest,
+    ExtractEntitiesResponse,
+    FindSpatialContextRequest,
+    FindSpatialContextResponse,
+)
+from stratagem.runtime import Deployment
+from tests.integration._agents import extension_deployment, kill_and_wait, pid_endpoint
+from tests.integration._auth import credentials
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+STORY = (
+    "Mira waits in the courtyard. The silver crown rests in the vault. The iron key lies in the "
+    "garden. The courtyard leads to the great hall. The great hall leads to the vault."
+)
+
+
+async def _facts(endpoint: str) -> list[object]:
+    async with AgentClient(endpoint, credentials=credentials()) as client:
+        answer = await client.call(
+            "perception", "FindSpatialContext", FindSpatialContextRequest(entity_ids=["mira"])
+        )
+    assert isinstance(answer, FindSpatialContextResponse)
+    return list(answer.facts)
+
+
+async def test_the_world_survives_a_kill_of_the_perception_agent(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    # `deployment`: the session's Ray, which the agents below run on.
+    with extension_deployment(
+        tmp_path / "state", "stratagem-world", "tests.integration.ledger_extension"
+    ) as dep:
+        pid, endpoint = pid_endpoint(dep, "perception")
+        async with AgentClient(endpoint, credentials=credentials()) as client:
+            told = await client.call(
+                "perception", "ExtractEntities", ExtractEntitiesRequest(text=STORY)
+            )
+        assert isinstance(told, ExtractEntitiesResponse)
+        before = await _facts(endpoint)
+        assert len(before) >= 5
+        endpoint = await asyncio.to_thread(kill_and_wait, dep, pid, "perception")
+        after = await _facts(endpoint)
+        assert after == before
+        assert (tmp_path / "state" / "perception.world.json").exists()
+        print(f"world facts about mira: {len(before)} before the kill, {len(after)} after")
