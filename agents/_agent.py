@@ -114,6 +114,7 @@ from protocol import (
     UnavailableError,
     WireModel,
     current_call,
+    json_object,
 )
 
 __all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
@@ -493,12 +494,7 @@ class Agent:
                 this agent's registry, ...); the message names every problem.
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
-        try:
-            raw = json.loads(plan_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise InvalidArgumentError("the plan must be a JSON object")
+        raw = json_object(plan_json, "the plan")
         result = await self.submit_plan(raw)
         if result.status is not PlanStatus.SUCCEEDED:
             raise self._failure(result)
@@ -635,12 +631,7 @@ class Agent:
         """
         await self._ready(plan_id)
         await self._revision_of(plan_id)
-        try:
-            raw = json.loads(plan_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise InvalidArgumentError("the plan must be a JSON object")
+        raw = json_object(plan_json, "the plan")
         raw = {**raw, "id": plan_id}
         try:
             new_plan = self.plan_type.model_validate(raw)
@@ -1135,13 +1126,7 @@ def _output_of(output_json: str) -> dict[str, Any] | None:
     """A reconcile gate's output to record, from its JSON (``None`` when empty)."""
     if not output_json:
         return None
-    try:
-        output = json.loads(output_json)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"output_json is not valid JSON: {exc.msg}") from None
-    if not isinstance(output, dict):
-        raise InvalidArgumentError("output_json must be a JSON object")
-    return output
+    return json_object(output_json, "output_json")
 
 
 def _revision_entry(record: RevisionRecord) -> PlanRevision:
@@ -1177,7 +1162,7 @@ def _recorded_digest(plan_json: str) -> str | None:
     """The request digest a stored plan's goal ends with, or ``None``."""
     try:
         goal = json.loads(plan_json).get("goal", "")
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):
         return None
     found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
     return found.group(1) if found else None

@@ -54,6 +54,7 @@ from protocol._capabilities import (
 from protocol._client import AgentClient, ClientConfig
 from protocol._codec import (
     CONTROL_ACTIONS,
+    MAX_JSON_DEPTH,
     AgentCard,
     CapabilityCard,
     ControlAction,
@@ -79,6 +80,7 @@ from protocol._codec import (
     encode_request,
     encode_response,
     from_message,
+    json_object,
     to_message,
     violations_from,
 )
@@ -124,6 +126,7 @@ __all__ = [
     "CAPABILITIES",
     "CONTROL_ACTIONS",
     "EXTENSION_FIELD",
+    "MAX_JSON_DEPTH",
     "OPERATOR",
     "READ_RPCS",
     "ROLES",
@@ -228,6 +231,7 @@ __all__ = [
     "error_for_code",
     "from_message",
     "init_certificates",
+    "json_object",
     "load_or_create_key",
     "register_capability",
     "remaining_time",
