@@ -53,7 +53,14 @@ from protocol import (
 from runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
 from runtime._directory import AgentInfo
 from runtime._goal import GoalOutcome, run_goal
-from runtime._input import InputError, check_timeout, parse_json_object, read_mapping
+from runtime._input import (
+    InputError,
+    check_encoded_size,
+    check_plan_steps,
+    check_timeout,
+    parse_json_object,
+    read_mapping,
+)
 from runtime._launcher import Deployment, LaunchError, LocalCluster
 from runtime._render import (
     Progress,
@@ -432,6 +439,7 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
     ``plan_id``, when given, replaces the file's id (a new revision of that plan).
     """
     raw = _read_mapping(path, "a plan's id, owner and steps")
+    check_plan_steps(path, raw)
     if plan_id:
         raw["id"] = plan_id
     owner = raw.get("owner")
@@ -449,7 +457,9 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
         validate_plan(plan, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {plan.id!r} refused: " + "; ".join(exc.problems)) from exc
-    return owner, plan.model_dump_json()
+    plan_json = plan.model_dump_json()
+    check_encoded_size(path, plan_json, settings.max_message_bytes)
+    return owner, plan_json
 
 
 @plans_app.command("run")

@@ -25,8 +25,11 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "MAX_INPUT_DEPTH",
     "MAX_INPUT_NODES",
+    "MAX_PLAN_STEPS",
     "MAX_TIMEOUT_S",
     "InputError",
+    "check_encoded_size",
+    "check_plan_steps",
     "check_timeout",
     "parse_json_object",
     "read_mapping",
@@ -38,6 +41,9 @@ MAX_INPUT_DEPTH: Final = 64
 """The deepest nesting of lists and mappings accepted in a file or payload."""
 MAX_INPUT_NODES: Final = 1_000_000
 """The most values (scalars, lists, mappings; alias expansions included) in a file or payload."""
+MAX_PLAN_STEPS: Final = 5_000
+"""The most steps in a plan the CLI sends (``plans run``, ``replan``); a plan past it is refused
+before it is validated or sent, as is one whose JSON exceeds ``STRATAGEM_MAX_MESSAGE_BYTES``."""
 MAX_TIMEOUT_S: Final = 7 * 24 * 3600.0
 """The longest ``--timeout`` accepted (a week)."""
 MIN_TIMEOUT_S: Final = 0.001
@@ -159,3 +165,25 @@ def parse_json_object(text: str, option: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InputError(f"{option} must be a JSON object")
     return raw
+
+
+def check_plan_steps(path: Path, raw: dict[str, Any]) -> None:
+    """Refuse a plan with more than ``MAX_PLAN_STEPS`` steps before anything slow happens."""
+    steps = raw.get("steps")
+    if isinstance(steps, list) and len(steps) > MAX_PLAN_STEPS:
+        raise InputError(
+            f"plan in {path} has {len(steps)} steps; the CLI sends at most {MAX_PLAN_STEPS}"
+        )
+
+
+def check_encoded_size(path: Path, plan_json: str, max_message_bytes: int) -> None:
+    """Refuse a plan whose JSON the agent would refuse as too large (it allows a little framing)."""
+    size = len(plan_json.encode("utf-8"))
+    if size + _FRAMING_BYTES > max_message_bytes:
+        raise InputError(
+            f"plan in {path} is {size} bytes as JSON; the agents accept requests up to "
+            f"{max_message_bytes} bytes (STRATAGEM_MAX_MESSAGE_BYTES)"
+        )
+
+
+_FRAMING_BYTES: Final = 1024  # the request's envelope around the plan JSON

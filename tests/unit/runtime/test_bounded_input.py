@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -21,8 +22,8 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
 
-def run(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160")
+def run(*args: str, state_dir: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160", **env_extra)
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(
         [STRATAGEM, *args],
@@ -122,3 +123,36 @@ def test_a_timeout_in_range_is_accepted() -> None:
 
     assert check_timeout(30.0) == 30.0
     assert check_timeout(None) is None
+
+
+def _plan(tmp_path: Path, steps: int, text: str) -> Path:
+    plan = {
+        "id": "big",
+        "owner": "strategic",
+        "goal": "find the protagonist",
+        "steps": [
+            {
+                "kind": "tool",
+                "id": f"s{i}",
+                "tool": "find_protagonist",
+                "input": {"text": text, "entities": []},
+            }
+            for i in range(steps)
+        ],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_a_plan_past_the_step_limit_is_refused_before_it_is_sent(tmp_path: Path) -> None:
+    result = run("plans", "run", str(_plan(tmp_path, 10_000, "Mira.")), state_dir=tmp_path)
+    assert_one_line(result, "has 10000 steps; the CLI sends at most 5000")
+    assert not (tmp_path / "local-ray.json").exists()
+
+
+def test_a_plan_past_the_message_size_is_refused_before_it_is_sent(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, 20, "Mira waits in the hall. " * 10)
+    result = run("plans", "run", str(plan), state_dir=tmp_path, STRATAGEM_MAX_MESSAGE_BYTES="2048")
+    assert_one_line(result, "the agents accept requests up to 2048 bytes")
+    assert not (tmp_path / "local-ray.json").exists()
