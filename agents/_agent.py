@@ -109,6 +109,7 @@ from protocol import (
     RemoteError,
     ReplayDivergence,
     ReplayResult,
+    ResourceExhaustedError,
     RevisionsResponse,
     RevisionStepChange,
     UnavailableError,
@@ -130,6 +131,9 @@ _MESSAGE_LIMIT: Final = 4000
 # so a repeated request is recognized from the store alone (see ``Agent.handle``).
 _DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
 _GOAL_LIMIT: Final = 2000
+
+WATCH_QUEUE_LIMIT: Final = 1000
+"""Live events a Watch stream may have waiting; a reader further behind gets RESOURCE_EXHAUSTED."""
 
 
 def _package_version() -> str:
@@ -291,6 +295,7 @@ class Agent:
         self._max_records = max_records
         self._seq = itertools.count(1)
         self._watchers: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
+        self._lagging: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -515,7 +520,7 @@ class Agent:
         Yields:
             The events, in the order they happened.
         """
-        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue(WATCH_QUEUE_LIMIT)
         self._watchers.add(queue)
         try:
             stored: list[tuple[int, PlanEvent]] = []
@@ -531,6 +536,11 @@ class Agent:
                     return
             while True:
                 seq, event = await queue.get()
+                if queue in self._lagging:
+                    raise ResourceExhaustedError(
+                        f"this Watch stream fell more than {WATCH_QUEUE_LIMIT} events behind and "
+                        "was dropped; watch again (stored events are replayed)"
+                    )
                 if seq <= last or not _matches(event.plan_id, plan_id):
                     continue
                 yield event
@@ -538,6 +548,7 @@ class Agent:
                     return
         finally:
             self._watchers.discard(queue)
+            self._lagging.discard(queue)
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan)."""
@@ -1083,8 +1094,12 @@ class Agent:
         seq = next(self._seq)
         record.events.append(event)
         record._seqs.append(seq)
-        for queue in self._watchers:
-            queue.put_nowait((seq, event))
+        for queue in list(self._watchers):
+            if queue.full():  # a reader this far behind is told so and dropped, never waited for
+                self._watchers.discard(queue)
+                self._lagging.add(queue)
+            else:
+                queue.put_nowait((seq, event))
 
     def _ends(self, event: PlanEvent, plan_id: str) -> bool:
         return (

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 
 from agents import StrategicAgent
+from agents import _agent as agent_module
 from protocol import (
     OPERATOR,
     AgentClient,
@@ -17,6 +20,7 @@ from protocol import (
     InMemoryAuditLog,
     InvalidArgumentError,
     Policy,
+    ResourceExhaustedError,
 )
 
 
@@ -59,3 +63,27 @@ async def test_run_plan_refuses_hostile_json_as_invalid_argument(
 ) -> None:
     with pytest.raises(InvalidArgumentError, match=reason):
         await client.run_plan(plan_json)
+
+
+async def test_a_watch_stream_that_falls_behind_is_told_and_dropped(
+    client: AgentClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_module, "WATCH_QUEUE_LIMIT", 2)
+    step = {
+        "kind": "tool",
+        "tool": "find_protagonist",
+        "input": {"text": "Mira waits in the hall.", "entities": []},
+    }
+    plan = {
+        "id": "busy",
+        "owner": "strategic",
+        "goal": "g",
+        "steps": [dict(step, id=f"s{i}") for i in range(5)],
+    }
+    stream = client.watch("busy-not-yet")  # a plan that never ends here: the stream stays open
+    reading = asyncio.create_task(anext(stream))
+    await asyncio.sleep(0.2)  # the stream is open (its queue registered) and nobody reads on
+    await client.run_plan(json.dumps(plan))  # publishes more than 2 events meanwhile
+    with pytest.raises(ResourceExhaustedError, match="fell more than 2 events behind"):
+        await reading
+    await stream.aclose()
