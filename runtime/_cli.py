@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
@@ -54,6 +53,14 @@ from stratagem.protocol import (
 from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend, use_backend
 from stratagem.runtime._directory import AgentInfo
 from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._input import (
+    InputError,
+    check_encoded_size,
+    check_plan_steps,
+    check_timeout,
+    parse_json_object,
+    read_mapping,
+)
 from stratagem.runtime._launcher import Deployment, LaunchError, LocalCluster
 from stratagem.runtime._render import (
     Progress,
@@ -103,18 +110,24 @@ StateDirOpt = Annotated[
     Path | None, typer.Option("--state-dir", help="State directory (default ./.stratagem).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-TimeoutOpt = Annotated[
-    float | None, typer.Option("--timeout", help="Deadline in seconds.", min=0.001)
-]
-
-
-class InputError(Exception):
-    """The user's input is wrong; the message says what and where."""
 
 
 def _fail(message: str, code: int) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _timeout_in_range(value: float | None) -> float | None:
+    try:
+        return check_timeout(value)
+    except InputError as exc:
+        _fail(str(exc), 2)
+
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Deadline in seconds.", callback=_timeout_in_range),
+]
 
 
 _guarded: list[bool] = []  # non-empty while an `_errors` block runs
@@ -179,16 +192,8 @@ def _run(coro_fn: Callable[[], Any]) -> Any:
 
 
 def _read_mapping(path: Path, holds: str) -> dict[str, Any]:
-    """A YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(f"{path} must hold a mapping with {holds}")
-    return raw
+    """A bounded YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
+    return read_mapping(path, holds)
 
 
 def _load_goal(path: Path) -> SubmitGoalRequest:
@@ -408,12 +413,7 @@ def request(
         spec = capability_for(agent, capability)
         if spec is None:
             raise InputError(f"agent {agent!r} has no capability {capability!r}")
-        try:
-            raw = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--json is not valid JSON: {exc.msg} at char {exc.pos}") from exc
-        if not isinstance(raw, dict):
-            raise InputError("--json must be a JSON object")
+        raw = parse_json_object(payload, "--json")
         try:
             body = spec.request.model_validate(raw)
         except ValidationError as exc:
@@ -439,6 +439,7 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
     ``plan_id``, when given, replaces the file's id (a new revision of that plan).
     """
     raw = _read_mapping(path, "a plan's id, owner and steps")
+    check_plan_steps(path, raw)
     if plan_id:
         raw["id"] = plan_id
     owner = raw.get("owner")
@@ -456,7 +457,9 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
         validate_plan(plan, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {plan.id!r} refused: " + "; ".join(exc.problems)) from exc
-    return owner, plan.model_dump_json()
+    plan_json = plan.model_dump_json()
+    check_encoded_size(path, plan_json, settings.max_message_bytes)
+    return owner, plan_json
 
 
 @plans_app.command("run")
@@ -624,15 +627,7 @@ def _control(
             _, plan_json = _load_plan(plan_file, settings, plan_id=plan_id)
         recorded: dict[str, Any] | None = None
         if output is not None:
-            try:
-                raw = json.loads(output)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"--output is not valid JSON: {exc.msg} at char {exc.pos}"
-                ) from exc
-            if not isinstance(raw, dict):
-                raise InputError("--output must be a JSON object")
-            recorded = raw
+            recorded = parse_json_object(output, "--output")
         try:
             ControlRequest(
                 plan_id=plan_id,

@@ -53,7 +53,10 @@ def authenticator_for(
         secret: The cluster secret (token mode); read from the state directory when ``None``.
     """
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        signer = TokenSigner(
+            secret or ClusterSecret.load_or_create(settings.secret_path),
+            max_ttl_s=settings.token_ttl_s,
+        )
         return TokenAuthenticator(signer)
     if settings.auth == "mtls":
         return TlsAuthenticator(TlsFiles.for_identity(settings.tls_path, role))
@@ -65,7 +68,10 @@ def credentials_for(
 ) -> Credentials | None:
     """What a client of ``identity`` sends (``None`` when authentication is off)."""
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load_or_create(settings.secret_path))
+        signer = TokenSigner(
+            secret or ClusterSecret.load_or_create(settings.secret_path),
+            max_ttl_s=settings.token_ttl_s,
+        )
         return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
     if settings.auth == "mtls":
         return TlsCredentials(TlsFiles.for_identity(settings.tls_path, identity))
