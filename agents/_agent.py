@@ -109,11 +109,13 @@ from stratagem.protocol import (
     RemoteError,
     ReplayDivergence,
     ReplayResult,
+    ResourceExhaustedError,
     RevisionsResponse,
     RevisionStepChange,
     UnavailableError,
     WireModel,
     current_call,
+    json_object,
 )
 
 __all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
@@ -129,6 +131,9 @@ _MESSAGE_LIMIT: Final = 4000
 # so a repeated request is recognized from the store alone (see ``Agent.handle``).
 _DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
 _GOAL_LIMIT: Final = 2000
+
+WATCH_QUEUE_LIMIT: Final = 1000
+"""Live events a Watch stream may have waiting; a reader further behind gets RESOURCE_EXHAUSTED."""
 
 
 def _package_version() -> str:
@@ -290,6 +295,7 @@ class Agent:
         self._max_records = max_records
         self._seq = itertools.count(1)
         self._watchers: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
+        self._lagging: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -493,12 +499,7 @@ class Agent:
                 this agent's registry, ...); the message names every problem.
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
-        try:
-            raw = json.loads(plan_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise InvalidArgumentError("the plan must be a JSON object")
+        raw = json_object(plan_json, "the plan")
         result = await self.submit_plan(raw)
         if result.status is not PlanStatus.SUCCEEDED:
             raise self._failure(result)
@@ -519,7 +520,7 @@ class Agent:
         Yields:
             The events, in the order they happened.
         """
-        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue(WATCH_QUEUE_LIMIT)
         self._watchers.add(queue)
         try:
             stored: list[tuple[int, PlanEvent]] = []
@@ -535,6 +536,11 @@ class Agent:
                     return
             while True:
                 seq, event = await queue.get()
+                if queue in self._lagging:
+                    raise ResourceExhaustedError(
+                        f"this Watch stream fell more than {WATCH_QUEUE_LIMIT} events behind and "
+                        "was dropped; watch again (stored events are replayed)"
+                    )
                 if seq <= last or not _matches(event.plan_id, plan_id):
                     continue
                 yield event
@@ -542,6 +548,7 @@ class Agent:
                     return
         finally:
             self._watchers.discard(queue)
+            self._lagging.discard(queue)
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan)."""
@@ -635,12 +642,7 @@ class Agent:
         """
         await self._ready(plan_id)
         await self._revision_of(plan_id)
-        try:
-            raw = json.loads(plan_json)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"the plan is not valid JSON: {exc.msg}") from None
-        if not isinstance(raw, dict):
-            raise InvalidArgumentError("the plan must be a JSON object")
+        raw = json_object(plan_json, "the plan")
         raw = {**raw, "id": plan_id}
         try:
             new_plan = self.plan_type.model_validate(raw)
@@ -1108,8 +1110,12 @@ class Agent:
         seq = next(self._seq)
         record.events.append(event)
         record._seqs.append(seq)
-        for queue in self._watchers:
-            queue.put_nowait((seq, event))
+        for queue in list(self._watchers):
+            if queue.full():  # a reader this far behind is told so and dropped, never waited for
+                self._watchers.discard(queue)
+                self._lagging.add(queue)
+            else:
+                queue.put_nowait((seq, event))
 
     def _ends(self, event: PlanEvent, plan_id: str) -> bool:
         return (
@@ -1151,13 +1157,7 @@ def _output_of(output_json: str) -> dict[str, Any] | None:
     """A reconcile gate's output to record, from its JSON (``None`` when empty)."""
     if not output_json:
         return None
-    try:
-        output = json.loads(output_json)
-    except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"output_json is not valid JSON: {exc.msg}") from None
-    if not isinstance(output, dict):
-        raise InvalidArgumentError("output_json must be a JSON object")
-    return output
+    return json_object(output_json, "output_json")
 
 
 def _revision_entry(record: RevisionRecord) -> PlanRevision:
@@ -1193,7 +1193,7 @@ def _recorded_digest(plan_json: str) -> str | None:
     """The request digest a stored plan's goal ends with, or ``None``."""
     try:
         goal = json.loads(plan_json).get("goal", "")
-    except (json.JSONDecodeError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):
         return None
     found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
     return found.group(1) if found else None

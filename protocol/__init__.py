@@ -63,6 +63,7 @@ from stratagem.protocol._capabilities import (
 from stratagem.protocol._client import AgentClient, ClientConfig
 from stratagem.protocol._codec import (
     CONTROL_ACTIONS,
+    MAX_JSON_DEPTH,
     AgentCard,
     CapabilityCard,
     ControlAction,
@@ -88,6 +89,7 @@ from stratagem.protocol._codec import (
     encode_request,
     encode_response,
     from_message,
+    json_object,
     to_message,
     violations_from,
 )
@@ -151,6 +153,7 @@ __all__ = [
     "CAPABILITIES",
     "CONTROL_ACTIONS",
     "EXTENSION_FIELD",
+    "MAX_JSON_DEPTH",
     "OPERATOR",
     "READ_RPCS",
     "ROLES",
@@ -259,6 +262,7 @@ __all__ = [
     "error_for_code",
     "from_message",
     "init_certificates",
+    "json_object",
     "load_or_create_key",
     "register_capability",
     "remaining_time",

@@ -71,6 +71,7 @@ __all__ = [
     "CAPABILITY_NAME_PATTERN",
     "CONTROL_ACTIONS",
     "IDENTITY_PATTERN",
+    "MAX_JSON_DEPTH",
     "PLAN_ID_PATTERN",
     "REQUEST_ID_PATTERN",
     "AgentCard",
@@ -115,10 +116,47 @@ __all__ = [
     "encode_snapshot",
     "field_path",
     "from_message",
+    "json_object",
     "schema_drift",
     "to_message",
     "violations_from",
 ]
+
+
+MAX_JSON_DEPTH: Final = 64
+"""The deepest nesting of arrays and objects accepted in a JSON payload (a plan, a gate output)."""
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """The JSON object ``text`` holds, or :class:`InvalidArgumentError` naming ``what``.
+
+    Deep nesting (past :data:`MAX_JSON_DEPTH`) and integers longer than Python converts are refused
+    with a reason, like any other malformed payload, never an internal error.
+    """
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"{what} is not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise InvalidArgumentError(
+            f"{what} is nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        reason = (str(exc).splitlines() or ["a value cannot be read"])[0]
+        raise InvalidArgumentError(f"{what} holds a value that cannot be read: {reason}") from None
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidArgumentError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend(
+                (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+            )
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(f"{what} must be a JSON object")
+    return raw
+
 
 M = TypeVar("M", bound=Message)
 T = TypeVar("T", bound=BaseModel)

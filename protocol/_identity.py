@@ -210,17 +210,38 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+MAX_TOKEN_TTL_S = 30 * 24 * 3600.0
+"""The longest token lifetime a signer accepts unless told otherwise (the settings' upper bound)."""
+TOKEN_CLOCK_SKEW_S = 300.0
+"""How far ahead of the verifier's clock an issuer's clock may run."""
+
+
 class TokenSigner:
     """Issues and verifies tokens made with one cluster secret.
+
+    A token whose expiry lies further ahead than ``max_ttl_s`` plus ``clock_skew_s`` is refused
+    even when its MAC holds: no signer of the deployment issues one, so it was made with a leaked
+    secret or a misconfigured client, and accepting it would let it outlive a secret rotation.
 
     Args:
         secret: The cluster secret.
         clock: Seconds since the epoch (tests pass their own).
+        max_ttl_s: The longest lifetime a token may have (issued or verified).
+        clock_skew_s: How far another host's clock may run ahead of this one's.
     """
 
-    def __init__(self, secret: ClusterSecret, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        secret: ClusterSecret,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_ttl_s: float = MAX_TOKEN_TTL_S,
+        clock_skew_s: float = TOKEN_CLOCK_SKEW_S,
+    ) -> None:
         self._key = secret.reveal()
         self._clock = clock
+        self._max_ttl_s = max_ttl_s
+        self._clock_skew_s = clock_skew_s
 
     def _mac(self, identity: str, expiry: int) -> str:
         message = f"{_PREFIX}.{identity}.{expiry}".encode("ascii")
@@ -230,12 +251,15 @@ class TokenSigner:
         """A token for ``identity`` valid for ``ttl_s`` seconds from now.
 
         Raises:
-            ProtocolUsageError: For a malformed identity or a non-positive ``ttl_s``.
+            ProtocolUsageError: For a malformed identity, or a ``ttl_s`` not positive or past
+                ``max_ttl_s``.
         """
         if not _IDENTITY.fullmatch(identity):
             raise ProtocolUsageError(f"{identity!r} is not an identity ({IDENTITY_PATTERN})")
         if ttl_s <= 0:
             raise ProtocolUsageError(f"ttl_s must be positive, not {ttl_s}")
+        if ttl_s > self._max_ttl_s:
+            raise ProtocolUsageError(f"ttl_s must be at most {self._max_ttl_s:g}, not {ttl_s:g}")
         expiry = int(self._clock() + ttl_s)
         return f"{_PREFIX}.{identity}.{expiry}.{self._mac(identity, expiry)}"
 
@@ -252,8 +276,14 @@ class TokenSigner:
         expiry = int(expiry_text)
         if not hmac.compare_digest(mac, self._mac(identity, expiry)):
             raise UnauthenticatedError("invalid token: its signature does not verify")
-        if expiry <= self._clock():
+        now = self._clock()
+        if expiry <= now:
             raise UnauthenticatedError(f"expired token for {identity!r}")
+        if expiry > now + self._max_ttl_s + self._clock_skew_s:
+            raise UnauthenticatedError(
+                f"token for {identity!r} refused: its expiry is further ahead than the maximum "
+                f"token lifetime ({self._max_ttl_s:g} s)"
+            )
         return identity, expiry
 
 

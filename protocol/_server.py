@@ -15,7 +15,8 @@ own, answered with one status code and audited. ``Call`` runs these stages in or
    ``FAILED_PRECONDITION``;
 3. admission: at most ``max_concurrent_requests`` run at once and ``max_queued_requests`` wait
    for a slot; beyond that the call is refused at once (``RESOURCE_EXHAUSTED``), so latency never
-   grows without bound. ``Watch`` streams are not counted;
+   grows without bound. ``Watch`` streams are counted apart: at most ``max_watch_streams`` open
+   at once, one more is ``RESOURCE_EXHAUSTED``;
 4. the size limit on the raw request (``RESOURCE_EXHAUSTED``);
 5. decode and validate; the envelope must agree with the metadata, delegation chain included
    (``INVALID_ARGUMENT`` with field violations; ``FAILED_PRECONDITION`` for an extension
@@ -204,6 +205,8 @@ class ServerConfig:
         max_queued_requests: At most this many more wait for a slot; beyond that a call is
             refused at once with ``RESOURCE_EXHAUSTED``.
         max_delegation_hops: The longest delegation chain accepted, this call's hop included.
+        max_watch_streams: At most this many ``Watch`` streams are open at once; one more is
+            refused at once with ``RESOURCE_EXHAUSTED``.
     """
 
     host: str = "127.0.0.1"
@@ -216,6 +219,7 @@ class ServerConfig:
     max_concurrent_requests: int = 64
     max_queued_requests: int = 256
     max_delegation_hops: int = 8
+    max_watch_streams: int = 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -227,9 +231,10 @@ class ServerConfig:
             raise ProtocolUsageError(
                 "ServerConfig.answer_cache_size, grace_s and max_queued_requests must be >= 0"
             )
-        if self.max_concurrent_requests < 1 or self.max_delegation_hops < 1:
+        if min(self.max_concurrent_requests, self.max_delegation_hops, self.max_watch_streams) < 1:
             raise ProtocolUsageError(
-                "ServerConfig.max_concurrent_requests and max_delegation_hops must be >= 1"
+                "ServerConfig.max_concurrent_requests, max_delegation_hops and max_watch_streams "
+                "must be >= 1"
             )
 
 
@@ -294,6 +299,7 @@ class AgentServer:
         self._audit = audit
         self._append = _appender(audit)
         self._config = config or ServerConfig()
+        self._watch_streams = 0
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._metrics = RpcMetrics(meter_provider, side="server")
         self._answers: AnswerStore = answers or InMemoryAnswerStore(
@@ -845,13 +851,20 @@ class AgentServer:
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> None:
         plan_id = await self._admit_read(exchange, request, context, span, "Watch")
+        limit = self._config.max_watch_streams
+        if self._watch_streams >= limit:
+            raise ResourceExhaustedError(
+                f"{limit} Watch streams are open on this agent already; try again later"
+            )
         events = self._backend.watch(plan_id)
+        self._watch_streams += 1
         sent = 0
         try:
             async for event in events:
                 await context.write(encode_event(event))
                 sent += 1
         finally:
+            self._watch_streams -= 1
             exchange.summary = f"{sent} events streamed"
             close = getattr(events, "aclose", None)
             if close is not None:

@@ -144,6 +144,7 @@ class AgentActor:
                 default_deadline_s=settings.default_deadline_s,
                 max_concurrent_requests=settings.max_concurrent_requests,
                 max_queued_requests=settings.max_queued_requests,
+                max_watch_streams=settings.max_watch_streams,
                 max_delegation_hops=settings.max_delegation_hops,
             ),
             tracer_provider=self._tracer_provider,

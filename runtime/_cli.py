@@ -26,6 +26,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from stratagem.runtime._input import (
+    InputError,
+    check_encoded_size,
+    check_plan_steps,
+    check_timeout,
+    parse_json_object,
+    read_mapping,
+)
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
@@ -296,19 +305,25 @@ StateDirOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-TimeoutOpt = Annotated[
-    float | None, typer.Option("--timeout", help="Deadline in seconds.", min=0.001)
-]
-
-
-class InputError(Exception):
-    """The user's input is wrong; the message says what and where."""
 
 
 def _fail(message: str, code: int) -> NoReturn:
     # The message is text, not markup: "stratagem[postgres]" must not become a style tag.
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _timeout_in_range(value: float | None) -> float | None:
+    try:
+        return check_timeout(value)
+    except InputError as exc:
+        _fail(str(exc), 2)
+
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Deadline in seconds.", callback=_timeout_in_range),
+]
 
 
 _guarded: list[bool] = []  # non-empty while an `_errors` block runs
@@ -385,18 +400,8 @@ def _run(coro_fn: Callable[[], Any]) -> Any:
 
 
 def _read_mapping(path: Path, holds: str) -> dict[str, Any]:
-    """A YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
-    import yaml  # only the commands that read a goal or plan file need it
-
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(raw, dict):
-        raise InputError(f"{path} must hold a mapping with {holds}")
-    return raw
+    """A bounded YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
+    return read_mapping(path, holds)
 
 
 def _load_goal(path: Path) -> SubmitGoalRequest:
@@ -654,12 +659,7 @@ def request(
             raise InputError(
                 f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
             )
-        try:
-            raw = json.loads(payload)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--json is not valid JSON: {exc.msg} at char {exc.pos}") from exc
-        if not isinstance(raw, dict):
-            raise InputError("--json must be a JSON object")
+        raw = parse_json_object(payload, "--json")
         try:
             body = spec.request.model_validate(raw)
         except ValidationError as exc:
@@ -685,6 +685,7 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
     ``plan_id``, when given, replaces the file's id (a new revision of that plan).
     """
     raw = _read_mapping(path, "a plan's id, owner and steps")
+    check_plan_steps(path, raw)
     if plan_id:
         raw["id"] = plan_id
     owner = raw.get("owner")
@@ -703,7 +704,9 @@ def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[st
         validate_plan(plan, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {plan.id!r} refused: " + "; ".join(exc.problems)) from exc
-    return owner, plan.model_dump_json()
+    plan_json = plan.model_dump_json()
+    check_encoded_size(path, plan_json, settings.max_message_bytes)
+    return owner, plan_json
 
 
 @plans_app.command("run")
@@ -1038,15 +1041,7 @@ def _control(
             _, plan_json = _load_plan(plan_file, settings, plan_id=plan_id)
         recorded: dict[str, Any] | None = None
         if output is not None:
-            try:
-                raw = json.loads(output)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    f"--output is not valid JSON: {exc.msg} at char {exc.pos}"
-                ) from exc
-            if not isinstance(raw, dict):
-                raise InputError("--output must be a JSON object")
-            recorded = raw
+            recorded = parse_json_object(output, "--output")
         try:
             ControlRequest(
                 plan_id=plan_id,

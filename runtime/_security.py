@@ -63,7 +63,9 @@ def authenticator_for(
             (never made: a server with a new secret would refuse every client).
     """
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load(settings.secret_path))
+        signer = TokenSigner(
+            secret or ClusterSecret.load(settings.secret_path), max_ttl_s=settings.token_ttl_s
+        )
         return TokenAuthenticator(signer)
     if settings.auth == "mtls":
         from stratagem.protocol import TlsFiles
@@ -81,7 +83,9 @@ def credentials_for(
     its absence is an error that says where the secret comes from (a new one would match no agent).
     """
     if settings.auth == "token":
-        signer = TokenSigner(secret or ClusterSecret.load(settings.secret_path))
+        signer = TokenSigner(
+            secret or ClusterSecret.load(settings.secret_path), max_ttl_s=settings.token_ttl_s
+        )
         return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
     if settings.auth == "mtls":
         from stratagem.protocol import TlsFiles

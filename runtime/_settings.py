@@ -103,6 +103,8 @@ class Settings(BaseSettings):
         max_concurrent_requests: Requests an agent serves at once.
         max_queued_requests: Requests an agent queues beyond those; more are refused at once
             with ``RESOURCE_EXHAUSTED``.
+        max_watch_streams: Watch streams an agent keeps open at once; more are refused at once
+            (``RESOURCE_EXHAUSTED``).
         max_delegation_hops: The longest delegation chain (who asked on whose behalf) accepted.
         placement: Per role, the Ray resources or node labels its agent's node must have (JSON
             in ``STRATAGEM_PLACEMENT``, e.g. ``{"perception": {"labels": {"zone": "b"}}}``); a role
@@ -142,6 +144,7 @@ class Settings(BaseSettings):
     tls_dir: Path | None = None
     max_concurrent_requests: int = Field(default=64, ge=1, le=100_000)
     max_queued_requests: int = Field(default=256, ge=0, le=1_000_000)
+    max_watch_streams: int = Field(default=1024, ge=1, le=1_000_000)
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)

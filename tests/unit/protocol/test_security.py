@@ -250,6 +250,32 @@ async def test_an_expired_token_is_unauthenticated(
     assert (await _refusal(audit, "call.refused")).code == "UNAUTHENTICATED"
 
 
+async def test_a_token_expiring_further_ahead_than_the_maximum_lifetime_is_unauthenticated(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, secret: ClusterSecret
+) -> None:
+    # A correctly signed token whose expiry lies in the year 5138: its MAC holds, but no signer
+    # of this deployment issues tokens that long-lived, so it is refused and audited.
+    lax = TokenSigner(secret, max_ttl_s=1e11)
+    forever = TokenCredentials(lax, "operator", ttl_s=100_000_000_000)
+    async with serve_secure(FakeBackend("perception")) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=forever)
+        with pytest.raises(UnauthenticatedError, match="expiry is further ahead"):
+            await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+    assert (await _refusal(audit, "call.refused")).code == "UNAUTHENTICATED"
+
+
+def test_the_maximum_token_lifetime_allows_clock_skew(secret: ClusterSecret) -> None:
+    now = [1_000_000.0]
+    signer = TokenSigner(secret, clock=lambda: now[0], max_ttl_s=3600, clock_skew_s=60)
+    ahead = TokenSigner(secret, clock=lambda: now[0] + 30, max_ttl_s=4000)
+    assert signer.verify(ahead.issue("operator", 3600))[0] == "operator"
+    with pytest.raises(UnauthenticatedError, match="expiry is further ahead"):
+        signer.verify(ahead.issue("operator", 3700))
+    with pytest.raises(ProtocolUsageError, match="at most"):
+        signer.issue("operator", 3601)
+
+
 async def test_a_valid_token_claiming_another_caller_is_denied_under_the_verified_identity(
     serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
 ) -> None:

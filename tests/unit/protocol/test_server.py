@@ -36,6 +36,7 @@ from stratagem.protocol import (
     ProtocolUsageError,
     Relation,
     RequestEnvelope,
+    ResourceExhaustedError,
     SqliteAuditLog,
     UnavailableError,
     WireModel,
@@ -739,3 +740,35 @@ async def test_a_sqlite_audit_log_records_concurrent_calls_in_one_chain(
         records = list(audit.records())
     assert verify_chain(records).ok
     assert sorted(r.action for r in records) == ["call.accepted"] * 40 + ["call.outcome"] * 40
+
+
+class _EndlessWatch(FakeBackend):
+    """A backend whose Watch streams stay open after one event, as a running plan's do."""
+
+    async def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
+        yield PlanEvent(plan_id=plan_id, status="running")
+        await asyncio.Event().wait()
+
+
+async def test_open_watch_streams_are_limited(
+    serve: Serve, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    async with serve(_EndlessWatch(), max_watch_streams=2) as server:  # type: ignore[attr-defined]
+        client = connect(server.endpoint)
+        streams = [client.watch("goal-1"), client.watch("goal-2")]
+        for stream in streams:
+            assert (await anext(stream)).status == "running"
+        with pytest.raises(ResourceExhaustedError, match="2 Watch streams are open"):
+            await anext(client.watch("goal-3"))
+        await streams[0].aclose()
+        for _ in range(200):  # the server frees the slot once it sees the stream cancelled
+            try:
+                third = client.watch("goal-3")
+                assert (await anext(third)).plan_id == "goal-3"
+                break
+            except ResourceExhaustedError:
+                await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the closed stream's slot was never freed")
+        await third.aclose()
+        await streams[1].aclose()

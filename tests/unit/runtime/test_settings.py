@@ -67,3 +67,8 @@ def test_a_bad_placement_is_refused_with_the_reason(
     with pytest.raises((ValidationError, ValueError)) as caught:
         load_settings()
     assert complaint in str(caught.value)
+
+
+def test_the_watch_stream_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATAGEM_MAX_WATCH_STREAMS", "7")
+    assert load_settings().max_watch_streams == 7
