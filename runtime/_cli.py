@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -1519,7 +1520,14 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
         if settings.store_url is None and not settings.audit_path.exists():
             raise InputError(f"no audit log at {settings.audit_path}")
         sealed = settings.audit_key_path.exists()
-        verdict, head = _verify_audit(settings)
+        try:
+            verdict, head = _verify_audit(settings)
+        except sqlite3.DatabaseError as exc:  # a damaged file: SQLite cannot read its pages
+            _fail(
+                f"audit log {settings.audit_path} cannot be read: {exc} (the file is damaged; "
+                "keep it as evidence and restore a copy to verify)",
+                1,
+            )
         if as_json:
             _print_json(
                 {

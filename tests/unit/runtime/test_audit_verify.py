@@ -130,3 +130,18 @@ def test_the_log_is_private_and_a_key_kept_apart_defeats_a_resigned_rewrite(
     code, out = _verify(state, **env)
     assert code == 1, out
     assert "does not verify" in out or "rewritten" in out
+
+
+def test_a_damaged_audit_file_is_one_line(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 200)
+    data = bytearray(settings.audit_path.read_bytes())
+    # Overwrite the middle pages (not the header), as a disk error or a careless edit would.
+    middle = len(data) // 2
+    data[middle : middle + 8192] = b"\xde\xad\xbe\xef" * 2048
+    settings.audit_path.write_bytes(bytes(data))
+    code, out = _verify(tmp_path)
+    assert code == 1, out
+    assert "cannot be read" in out
+    assert "Traceback" not in out
