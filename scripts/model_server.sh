@@ -18,18 +18,10 @@
 #   MODEL_SERVER_CTX    context length in tokens         (default 2048)
 #   PYTHON              the interpreter that makes the venv (default python3)
 set -euo pipefail
+# shellcheck source=scripts/_service.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_service.sh"
 
 VENV="${MODEL_SERVER_VENV:-.model-venv}"
-default_state_dir() {
-  local dir
-  dir="$(pwd -P)"
-  while :; do
-    if [ -d "$dir/.stratagem" ]; then echo "$dir/.stratagem"; return; fi
-    [ "$dir" = / ] && break
-    dir="$(dirname "$dir")"
-  done
-  echo "${XDG_STATE_HOME:-$HOME/.local/state}/stratagem"
-}
 DIR="${MODEL_SERVER_DIR:-${STRATAGEM_STATE_DIR:-$(default_state_dir)}/model-server}"
 HOST=127.0.0.1
 PORT="${MODEL_SERVER_PORT:-8089}"
@@ -44,14 +36,6 @@ LOG_FILE="$DIR/server.log"
 STAMP="$VENV/.model-server-installed"
 
 log() { echo "model-server: $*" >&2; }
-
-running_pid() {
-    [[ -f "$PID_FILE" ]] || return 1
-    local pid
-    pid="$(cat "$PID_FILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    echo "$pid"
-}
 
 answers() {
     "$VENV/bin/python" - "$PORT" <<'PY' 2>/dev/null
@@ -116,23 +100,6 @@ JSON
     kill "$pid" 2>/dev/null || true
     rm -f "$PID_FILE"
     return 1
-}
-
-stop() {
-    local pid
-    if ! pid="$(running_pid)"; then
-        log "not running"
-        rm -f "$PID_FILE" "$STATE_FILE"
-        return 0
-    fi
-    kill -TERM "$pid"
-    for _ in $(seq 1 40); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.25
-    done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$PID_FILE" "$STATE_FILE"
-    log "stopped (pid $pid)"
 }
 
 case "${1:-}" in

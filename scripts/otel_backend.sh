@@ -24,18 +24,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/_service.sh
+source "$HERE/_service.sh"
 VENV="${OTEL_BACKEND_VENV:-.otel-venv}"
-# The CLI's default state directory (runtime/_settings.py default_state_dir), where it looks.
-default_state_dir() {
-  local dir
-  dir="$(pwd -P)"
-  while :; do
-    if [ -d "$dir/.stratagem" ]; then echo "$dir/.stratagem"; return; fi
-    [ "$dir" = / ] && break
-    dir="$(dirname "$dir")"
-  done
-  echo "${XDG_STATE_HOME:-$HOME/.local/state}/stratagem"
-}
 DIR="${OTEL_BACKEND_DIR:-${STRATAGEM_STATE_DIR:-$(default_state_dir)}/otel-backend}"
 HOST=127.0.0.1
 PORT="${PHOENIX_PORT:-6006}"
@@ -48,15 +39,6 @@ LOG_FILE="$DIR/phoenix.log"
 STAMP="$VENV/.phoenix-installed"
 
 log() { echo "otel-backend: $*" >&2; }
-
-running_pid() {
-    # The recorded PID, if that process is still alive.
-    [[ -f "$PID_FILE" ]] || return 1
-    local pid
-    pid="$(cat "$PID_FILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    echo "$pid"
-}
 
 answers() {
     # Whether Phoenix's HTTP API answers on the given port.
@@ -121,26 +103,6 @@ JSON
 
 state_port() {
     sed -n 's/.*"url": "http:\/\/[^:]*:\([0-9]*\)".*/\1/p' "$STATE_FILE" 2>/dev/null || echo "$PORT"
-}
-
-stop() {
-    local pid
-    if ! pid="$(running_pid)"; then
-        log "not running"
-        rm -f "$PID_FILE" "$STATE_FILE"
-        return 0
-    fi
-    kill -TERM "$pid"
-    for _ in $(seq 1 40); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.25
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        log "pid $pid did not stop on SIGTERM; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$PID_FILE" "$STATE_FILE"
-    log "stopped (pid $pid)"
 }
 
 status() {

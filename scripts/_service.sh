@@ -1,0 +1,46 @@
+# Shared by the scripts that run a development service in the background (otel_backend.sh,
+# model_server.sh): where the CLI's state directory is, and a service's PID file. Source it after
+# setting PID_FILE, STATE_FILE and a log() function.
+
+# The CLI's default state directory (runtime/_settings.py default_state_dir): the nearest .stratagem
+# folder here or above, else ${XDG_STATE_HOME:-~/.local/state}/stratagem.
+default_state_dir() {
+    local dir
+    dir="$(pwd -P)"
+    while :; do
+        if [ -d "$dir/.stratagem" ]; then echo "$dir/.stratagem"; return; fi
+        [ "$dir" = / ] && break
+        dir="$(dirname "$dir")"
+    done
+    echo "${XDG_STATE_HOME:-$HOME/.local/state}/stratagem"
+}
+
+# The recorded PID, if that process is still alive.
+running_pid() {
+    [[ -f "$PID_FILE" ]] || return 1
+    local pid
+    pid="$(cat "$PID_FILE")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+    echo "$pid"
+}
+
+# Stop the recorded process (SIGTERM, then SIGKILL after 10 s) and forget it.
+stop() {
+    local pid
+    if ! pid="$(running_pid)"; then
+        log "not running"
+        rm -f "$PID_FILE" "$STATE_FILE"
+        return 0
+    fi
+    kill -TERM "$pid"
+    for _ in $(seq 1 40); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.25
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "pid $pid did not stop on SIGTERM; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$PID_FILE" "$STATE_FILE"
+    log "stopped (pid $pid)"
+}
