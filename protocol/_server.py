@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import re
 import time
@@ -114,6 +115,7 @@ from stratagem.protocol._errors import (
 from stratagem.protocol._identity import Authenticator
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._policy import Policy
+from stratagem.protocol._refusals import RefusalLimiter, peer_address
 from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
@@ -207,6 +209,10 @@ class ServerConfig:
         max_delegation_hops: The longest delegation chain accepted, this call's hop included.
         max_watch_streams: At most this many ``Watch`` streams are open at once; one more is
             refused at once with ``RESOURCE_EXHAUSTED``.
+        refusal_audit_burst: Refusals before authentication recorded one by one per peer address
+            and window; further ones are counted into one aggregate record per window
+            (``protocol._refusals``).
+        refusal_audit_window_s: That window, seconds.
     """
 
     host: str = "127.0.0.1"
@@ -220,6 +226,8 @@ class ServerConfig:
     max_queued_requests: int = 256
     max_delegation_hops: int = 8
     max_watch_streams: int = 1024
+    refusal_audit_burst: int = 10
+    refusal_audit_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -230,6 +238,10 @@ class ServerConfig:
         if self.answer_cache_size < 0 or self.grace_s < 0 or self.max_queued_requests < 0:
             raise ProtocolUsageError(
                 "ServerConfig.answer_cache_size, grace_s and max_queued_requests must be >= 0"
+            )
+        if self.refusal_audit_burst < 0 or self.refusal_audit_window_s <= 0:
+            raise ProtocolUsageError(
+                "ServerConfig.refusal_audit_burst must be >= 0 and refusal_audit_window_s positive"
             )
         if min(self.max_concurrent_requests, self.max_delegation_hops, self.max_watch_streams) < 1:
             raise ProtocolUsageError(
@@ -312,6 +324,10 @@ class AgentServer:
         self._admission = _Admission(
             self._config.max_concurrent_requests, self._config.max_queued_requests
         )
+        self._refusals = RefusalLimiter(
+            burst=self._config.refusal_audit_burst, window_s=self._config.refusal_audit_window_s
+        )
+        self._refusal_flusher: asyncio.Task[None] | None = None
         self._server: Any = None
         self._health: Any = None
         self._port = 0
@@ -374,6 +390,9 @@ class AgentServer:
         for service in ("", SERVICE):
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health, self._port = server, health_servicer, int(port)
+        self._refusal_flusher = asyncio.create_task(
+            self._flush_refusals_every_window(), name=f"stratagem-refusals-{self._role}"
+        )
         logger.info(
             "agent %s serving on %s (authentication: %s)",
             self._role,
@@ -424,6 +443,12 @@ class AgentServer:
         server, self._server = self._server, None
         await self._health.enter_graceful_shutdown()
         await server.stop(self._config.grace_s)
+        if self._refusal_flusher is not None:
+            self._refusal_flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refusal_flusher
+            self._refusal_flusher = None
+        await self._flush_refusals(everything=True)
         logger.info("agent %s stopped serving on port %s", self._role, self._port)
 
     async def __aenter__(self) -> AgentServer:
@@ -483,7 +508,7 @@ class AgentServer:
                 answer = await stage(exchange, request, context, span)
             except asyncio.CancelledError:
                 self._release(exchange)
-                await self._settle(exchange, span, _interruption(context), None, began)
+                await self._settle(exchange, span, _interruption(context), None, began, context)
                 raise
             except Exception as exc:
                 error = as_remote_error(exc)
@@ -501,7 +526,7 @@ class AgentServer:
                 await self._settle(exchange, span, None, answer, began)
                 return answer
             self._release(exchange)
-            await self._settle(exchange, span, error, None, began)
+            await self._settle(exchange, span, error, None, began, context)
             if _deadline_passed(context):
                 # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
                 raise asyncio.CancelledError
@@ -885,9 +910,11 @@ class AgentServer:
         error: RemoteError | None,
         answer: bytes | None,
         began: float = 0.0,
+        context: Any = None,
     ) -> None:
         """Record the outcome on the span, in the metrics and in the audit log (a failed write is
-        only logged)."""
+        only logged); refusals before authentication only within the peer's budget, the rest are
+        counted (``protocol._refusals``)."""
         code = Code.OK if error is None else error.code
         end_span(span, code, error.message if error else "", server=True)
         self._metrics.finished(
@@ -907,6 +934,11 @@ class AgentServer:
             action = "call.refused"
         if error is not None:
             detail = str(error)
+            if not exchange.caller and not exchange.accepted:
+                peer = peer_address(str(context.peer())) if context is not None else "unknown"
+                if not self._refusals.admit(peer, code.value):
+                    return
+                detail = f"{detail} (peer {peer})"
             logger.info(
                 "%s %s %s from %r: %s", action, exchange.method, code, exchange.caller, error
             )
@@ -934,6 +966,29 @@ class AgentServer:
             detail=detail,
             digest=payload_digest,
         )
+
+    async def _flush_refusals_every_window(self) -> None:
+        while True:
+            await asyncio.sleep(self._refusals.window_s)
+            await self._flush_refusals()
+
+    async def _flush_refusals(self, *, everything: bool = False) -> None:
+        """One aggregate audit record per peer whose window ended with refusals only counted."""
+        for summary in self._refusals.drain(everything=everything):
+            logger.warning("agent %s: %s", self._role, summary.detail)
+            try:
+                await self._append(
+                    actor="",
+                    action="call.refused.aggregate",
+                    target=self._role,
+                    capability="",
+                    request_id="",
+                    code=summary.code,
+                    detail=summary.detail,
+                    digest="",
+                )
+            except Exception:
+                logger.exception("cannot audit %s", summary.detail)
 
 
 def _appender(audit: AuditLog) -> Callable[..., Awaitable[AuditRecord]]:

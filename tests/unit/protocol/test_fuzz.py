@@ -210,7 +210,14 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
             policy=POLICY,
             authenticator=TokenAuthenticator(signer),
             audit=audit,
-            config=ServerConfig(max_message_bytes=MAX_BYTES, default_deadline_s=5.0, grace_s=1.0),
+            # Every refusal recorded one by one (the per-peer budget of unauthenticated refusals
+            # is tested in test_security), so each fuzzed call can be matched with its record.
+            config=ServerConfig(
+                max_message_bytes=MAX_BYTES,
+                default_deadline_s=5.0,
+                grace_s=1.0,
+                refusal_audit_burst=1_000_000,
+            ),
         )
         await server.start()
         return server

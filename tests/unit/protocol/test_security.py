@@ -708,3 +708,44 @@ def test_sensitive_fields_stay_out_of_reprs_errors_and_redacted_text(signer: Tok
     token = signer.issue("operator", 60)
     for text in (token, f"refused {token} here", f"authorization: Bearer {token}"):
         assert token not in redact(text)
+
+
+async def test_a_flood_of_unauthenticated_calls_leaves_a_bounded_audit_and_every_refusal_counted(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing
+) -> None:
+    flood = 300
+    backend = FakeBackend("perception")
+    async with serve_secure(  # type: ignore[attr-defined]
+        backend, refusal_audit_burst=5, refusal_audit_window_s=60.0
+    ) as server:
+        client = _client(server.endpoint, tracing, caller="intruder")
+        for _ in range(flood):
+            with pytest.raises(UnauthenticatedError):
+                await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+        refused = [r for r in audit.records() if r.action == "call.refused"]
+        assert len(refused) == 5
+        assert all("(peer ipv4:127.0.0.1)" in r.detail for r in refused)
+    # Closing the server summarises the window still open.
+    (aggregate,) = [r for r in audit.records() if r.action == "call.refused.aggregate"]
+    assert aggregate.code == "UNAUTHENTICATED"
+    assert f"{flood - 5} more refusals before authentication from ipv4:127.0.0.1" in (
+        aggregate.detail
+    )
+    assert backend.calls == []
+
+
+async def test_refusals_of_authenticated_callers_are_never_aggregated(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend, refusal_audit_burst=1) as server:  # type: ignore[attr-defined]
+        client = _client(
+            server.endpoint, tracing, credentials=TokenCredentials(signer, "perception")
+        )
+        for _ in range(4):  # perception may not call its own ExtractEntities by policy
+            with pytest.raises(PermissionDeniedError):
+                await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+    assert [r.action for r in audit.records()].count("call.denied") == 4
+    assert not [r for r in audit.records() if r.action == "call.refused.aggregate"]
