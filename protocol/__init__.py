@@ -22,6 +22,13 @@ from stratagem.protocol._audit import (
     digest,
     verify_chain,
 )
+from stratagem.protocol._audit_archive import (
+    ArchivedSegment,
+    ArchiveError,
+    all_records,
+    archive_audit,
+    archived_segments,
+)
 from stratagem.protocol._audit_seal import (
     AuditSealer,
     FileHeads,
@@ -166,6 +173,8 @@ __all__ = [
     "AnalyzeNarrativeResponse",
     "AnswerRetention",
     "AnswerStore",
+    "ArchiveError",
+    "ArchivedSegment",
     "AuditLog",
     "AuditRecord",
     "AuditSealer",
@@ -244,6 +253,9 @@ __all__ = [
     "UpdateWorldStateRequest",
     "UpdateWorldStateResponse",
     "WireModel",
+    "all_records",
+    "archive_audit",
+    "archived_segments",
     "capability_for",
     "certificate_identity",
     "control_capability",

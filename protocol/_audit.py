@@ -710,6 +710,22 @@ class SqliteAuditLog(_GroupCommitLog):
             row = self._db.execute(_SELECT_LAST_RECORD).fetchone()
         return AuditRecord(*row) if row else None
 
+    def remove_through(self, seq: int) -> int:
+        """Delete the records up to ``seq`` (kept elsewhere: ``protocol._audit_archive``); the
+        last record always stays, so the chain goes on from it. Returns how many were deleted.
+
+        The append-only trigger is lifted for this one transaction, under the write lock.
+        """
+        with self._transaction() as db:
+            last = db.execute(_SELECT_LAST).fetchone()
+            if last is None:
+                return 0
+            through = min(seq, int(last[0]) - 1)
+            db.execute("DROP TRIGGER audit_no_delete")
+            removed = db.execute("DELETE FROM audit WHERE seq <= ?", (through,)).rowcount
+            db.execute(_SCHEMA[3])
+        return int(removed)
+
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the database."""
         self._stop_writer()

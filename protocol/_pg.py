@@ -493,6 +493,26 @@ class PostgresAuditLog(_GroupCommitLog):
             row = conn.execute(query).fetchone()
         return AuditRecord(*row) if row else None
 
+    def remove_through(self, seq: int) -> int:
+        """Delete the records up to ``seq`` (kept elsewhere: ``protocol._audit_archive``); the
+        last record always stays, so the chain goes on from it. Returns how many were deleted.
+
+        The append-only trigger is disabled for this one transaction, under the appenders' lock
+        (the table's owner may do that; so may a tamperer who owns it, which the chain exposes).
+        """
+        with self._connection() as conn, conn.transaction():
+            conn.execute(_q("SELECT id FROM {s}.audit_lock FOR UPDATE", self._ident))
+            last = conn.execute(self._last).fetchone()
+            if last is None:
+                return 0
+            through = min(seq, int(last[0]) - 1)
+            conn.execute(_q("ALTER TABLE {s}.audit DISABLE TRIGGER audit_no_change", self._ident))
+            cursor = conn.execute(
+                _q("DELETE FROM {s}.audit WHERE seq <= %s", self._ident), (through,)
+            )
+            conn.execute(_q("ALTER TABLE {s}.audit ENABLE TRIGGER audit_no_change", self._ident))
+            return max(cursor.rowcount, 0)
+
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the pool."""
         with self._lock:

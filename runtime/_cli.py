@@ -20,6 +20,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
         ROLES,
         AgentCard,
         AgentClient,
+        ArchiveError,
         ChainVerdict,
         ClientConfig,
         ControlAction,
@@ -62,6 +64,8 @@ if TYPE_CHECKING:
         RevisionsResponse,
         SubmitGoalRequest,
         UnavailableError,
+        all_records,
+        archive_audit,
         capability_for,
         load_or_create_key,
         verify_chain,
@@ -105,6 +109,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ROLES",
         "AgentCard",
         "AgentClient",
+        "ArchiveError",
         "ChainVerdict",
         "ClientConfig",
         "ControlAction",
@@ -117,6 +122,8 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "RevisionsResponse",
         "SubmitGoalRequest",
         "UnavailableError",
+        "all_records",
+        "archive_audit",
         "capability_for",
         "load_or_create_key",
         "verify_chain",
@@ -492,17 +499,19 @@ def _audit_head(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _verify_audit(settings: Settings) -> tuple[ChainVerdict, str]:
-    """Verify the deployment's audit chain (and its signed heads, when a sealing key exists);
-    the verdict and the chain's head."""
+def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[ChainVerdict, str]:
+    """Verify the deployment's audit chain, its archived segments first (``archive``, default
+    ``STATE_DIR/audit-archive``), and its signed heads when a sealing key exists; the verdict and
+    the chain's head."""
     log = open_audit_log(settings)
     heads = open_audit_heads(settings)
+    records = all_records(log, archive or settings.audit_archive_dir)
     try:
         if settings.audit_key_path.exists():
             key = load_or_create_key(settings.audit_key_path)
-            verdict = verify_sealed(log.records(), heads, key)
+            verdict = verify_sealed(records, heads, key)
         else:
-            verdict = verify_chain(log.records())
+            verdict = verify_chain(records)
             if verdict.ok and heads.read():
                 # Seals that cannot be checked vouch for nothing: a rewritten chain with
                 # recomputed hashes would pass a chain-only check.
@@ -1511,17 +1520,32 @@ def trace_command(
 # -- audit ---------------------------------------------------------------------------------------
 
 
+ArchiveOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--archive",
+        help="The folder of archived audit segments (default STATE_DIR/audit-archive).",
+    ),
+]
+
+
 @audit_app.command("verify")
-def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> None:
-    """Verify the audit chain and its signed heads; name the first edited, deleted, reordered or
-    missing record."""
+def audit_verify(
+    state_dir: StateDirOpt = None, archive: ArchiveOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Verify the audit chain (archived segments, then the live log) and its signed heads; name
+    the first edited, deleted, reordered or missing record."""
     with _errors():
         settings = _settings(None, state_dir)
         if settings.store_url is None and not settings.audit_path.exists():
             raise InputError(f"no audit log at {settings.audit_path}")
+        if archive is not None and not archive.is_dir():
+            raise InputError(f"no folder of archived audit segments at {archive}")
         sealed = settings.audit_key_path.exists()
         try:
-            verdict, head = _verify_audit(settings)
+            verdict, head = _verify_audit(settings, archive)
+        except ArchiveError as exc:
+            _fail(f"{exc} (keep it as evidence and restore a copy to verify)", 1)
         except sqlite3.DatabaseError as exc:  # a damaged file: SQLite cannot read its pages
             _fail(
                 f"audit log {settings.audit_path} cannot be read: {exc} (the file is damaged; "
@@ -1565,6 +1589,61 @@ def audit_verify(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> Non
             )
         if not verdict.ok:
             raise typer.Exit(1)
+
+
+@audit_app.command("archive")
+def audit_archive(
+    older_than_days: Annotated[
+        float,
+        typer.Option(
+            "--older-than-days",
+            min=0.0,
+            max=36_500.0,
+            help="Archive the records older than this many days (the newest record stays).",
+        ),
+    ] = 30.0,
+    state_dir: StateDirOpt = None,
+    archive: ArchiveOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Move old audit records into a compressed segment (the chain still verifies across it)."""
+    with _errors():
+        settings = _settings(None, state_dir)
+        if settings.store_url is None and not settings.audit_path.exists():
+            raise InputError(f"no audit log at {settings.audit_path}")
+        folder = archive or settings.audit_archive_dir
+        cutoff = (datetime.now(UTC) - timedelta(days=older_than_days)).isoformat(
+            timespec="microseconds"
+        )
+        log = open_audit_log(settings)
+        try:
+            through = 0
+            for record in log.records():
+                if record.ts >= cutoff:
+                    break
+                through = record.seq
+            segment = archive_audit(log, folder, through_seq=through) if through else None
+        except ArchiveError as exc:
+            _fail(str(exc), 1)
+        finally:
+            log.close()
+        if as_json:
+            _print_json(
+                {
+                    "archived": segment.count if segment else 0,
+                    "segment": str(segment.path) if segment else None,
+                    "first_seq": segment.first if segment else None,
+                    "last_seq": segment.last if segment else None,
+                }
+            )
+        elif segment is None:
+            console.print(f"no audit record older than {older_than_days:g} days to archive")
+        else:
+            console.print(
+                f"archived {segment.count} audit records ({segment.first}..{segment.last}) to "
+                f"{segment.path}; keep the segments: audit verify reads them",
+                soft_wrap=True,
+            )
 
 
 # -- certificates --------------------------------------------------------------------------------

@@ -209,6 +209,11 @@ class Settings(BaseSettings):
         return self.audit_key_file or self.state_dir / "audit.key"
 
     @property
+    def audit_archive_dir(self) -> Path:
+        """Where ``stratagem audit archive`` puts old audit records, and ``verify`` reads them."""
+        return self.state_dir / "audit-archive"
+
+    @property
     def audit_heads_path(self) -> Path:
         """The append-only file of the audit chain's signed heads."""
         return self.state_dir / "audit.heads"

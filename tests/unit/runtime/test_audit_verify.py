@@ -145,3 +145,66 @@ def test_a_damaged_audit_file_is_one_line(tmp_path: Path) -> None:
     assert code == 1, out
     assert "cannot be read" in out
     assert "Traceback" not in out
+
+
+def _archive(state_dir: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        app,
+        ["audit", "archive", "--state-dir", str(state_dir), *args],
+        env={"STRATAGEM_STORE_URL": ""},
+    )
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_archive_moves_old_records_and_verify_reads_the_segments(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 40)
+        AuditSealer(
+            log, load_or_create_key(settings.audit_key_path), open_audit_heads(settings)
+        ).seal()
+    # Nothing is 30 days old yet.
+    assert _archive(tmp_path) == (0, "no audit record older than 30 days to archive")
+    code, out = _archive(tmp_path, "--older-than-days", "0")
+    assert code == 0, out
+    assert "archived 39 audit records (1..39)" in out
+    with SqliteAuditLog(settings.audit_path) as log:
+        assert [r.seq for r in log.records()] == [40]
+    code, out = _verify(tmp_path)
+    assert code == 0, out
+    assert "40 records, 1 signed heads verified" in out
+
+    # The segments moved elsewhere: verify reads them there, and fails without them.
+    moved = tmp_path / "cold-storage"
+    settings.audit_archive_dir.rename(moved)
+    code, out = _verify(tmp_path)
+    assert code == 1, out
+    assert "records 1..39 are missing" in out
+    result = CliRunner().invoke(
+        app,
+        ["audit", "verify", "--state-dir", str(tmp_path), "--archive", str(moved)],
+        env={"STRATAGEM_STORE_URL": ""},
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_a_damaged_segment_and_bad_archive_options_are_one_line(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path)
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 5)
+    assert _archive(tmp_path, "--older-than-days", "0")[0] == 0
+    (segment,) = settings.audit_archive_dir.iterdir()
+    segment.write_bytes(b"\x1f\x8b damaged")
+    code, out = _verify(tmp_path)
+    assert code == 1, out
+    assert "cannot be read" in out
+    assert "Traceback" not in out
+    code, out = _archive(tmp_path, "--older-than-days", "-1")
+    assert code == 2, out
+    result = CliRunner().invoke(
+        app,
+        ["audit", "verify", "--state-dir", str(tmp_path), "--archive", str(tmp_path / "none")],
+        env={"STRATAGEM_STORE_URL": ""},
+    )
+    assert result.exit_code == 2
+    assert "no folder of archived audit segments" in result.output
