@@ -42,6 +42,7 @@ from stratagem.protocol import (
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
 from stratagem.runtime._stores import (
@@ -96,6 +97,15 @@ class AgentActor:
         }
         self._restarted = bool(context.was_current_actor_reconstructed)
         self._restarts: int | None = None
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        budget = RestartBudget(
+            settings.restarts_path(role), settings.max_restarts, settings.restart_window_s
+        )
+        if not self._restarted:
+            budget.started()
+        elif reason := budget.restarted():
+            logger.error("agent %s %s", role, reason)
+            ray.actor.exit_actor()  # type: ignore[no-untyped-call]  # for good: not restarted
         self._secret_id = secret.key_id if secret is not None else ""
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",

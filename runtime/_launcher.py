@@ -40,6 +40,7 @@ from stratagem.runtime._rayauth import (
     join_local_head,
     probe_auth,
 )
+from stratagem.runtime._restarts import gave_up_reason
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
 
@@ -199,7 +200,9 @@ class Deployment:
             options: dict[str, Any] = {
                 "name": actor_name(role),
                 "namespace": settings.namespace,
-                "max_restarts": settings.max_restarts,
+                # Restarts are budgeted per time window by the agent itself (runtime._restarts):
+                # Ray's own count is for the actor's whole life.
+                "max_restarts": 0 if settings.max_restarts == 0 else -1,
                 # Every actor method (info, flush, shutdown) is idempotent: a call that meets a
                 # restarting agent waits for it instead of failing with ActorUnavailableError.
                 "max_task_retries": -1,
@@ -250,7 +253,11 @@ class Deployment:
         missing = [role for role, handle in handles.items() if handle is None]
         if missing:
             # A dead agent's name is free again; Ray's table still says why it died.
-            why = {role: death_cause(dead_actor_record(actor_name(role))) for role in missing}
+            why = {
+                role: gave_up_reason(self.settings.restarts_path(role))
+                or death_cause(dead_actor_record(actor_name(role)))
+                for role in missing
+            }
             raise LaunchError(
                 "agents not deployed: "
                 + ", ".join(f"{role} ({why[role]})" if why[role] else role for role in missing)
@@ -290,7 +297,8 @@ class Deployment:
                 with contextlib.suppress(ray.exceptions.RayError):
                     raw = ray.get(ref)
             if raw is None:
-                infos.append(_silent_agent(role, handles[role]))
+                reason = gave_up_reason(self.settings.restarts_path(role))
+                infos.append(_silent_agent(role, handles[role], reason))
                 continue
             info = AgentInfo.from_dict(raw)
             if not _accepts_connections(info.endpoint):
@@ -388,8 +396,9 @@ def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _silent_agent(role: str, handle: Any) -> AgentInfo:
-    """What Ray's actor table says about an agent that did not answer."""
+def _silent_agent(role: str, handle: Any, gave_up: str = "") -> AgentInfo:
+    """What Ray's actor table says about an agent that did not answer (``gave_up``: why a dead
+    agent stopped restarting, when it said so)."""
     record = actor_record(handle._actor_id.hex())
     address: dict[str, Any] = record.get("Address") or {}
     return AgentInfo(
@@ -403,7 +412,7 @@ def _silent_agent(role: str, handle: Any) -> AgentInfo:
         restarts=int(record["NumRestarts"]) if "NumRestarts" in record else None,
         state=str(record.get("State", "UNKNOWN")),
         health="not answering",
-        problem=death_cause(record),
+        problem=(gave_up if record.get("State") == "DEAD" else "") or death_cause(record),
     )
 
 

@@ -70,7 +70,9 @@ class Settings(BaseSettings):
         max_message_bytes: Largest request an agent accepts.
         default_deadline_s: Deadline given to requests that arrive without one.
         request_timeout_s: Deadline the CLI gives its own requests.
-        max_restarts: How often Ray restarts a dead agent actor (-1: always).
+        max_restarts: Restarts of a dead agent allowed within ``restart_window_s`` (-1: always;
+            0: never); beyond that the agent gives up (``runtime._restarts``).
+        restart_window_s: The window ``max_restarts`` counts in, seconds.
         max_in_flight: Steps an agent's engine runs at once.
         seed: Seed of the engines' retry jitter.
         extensions: User modules (``module`` or ``module:function``) loaded into every agent.
@@ -127,6 +129,7 @@ class Settings(BaseSettings):
     default_deadline_s: float = Field(default=30.0, gt=0, le=3600)
     request_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     max_restarts: int = Field(default=5, ge=-1)
+    restart_window_s: float = Field(default=600.0, gt=0, le=30 * 86400)
     max_in_flight: int = Field(default=4, ge=1, le=256)
     seed: int = 0
     extensions: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -217,6 +220,10 @@ class Settings(BaseSettings):
     def audit_heads_path(self) -> Path:
         """The append-only file of the audit chain's signed heads."""
         return self.state_dir / "audit.heads"
+
+    def restarts_path(self, role: str) -> Path:
+        """Where ``role``'s agent counts its recent restarts (``runtime._restarts``)."""
+        return self.state_dir / f"{role}.restarts.json"
 
     def answers_path(self, role: str) -> Path:
         """The SQLite answer store of ``role``'s agent (answers by caller and request id)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -96,5 +97,54 @@ def test_status_reports_a_deleted_plan_store(
         assert after.health == "not serving"
         assert after.problem.startswith(f"plan store missing: {plans} was deleted after")
         assert "this one is new and empty" in after.problem
+    finally:
+        own.teardown()
+
+
+def _perception(dep: Deployment) -> tuple[int, str]:
+    [info] = [info for info in dep.status(timeout_s=30) if info.role == "perception"]
+    return info.pid, info.health
+
+
+def test_restarts_are_budgeted_per_window_and_status_says_the_agent_gave_up(
+    deployment: Deployment, settings: Settings, tmp_path: Path
+) -> None:
+    own = Deployment(
+        settings.model_copy(
+            update={
+                "namespace": f"budget-{uuid.uuid4().hex[:8]}",
+                "state_dir": tmp_path / "state",
+                "max_restarts": 1,
+                "restart_window_s": 600.0,
+            }
+        )
+    )
+    try:
+        own.deploy(detached=False)
+        first, _ = _perception(own)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        second = first
+        while second == first and time.monotonic() < deadline:
+            time.sleep(0.2)
+            with contextlib.suppress(LaunchError):  # restarting: not in the directory yet
+                pid, health = _perception(own)
+                if health == "serving":
+                    second = pid
+        assert second != first, "the first kill was not restarted"
+        # A second death within the window is one more than the budget: the agent gives up,
+        # and status says so (Ray may list the dead actor, or have freed its name already).
+        os.kill(second, signal.SIGKILL)
+        expected = "gave up: restarted 2 times within 600 s"
+        deadline = time.monotonic() + 120
+        said = ""
+        while expected not in said and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                said = " ".join(i.problem for i in own.status(timeout_s=5))
+            except LaunchError as exc:
+                said = str(exc)
+        assert expected in said, said
+        assert own.settings.restarts_path("perception").exists()
     finally:
         own.teardown()
