@@ -43,13 +43,14 @@ from stratagem.protocol._codec import (
     control_capability,
     decode_card,
     decode_event,
-    decode_plans,
+    decode_plans_page,
     decode_replay,
     decode_response,
     decode_revisions,
     decode_snapshot,
     encode_call,
     encode_control,
+    encode_plans_query,
     encode_query,
     encode_run_plan,
     violations_from,
@@ -342,9 +343,35 @@ class AgentClient:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> list[PlanSnapshot]:
-        """Snapshots of ``plan_id`` and its sub-plans, or of every plan the agent holds for ""."""
-        query = encode_query("Plans", plan_id)
-        return await self._unary("Plans", query, decode_plans, timeout_s=timeout, plan_id=plan_id)
+        """Snapshots of ``plan_id`` and its sub-plans, or of every plan the agent holds for "":
+        every page of them (``plans_page`` reads one), each page under ``timeout``."""
+        snapshots: list[PlanSnapshot] = []
+        token = ""
+        while True:
+            page, token = await self.plans_page(plan_id, page_token=token, timeout=timeout)
+            snapshots.extend(page)
+            if not token:
+                return snapshots
+
+    async def plans_page(
+        self,
+        plan_id: str = "",
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> tuple[list[PlanSnapshot], str]:
+        """One page of ``plans``: at most ``page_size`` snapshots (0: the agent's default) from
+        ``page_token`` on, and the next page's token ("" after the last page).
+
+        Raises:
+            ProtocolUsageError: A malformed ``plan_id`` or ``page_token``, or a ``page_size``
+                outside 0..1000.
+        """
+        query = encode_plans_query(plan_id, page_size, page_token)
+        return await self._unary(
+            "Plans", query, decode_plans_page, timeout_s=timeout, plan_id=plan_id
+        )
 
     async def run_plan(
         self,

@@ -70,8 +70,10 @@ from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
 __all__ = [
     "CAPABILITY_NAME_PATTERN",
     "CONTROL_ACTIONS",
+    "DEFAULT_PLANS_PAGE",
     "IDENTITY_PATTERN",
     "MAX_JSON_DEPTH",
+    "MAX_PLANS_PAGE",
     "PLAN_ID_PATTERN",
     "REQUEST_ID_PATTERN",
     "AgentCard",
@@ -81,6 +83,7 @@ __all__ = [
     "PlanEvent",
     "PlanRevision",
     "PlanSnapshot",
+    "PlansQuery",
     "QueryRpc",
     "ReadRpc",
     "ReplayDivergence",
@@ -94,6 +97,8 @@ __all__ = [
     "decode_control",
     "decode_event",
     "decode_plans",
+    "decode_plans_page",
+    "decode_plans_query",
     "decode_query",
     "decode_replay",
     "decode_request",
@@ -107,6 +112,7 @@ __all__ = [
     "encode_control",
     "encode_event",
     "encode_plans",
+    "encode_plans_query",
     "encode_query",
     "encode_replay",
     "encode_request",
@@ -298,14 +304,35 @@ class PlanSnapshot(WireModel):
     plan_json: str = ""
 
 
+MAX_PLANS_PAGE: Final = 1000
+"""The most snapshots one ``Plans`` page holds (``PlansRequest.page_size``)."""
+DEFAULT_PLANS_PAGE: Final = 100
+"""The page size an agent uses when the request names none."""
+
+
 class _PlansResponse(WireModel):
     plans: list[PlanSnapshot] = Field(default_factory=list)
+    next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
 
 
 class _PlanQuery(WireModel):
     """The body of ``WatchRequest`` and ``PlansRequest`` (the same shape)."""
 
     plan_id: PlanId = ""
+
+
+class PlansQuery(_PlanQuery):
+    """The body of ``PlansRequest``: which plans, and which page of them.
+
+    Attributes:
+        plan_id: The plan and its sub-plans; "" for every plan.
+        page_size: At most this many snapshots (0: ``DEFAULT_PLANS_PAGE``).
+        page_token: "" for the first page, else the previous page's ``next_page_token`` (an
+            offset into the agent's list: plans added meanwhile come on later pages).
+    """
+
+    page_size: int = Field(default=0, ge=0, le=MAX_PLANS_PAGE)
+    page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
 
 
 class _NoQuery(WireModel):
@@ -447,7 +474,7 @@ def decode_control(data: bytes) -> ControlRequest:
 _QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
     "Describe": (pb.DescribeRequest, _NoQuery),
     "Watch": (pb.WatchRequest, _PlanQuery),
-    "Plans": (pb.PlansRequest, _PlanQuery),
+    "Plans": (pb.PlansRequest, PlansQuery),
     "Revisions": (pb.RevisionsRequest, _PlanQuery),
     "Replay": (pb.ReplayRequest, _PlanQuery),
 }
@@ -889,14 +916,43 @@ def decode_event(data: bytes) -> PlanEvent:
     return _decode(data, pb.PlanEvent, PlanEvent)
 
 
-def encode_plans(snapshots: Iterable[PlanSnapshot]) -> bytes:
-    """Serialize plan snapshots to ``stratagem.v1.PlansResponse`` bytes."""
-    return to_message(_PlansResponse(plans=list(snapshots)), pb.PlansResponse).SerializeToString()
+def encode_plans(snapshots: Iterable[PlanSnapshot], next_page_token: str = "") -> bytes:
+    """Serialize plan snapshots (one page) to ``stratagem.v1.PlansResponse`` bytes."""
+    page = _PlansResponse(plans=list(snapshots), next_page_token=next_page_token)
+    return to_message(page, pb.PlansResponse).SerializeToString()
 
 
 def decode_plans(data: bytes) -> list[PlanSnapshot]:
-    """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``)."""
+    """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``); the
+    page's snapshots (``decode_plans_page`` also gives the next page's token)."""
     return _decode(data, pb.PlansResponse, _PlansResponse).plans
+
+
+def decode_plans_page(data: bytes) -> tuple[list[PlanSnapshot], str]:
+    """Parse and validate a ``stratagem.v1.PlansResponse``: its snapshots and next page token."""
+    page = _decode(data, pb.PlansResponse, _PlansResponse)
+    return page.plans, page.next_page_token
+
+
+def encode_plans_query(plan_id: str = "", page_size: int = 0, page_token: str = "") -> bytes:
+    """Serialize a ``stratagem.v1.PlansRequest`` for one page.
+
+    Raises:
+        ProtocolUsageError: A malformed ``plan_id`` or ``page_token``, or ``page_size`` outside
+            0..``MAX_PLANS_PAGE``.
+    """
+    try:
+        query = PlansQuery(plan_id=plan_id, page_size=page_size, page_token=page_token)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise ProtocolUsageError(f"invalid Plans query: {where}: {error['msg']}") from None
+    return to_message(query, pb.PlansRequest).SerializeToString()
+
+
+def decode_plans_query(data: bytes) -> PlansQuery:
+    """Parse and validate ``stratagem.v1.PlansRequest`` bytes (``InvalidArgumentError``)."""
+    return _decode(data, pb.PlansRequest, PlansQuery)
 
 
 def encode_run_plan(plan_json: str) -> bytes:

@@ -74,6 +74,7 @@ from stratagem.protocol._answers import AnswerRetention, AnswerStore, InMemoryAn
 from stratagem.protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import (
+    DEFAULT_PLANS_PAGE,
     IDENTITY_PATTERN,
     AgentCard,
     ControlRequest,
@@ -85,6 +86,7 @@ from stratagem.protocol._codec import (
     RevisionsResponse,
     control_capability,
     decode_control,
+    decode_plans_query,
     decode_query,
     decode_request,
     decode_run_plan,
@@ -139,6 +141,10 @@ __all__ = ["AgentBackend", "AgentServer", "ServerConfig"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# What a Plans page leaves free of its message limit, and what a snapshot costs beside its JSON.
+_PAGE_HEADROOM: Final = 4096
+_SNAPSHOT_OVERHEAD: Final = 256
 
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
 # Control is authorized as "Control.<action>" (see ``_serve_control``).
@@ -740,7 +746,25 @@ class AgentServer:
         self, exchange: _Exchange, request: bytes, context: Any, span: Span
     ) -> bytes:
         plan_id = await self._admit_read(exchange, request, context, span, "Plans")
-        answer = encode_plans(self._backend.plans(plan_id))
+        query = decode_plans_query(request)
+        snapshots = self._backend.plans(plan_id)
+        start = int(query.page_token or 0)
+        size = query.page_size or DEFAULT_PLANS_PAGE
+        # A page ends at page_size snapshots or before its bytes would pass the message limit
+        # (a plan's JSON dominates its size); one snapshot too large alone is refused below.
+        budget = self._config.max_message_bytes - _PAGE_HEADROOM
+        page: list[PlanSnapshot] = []
+        used = 0
+        for snapshot in snapshots[start : start + size]:
+            cost = len(snapshot.plan_json.encode()) + _SNAPSHOT_OVERHEAD
+            if page and used + cost > budget:
+                break
+            page.append(snapshot)
+            used += cost
+        end = start + len(page)
+        token = str(end) if end < len(snapshots) else ""
+        exchange.summary = f"{len(page)} of {len(snapshots)} plans from {start}"
+        answer = encode_plans(page, token)
         self._limit(len(answer), "response")
         return answer
 

@@ -47,6 +47,7 @@ from stratagem.protocol import (
     to_message,
 )
 from stratagem.protocol._codec import (
+    PlansQuery,
     _fill,
     _NoQuery,
     _PlanQuery,
@@ -99,7 +100,7 @@ def test_capability_models_match_their_messages(spec: CapabilitySpec) -> None:
         (PlanSnapshot, pb.PlanSnapshot),
         (_PlansResponse, pb.PlansResponse),
         (_PlanQuery, pb.WatchRequest),
-        (_PlanQuery, pb.PlansRequest),
+        (PlansQuery, pb.PlansRequest),
         (_NoQuery, pb.DescribeRequest),
         (_RunPlanRequest, pb.RunPlanRequest),
         (_PlanQuery, pb.RevisionsRequest),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -156,6 +157,34 @@ async def test_health_describe_and_plans(
     assert await client.plans("goal-2") == backend.snapshots[1:]
     assert await client.plans() == backend.snapshots
     assert (await connect(server.endpoint, caller="tactical").describe()).role == "perception"
+
+
+async def test_plans_come_in_pages_that_fit_the_message_limit(
+    serve: Serve, backend: FakeBackend, connect: Connect
+) -> None:
+    # 300 plans of ~8 KiB: 2.4 MiB in all, more than one 1 MiB message holds.
+    big = json.dumps({"steps": ["x" * 8000]})
+    backend.snapshots = [
+        PlanSnapshot(plan_id=f"goal-{n:03d}", agent="perception", status="running", plan_json=big)
+        for n in range(300)
+    ]
+    async with serve(backend) as server:
+        client = connect(server.endpoint)
+        assert await client.plans() == backend.snapshots
+        first, token = await client.plans_page()
+        assert len(first) == 100  # the default page size
+        assert token == "100"
+        # The byte limit ends a page before its size does.
+        big_page, token = await client.plans_page(page_size=1000, page_token="100")
+        assert 100 < len(big_page) < 200
+        assert big_page[0].plan_id == "goal-100"
+        last, end = await client.plans_page(page_size=10, page_token="295")
+        assert [p.plan_id for p in last] == [f"goal-{n}" for n in range(295, 300)]
+        assert end == ""
+        with pytest.raises(ProtocolUsageError, match="page_size"):
+            await client.plans_page(page_size=5000)
+        with pytest.raises(ProtocolUsageError, match="page_token"):
+            await client.plans_page(page_token="abc")
 
 
 async def test_health_says_not_serving_while_the_host_reports_a_problem(

@@ -905,19 +905,31 @@ Global___PlanEvent: _TypeAlias = PlanEvent  # noqa: Y015
 
 @_typing.final
 class PlansRequest(_message.Message):
+    """Plans come a page at a time: a page holds at most page_size snapshots and never more bytes than
+    the agent's message limit allows. Plans added while a client pages appear on later pages.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PLAN_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     """the plan and its sub-plans (ids starting with "<plan_id>/"); "" for all"""
+    page_size: _builtins.int
+    """at most this many snapshots (0: the agent's default, 100; at most 1000)"""
+    page_token: _builtins.str
+    """"" for the first page, else the previous page's next_page_token"""
     def __init__(
         self,
         *,
         plan_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_id", b"plan_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "plan_id", b"plan_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -960,16 +972,20 @@ class PlansResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PLANS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """"" on the last page"""
     @_builtins.property
     def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanSnapshot]: ...
     def __init__(
         self,
         *,
         plans: _abc.Iterable[Global___PlanSnapshot] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plans", b"plans"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "plans", b"plans"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
