@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from stratagem.agents import FileWorldStore, build_agent
+from stratagem.agents import build_agent
 from stratagem.planning import EngineConfig
 from stratagem.protocol import (
     AgentServer,
@@ -50,6 +50,7 @@ from stratagem.runtime._stores import (
     open_audit_heads,
     open_audit_log,
     open_state_store,
+    open_world_store,
 )
 from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
@@ -119,7 +120,8 @@ class AgentActor:
                 sys.path.append(folder)
         self._store = await open_state_store(settings, role)
         self._answers = await open_answer_store(settings, role)
-        self._watch = await asyncio.to_thread(StoreWatch, settings, role)
+        world = settings.world_path(role) if settings.store_url is None else None
+        self._watch = await asyncio.to_thread(StoreWatch, settings, role, world)
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)
@@ -131,7 +133,7 @@ class AgentActor:
             tracer_provider=self._tracer_provider,
             extensions=settings.extensions,
             store=self._store,
-            world_store=FileWorldStore(settings.world_path(role)),
+            world_store=open_world_store(settings, role),
         )
         self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(

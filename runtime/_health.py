@@ -9,7 +9,11 @@ Three problems are looked for, when the agent starts and each time it is asked f
   with the number of plans the agent held, so a deleted store recreated empty is noticed instead
   of an agent that silently remembers no plans. Deleting the marker accepts the new store;
 - its state directory is not writable (a probe file cannot be created there), where answers,
-  audit records and plans are written.
+  audit records and plans are written;
+- after a restart, its world snapshot (``<role>.world.json``, the perception agent's facts) is
+  gone although the marker says one was saved: the facts the agent's answers and plans rely on
+  are lost, which it says instead of serving from an empty world as if nothing happened. Deleting
+  the marker accepts the empty world.
 
 A PostgreSQL store (``STRATAGEM_STORE_URL``) is not watched here: its own errors reach callers.
 """
@@ -40,8 +44,11 @@ class StoreWatch:
         role: The agent's role.
     """
 
-    def __init__(self, settings: Settings, role: str) -> None:
+    def __init__(self, settings: Settings, role: str, world: Path | None = None) -> None:
         self._state_dir = settings.state_dir
+        self._world = world
+        self._world_saved = False
+        self._world_lost = ""
         self._plans: Path | None = None
         self._identity: tuple[int, int] | None = None
         self._marker = settings.state_dir / f"{role}.plans.marker"
@@ -62,6 +69,13 @@ class StoreWatch:
             self._replaced = f"plan store unreadable: {self._plans} ({exc})"
             return
         self._known = int(marker.get("plans", 0))
+        self._world_saved = bool(marker.get("world", False))
+        if self._world_saved and self._world is not None and not self._world.exists():
+            self._world_lost = (
+                f"world snapshot missing: {self._world} was deleted after the agent saved its "
+                f"world (the facts it held are lost; restore the file, or delete {self._marker} "
+                "to accept an empty world)"
+            )
         if marker.get("store") != self._store_id:
             self._replaced = (
                 f"plan store missing: {self._plans} was deleted after {self._known} plans were "
@@ -75,7 +89,7 @@ class StoreWatch:
             plans_written: How many plans the agent remembers (kept in the marker, and said in
                 the message).
         """
-        found: list[str] = [self._replaced] if self._replaced else []
+        found: list[str] = [p for p in (self._replaced, self._world_lost) if p]
         if self._plans is not None and self._identity is not None and not self._replaced:
             now = _identity(self._plans)
             if now is None:
@@ -88,7 +102,7 @@ class StoreWatch:
                     f"plan store replaced: {self._plans} is not the file this agent opened "
                     f"(deleted and recreated after {plans_written} plans were written)"
                 )
-            elif plans_written != self._known:
+            elif plans_written != self._known or self._world_appeared():
                 self._write_marker(plans_written)
         probe = self._state_dir / f".probe-{os.getpid()}"
         try:
@@ -101,13 +115,20 @@ class StoreWatch:
     def _write_marker(self, plans: int) -> None:
         temporary = self._marker.with_name(f".{self._marker.name}.{os.getpid()}")
         try:
+            world = self._world_saved or (self._world is not None and self._world.exists())
             temporary.write_text(
-                json.dumps({"store": self._store_id, "plans": plans}), encoding="utf-8"
+                json.dumps({"store": self._store_id, "plans": plans, "world": world}),
+                encoding="utf-8",
             )
             os.replace(temporary, self._marker)
         except OSError:
             return  # reported by the state dir probe
         self._known = plans
+        self._world_saved = world
+
+    def _world_appeared(self) -> bool:
+        """The world snapshot exists now and the marker does not say so yet."""
+        return not self._world_saved and self._world is not None and self._world.exists()
 
 
 def _store_id(path: Path) -> str:

@@ -23,6 +23,7 @@ from stratagem.protocol import (
 from stratagem.runtime._settings import Settings
 
 if TYPE_CHECKING:
+    from stratagem.agents import WorldStore
     from stratagem.planning import StateStore
     from stratagem.protocol import PostgresAuditLog
 
@@ -31,6 +32,7 @@ __all__ = [
     "open_audit_heads",
     "open_audit_log",
     "open_state_store",
+    "open_world_store",
     "store_location",
 ]
 
@@ -70,6 +72,19 @@ async def open_answer_store(settings: Settings, role: str) -> AnswerStore:
 
         return await PostgresAnswerStore.open(settings.store_url, retention, schema=_schema(role))
     return SqliteAnswerStore(settings.answers_path(role), retention)
+
+
+def open_world_store(settings: Settings, role: str) -> WorldStore:
+    """Where ``role``'s agent keeps its world model: ``STATE_DIR/<role>.world.json``, or a row in
+    the agent's PostgreSQL schema, which every node reads (an agent restarted on another node
+    keeps its world)."""
+    if settings.store_url is not None:
+        from stratagem.runtime._world_pg import PostgresWorldStore  # needs the postgres extra
+
+        return PostgresWorldStore(settings.store_url, schema=_schema(role))
+    from stratagem.agents import FileWorldStore
+
+    return FileWorldStore(settings.world_path(role))
 
 
 def open_audit_log(settings: Settings) -> SqliteAuditLog | PostgresAuditLog:

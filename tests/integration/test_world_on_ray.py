@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,7 @@ from stratagem.protocol import (
     FindSpatialContextRequest,
     FindSpatialContextResponse,
 )
-from stratagem.runtime import Deployment
+from stratagem.runtime import Deployment, LaunchError
 from tests.integration._agents import extension_deployment, kill_and_wait, pid_endpoint
 from tests.integration._auth import credentials
 
@@ -55,3 +59,18 @@ async def test_the_world_survives_a_kill_of_the_perception_agent(
         assert after == before
         assert (tmp_path / "state" / "perception.world.json").exists()
         print(f"world facts about mira: {len(before)} before the kill, {len(after)} after")
+
+        # The snapshot deleted behind the agent's back, then the agent killed: the restarted
+        # agent does not serve an empty world as if nothing happened; status says what was lost.
+        pid, _ = pid_endpoint(dep, "perception")
+        (tmp_path / "state" / "perception.world.json").unlink()
+        os.kill(pid, signal.SIGKILL)
+        problem = ""
+        deadline = time.monotonic() + 120
+        while "world snapshot missing" not in problem and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            with contextlib.suppress(LaunchError):
+                [info] = [i for i in dep.status(timeout_s=30) if i.role == "perception"]
+                problem = info.problem if info.pid != pid else ""
+        assert "world snapshot missing" in problem
+        assert info.health == "not serving"

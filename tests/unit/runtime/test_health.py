@@ -67,3 +67,28 @@ def test_a_restart_on_a_recreated_empty_store_is_noticed_until_accepted(tmp_path
     )
     marker.unlink()
     assert StoreWatch(settings, "strategic").problems(0) == []
+
+
+def test_a_restart_after_the_world_snapshot_was_deleted_is_noticed_until_accepted(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.state_dir.mkdir()
+    sqlite3.connect(settings.plans_path("perception")).close()
+    world = settings.world_path("perception")
+    marker = settings.state_dir / "perception.plans.marker"
+    watch = StoreWatch(settings, "perception", world)
+    assert watch.problems(0) == []
+    # No world was saved yet: a restart without one is normal.
+    assert StoreWatch(settings, "perception", world).problems(0) == []
+    world.write_text('{"facts": []}')  # the agent saved its world
+    assert watch.problems(0) == []  # and the marker now says so
+    assert StoreWatch(settings, "perception", world).problems(0) == []
+    world.unlink()
+    (problem,) = StoreWatch(settings, "perception", world).problems(0)
+    assert problem == (
+        f"world snapshot missing: {world} was deleted after the agent saved its world (the "
+        f"facts it held are lost; restore the file, or delete {marker} to accept an empty world)"
+    )
+    marker.unlink()
+    assert StoreWatch(settings, "perception", world).problems(0) == []

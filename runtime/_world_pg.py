@@ -1,0 +1,105 @@
+"""An agent's world snapshot in PostgreSQL, so an agent Ray moves to another node keeps its world.
+
+With ``STRATAGEM_STORE_URL`` every agent's plans and answers live in the database every node
+reaches; a world snapshot in a file of the node's state directory would stay behind when Ray
+restarts the perception agent elsewhere (a node died, or its placement allows several nodes).
+``PostgresWorldStore`` keeps the snapshot in the agent's schema (``stratagem_<role>.world``), one
+row, replaced in one transaction on every save, so a restarted agent on any node reads the world
+its predecessor saved before answering.
+
+``save`` blocks until the transaction commits (the perception agent saves before a tool that
+changed the world returns, as with the file store). Requires the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["PostgresWorldStore"]
+
+_VERSION = 1
+
+
+class PostgresWorldStore:
+    """``WorldStore`` over one row of ``<schema>.world``.
+
+    Args:
+        url: A libpq connection string or URL.
+        schema: The agent's schema (created when missing).
+        timeout_s: How long connecting may take.
+
+    Raises:
+        psycopg.Error: When the server cannot be reached (at the first load or save).
+    """
+
+    def __init__(self, url: str, *, schema: str, timeout_s: float = 30.0) -> None:
+        self._url = url
+        self._schema = sql.Identifier(schema)
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=int(self._timeout_s))
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._schema))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {}.world (id SMALLINT PRIMARY KEY "
+                        "CHECK (id = 1), version INTEGER NOT NULL, snapshot TEXT NOT NULL, "
+                        "saved_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                    ).format(self._schema)
+                )
+            self._conn = conn
+        return self._conn
+
+    def _run(self, statement: sql.Composed, params: tuple[Any, ...] = ()) -> Any:
+        """Run one statement, reconnecting once when the connection was lost meanwhile."""
+        with self._lock:
+            try:
+                return self._connection().execute(statement, params).fetchone()
+            except psycopg.OperationalError:
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+                return self._connection().execute(statement, params).fetchone()
+
+    def load(self) -> dict[str, Any] | None:
+        """The snapshot saved last, or ``None`` when none was."""
+        row = self._run(
+            sql.SQL("SELECT version, snapshot FROM {}.world WHERE id = 1").format(self._schema)
+        )
+        if row is None:
+            return None
+        if row[0] != _VERSION:
+            raise ValueError(
+                f"the world snapshot has version {row[0]}; this build reads {_VERSION}"
+            )
+        data = json.loads(row[1])
+        if not isinstance(data, dict):
+            raise ValueError("the world row does not hold a world snapshot")
+        return data
+
+    def save(self, snapshot: Mapping[str, Any]) -> None:
+        """Replace the snapshot; returns once the transaction has committed."""
+        self._run(
+            sql.SQL(
+                "INSERT INTO {}.world (id, version, snapshot) VALUES (1, %s, %s) "
+                "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
+                "snapshot = EXCLUDED.snapshot, saved_at = now() RETURNING id"
+            ).format(self._schema),
+            (_VERSION, json.dumps(snapshot)),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
