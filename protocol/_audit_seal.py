@@ -28,7 +28,7 @@ What it cannot show, honestly:
   the bounds are known).
 * lines removed from the end of the heads file: the heads file itself is append-only but not
   sealed, so an attacker who also cuts its last lines widens the undetectable window back to the
-  last seal left. Copying the heads file (or its last line) somewhere the attacker cannot write
+  last seal left. Copying every head somewhere the attacker cannot write (``MirroredHeads``)
   closes that gap.
 * an attacker who holds the key: they can sign whatever they like.
 
@@ -72,6 +72,7 @@ __all__ = [
     "AuditSealer",
     "FileHeads",
     "HeadsStore",
+    "MirroredHeads",
     "SealableAuditLog",
     "SignedHead",
     "load_or_create_key",
@@ -312,6 +313,49 @@ class FileHeads:
                 return file.read()
         except FileNotFoundError:
             return b""
+
+
+class MirroredHeads:
+    """Signed heads kept in a primary store and copied to another (an external sink).
+
+    Every seal is appended to ``primary`` and then to ``copy``, say a file on another disk or a
+    mount that whoever can write the state directory cannot rewrite. Reading gives the primary's
+    lines followed by the copy's lines the primary lacks, so heads cut from the end of the primary
+    (which its own chain cannot show) still verify against the log, and a rewritten log fails
+    them. A copy that cannot be written is logged and sealing goes on (the primary has the head).
+
+    Args:
+        primary: Where heads are read first (the file beside the log, or the database table).
+        copy: The second place every head is appended to.
+    """
+
+    def __init__(self, primary: HeadsStore, copy: HeadsStore) -> None:
+        self.primary = primary
+        self.copy = copy
+        self.where = f"{primary.where} (copied to {copy.where})"
+
+    def append(self, line: bytes) -> None:
+        self.primary.append(line)
+        try:
+            self.copy.append(line)
+        except OSError as exc:
+            logger.warning("cannot copy a signed audit head to %s: %s", self.copy.where, exc)
+
+    def read(self) -> bytes | None:
+        first, second = self.primary.read(), self.copy.read()
+        if first is None and second is None:
+            return None
+        kept = (first or b"").splitlines(keepends=True)
+        if kept and not kept[-1].endswith(b"\n"):
+            kept[-1] += b"\n"
+        seen = set(kept)
+        extra = [line for line in (second or b"").splitlines(keepends=True) if line not in seen]
+        if extra and not extra[-1].endswith(b"\n"):
+            extra[-1] += b"\n"
+        return b"".join(kept + extra)
+
+    def tail(self) -> bytes:
+        return self.primary.tail()
 
 
 def _heads_store(heads: Path | HeadsStore, *, fsync: bool = False) -> HeadsStore:

@@ -97,6 +97,8 @@ class Settings(BaseSettings):
         audit_key_file: The key that signs the audit chain's heads; ``None`` for
             ``STATE_DIR/audit.key``. Keep it apart from the log (another volume, a secret store's
             mount): whoever can write both can rewrite the chain and sign it again.
+        audit_heads_copy: A second append-only file every signed head is also written to (on
+            another disk, or a mount the state dir's writers cannot rewrite); ``None``: none.
         secret_file: The cluster secret that signs tokens; ``None`` for
             ``state_dir/cluster.secret``. An operator on another machine points it at a copy.
         token_ttl_s: How long a signed token is valid; clients renew theirs before it expires.
@@ -142,6 +144,7 @@ class Settings(BaseSettings):
     store_url: str | None = None
     auth: Literal["token", "mtls", "none"] = "token"
     audit_key_file: Path | None = None
+    audit_heads_copy: Path | None = None
     secret_file: Path | None = None
     token_ttl_s: float = Field(default=3600.0, ge=10, le=30 * 24 * 3600)
     tls_dir: Path | None = None
@@ -185,7 +188,13 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "state_dir", "policy_file", "trace_file", "tls_dir", "secret_file", "audit_key_file"
+        "state_dir",
+        "policy_file",
+        "trace_file",
+        "tls_dir",
+        "secret_file",
+        "audit_key_file",
+        "audit_heads_copy",
     )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:

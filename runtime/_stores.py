@@ -17,6 +17,7 @@ from stratagem.protocol import (
     AnswerStore,
     FileHeads,
     HeadsStore,
+    MirroredHeads,
     SqliteAnswerStore,
     SqliteAuditLog,
 )
@@ -100,8 +101,13 @@ def open_audit_heads(settings: Settings) -> HeadsStore:
     """Where the audit chain's signed heads are kept: ``STATE_DIR/audit.heads`` beside a SQLite
     log; a table beside the log in PostgreSQL, which every node reads (so ``audit verify`` on any
     node checks every seal)."""
+    fsync = settings.audit_sync == "full"
     if settings.store_url is not None:
         from stratagem.protocol import PostgresAuditHeads  # needs the postgres extra
 
-        return PostgresAuditHeads(settings.store_url)
-    return FileHeads(settings.audit_heads_path, fsync=settings.audit_sync == "full")
+        heads: HeadsStore = PostgresAuditHeads(settings.store_url)
+    else:
+        heads = FileHeads(settings.audit_heads_path, fsync=fsync)
+    if settings.audit_heads_copy is None:
+        return heads
+    return MirroredHeads(heads, FileHeads(settings.audit_heads_copy, fsync=fsync))

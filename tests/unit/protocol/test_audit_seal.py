@@ -503,3 +503,22 @@ def test_a_symlinked_key_is_refused(tmp_path: Path) -> None:
     link.symlink_to(target)
     with pytest.raises(ProtocolUsageError, match="cannot read"):
         load_or_create_key(link)
+
+
+def test_mirrored_heads_read_the_copys_extra_lines_and_survive_a_failing_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stratagem.protocol import FileHeads, MirroredHeads
+
+    primary, copy = FileHeads(tmp_path / "a.heads"), FileHeads(tmp_path / "b.heads")
+    mirrored = MirroredHeads(primary, copy)
+    assert mirrored.read() is None
+    mirrored.append(b'{"one":1}\n')
+    mirrored.append(b'{"two":2}\n')
+    (tmp_path / "a.heads").write_bytes(b'{"one":1}\n')  # the primary's last line cut
+    assert mirrored.read() == b'{"one":1}\n{"two":2}\n'
+    assert mirrored.tail() == b'{"one":1}\n'
+    broken = MirroredHeads(primary, FileHeads(tmp_path / "missing" / "c.heads"))
+    broken.append(b'{"three":3}\n')
+    assert primary.read() == b'{"one":1}\n{"three":3}\n'
+    assert "cannot copy a signed audit head" in caplog.text

@@ -55,6 +55,7 @@ EXPECTED = [
     "InMemoryAuditLog",
     "InternalError",
     "InvalidArgumentError",
+    "MirroredHeads",
     "MissingSecretError",
     "NotFoundError",
     "PermissionDeniedError",

@@ -208,3 +208,35 @@ def test_a_damaged_segment_and_bad_archive_options_are_one_line(tmp_path: Path) 
     )
     assert result.exit_code == 2
     assert "no folder of archived audit segments" in result.output
+
+
+def test_heads_cut_from_the_heads_file_still_count_when_copied_elsewhere(tmp_path: Path) -> None:
+    from tests.unit.protocol.test_audit_seal import _rechain, _tamper
+
+    state, vault = tmp_path / "state", tmp_path / "vault"
+    vault.mkdir()
+    copy = vault / "audit.heads"
+    settings = load_settings(state_dir=state, audit_heads_copy=copy)
+    with SqliteAuditLog(settings.audit_path) as log:
+        sealer = AuditSealer(
+            log, load_or_create_key(settings.audit_key_path), open_audit_heads(settings)
+        )
+        _append(log, 10)
+        sealer.seal()
+        _append(log, 10)
+        sealer.seal()
+    assert copy.read_bytes() == settings.audit_heads_path.read_bytes()
+    env = {"STRATAGEM_AUDIT_HEADS_COPY": str(copy)}
+    code, out = _verify(state, **env)
+    assert code == 0, out
+    assert "2 signed heads verified" in out
+    # Someone who can write the state dir rewrites records 15.. and cuts the head that covered
+    # them from audit.heads: the state dir alone now verifies, the copy does not let it.
+    _tamper(settings.audit_path, "UPDATE audit SET actor = 'nobody' WHERE seq = 15")
+    _rechain(settings.audit_path)
+    first_line = settings.audit_heads_path.read_bytes().splitlines(keepends=True)[0]
+    settings.audit_heads_path.write_bytes(first_line)
+    assert _verify(state)[0] == 0  # without the copy the rewrite goes unseen
+    code, out = _verify(state, **env)
+    assert code == 1, out
+    assert "rewritten" in out
