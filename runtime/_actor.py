@@ -119,9 +119,13 @@ class AgentActor:
             if folder not in sys.path:
                 sys.path.append(folder)
         self._store = await open_state_store(settings, role)
-        self._answers = await open_answer_store(settings, role)
         world = settings.world_path(role) if settings.store_url is None else None
         self._watch = await asyncio.to_thread(StoreWatch, settings, role, world)
+        if self._watch.world_lost:
+            # Answers stored for calls whose effects on the world are gone must not be replayed
+            # as if they still held: set aside, those calls run again.
+            await asyncio.to_thread(self._watch.set_aside, settings.answers_path(role))
+        self._answers = await open_answer_store(settings, role)
         self._directory = EndpointDirectory(settings.namespace)
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)

@@ -82,6 +82,21 @@ class StoreWatch:
                 f"written (this one is new and empty; delete {self._marker} to accept it)"
             )
 
+    @property
+    def world_lost(self) -> bool:
+        """The world snapshot was deleted since the agent last saved it (seen at start)."""
+        return bool(self._world_lost)
+
+    def set_aside(self, answers: Path) -> None:
+        """Move the answer store (and its WAL files) aside, named in the problem reported, so
+        the calls whose effects were lost run again instead of being answered from it."""
+        moved = answers.with_name(f"{answers.name}.lost-world-{uuid.uuid4().hex[:8]}")
+        for suffix in ("", "-wal", "-shm"):
+            source = answers.with_name(answers.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                source.rename(moved.with_name(moved.name + suffix))
+        self._world_lost += f"; its stored answers were set aside to {moved.name}"
+
     def problems(self, plans_written: int) -> list[str]:
         """What is wrong with the agent's storage now, one line each (empty: nothing).
 

@@ -24,6 +24,7 @@ from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
+REQUEST_ID = "0" * 31 + "1"
 STORY = (
     "Mira waits in the courtyard. The silver crown rests in the vault. The iron key lies in the "
     "garden. The courtyard leads to the great hall. The great hall leads to the vault."
@@ -49,7 +50,10 @@ async def test_the_world_survives_a_kill_of_the_perception_agent(
         pid, endpoint = pid_endpoint(dep, "perception")
         async with AgentClient(endpoint, credentials=credentials()) as client:
             told = await client.call(
-                "perception", "ExtractEntities", ExtractEntitiesRequest(text=STORY)
+                "perception",
+                "ExtractEntities",
+                ExtractEntitiesRequest(text=STORY),
+                request_id=REQUEST_ID,
             )
         assert isinstance(told, ExtractEntitiesResponse)
         before = await _facts(endpoint)
@@ -73,4 +77,16 @@ async def test_the_world_survives_a_kill_of_the_perception_agent(
                 [info] = [i for i in dep.status(timeout_s=30) if i.role == "perception"]
                 problem = info.problem if info.pid != pid else ""
         assert "world snapshot missing" in problem
+        assert "its stored answers were set aside" in problem
         assert info.health == "not serving"
+        # The same request again is not answered from the stored answer of an effect that was
+        # lost: it runs, and the world holds its facts again.
+        assert await _facts(info.endpoint) == []
+        async with AgentClient(info.endpoint, credentials=credentials()) as client:
+            await client.call(
+                "perception",
+                "ExtractEntities",
+                ExtractEntitiesRequest(text=STORY),
+                request_id=REQUEST_ID,
+            )
+        assert await _facts(info.endpoint) == before

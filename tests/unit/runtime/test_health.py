@@ -92,3 +92,26 @@ def test_a_restart_after_the_world_snapshot_was_deleted_is_noticed_until_accepte
     )
     marker.unlink()
     assert StoreWatch(settings, "perception", world).problems(0) == []
+
+
+def test_answers_of_a_lost_world_are_set_aside_and_named(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.state_dir.mkdir()
+    sqlite3.connect(settings.plans_path("perception")).close()
+    world = settings.world_path("perception")
+    world.write_text("{}")
+    assert StoreWatch(settings, "perception", world).problems(0) == []
+    world.unlink()
+    answers = settings.answers_path("perception")
+    answers.write_bytes(b"answers")
+    answers.with_name(answers.name + "-wal").write_bytes(b"wal")
+    watch = StoreWatch(settings, "perception", world)
+    assert watch.world_lost
+    watch.set_aside(answers)
+    assert not answers.exists()
+    moved = sorted(
+        p.name for p in settings.state_dir.glob("perception.answers.sqlite3.lost-world-*")
+    )
+    assert len(moved) == 2  # the database and its WAL, under one name
+    (problem,) = watch.problems(0)
+    assert problem.endswith(f"; its stored answers were set aside to {moved[0]}")
