@@ -25,8 +25,10 @@ __all__ = [
     "CrossAgentStep",
     "FailureClass",
     "GateStep",
+    "ModelCall",
     "Plan",
     "PlanStatus",
+    "Provenance",
     "RetryPolicy",
     "Step",
     "StepBase",
@@ -241,10 +243,16 @@ class Budget(BaseModel):
     from the revision's first start (wall clock, pauses and downtime included) and checked
     whenever a step is about to start; a running step is bounded by its own timeout.
 
+    Model tokens are charged by the planner that asks a model (``agents.ModelPlanner``), not by
+    the engine: each model call reserves its ``max_tokens`` before it is sent, the tokens it used
+    are recorded in the plan's ``provenance``, and a call whose reservation would pass
+    ``model_tokens`` is not sent (a ``policy`` failure naming the call).
+
     Attributes:
         wall_time_s: Seconds from the first start.
         tool_calls: Attempts dispatched (tool calls and cross-agent requests).
         cost_units: The sum of the attempts' costs.
+        model_tokens: Tokens (prompt and answer) the model calls that plan and repair it may use.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -252,6 +260,61 @@ class Budget(BaseModel):
     wall_time_s: float | None = Field(default=None, gt=0.0)
     tool_calls: int | None = Field(default=None, ge=0)
     cost_units: float | None = Field(default=None, ge=0.0)
+    model_tokens: int | None = Field(default=None, ge=0)
+
+
+class ModelCall(BaseModel):
+    """One call to a language model that helped make a plan: its journal record.
+
+    Replay serves ``response`` instead of calling the model again, so a model-planned run is
+    re-derived with no model server at all.
+
+    Attributes:
+        model: The model that answered (as the server names it).
+        request_digest: sha256 of the request (messages, schema, limits) as sent.
+        response: The answer's text, as received (at most 64 KiB; longer answers are refused).
+        finish_reason: ``stop``, ``length``, ...; ``error`` when the call failed.
+        input_tokens: Prompt tokens, as the server counted them.
+        output_tokens: Answer tokens.
+        latency_s: Wall time of the call.
+        critique: What the call was asked to repair ("" for the first attempt).
+        outcome: ``accepted``, or why the answer was not (one line).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(max_length=200)
+    request_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    response: str = Field(default="", max_length=65536)
+    finish_reason: str = Field(default="", max_length=64)
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    latency_s: float = Field(default=0.0, ge=0.0)
+    critique: str = Field(default="", max_length=4000)
+    outcome: str = Field(default="", max_length=4000)
+
+
+class Provenance(BaseModel):
+    """Who made a plan and, for a model's plan, every model call that made it.
+
+    Attributes:
+        author: ``planner:<role>`` for a deterministic planner, ``model:<model>`` for a model's
+            plan.
+        request: The capability request the plan answers, as JSON (what a replay re-derives the
+            plan from).
+        calls: The model calls, in order (rejected answers included).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    author: str = Field(min_length=1, max_length=300)
+    request: dict[str, Any] = Field(default_factory=dict)
+    calls: list[ModelCall] = Field(default_factory=list, max_length=64)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the model calls used, prompts and answers."""
+        return sum(call.input_tokens + call.output_tokens for call in self.calls)
 
 
 class Plan(BaseModel):
@@ -267,6 +330,7 @@ class Plan(BaseModel):
         steps: The steps; ``depends_on`` edges must form a DAG.
         max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
         budget: What the plan may spend (wall time, tool calls, cost units); ``None``: no limit.
+        provenance: Who made the plan, and the model calls behind it; ``None`` when not said.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -278,6 +342,7 @@ class Plan(BaseModel):
     steps: list[Step] = Field(default_factory=list, max_length=100_000)
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
     budget: Budget | None = None
+    provenance: Provenance | None = None
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.
