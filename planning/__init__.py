@@ -35,6 +35,7 @@ from stratagem.planning._errors import (
 )
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import (
+    STEP_ID_PATTERN,
     Budget,
     CrossAgentStep,
     FailureClass,
@@ -93,6 +94,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._pg_store"})
 
 __all__ = [
+    "STEP_ID_PATTERN",
     "BreakerState",
     "Budget",
     "BudgetRecord",

@@ -300,6 +300,7 @@ class Provenance(BaseModel):
     Attributes:
         author: ``planner:<role>`` for a deterministic planner, ``model:<model>`` for a model's
             plan.
+        capability: The capability the plan serves ("" for a plan submitted directly).
         request: The capability request the plan answers, as JSON (what a replay re-derives the
             plan from).
         calls: The model calls, in order (rejected answers included).
@@ -308,6 +309,7 @@ class Provenance(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     author: str = Field(min_length=1, max_length=300)
+    capability: str = Field(default="", max_length=128)
     request: dict[str, Any] = Field(default_factory=dict)
     calls: list[ModelCall] = Field(default_factory=list, max_length=64)
 

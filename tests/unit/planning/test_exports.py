@@ -5,6 +5,7 @@ from __future__ import annotations
 from stratagem import planning
 
 EXPECTED = [
+    "STEP_ID_PATTERN",
     "BreakerState",
     "Budget",
     "BudgetRecord",

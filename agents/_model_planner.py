@@ -1,0 +1,566 @@
+"""Planning with a language model, without trusting it.
+
+``ModelPlanner`` asks a model for the agent's own plan type, as JSON constrained by a schema made
+from the agent's plan and registry: a step's ``tool`` is one of *this agent's* tools and its
+``input`` that tool's input schema (``plan_answer_schema``). Whatever comes back is untrusted
+input and passes what a hand-written plan passes, and more:
+
+1. JSON, not cut at the token limit (``parse_json_answer``);
+2. the plan type's model (pydantic), with the planner's own ``id``, ``owner`` and ``provenance``;
+3. ``planning.validate_plan`` against the registry: a foreign tool, a cycle, a bad ``$ref``;
+4. each tool step's input against that tool's input model (when it holds no reference);
+5. the role's ``judge``, the agent's deterministic tools (the tactical agent simulates a proposed
+   sequence).
+
+A refused answer goes back to the model as a critique naming every problem, for at most
+``max_repairs`` more attempts; then the deterministic planner's plan is used when ``fallback`` is
+on, else planning fails with class ``logic`` naming the last problems. A logic failure while the
+plan runs comes back through ``replan``: the critique is the failure, the answer a new revision
+whose ``provenance.author`` names the model (the engine records it as the revision's author).
+
+Every call is journaled in the plan's ``provenance`` (model, request digest, the answer as
+received, finish reason, tokens, latency, the critique it answered, its outcome), so replay
+re-derives the plan from the journal with no model server (``rederive``). Tokens are reserved
+from the plan's ``budget.model_tokens`` before each call (``max_tokens`` plus the prompt's
+estimate); a call that would pass it is not sent (``PolicyError`` naming it). A server that cannot
+be reached or times out is retried with backoff (``TransientError`` after the last try).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from pydantic import ValidationError
+
+from stratagem.agents._model import (
+    ChatMessage,
+    ChatRequest,
+    ChatResponse,
+    ModelClient,
+    ScriptedModelClient,
+    parse_json_answer,
+)
+from stratagem.agents._tool import ToolRegistry
+from stratagem.planning import (
+    STEP_ID_PATTERN,
+    Budget,
+    LogicError,
+    ModelCall,
+    Plan,
+    PlanValidationError,
+    PolicyError,
+    Provenance,
+    StepFailure,
+    ToolStep,
+    TransientError,
+    validate_plan,
+)
+from stratagem.protocol import CAPABILITIES, WireModel
+
+__all__ = [
+    "ModelPlanner",
+    "ModelPlanningConfig",
+    "PlanJudge",
+    "plan_answer_schema",
+    "rederive",
+]
+
+logger = logging.getLogger(__name__)
+
+_RESPONSE_LIMIT: Final = 65536
+_TRANSIENT_DELAYS_S: Final = (0.5, 1.0, 2.0)
+# A rough count of the prompt's tokens (reserved before a call): four characters a token.
+_CHARS_PER_TOKEN: Final = 4
+
+
+class DeterministicPlanner(Protocol):
+    """What a model planner falls back on and answers with (the role's own planner)."""
+
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan: ...
+
+    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel: ...
+
+
+PlanJudge = Callable[[Plan, WireModel], Awaitable[list[str]]]
+"""A role's deterministic check of a proposed plan: the problems found ([] accepts it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPlanningConfig:
+    """How a model planner asks and how far it trusts.
+
+    Attributes:
+        max_repairs: New attempts after a refused answer (``STRATAGEM_MODEL_MAX_REPAIRS``).
+        max_tokens: The most tokens one answer may have.
+        max_steps: The most steps a plan the model writes may have (bounded in the schema).
+        fallback: Whether the deterministic planner's plan is used when every attempt was refused.
+        temperature: Sampling temperature.
+        transient_delays_s: Backoff between tries when the server cannot be reached.
+    """
+
+    max_repairs: int = 2
+    max_tokens: int = 512
+    max_steps: int = 8
+    fallback: bool = True
+    temperature: float = 0.0
+    transient_delays_s: tuple[float, ...] = _TRANSIENT_DELAYS_S
+
+    def __post_init__(self) -> None:
+        if self.max_repairs < 0 or self.max_tokens < 1 or self.max_steps < 1:
+            raise ValueError("max_repairs must be >= 0, max_tokens and max_steps >= 1")
+
+
+# --- the schema the model answers in -------------------------------------------------------------
+
+
+def _hoist(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$defs`` moved into ``defs`` under ``prefix`` (refs rewritten)."""
+    own = schema.pop("$defs", {})
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
+                    out[key] = f"#/$defs/{prefix}{value.removeprefix('#/$defs/')}"
+                else:
+                    out[key] = rewrite(value)
+            return out
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    for name, definition in own.items():
+        defs[f"{prefix}{name}"] = rewrite(definition)
+    return rewrite(schema)  # type: ignore[no-any-return]
+
+
+def plan_answer_schema(registry: ToolRegistry, *, max_steps: int = 8) -> dict[str, Any]:
+    """The JSON Schema a model's plan must follow: a goal and steps, each step calling one tool
+    of ``registry`` with that tool's input (arrays and strings bounded, as small models need)."""
+    defs: dict[str, Any] = {}
+    variants = []
+    for name in registry.names():
+        item = registry.get(name)
+        tool_input = _hoist(item.input_model.model_json_schema(), f"{name}__", defs)
+        tool_input.pop("title", None)
+        variants.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["id", "tool", "input"],
+                "properties": {
+                    "id": {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$", "maxLength": 64},
+                    "tool": {"type": "string", "enum": [name]},
+                    "depends_on": {
+                        "type": "array",
+                        "items": {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$"},
+                        "maxItems": max_steps,
+                    },
+                    "input": tool_input,
+                },
+            }
+        )
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["goal", "steps"],
+        "properties": {
+            "goal": {"type": "string", "minLength": 1, "maxLength": 300},
+            "steps": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": max_steps,
+                "items": {"anyOf": variants} if len(variants) > 1 else variants[0],
+            },
+        },
+    }
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# --- the planner ---------------------------------------------------------------------------------
+
+
+def _digest(request: ChatRequest) -> str:
+    body = {
+        "messages": [[m.role, m.content] for m in request.messages],
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "schema": request.schema,
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _has_ref(value: Any) -> bool:
+    """Whether ``value`` holds a ``{"$ref": ...}`` reference anywhere."""
+    if isinstance(value, dict):
+        return "$ref" in value or any(_has_ref(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_ref(v) for v in value)
+    return False
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """The conversation and the journal of one planning (or repair) session."""
+
+    messages: list[ChatMessage]
+    calls: list[ModelCall] = field(default_factory=list)
+    spent: int = 0
+
+
+class ModelPlanner:
+    """Plans an agent's capabilities with a model, checked by the agent's own rules and tools.
+
+    Args:
+        role: The agent's role (its plans' owner).
+        plan_type: The agent's plan type.
+        registry: The agent's tools: the only tools a model's plan may name.
+        client: The model.
+        deterministic: The role's own planner: the fallback, and what builds responses.
+        config: Repairs, limits, fallback.
+        judge: The role's deterministic check of a proposed plan (problems, or [] to accept).
+        instructions: What the system prompt adds for this role (a few lines, an example).
+        budget: The budget given to every plan made (``model_tokens`` bounds the model calls).
+    """
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        plan_type: type[Plan],
+        registry: ToolRegistry,
+        client: ModelClient,
+        deterministic: DeterministicPlanner,
+        config: ModelPlanningConfig | None = None,
+        judge: PlanJudge | None = None,
+        instructions: str = "",
+        budget: Budget | None = None,
+    ) -> None:
+        self.role = role
+        self.plan_type = plan_type
+        self.registry = registry
+        self.client = client
+        self.deterministic = deterministic
+        self.config = config or ModelPlanningConfig()
+        self.judge = judge
+        self.instructions = instructions
+        self.budget = budget
+        self.schema = plan_answer_schema(registry, max_steps=self.config.max_steps)
+
+    # --- the prompt --------------------------------------------------------------------------
+
+    def _system(self) -> str:
+        tools = "\n".join(
+            f"- {name}: {self.registry.get(name).description}" for name in self.registry.names()
+        )
+        return (
+            f"You plan for the {self.role} agent. Answer with one JSON object: a short goal and "
+            f"at most {self.config.max_steps} steps. Each step calls one of these tools with its "
+            f"input, and may depend on earlier steps by id:\n{tools}\n{self.instructions}"
+        ).strip()
+
+    def _ask(self, capability: str, request: WireModel) -> str:
+        return f"Plan {capability} for this request:\n{request.model_dump_json()}"
+
+    # --- calling -----------------------------------------------------------------------------
+
+    async def _call(self, attempts: _Attempts, critique: str) -> tuple[ChatResponse, ModelCall]:
+        request = ChatRequest(
+            messages=tuple(attempts.messages),
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+            schema=self.schema,
+            schema_name=f"{self.role}_plan",
+        )
+        digest = _digest(request)
+        limit = self.budget.model_tokens if self.budget is not None else None
+        reserve = self.config.max_tokens + sum(len(m.content) for m in request.messages) // (
+            _CHARS_PER_TOKEN
+        )
+        if limit is not None and attempts.spent + reserve > limit:
+            raise PolicyError(
+                f"model call {len(attempts.calls) + 1} of the {self.role} planner would pass the "
+                f"plan's model token budget ({attempts.spent} used + {reserve} reserved > {limit})"
+            )
+        delays = self.config.transient_delays_s
+        for attempt in range(len(delays) + 1):
+            try:
+                response = await self.client.chat(request)
+                break
+            except TransientError as exc:
+                if attempt == len(delays):
+                    raise TransientError(
+                        f"{exc} (tried {attempt + 1} times while planning {self.role})"
+                    ) from exc
+                logger.warning(
+                    "%s planner: %s; retrying in %.1f s", self.role, exc, delays[attempt]
+                )
+                await asyncio.sleep(delays[attempt])
+        attempts.spent += response.input_tokens + response.output_tokens
+        call = ModelCall(
+            model=response.model[:200] or self.client.model[:200],
+            request_digest=digest,
+            response=response.content[:_RESPONSE_LIMIT],
+            finish_reason=response.finish_reason[:64],
+            input_tokens=response.input_tokens,
+            output_tokens=response.output_tokens,
+            latency_s=max(response.latency_s, 0.0),
+            critique=critique[:4000],
+        )
+        return response, call
+
+    # --- checking ----------------------------------------------------------------------------
+
+    def _read(self, response: ChatResponse, plan_id: str) -> tuple[Plan | None, list[str]]:
+        """The answer as this agent's plan, or the problems that refuse it."""
+        if len(response.content) > _RESPONSE_LIMIT:
+            return None, [f"the answer is longer than {_RESPONSE_LIMIT} characters"]
+        try:
+            answer = parse_json_answer(response)
+        except LogicError as exc:
+            return None, [str(exc)]
+        if not isinstance(answer, dict):
+            return None, ["the answer is not a JSON object with a goal and steps"]
+        fields = {k: v for k, v in answer.items() if k in ("goal", "steps")}
+        unknown = sorted(set(answer) - {"goal", "steps"})
+        if unknown:
+            return None, [f"the answer has fields a plan does not: {', '.join(unknown)}"]
+        steps = fields.get("steps")
+        if isinstance(steps, list):
+            kinds = {s.get("kind", "tool") for s in steps if isinstance(s, dict)}
+            if kinds - {"tool"}:
+                return None, [f"the plan may only call tools, not have {sorted(kinds - {'tool'})}"]
+            fields["steps"] = [{**s, "kind": "tool"} if isinstance(s, dict) else s for s in steps]
+        try:
+            plan = self.plan_type.model_validate({**fields, "id": plan_id, "owner": self.role})
+        except ValidationError as exc:
+            return None, [
+                f"{'.'.join(str(p) for p in error['loc']) or 'plan'}: {error['msg']}"
+                for error in exc.errors()[:8]
+            ]
+        problems: list[str] = []
+        try:
+            validate_plan(plan, tools=self.registry)
+        except PlanValidationError as exc:
+            problems.extend(exc.problems)
+        for step in plan.steps:
+            if isinstance(step, ToolStep) and step.tool in self.registry:
+                if _has_ref(step.input):
+                    continue
+                try:
+                    self.registry.get(step.tool).input_model.model_validate(step.input)
+                except ValidationError as exc:
+                    problems.extend(
+                        f"step {step.id!r} input {'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                        for e in exc.errors()[:4]
+                    )
+        return (None, problems) if problems else (plan, [])
+
+    async def _judged(self, plan: Plan, request: WireModel) -> list[str]:
+        if self.judge is None:
+            return []
+        try:
+            return await self.judge(plan, request)
+        except (LogicError, ValueError) as exc:
+            return [str(exc)]
+
+    # --- planning ----------------------------------------------------------------------------
+
+    async def _session(
+        self,
+        capability: str,
+        request: WireModel,
+        plan_id: str,
+        attempts: _Attempts,
+        critique: str,
+        tries: int,
+    ) -> tuple[Plan | None, list[str]]:
+        problems: list[str] = []
+        for _ in range(tries):
+            response, call = await self._call(attempts, critique)
+            plan, problems = self._read(response, plan_id)
+            if plan is not None:
+                problems = await self._judged(plan, request)
+            outcome = "accepted" if plan is not None and not problems else "; ".join(problems)
+            attempts.calls.append(call.model_copy(update={"outcome": _one_line(outcome, 4000)}))
+            if plan is not None and not problems:
+                return plan, []
+            critique = _one_line("; ".join(problems), 3000)
+            attempts.messages += [
+                ChatMessage("assistant", response.content[:4000]),
+                ChatMessage(
+                    "user",
+                    f"That plan was refused: {critique}. Answer again with a corrected plan.",
+                ),
+            ]
+        return None, problems
+
+    def _stamp(
+        self,
+        plan: Plan,
+        capability: str,
+        request: WireModel,
+        author: str,
+        calls: Sequence[ModelCall],
+    ) -> Plan:
+        provenance = Provenance(
+            author=author[:300],
+            capability=capability,
+            request=request.model_dump(mode="json"),
+            calls=list(calls)[-64:],
+        )
+        update: dict[str, Any] = {"provenance": provenance}
+        if self.budget is not None and plan.budget is None:
+            update["budget"] = self.budget
+        return plan.model_copy(update=update)
+
+    async def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        """A plan for one request, written by the model and accepted by every check.
+
+        Raises:
+            planning.LogicError: Every attempt was refused and ``fallback`` is off; the message
+                names the last problems.
+            planning.PolicyError: A call would pass the plan's model token budget.
+            planning.TransientError: The model server could not be reached, after retries.
+        """
+        attempts = _Attempts(
+            messages=[
+                ChatMessage("system", self._system()),
+                ChatMessage("user", self._ask(capability, request)),
+            ]
+        )
+        plan, problems = await self._session(
+            capability, request, plan_id, attempts, "", 1 + self.config.max_repairs
+        )
+        if plan is not None:
+            return self._stamp(
+                plan, capability, request, f"model:{self.client.model}", attempts.calls
+            )
+        last = _one_line("; ".join(problems), 1500)
+        if not self.config.fallback:
+            times = "once" if len(attempts.calls) == 1 else f"{len(attempts.calls)} times"
+            raise LogicError(f"the model's plan for {capability} was refused {times}; last: {last}")
+        logger.warning(
+            "%s planner: the model's plans were refused %d times (last: %s); using the %s "
+            "planner's",
+            self.role,
+            len(attempts.calls),
+            last,
+            self.role,
+        )
+        fallback = self.deterministic.plan(capability, request, plan_id=plan_id)
+        return self._stamp(fallback, capability, request, f"planner:{self.role}", attempts.calls)
+
+    async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        """After a logic failure while the plan ran: the model repairs it, the failure being the
+        critique, within what is left of ``max_repairs`` (``None``: no repair left, or the plan
+        was not the model's)."""
+        provenance = plan.provenance
+        if provenance is None or not provenance.author.startswith("model:"):
+            return None
+        repairs = sum(1 for call in provenance.calls if call.critique)
+        left = self.config.max_repairs - repairs
+        if left <= 0:
+            return None
+        request = self._request(provenance)
+        if request is None:
+            return None
+        capability, wire = request
+        critique = _one_line(f"step {failure.step_id!r} failed: {failure.message}", 3000)
+        steps = [s.model_dump(mode="json", exclude={"status"}) for s in plan.steps]
+        attempts = _Attempts(
+            messages=[
+                ChatMessage("system", self._system()),
+                ChatMessage("user", self._ask(capability, wire)),
+                ChatMessage("assistant", json.dumps({"goal": plan.goal, "steps": steps})[:4000]),
+                ChatMessage(
+                    "user",
+                    f"That plan failed while running: {critique}. Answer with a corrected plan.",
+                ),
+            ],
+            spent=provenance.tokens,
+        )
+        new, _ = await self._session(capability, wire, plan.id, attempts, critique, left)
+        if new is None:
+            return None
+        return self._stamp(
+            new,
+            capability,
+            wire,
+            f"model:{self.client.model}",
+            [*provenance.calls, *attempts.calls],
+        )
+
+    def _request(self, provenance: Provenance) -> tuple[str, WireModel] | None:
+        """The capability request a plan answers, read back from its provenance."""
+        spec = CAPABILITIES.get(provenance.capability)
+        if spec is None:
+            return None
+        try:
+            return provenance.capability, spec.request.model_validate(provenance.request)
+        except ValidationError:
+            return None
+
+    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
+        """The response, built by the role's own planner from the plan's outputs."""
+        return self.deterministic.respond(capability, request, result)
+
+
+async def rederive(
+    planner: ModelPlanner, capability: str, request: WireModel, plan: Plan
+) -> list[str]:
+    """Re-derive ``plan``'s first revision from its journal, with no model: the recorded answers
+    are served in order; the differences between the derived plan and ``plan`` ([]: none)."""
+    provenance = plan.provenance
+    if provenance is None:
+        return ["the plan has no provenance to re-derive it from"]
+    recorded = [
+        ChatResponse(
+            content=c.response,
+            model=c.model,
+            finish_reason=c.finish_reason,
+            input_tokens=c.input_tokens,
+            output_tokens=c.output_tokens,
+        )
+        for c in provenance.calls
+    ]
+    journal = ScriptedModelClient(recorded, model=planner.client.model)
+    again = ModelPlanner(
+        role=planner.role,
+        plan_type=planner.plan_type,
+        registry=planner.registry,
+        client=journal,
+        deterministic=planner.deterministic,
+        config=planner.config,
+        judge=planner.judge,
+        instructions=planner.instructions,
+        budget=planner.budget,
+    )
+    derived = await again.plan(capability, request, plan_id=plan.id)
+    differences = []
+    for name in ("goal", "steps"):
+        ours, theirs = getattr(derived, name), getattr(plan, name)
+        if name == "steps":
+            ours = [s.model_dump(mode="json", exclude={"status"}) for s in ours]
+            theirs = [s.model_dump(mode="json", exclude={"status"}) for s in theirs]
+        if ours != theirs:
+            differences.append(f"{name} differs")
+    digests = [c.request_digest for c in (derived.provenance.calls if derived.provenance else [])]
+    if digests != [c.request_digest for c in provenance.calls[: len(digests)]]:
+        differences.append("the model was asked something else than the journal recorded")
+    return differences

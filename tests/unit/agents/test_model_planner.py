@@ -1,0 +1,298 @@
+"""ModelPlanner with the scripted model: constrained answers, validation, critiques, fallback,
+budgets, journaling, re-derivation and GenAI telemetry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
+
+from stratagem.agents import ChatResponse, ScriptedModelClient, ToolRegistry, tool
+from stratagem.agents._model_planner import (
+    ModelPlanner,
+    ModelPlanningConfig,
+    plan_answer_schema,
+    rederive,
+)
+from stratagem.agents._model_trace import TracedModelClient
+from stratagem.planning import (
+    Budget,
+    FailureClass,
+    LogicError,
+    Plan,
+    PolicyError,
+    StepFailure,
+    ToolStep,
+    TransientError,
+)
+from stratagem.protocol import ExtractEntitiesRequest, WireModel
+
+
+class Words(BaseModel):
+    words: list[str]
+
+
+class Count(BaseModel):
+    count: int
+
+
+@tool
+async def split_words(text: str) -> Words:
+    """Split a text into words."""
+    return Words(words=text.split())
+
+
+@tool
+async def count_words(words: list[str], minimum: int = 0) -> Count:
+    """Count the words longer than a minimum."""
+    return Count(count=sum(1 for w in words if len(w) > minimum))
+
+
+def _registry() -> ToolRegistry:
+    registry = ToolRegistry("perception")
+    registry.register(split_words)
+    registry.register(count_words)
+    return registry
+
+
+class Deterministic:
+    """The role's own planner: one split step."""
+
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        assert isinstance(request, ExtractEntitiesRequest)
+        return Plan(
+            id=plan_id,
+            owner="perception",
+            goal="split the text",
+            steps=[ToolStep(id="split", tool="split_words", input={"text": request.text})],
+        )
+
+    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
+        raise NotImplementedError
+
+
+REQUEST = ExtractEntitiesRequest(text="Lena Park found the body in the library.")
+
+
+def _answer(*steps: dict[str, Any], goal: str = "count the words") -> str:
+    return json.dumps({"goal": goal, "steps": list(steps)})
+
+
+GOOD = _answer(
+    {"id": "split", "tool": "split_words", "input": {"text": "Lena Park found the body"}},
+    {
+        "id": "count",
+        "tool": "count_words",
+        "depends_on": ["split"],
+        "input": {"words": {"$ref": "split.words"}, "minimum": 3},
+    },
+)
+FOREIGN = _answer({"id": "a", "tool": "search_sequence", "input": {}})
+CYCLE = _answer(
+    {"id": "a", "tool": "split_words", "depends_on": ["b"], "input": {"text": "x"}},
+    {"id": "b", "tool": "split_words", "depends_on": ["a"], "input": {"text": "y"}},
+)
+BAD_REF = _answer(
+    {"id": "count", "tool": "count_words", "input": {"words": {"$ref": "nowhere.words"}}},
+)
+
+
+def _planner(script: list[Any], **config: Any) -> tuple[ModelPlanner, ScriptedModelClient]:
+    client = ScriptedModelClient(script, model="tiny")
+    budget = config.pop("budget", None)
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=_registry(),
+        client=client,
+        deterministic=Deterministic(),
+        config=ModelPlanningConfig(transient_delays_s=(0.0, 0.0), **config),
+        budget=budget,
+    )
+    return planner, client
+
+
+def test_the_schema_names_only_the_agents_tools_with_their_inputs_and_bounds() -> None:
+    schema = plan_answer_schema(_registry(), max_steps=5)
+    steps = schema["properties"]["steps"]
+    assert steps["maxItems"] == 5
+    tools = sorted(v["properties"]["tool"]["enum"][0] for v in steps["items"]["anyOf"])
+    assert tools == ["count_words", "split_words"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    literal = json.loads(GOOD)
+    literal["steps"][1]["input"]["words"] = ["Lena", "Park"]
+    jsonschema.validate(literal, schema)  # a plan of literal inputs follows it
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(FOREIGN), schema)
+
+
+async def test_an_accepted_plan_carries_its_journal() -> None:
+    planner, client = _planner([GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert [s.id for s in plan.steps] == ["split", "count"]
+    assert plan.provenance is not None
+    assert plan.provenance.author == "model:tiny"
+    assert plan.provenance.capability == "ExtractEntities"
+    assert plan.provenance.request == REQUEST.model_dump(mode="json")
+    (call,) = plan.provenance.calls
+    assert (call.outcome, call.response, call.finish_reason) == ("accepted", GOOD, "stop")
+    assert call.input_tokens > 0
+    assert client.requests[0].schema == planner.schema
+    assert "split_words" in client.requests[0].messages[0].content
+
+
+async def test_a_foreign_tool_a_cycle_and_a_bad_reference_never_become_a_plan() -> None:
+    planner, client = _planner([FOREIGN, CYCLE, BAD_REF], fallback=False)
+    with pytest.raises(LogicError, match=r"refused 3 times; last: .*nowhere") as caught:
+        await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert "nowhere" in str(caught.value)
+    # Each refusal went back as the next request's critique.
+    second, third = client.requests[1].messages[-1].content, client.requests[2].messages[-1].content
+    assert "'search_sequence', which is not in the perception agent's registry" in second
+    assert "cycle" in third
+
+
+async def test_cut_and_non_json_answers_are_critiqued_and_a_later_answer_accepted() -> None:
+    cut = ChatResponse(content='{"goal": "x", "st', model="tiny", finish_reason="length")
+    planner, _ = _planner([cut, "not json at all", GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    outcomes = [c.outcome for c in plan.provenance.calls]
+    assert "cut at the token limit" in outcomes[0]
+    assert "not JSON" in outcomes[1]
+    assert outcomes[2] == "accepted"
+    assert plan.provenance.calls[2].critique.startswith("the model's answer is not JSON")
+
+
+async def test_a_bad_tool_input_is_refused_before_the_plan_runs() -> None:
+    bad = _answer({"id": "split", "tool": "split_words", "input": {"text": 7}})
+    planner, _ = _planner([bad], max_repairs=0, fallback=False)
+    with pytest.raises(LogicError, match="step 'split' input text"):
+        await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+
+
+async def test_after_the_last_refusal_the_deterministic_plan_is_used_and_named() -> None:
+    planner, _ = _planner([FOREIGN, FOREIGN, FOREIGN])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert [s.id for s in plan.steps] == ["split"]
+    assert plan.provenance is not None
+    assert plan.provenance.author == "planner:perception"
+    assert len(plan.provenance.calls) == 3
+
+
+async def test_a_call_past_the_token_budget_is_not_sent() -> None:
+    planner, client = _planner([FOREIGN, GOOD], budget=Budget(model_tokens=700), max_tokens=512)
+    with pytest.raises(PolicyError, match="model call 2 of the perception planner would pass"):
+        await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert len(client.requests) == 1
+
+
+async def test_an_unreachable_server_is_retried_then_transient() -> None:
+    planner, client = _planner([TransientError("down"), TransientError("down"), GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    assert len(client.requests) == 3
+    planner, _ = _planner([TransientError("down")] * 3)
+    with pytest.raises(TransientError, match="tried 3 times"):
+        await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+
+
+async def test_a_logic_failure_while_running_is_repaired_within_the_repairs_left() -> None:
+    repaired = _answer({"id": "split", "tool": "split_words", "input": {"text": "again"}})
+    planner, client = _planner([GOOD, repaired], max_repairs=1)
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    failure = StepFailure(
+        step_id="count", failure_class=FailureClass.LOGIC, message="too few words", attempts=1
+    )
+    new = await planner.replan(plan, failure)
+    assert new is not None
+    assert new.provenance is not None
+    assert new.provenance.author == "model:tiny"
+    assert [c.outcome for c in new.provenance.calls] == ["accepted", "accepted"]
+    assert new.provenance.calls[1].critique == "step 'count' failed: too few words"
+    assert "That plan failed while running" in client.requests[1].messages[-1].content
+    # The one repair allowed is spent.
+    assert await planner.replan(new, failure) is None
+
+
+async def test_replay_rederives_the_plan_from_its_journal_without_the_model() -> None:
+    planner, _ = _planner([FOREIGN, GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert await rederive(planner, "ExtractEntities", REQUEST, plan) == []
+    # A journal whose answer was changed re-derives another plan.
+    assert plan.provenance is not None
+    calls = list(plan.provenance.calls)
+    other = _answer({"id": "split", "tool": "split_words", "input": {"text": "other"}})
+    calls[1] = calls[1].model_copy(update={"response": other})
+    forged = plan.model_copy(
+        update={"provenance": plan.provenance.model_copy(update={"calls": calls})}
+    )
+    assert await rederive(planner, "ExtractEntities", REQUEST, forged) == ["steps differs"]
+
+
+async def test_model_calls_leave_genai_spans_and_metrics_without_content_or_key() -> None:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    traced = TracedModelClient(
+        ScriptedModelClient([GOOD], model="tiny"),
+        tracer_provider=tracer_provider,
+        meter_provider=MeterProvider(metric_readers=[reader]),
+    )
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=_registry(),
+        client=traced,
+        deterministic=Deterministic(),
+    )
+    await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "chat tiny"
+    attributes = dict(span.attributes or {})
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == "tiny"
+    assert attributes["gen_ai.response.model"] == "tiny"
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert int(str(attributes["gen_ai.usage.output_tokens"])) > 0
+    assert "gen_ai.input.messages" not in attributes
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = {
+        metric.name
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    assert names == {"gen_ai.client.token.usage", "gen_ai.client.operation.duration"}
+
+
+async def test_message_content_is_captured_only_when_asked() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traced = TracedModelClient(
+        ScriptedModelClient([GOOD], model="tiny"), tracer_provider=provider, capture_content=True
+    )
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=_registry(),
+        client=traced,
+        deterministic=Deterministic(),
+    )
+    await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    (span,) = exporter.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert "Lena Park" in str(attributes["gen_ai.input.messages"])
+    assert "split_words" in str(attributes["gen_ai.output.messages"])
