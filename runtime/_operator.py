@@ -44,6 +44,7 @@ from stratagem.protocol import (
     ROLES,
     AgentCard,
     AgentClient,
+    CapabilitySpec,
     ClientConfig,
     ControlAction,
     ControlRequest,
@@ -72,7 +73,15 @@ from stratagem.runtime._local import LaunchError, published_endpoint
 from stratagem.runtime._security import credentials_for
 from stratagem.runtime._settings import Settings, load_settings
 
-__all__ = ["Directory", "Operator", "RayDirectory", "check_role", "operator_settings"]
+__all__ = [
+    "Directory",
+    "Operator",
+    "RayDirectory",
+    "capability_spec",
+    "check_role",
+    "check_status",
+    "operator_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +120,38 @@ def check_role(agent: str) -> None:
     """Raises ``InputError`` unless ``agent`` names one of the agents."""
     if agent not in ROLES:
         raise InputError(unknown_name("agent", agent, ROLES))
+
+
+def check_status(status: str) -> None:
+    """Raises ``InputError`` unless ``status`` is a plan status (``blocked``, ``succeeded``...)."""
+    from stratagem.planning import PlanStatus  # the engine's vocabulary: loaded when asked
+
+    statuses = [value.value for value in PlanStatus]
+    if status not in statuses:
+        raise InputError(unknown_name("status", status, statuses))
+
+
+def capability_spec(settings: Settings, agent: str, capability: str) -> CapabilitySpec:
+    """``agent``'s ``capability`` (the settings' extensions loaded first: they may add some).
+
+    Raises:
+        InputError: An unknown agent or capability, or an extension that does not load.
+    """
+    if settings.extensions:
+        from stratagem.agents import ExtensionError, import_extensions
+
+        try:
+            import_extensions(settings.extensions)
+        except ExtensionError as exc:
+            raise InputError(str(exc)) from exc
+    check_role(agent)
+    spec = capability_for(agent, capability)
+    if spec is None:
+        served = [name for name, item in CAPABILITIES.items() if item.role == agent]
+        raise InputError(
+            f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
+        )
+    return spec
 
 
 class Directory(Protocol):
@@ -324,15 +365,7 @@ class Operator:
         Raises:
             InputError: An unknown agent or capability, or a payload its model refuses.
         """
-        if self.settings.extensions:  # they may register capabilities this call must encode
-            _import_extensions(self.settings)
-        check_role(agent)
-        spec = capability_for(agent, capability)
-        if spec is None:
-            served = [name for name, item in CAPABILITIES.items() if item.role == agent]
-            raise InputError(
-                f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
-            )
+        spec = capability_spec(self.settings, agent, capability)
         if isinstance(payload, spec.request):
             body: WireModel = payload
         elif isinstance(payload, WireModel):
@@ -364,11 +397,7 @@ class Operator:
         if agent is not None:
             check_role(agent)
         if status is not None:
-            from stratagem.planning import PlanStatus  # the agents' vocabulary, loaded when asked
-
-            statuses = [value.value for value in PlanStatus]
-            if status not in statuses:
-                raise InputError(unknown_name("status", status, statuses))
+            check_status(status)
         roles = ROLES if agent is None else (agent,)
         found = await self._across(roles, lambda client: client.plans(""))
         snapshots = [s for _, got in found for s in got if status is None or s.status == status]
@@ -425,10 +454,15 @@ class Operator:
         compare every decision; ``ReplayResult.diverged`` says whether any differs."""
         return await self._on_owner(plan_id, lambda c: c.replay(plan_id, timeout=timeout))
 
-    async def watch(self, plan_id: str) -> AsyncGenerator[PlanEvent, None]:
-        """The events of ``plan_id`` and its sub-plans from its owner, until the plan ends (a
-        finished plan's stream replays its events and ends)."""
-        owner = await self.owner(plan_id)
+    async def watch(
+        self, plan_id: str, *, owner: str | None = None
+    ) -> AsyncGenerator[PlanEvent, None]:
+        """The events of ``plan_id`` and its sub-plans from its owner (``owner``, when known),
+        until the plan ends (a finished plan's stream replays its events and ends)."""
+        if owner is None:
+            owner = await self.owner(plan_id)
+        else:
+            check_role(owner)
         endpoints, _ = await self._endpoints((owner,))
         async for event in self._client(endpoints[owner]).watch(plan_id):
             yield event
@@ -600,16 +634,6 @@ class Operator:
         return await self.control(
             plan_id, "replan", rationale=rationale, plan=plan, timeout=timeout
         )
-
-
-def _import_extensions(settings: Settings) -> None:
-    """Load the settings' extensions (their capabilities); a broken one is ``InputError``."""
-    from stratagem.agents import ExtensionError, import_extensions
-
-    try:
-        import_extensions(settings.extensions)
-    except ExtensionError as exc:
-        raise InputError(str(exc)) from exc
 
 
 def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:

@@ -120,9 +120,9 @@ class SyncOperator:
         """See ``Operator.replay``."""
         return self._runner.run(self._operator.replay(plan_id, timeout=timeout))
 
-    def watch(self, plan_id: str) -> Iterator[PlanEvent]:
+    def watch(self, plan_id: str, *, owner: str | None = None) -> Iterator[PlanEvent]:
         """See ``Operator.watch``: each event as the owner sends it, until the plan ends."""
-        stream = self._operator.watch(plan_id)
+        stream = self._operator.watch(plan_id, owner=owner)
         try:
             while True:
                 try:

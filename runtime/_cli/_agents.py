@@ -15,40 +15,26 @@ from stratagem.runtime._cli._app import (
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
-    _check_role,
-    _client,
-    _deployed_endpoints,
     _errors,
-    _load_agents,
+    _operate,
     _print_json,
-    _run,
     _settings,
-    _unknown,
-    _validation_line,
-    _with_agent,
     app,
     console,
     lazy_scope,
 )
-from stratagem.runtime._input import (
-    InputError,
-    parse_json_object,
-)
+from stratagem.runtime._input import InputError, parse_json_object, unknown_name
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
     from rich.table import Table
 
-    from stratagem.agents import ExtensionError, import_extensions
-    from stratagem.protocol import CAPABILITIES, AgentCard, capability_for
+    from stratagem.runtime._operator import capability_spec, check_role
+    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
 
 logger = logging.getLogger(__name__)
 lazy_scope(globals())
-
-
-# -- one request ---------------------------------------------------------------------------------
 
 
 @app.command()
@@ -67,33 +53,21 @@ def request(
     """Send one cross-agent request and print the answer as JSON."""
     with _errors():
         settings = _settings(address, state_dir)
-        if settings.extensions:  # they may register capabilities this command must encode
-            _load_agents()
-            try:
-                import_extensions(settings.extensions)
-            except ExtensionError as exc:
-                raise InputError(str(exc)) from exc
-        _check_role(agent)
-        spec = capability_for(agent, capability)
-        if spec is None:
-            served = [name for name, item in CAPABILITIES.items() if item.role == agent]
-            raise InputError(
-                f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
-            )
+        capability_spec(settings, agent, capability)  # an unknown name before a bad payload
         raw = parse_json_object(payload, "--json")
-        try:
-            body = spec.request.model_validate(raw)
-        except ValidationError as exc:
-            raise InputError(_validation_line(f"{capability} request", exc)) from exc
         # One request id whichever way the call goes: a repeat gets the stored answer.
         request_id = f"cli-{uuid.uuid4().hex}"
-        answer = _with_agent(
-            settings,
-            agent,
-            caller,
-            timeout,
-            lambda client: client.call(agent, capability, body, request_id=request_id),
-        )
+        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        try:
+            answer = _operate(
+                settings,
+                lambda op: op.call(agent, capability, raw, request_id=request_id),
+                timeout=timeout,
+                caller=caller,
+                embedded=True,
+            )
+        finally:
+            shutdown_telemetry()
         _print_json(answer.model_dump(mode="json"))
 
 
@@ -109,18 +83,12 @@ def describe(
 ) -> None:
     """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC)."""
     with _errors():
-        _check_role(agent)
+        check_role(agent)
         settings = _settings(address, state_dir)
-        endpoint = _deployed_endpoints(settings)[agent]
-
-        async def ask() -> AgentCard:
-            async with _client(settings, endpoint) as client:
-                return await client.describe()
-
-        card = _run(ask)
+        card = _operate(settings, lambda op: op.describe(agent))
         cards = {c.name: c for c in card.capabilities}
         if capability is not None and capability not in cards:
-            raise InputError(_unknown(f"capability of {agent}", capability, cards))
+            raise InputError(unknown_name(f"capability of {agent}", capability, cards))
         chosen = [cards[capability]] if capability is not None else list(cards.values())
         if as_json:
             _print_json(

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -28,78 +28,57 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from stratagem.runtime._input import InputError, check_timeout, read_mapping
+from stratagem.runtime._input import InputError, check_timeout
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
-    from pydantic_settings import SettingsError
-
     from stratagem.protocol import (
-        ROLES,
-        AgentClient,
         ChainVerdict,
-        ClientConfig,
         MissingSecretError,
         ProtocolError,
         RemoteError,
-        UnavailableError,
         load_or_create_key,
         verify_chain,
         verify_sealed,
     )
     from stratagem.runtime._launcher import Deployment
-    from stratagem.runtime._local import LaunchError, published_endpoint
-    from stratagem.runtime._security import credentials_for
-    from stratagem.runtime._settings import Settings, load_settings
+    from stratagem.runtime._local import LaunchError
+    from stratagem.runtime._operator import Operator, RayDirectory, operator_settings
+    from stratagem.runtime._settings import Settings
     from stratagem.runtime._stores import open_audit_heads, open_audit_log
-    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 # What the commands use beyond typer and rich's console: imported when a command runs (see
 # _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
 # gRPC, OpenTelemetry's SDK or pydantic. A module with no names is bound under its own name.
 _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "pydantic": ("ValidationError",),
-    "pydantic_settings": ("SettingsError",),
     "rich.live": ("Live",),
     "rich.table": ("Table",),
     "stratagem.protocol": (
-        "CAPABILITIES",
-        "OPERATOR",
-        "ROLES",
-        "AgentCard",
-        "AgentClient",
         "ChainVerdict",
-        "ClientConfig",
         "ControlAction",
-        "ControlRequest",
         "MissingSecretError",
+        "OPERATOR",
         "PlanSnapshot",
         "ProtocolError",
+        "ROLES",
         "RemoteError",
-        "ReplayResult",
         "RevisionsResponse",
         "SubmitGoalRequest",
-        "UnavailableError",
-        "capability_for",
         "load_or_create_key",
         "verify_chain",
         "verify_sealed",
     ),
-    "stratagem.runtime._backend": (
-        "BackendError",
-        "PhoenixTraces",
-        "find_backend",
-        "use_backend",
-    ),
+    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend", "use_backend"),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
-    "stratagem.runtime._goal": (
-        "GoalOutcome",
-        "run_goal",
-    ),
-    "stratagem.runtime._local": (
-        "LaunchError",
-        "LocalCluster",
-        "published_endpoint",
+    "stratagem.runtime._goal": ("GoalOutcome",),
+    "stratagem.runtime._local": ("LaunchError", "LocalCluster"),
+    "stratagem.runtime._operator": (
+        "Operator",
+        "RayDirectory",
+        "capability_spec",
+        "check_role",
+        "check_status",
+        "operator_settings",
     ),
     "stratagem.runtime._render": (
         "Progress",
@@ -109,11 +88,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "span_json",
         "span_tree",
     ),
-    "stratagem.runtime._security": ("credentials_for",),
-    "stratagem.runtime._settings": (
-        "Settings",
-        "load_settings",
-    ),
+    "stratagem.runtime._settings": ("Settings",),
     "stratagem.runtime._stores": ("open_audit_heads", "open_audit_log"),
     "stratagem.runtime._telemetry": (
         "SpanRecord",
@@ -124,11 +99,10 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 
 
-# The agents and the planning engine: for the commands that build an agent or check a plan here
-# (see _load_agents); a request to a running agent needs neither.
+# The agents: for the commands that start agents here (see _load_agents); a request to a running
+# agent needs none (the operator API imports the agents itself where it checks a plan).
 _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
-    "stratagem.agents": ("DEMO_GOAL", "ExtensionError", "build_agent", "import_extensions"),
-    "stratagem.planning": ("PlanStatus", "PlanValidationError", "validate_plan"),
+    "stratagem.agents": ("DEMO_GOAL",),
 }
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
@@ -141,6 +115,8 @@ _SCOPES: list[dict[str, Any]] = []
 """The globals of every command module (see ``lazy_scope``)."""
 _BOUND: dict[str, Any] = {}
 """Every name bound so far, for a scope registered after its tier was loaded."""
+_LOADED: set[int] = set()
+"""The tiers bound (by ``id``)."""
 
 
 def lazy_scope(scope: dict[str, Any]) -> None:
@@ -151,7 +127,9 @@ def lazy_scope(scope: dict[str, Any]) -> None:
 
 def _bind(table: dict[str, tuple[str, ...]]) -> None:
     """Import each module of ``table`` and bind its names in every command module (a module with
-    none: itself)."""
+    none: itself), once."""
+    if id(table) in _LOADED:
+        return
     for module_name, names in table.items():
         module = importlib.import_module(module_name)
         if not names:
@@ -160,24 +138,22 @@ def _bind(table: dict[str, tuple[str, ...]]) -> None:
             _BOUND[name] = getattr(module, name)
     for scope in _SCOPES:
         scope.update(_BOUND)
+    _LOADED.add(id(table))
 
 
 def _load_runtime() -> None:
     """Bind the names of ``_RUNTIME_IMPORTS`` (once): what every command needs."""
-    if "load_settings" not in _BOUND:
-        _bind(_RUNTIME_IMPORTS)
+    _bind(_RUNTIME_IMPORTS)
 
 
 def _load_agents() -> None:
     """Bind the names of ``_AGENT_IMPORTS`` (once)."""
-    if "build_agent" not in _BOUND:
-        _bind(_AGENT_IMPORTS)
+    _bind(_AGENT_IMPORTS)
 
 
 def _deployment(settings: Settings) -> Deployment:
     """A handle on the deployment ``settings`` name (this imports Ray)."""
-    if "Deployment" not in _BOUND:
-        _bind(_RAY_IMPORTS)
+    _bind(_RAY_IMPORTS)
     _load_agents()  # what an embedded deployment builds
     return Deployment(settings)
 
@@ -338,26 +314,8 @@ def _errors() -> Iterator[None]:
 
 
 def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Settings:
-    try:
-        profile = _PROFILE[0] if _PROFILE else None
-        return load_settings(profile=profile, address=address, state_dir=state_dir, **more)
-    except ValidationError as exc:
-        raise InputError(_validation_line("settings", exc)) from exc
-    except SettingsError as exc:  # a STRATAGEM_* value that is not the JSON it must be
-        raise InputError(f"invalid settings: {exc}") from exc
-
-
-def _unknown(what: str, name: str, valid: Iterable[str]) -> str:
-    """One line for a name that is not one of ``valid``, listing them."""
-    return f"unknown {what} {name!r}; valid: {', '.join(sorted(valid))}"
-
-
-def _validation_line(what: str, exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"]) or what
-        problems.append(f"{loc}: {err['msg']}")
-    return f"invalid {what}: " + "; ".join(problems)
+    profile = _PROFILE[0] if _PROFILE else None
+    return operator_settings(state_dir, address=address, profile=profile, **more)
 
 
 def _print_json(data: Any) -> None:
@@ -368,15 +326,6 @@ def _print_json(data: Any) -> None:
 def _print_json_line(data: Any) -> None:
     console.file.write(json.dumps(data, default=str) + "\n")
     console.file.flush()
-
-
-def _run(coro_fn: Callable[[], Any]) -> Any:
-    return asyncio.run(coro_fn())
-
-
-def _read_mapping(path: Path, holds: str) -> dict[str, Any]:
-    """A bounded YAML (or JSON) file's top-level mapping; ``holds`` says what it should contain."""
-    return read_mapping(path, holds)
 
 
 def _audit_head(settings: Settings) -> dict[str, Any]:
@@ -419,81 +368,38 @@ def _verify_audit(settings: Settings) -> tuple[ChainVerdict, str]:
         log.close()
 
 
-def _with_agent(
+def _operate(
     settings: Settings,
-    role: str,
-    caller: str,
-    timeout: float | None,
-    send: Callable[[AgentClient], Awaitable[T]],
-) -> T:
-    """Send one call to ``role``'s agent: on the running deployment, else on an embedded one.
-
-    On this machine's local deployment the call goes straight to the endpoint the agent published
-    (no Ray driver: see ``runtime._local``); when that agent does not answer there, or in any
-    other case, the endpoint comes from Ray.
-    """
-    setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
-    published = published_endpoint(settings, role)
-    if published is not None:
-        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
-
-        async def direct() -> T:
-            async with _client(settings, published, caller=caller, config=config) as client:
-                return await send(client)
-
-        try:
-            found: T = asyncio.run(direct())
-        except UnavailableError:
-            logger.info("no answer at %s's published endpoint %s: asking Ray", role, published)
-        else:
-            shutdown_telemetry()
-            return found
-    with _deployment(settings).embedded() as dep:
-        endpoint = dep.endpoint(role)
-        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
-
-        async def call() -> T:
-            async with _client(settings, endpoint, caller=caller, config=config) as client:
-                return await send(client)
-
-        answer: T = asyncio.run(call())
-    shutdown_telemetry()
-    return answer
-
-
-def _deployed_endpoints(settings: Settings) -> dict[str, str]:
-    """Each agent's endpoint on the running deployment (never an embedded one)."""
-    with _running(_deployment(settings)) as deployment:
-        return {info.role: info.endpoint for info in deployment.status()}
-
-
-def _check_role(agent: str) -> None:
-    if agent not in ROLES:
-        raise InputError(_unknown("agent", agent, ROLES))
-
-
-def _client(
-    settings: Settings,
-    endpoint: str,
+    use: Callable[[Operator], Awaitable[T]],
     *,
+    timeout: float | None = None,
     caller: str = _OPERATOR,
-    config: ClientConfig | None = None,
-) -> AgentClient:
-    """A client of ``endpoint`` as ``caller``, with the credentials ``STRATAGEM_AUTH`` asks for."""
-    return AgentClient(
-        endpoint, caller=caller, credentials=credentials_for(settings, caller), config=config
-    )
+    embedded: bool = False,
+    endpoints: dict[str, str] | None = None,
+) -> T:
+    """Run ``use`` with an ``Operator`` of the deployment, closed after.
 
+    Args:
+        settings: The deployment's settings.
+        use: What to do with it.
+        timeout: The calls' deadline (``request_timeout_s`` when ``None``).
+        caller: The identity the calls are made as.
+        embedded: When no deployment runs, start an embedded one for the call (see
+            ``RayDirectory``); otherwise that is ``LaunchError``.
+        endpoints: The agents' endpoints when known (no published files, no Ray).
+    """
 
-async def _owner_of(
-    plan_id: str, endpoints: dict[str, str], settings: Settings, config: ClientConfig
-) -> str:
-    """The role of the agent that holds ``plan_id`` (asked through each agent's Plans RPC)."""
-    for role, endpoint in endpoints.items():
-        async with _client(settings, endpoint, config=config) as client:
-            if any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id)):
-                return role
-    raise InputError(f"no plan {plan_id!r} on any agent")
+    async def run() -> T:
+        async with Operator(
+            settings=settings,
+            caller=caller,
+            timeout_s=timeout,
+            endpoints=endpoints,
+            directory=RayDirectory(settings, embedded=embedded),
+        ) as operator:
+            return await use(operator)
+
+    return asyncio.run(run())
 
 
 @contextmanager

@@ -20,19 +20,15 @@ from stratagem.runtime._cli._app import (
     _deployment,
     _errors,
     _load_agents,
+    _operate,
     _print_json,
-    _read_mapping,
-    _run,
     _settings,
-    _validation_line,
     app,
     console,
     err_console,
     lazy_scope,
 )
-from stratagem.runtime._input import (
-    InputError,
-)
+from stratagem.runtime._input import InputError, read_mapping, validation_line
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -40,9 +36,9 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import OPERATOR, SubmitGoalRequest
+    from stratagem.protocol import SubmitGoalRequest
     from stratagem.runtime._backend import use_backend
-    from stratagem.runtime._goal import GoalOutcome, run_goal
+    from stratagem.runtime._goal import GoalOutcome
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -50,7 +46,6 @@ if TYPE_CHECKING:
         relation_text,
         span_tree,
     )
-    from stratagem.runtime._security import credentials_for
     from stratagem.runtime._settings import Settings
     from stratagem.runtime._telemetry import read_spans, setup_telemetry, shutdown_telemetry
 
@@ -61,11 +56,11 @@ lazy_scope(globals())
 
 
 def _load_goal(path: Path) -> SubmitGoalRequest:
-    raw = _read_mapping(path, "goal, passage and beats")
+    raw = read_mapping(path, "goal, passage and beats")
     try:
         return SubmitGoalRequest.model_validate(raw)
     except ValidationError as exc:
-        raise InputError(_validation_line(f"goal file {path}", exc)) from exc
+        raise InputError(validation_line(f"goal file {path}", exc)) from exc
 
 
 def _execute_goal(
@@ -92,11 +87,9 @@ def _execute_goal(
                     + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
                     + "[/]"
                 )
-            deadline = timeout or settings.request_timeout_s
-            operator = credentials_for(settings, OPERATOR)
             if as_json or not console.is_terminal:
-                outcome = _run(
-                    lambda: run_goal(endpoints, request, timeout_s=deadline, credentials=operator)
+                outcome = _operate(
+                    settings, lambda op: op.submit(request), timeout=timeout, endpoints=endpoints
                 )
             else:
                 with Live(progress.render(), console=console, refresh_per_second=8) as live:
@@ -105,14 +98,11 @@ def _execute_goal(
                         progress.add(event)
                         live.update(progress.render())
 
-                    outcome = _run(
-                        lambda: run_goal(
-                            endpoints,
-                            request,
-                            timeout_s=deadline,
-                            on_event=on_event,
-                            credentials=operator,
-                        )
+                    outcome = _operate(
+                        settings,
+                        lambda op: op.submit(request, on_event=on_event),
+                        timeout=timeout,
+                        endpoints=endpoints,
                     )
             dep.flush_telemetry()
         provider.force_flush()

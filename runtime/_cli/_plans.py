@@ -1,12 +1,14 @@
-"""The plan commands: ``plans run|show|list|watch``, ``replay`` and the control verbs (``approve``,
-``reject``, ``pause``, ``cancel``, ``resume``, ``replan``)."""
+"""The plan commands: ``plans run|show|list|watch``, and the verbs on one plan (``replay``,
+``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan``), each registered once under
+``plans`` and as a top-level alias (``stratagem plans approve`` = ``stratagem approve``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.markup import escape
@@ -16,92 +18,48 @@ from stratagem.runtime._cli._app import (
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
-    _check_role,
-    _client,
-    _deployed_endpoints,
-    _deployment,
     _errors,
-    _load_agents,
-    _owner_of,
+    _operate,
     _print_json,
     _print_json_line,
-    _read_mapping,
-    _run,
-    _running,
     _settings,
-    _unknown,
-    _validation_line,
-    _with_agent,
     app,
     console,
     lazy_scope,
     plans_app,
 )
-from stratagem.runtime._input import (
-    InputError,
-    check_encoded_size,
-    check_plan_steps,
-    parse_json_object,
-)
+from stratagem.runtime._input import InputError, parse_json_object, unknown_name
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
     from rich.table import Table
 
-    from stratagem.agents import ExtensionError, build_agent
-    from stratagem.planning import PlanStatus, PlanValidationError, validate_plan
-    from stratagem.protocol import (
-        CAPABILITIES,
-        OPERATOR,
-        ROLES,
-        ClientConfig,
-        ControlAction,
-        ControlRequest,
-        PlanSnapshot,
-        ReplayResult,
-        RevisionsResponse,
-    )
+    from stratagem.protocol import ControlAction, PlanSnapshot, RevisionsResponse
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
+    from stratagem.runtime._operator import Operator, check_role, check_status
     from stratagem.runtime._render import plan_forest
     from stratagem.runtime._settings import Settings
+    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
 
 logger = logging.getLogger(__name__)
 lazy_scope(globals())
 
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _plan_verb(name: str, help_text: str | None = None) -> Callable[[F], F]:
+    """Register a command on one plan under ``plans`` and as a top-level alias."""
+
+    def register(command: F) -> F:
+        app.command(name, help=help_text)(command)
+        plans_app.command(name, help=help_text)(command)
+        return command
+
+    return register
+
 
 # -- plans ---------------------------------------------------------------------------------------
-
-
-def _load_plan(path: Path, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:
-    """Read a plan file and check it the way its owner will: returns (owner, plan JSON).
-
-    ``plan_id``, when given, replaces the file's id (a new revision of that plan).
-    """
-    raw = _read_mapping(path, "a plan's id, owner and steps")
-    check_plan_steps(path, raw)
-    if plan_id:
-        raw["id"] = plan_id
-    owner = raw.get("owner")
-    if owner not in ROLES:
-        raise InputError(f"{path}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
-    _load_agents()
-    try:
-        agent = build_agent(owner, extensions=settings.extensions)
-    except ExtensionError as exc:
-        raise InputError(str(exc)) from exc
-    try:
-        plan = agent.plan_type.model_validate(raw)
-    except ValidationError as exc:
-        raise InputError(_validation_line(f"plan in {path}", exc)) from exc
-    try:
-        validate_plan(plan, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
-    except PlanValidationError as exc:
-        raise InputError(f"plan {plan.id!r} refused: " + "; ".join(exc.problems)) from exc
-    plan_json = plan.model_dump_json()
-    check_encoded_size(path, plan_json, settings.max_message_bytes)
-    return owner, plan_json
 
 
 @plans_app.command("run")
@@ -115,10 +73,13 @@ def plans_run(
     """Have the plan's owner validate and run a plan you wrote."""
     with _errors():
         settings = _settings(address, state_dir)
-        owner, plan_json = _load_plan(plan_file, settings)
-        snapshot = _with_agent(
-            settings, owner, OPERATOR, timeout, lambda client: client.run_plan(plan_json)
-        )
+        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        try:
+            snapshot = _operate(
+                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
+            )
+        finally:
+            shutdown_telemetry()
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:
@@ -143,24 +104,12 @@ def plans_show(
     """Show a plan and every sub-plan it caused, from a running deployment."""
     with _errors():
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
-            raise InputError(_unknown("format", fmt, DIAGRAM_FORMATS))
+            raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
         settings = _settings(address, state_dir)
-        with _running(_deployment(settings)) as deployment:
-            endpoints = {info.role: info.endpoint for info in deployment.status()}
         if revisions:
-            _show_revisions(plan_id, endpoints, settings, as_json=as_json)
+            _show_revisions(plan_id, settings, as_json=as_json)
             return
-
-        async def collect() -> list[PlanSnapshot]:
-            found: list[PlanSnapshot] = []
-            for endpoint in endpoints.values():
-                async with _client(settings, endpoint) as client:
-                    found.extend(await client.plans(plan_id))
-            return found
-
-        snapshots = _run(collect)
-        if not snapshots:
-            raise InputError(f"no plan {plan_id!r} on any agent")
+        snapshots = _operate(settings, lambda op: op.show(plan_id))
         if fmt is not None:
             console.file.write(plan_diagram(snapshots, plan_id, fmt))
         elif as_json:
@@ -184,24 +133,11 @@ def plans_list(
     """List the plans the agents hold: id, agent, revision, status."""
     with _errors():
         if agent is not None:
-            _check_role(agent)
-        _load_agents()
-        statuses = [value.value for value in PlanStatus]
-        if status is not None and status not in statuses:
-            raise InputError(_unknown("status", status, statuses))
+            check_role(agent)
+        if status is not None:
+            check_status(status)
         settings = _settings(address, state_dir)
-        endpoints = _deployed_endpoints(settings)
-        roles = [agent] if agent is not None else list(endpoints)
-
-        async def collect() -> list[PlanSnapshot]:
-            found: list[PlanSnapshot] = []
-            for role in roles:
-                async with _client(settings, endpoints[role]) as client:
-                    found.extend(await client.plans(""))
-            return found
-
-        snapshots = [s for s in _run(collect) if status is None or s.status == status]
-        snapshots.sort(key=lambda s: (s.agent, s.plan_id))
+        snapshots = _operate(settings, lambda op: op.plans(agent=agent, status=status))
         if as_json:
             _print_json(
                 [
@@ -230,43 +166,31 @@ def plans_watch(
     """Follow a plan's events (and its sub-plans') as they happen, until the plan ends."""
     with _errors():
         settings = _settings(address, state_dir)
-        endpoints = _deployed_endpoints(settings)
-        config = ClientConfig(default_timeout_s=settings.request_timeout_s)
 
-        async def follow() -> int:
-            owner = await _owner_of(plan_id, endpoints, settings, config)
+        async def follow(op: Operator) -> int:
+            owner = await op.owner(plan_id)
             seen = 0
-            async with _client(settings, endpoints[owner]) as client:
-                async for event in client.watch(plan_id):
-                    seen += 1
-                    if as_json:
-                        _print_json_line(json.loads(event.model_dump_json()))
-                    else:
-                        step = f" step {event.step_id}" if event.step_id else ""
-                        why = f" ({event.failure_class}: {event.message})" if event.message else ""
-                        console.print(
-                            f"{event.agent or owner} {event.plan_id}{step} -> "
-                            f"[bold]{event.status}[/]{escape(why)}",
-                            highlight=False,
-                        )
+            async for event in op.watch(plan_id, owner=owner):
+                seen += 1
+                if as_json:
+                    _print_json_line(json.loads(event.model_dump_json()))
+                else:
+                    step = f" step {event.step_id}" if event.step_id else ""
+                    why = f" ({event.failure_class}: {event.message})" if event.message else ""
+                    console.print(
+                        f"{event.agent or owner} {event.plan_id}{step} -> "
+                        f"[bold]{event.status}[/]{escape(why)}",
+                        highlight=False,
+                    )
             return seen
 
-        seen = _run(follow)
+        seen = _operate(settings, follow)
         if not as_json:
             console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
 
 
-def _show_revisions(
-    plan_id: str, endpoints: dict[str, str], settings: Settings, *, as_json: bool
-) -> None:
-    config = ClientConfig(default_timeout_s=settings.request_timeout_s)
-
-    async def fetch() -> RevisionsResponse:
-        owner = await _owner_of(plan_id, endpoints, settings, config)
-        async with _client(settings, endpoints[owner], config=config) as client:
-            return await client.revisions(plan_id)
-
-    history = _run(fetch)
+def _show_revisions(plan_id: str, settings: Settings, *, as_json: bool) -> None:
+    history: RevisionsResponse = _operate(settings, lambda op: op.revisions(plan_id))
     if as_json:
         _print_json(history.model_dump(mode="json"))
         return
@@ -286,7 +210,10 @@ def _show_revisions(
     console.print(table)
 
 
-@app.command()
+# -- verbs on one plan ---------------------------------------------------------------------------
+
+
+@_plan_verb("replay")
 def replay(
     plan_id: Annotated[str, typer.Argument(help="A finished plan's id.")],
     address: AddressOpt = None,
@@ -298,16 +225,7 @@ def replay(
     where decisions diverge; exit 1 when any does."""
     with _errors():
         settings = _settings(address, state_dir)
-        with _running(_deployment(settings)) as deployment:
-            endpoints = {info.role: info.endpoint for info in deployment.status()}
-        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
-
-        async def send() -> ReplayResult:
-            owner = await _owner_of(plan_id, endpoints, settings, config)
-            async with _client(settings, endpoints[owner], config=config) as client:
-                return await client.replay(plan_id)
-
-        result = _run(send)
+        result = _operate(settings, lambda op: op.replay(plan_id), timeout=timeout)
         if as_json:
             _print_json({**result.model_dump(mode="json"), "diverged": result.diverged})
         elif not result.diverged:
@@ -331,8 +249,6 @@ def replay(
     if result.diverged:
         raise typer.Exit(1)
 
-
-# -- control -------------------------------------------------------------------------------------
 
 PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
 GateArg = Annotated[
@@ -359,40 +275,21 @@ def _control(
     """Send one control action to the agent that owns ``plan_id`` and print the plan's state."""
     with _errors():
         settings = _settings(address, state_dir)
-        plan_json = ""
-        if plan_file is not None:
-            _, plan_json = _load_plan(plan_file, settings, plan_id=plan_id)
         recorded: dict[str, Any] | None = None
         if output is not None:
             recorded = parse_json_object(output, "--output")
-        try:
-            ControlRequest(
-                plan_id=plan_id,
-                action=action,
+        snapshot: PlanSnapshot = _operate(
+            settings,
+            lambda op: op.control(
+                plan_id,
+                action,
                 gate_id=gate_id,
                 rationale=rationale,
-                output_json="" if recorded is None else json.dumps(recorded),
-                plan_json=plan_json,
-            )
-        except ValidationError as exc:
-            raise InputError(_validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
-        with _running(_deployment(settings)) as deployment:
-            endpoints = {info.role: info.endpoint for info in deployment.status()}
-        config = ClientConfig(default_timeout_s=timeout or settings.request_timeout_s)
-
-        async def send() -> PlanSnapshot:
-            owner = await _owner_of(plan_id, endpoints, settings, config)
-            async with _client(settings, endpoints[owner], config=config) as client:
-                return await client.control(
-                    plan_id,
-                    action,
-                    gate_id=gate_id,
-                    rationale=rationale,
-                    output=recorded,
-                    plan_json=plan_json,
-                )
-
-        snapshot = _run(send)
+                output=recorded,
+                plan=plan_file,
+            ),
+            timeout=timeout,
+        )
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:
@@ -404,7 +301,7 @@ def _control(
             )
 
 
-@app.command()
+@_plan_verb("approve")
 def approve(
     plan_id: PlanArg,
     gate_id: GateArg,
@@ -436,7 +333,7 @@ def approve(
     )
 
 
-@app.command()
+@_plan_verb("reject")
 def reject(
     plan_id: PlanArg,
     gate_id: GateArg,
@@ -459,49 +356,35 @@ def reject(
     )
 
 
-@app.command()
-def pause(
-    plan_id: PlanArg,
-    address: AddressOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = None,
-) -> None:
-    """Pause a plan: no new step starts, running ones finish; 'resume' continues it."""
-    _control(
-        plan_id, "pause", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
-    )
+_PLAN_ONLY: dict[Literal["pause", "cancel", "resume"], str] = {
+    "pause": "Pause a plan: no new step starts, running ones finish; 'resume' continues it.",
+    "cancel": "Cancel a plan for good: running steps are cancelled, completed ones compensated.",
+    "resume": "Resume a stored, unfinished plan that is not running (paused, or left by a stop).",
+}
+"""The actions that take nothing but the plan: one command body, registered per action."""
 
 
-@app.command()
-def cancel(
-    plan_id: PlanArg,
-    address: AddressOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = None,
-) -> None:
-    """Cancel a plan for good: running steps are cancelled, completed ones compensated."""
-    _control(
-        plan_id, "cancel", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
-    )
+def _plan_only(action: Literal["pause", "cancel", "resume"]) -> Callable[..., None]:
+    def command(
+        plan_id: PlanArg,
+        address: AddressOpt = None,
+        state_dir: StateDirOpt = None,
+        as_json: JsonOpt = False,
+        timeout: TimeoutOpt = None,
+    ) -> None:
+        _control(
+            plan_id, action, address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+        )
+
+    command.__name__ = action
+    return command
 
 
-@app.command()
-def resume(
-    plan_id: PlanArg,
-    address: AddressOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = None,
-) -> None:
-    """Resume a stored, unfinished plan that is not running (paused, or left by a stop)."""
-    _control(
-        plan_id, "resume", address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
-    )
+for _action, _help in _PLAN_ONLY.items():
+    _plan_verb(_action, _help)(_plan_only(_action))
 
 
-@app.command()
+@_plan_verb("replan")
 def replan(
     plan_id: PlanArg,
     plan_file: Annotated[
