@@ -1,10 +1,5 @@
-"""The operator API against the four real agents, served over gRPC on 127.0.0.1 without Ray.
-
-Each test deploys the agents in this process (durable SQLite stores, token authentication with a
-cluster secret in the test's state directory) and publishes their endpoints as the agent actors
-do, with this process standing in for the local Ray head. A recording directory stands in for
-Ray's: it answers with the same endpoints and counts how often it was asked.
-"""
+"""The operator API against the four real agents, served over gRPC on 127.0.0.1 without Ray
+(see ``_served``)."""
 
 from __future__ import annotations
 
@@ -13,130 +8,46 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from stratagem.agents import Agent, build_agent, serve_in_memory
-from stratagem.planning import InMemoryDispatcher, StateStore
 from stratagem.protocol import (
     ROLES,
-    AgentServer,
-    ClusterSecret,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
     FailedPreconditionError,
-    InMemoryAuditLog,
     MissingSecretError,
     PermissionDeniedError,
-    Policy,
     RemoteError,
-    ServerConfig,
-    TokenAuthenticator,
-    TokenSigner,
     UnavailableError,
 )
 from stratagem.runtime import (
     InputError,
-    LocalCluster,
     Operator,
     PlanNotFoundError,
-    Settings,
     SyncOperator,
-    load_settings,
 )
 from stratagem.runtime._local import publish_endpoint
-from stratagem.runtime._stores import open_state_store
+from tests.unit.runtime._served import (
+    REPO,
+    WHO_LEADS,
+    Served,
+    gated_plan,
+    serve,
+    served_in_a_thread,
+    settings_for,
+)
 
-REPO = Path(__file__).resolve().parents[3]
-WHO_LEADS = REPO / "examples" / "plans" / "who-leads.yaml"
 TEXT = "Mira waits in the courtyard. The courtyard leads to the gate."
-
-
-class RecordingDirectory:
-    """A directory that knows the endpoints it was given and counts how often it was asked."""
-
-    def __init__(self, endpoints: dict[str, str]) -> None:
-        self._endpoints = endpoints
-        self.asked = 0
-        self.closed = False
-
-    async def endpoints(self) -> dict[str, str]:
-        self.asked += 1
-        return dict(self._endpoints)
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class Served:
-    settings: Settings
-    endpoints: dict[str, str]
-    directory: RecordingDirectory
-    stop: Callable[[], Awaitable[None]]
-
-    def operator(self, **options: Any) -> Operator:
-        return Operator(settings=self.settings, directory=self.directory, **options)
-
-
-def _settings(state_dir: Path) -> Settings:
-    return load_settings(
-        state_dir=state_dir, auth="token", secret_file=state_dir / "cluster.secret", address=None
-    )
-
-
-async def _serve(state_dir: Path) -> Served:
-    """The four agents, served and published in ``state_dir`` (this process as the Ray head)."""
-    settings = _settings(state_dir)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    secret = ClusterSecret.load_or_create(settings.secret_path)
-    dispatcher = InMemoryDispatcher()
-    stores: list[StateStore] = []
-    agents: dict[str, Agent] = {}
-    for role in ROLES:
-        stores.append(await open_state_store(settings, role))
-        agents[role] = build_agent(
-            role, dispatcher=dispatcher, entry_points=False, store=stores[-1]
-        )
-    serve_in_memory(dispatcher, agents.values())
-    servers = [
-        AgentServer(
-            agent,
-            policy=Policy.default(),
-            authenticator=TokenAuthenticator(TokenSigner(secret)),
-            audit=InMemoryAuditLog(),
-            config=ServerConfig(host="127.0.0.1", port=0, default_deadline_s=20.0),
-        )
-        for agent in agents.values()
-    ]
-    for server in servers:
-        await server.start()
-    endpoints = {role: server.endpoint for role, server in zip(ROLES, servers, strict=True)}
-    for role, endpoint in endpoints.items():
-        publish_endpoint(settings.state_dir, role, endpoint, os.getpid())
-    LocalCluster(address="127.0.0.1:1", pid=os.getpid()).write(settings.local_cluster_file)
-
-    async def stop() -> None:
-        for server in servers:
-            await server.aclose()
-        for agent in agents.values():
-            await agent.aclose()
-        for store in stores:
-            await store.aclose()
-
-    return Served(settings, endpoints, RecordingDirectory(endpoints), stop)
 
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    running = await _serve(tmp_path / "state")
+    running = await serve(tmp_path / "state")
     try:
         yield running
     finally:
@@ -159,24 +70,6 @@ def _dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
-
-
-def _gated(plan_id: str) -> dict[str, Any]:
-    return {
-        "id": plan_id,
-        "owner": "strategic",
-        "goal": "wait for a yes",
-        "steps": [
-            {"kind": "gate", "id": "ok", "prompt": "Go on?"},
-            {
-                "kind": "tool",
-                "id": "protagonist",
-                "tool": "find_protagonist",
-                "input": {"text": "Mira wants the silver crown.", "entities": []},
-                "depends_on": ["ok"],
-            },
-        ],
-    }
 
 
 async def _until_status(op: Operator, plan_id: str, status: str) -> None:
@@ -289,9 +182,9 @@ def test_bad_settings_and_timeouts_are_input_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(InputError, match="timeout"):
-        Operator(settings=_settings(tmp_path), timeout_s=0)
+        Operator(settings=settings_for(tmp_path), timeout_s=0)
     with pytest.raises(TypeError):
-        Operator(tmp_path, settings=_settings(tmp_path))
+        Operator(tmp_path, settings=settings_for(tmp_path))
     monkeypatch.setenv("STRATAGEM_MAX_RESTARTS", "often")
     with pytest.raises(InputError, match="invalid settings: max_restarts"):
         Operator(tmp_path)
@@ -360,7 +253,7 @@ async def test_a_bad_plan_is_refused_before_it_is_sent(
 
 
 async def test_a_gate_is_rejected_by_name_and_approved(operator: Operator) -> None:
-    running = asyncio.create_task(operator.run_plan(_gated("gated")))
+    running = asyncio.create_task(operator.run_plan(gated_plan("gated")))
     await _until_status(operator, "gated", "blocked")
     with pytest.raises(FailedPreconditionError):
         await operator.reject("gated", "nope", "not this one")
@@ -371,7 +264,7 @@ async def test_a_gate_is_rejected_by_name_and_approved(operator: Operator) -> No
 
 
 async def test_pause_resume_and_cancel_reach_the_owner(operator: Operator) -> None:
-    running = asyncio.create_task(operator.run_plan(_gated("held")))
+    running = asyncio.create_task(operator.run_plan(gated_plan("held")))
     await _until_status(operator, "held", "blocked")
     paused = await operator.pause("held")
     assert (paused.plan_id, paused.agent) == ("held", "strategic")
@@ -431,25 +324,9 @@ async def test_a_goal_is_pursued_across_the_agents(operator: Operator) -> None:
 # -- the blocking wrapper --------------------------------------------------------------------------
 
 
-@contextmanager
-def _served_in_a_thread(state_dir: Path) -> Iterator[Served]:
-    """The agents served on an event loop of their own, so blocking code can call them."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    served = asyncio.run_coroutine_threadsafe(_serve(state_dir), loop).result(30)
-    try:
-        yield served
-    finally:
-        asyncio.run_coroutine_threadsafe(served.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-
 def test_the_sync_operator_calls_runs_watches_and_controls(tmp_path: Path) -> None:
     with (
-        _served_in_a_thread(tmp_path / "state") as served,
+        served_in_a_thread(tmp_path / "state") as served,
         SyncOperator(settings=served.settings, directory=served.directory) as op,
     ):
         answer = op.call("perception", "ExtractEntities", {"text": TEXT})
