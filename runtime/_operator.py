@@ -158,7 +158,7 @@ class Directory(Protocol):
     """Where the agents' endpoints come from when their published ones do not serve."""
 
     async def endpoints(self) -> dict[str, str]:
-        """Each role's ``host:port``.
+        """Each deployed role's ``host:port`` (``""`` for one deployed but not answering).
 
         Raises:
             LaunchError: No deployment is found, or an agent does not answer.
@@ -199,12 +199,7 @@ class RayDirectory:
             else:
                 deployment.connect(allow_embedded=False)
                 self._stack.callback(deployment.disconnect)
-            found: dict[str, str] = {}
-            for info in deployment.status():
-                if not info.endpoint:
-                    raise LaunchError(f"agent {info.role} is not answering (Ray: {info.state})")
-                found[info.role] = info.endpoint
-            self._found = found
+            self._found = {info.role: info.endpoint for info in deployment.status()}
         return self._found
 
     async def aclose(self) -> None:
@@ -258,7 +253,8 @@ class Operator:
         self._fixed = dict(endpoints) if endpoints is not None else None
         self._directory = directory or RayDirectory(settings)
         self._from_directory = False  # once asked, the directory answers for every later call
-        self._credentials: list[Credentials | None] = []  # made on first use
+        self._credentials: Credentials | None = None
+        self._credentials_made = False  # on first use: a bad secret fails the call, not the setup
         self._clients: dict[str, AgentClient] = {}
 
     async def __aenter__(self) -> Operator:
@@ -299,15 +295,27 @@ class Operator:
         missing = [role for role in roles if role not in everyone]
         if missing:
             raise LaunchError(f"agents not deployed: {', '.join(missing)}")
+        silent = [role for role in roles if not everyone[role]]
+        if silent:
+            raise LaunchError(
+                f"not answering: {', '.join(silent)} (see 'stratagem status' for why)"
+            )
         return {role: everyone[role] for role in roles}, False
+
+    def _caller_credentials(self) -> Credentials | None:
+        if not self._credentials_made:
+            self._credentials = credentials_for(self.settings, self.caller)
+            self._credentials_made = True
+        return self._credentials
 
     def _client(self, endpoint: str) -> AgentClient:
         client = self._clients.get(endpoint)
         if client is None:
-            if not self._credentials:
-                self._credentials.append(credentials_for(self.settings, self.caller))
             client = self._clients[endpoint] = AgentClient(
-                endpoint, caller=self.caller, credentials=self._credentials[0], config=self._config
+                endpoint,
+                caller=self.caller,
+                credentials=self._caller_credentials(),
+                config=self._config,
             )
         return client
 
@@ -416,24 +424,19 @@ class Operator:
         return snapshots
 
     async def owner(self, plan_id: str) -> str:
-        """The role of the agent that holds ``plan_id``.
+        """The role of the agent that holds ``plan_id`` (asked through each agent's ``Plans``).
 
         Raises:
             PlanNotFoundError: No agent holds it.
         """
-        endpoints, published = await self._endpoints(ROLES)
-        for attempt in (1, 2):
-            try:
-                for role in ROLES:
-                    got = await self._client(endpoints[role]).plans(plan_id)
-                    if any(snapshot.plan_id == plan_id for snapshot in got):
-                        return role
-                raise PlanNotFoundError(plan_id)
-            except UnavailableError:
-                if not published or attempt == 2:
-                    raise
-            endpoints, published = await self._endpoints(ROLES, published=False)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        async def holds(client: AgentClient) -> bool:
+            return any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id))
+
+        for role, held in await self._across(ROLES, holds):
+            if held:
+                return role
+        raise PlanNotFoundError(plan_id)
 
     async def _on_owner(self, plan_id: str, send: Callable[[AgentClient], Awaitable[T]]) -> T:
         owner = await self.owner(plan_id)
@@ -507,14 +510,12 @@ class Operator:
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
         endpoints = await self.endpoints(ROLES)
-        if not self._credentials:
-            self._credentials.append(credentials_for(self.settings, self.caller))
         return await run_goal(
             endpoints,
             goal,
             timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
             on_event=on_event,
-            credentials=self._credentials[0],
+            credentials=self._caller_credentials(),
         )
 
     # -- control ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from stratagem.protocol import (
 )
 from stratagem.runtime import (
     InputError,
+    LaunchError,
     Operator,
     PlanNotFoundError,
     SyncOperator,
@@ -35,6 +36,7 @@ from stratagem.runtime._local import publish_endpoint
 from tests.unit.runtime._served import (
     REPO,
     WHO_LEADS,
+    RecordingDirectory,
     Served,
     gated_plan,
     serve,
@@ -121,6 +123,19 @@ async def test_without_a_local_deployment_the_directory_answers(served: Served) 
     async with served.operator() as op:
         assert {s.agent for s in await op.plans()} <= set(ROLES)
     assert served.directory.asked == 1
+
+
+async def test_an_agent_the_directory_lacks_or_finds_silent_is_a_launch_error(
+    served: Served,
+) -> None:
+    served.settings.local_cluster_file.unlink()
+    lacking = RecordingDirectory({"perception": served.endpoints["perception"], "tactical": ""})
+    async with Operator(settings=served.settings, directory=lacking) as op:
+        with pytest.raises(LaunchError, match="agents not deployed: strategic, orchestrator"):
+            await op.plans()
+        with pytest.raises(LaunchError, match="not answering: tactical"):
+            await op.describe("tactical")
+        assert (await op.describe("perception")).role == "perception"
 
 
 async def test_given_endpoints_are_used_as_they_are(served: Served) -> None:
