@@ -49,7 +49,9 @@ def _heavy_after(*args: str) -> tuple[list[str], str]:
     return loaded, result.stdout
 
 
-@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("plans", "-h")])
+@pytest.mark.parametrize(
+    "args", [("--help",), ("-h",), ("--version",), ("plans", "-h"), ("plans", "approve", "-h")]
+)
 def test_help_and_version_load_no_runtime(args: tuple[str, ...]) -> None:
     loaded, out = _heavy_after(*args)
     assert loaded == [], f"stratagem {' '.join(args)} imported {loaded}"
