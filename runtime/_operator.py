@@ -1,6 +1,7 @@
 """The operator API: what the ``stratagem`` commands do to a running deployment, from Python.
 
-``Operator`` is async (one event loop: its gRPC channels open on the loop of its first call);
+``Operator`` is async (one event loop: its gRPC channels open on the loop of its first call, and a
+call from another loop is ``protocol.ProtocolUsageError``);
 ``SyncOperator`` (``runtime._operator_sync``) runs it on a loop of its own for scripts. Both are
 what the CLI's commands use.
 
@@ -26,6 +27,7 @@ Errors (what the CLI maps to its exit codes):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -51,6 +53,7 @@ from stratagem.protocol import (
     Credentials,
     PlanEvent,
     PlanSnapshot,
+    ProtocolUsageError,
     ReplayResult,
     RevisionsResponse,
     SubmitGoalRequest,
@@ -256,6 +259,7 @@ class Operator:
         self._credentials: Credentials | None = None
         self._credentials_made = False  # on first use: a bad secret fails the call, not the setup
         self._clients: dict[str, AgentClient] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> Operator:
         return self
@@ -309,6 +313,14 @@ class Operator:
         return self._credentials
 
     def _client(self, endpoint: str) -> AgentClient:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:  # its channels would be bound to a loop that may be closed
+            raise ProtocolUsageError(
+                "an Operator serves the event loop of its first call: make one per loop "
+                "(per asyncio.run), or use SyncOperator"
+            )
         client = self._clients.get(endpoint)
         if client is None:
             client = self._clients[endpoint] = AgentClient(

@@ -59,6 +59,7 @@ class SyncOperator:
             directory=directory,
         )
         self._runner = asyncio.Runner()
+        self._closed = False
 
     @property
     def settings(self) -> Settings:
@@ -73,6 +74,9 @@ class SyncOperator:
 
     def close(self) -> None:
         """Close every channel, let go of the directory and stop the loop."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._runner.run(self._operator.aclose())
         finally:
@@ -130,7 +134,7 @@ class SyncOperator:
                 except StopAsyncIteration:
                     return
         finally:
-            if not self._runner.get_loop().is_closed():
+            if not self._closed:  # else the loop, and the stream's channel with it, are gone
                 self._runner.run(stream.aclose())
 
     def run_plan(self, plan: PlanSource, *, timeout: float | None = None) -> PlanSnapshot:

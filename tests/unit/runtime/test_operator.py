@@ -22,6 +22,7 @@ from stratagem.protocol import (
     FailedPreconditionError,
     MissingSecretError,
     PermissionDeniedError,
+    ProtocolUsageError,
     RemoteError,
     UnavailableError,
 )
@@ -369,3 +370,22 @@ def test_the_operator_api_loads_neither_ray_nor_the_agents() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_an_operator_used_from_a_second_event_loop_says_so(tmp_path: Path) -> None:
+    with served_in_a_thread(tmp_path / "state") as served:
+        op = served.operator()
+        assert asyncio.run(op.describe("perception")).role == "perception"
+        with pytest.raises(ProtocolUsageError, match="make one per loop"):
+            asyncio.run(op.describe("perception"))
+
+
+def test_a_stream_outliving_its_sync_operator_closes_quietly(tmp_path: Path) -> None:
+    with served_in_a_thread(tmp_path / "state") as served:
+        op = SyncOperator(settings=served.settings, directory=served.directory)
+        op.run_plan(WHO_LEADS)
+        stream = op.watch("who-leads")
+        assert next(stream).plan_id == "who-leads"
+        op.close()
+        op.close()  # twice is fine
+        stream.close()
