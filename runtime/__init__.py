@@ -1,5 +1,7 @@
 """Stratagem's runtime: Ray actors hosting the agents and their gRPC servers, the launcher,
-settings, telemetry set-up and the ``stratagem`` command line. Ray is imported only here.
+settings, telemetry set-up, the operator API (``Operator``, ``SyncOperator``: what the commands do,
+from Python, without joining Ray where the agents' published endpoints suffice) and the
+``stratagem`` command line. Ray is imported only here.
 
 The names below are imported on first use (PEP 562), so that importing the package, as the
 ``stratagem`` command does before it knows which command runs, loads neither Ray nor gRPC.
@@ -19,8 +21,11 @@ if TYPE_CHECKING:
         actor_name,
     )
     from stratagem.runtime._goal import GoalOutcome, run_goal
+    from stratagem.runtime._input import InputError, PlanNotFoundError
     from stratagem.runtime._launcher import Deployment
     from stratagem.runtime._local import LaunchError, LocalCluster
+    from stratagem.runtime._operator import Directory, Operator, RayDirectory
+    from stratagem.runtime._operator_sync import SyncOperator
     from stratagem.runtime._security import authenticator_for, cluster_secret, credentials_for
     from stratagem.runtime._settings import Settings, load_settings
     from stratagem.runtime._telemetry import (
@@ -40,9 +45,15 @@ _HOME: dict[str, str] = {
     "actor_name": "_directory",
     "GoalOutcome": "_goal",
     "run_goal": "_goal",
+    "InputError": "_input",
+    "PlanNotFoundError": "_input",
     "Deployment": "_launcher",
     "LaunchError": "_local",
     "LocalCluster": "_local",
+    "Directory": "_operator",
+    "Operator": "_operator",
+    "RayDirectory": "_operator",
+    "SyncOperator": "_operator_sync",
     "authenticator_for": "_security",
     "cluster_secret": "_security",
     "credentials_for": "_security",
@@ -75,14 +86,20 @@ __all__ = [
     "AgentActor",
     "AgentInfo",
     "Deployment",
+    "Directory",
     "EndpointDirectory",
     "GoalOutcome",
     "GrpcDispatcher",
+    "InputError",
     "JsonLinesSpanExporter",
     "LaunchError",
     "LocalCluster",
+    "Operator",
+    "PlanNotFoundError",
+    "RayDirectory",
     "Settings",
     "SpanRecord",
+    "SyncOperator",
     "actor_name",
     "authenticator_for",
     "cluster_secret",

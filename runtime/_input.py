@@ -16,8 +16,12 @@ import json
 import math
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
     "MAX_INPUT_BYTES",
@@ -26,11 +30,14 @@ __all__ = [
     "MAX_PLAN_STEPS",
     "MAX_TIMEOUT_S",
     "InputError",
+    "PlanNotFoundError",
     "check_encoded_size",
     "check_plan_steps",
     "check_timeout",
     "parse_json_object",
     "read_mapping",
+    "unknown_name",
+    "validation_line",
 ]
 
 MAX_INPUT_BYTES: Final = 4 * 1024 * 1024
@@ -50,6 +57,14 @@ MIN_TIMEOUT_S: Final = 0.001
 
 class InputError(Exception):
     """The user's input is wrong; the message says what and where, in one line."""
+
+
+class PlanNotFoundError(InputError):
+    """No agent holds the plan named (``plan_id``)."""
+
+    def __init__(self, plan_id: str) -> None:
+        super().__init__(f"no plan {plan_id!r} on any agent")
+        self.plan_id = plan_id
 
 
 def check_timeout(value: float | None) -> float | None:
@@ -167,7 +182,7 @@ def parse_json_object(text: str, option: str) -> dict[str, Any]:
     return raw
 
 
-def check_plan_steps(path: Path, raw: dict[str, Any]) -> None:
+def check_plan_steps(path: Path | str, raw: dict[str, Any]) -> None:
     """Refuse a plan with more than ``MAX_PLAN_STEPS`` steps before anything slow happens."""
     steps = raw.get("steps")
     if isinstance(steps, list) and len(steps) > MAX_PLAN_STEPS:
@@ -176,7 +191,7 @@ def check_plan_steps(path: Path, raw: dict[str, Any]) -> None:
         )
 
 
-def check_encoded_size(path: Path, plan_json: str, max_message_bytes: int) -> None:
+def check_encoded_size(path: Path | str, plan_json: str, max_message_bytes: int) -> None:
     """Refuse a plan whose JSON the agent would refuse as too large (it allows a little framing)."""
     size = len(plan_json.encode("utf-8"))
     if size + _FRAMING_BYTES > max_message_bytes:
@@ -187,3 +202,17 @@ def check_encoded_size(path: Path, plan_json: str, max_message_bytes: int) -> No
 
 
 _FRAMING_BYTES: Final = 1024  # the request's envelope around the plan JSON
+
+
+def unknown_name(what: str, name: str, valid: Iterable[str]) -> str:
+    """One line for a name that is not one of ``valid``, listing them."""
+    return f"unknown {what} {name!r}; valid: {', '.join(sorted(valid))}"
+
+
+def validation_line(what: str, exc: ValidationError) -> str:
+    """One line naming every problem pydantic found in ``what``."""
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"]) or what
+        problems.append(f"{loc}: {err['msg']}")
+    return f"invalid {what}: " + "; ".join(problems)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -664,6 +665,10 @@ def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Pa
     )
     assert status == "RAY=False EXIT=0"
     assert "mira" in {e["id"] for e in json.loads(out)["entities"]}
+    # The plan commands, too, go to the published endpoints.
+    status, out = _probe("plans", "list", "--agent", "perception", "--json", state_dir=deployed)
+    assert status == "RAY=False EXIT=0"
+    assert {p["agent"] for p in json.loads(out)} == {"perception"}
 
 
 def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
@@ -689,6 +694,42 @@ def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
         assert "mira" in {e["id"] for e in json.loads(out)["entities"]}
     finally:
         path.write_text(kept)
+
+
+def _readme_python_examples() -> list[str]:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API") :]
+    section = section[: section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_python_api_runs_against_the_deployment(deployed: Path) -> None:
+    examples = _readme_python_examples()
+    assert len(examples) == 2
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(deployed))
+    env.pop("RAY_ADDRESS", None)
+    outputs = []
+    for code in examples:
+        result = subprocess.run(
+            [sys.executable, "-c", code + "\nimport sys\nprint('RAY', 'ray' in sys.modules)\n"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(result.stdout.splitlines())
+    blocking, asynchronous = outputs
+    assert "'mira'" in blocking[0]
+    assert blocking[1].startswith("who-leads-")
+    assert blocking[1].endswith(" strategic succeeded")
+    assert blocking[-2] == "(plan) succeeded"
+    assert asynchronous[0].startswith("strategic ['AnalyzeNarrative'")
+    assert "no plan 'no-such-plan' on any agent" in asynchronous
+    # Neither example joined Ray: the published endpoints served them.
+    assert blocking[-1] == asynchronous[-1] == "RAY False"
 
 
 # Last in the module: it gives the shared deployment a new secret (and redeploys its agents).

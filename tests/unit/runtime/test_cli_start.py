@@ -7,6 +7,7 @@ has imported when it exits.
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 
 from stratagem.protocol import OPERATOR
 from stratagem.runtime import _cli
+from stratagem.runtime._cli import _app
 
-CLI_SOURCE = Path(_cli.__file__)
+CLI_PACKAGE = Path(str(_cli.__file__)).parent
 # pydantic is not among them: typer itself may import it to convert a subcommand's parameters.
 HEAVY = ("ray", "grpc", "pydantic_settings", "opentelemetry.sdk", "yaml")
 
@@ -47,7 +49,9 @@ def _heavy_after(*args: str) -> tuple[list[str], str]:
     return loaded, result.stdout
 
 
-@pytest.mark.parametrize("args", [("--help",), ("-h",), ("--version",), ("plans", "-h")])
+@pytest.mark.parametrize(
+    "args", [("--help",), ("-h",), ("--version",), ("plans", "-h"), ("plans", "approve", "-h")]
+)
 def test_help_and_version_load_no_runtime(args: tuple[str, ...]) -> None:
     loaded, out = _heavy_after(*args)
     assert loaded == [], f"stratagem {' '.join(args)} imported {loaded}"
@@ -72,38 +76,64 @@ def test_a_command_loads_what_it_needs() -> None:
     assert "pydantic_settings" in loaded
 
 
-def test_the_lazy_import_table_matches_the_type_checking_imports() -> None:
-    tree = ast.parse(CLI_SOURCE.read_text(encoding="utf-8"))
-    block = next(
-        node
-        for node in tree.body
-        if isinstance(node, ast.If)
-        and isinstance(node.test, ast.Name)
-        and node.test.id == "TYPE_CHECKING"
-    )
+def _typed_imports(path: Path) -> dict[str, tuple[str, ...]]:
+    """The names a module imports under ``if TYPE_CHECKING:``, by the module they come from."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     typed: dict[str, tuple[str, ...]] = {}
-    for node in block.body:
-        if isinstance(node, ast.ImportFrom) and node.module:
-            typed[node.module] = tuple(alias.name for alias in node.names)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                typed[alias.name] = ()
-    assert typed == {**_cli._RUNTIME_IMPORTS, **_cli._AGENT_IMPORTS, **_cli._RAY_IMPORTS}
-    _cli._load_runtime()
-    _cli._load_agents()
-    for names in [*_cli._RUNTIME_IMPORTS.values(), *_cli._AGENT_IMPORTS.values()]:
-        for name in names:
-            assert name in vars(_cli), name
+    for block in tree.body:
+        if not (
+            isinstance(block, ast.If)
+            and isinstance(block.test, ast.Name)
+            and block.test.id == "TYPE_CHECKING"
+        ):
+            continue
+        for node in block.body:
+            if isinstance(node, ast.ImportFrom) and node.module:
+                typed[node.module] = tuple(alias.name for alias in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    typed[alias.name] = ()
+    return typed
+
+
+def test_the_lazy_import_tables_match_the_type_checking_imports() -> None:
+    modules = [
+        _app,
+        *(importlib.import_module(f"{_cli.__name__}.{name}") for name in _cli.COMMAND_MODULES),
+    ]
+    # Every module of the package is the base or a command module: none escapes the check.
+    assert {path.stem for path in CLI_PACKAGE.glob("*.py")} - {"__init__"} == {
+        module.__name__.rpartition(".")[2] for module in modules
+    }
+    tiers = {**_app._RUNTIME_IMPORTS, **_app._AGENT_IMPORTS, **_app._RAY_IMPORTS}
+    used: dict[str, set[str]] = {}
+    typed_by_module = {}
+    for module in modules:
+        typed = _typed_imports(Path(str(module.__file__)))
+        typed_by_module[module] = typed
+        for source, names in typed.items():
+            assert source in tiers, f"{module.__name__} imports {source} outside the tiers"
+            assert set(names) <= set(tiers[source]), (module.__name__, source, names)
+            used.setdefault(source, set()).update(names)
+    # ...and every name of the tiers is used by some module.
+    assert used == {source: set(names) for source, names in tiers.items()}
+    _app._load_runtime()
+    _app._load_agents()
+    bound = {**_app._RUNTIME_IMPORTS, **_app._AGENT_IMPORTS}
+    for module, typed in typed_by_module.items():
+        for source, names in typed.items():
+            for name in names if source in bound else ():
+                assert name in vars(module), (module.__name__, name)
 
 
 def test_the_cli_default_caller_is_the_operator() -> None:
-    assert _cli._OPERATOR == OPERATOR
+    assert _app._OPERATOR == OPERATOR
 
 
 def test_what_commands_load_first_leaves_ray_out() -> None:
     # request, describe, plans and audit reach agents over gRPC first; only Deployment joins Ray.
     code = (
-        "import sys\nfrom stratagem.runtime import _cli\n_cli._load_runtime()\n"
+        "import sys\nfrom stratagem.runtime._cli import _app\n_app._load_runtime()\n"
         "print('ray' in sys.modules, 'grpc' in sys.modules, 'stratagem.planning' in sys.modules)"
     )
     result = subprocess.run(

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from typer.testing import CliRunner
 
 from stratagem.runtime import JsonLinesSpanExporter, SpanRecord, read_spans
-from stratagem.runtime import _cli as cli
+from stratagem.runtime._cli import _app as cli
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 OTHER = "4bf92f3577b34da6ffffffffffffffff"

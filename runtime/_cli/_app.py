@@ -1,0 +1,428 @@
+"""What every command shares: the typer apps, options, output, the error guard, settings, and the
+tiers of lazily imported names.
+
+The commands import typer and rich's console only; what they use beyond that is bound into each
+command module on first use (see ``_load_runtime``), not when the module is imported, so
+`stratagem --help` and `--version` never load Ray, gRPC, OpenTelemetry's SDK or pydantic. Each
+command module imports the names it binds under ``TYPE_CHECKING`` (for the type checker) and calls
+``lazy_scope(globals())`` (a unit test keeps both equal to the tiers below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from stratagem.runtime._input import InputError, check_timeout
+
+if TYPE_CHECKING:
+    from stratagem.protocol import (
+        ChainVerdict,
+        MissingSecretError,
+        ProtocolError,
+        RemoteError,
+        all_records,
+        load_or_create_key,
+        verify_chain,
+        verify_sealed,
+    )
+    from stratagem.runtime._launcher import Deployment
+    from stratagem.runtime._local import LaunchError
+    from stratagem.runtime._operator import Operator, RayDirectory, operator_settings
+    from stratagem.runtime._settings import Settings
+    from stratagem.runtime._stores import open_audit_heads, open_audit_log
+
+# What the commands use beyond typer and rich's console: imported when a command runs (see
+# _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
+# gRPC, OpenTelemetry's SDK or pydantic. A module with no names is bound under its own name.
+_RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
+    "pydantic": ("ValidationError",),
+    "rich.live": ("Live",),
+    "rich.table": ("Table",),
+    "stratagem.protocol": (
+        "ArchiveError",
+        "ChainVerdict",
+        "ControlAction",
+        "MissingSecretError",
+        "OPERATOR",
+        "PlanSnapshot",
+        "ProtocolError",
+        "ROLES",
+        "RemoteError",
+        "RevisionsResponse",
+        "SubmitGoalRequest",
+        "all_records",
+        "archive_audit",
+        "load_or_create_key",
+        "verify_chain",
+        "verify_sealed",
+    ),
+    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend", "use_backend"),
+    "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
+    "stratagem.runtime._goal": ("GoalOutcome",),
+    "stratagem.runtime._local": ("LaunchError", "LocalCluster"),
+    "stratagem.runtime._operator": (
+        "Operator",
+        "RayDirectory",
+        "capability_spec",
+        "check_role",
+        "check_status",
+        "operator_settings",
+    ),
+    "stratagem.runtime._render": (
+        "Progress",
+        "action_text",
+        "plan_forest",
+        "relation_text",
+        "span_json",
+        "span_tree",
+    ),
+    "stratagem.runtime._settings": ("Settings",),
+    "stratagem.runtime._stores": ("open_audit_heads", "open_audit_log"),
+    "stratagem.runtime._telemetry": (
+        "SpanRecord",
+        "read_spans",
+        "setup_telemetry",
+        "shutdown_telemetry",
+    ),
+}
+
+
+# The agents: for the commands that start agents here (see _load_agents); a request to a running
+# agent needs none (the operator API imports the agents itself where it checks a plan).
+_AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
+    "stratagem.agents": ("DEMO_GOAL",),
+}
+# What joins Ray: imported only by the commands that do (see _deployment).
+_RAY_IMPORTS: dict[str, tuple[str, ...]] = {
+    "stratagem.runtime._directory": ("AgentInfo",),
+    "stratagem.runtime._launcher": ("Deployment",),
+}
+
+
+_SCOPES: list[dict[str, Any]] = []
+"""The globals of every command module (see ``lazy_scope``)."""
+_BOUND: dict[str, Any] = {}
+"""Every name bound so far, for a scope registered after its tier was loaded."""
+_LOADED: set[int] = set()
+"""The tiers bound (by ``id``)."""
+
+
+def lazy_scope(scope: dict[str, Any]) -> None:
+    """Have the tiers bind their names into ``scope`` (a command module's ``globals()``)."""
+    _SCOPES.append(scope)
+    scope.update(_BOUND)
+
+
+def _bind(table: dict[str, tuple[str, ...]]) -> None:
+    """Import each module of ``table`` and bind its names in every command module (a module with
+    none: itself), once."""
+    if id(table) in _LOADED:
+        return
+    for module_name, names in table.items():
+        module = importlib.import_module(module_name)
+        if not names:
+            _BOUND[module_name.rpartition(".")[2]] = module
+        for name in names:
+            _BOUND[name] = getattr(module, name)
+    for scope in _SCOPES:
+        scope.update(_BOUND)
+    _LOADED.add(id(table))
+
+
+def _load_runtime() -> None:
+    """Bind the names of ``_RUNTIME_IMPORTS`` (once): what every command needs."""
+    _bind(_RUNTIME_IMPORTS)
+
+
+def _load_agents() -> None:
+    """Bind the names of ``_AGENT_IMPORTS`` (once)."""
+    _bind(_AGENT_IMPORTS)
+
+
+def _deployment(settings: Settings) -> Deployment:
+    """A handle on the deployment ``settings`` name (this imports Ray)."""
+    _bind(_RAY_IMPORTS)
+    _load_agents()  # what an embedded deployment builds
+    return Deployment(settings)
+
+
+__all__ = ["app", "lazy_scope", "main"]
+
+logger = logging.getLogger(__name__)
+
+_CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(
+    name="stratagem",
+    help="Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings=_CONTEXT,
+)
+audit_app = typer.Typer(
+    help="The hash-chained audit log.", no_args_is_help=True, context_settings=_CONTEXT
+)
+app.add_typer(audit_app, name="audit")
+plans_app = typer.Typer(
+    help="Plans written by you, and plans the agents made.",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+)
+app.add_typer(plans_app, name="plans")
+certs_app = typer.Typer(
+    help="Certificates for mutual TLS (STRATAGEM_AUTH=mtls).",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+)
+app.add_typer(certs_app, name="certs")
+secret_app = typer.Typer(
+    help="The cluster secret that signs tokens (STRATAGEM_AUTH=token).",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+)
+app.add_typer(secret_app, name="secret")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("stratagem")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+_PROFILE: list[str] = []
+"""The config file's profile ``--profile`` chose (empty: STRATAGEM_PROFILE, else none)."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"stratagem {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            help="Print Stratagem's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="A profile of the config file (STRATAGEM_CONFIG, default "
+            "~/.config/stratagem/config.toml); also STRATAGEM_PROFILE.",
+        ),
+    ] = None,
+) -> None:
+    """Stratagem: role agents on Ray, typed plans, a validated gRPC cross-agent protocol."""
+    _PROFILE.clear()
+    if profile:
+        _PROFILE.append(profile)
+
+
+console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+_OPERATOR = "operator"
+"""``protocol.OPERATOR``, the CLI's identity, as a default before the protocol is imported (a test
+checks that the two agree)."""
+
+AddressOpt = Annotated[
+    str | None,
+    typer.Option("--address", help="Ray cluster address (auto, HOST:PORT, ray://HOST:10001)."),
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="State directory (else STRATAGEM_STATE_DIR, the profile's, the nearest .stratagem "
+        "folder here or above, ~/.local/state/stratagem).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    # The message is text, not markup: "stratagem[postgres]" must not become a style tag.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _timeout_in_range(value: float | None) -> float | None:
+    try:
+        return check_timeout(value)
+    except InputError as exc:
+        _fail(str(exc), 2)
+
+
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", help="Deadline in seconds.", callback=_timeout_in_range),
+]
+
+
+_guarded: list[bool] = []  # non-empty while an `_errors` block runs
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn every expected failure into one line and an exit code.
+
+    Inside, standard output carries only what the command prints (tables, ``--json``): Ray
+    ``print()``s cluster events (a node marked dead, ...) to ``sys.stdout``, so other writers go to
+    standard error while the command runs.
+    """
+    _load_runtime()
+    outermost = not _guarded
+    if outermost:
+        console.file = sys.stdout
+        _guarded.append(True)
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if outermost else contextlib.nullcontext():
+            yield
+    except (InputError, MissingSecretError) as exc:
+        _fail(str(exc), 2)
+    except RemoteError as exc:
+        _fail(str(exc), 1)
+    except (LaunchError, ProtocolError) as exc:
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    finally:
+        if outermost:
+            _guarded.clear()
+            console.file = None  # type: ignore[assignment]  # rich: follow sys.stdout again
+
+
+def _settings(address: str | None, state_dir: Path | None, **more: Any) -> Settings:
+    profile = _PROFILE[0] if _PROFILE else None
+    return operator_settings(state_dir, address=address, profile=profile, **more)
+
+
+def _print_json(data: Any) -> None:
+    console.file.write(json.dumps(data, indent=2, default=str) + "\n")
+    console.file.flush()
+
+
+def _print_json_line(data: Any) -> None:
+    console.file.write(json.dumps(data, default=str) + "\n")
+    console.file.flush()
+
+
+def _audit_head(settings: Settings) -> dict[str, Any]:
+    if settings.store_url is None and not settings.audit_path.exists():
+        return {"records": 0, "head": "", "ok": True, "signed_heads": 0}
+    verdict, head = _verify_audit(settings)
+    return {
+        "records": verdict.count,
+        "head": head,
+        "ok": verdict.ok,
+        "signed_heads": verdict.sealed,
+    }
+
+
+def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[ChainVerdict, str]:
+    """Verify the deployment's audit chain, its archived segments first (``archive``, default
+    ``STATE_DIR/audit-archive``), and its signed heads when a sealing key exists; the verdict and
+    the chain's head."""
+    log = open_audit_log(settings)
+    heads = open_audit_heads(settings)
+    records = all_records(log, archive or settings.audit_archive_dir)
+    try:
+        if settings.audit_key_path.exists():
+            key = load_or_create_key(settings.audit_key_path)
+            verdict = verify_sealed(records, heads, key)
+        else:
+            verdict = verify_chain(records)
+            if verdict.ok and heads.read():
+                # Seals that cannot be checked vouch for nothing: a rewritten chain with
+                # recomputed hashes would pass a chain-only check.
+                verdict = dataclasses.replace(
+                    verdict,
+                    ok=False,
+                    reason=(
+                        f"signed heads exist in {heads.where} but the key to check them is missing "
+                        f"({settings.audit_key_path}): the chain cannot be vouched for; restore "
+                        "the key (or STRATAGEM_STATE_DIR's audit.key) and verify again"
+                    ),
+                )
+        return verdict, log.head()
+    finally:
+        log.close()
+
+
+def _operate(
+    settings: Settings,
+    use: Callable[[Operator], Awaitable[T]],
+    *,
+    timeout: float | None = None,
+    caller: str = _OPERATOR,
+    embedded: bool = False,
+    endpoints: dict[str, str] | None = None,
+) -> T:
+    """Run ``use`` with an ``Operator`` of the deployment, closed after.
+
+    Args:
+        settings: The deployment's settings.
+        use: What to do with it.
+        timeout: The calls' deadline (``request_timeout_s`` when ``None``).
+        caller: The identity the calls are made as.
+        embedded: When no deployment runs, start an embedded one for the call (see
+            ``RayDirectory``); otherwise that is ``LaunchError``.
+        endpoints: The agents' endpoints when known (no published files, no Ray).
+    """
+
+    async def run() -> T:
+        async with Operator(
+            settings=settings,
+            caller=caller,
+            timeout_s=timeout,
+            endpoints=endpoints,
+            directory=RayDirectory(settings, embedded=embedded),
+        ) as operator:
+            return await use(operator)
+
+    return asyncio.run(run())
+
+
+@contextmanager
+def _running(deployment: Deployment) -> Iterator[Deployment]:
+    """Connected to a running deployment (never an embedded one) for the block's duration."""
+    deployment.connect(allow_embedded=False)
+    try:
+        yield deployment
+    finally:
+        deployment.disconnect()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    # The CLI reports what matters itself, in one line; library logs are for STRATAGEM_LOG_LEVEL.
+    logging.basicConfig(level=os.environ.get("STRATAGEM_LOG_LEVEL", "ERROR").upper())
+    app()
+
+
+lazy_scope(globals())

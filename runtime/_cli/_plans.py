@@ -1,0 +1,412 @@
+"""The plan commands: ``plans run|show|list|watch``, and the verbs on one plan (``replay``,
+``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan``), each registered once under
+``plans`` and as a top-level alias (``stratagem plans approve`` = ``stratagem approve``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+import typer
+from rich.markup import escape
+
+from stratagem.runtime._cli._app import (
+    AddressOpt,
+    JsonOpt,
+    StateDirOpt,
+    TimeoutOpt,
+    _errors,
+    _operate,
+    _print_json,
+    _print_json_line,
+    _settings,
+    app,
+    console,
+    lazy_scope,
+    plans_app,
+)
+from stratagem.runtime._input import InputError, parse_json_object, unknown_name
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from stratagem.protocol import ControlAction, PlanSnapshot, RevisionsResponse
+    from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
+    from stratagem.runtime._operator import Operator, check_role, check_status
+    from stratagem.runtime._render import plan_forest
+    from stratagem.runtime._settings import Settings
+    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+
+__all__: list[str] = []
+
+logger = logging.getLogger(__name__)
+lazy_scope(globals())
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _plan_verb(name: str, help_text: str | None = None) -> Callable[[F], F]:
+    """Register a command on one plan under ``plans`` and as a top-level alias."""
+
+    def register(command: F) -> F:
+        app.command(name, help=help_text)(command)
+        plans_app.command(name, help=help_text)(command)
+        return command
+
+    return register
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+@plans_app.command("run")
+def plans_run(
+    plan_file: Annotated[Path, typer.Argument(help="YAML or JSON plan with id, owner and steps.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Have the plan's owner validate and run a plan you wrote."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        try:
+            snapshot = _operate(
+                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
+            )
+        finally:
+            shutdown_telemetry()
+        if as_json:
+            _print_json(json.loads(snapshot.model_dump_json()))
+        else:
+            console.print(plan_forest([snapshot], snapshot.plan_id))
+
+
+@plans_app.command("show")
+def plans_show(
+    plan_id: Annotated[str, typer.Argument(help="A plan id, e.g. the goal id demo printed.")],
+    revisions: Annotated[
+        bool,
+        typer.Option("--revisions", help="Print the plan's revision history from its owner."),
+    ] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="A picture of the DAG with step statuses: mermaid or dot."),
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a plan and every sub-plan it caused, from a running deployment."""
+    with _errors():
+        if fmt is not None and fmt not in DIAGRAM_FORMATS:
+            raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
+        settings = _settings(address, state_dir)
+        if revisions:
+            _show_revisions(plan_id, settings, as_json=as_json)
+            return
+        snapshots = _operate(settings, lambda op: op.show(plan_id))
+        if fmt is not None:
+            console.file.write(plan_diagram(snapshots, plan_id, fmt))
+        elif as_json:
+            _print_json([json.loads(s.model_dump_json()) for s in snapshots])
+        else:
+            console.print(plan_forest(snapshots, plan_id))
+
+
+@plans_app.command("list")
+def plans_list(
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only this agent's plans (a role).")
+    ] = None,
+    status: Annotated[
+        str | None, typer.Option("--status", help="Only plans in this status, e.g. blocked.")
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the plans the agents hold: id, agent, revision, status."""
+    with _errors():
+        if agent is not None:
+            check_role(agent)
+        if status is not None:
+            check_status(status)
+        settings = _settings(address, state_dir)
+        snapshots = _operate(settings, lambda op: op.plans(agent=agent, status=status))
+        if as_json:
+            _print_json(
+                [
+                    {"plan_id": s.plan_id, "agent": s.agent, "revision": s.revision}
+                    | {"status": s.status}
+                    for s in snapshots
+                ]
+            )
+            return
+        table = Table(box=None, pad_edge=False)
+        for column in ("plan", "agent", "rev", "status"):
+            table.add_column(column)
+        for snap in snapshots:
+            table.add_row(snap.plan_id, snap.agent, str(snap.revision), snap.status)
+        console.print(table)
+        console.print(f"{len(snapshots)} plans", highlight=False)
+
+
+@plans_app.command("watch")
+def plans_watch(
+    plan_id: Annotated[str, typer.Argument(help="The plan to follow.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Follow a plan's events (and its sub-plans') as they happen, until the plan ends."""
+    with _errors():
+        settings = _settings(address, state_dir)
+
+        async def follow(op: Operator) -> int:
+            owner = await op.owner(plan_id)
+            seen = 0
+            async for event in op.watch(plan_id, owner=owner):
+                seen += 1
+                if as_json:
+                    _print_json_line(json.loads(event.model_dump_json()))
+                else:
+                    step = f" step {event.step_id}" if event.step_id else ""
+                    why = f" ({event.failure_class}: {event.message})" if event.message else ""
+                    console.print(
+                        f"{event.agent or owner} {event.plan_id}{step} -> "
+                        f"[bold]{event.status}[/]{escape(why)}",
+                        highlight=False,
+                    )
+            return seen
+
+        seen = _operate(settings, follow)
+        if not as_json:
+            console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
+
+
+def _show_revisions(plan_id: str, settings: Settings, *, as_json: bool) -> None:
+    history: RevisionsResponse = _operate(settings, lambda op: op.revisions(plan_id))
+    if as_json:
+        _print_json(history.model_dump(mode="json"))
+        return
+    table = Table(title=f"Revisions of plan {plan_id} on {history.agent}", title_justify="left")
+    for column in ("revision", "parent", "author", "rationale", "added", "removed", "changed"):
+        table.add_column(column)
+    for entry in history.revisions:
+        table.add_row(
+            str(entry.revision),
+            str(entry.parent) if entry.parent else "-",
+            entry.author or "-",
+            entry.rationale or "-",
+            ", ".join(entry.added) or "-",
+            ", ".join(entry.removed) or "-",
+            ", ".join(f"{c.step_id} ({', '.join(c.fields)})" for c in entry.changed) or "-",
+        )
+    console.print(table)
+
+
+# -- verbs on one plan ---------------------------------------------------------------------------
+
+
+@_plan_verb("replay")
+def replay(
+    plan_id: Annotated[str, typer.Argument(help="A finished plan's id.")],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Re-run a finished plan on its owner from its recorded outputs (no side effects) and report
+    where decisions diverge; exit 1 when any does."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        result = _operate(settings, lambda op: op.replay(plan_id), timeout=timeout)
+        if as_json:
+            _print_json({**result.model_dump(mode="json"), "diverged": result.diverged})
+        elif not result.diverged:
+            console.print(
+                f"no divergence: {result.decisions} decisions re-derived "
+                f"(plan {result.plan_id} revision {result.revision} on {result.agent}, "
+                f"{result.recorded_status})",
+                highlight=False,
+            )
+        else:
+            table = Table(
+                title=f"Replay of plan {result.plan_id} revision {result.revision}: "
+                f"{len(result.divergences)} of {result.decisions} decisions diverged",
+                title_justify="left",
+            )
+            for column in ("step", "decision", "recorded", "replayed"):
+                table.add_column(column)
+            for d in result.divergences:
+                table.add_row(d.step_id or "(plan)", d.decision, d.recorded, d.replayed)
+            console.print(table)
+    if result.diverged:
+        raise typer.Exit(1)
+
+
+PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
+GateArg = Annotated[
+    str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
+]
+RationaleOpt = Annotated[
+    str, typer.Option("--rationale", help="Why (recorded in the audit log, redacted).")
+]
+
+
+def _control(
+    plan_id: str,
+    action: ControlAction,
+    *,
+    address: str | None,
+    state_dir: Path | None,
+    as_json: bool,
+    timeout: float | None,
+    gate_id: str = "",
+    rationale: str = "",
+    output: str | None = None,
+    plan_file: Path | None = None,
+) -> None:
+    """Send one control action to the agent that owns ``plan_id`` and print the plan's state."""
+    with _errors():
+        settings = _settings(address, state_dir)
+        recorded: dict[str, Any] | None = None
+        if output is not None:
+            recorded = parse_json_object(output, "--output")
+        snapshot: PlanSnapshot = _operate(
+            settings,
+            lambda op: op.control(
+                plan_id,
+                action,
+                gate_id=gate_id,
+                rationale=rationale,
+                output=recorded,
+                plan=plan_file,
+            ),
+            timeout=timeout,
+        )
+        if as_json:
+            _print_json(json.loads(snapshot.model_dump_json()))
+        else:
+            gate = f" gate {gate_id}" if gate_id else ""
+            console.print(
+                f"{action}{gate}: plan {snapshot.plan_id} revision {snapshot.revision} on "
+                f"{snapshot.agent} is [bold]{snapshot.status}[/]",
+                highlight=False,
+            )
+
+
+@_plan_verb("approve")
+def approve(
+    plan_id: PlanArg,
+    gate_id: GateArg,
+    rationale: RationaleOpt,
+    output: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            help="For a reconcile gate: the step's output (a JSON object) to record instead of "
+            "re-running it, when you found its effect done.",
+        ),
+    ] = None,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with --output)."""
+    _control(
+        plan_id,
+        "approve",
+        gate_id=gate_id,
+        rationale=rationale,
+        output=output,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+    )
+
+
+@_plan_verb("reject")
+def reject(
+    plan_id: PlanArg,
+    gate_id: GateArg,
+    rationale: RationaleOpt,
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Reject a gate: the gate (or reconciled step) fails, and so its plan, which is compensated."""
+    _control(
+        plan_id,
+        "reject",
+        gate_id=gate_id,
+        rationale=rationale,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+    )
+
+
+_PLAN_ONLY: dict[Literal["pause", "cancel", "resume"], str] = {
+    "pause": "Pause a plan: no new step starts, running ones finish; 'resume' continues it.",
+    "cancel": "Cancel a plan for good: running steps are cancelled, completed ones compensated.",
+    "resume": "Resume a stored, unfinished plan that is not running (paused, or left by a stop).",
+}
+"""The actions that take nothing but the plan: one command body, registered per action."""
+
+
+def _plan_only(action: Literal["pause", "cancel", "resume"]) -> Callable[..., None]:
+    def command(
+        plan_id: PlanArg,
+        address: AddressOpt = None,
+        state_dir: StateDirOpt = None,
+        as_json: JsonOpt = False,
+        timeout: TimeoutOpt = None,
+    ) -> None:
+        _control(
+            plan_id, action, address=address, state_dir=state_dir, as_json=as_json, timeout=timeout
+        )
+
+    command.__name__ = action
+    return command
+
+
+for _action, _help in _PLAN_ONLY.items():
+    _plan_verb(_action, _help)(_plan_only(_action))
+
+
+@_plan_verb("replan")
+def replan(
+    plan_id: PlanArg,
+    plan_file: Annotated[
+        Path, typer.Argument(help="YAML or JSON plan: the new revision's owner and steps.")
+    ],
+    rationale: Annotated[
+        str, typer.Option("--rationale", help="Why the plan changes (kept with the revision).")
+    ],
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Make a new revision of a stored plan that is not running (pause it first); 'resume' runs
+    it, with the results of unchanged completed steps carried over."""
+    _control(
+        plan_id,
+        "replan",
+        rationale=rationale,
+        plan_file=plan_file,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+    )

@@ -1,0 +1,218 @@
+"""``SyncOperator``: the operator API for code without an event loop (scripts, notebooks' cells
+run outside one), over an ``Operator`` on a loop of its own.
+
+Each method runs the ``Operator`` method of the same name to completion on that loop, so it
+cannot be called from a running event loop (use ``Operator`` there). Errors are the ``Operator``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+
+from stratagem.protocol import (
+    OPERATOR,
+    AgentCard,
+    ControlAction,
+    PlanEvent,
+    PlanSnapshot,
+    ReplayResult,
+    RevisionsResponse,
+    SubmitGoalRequest,
+    WireModel,
+)
+from stratagem.runtime._goal import GoalOutcome
+from stratagem.runtime._operator import Directory, Operator, PlanSource
+from stratagem.runtime._settings import Settings
+
+__all__ = ["SyncOperator"]
+
+
+class SyncOperator:
+    """A deployment's agents, blocking: the methods of ``Operator``, each run to completion.
+
+    Takes the arguments of ``Operator``. Use ``with SyncOperator() as op:`` or call ``close``.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        *,
+        address: str | None = None,
+        profile: str | None = None,
+        settings: Settings | None = None,
+        caller: str = OPERATOR,
+        timeout_s: float | None = None,
+        endpoints: Mapping[str, str] | None = None,
+        directory: Directory | None = None,
+    ) -> None:
+        self._operator = Operator(
+            state_dir,
+            address=address,
+            profile=profile,
+            settings=settings,
+            caller=caller,
+            timeout_s=timeout_s,
+            endpoints=endpoints,
+            directory=directory,
+        )
+        self._runner = asyncio.Runner()
+        self._closed = False
+
+    @property
+    def settings(self) -> Settings:
+        """The deployment's settings."""
+        return self._operator.settings
+
+    def __enter__(self) -> SyncOperator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every channel, let go of the directory and stop the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._runner.run(self._operator.aclose())
+        finally:
+            self._runner.close()
+
+    def endpoints(self) -> dict[str, str]:
+        """Each agent's endpoint (see ``Operator.endpoints``)."""
+        return self._runner.run(self._operator.endpoints())
+
+    def call(
+        self,
+        agent: str,
+        capability: str,
+        payload: Mapping[str, Any] | WireModel | None = None,
+        *,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> WireModel:
+        """See ``Operator.call``."""
+        return self._runner.run(
+            self._operator.call(agent, capability, payload, timeout=timeout, request_id=request_id)
+        )
+
+    def describe(self, agent: str) -> AgentCard:
+        """See ``Operator.describe``."""
+        return self._runner.run(self._operator.describe(agent))
+
+    def plans(self, *, agent: str | None = None, status: str | None = None) -> list[PlanSnapshot]:
+        """See ``Operator.plans``."""
+        return self._runner.run(self._operator.plans(agent=agent, status=status))
+
+    def show(self, plan_id: str) -> list[PlanSnapshot]:
+        """See ``Operator.show``."""
+        return self._runner.run(self._operator.show(plan_id))
+
+    def owner(self, plan_id: str) -> str:
+        """See ``Operator.owner``."""
+        return self._runner.run(self._operator.owner(plan_id))
+
+    def revisions(self, plan_id: str) -> RevisionsResponse:
+        """See ``Operator.revisions``."""
+        return self._runner.run(self._operator.revisions(plan_id))
+
+    def replay(self, plan_id: str, *, timeout: float | None = None) -> ReplayResult:
+        """See ``Operator.replay``."""
+        return self._runner.run(self._operator.replay(plan_id, timeout=timeout))
+
+    def watch(self, plan_id: str, *, owner: str | None = None) -> Iterator[PlanEvent]:
+        """See ``Operator.watch``: each event as the owner sends it, until the plan ends."""
+        stream = self._operator.watch(plan_id, owner=owner)
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_next(stream))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:  # else the loop, and the stream's channel with it, are gone
+                self._runner.run(stream.aclose())
+
+    def run_plan(self, plan: PlanSource, *, timeout: float | None = None) -> PlanSnapshot:
+        """See ``Operator.run_plan``."""
+        return self._runner.run(self._operator.run_plan(plan, timeout=timeout))
+
+    def submit(
+        self,
+        goal: SubmitGoalRequest | Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        on_event: Callable[[PlanEvent], None] | None = None,
+    ) -> GoalOutcome:
+        """See ``Operator.submit``."""
+        return self._runner.run(self._operator.submit(goal, timeout=timeout, on_event=on_event))
+
+    def control(
+        self,
+        plan_id: str,
+        action: ControlAction,
+        *,
+        gate_id: str = "",
+        rationale: str = "",
+        output: Mapping[str, Any] | None = None,
+        plan: PlanSource | None = None,
+        timeout: float | None = None,
+    ) -> PlanSnapshot:
+        """See ``Operator.control``."""
+        return self._runner.run(
+            self._operator.control(
+                plan_id,
+                action,
+                gate_id=gate_id,
+                rationale=rationale,
+                output=output,
+                plan=plan,
+                timeout=timeout,
+            )
+        )
+
+    def approve(
+        self,
+        plan_id: str,
+        gate_id: str,
+        rationale: str,
+        *,
+        output: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> PlanSnapshot:
+        """See ``Operator.approve``."""
+        return self._runner.run(
+            self._operator.approve(plan_id, gate_id, rationale, output=output, timeout=timeout)
+        )
+
+    def reject(
+        self, plan_id: str, gate_id: str, rationale: str, *, timeout: float | None = None
+    ) -> PlanSnapshot:
+        """See ``Operator.reject``."""
+        return self._runner.run(self._operator.reject(plan_id, gate_id, rationale, timeout=timeout))
+
+    def pause(self, plan_id: str, *, timeout: float | None = None) -> PlanSnapshot:
+        """See ``Operator.pause``."""
+        return self._runner.run(self._operator.pause(plan_id, timeout=timeout))
+
+    def cancel(self, plan_id: str, *, timeout: float | None = None) -> PlanSnapshot:
+        """See ``Operator.cancel``."""
+        return self._runner.run(self._operator.cancel(plan_id, timeout=timeout))
+
+    def resume(self, plan_id: str, *, timeout: float | None = None) -> PlanSnapshot:
+        """See ``Operator.resume``."""
+        return self._runner.run(self._operator.resume(plan_id, timeout=timeout))
+
+    def replan(
+        self, plan_id: str, plan: PlanSource, rationale: str, *, timeout: float | None = None
+    ) -> PlanSnapshot:
+        """See ``Operator.replan``."""
+        return self._runner.run(self._operator.replan(plan_id, plan, rationale, timeout=timeout))
+
+
+async def _next(stream: AsyncIterator[PlanEvent]) -> PlanEvent:
+    return await anext(stream)

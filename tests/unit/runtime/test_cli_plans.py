@@ -1,0 +1,112 @@
+"""The plan commands over the operator API, run in this process against the four real agents
+served on 127.0.0.1 (see ``_served``): they reach the agents through their published endpoints
+(the directory behind them would be Ray's, which this process never joins), and every verb on one
+plan answers the same under ``plans`` as at the top level."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from stratagem.protocol import RemoteError
+from stratagem.runtime import SyncOperator
+from stratagem.runtime._cli import app
+from tests.unit.runtime._served import WHO_LEADS, Served, gated_plan, served_in_a_thread
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    with served_in_a_thread(tmp_path / "state") as running:
+        yield running
+
+
+def stratagem(served: Served, *args: str) -> Result:
+    env = {
+        "STRATAGEM_STATE_DIR": str(served.settings.state_dir),
+        "STRATAGEM_SECRET_FILE": str(served.settings.secret_path),
+        "STRATAGEM_AUTH": "token",
+        "STRATAGEM_ADDRESS": None,
+        "RAY_ADDRESS": None,
+        "COLUMNS": "160",
+    }
+    return runner.invoke(app, list(args), env=env)
+
+
+def test_plans_run_show_list_watch_replay_and_describe(served: Served) -> None:
+    ran = stratagem(served, "plans", "run", str(WHO_LEADS), "--json")
+    assert ran.exit_code == 0, ran.output
+    assert json.loads(ran.stdout)["status"] == "succeeded"
+    shown = stratagem(served, "plans", "show", "who-leads", "--json")
+    assert [s["agent"] for s in json.loads(shown.stdout)] == ["strategic"]
+    listed = stratagem(served, "plans", "list", "--agent", "strategic", "--json")
+    assert json.loads(listed.stdout) == [
+        {"plan_id": "who-leads", "agent": "strategic", "revision": 1, "status": "succeeded"}
+    ]
+    watched = stratagem(served, "plans", "watch", "who-leads")
+    assert watched.exit_code == 0, watched.output
+    assert "strategic who-leads -> succeeded" in watched.stdout
+    assert "the plan ended;" in watched.stdout
+    for replay in (("replay",), ("plans", "replay")):
+        replayed = stratagem(served, *replay, "who-leads")
+        assert replayed.exit_code == 0, replayed.output
+        assert "no divergence: 9 decisions re-derived (plan who-leads revision 1 on strategic" in (
+            replayed.stdout
+        )
+    described = stratagem(served, "describe", "perception", "ExtractEntities", "--json")
+    assert described.exit_code == 0, described.output
+    assert [c["name"] for c in json.loads(described.stdout)["capabilities"]] == ["ExtractEntities"]
+
+
+def test_a_plan_no_agent_holds_is_one_line_and_exit_2(served: Served) -> None:
+    for verb in (("cancel",), ("plans", "cancel"), ("plans", "show"), ("replay",)):
+        result = stratagem(served, *verb, "no-such-plan")
+        assert result.exit_code == 2, (verb, result.output)
+        assert result.stderr.strip() == "error: no plan 'no-such-plan' on any agent"
+
+
+def test_the_control_verbs_answer_the_same_under_plans(served: Served) -> None:
+    ended: list[str] = []
+
+    def run_gated() -> None:
+        with SyncOperator(settings=served.settings, directory=served.directory) as op:
+            try:
+                ended.append(op.run_plan(gated_plan("held")).status)
+            except RemoteError as exc:  # the paused run's caller is told it stopped
+                ended.append(exc.code.name)
+
+    running = threading.Thread(target=run_gated)
+    running.start()
+    try:
+        with SyncOperator(settings=served.settings, directory=served.directory) as op:
+            for _ in range(400):
+                if any(s.plan_id == "held" and s.status == "blocked" for s in op.plans()):
+                    break
+                time.sleep(0.025)
+            else:
+                pytest.fail("the plan never blocked at its gate")
+        wrong = stratagem(served, "plans", "reject", "held", "nope", "--rationale", "x")
+        assert wrong.exit_code == 1
+        assert "FAILED_PRECONDITION" in wrong.stderr
+        for verb in (("pause",), ("plans", "pause")):
+            result = stratagem(served, *verb, "held", "--json")
+            assert result.exit_code == 0, (verb, result.output)
+            assert (json.loads(result.stdout)["plan_id"], json.loads(result.stdout)["agent"]) == (
+                "held",
+                "strategic",
+            )
+        said = stratagem(served, "plans", "resume", "held")
+        assert said.stdout.startswith("resume: plan held revision 1 on strategic is "), said.output
+        cancelled = stratagem(served, "cancel", "held")
+        assert cancelled.stdout.startswith("cancel: plan held revision 1 on strategic is ")
+    finally:
+        running.join(30)
+    assert ended
+    assert served.directory.asked == 0
