@@ -31,6 +31,15 @@ from stratagem.agents._model import (
     parse_json_answer,
     response_format,
 )
+from stratagem.agents._model_planner import (
+    ModelPlanner,
+    ModelPlanningConfig,
+    PlanJudge,
+    plan_answer_schema,
+    rederive,
+)
+from stratagem.agents._model_roles import TacticalModelPlanner, model_planner
+from stratagem.agents._model_trace import TracedModelClient
 from stratagem.agents._narrative import THEME_LEXICONS, ArcChoice
 from stratagem.agents._orchestrator import (
     Assignment,
@@ -83,6 +92,8 @@ __all__ = [
     "Mention",
     "ModelClient",
     "ModelConfig",
+    "ModelPlanner",
+    "ModelPlanningConfig",
     "NarrativeGoal",
     "OpenAIModelClient",
     "OrchestrationPlan",
@@ -91,6 +102,7 @@ __all__ = [
     "PerceptionAgent",
     "PerceptionPlan",
     "PerceptionPlanner",
+    "PlanJudge",
     "PlanRecord",
     "Planner",
     "ResolutionStrategy",
@@ -102,11 +114,13 @@ __all__ = [
     "StrategicPlan",
     "StrategicPlanner",
     "TacticalAgent",
+    "TacticalModelPlanner",
     "TacticalPlan",
     "TacticalPlanner",
     "TacticalStep",
     "Tool",
     "ToolRegistry",
+    "TracedModelClient",
     "WorldModel",
     "WorldStore",
     "build_agent",
@@ -114,7 +128,10 @@ __all__ = [
     "import_extensions",
     "in_thread",
     "load_extensions",
+    "model_planner",
     "parse_json_answer",
+    "plan_answer_schema",
+    "rederive",
     "response_format",
     "serve_in_memory",
     "slugify",

@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.metadata
+import inspect
 import itertools
 import json
 import logging
@@ -146,8 +147,9 @@ def _package_version() -> str:
 class Planner(Protocol):
     """Turns a capability request into a plan, and the plan's result into the response."""
 
-    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
-        """The plan that serves ``request``.
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan | Awaitable[Plan]:
+        """The plan that serves ``request`` (a model planner returns an awaitable: the agent
+        awaits it on its event loop, serving other calls meanwhile).
 
         Args:
             capability: The capability's name.
@@ -181,13 +183,15 @@ class _PlannerReplanner:
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
-    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+    async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
         record = self._agent._records.get(plan.id)
         handler = self._agent._handlers.get(record.capability) if record is not None else None
         replan = getattr(handler[1], "replan", None) if handler is not None else None
         if not callable(replan):
             return None
         new_plan = replan(plan, failure)
+        if inspect.isawaitable(new_plan):  # a model planner's repair
+            new_plan = await new_plan
         return new_plan if isinstance(new_plan, Plan) else None
 
 
@@ -312,6 +316,14 @@ class Agent:
         """The capabilities it serves, by name."""
         return {name: spec for name, (spec, _) in self._handlers.items()}
 
+    def use_planner(self, planner: Planner) -> None:
+        """Plan the built-in capabilities with ``planner`` (a model planner, say) from now on;
+        extension capabilities keep theirs."""
+        for name, (spec, current) in list(self._handlers.items()):
+            if current is self.planner:
+                self._handlers[name] = (spec, planner)
+        self.planner = planner
+
     def add_capability(self, spec: CapabilitySpec, planner: Planner) -> None:
         """Serve another capability (an extension's), planned by ``planner``.
 
@@ -374,7 +386,9 @@ class Agent:
             if state is not None:
                 return self._respond_from(state, capability, request, planner)
         try:
-            plan = planner.plan(capability, request, plan_id=plan_id)
+            # A model planner's plan is awaited: the agent's loop keeps serving meanwhile.
+            made = planner.plan(capability, request, plan_id=plan_id)
+            plan = await made if inspect.isawaitable(made) else made
         except (PlanningError, ValueError) as exc:
             message = _one_line(f"{capability}: cannot plan {plan_id!r}: {_reason(exc)}")
             # An id no plan may carry cannot be recorded; the caller still gets the error.

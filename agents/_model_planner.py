@@ -29,6 +29,7 @@ be reached or times out is retried with backoff (``TransientError`` after the la
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import logging
@@ -264,7 +265,8 @@ class ModelPlanner:
 
     # --- the prompt --------------------------------------------------------------------------
 
-    def _system(self) -> str:
+    def system(self) -> str:
+        """The system message: the role, its tools, the answer's shape."""
         tools = "\n".join(
             f"- {name}: {self.registry.get(name).description}" for name in self.registry.names()
         )
@@ -274,17 +276,23 @@ class ModelPlanner:
             f"input, and may depend on earlier steps by id:\n{tools}\n{self.instructions}"
         ).strip()
 
+    def ask(self, capability: str, request: WireModel) -> str:
+        """The user message: what to plan (a role may say it more briefly)."""
+        return self._ask(capability, request)
+
     def _ask(self, capability: str, request: WireModel) -> str:
         return f"Plan {capability} for this request:\n{request.model_dump_json()}"
 
     # --- calling -----------------------------------------------------------------------------
 
-    async def _call(self, attempts: _Attempts, critique: str) -> tuple[ChatResponse, ModelCall]:
+    async def _call(
+        self, attempts: _Attempts, critique: str, schema: dict[str, Any]
+    ) -> tuple[ChatResponse, ModelCall]:
         request = ChatRequest(
             messages=tuple(attempts.messages),
             max_tokens=self.config.max_tokens,
             temperature=self.config.temperature,
-            schema=self.schema,
+            schema=schema,
             schema_name=f"{self.role}_plan",
         )
         digest = _digest(request)
@@ -326,14 +334,17 @@ class ModelPlanner:
 
     # --- checking ----------------------------------------------------------------------------
 
-    def _read(self, response: ChatResponse, plan_id: str) -> tuple[Plan | None, list[str]]:
-        """The answer as this agent's plan, or the problems that refuse it."""
-        if len(response.content) > _RESPONSE_LIMIT:
-            return None, [f"the answer is longer than {_RESPONSE_LIMIT} characters"]
-        try:
-            answer = parse_json_answer(response)
-        except LogicError as exc:
-            return None, [str(exc)]
+    # --- what a role may change: the answer's shape and how it becomes a plan ------------------
+
+    def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
+        """The JSON Schema the answer must follow (by default: a plan of this agent's tools)."""
+        return self.schema
+
+    def build(
+        self, answer: Any, capability: str, request: WireModel, plan_id: str
+    ) -> tuple[Plan | None, list[str]]:
+        """The answer as this agent's plan (by default: the answer is the plan's goal and
+        steps), or the problems that refuse it."""
         if not isinstance(answer, dict):
             return None, ["the answer is not a JSON object with a goal and steps"]
         fields = {k: v for k, v in answer.items() if k in ("goal", "steps")}
@@ -353,7 +364,22 @@ class ModelPlanner:
                 f"{'.'.join(str(p) for p in error['loc']) or 'plan'}: {error['msg']}"
                 for error in exc.errors()[:8]
             ]
-        problems: list[str] = []
+        return plan, []
+
+    def _read(
+        self, response: ChatResponse, capability: str, request: WireModel, plan_id: str
+    ) -> tuple[Plan | None, list[str]]:
+        """The answer as this agent's plan, checked like a hand-written one, or the problems
+        that refuse it."""
+        if len(response.content) > _RESPONSE_LIMIT:
+            return None, [f"the answer is longer than {_RESPONSE_LIMIT} characters"]
+        try:
+            answer = parse_json_answer(response)
+        except LogicError as exc:
+            return None, [str(exc)]
+        plan, problems = self.build(answer, capability, request, plan_id)
+        if plan is None:
+            return None, problems
         try:
             validate_plan(plan, tools=self.registry)
         except PlanValidationError as exc:
@@ -392,8 +418,10 @@ class ModelPlanner:
     ) -> tuple[Plan | None, list[str]]:
         problems: list[str] = []
         for _ in range(tries):
-            response, call = await self._call(attempts, critique)
-            plan, problems = self._read(response, plan_id)
+            response, call = await self._call(
+                attempts, critique, self.schema_for(capability, request)
+            )
+            plan, problems = self._read(response, capability, request, plan_id)
             if plan is not None:
                 problems = await self._judged(plan, request)
             outcome = "accepted" if plan is not None and not problems else "; ".join(problems)
@@ -440,8 +468,8 @@ class ModelPlanner:
         """
         attempts = _Attempts(
             messages=[
-                ChatMessage("system", self._system()),
-                ChatMessage("user", self._ask(capability, request)),
+                ChatMessage("system", self.system()),
+                ChatMessage("user", self.ask(capability, request)),
             ]
         )
         plan, problems = await self._session(
@@ -485,8 +513,8 @@ class ModelPlanner:
         steps = [s.model_dump(mode="json", exclude={"status"}) for s in plan.steps]
         attempts = _Attempts(
             messages=[
-                ChatMessage("system", self._system()),
-                ChatMessage("user", self._ask(capability, wire)),
+                ChatMessage("system", self.system()),
+                ChatMessage("user", self.ask(capability, wire)),
                 ChatMessage("assistant", json.dumps({"goal": plan.goal, "steps": steps})[:4000]),
                 ChatMessage(
                     "user",
@@ -540,17 +568,8 @@ async def rederive(
         for c in provenance.calls
     ]
     journal = ScriptedModelClient(recorded, model=planner.client.model)
-    again = ModelPlanner(
-        role=planner.role,
-        plan_type=planner.plan_type,
-        registry=planner.registry,
-        client=journal,
-        deterministic=planner.deterministic,
-        config=planner.config,
-        judge=planner.judge,
-        instructions=planner.instructions,
-        budget=planner.budget,
-    )
+    again = copy.copy(planner)  # the same role, schema and checks: only the model differs
+    again.client = journal
     derived = await again.plan(capability, request, plan_id=plan.id)
     differences = []
     for name in ("goal", "steps"):

@@ -293,7 +293,13 @@ class TacticalPlanner:
         """The response, from the plan's outputs."""
         if not isinstance(request, PlanExecutionSequenceRequest):
             raise ValueError(f"the tactical planner cannot answer {capability!r}")
-        found = result.outputs["search"]
+        found = result.outputs.get("search")
+        if found is None:  # a model's sequence, re-simulated by its verify step: no search ran
+            verify = result.plan.step("verify")
+            actions = verify.input["actions"] if isinstance(verify, ToolStep) else []
+            return PlanExecutionSequenceResponse(
+                beat_id=request.beat.id, actions=actions, states_explored=0
+            )
         return PlanExecutionSequenceResponse(
             beat_id=request.beat.id,
             actions=found["actions"],

@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import heapq
+import inspect
 import json
 import logging
 import math
@@ -1532,7 +1533,8 @@ class _PlanRun(Generic[P]):
             return False
         failure = self.failures[0]
         try:
-            new_plan = replanner.replan(self.plan, failure)
+            made = replanner.replan(self.plan, failure)
+            new_plan = await made if inspect.isawaitable(made) else made
         except Exception:
             logger.exception("plan %s: the replanner failed", self.plan.id)
             return False
@@ -1553,7 +1555,8 @@ class _PlanRun(Generic[P]):
                 self.attempts,
                 self.compensation,
                 rationale,
-                f"replanner:{self.agent}",
+                # A model's repair names the model (its provenance), else the agent's replanner.
+                new_plan.provenance.author if new_plan.provenance else f"replanner:{self.agent}",
                 spent=(self.spent_calls, self.spent_cost),
             )
         except PlanValidationError as exc:

@@ -14,7 +14,7 @@ timeout or retry policy shows in the diff but does not stop its result from carr
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -139,8 +139,9 @@ class Replanner(Protocol):
     completed steps carried over. ``None`` lets the plan fail.
     """
 
-    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        """A new plan for ``plan`` after ``failure``, or ``None`` to let it fail."""
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | Awaitable[Plan | None] | None:
+        """A new plan for ``plan`` after ``failure``, or ``None`` to let it fail; a replanner
+        that asks a model returns an awaitable, which the engine awaits."""
         ...
 
 
