@@ -39,7 +39,10 @@ KEEPALIVE_OPTIONS: Final = (
     ("grpc.http2.max_pings_without_data", 0),
 )
 SERVER_KEEPALIVE_OPTIONS: Final = (
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, whose key is this string: pings of a
+    # call that sends no data for longer than the default (5 min) would otherwise count as strikes,
+    # and the server ends such a call with GOAWAY "too_many_pings" after ~30 s.
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 )
 
