@@ -144,7 +144,13 @@ def _hoist(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[st
 
 def plan_answer_schema(registry: ToolRegistry, *, max_steps: int = 8) -> dict[str, Any]:
     """The JSON Schema a model's plan must follow: a goal and steps, each step calling one tool
-    of ``registry`` with that tool's input (arrays and strings bounded, as small models need)."""
+    of ``registry`` with that tool's input (arrays and strings bounded, as small models need).
+
+    Raises:
+        ValueError: The registry has no tool (a model could write no step).
+    """
+    if not registry.names():
+        raise ValueError(f"the {registry.agent} agent has no tool a model's plan could call")
     defs: dict[str, Any] = {}
     variants = []
     for name in registry.names():

@@ -154,8 +154,12 @@ def model_planner(
     config: ModelPlanningConfig | None = None,
     *,
     budget: Budget | None = None,
-) -> ModelPlanner:
-    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback)."""
+) -> ModelPlanner | None:
+    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback);
+    ``None`` for an agent with no tools of its own (the orchestrator, whose plans are cross-agent
+    steps: its model planner is not written yet, so it keeps its own)."""
+    if not agent.registry.names():
+        return None
     deterministic: Any = agent.planner
     if isinstance(agent.planner, TacticalPlanner):
         return TacticalModelPlanner(

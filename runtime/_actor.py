@@ -42,6 +42,7 @@ from stratagem.protocol import (
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
@@ -84,6 +85,7 @@ class AgentActor:
         settings_json: str,
         secret: ClusterSecret | None = None,
         audit_key: bytes | None = None,
+        model_api_key: str = "",
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._settings_digest = settings_digest(settings_json)
@@ -138,6 +140,12 @@ class AgentActor:
             extensions=settings.extensions,
             store=self._store,
             world_store=open_world_store(settings, role),
+        )
+        attach_model_planner(
+            self._agent,
+            settings,
+            api_key=model_api_key,
+            tracer_provider=self._tracer_provider,
         )
         self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(

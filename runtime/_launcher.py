@@ -34,6 +34,7 @@ from stratagem.runtime._directory import (
     death_cause,
 )
 from stratagem.runtime._local import LaunchError, LocalCluster
+from stratagem.runtime._models import resolve_model
 from stratagem.runtime._rayauth import (
     RayAuth,
     is_loopback,
@@ -50,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 # Environment handed to agent actors so that every process exports telemetry the same way.
 _FORWARDED_PREFIXES = ("OTEL_", "STRATAGEM_")
+# Secrets reach the agents as constructor arguments, never in a runtime_env (which the dashboard
+# and job records show).
+_NOT_FORWARDED = frozenset({"STRATAGEM_MODEL_API_KEY"})
 
 
 class Deployment:
@@ -187,9 +191,14 @@ class Deployment:
         if self.mode in ("embedded", "local") and self.settings.extensions:
             # Agents on this machine resolve extension modules from where the user launched us.
             update["extension_paths"] = [*self.settings.extension_paths, Path.cwd()]
-        settings = self.settings.model_copy(update=update)
+        settings = resolve_model(self.settings.model_copy(update=update))
+        api_key = (
+            self.settings.model_api_key.get_secret_value() if self.settings.model_api_key else ""
+        )
         env = {
-            key: value for key, value in os.environ.items() if key.startswith(_FORWARDED_PREFIXES)
+            key: value
+            for key, value in os.environ.items()
+            if key.startswith(_FORWARDED_PREFIXES) and key not in _NOT_FORWARDED
         }
         secret = cluster_secret(self.settings, create=create_secret)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +224,7 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings_json, secret, audit_key
+                role, settings_json, secret, audit_key, api_key
             )
         infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
         digest = settings_digest(settings_json)

@@ -13,7 +13,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stratagem.protocol import ROLES
@@ -118,6 +118,23 @@ class Settings(BaseSettings):
         allow_unauthenticated_ray: Deploy onto an external Ray cluster that is not on loopback
             and asks for no Ray token (anyone who reaches it can run code in the agents); refused
             unless set, and then warned about.
+        planner: How every agent plans: ``deterministic`` (its own rules) or ``model`` (a
+            language model, checked by its rules; see ``agents.ModelPlanner``).
+        planners: Per role, a choice other than ``planner`` (JSON in ``STRATAGEM_PLANNERS``, e.g.
+            ``{"tactical": "model"}``).
+        model_url: The OpenAI-compatible base URL of the model server; ``None``: the embedded one
+            ``make model-server`` started, when it answers.
+        model: The model's name at that server.
+        model_api_key: The key for that server: a secret (never logged, traced or audited; it
+            reaches the agents as a constructor argument, not in the settings they are given).
+        model_timeout_s: How long one model call may take.
+        model_max_repairs: New attempts after a model's plan is refused (or fails while running).
+        model_max_tokens: The most tokens one model answer may have.
+        model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
+        model_schema_style: How the server takes a JSON Schema: ``json_schema`` (OpenAI, vLLM,
+            Ollama, LM Studio) or ``json_object`` (llama.cpp's Python server).
+        genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
 
     model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
@@ -153,6 +170,22 @@ class Settings(BaseSettings):
     max_watch_streams: int = Field(default=1024, ge=1, le=1_000_000)
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
+    planner: Literal["deterministic", "model"] = "deterministic"
+    planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
+    model_url: str | None = None
+    model: str = ""
+    model_api_key: SecretStr | None = Field(default=None, exclude=True)
+    model_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    model_max_repairs: int = Field(default=2, ge=0, le=10)
+    model_max_tokens: int = Field(default=512, ge=1, le=32768)
+    model_token_budget: int | None = Field(default=None, ge=0)
+    model_schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    genai_capture_content: bool = Field(
+        default=False,
+        validation_alias=AliasChoices(
+            "genai_capture_content", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+        ),
+    )
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     allow_unauthenticated_ray: bool = False
 
@@ -163,6 +196,27 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("planners")
+    @classmethod
+    def _planner_roles(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
+        return value
+
+    @field_validator("model_url")
+    @classmethod
+    def _model_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (the server's /v1 base)")
+        return value
+
+    def planner_for(self, role: str) -> Literal["deterministic", "model"]:
+        """How ``role``'s agent plans."""
+        return self.planners.get(role, self.planner)
 
     @field_validator("placement")
     @classmethod

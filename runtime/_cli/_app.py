@@ -278,6 +278,21 @@ def _timeout_in_range(value: float | None) -> float | None:
         _fail(str(exc), 2)
 
 
+def _planner_choice(value: str | None) -> str | None:
+    if value is not None and value not in ("deterministic", "model"):
+        raise typer.BadParameter(f"{value!r} is not 'deterministic' or 'model'")
+    return value
+
+
+PlannerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--planner",
+        help="How the agents plan: deterministic or model (else STRATAGEM_PLANNER; a model "
+        "planner needs STRATAGEM_MODEL_URL or 'make model-server').",
+        callback=_planner_choice,
+    ),
+]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Deadline in seconds.", callback=_timeout_in_range),

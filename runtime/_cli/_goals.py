@@ -14,6 +14,7 @@ import typer
 from stratagem.runtime._cli._app import (
     AddressOpt,
     JsonOpt,
+    PlannerOpt,
     StateDirOpt,
     TimeoutOpt,
     _audit_head,
@@ -168,10 +169,11 @@ def demo(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    planner: PlannerOpt = None,
 ) -> None:
     """Start a local Ray, launch the four agents and pursue the built-in story goal."""
     with _errors():
-        settings = _settings(address, state_dir)
+        settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
     _load_agents()
     _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
 
@@ -183,9 +185,10 @@ def submit(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    planner: PlannerOpt = None,
 ) -> None:
     """Pursue the goal in GOAL_FILE across all agents."""
     with _errors():
         request = _load_goal(goal_file)
-        settings = _settings(address, state_dir)
+        settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
     _execute_goal(request, settings, as_json=as_json, timeout=timeout)
