@@ -135,7 +135,11 @@ class AgentActor:
         self._agent = build_agent(
             role,
             dispatcher=self._dispatcher,
-            engine_config=EngineConfig(max_in_flight=settings.max_in_flight, seed=settings.seed),
+            engine_config=EngineConfig(
+                max_in_flight=settings.max_in_flight,
+                seed=settings.seed,
+                default_timeout_s=settings.effective_step_timeout_s,
+            ),
             tracer_provider=self._tracer_provider,
             extensions=settings.extensions,
             store=self._store,

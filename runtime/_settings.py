@@ -133,6 +133,9 @@ class Settings(BaseSettings):
         model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
         model_schema_style: How the server takes a JSON Schema: ``json_schema`` (OpenAI, vLLM,
             Ollama, LM Studio) or ``json_object`` (llama.cpp's Python server).
+        step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
+            request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
+            model on a CPU takes tens of seconds a call).
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
@@ -180,6 +183,7 @@ class Settings(BaseSettings):
     model_max_tokens: int = Field(default=512, ge=1, le=32768)
     model_token_budget: int | None = Field(default=None, ge=0)
     model_schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    step_timeout_s: float | None = Field(default=None, gt=0, le=86400)
     genai_capture_content: bool = Field(
         default=False,
         validation_alias=AliasChoices(
@@ -217,6 +221,18 @@ class Settings(BaseSettings):
     def planner_for(self, role: str) -> Literal["deterministic", "model"]:
         """How ``role``'s agent plans."""
         return self.planners.get(role, self.planner)
+
+    @property
+    def plans_with_a_model(self) -> bool:
+        """Whether any role plans with a model."""
+        return "model" in (self.planner, *self.planners.values())
+
+    @property
+    def effective_step_timeout_s(self) -> float:
+        """``step_timeout_s``, or its default (longer when a model plans)."""
+        if self.step_timeout_s is not None:
+            return self.step_timeout_s
+        return 600.0 if self.plans_with_a_model else 30.0
 
     @field_validator("placement")
     @classmethod
