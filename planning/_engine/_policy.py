@@ -29,8 +29,8 @@ class _Policy(_Restore[P]):
         if budget is None:
             return "", False, None
         cost = 1.0
-        if isinstance(step, ToolStep) and self.cost_of is not None:
-            cost = float(self.cost_of(step.tool))
+        if isinstance(step, ToolStep):
+            cost = float(self.tools.cost(step.tool))
         if budget.wall_time_s is not None and self.started_at is not None:
             used = self.clock() - self.started_at
             if used >= budget.wall_time_s:

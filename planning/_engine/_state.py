@@ -98,7 +98,6 @@ class _RunState(_Observer[P]):
         self.watchdog = _Watchdog(self.loop)
         store = engine.store
         self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
-        self.idempotent: Callable[[str], bool] | None = getattr(self.tools, "is_idempotent", None)
         self.restored = False
         self.interrupted = False  # the run's task was cancelled, or the store failed
         self.cancelled = False  # Engine.cancel
@@ -118,7 +117,6 @@ class _RunState(_Observer[P]):
         self.clock = engine.clock
         self.budget = plan.budget
         self.breakers = engine._breakers
-        self.cost_of: Callable[[str], float] | None = getattr(self.tools, "cost", None)
         self.started_at: float | None = None
         self.spent_calls = 0
         self.spent_cost = 0.0
@@ -296,7 +294,7 @@ class _RunState(_Observer[P]):
             case CrossAgentStep():
                 return True  # the target answers a repeated request id from its store
             case ToolStep():
-                return self.idempotent is not None and bool(self.idempotent(step.tool))
+                return self.tools.is_idempotent(step.tool)
             case GateStep():
                 return True
             case _:

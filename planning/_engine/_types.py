@@ -101,13 +101,10 @@ class ToolRunner(Protocol):
     The runner validates ``input`` against the tool's own model; the engine passes it as planned
     (references resolved) and never copies it, so a tool must not mutate it.
 
-    A runner may also define ``is_idempotent(name: str) -> bool`` (``agents.ToolRegistry`` does):
-    when resuming a plan, a tool step that was in flight at the crash is re-run only when its tool
-    is idempotent; a runner without the method has no idempotent tools, and such a step waits at
-    a reconcile gate. It is optional, so it is not part of this protocol's required members.
-
-    Likewise an optional ``cost(name: str) -> float``: the cost units a call of the tool reserves
-    from a plan's budget (1.0 when the runner has no such method).
+    Besides ``run_tool``, the engine asks the runner two things about a tool, by name: whether it
+    is idempotent (``is_idempotent``) and what a call costs (``cost``). A runner that subclasses
+    this protocol inherits the defaults (no idempotent tools, every call 1.0 cost units); a runner
+    that only matches it structurally defines both.
     """
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -117,6 +114,19 @@ class ToolRunner(Protocol):
             StepError: To fail the step with a failure class (``TransientError`` is retried).
         """
         ...
+
+    def is_idempotent(self, name: str) -> bool:
+        """Whether running tool ``name`` twice with the same input is the same as running it once.
+
+        When a plan resumes, a tool step that was in flight at the crash is re-run only when its
+        tool is idempotent; otherwise it waits at a reconcile gate. With a store, an idempotent
+        step of a plan without a budget does not wait for its intent's commit. The default: no.
+        """
+        return False
+
+    def cost(self, name: str) -> float:
+        """The cost units one call of tool ``name`` reserves from a plan's budget (default 1.0)."""
+        return 1.0
 
 
 @dataclass(frozen=True, slots=True)
