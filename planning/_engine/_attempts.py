@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from stratagem.planning._dispatch import CrossAgentCall, step_run_id
 from stratagem.planning._engine._observe import _fail_span
-from stratagem.planning._engine._policy import _RETRYABLE, _Policy
+from stratagem.planning._engine._policy import Action
+from stratagem.planning._engine._restore import _Restore
 from stratagem.planning._engine._state import _Outcome
 from stratagem.planning._engine._types import ToolContext, backoff_delay
 from stratagem.planning._errors import (
@@ -44,7 +45,7 @@ P = TypeVar("P", bound=Plan)
 T = TypeVar("T")
 
 
-class _Attempts(_Policy[P]):
+class _Attempts(_Restore[P]):
     async def _execute(
         self, step: Step, attempt: int, durable: asyncio.Future[None] | None
     ) -> _Outcome:
@@ -66,12 +67,13 @@ class _Attempts(_Policy[P]):
                 if journal.error is not None:
                     raise journal.error
             output, failure_class, message = await run_attempt(step, attempt, timeout)
-            if isinstance(step, ToolStep) and (failure_class is not None or self.breakers):
-                await self.engine.breaker_result(step.tool, failure_class)
+            if isinstance(step, ToolStep) and (failure_class is not None or self.breakers.states):
+                await self.breakers.record(step.tool, failure_class)
             if failure_class is None:
                 return _Outcome(output, None, "", attempt)
-            if failure_class not in _RETRYABLE or attempt >= step.retry.max_attempts:
-                return _Outcome(None, failure_class, message, attempt)
+            action = self.policy.after_attempt(step, failure_class, attempt)
+            if action is not Action.RETRY:
+                return _Outcome(None, failure_class, message, attempt, action)
             if rng is None:
                 rng = random.Random(f"{self.seed}:{step_run_id(plan.id, plan.revision, step.id)}")
             delay = backoff_delay(step.retry, attempt, rng)
@@ -97,10 +99,12 @@ class _Attempts(_Policy[P]):
             )
             await self.sleep(delay)
             cost = None
-            if self.budget is not None or self.breakers:
-                denial, abort, cost = self._admit(step)
+            admission = self.admission
+            if admission.budget is not None or self.breakers.states:
+                denial, exhausted, cost = admission.admit(step)
                 if denial:
-                    return _Outcome(None, FailureClass.POLICY, denial, attempt, abort)
+                    action = self.policy.after_denial(step, exhausted)
+                    return _Outcome(None, FailureClass.POLICY, denial, attempt, action)
             attempt += 1
             self.attempts[step.id] = attempt
             self.statuses[step.id] = StepStatus.RUNNING

@@ -8,7 +8,7 @@ import random
 from typing import Any, TypeVar, assert_never
 
 from stratagem.planning._engine._attempts import _Attempts, _classify
-from stratagem.planning._engine._policy import _RETRYABLE
+from stratagem.planning._engine._policy import Action
 from stratagem.planning._engine._types import ToolContext, backoff_delay
 from stratagem.planning._errors import LogicError
 from stratagem.planning._plan import (
@@ -92,7 +92,8 @@ class _Compensation(_Attempts[P]):
                 )
                 self._emit(step_id, StepStatus.COMPENSATED, attempt)
                 return
-            if failure_class in _RETRYABLE and attempt - first + 1 < step.retry.max_attempts:
+            tries = attempt - first + 1
+            if self.policy.after_attempt(step, failure_class, tries) is Action.RETRY:
                 if rng is None:
                     rng = random.Random(
                         f"{self.seed}:compensate:{plan.id}@{plan.revision}:{step_id}"

@@ -7,7 +7,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from opentelemetry import trace
@@ -16,17 +15,16 @@ from opentelemetry.trace import TracerProvider
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._dispatch import Dispatcher
-from stratagem.planning._engine._policy import _RETRYABLE
+from stratagem.planning._engine._policy import FailurePolicy, _Breakers
 from stratagem.planning._engine._run import _PlanRun
 from stratagem.planning._engine._types import EngineConfig, PlanResult, StepEvent, ToolRunner
 from stratagem.planning._errors import (
     GateDecisionError,
     PlanControlError,
     PlanValidationError,
-    StoreError,
 )
 from stratagem.planning._metrics import PlanningMetrics
-from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import Plan, PlanStatus, StepStatus
 from stratagem.planning._revisions import (
     Replanner,
     Revision,
@@ -35,7 +33,6 @@ from stratagem.planning._revisions import (
     unchanged_steps,
 )
 from stratagem.planning._store import (
-    BreakerState,
     BudgetRecord,
     CompensationRecord,
     CompensationStatus,
@@ -111,8 +108,8 @@ class Engine:
         self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
         self._metrics = PlanningMetrics(meter_provider)
         self._runs: dict[str, _PlanRun[Any]] = {}
-        self._breakers: dict[str, BreakerState] = {}
-        self._breakers_loaded = store is None
+        self._policy = FailurePolicy()
+        self._breakers = _Breakers(self.config.circuit_breaker, self._policy, store, clock)
 
     async def run(
         self, plan: P, *, on_event: Callable[[StepEvent], None] | None = None
@@ -153,7 +150,7 @@ class Engine:
                     f"plan {plan.id!r} revision {plan.revision} is already in the store; "
                     f"resume it instead",
                 )
-        await self._load_breakers()
+        await self._breakers.load()
         return await self._execute(run)
 
     async def resume(
@@ -199,7 +196,7 @@ class Engine:
             return run.recorded_result(state)
         logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
         run.restore(state)
-        await self._load_breakers()
+        await self._breakers.load()
         return await self._execute(run)
 
     async def decide(
@@ -463,56 +460,6 @@ class Engine:
             await self.store.save_revision(plan, record, records)
         state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
         return Revision(plan, record), state
-
-    async def _load_breakers(self) -> None:
-        if self._breakers_loaded or self.store is None:
-            return
-        self._breakers_loaded = True
-        for state in await self.store.breakers():
-            self._breakers.setdefault(state.tool, state)
-
-    def breaker_denial(self, tool: str) -> str:
-        """Why a call of ``tool`` may not start now ("" when it may)."""
-        state = self._breakers.get(tool)
-        settings = self.config.circuit_breaker
-        if state is None or state.opened_at is None or settings is None:
-            return ""
-        retry_at = state.opened_at + settings.reset_after_s
-        now = self.clock()
-        if now >= retry_at:
-            return ""  # half-open: one more call may show the tool is back
-        when = datetime.fromtimestamp(retry_at, UTC).isoformat(timespec="seconds")
-        return (
-            f"circuit open for tool {tool!r} after {state.failures} failures; retry after "
-            f"{when} (in {retry_at - now:.1f}s)"
-        )
-
-    async def breaker_result(self, tool: str, failure_class: FailureClass | None) -> None:
-        """Count an attempt's outcome on ``tool``'s breaker; persist a change."""
-        settings = self.config.circuit_breaker
-        if settings is None:
-            return
-        previous = self._breakers.get(tool)
-        if failure_class is None:
-            if previous is None or (previous.failures == 0 and previous.opened_at is None):
-                return
-            state = BreakerState(tool)
-            logger.info("circuit for tool %s closed", tool)
-        elif failure_class in _RETRYABLE:
-            failures = (0 if previous is None else previous.failures) + 1
-            opened_at = None if previous is None else previous.opened_at
-            if failures >= settings.failure_threshold:
-                opened_at = self.clock()
-                logger.warning("circuit for tool %s open after %d failures", tool, failures)
-            state = BreakerState(tool, failures, opened_at)
-        else:
-            return
-        self._breakers[tool] = state
-        if self.store is not None:
-            try:
-                await self.store.save_breaker(state)
-            except StoreError as exc:  # the breaker still works in memory
-                logger.error("cannot persist the circuit breaker of tool %s: %s", tool, exc)
 
     def _require_store(self, plan_id: str, action: str) -> StateStore:
         if self.store is None:

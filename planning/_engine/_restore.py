@@ -29,9 +29,10 @@ class _Restore(_Gates[P]):
         plan = self.plan
         self.restored = True
         self.links = _resume_links(state.trace_contexts)
-        self.started_at = state.started_at
-        self.spent_calls = state.spent_calls
-        self.spent_cost = state.spent_cost
+        admission = self.admission
+        admission.started_at = state.started_at
+        admission.spent_calls = state.spent_calls
+        admission.spent_cost = state.spent_cost
         stopping = state.cancel_requested or any(
             s.status is StepStatus.FAILED for s in state.steps.values()
         )

@@ -13,10 +13,11 @@ from opentelemetry.trace import Status, StatusCode
 
 from stratagem.planning._engine._compensation import _Compensation
 from stratagem.planning._engine._observe import _traceparent
+from stratagem.planning._engine._policy import Action
 from stratagem.planning._engine._state import _Outcome
 from stratagem.planning._engine._types import PlanResult
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, Step, StepStatus
 from stratagem.planning._store import PlanStatusRecord, StepIntent, StepResult
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,9 @@ class _PlanRun(_Compensation[P]):
             self.tracing = span.is_recording()
             self.span = span
             self._emit("", PlanStatus.RUNNING, 0)
-            now = self.clock()
-            if self.started_at is None:
-                self.started_at = now
+            now = self.admission.clock()
+            if self.admission.started_at is None:
+                self.admission.started_at = now
             self._record(
                 PlanStatusRecord(
                     plan.id,
@@ -143,11 +144,12 @@ class _PlanRun(_Compensation[P]):
             step_id = ready.popleft()
             attempt = self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
             cost: float | None = None
-            if self.budget is not None or self.breakers:
-                denial, abort, cost = self._admit(step)
+            admission = self.admission
+            if admission.budget is not None or self.breakers.states:
+                denial, exhausted, cost = admission.admit(step)
                 if denial:
                     self.attempts[step_id] = attempt - 1
-                    self._deny(step, attempt - 1, denial, abort)
+                    self._deny(step, attempt - 1, denial, exhausted)
                     continue
             statuses[step_id] = StepStatus.RUNNING
             self.attempts[step_id] = attempt
@@ -223,16 +225,19 @@ class _PlanRun(_Compensation[P]):
         if outcome.failure_class is None:
             self._succeed(step_id, outcome.output, attempts, None)
             return True
-        step = self.steps[step_id]
-        if (
-            outcome.failure_class is FailureClass.POLICY
-            and not outcome.abort
-            and step.on_policy_failure == "gate"
-        ):
-            self._policy_gate(step, outcome.attempts, outcome.message)
+        if outcome.action is Action.GATE:
+            self._policy_gate(self.steps[step_id], outcome.attempts, outcome.message)
             return False
         self._fail(step_id, outcome.failure_class, outcome.message, outcome.attempts)
         return False
+
+    def _deny(self, step: Step, attempts: int, message: str, exhausted: bool) -> None:
+        """Admission refused an attempt of ``step``: hold it at a policy gate, or fail it."""
+        if self.policy.after_denial(step, exhausted) is Action.GATE:
+            self._policy_gate(step, attempts, message)
+            return
+        self._fail(step.id, FailureClass.POLICY, message, attempts)
+        self._stop(f"the plan stopped after step {step.id!r} failed")
 
     async def _replan(self) -> bool:
         """After a logic failure, ask the replanner for the next revision; True when it gave one.
@@ -246,8 +251,7 @@ class _PlanRun(_Compensation[P]):
             replanner is None
             or self.cancelled
             or self.replans >= engine.config.max_replans
-            or not self.failures
-            or any(f.failure_class is not FailureClass.LOGIC for f in self.failures)
+            or not self.policy.may_replan(self.failures)
         ):
             return False
         failure = self.failures[0]
@@ -274,7 +278,7 @@ class _PlanRun(_Compensation[P]):
                 self.compensation,
                 rationale,
                 f"replanner:{self.agent}",
-                spent=(self.spent_calls, self.spent_cost),
+                spent=(self.admission.spent_calls, self.admission.spent_cost),
             )
         except PlanValidationError as exc:
             logger.error("plan %s: the replanner's plan is not a DAG: %s", self.plan.id, exc)

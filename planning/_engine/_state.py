@@ -15,6 +15,7 @@ from opentelemetry.trace import Link, Span
 
 from stratagem.planning._engine._journal import _Journal
 from stratagem.planning._engine._observe import _Observer
+from stratagem.planning._engine._policy import Action, _Admission
 from stratagem.planning._engine._types import PlanResult, StepEvent
 from stratagem.planning._engine._watchdog import _Watchdog
 from stratagem.planning._errors import StepFailure
@@ -53,7 +54,7 @@ class _Outcome:
     failure_class: FailureClass | None
     message: str
     attempts: int
-    abort: bool = False  # a budget ran out: never held at a policy gate
+    action: Action = Action.FAIL  # for a failure: what the failure policy decided
 
 
 class _RunState(_Observer[P]):
@@ -114,12 +115,9 @@ class _RunState(_Observer[P]):
         self.gate_prompts: dict[str, str] = {}  # policy gates: the prompt naming the failure
         self.replans = 0
         self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
-        self.clock = engine.clock
-        self.budget = plan.budget
+        self.policy = engine._policy
         self.breakers = engine._breakers
-        self.started_at: float | None = None
-        self.spent_calls = 0
-        self.spent_cost = 0.0
+        self.admission = _Admission(plan.budget, engine._breakers, self.tools, engine.clock)
         # Steps that need not wait for their intent's commit (see _needs_durable_intent), and a
         # completed future that stands for "no wait".
         self.no_wait: asyncio.Future[None] = self.loop.create_future()
@@ -221,7 +219,7 @@ class _RunState(_Observer[P]):
         is simply run again, which idempotency makes safe. A budget's reservations must be
         durable before the calls they pay for, so a plan with a budget always waits.
         """
-        if self.budget is not None:
+        if self.admission.budget is not None:
             return True
         key = step.tool if isinstance(step, ToolStep) else ""  # "": not a tool (names are not "")
         waits = self.intent_waits.get(key)
