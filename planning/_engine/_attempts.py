@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable
-from typing import Any, TypeVar, assert_never
+from typing import Any, Protocol, TypeVar, assert_never
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -44,79 +44,71 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P", bound=Plan)
 T = TypeVar("T")
 
+_Result = tuple[dict[str, Any] | None, FailureClass | None, str]
+"""One attempt's result: ``(output, None, "")`` or ``(None, failure class, message)``."""
+
+
+class _Tries(Protocol):
+    """What the attempt loop (``_Attempts._retry``) attempts: a step, or a step's compensation.
+
+    The loop owns the order and the decisions (the failure policy, the backoff, the sleep); an
+    implementation says what one attempt is and what is recorded around it.
+    """
+
+    def begin(self, attempt: int) -> Awaitable[None] | None:
+        """Before attempt ``attempt``: what to await first (``None``: nothing)."""
+        ...
+
+    def once(self, attempt: int) -> Awaitable[_Result]:
+        """One attempt."""
+        ...
+
+    def retrying(
+        self, attempt: int, failure_class: FailureClass, message: str, delay: float
+    ) -> None:
+        """Attempt ``attempt`` failed and is retried after ``delay`` seconds."""
+        ...
+
+    def advance(self, attempt: int) -> _Outcome | None:
+        """The backoff is over: start attempt ``attempt``, or end with the returned outcome."""
+        ...
+
+    def seed(self) -> str:
+        """Seeds the backoff jitter of these attempts."""
+        ...
+
 
 class _Attempts(_Restore[P]):
-    async def _execute(
-        self, step: Step, attempt: int, durable: asyncio.Future[None] | None
-    ) -> _Outcome:
-        """Attempt ``step`` until it succeeds, fails for good or is cancelled.
+    async def _retry(self, step: Step, tries: _Tries, attempt: int, first: int) -> _Outcome:
+        """Attempt until success, a failure the policy does not retry, or cancellation.
 
-        ``durable`` completes when the first attempt's intent is committed (with a store).
+        ``attempt`` is the first attempt's number; ``first`` the attempt the step's retry limit
+        counts from (a step counts all its attempts; a compensation its own, from its first).
         """
-        timeout = step.timeout_s or self.default_timeout
+        policy = self.policy
         rng: random.Random | None = None
-        run_attempt = self._attempt if self.tracing else self._attempt_body
-        journal, plan = self.journal, self.plan
         while True:
-            if journal is not None:  # the intent is durable before the side effect starts
-                # (for an idempotent step, ``durable`` is ``no_wait``: see _needs_durable_intent)
-                if durable is None:
-                    durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt))
-                await durable
-                durable = None
-                if journal.error is not None:
-                    raise journal.error
-            output, failure_class, message = await run_attempt(step, attempt, timeout)
-            if isinstance(step, ToolStep) and (failure_class is not None or self.breakers.states):
-                await self.breakers.record(step.tool, failure_class)
+            waiting = tries.begin(attempt)
+            if waiting is not None:
+                await waiting
+            output, failure_class, message = await tries.once(attempt)
             if failure_class is None:
                 return _Outcome(output, None, "", attempt)
-            action = self.policy.after_attempt(step, failure_class, attempt)
+            count = attempt - first + 1
+            action = policy.after_attempt(step, failure_class, count)
             if action is not Action.RETRY:
                 return _Outcome(None, failure_class, message, attempt, action)
             if rng is None:
-                rng = random.Random(f"{self.seed}:{step_run_id(plan.id, plan.revision, step.id)}")
-            delay = backoff_delay(step.retry, attempt, rng)
-            self.statuses[step.id] = StepStatus.RETRYING
-            self._record(
-                StepResult(
-                    plan.id,
-                    plan.revision,
-                    step.id,
-                    attempt,
-                    StepStatus.RETRYING,
-                    failure_class=failure_class,
-                    message=message,
-                )
-            )
-            self._emit(
-                step.id,
-                StepStatus.RETRYING,
-                attempt,
-                failure_class,
-                f"{message}; retrying in {delay:.3f}s",
-                delay,
-            )
+                rng = random.Random(tries.seed())
+            delay = backoff_delay(step.retry, count, rng)
+            tries.retrying(attempt, failure_class, message, delay)
             await self.sleep(delay)
-            cost = None
-            admission = self.admission
-            if admission.budget is not None or self.breakers.states:
-                denial, exhausted, cost = admission.admit(step)
-                if denial:
-                    action = self.policy.after_denial(step, exhausted)
-                    return _Outcome(None, FailureClass.POLICY, denial, attempt, action)
             attempt += 1
-            self.attempts[step.id] = attempt
-            self.statuses[step.id] = StepStatus.RUNNING
-            self._emit(step.id, StepStatus.RUNNING, attempt)
-            if journal is not None:
-                durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
-                if not self._needs_durable_intent(step):
-                    durable = self.no_wait
+            stopped = tries.advance(attempt)
+            if stopped is not None:
+                return stopped
 
-    async def _attempt(
-        self, step: Step, attempt: int, limit_s: float
-    ) -> tuple[dict[str, Any] | None, FailureClass | None, str]:
+    async def _attempt(self, step: Step, attempt: int, limit_s: float) -> _Result:
         """One attempt, in its own span: (output, None, "") or (None, class, message)."""
         # start_span and attach/detach rather than start_as_current_span: the same span made
         # current the same way, without two generator context managers per span.
@@ -144,9 +136,7 @@ class _Attempts(_Restore[P]):
             otel_context.detach(token)
             span.end()
 
-    async def _attempt_body(
-        self, step: Step, attempt: int, limit_s: float
-    ) -> tuple[dict[str, Any] | None, FailureClass | None, str]:
+    async def _attempt_body(self, step: Step, attempt: int, limit_s: float) -> _Result:
         """One attempt without a span of its own."""
         try:
             match step:
@@ -268,6 +258,97 @@ class _Attempts(_Restore[P]):
                 f"{type(response).__name__}, not {spec.response.__name__}"
             )
         return response.model_dump(mode="json")
+
+
+class _StepTries:
+    """A step's attempts: its intents, spans, circuit breaker, retries and admission."""
+
+    __slots__ = ("durable", "limit", "run", "run_attempt", "step")
+
+    def __init__(
+        self, run: _Attempts[Any], step: Step, durable: asyncio.Future[None] | None
+    ) -> None:
+        self.run = run
+        self.step = step
+        self.durable = durable  # the first attempt's intent, added by the scheduler
+        self.limit = step.timeout_s or run.default_timeout
+        self.run_attempt = run._attempt if run.tracing else run._attempt_body
+
+    def begin(self, attempt: int) -> Awaitable[None] | None:
+        journal = self.run.journal
+        if journal is None:
+            return None
+        # The intent is durable before the side effect starts (for an idempotent step,
+        # ``durable`` is ``no_wait``: see _needs_durable_intent).
+        durable = self.durable
+        if durable is None:
+            plan = self.run.plan
+            durable = journal.add(StepIntent(plan.id, plan.revision, self.step.id, attempt))
+        self.durable = None
+        return self._committed(durable)
+
+    async def _committed(self, durable: asyncio.Future[None]) -> None:
+        await durable
+        journal = self.run.journal
+        if journal is not None and journal.error is not None:
+            raise journal.error
+
+    async def once(self, attempt: int) -> _Result:
+        step, breakers = self.step, self.run.breakers
+        output, failure_class, message = await self.run_attempt(step, attempt, self.limit)
+        if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
+            await breakers.record(step.tool, failure_class)
+        return output, failure_class, message
+
+    def retrying(
+        self, attempt: int, failure_class: FailureClass, message: str, delay: float
+    ) -> None:
+        run, step_id = self.run, self.step.id
+        plan = run.plan
+        run.statuses[step_id] = StepStatus.RETRYING
+        run._record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempt,
+                StepStatus.RETRYING,
+                failure_class=failure_class,
+                message=message,
+            )
+        )
+        run._emit(
+            step_id,
+            StepStatus.RETRYING,
+            attempt,
+            failure_class,
+            f"{message}; retrying in {delay:.3f}s",
+            delay,
+        )
+
+    def advance(self, attempt: int) -> _Outcome | None:
+        run, step = self.run, self.step
+        cost = None
+        admission = run.admission
+        if admission.budget is not None or run.breakers.states:
+            denial, exhausted, cost = admission.admit(step)
+            if denial:
+                action = run.policy.after_denial(step, exhausted)
+                return _Outcome(None, FailureClass.POLICY, denial, attempt - 1, action)
+        run.attempts[step.id] = attempt
+        run.statuses[step.id] = StepStatus.RUNNING
+        run._emit(step.id, StepStatus.RUNNING, attempt)
+        journal = run.journal
+        if journal is not None:
+            plan = run.plan
+            self.durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
+            if not run._needs_durable_intent(step):
+                self.durable = run.no_wait
+        return None
+
+    def seed(self) -> str:
+        plan = self.run.plan
+        return f"{self.run.seed}:{step_run_id(plan.id, plan.revision, self.step.id)}"
 
 
 def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
+from collections.abc import Awaitable
 from typing import Any, TypeVar, assert_never
 
-from stratagem.planning._engine._attempts import _Attempts, _classify
-from stratagem.planning._engine._policy import Action
-from stratagem.planning._engine._types import ToolContext, backoff_delay
+from stratagem.planning._engine._attempts import _Attempts, _classify, _Result
+from stratagem.planning._engine._state import _Outcome
+from stratagem.planning._engine._types import ToolContext
 from stratagem.planning._errors import LogicError
 from stratagem.planning._plan import (
     CrossAgentStep,
@@ -52,80 +52,35 @@ class _Compensation(_Attempts[P]):
         plan, step_id = self.plan, step.id
         tool = step.compensate
         assert tool is not None  # only steps with a compensation are queued
-        limit = step.timeout_s or self.default_timeout
-        attempt = self.compensation_attempts.get(step_id, 0)
-        first = attempt + 1
-        rng: random.Random | None = None
-        while True:
-            attempt += 1
-            self.compensation_attempts[step_id] = attempt
-            self.statuses[step_id] = StepStatus.COMPENSATING
-            self._emit(step_id, StepStatus.COMPENSATING, attempt)
-            if self.journal is not None:
-                await self.journal.write(
-                    CompensationRecord(
-                        plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt
-                    )
-                )
-            failure_class: FailureClass | None = None
-            message = ""
-            try:
-                tool_input = self._compensation_input(step)
-                ctx = ToolContext(
-                    plan.id, step_id, attempt, self.agent, plan.revision, compensating=True
-                )
-                await self._limited(self.tools.run_tool(tool, tool_input, ctx), limit)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is None or task.cancelling():
-                    raise
-                failure_class, message = FailureClass.CANCELLED, "the compensation was cancelled"
-            except Exception as exc:
-                failure_class, message = _classify(exc, limit)
-            if failure_class is None:
-                self.compensation[step_id] = CompensationStatus.COMPENSATED
-                self.statuses[step_id] = StepStatus.COMPENSATED
-                self._record(
-                    CompensationRecord(
-                        plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
-                    )
-                )
-                self._emit(step_id, StepStatus.COMPENSATED, attempt)
-                return
-            tries = attempt - first + 1
-            if self.policy.after_attempt(step, failure_class, tries) is Action.RETRY:
-                if rng is None:
-                    rng = random.Random(
-                        f"{self.seed}:compensate:{plan.id}@{plan.revision}:{step_id}"
-                    )
-                delay = backoff_delay(step.retry, attempt - first + 1, rng)
-                self._emit(
-                    step_id,
-                    StepStatus.COMPENSATING,
-                    attempt,
-                    failure_class,
-                    f"{message}; retrying in {delay:.3f}s",
-                    delay,
-                )
-                await self.sleep(delay)
-                continue
-            self.compensation[step_id] = CompensationStatus.FAILED
-            self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+        first = self.compensation_attempts.get(step_id, 0) + 1
+        outcome = await self._retry(step, _CompensationTries(self, step, tool), first, first)
+        attempt, failure_class, message = outcome.attempts, outcome.failure_class, outcome.message
+        if failure_class is None:
+            self.compensation[step_id] = CompensationStatus.COMPENSATED
+            self.statuses[step_id] = StepStatus.COMPENSATED
             self._record(
                 CompensationRecord(
-                    plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
+                    plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
                 )
             )
-            logger.warning(
-                "plan %s step %s: compensation %s failed (%s): %s",
-                plan.id,
-                step_id,
-                tool,
-                failure_class.value,
-                message,
-            )
-            self._emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
+            self._emit(step_id, StepStatus.COMPENSATED, attempt)
             return
+        self.compensation[step_id] = CompensationStatus.FAILED
+        self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+        self._record(
+            CompensationRecord(
+                plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
+            )
+        )
+        logger.warning(
+            "plan %s step %s: compensation %s failed (%s): %s",
+            plan.id,
+            step_id,
+            tool,
+            failure_class.value,
+            message,
+        )
+        self._emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
 
     def _compensation_input(self, step: Step) -> dict[str, Any]:
         if step.compensate_input is not None:
@@ -147,3 +102,64 @@ class _Compensation(_Attempts[P]):
         if not isinstance(value, dict):
             raise LogicError(f"the compensation input resolves to {kind_of(value)}, not an object")
         return value
+
+
+class _CompensationTries:
+    """A compensation's attempts: each recorded ``running`` (durably) before its tool is called."""
+
+    __slots__ = ("limit", "run", "step", "tool")
+
+    def __init__(self, run: _Compensation[Any], step: Step, tool: str) -> None:
+        self.run = run
+        self.step = step
+        self.tool = tool
+        self.limit = step.timeout_s or run.default_timeout
+
+    def begin(self, attempt: int) -> Awaitable[None] | None:
+        run, step_id = self.run, self.step.id
+        run.compensation_attempts[step_id] = attempt
+        run.statuses[step_id] = StepStatus.COMPENSATING
+        run._emit(step_id, StepStatus.COMPENSATING, attempt)
+        if run.journal is None:
+            return None
+        plan = run.plan
+        return run.journal.write(
+            CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt)
+        )
+
+    async def once(self, attempt: int) -> _Result:
+        run, step = self.run, self.step
+        plan = run.plan
+        try:
+            tool_input = run._compensation_input(step)
+            ctx = ToolContext(
+                plan.id, step.id, attempt, run.agent, plan.revision, compensating=True
+            )
+            await run._limited(run.tools.run_tool(self.tool, tool_input, ctx), self.limit)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            return None, FailureClass.CANCELLED, "the compensation was cancelled"
+        except Exception as exc:
+            return None, *_classify(exc, self.limit)
+        return None, None, ""
+
+    def retrying(
+        self, attempt: int, failure_class: FailureClass, message: str, delay: float
+    ) -> None:
+        self.run._emit(
+            self.step.id,
+            StepStatus.COMPENSATING,
+            attempt,
+            failure_class,
+            f"{message}; retrying in {delay:.3f}s",
+            delay,
+        )
+
+    def advance(self, attempt: int) -> _Outcome | None:
+        return None
+
+    def seed(self) -> str:
+        plan = self.run.plan
+        return f"{self.run.seed}:compensate:{plan.id}@{plan.revision}:{self.step.id}"

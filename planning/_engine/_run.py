@@ -11,6 +11,7 @@ from typing import TypeVar, cast
 
 from opentelemetry.trace import Status, StatusCode
 
+from stratagem.planning._engine._attempts import _StepTries
 from stratagem.planning._engine._compensation import _Compensation
 from stratagem.planning._engine._observe import _traceparent
 from stratagem.planning._engine._policy import Action
@@ -161,7 +162,9 @@ class _PlanRun(_Compensation[P]):
                 durable = journal.add(StepIntent(plan.id, plan.revision, step_id, attempt, cost))
                 if not self._needs_durable_intent(step):
                     durable = self.no_wait
-            task = self.loop.create_task(self._execute(step, attempt, durable))
+            task = self.loop.create_task(
+                self._retry(step, _StepTries(self, step, durable), attempt, 1)
+            )
             task.add_done_callback(self._on_done, context=self.callback_context)
             running[task] = step_id
 
