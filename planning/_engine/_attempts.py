@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, assert_never
 
 from opentelemetry import context as otel_context
@@ -59,8 +59,16 @@ class _Tries(Protocol):
         """Before attempt ``attempt``: what to await first (``None``: nothing)."""
         ...
 
-    def once(self, attempt: int) -> Awaitable[_Result]:
-        """One attempt."""
+    limit: float
+    """The time limit of one attempt, in seconds."""
+
+    @property
+    def once(self) -> Callable[[Step, int, float], Awaitable[_Result]]:
+        """One attempt: ``once(step, attempt, limit)``."""
+        ...
+
+    def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
+        """Attempt ``attempt`` ended (``failure_class`` None: it succeeded): what to await."""
         ...
 
     def retrying(
@@ -91,7 +99,10 @@ class _Attempts(_Restore[P]):
             waiting = tries.begin(attempt)
             if waiting is not None:
                 await waiting
-            output, failure_class, message = await tries.once(attempt)
+            output, failure_class, message = await tries.once(step, attempt, tries.limit)
+            waiting = tries.after(attempt, failure_class)
+            if waiting is not None:
+                await waiting
             if failure_class is None:
                 return _Outcome(output, None, "", attempt)
             count = attempt - first + 1
@@ -263,7 +274,7 @@ class _Attempts(_Restore[P]):
 class _StepTries:
     """A step's attempts: its intents, spans, circuit breaker, retries and admission."""
 
-    __slots__ = ("durable", "limit", "run", "run_attempt", "step")
+    __slots__ = ("durable", "limit", "once", "run", "step")
 
     def __init__(
         self, run: _Attempts[Any], step: Step, durable: asyncio.Future[None] | None
@@ -272,7 +283,7 @@ class _StepTries:
         self.step = step
         self.durable = durable  # the first attempt's intent, added by the scheduler
         self.limit = step.timeout_s or run.default_timeout
-        self.run_attempt = run._attempt if run.tracing else run._attempt_body
+        self.once = run._attempt if run.tracing else run._attempt_body
 
     def begin(self, attempt: int) -> Awaitable[None] | None:
         journal = self.run.journal
@@ -293,12 +304,11 @@ class _StepTries:
         if journal is not None and journal.error is not None:
             raise journal.error
 
-    async def once(self, attempt: int) -> _Result:
+    def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
         step, breakers = self.step, self.run.breakers
-        output, failure_class, message = await self.run_attempt(step, attempt, self.limit)
         if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
-            await breakers.record(step.tool, failure_class)
-        return output, failure_class, message
+            return breakers.record(step.tool, failure_class)
+        return None
 
     def retrying(
         self, attempt: int, failure_class: FailureClass, message: str, delay: float

@@ -127,23 +127,26 @@ class _CompensationTries:
             CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt)
         )
 
-    async def once(self, attempt: int) -> _Result:
-        run, step = self.run, self.step
+    async def once(self, step: Step, attempt: int, limit: float) -> _Result:
+        run = self.run
         plan = run.plan
         try:
             tool_input = run._compensation_input(step)
             ctx = ToolContext(
                 plan.id, step.id, attempt, run.agent, plan.revision, compensating=True
             )
-            await run._limited(run.tools.run_tool(self.tool, tool_input, ctx), self.limit)
+            await run._limited(run.tools.run_tool(self.tool, tool_input, ctx), limit)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise
             return None, FailureClass.CANCELLED, "the compensation was cancelled"
         except Exception as exc:
-            return None, *_classify(exc, self.limit)
+            return None, *_classify(exc, limit)
         return None, None, ""
+
+    def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
+        return None
 
     def retrying(
         self, attempt: int, failure_class: FailureClass, message: str, delay: float
