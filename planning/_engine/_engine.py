@@ -151,7 +151,7 @@ class Engine:
                     f"resume it instead",
                 )
         await self._breakers.load()
-        return await self._execute(run)
+        return await self._follow(run)
 
     async def resume(
         self,
@@ -197,7 +197,7 @@ class Engine:
         logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
         run.restore(state)
         await self._breakers.load()
-        return await self._execute(run)
+        return await self._follow(run)
 
     async def decide(
         self,
@@ -470,7 +470,8 @@ class Engine:
             )
         return self.store
 
-    async def _execute(self, run: _PlanRun[P]) -> PlanResult[P]:
+    async def _follow(self, run: _PlanRun[P]) -> PlanResult[P]:
+        """Execute ``run`` registered by plan id, then each revision a replan makes of it."""
         while True:
             plan_id = run.plan.id
             self._runs[plan_id] = run

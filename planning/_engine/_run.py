@@ -30,6 +30,10 @@ class _PlanRun(_Compensation[P]):
     """One run of one plan: the scheduler over the parts (``_state`` to ``_compensation``)."""
 
     async def execute(self) -> PlanResult[P]:
+        """Run this revision to its end: the plan span, the scheduler, compensation, the result.
+
+        Returns early after a replan (``replacement`` then holds the next revision's run).
+        """
         plan = self.plan
         started = time.monotonic()
         logger.info(
