@@ -46,13 +46,31 @@ interruption (nothing more is recorded; ``resume`` continues), while ``Engine.ca
 plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
 ``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
 reverse completion order before the final status. An idempotent step of a plan without a budget
-does not wait for its intent's commit (``_PlanRun._needs_durable_intent`` says why that is safe).
+does not wait for its intent's commit (``_RunState._needs_durable_intent`` says why that is safe).
 
-Failure policy: ``transient`` and ``timeout`` are retried; ``logic`` stops the run, and with a
-``replanner`` the engine makes a new revision (``planning._revisions``) and continues with it;
-``policy`` fails the plan, or holds a step with ``on_policy_failure="gate"`` at a policy gate.
-Budgets (``Plan.budget``) are reserved before each attempt, and per-tool circuit breakers
-(``CircuitBreakerConfig``) refuse attempts of a failing tool; both fail with class ``policy``.
+Failure policy (``_policy.FailurePolicy``, the one place these rules live): ``transient`` and
+``timeout`` are retried; ``logic`` stops the run, and with a ``replanner`` the engine makes a new
+revision (``planning._revisions``) and continues with it; ``policy`` fails the plan, or holds a
+step with ``on_policy_failure="gate"`` at a policy gate. Budgets (``Plan.budget``) are reserved
+before each attempt, and per-tool circuit breakers (``CircuitBreakerConfig``) refuse attempts of a
+failing tool; both fail with class ``policy``.
+
+Where things are. ``Engine`` (``_engine``) keeps the active runs by plan id and makes one
+``_run._PlanRun`` per revision it runs. A run is one object whose class is built from one class per
+role, each in its module, each using only those before it:
+
+- ``_observe``: ``StepEvent``s, metrics, the plan span's events and links;
+- ``_state``: the run's fields and the transitions every part shares (succeed, fail, skip, stop);
+- ``_gates``: gate steps, reconcile and policy gates, decisions, pause and cancel;
+- ``_restore``: a resumed run takes its journal's state;
+- ``_attempts``: the one attempt loop (``_retry``), a step's attempts (``_StepTries``), spans,
+  time limits and the classification of exceptions;
+- ``_compensation``: compensations, through the same loop (``_CompensationTries``);
+- ``_run``: the scheduler (start ready steps, settle finished ones) and replanning.
+
+Beside them: ``_policy`` (``FailurePolicy``, budget admission and the circuit breakers),
+``_journal`` (one store commit per tick), ``_watchdog`` (one timer for all deadlines) and
+``_types`` (the public configuration and values).
 """
 
 from stratagem.planning._engine._engine import Engine

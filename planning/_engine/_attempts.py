@@ -15,10 +15,10 @@ from pydantic import ValidationError
 
 from stratagem.planning._dispatch import CrossAgentCall, step_run_id
 from stratagem.planning._engine._observe import _fail_span
-from stratagem.planning._engine._policy import Action
+from stratagem.planning._engine._policy import Action, backoff_delay
 from stratagem.planning._engine._restore import _Restore
 from stratagem.planning._engine._state import _Outcome
-from stratagem.planning._engine._types import ToolContext, backoff_delay
+from stratagem.planning._engine._types import ToolContext
 from stratagem.planning._errors import (
     LogicError,
     PlanningError,

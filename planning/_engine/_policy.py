@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from typing import Final
 
 from stratagem.planning._engine._types import CircuitBreakerConfig, ToolRunner
 from stratagem.planning._errors import StepFailure, StoreError
-from stratagem.planning._plan import Budget, FailureClass, Step, ToolStep
+from stratagem.planning._plan import Budget, FailureClass, RetryPolicy, Step, ToolStep
 from stratagem.planning._store import BreakerState, StateStore
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,16 @@ class FailurePolicy:
         policy or an operator's cancellation.
         """
         return bool(failures) and all(f.failure_class is FailureClass.LOGIC for f in failures)
+
+
+def backoff_delay(policy: RetryPolicy, failed_attempt: int, rng: random.Random) -> float:
+    """The delay after attempt ``failed_attempt`` (from 1) failed, jittered with ``rng``."""
+    base = min(
+        policy.max_backoff_s,
+        policy.initial_backoff_s * policy.multiplier ** (failed_attempt - 1),
+    )
+    factor = 1.0 + rng.uniform(-policy.jitter, policy.jitter) if policy.jitter else 1.0
+    return min(policy.max_backoff_s, base * factor)
 
 
 class _Breakers:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Generic, Protocol, TypeVar
 
 from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._errors import PlanFailedError, StepFailure
-from stratagem.planning._plan import FailureClass, Plan, PlanStatus, RetryPolicy, StepStatus
+from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 
 P = TypeVar("P", bound=Plan)
 
@@ -194,13 +193,3 @@ class PlanResult(Generic[P]):
         """Raise ``PlanFailedError`` unless the plan succeeded."""
         if self.status is not PlanStatus.SUCCEEDED:
             raise PlanFailedError(self.submitted.id, self.failures)
-
-
-def backoff_delay(policy: RetryPolicy, failed_attempt: int, rng: random.Random) -> float:
-    """The delay after attempt ``failed_attempt`` (from 1) failed, jittered with ``rng``."""
-    base = min(
-        policy.max_backoff_s,
-        policy.initial_backoff_s * policy.multiplier ** (failed_attempt - 1),
-    )
-    factor = 1.0 + rng.uniform(-policy.jitter, policy.jitter) if policy.jitter else 1.0
-    return min(policy.max_backoff_s, base * factor)
