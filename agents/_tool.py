@@ -299,6 +299,14 @@ class ToolRegistry:
         item = self._tools.get(name)
         return item is not None and item.idempotent is True
 
+    def cost(self, name: str) -> float:
+        """The cost units a call of tool ``name`` reserves from a plan's budget (``Tool.cost``).
+
+        An unknown tool costs 1.0; its call fails with a ``logic`` failure anyway.
+        """
+        item = self._tools.get(name)
+        return 1.0 if item is None else item.cost
+
     def names(self) -> list[str]:
         """The tools' names, in registration order."""
         return list(self._tools)

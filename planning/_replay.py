@@ -20,7 +20,9 @@ The **decisions** compared, per step, in plan order:
   reference that no longer resolves shows as a changed ``outcomes``/``status`` downstream).
 
 and for the plan, ``plan_status``. Backoff delays, timings and wall-time budgets are not
-decisions (they depend on the clock); neither is the interleaving of independent steps.
+decisions (they depend on the clock); neither is the interleaving of independent steps. A tool's
+call costs the cost units its recorded intents reserved, so a ``cost_units`` budget runs out where
+it did.
 
 The recorders release outcomes in the journal's order, so the engine (deterministic given the
 order of completions) reproduces the recorded interleaving, including which independent steps
@@ -182,14 +184,37 @@ class _Served:
 
 
 class _RecordingTools:
-    def __init__(self, served: _Served, tools: ToolRunner | None) -> None:
+    """Serves the recorded outcomes (or calls ``tools``); a tool costs what its intents reserved."""
+
+    def __init__(
+        self, served: _Served, tools: ToolRunner | None, costs: Mapping[str, float]
+    ) -> None:
         self.served = served
         self.tools = tools
+        self.costs = costs
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if self.tools is not None:
             return await self.tools.run_tool(name, input, ctx)
         return await self.served.serve(ctx.step_id)
+
+    def is_idempotent(self, name: str) -> bool:
+        return self.tools is not None and self.tools.is_idempotent(name)
+
+    def cost(self, name: str) -> float:
+        if self.tools is not None:
+            return self.tools.cost(name)
+        return self.costs.get(name, 1.0)
+
+
+def _recorded_costs(plan: Plan, records: list[Record]) -> dict[str, float]:
+    """Tool name -> the cost units its calls reserved, from the intents of the plan's tool steps."""
+    tools = {step.id: step.tool for step in plan.steps if isinstance(step, ToolStep)}
+    return {
+        tools[record.step_id]: record.cost
+        for record in records
+        if isinstance(record, StepIntent) and record.cost is not None and record.step_id in tools
+    }
 
 
 class _RecordingDispatcher:
@@ -369,7 +394,7 @@ async def replay(
             default_timeout_s=timeout_s,
             circuit_breaker=None,
         ),
-        tools=_RecordingTools(served, tools),
+        tools=_RecordingTools(served, tools, _recorded_costs(plan, records)),
         dispatcher=_RecordingDispatcher(served),
         agent=plan.owner,
         sleep=_no_sleep,

@@ -30,7 +30,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from stratagem.planning import Engine, EngineConfig, Plan, PlanStatus, SqliteStateStore, ToolContext
+from stratagem.planning import (
+    Engine,
+    EngineConfig,
+    Plan,
+    PlanStatus,
+    SqliteStateStore,
+    ToolContext,
+    ToolRunner,
+)
 from tests.bench.engine import EngineBenchConfig, layered_plan
 from tests.bench.stats import summarize
 
@@ -81,7 +89,7 @@ class DurableBenchConfig:
         return self.large_layers * self.plan.width
 
 
-class DurableTools:
+class DurableTools(ToolRunner):
     """A ``planning.ToolRunner`` of no-op tools, all declared idempotent or all not."""
 
     def __init__(self, *, idempotent: bool) -> None:

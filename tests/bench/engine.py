@@ -32,7 +32,15 @@ from typing import Any, Final
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-from stratagem.planning import Engine, EngineConfig, Plan, PlanStatus, ToolContext, ToolStep
+from stratagem.planning import (
+    Engine,
+    EngineConfig,
+    Plan,
+    PlanStatus,
+    ToolContext,
+    ToolRunner,
+    ToolStep,
+)
 from tests.bench.stats import summarize
 
 __all__ = [
@@ -88,7 +96,7 @@ class EngineBenchConfig:
         return self.layers * self.width
 
 
-class NoopTools:
+class NoopTools(ToolRunner):
     """A ``planning.ToolRunner`` whose every tool returns ``{}`` at once."""
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -8,7 +8,18 @@ import pytest
 from pydantic import BaseModel
 
 from stratagem.agents import Tool, ToolRegistry, tool
-from stratagem.planning import LogicError, ToolContext
+from stratagem.planning import (
+    Budget,
+    Engine,
+    FailureClass,
+    LogicError,
+    Plan,
+    PlanStatus,
+    StepFailure,
+    StepStatus,
+    ToolContext,
+    ToolStep,
+)
 
 CTX = ToolContext(plan_id="p", step_id="s", attempt=1, agent="strategic")
 
@@ -170,4 +181,34 @@ def test_a_side_effecting_tool_is_not_idempotent_unless_it_says_so() -> None:
         False,
         True,
         False,
+    ]
+
+
+def test_registry_reports_each_tools_cost_and_idempotency() -> None:
+    reg = registry()
+    assert reg.cost("greet") == 2.0
+    assert reg.cost("add") == 1.0
+    assert reg.cost("unknown") == 1.0
+    assert reg.is_idempotent("greet")
+    assert not reg.is_idempotent("unknown")
+
+
+async def test_a_tools_cost_is_reserved_from_the_plans_budget() -> None:
+    # greet costs 2.0: the first call reserves 2 of the 3 units, the second cannot start.
+    engine = Engine(tools=registry(), agent="strategic")
+    steps = [
+        ToolStep(id="a", tool="greet", input={"name": "ada"}),
+        ToolStep(id="b", tool="greet", input={"name": "bob"}, depends_on=["a"]),
+    ]
+    plan = Plan(id="p", owner="strategic", goal="g", steps=steps, budget=Budget(cost_units=3))
+    result = await engine.run(plan)
+    assert result.status is PlanStatus.FAILED
+    assert result.statuses == {"a": StepStatus.SUCCEEDED, "b": StepStatus.FAILED}
+    assert result.failures == [
+        StepFailure(
+            "b",
+            FailureClass.POLICY,
+            "budget exhausted: cost_units 2/3 used; step 'b' needs 2 more",
+            0,
+        )
     ]

@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stratagem.planning import CrossAgentStep, Plan, RetryPolicy, ToolContext, ToolStep
+from stratagem.planning import CrossAgentStep, Plan, RetryPolicy, ToolContext, ToolRunner, ToolStep
 
 ToolFn = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.01)
 
 
-class DictToolRunner:
+class DictToolRunner(ToolRunner):
     """A ToolRunner over a dict of async functions; records (tool, step, attempt) per call."""
 
     def __init__(self, tools: dict[str, ToolFn]) -> None:

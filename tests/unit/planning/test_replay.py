@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from stratagem.planning import (
+    Budget,
     Divergence,
     Engine,
     GateStep,
@@ -179,6 +180,31 @@ async def test_a_failed_plan_replays_its_failure_without_divergence() -> None:
     report = await replay(store, "rf")
     assert report.divergences == []
     assert report.replayed_status is PlanStatus.FAILED
+
+
+class PricedRunner(DictToolRunner):
+    def cost(self, name: str) -> float:
+        return 0.5
+
+
+async def test_a_replay_reserves_what_the_run_reserved_from_the_budget() -> None:
+    # Three calls at 0.5 fit a budget of 1.5; at the default 1.0 the second would be refused.
+    store = InMemoryStateStore()
+    world = World()
+    engine = Engine(tools=PricedRunner({"read": world.read}), agent="perception", store=store)
+    steps = [
+        ToolStep(id="a", tool="read"),
+        ToolStep(id="b", tool="read", depends_on=["a"]),
+        ToolStep(id="c", tool="read", depends_on=["b"]),
+    ]
+    plan = Plan(
+        id="rb", owner="perception", goal="spend", steps=steps, budget=Budget(cost_units=1.5)
+    )
+    result = await engine.run(plan)
+    assert result.status is PlanStatus.SUCCEEDED
+    report = await replay(store, "rb")
+    assert report.divergences == []
+    assert report.replayed_status is PlanStatus.SUCCEEDED
 
 
 async def test_only_finished_plans_replay() -> None:

@@ -1,0 +1,94 @@
+"""The engine: runs a plan's steps in dependency order, bounded, timed, retried and traced.
+
+Scheduling is Kahn's algorithm driven by completions: every step whose dependencies have succeeded
+starts as soon as a slot is free (``plan.max_in_flight``, else ``EngineConfig.max_in_flight``), and
+each completion starts the steps it unblocks at once, not layer by layer. A step waiting out a
+retry backoff keeps its slot.
+
+Each attempt has a time limit (``step.timeout_s``, else ``EngineConfig.default_timeout_s``); when it
+runs out the attempt is cancelled and fails with class ``timeout``. The limits of one run share one
+event-loop timer (see ``_Watchdog``) with the semantics of ``asyncio.timeout``.
+
+Tracing: a span ``invoke_agent {agent}`` per run, ``step {id}`` per attempt and ``execute_tool
+{tool}`` per tool call; a cross-agent step dispatches inside its step span, so the client's span is
+its child. Retries, gate openings and decisions and compensations are events on the run span
+(``retry``, ``gate.blocked``, ``gate.decided``, ``compensation``). Step and tool spans and the
+events are made only when the run span is recording (``docs/telemetry.md`` has the whole model).
+
+Failure handling is fail-fast. When a step fails for good (its class is not retried, or it ran out
+of attempts), the engine starts nothing new and cancels the steps still running, so the plan ends
+promptly; compensation of what already succeeded is a separate concern. At the end:
+
+- a step that started and was interrupted is ``cancelled``;
+- a step that never started is ``skipped``;
+- the plan is ``failed`` and ``PlanResult.failures`` lists the steps that failed (not the ones
+  cancelled or skipped because of them).
+
+When the task running ``Engine.run`` is itself cancelled, the running steps are cancelled and
+awaited, every step gets its final event (``cancelled`` or ``skipped``), the plan's final event is
+``cancelled``, and ``asyncio.CancelledError`` propagates.
+
+Events: every transition emits a ``StepEvent`` to ``on_event``, synchronously and in order. For a
+plan: ``running`` first and its final status last (``step_id == ""``). For a step: ``running``
+(attempt 1), then per failed, retried attempt ``retrying`` (with the failure, ``delay_s`` and the
+delay in the message) followed by ``running`` for the next attempt, then exactly one of
+``succeeded``, ``failed``, ``cancelled`` or ``skipped`` (a ``skipped`` step has no ``running``).
+An exception from ``on_event`` is logged and otherwise ignored: observers cannot change a run.
+
+Backoff jitter comes from a ``random.Random`` seeded from ``EngineConfig.seed`` and the step's run
+id, so the same plan and seed give the same delays however the steps interleave.
+
+Durability (only with ``Engine(store=...)``; ``docs/durability.md`` has the whole story): a run's
+records go through a ``_Journal`` that commits each tick's records in one transaction; a step task
+awaits the commit of its intent before calling its tool or dispatching, and ``run`` returns after
+the final status is committed. With a store, cancelling the task running ``run`` is an
+interruption (nothing more is recorded; ``resume`` continues), while ``Engine.cancel`` cancels the
+plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
+``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
+reverse completion order before the final status. An idempotent step of a plan without a budget
+does not wait for its intent's commit (``_RunState._needs_durable_intent`` says why that is safe).
+
+Failure policy (``_policy.FailurePolicy``, the one place these rules live): ``transient`` and
+``timeout`` are retried; ``logic`` stops the run, and with a ``replanner`` the engine makes a new
+revision (``planning._revisions``) and continues with it; ``policy`` fails the plan, or holds a
+step with ``on_policy_failure="gate"`` at a policy gate. Budgets (``Plan.budget``) are reserved
+before each attempt, and per-tool circuit breakers (``CircuitBreakerConfig``) refuse attempts of a
+failing tool; both fail with class ``policy``.
+
+Where things are. ``Engine`` (``_engine``) keeps the active runs by plan id and makes one
+``_run._PlanRun`` per revision it runs. A run is one object whose class is built from one class per
+role, each in its module, each using only those before it:
+
+- ``_observe``: ``StepEvent``s, metrics, the plan span's events and links;
+- ``_state``: the run's fields and the transitions every part shares (succeed, fail, skip, stop);
+- ``_gates``: gate steps, reconcile and policy gates, decisions, pause and cancel;
+- ``_restore``: a resumed run takes its journal's state;
+- ``_attempts``: the one attempt loop (``_retry``), a step's attempts (``_StepTries``), spans,
+  time limits and the classification of exceptions;
+- ``_compensation``: compensations, through the same loop (``_CompensationTries``);
+- ``_run``: the scheduler (start ready steps, settle finished ones) and replanning.
+
+Beside them: ``_policy`` (``FailurePolicy``, budget admission and the circuit breakers),
+``_journal`` (one store commit per tick), ``_watchdog`` (one timer for all deadlines) and
+``_types`` (the public configuration and values).
+"""
+
+from stratagem.planning._engine._engine import Engine
+from stratagem.planning._engine._types import (
+    CircuitBreakerConfig,
+    EngineConfig,
+    PlanResult,
+    StepEvent,
+    ToolContext,
+    ToolRunner,
+)
+
+__all__ = [
+    "CircuitBreakerConfig",
+    "Engine",
+    "EngineConfig",
+    "PlanResult",
+    "StepEvent",
+    "ToolContext",
+    "ToolRunner",
+]

@@ -1,0 +1,538 @@
+"""``Engine``: runs plans for one agent and reaches its active runs (decide, pause, cancel)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
+from stratagem.planning._dag import structural_problems
+from stratagem.planning._dispatch import Dispatcher
+from stratagem.planning._engine._policy import FailurePolicy, _Breakers
+from stratagem.planning._engine._run import _PlanRun
+from stratagem.planning._engine._types import EngineConfig, PlanResult, StepEvent, ToolRunner
+from stratagem.planning._errors import (
+    GateDecisionError,
+    PlanControlError,
+    PlanValidationError,
+)
+from stratagem.planning._metrics import PlanningMetrics
+from stratagem.planning._plan import Plan, PlanStatus, StepStatus
+from stratagem.planning._revisions import (
+    Replanner,
+    Revision,
+    RevisionRecord,
+    diff_plans,
+    unchanged_steps,
+)
+from stratagem.planning._store import (
+    BudgetRecord,
+    CompensationRecord,
+    CompensationStatus,
+    ControlRecord,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    PlanState,
+    PlanStatusRecord,
+    Record,
+    StateStore,
+    StepResult,
+    fold,
+)
+
+logger = logging.getLogger(__name__)
+
+P = TypeVar("P", bound=Plan)
+
+_TRACER_NAME: Final = "stratagem.planning"
+
+
+class Engine:
+    """Runs plans for one agent, durably when given a store.
+
+    An engine may run several plans at once. It keeps a registry of its active runs by plan id, so
+    ``decide``, ``pause`` and ``cancel`` reach a run while ``run`` or ``resume`` is awaiting it
+    (call them from the same event loop). With a ``store``, every transition is committed before
+    it is acted on, and ``resume`` continues a plan a crash interrupted (``docs/durability.md``);
+    without one, the engine behaves as it always did and keeps nothing.
+
+    Args:
+        config: Scheduling limits and the jitter seed; defaults to ``EngineConfig()``.
+        tools: Runs the agent's tools.
+        dispatcher: Sends cross-agent steps; without one, such steps fail with a logic failure.
+        agent: The role of the agent (names the plan span and every tool call's context).
+        agent_id: ``gen_ai.agent.id`` on the plan span; the role by default (one agent per role).
+        tracer_provider: Where spans go; the global provider by default.
+        sleep: Waits out retry backoffs (inject a fake one in tests).
+        store: Where plans and their journals are kept; ``None`` keeps nothing (no resume).
+        replanner: Asked for a new revision when a run stops on a ``logic`` failure (at most
+            ``config.max_replans`` times per run); ``None`` lets such a plan fail.
+        clock: Wall-clock time (``time.time``) for budgets and circuit breakers; inject a fake
+            one in tests.
+        meter_provider: Where plan, step and retry counts go (``PlanningMetrics``); the global
+            provider by default.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        tools: ToolRunner,
+        dispatcher: Dispatcher | None = None,
+        agent: str,
+        agent_id: str = "",
+        tracer_provider: TracerProvider | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        store: StateStore | None = None,
+        replanner: Replanner | None = None,
+        clock: Callable[[], float] = time.time,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self.agent = agent
+        self.agent_id = agent_id or agent
+        self.store = store
+        self.replanner = replanner
+        self.clock = clock
+        self._tools = tools
+        self._dispatcher = dispatcher
+        self._sleep = sleep
+        self._tracer = trace.get_tracer(_TRACER_NAME, tracer_provider=tracer_provider)
+        self._metrics = PlanningMetrics(meter_provider)
+        self._runs: dict[str, _PlanRun[Any]] = {}
+        self._policy = FailurePolicy()
+        self._breakers = _Breakers(self.config.circuit_breaker, self._policy, store, clock)
+
+    async def run(
+        self, plan: P, *, on_event: Callable[[StepEvent], None] | None = None
+    ) -> PlanResult[P]:
+        """Run ``plan`` until it ends, pauses or is cancelled.
+
+        A gate step makes the run wait (plan status ``blocked``) until ``decide`` is called.
+
+        Args:
+            plan: The plan; it should have passed ``validate_plan``. Step statuses in it are
+                ignored: every step runs.
+            on_event: Called with every ``StepEvent``, in order.
+
+        Returns:
+            The result: ``succeeded``, ``failed``, ``cancelled`` (``cancel``) or ``paused``
+            (``pause``), with outputs and failures. Step failures never raise; use
+            ``PlanResult.raise_for_status`` for that.
+
+        Raises:
+            PlanValidationError: When the steps do not form a DAG (duplicate ids, unknown
+                dependencies, a cycle); nothing runs then.
+            PlanControlError: With a store: when the plan (id and revision) is already stored or
+                running; ``resume`` it instead.
+            StoreError: When the store fails; the run stops where it was and can be resumed.
+            asyncio.CancelledError: When the calling task is cancelled. With a store this is an
+                interruption, not a cancellation: nothing more is recorded and ``resume``
+                continues the plan (``cancel`` cancels a plan for good).
+        """
+        run = _PlanRun(self, plan, on_event)
+        if not run.is_dag():
+            raise PlanValidationError(structural_problems(plan.steps))
+        if self.store is not None:
+            if plan.id in self._runs:
+                raise PlanControlError(plan.id, f"plan {plan.id!r} is already running")
+            if not await self.store.save_plan(plan):
+                raise PlanControlError(
+                    plan.id,
+                    f"plan {plan.id!r} revision {plan.revision} is already in the store; "
+                    f"resume it instead",
+                )
+        await self._breakers.load()
+        return await self._follow(run)
+
+    async def resume(
+        self,
+        plan_id: str,
+        *,
+        plan_type: type[Plan] = Plan,
+        on_event: Callable[[StepEvent], None] | None = None,
+    ) -> PlanResult[Plan]:
+        """Continue a stored plan from its journal (after a crash, a pause or an interruption).
+
+        Completed steps are not run again (their recorded outputs feed references); a step that
+        was in flight is re-run when it is idempotent (a cross-agent step, or a tool the runner's
+        ``is_idempotent`` says is), and otherwise waits at a reconcile gate named after it. Gate
+        decisions and cancellations recorded while no engine ran are honoured; an interrupted
+        compensation continues. A plan already finished is not run: its recorded result is
+        returned.
+
+        Args:
+            plan_id: The plan.
+            plan_type: The class to load the stored plan as (fields it lacks are dropped).
+            on_event: Called with every ``StepEvent``, in order.
+
+        Returns:
+            The result, as ``run`` returns it.
+
+        Raises:
+            PlanControlError: When the engine has no store, the plan is unknown or already
+                running here.
+            StoreError: When the store fails.
+            asyncio.CancelledError: When the calling task is cancelled (an interruption).
+        """
+        store = self._require_store(plan_id, "resume")
+        if plan_id in self._runs:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already running")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        run: _PlanRun[Plan] = _PlanRun(self, state.plan(plan_type), on_event)
+        if not run.is_dag():
+            raise PlanValidationError(structural_problems(run.plan.steps))
+        if state.status.is_final:
+            return run.recorded_result(state)
+        logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
+        run.restore(state)
+        await self._breakers.load()
+        return await self._follow(run)
+
+    async def decide(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int,
+        output: dict[str, Any] | None = None,
+    ) -> None:
+        """Approve or reject a gate; the decision is recorded before it is acted on.
+
+        For a gate step, approval lets its dependents run and rejection fails it (class
+        ``policy``) and so the plan. For a reconcile gate (named after a step that was in flight
+        when the plan stopped), approval re-runs the step, or, with ``output``, records the step
+        as succeeded with that output without running it (the operator found its effect done);
+        rejection fails the step.
+
+        A plan running here is woken at once. Otherwise the decision is stored and the next
+        ``resume`` acts on it; a gate step's decision may then be given before the gate is
+        reached.
+
+        Args:
+            plan_id: The plan.
+            gate_id: The gate step's id, or the reconciled step's id.
+            approve: Approve (True) or reject (False).
+            approver: Who decides.
+            rationale: Why.
+            revision: The plan revision the decision is given for; it must be the plan's current
+                revision.
+            output: For a reconcile gate only: the step's output, to record instead of re-running.
+
+        Raises:
+            GateDecisionError: When the gate is unknown, already decided or not open, the revision
+                is not the plan's, or ``output`` is given for a gate step.
+            PlanControlError: When the plan is neither running here nor in the store.
+            StoreError: When the store fails.
+        """
+        output_json = None if output is None else json.dumps(output)
+        run = self._runs.get(plan_id)
+        if run is not None:
+            kind = run.check_decision(gate_id, revision, output)
+            record = GateRecord(
+                plan_id,
+                revision,
+                gate_id,
+                GateDecision.APPROVED if approve else GateDecision.REJECTED,
+                kind,
+                approver=approver,
+                rationale=rationale,
+                output_json=output_json,
+            )
+            if self.store is not None:
+                await self.store.commit([record])
+            run.apply_decision(gate_id, approve, approver, rationale, output)
+            return
+        store = self._require_store(plan_id, "decide a gate of")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        kind = _check_stored_decision(state, gate_id, revision, output)
+        await store.commit(
+            [
+                GateRecord(
+                    plan_id,
+                    revision,
+                    gate_id,
+                    GateDecision.APPROVED if approve else GateDecision.REJECTED,
+                    kind,
+                    approver=approver,
+                    rationale=rationale,
+                    output_json=output_json,
+                )
+            ]
+        )
+        logger.info(
+            "plan %s gate %s %s by %s (stored)",
+            plan_id,
+            gate_id,
+            "approved" if approve else "rejected",
+            approver,
+        )
+
+    async def pause(self, plan_id: str) -> None:
+        """Pause a plan: no new step starts, running ones finish, the status becomes ``paused``.
+
+        A plan running here ends its ``run`` (or ``resume``) with status ``paused`` once its
+        running steps finish; ``resume`` continues it. A stored plan not running here is marked
+        ``paused``.
+
+        Raises:
+            PlanControlError: When the plan is finished, or neither running here nor stored.
+        """
+        run = self._runs.get(plan_id)
+        if run is not None:
+            run.pause()
+            return
+        store = self._require_store(plan_id, "pause")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        if state.status.is_final:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already {state.status.value}")
+        await store.commit([PlanStatusRecord(plan_id, state.revision, PlanStatus.PAUSED)])
+
+    async def cancel(self, plan_id: str) -> None:
+        """Cancel a plan for good: running tools and dispatches get ``CancelledError``, completed
+        steps are compensated, and the status becomes ``cancelled``.
+
+        For a plan running here, this returns once the cancellation is recorded; its ``run`` (or
+        ``resume``) returns the ``cancelled`` result after compensating. A stored plan not running
+        here is cancelled and compensated before this returns.
+
+        Raises:
+            PlanControlError: When the plan is finished, or neither running here nor stored.
+            StoreError: When the store fails.
+        """
+        run = self._runs.get(plan_id)
+        if run is not None:
+            if self.store is not None:
+                await self.store.commit([ControlRecord(plan_id, run.plan.revision)])
+            run.cancel()
+            return
+        store = self._require_store(plan_id, "cancel")
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        if state.status.is_final:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is already {state.status.value}")
+        await store.commit([ControlRecord(plan_id, state.revision)])
+        await self.resume(plan_id)
+
+    async def replan(
+        self, plan_id: str, new_plan: Plan, *, rationale: str, author: str
+    ) -> Revision:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it.
+
+        The new revision is ``new_plan`` with the plan's id and the stored revision + 1 (step
+        statuses reset). It is stored with its parent, its diff and ``rationale``; the results of
+        the parent's completed steps that are unchanged (``planning._revisions``) carry over, so
+        they do not run again. Old revisions are never changed. The new revision has a budget
+        account of its own (``new_plan.budget``).
+
+        Args:
+            plan_id: The plan.
+            new_plan: The steps (and fields) of the new revision.
+            rationale: Why the plan changes.
+            author: Who changes it.
+
+        Returns:
+            The new revision: its plan and its history entry.
+
+        Raises:
+            PlanControlError: When the engine has no store, the plan is unknown, running here
+                (pause it first), or stopped with a step in flight (resume it to settle that step
+                first).
+            PlanValidationError: When the new steps do not form a DAG.
+            StoreError: When the store fails.
+        """
+        store = self._require_store(plan_id, "replan")
+        if plan_id in self._runs:
+            raise PlanControlError(
+                plan_id, f"plan {plan_id!r} is running; pause it before replanning"
+            )
+        state = await store.load(plan_id)
+        if state is None:
+            raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        in_flight = [step_id for step_id, s in state.steps.items() if s.in_flight]
+        if in_flight and not state.status.is_final:
+            # Its effect is unknown, and a new revision gives it a new idempotency key: settle
+            # it first (resume, and decide its reconcile gate), then replan.
+            raise PlanControlError(
+                plan_id,
+                f"step {in_flight[0]!r} of plan {plan_id!r} was in flight when the plan stopped; "
+                f"resume the plan to settle it before replanning",
+            )
+        old = state.plan(type(new_plan))
+        attempts = {step_id: s.attempt for step_id, s in state.steps.items()}
+        compensations = {c.step_id: c.status for c in state.compensations}
+        revision, _ = await self._revise(
+            old,
+            new_plan,
+            state.outputs,
+            attempts,
+            compensations,
+            rationale,
+            author,
+            spent=(state.spent_calls, state.spent_cost),
+        )
+        logger.info(
+            "plan %s: revision %d made by %s: %s", plan_id, revision.revision, author, rationale
+        )
+        return revision
+
+    async def _revise(
+        self,
+        old: Plan,
+        new: Plan,
+        outputs: dict[str, Any],
+        attempts: dict[str, int],
+        compensations: dict[str, CompensationStatus],
+        rationale: str,
+        author: str,
+        *,
+        spent: tuple[int, float] = (0, 0.0),
+    ) -> tuple[Revision, PlanState]:
+        """Make (and store) the revision after ``old``; its state holds the carried results and
+        what earlier revisions spent of the plan's budget."""
+        steps = [
+            step
+            if step.status is StepStatus.PENDING
+            else step.model_copy(update={"status": StepStatus.PENDING})
+            for step in new.steps
+        ]
+        plan = new.model_copy(update={"id": old.id, "revision": old.revision + 1, "steps": steps})
+        problems = structural_problems(plan.steps)
+        if problems:
+            raise PlanValidationError(problems)
+        same = unchanged_steps(old, plan)
+        carried = [step.id for step in plan.steps if step.id in same and step.id in outputs]
+        records: list[Record] = []
+        if spent != (0, 0.0):
+            records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
+        message = f"carried over from revision {old.revision}"
+        for step in plan.steps:
+            if step.id not in carried:
+                continue
+            records.append(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    step.id,
+                    attempts.get(step.id, 1),
+                    StepStatus.SUCCEEDED,
+                    json.dumps(outputs[step.id]),
+                    message=message,
+                )
+            )
+            if step.compensate is not None and compensations.get(step.id) in (
+                None,
+                CompensationStatus.NEEDED,
+                CompensationStatus.RUNNING,
+            ):
+                records.append(
+                    CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
+                )
+        record = RevisionRecord(
+            plan.id,
+            plan.revision,
+            old.revision,
+            rationale,
+            author,
+            diff_plans(old, plan),
+            carried,
+            self.clock(),
+        )
+        if self.store is not None:
+            await self.store.save_revision(plan, record, records)
+        state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
+        return Revision(plan, record), state
+
+    def _require_store(self, plan_id: str, action: str) -> StateStore:
+        if self.store is None:
+            raise PlanControlError(
+                plan_id,
+                f"cannot {action} plan {plan_id!r}: it is not running here and the engine has "
+                f"no state store",
+            )
+        return self.store
+
+    async def _follow(self, run: _PlanRun[P]) -> PlanResult[P]:
+        """Execute ``run`` registered by plan id, then each revision a replan makes of it."""
+        while True:
+            plan_id = run.plan.id
+            self._runs[plan_id] = run
+            try:
+                result = await run.execute()
+            finally:
+                if self._runs.get(plan_id) is run:
+                    del self._runs[plan_id]
+            if run.replacement is None:
+                return result
+            run = run.replacement  # a replan: continue with the new revision
+
+
+def _check_stored_decision(
+    state: PlanState, gate_id: str, revision: int, output: dict[str, Any] | None
+) -> GateKind:
+    """The kind of the gate a decision for a stored (not running) plan applies to.
+
+    Raises:
+        GateDecisionError: When the decision does not apply.
+    """
+    plan_id = state.plan_id
+    if revision != state.revision:
+        raise GateDecisionError(
+            plan_id,
+            gate_id,
+            revision,
+            f"plan {plan_id!r} is at revision {state.revision}; a decision given for revision "
+            f"{revision} does not apply to it",
+        )
+    if state.status.is_final:
+        raise GateDecisionError(
+            plan_id, gate_id, revision, f"plan {plan_id!r} is already {state.status.value}"
+        )
+    gate = state.gates.get(gate_id)
+    if gate is not None:
+        if gate.decision is not GateDecision.OPEN:
+            raise GateDecisionError(
+                plan_id,
+                gate_id,
+                revision,
+                f"gate {gate_id!r} of plan {plan_id!r} is already {gate.decision.value}",
+            )
+        kind = gate.kind
+    else:
+        steps = json.loads(state.plan_json).get("steps", [])
+        if not any(s.get("id") == gate_id and s.get("kind") == "gate" for s in steps):
+            raise GateDecisionError(
+                plan_id, gate_id, revision, f"plan {plan_id!r} has no open gate {gate_id!r}"
+            )
+        step = state.steps.get(gate_id)
+        if step is not None and step.status is not StepStatus.RUNNING:
+            raise GateDecisionError(
+                plan_id,
+                gate_id,
+                revision,
+                f"gate {gate_id!r} of plan {plan_id!r} is already {step.status.value}",
+            )
+        kind = GateKind.GATE
+    if output is not None and kind is GateKind.GATE:
+        raise GateDecisionError(
+            plan_id, gate_id, revision, "an output may only be given to a reconcile gate"
+        )
+    return kind
