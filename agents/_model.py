@@ -16,6 +16,7 @@ rate or fails (5xx) raises ``TransientError`` (retried with backoff); a request 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import deque
@@ -112,6 +113,9 @@ class ModelConfig:
             ``{"type": "json_schema", "json_schema": {...}}``: OpenAI, vLLM, Ollama, LM Studio) or
             ``json_object`` (``{"type": "json_object", "schema": {...}}``: llama-cpp-python's
             server, which refuses the other).
+        max_concurrent: Calls this client has in flight at once; more wait their turn before
+            they are sent (their ``timeout_s`` starts when they are). A CPU server answers one
+            at a time: calls it would queue would time out there instead.
     """
 
     url: str
@@ -119,6 +123,7 @@ class ModelConfig:
     api_key: str = field(default="", repr=False)
     timeout_s: float = 60.0
     schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    max_concurrent: int = 4
 
     def __repr__(self) -> str:
         key = "<set>" if self.api_key else "<none>"
@@ -167,6 +172,7 @@ class OpenAIModelClient:
             ) from exc
         self._openai = openai
         self._config = config
+        self._turns = asyncio.Semaphore(max(1, config.max_concurrent))
         # max_retries=0: retries are the engine's business (backoff, budgets, the journal).
         self._client = openai.AsyncOpenAI(
             base_url=config.url,
@@ -184,7 +190,6 @@ class OpenAIModelClient:
         return self._config.model
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        openai = self._openai
         arguments: dict[str, Any] = {
             "model": self._config.model,
             "messages": [{"role": m.role, "content": m.content} for m in request.messages],
@@ -194,6 +199,11 @@ class OpenAIModelClient:
         fmt = response_format(request, self._config.schema_style)
         if fmt is not None:
             arguments["response_format"] = fmt
+        async with self._turns:
+            return await self._send(arguments)
+
+    async def _send(self, arguments: dict[str, Any]) -> ChatResponse:
+        openai = self._openai
         started = time.perf_counter()
         try:
             completion = await self._client.chat.completions.create(**arguments)

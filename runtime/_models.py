@@ -71,6 +71,8 @@ def resolve_model(settings: Settings) -> Settings:
     }
     if embedded.get("kind") == "llama.cpp":
         update["model_schema_style"] = "json_object"
+        if settings.model_max_concurrent is None:
+            update["model_max_concurrent"] = 1
     return settings.model_copy(update=update)
 
 
@@ -105,6 +107,7 @@ def attach_model_planner(
                 api_key=api_key,
                 timeout_s=settings.model_timeout_s,
                 schema_style=settings.model_schema_style,
+                max_concurrent=settings.model_max_concurrent or 4,
             )
         ),
         tracer_provider=tracer_provider,

@@ -136,6 +136,8 @@ class Settings(BaseSettings):
         step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
             request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
             model on a CPU takes tens of seconds a call).
+        model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
+            embedded server (a CPU answers one at a time), 4 otherwise.
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
@@ -183,6 +185,7 @@ class Settings(BaseSettings):
     model_max_tokens: int = Field(default=512, ge=1, le=32768)
     model_token_budget: int | None = Field(default=None, ge=0)
     model_schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    model_max_concurrent: int | None = Field(default=None, ge=1, le=256)
     step_timeout_s: float | None = Field(default=None, gt=0, le=86400)
     genai_capture_content: bool = Field(
         default=False,
