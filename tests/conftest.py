@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -91,3 +92,46 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     """A connection string to a fresh, empty database, dropped after the test."""
     with fresh_database(postgres_server) as url:
         yield url
+
+
+_MODEL_SH = Path(__file__).resolve().parents[1] / "scripts" / "model_server.sh"
+
+
+def _no_model_server(reason: str) -> None:
+    message = f"the embedded model server is not available: {reason}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The embedded model server (llama.cpp's OpenAI-compatible server, Gemma 3 270M): its
+    ``url`` and ``model``. ``STRATAGEM_TEST_MODEL_URL`` names one already running; otherwise
+    scripts/model_server.sh installs it (built once into .model-venv) and starts one on a free
+    port for this session, stopped by its PID at the end."""
+    url = os.environ.get("STRATAGEM_TEST_MODEL_URL")
+    if url:
+        yield {"url": url, "model": os.environ.get("STRATAGEM_TEST_MODEL", "gemma-3-270m")}
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "MODEL_SERVER_DIR": str(tmp_path_factory.mktemp("model-server")),
+        "MODEL_SERVER_PORT": str(port),
+    }
+    script = ["bash", str(_MODEL_SH)]
+    try:
+        started = subprocess.run(
+            [*script, "start"], capture_output=True, text=True, timeout=1800, env=env, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _no_model_server(f"scripts/model_server.sh start failed: {exc}")
+    if started.returncode != 0:
+        _no_model_server(f"scripts/model_server.sh start failed: {started.stderr.strip()[-800:]}")
+    try:
+        yield {"url": f"http://127.0.0.1:{port}/v1", "model": "gemma-3-270m"}
+    finally:
+        subprocess.run([*script, "stop"], capture_output=True, timeout=120, env=env, check=False)
