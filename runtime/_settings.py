@@ -190,7 +190,9 @@ class Settings(BaseSettings):
     genai_capture_content: bool = Field(
         default=False,
         validation_alias=AliasChoices(
-            "genai_capture_content", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+            "genai_capture_content",
+            "STRATAGEM_GENAI_CAPTURE_CONTENT",
+            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
         ),
     )
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
