@@ -38,7 +38,11 @@ from stratagem.agents._model_planner import (
     plan_answer_schema,
     rederive,
 )
-from stratagem.agents._model_roles import TacticalModelPlanner, model_planner
+from stratagem.agents._model_roles import (
+    PerceptionModelPlanner,
+    TacticalModelPlanner,
+    model_planner,
+)
 from stratagem.agents._model_trace import TracedModelClient
 from stratagem.agents._narrative import THEME_LEXICONS, ArcChoice
 from stratagem.agents._orchestrator import (
@@ -100,6 +104,7 @@ __all__ = [
     "OrchestratorAgent",
     "OrchestratorPlanner",
     "PerceptionAgent",
+    "PerceptionModelPlanner",
     "PerceptionPlan",
     "PerceptionPlanner",
     "PlanJudge",

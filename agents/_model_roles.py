@@ -6,8 +6,14 @@ deterministic tools judge it.
   ``ground`` then ``verify`` (a re-simulation). Before the plan is accepted the sequence is
   simulated here: a precondition that does not hold, or a goal not reached, goes back as the
   critique. When every attempt fails, the A* plan is used (``fallback``).
-* strategic, perception, orchestrator: the generic ``ModelPlanner``: the model writes the role's
-  plan over its own tools; the role's planner answers from the outputs, and is the fallback.
+* perception: for ``ExtractEntities`` the model reads the passage into entities (name and kind) and
+  relations whose predicates are the world model's vocabulary (enums in the schema); names become
+  ids as the rule-based extractor makes them, a relation must name extracted entities, and at least
+  one character must be found. The plan merges them into the world. The regex extractor is the
+  fallback; reading and changing the world (the other capabilities) stay with the rules.
+* strategic: the generic ``ModelPlanner``: the model writes the role's plan over its own tools;
+  the role's planner answers from the outputs, and is the fallback.
+* orchestrator: none yet (its plans are cross-agent steps): it keeps its own planner.
 
 ``model_planner(agent, client, config)`` builds the right one for an agent.
 """
@@ -18,13 +24,23 @@ from typing import Any
 
 from stratagem.agents._actions import actors_for, ground_actions, simulate
 from stratagem.agents._agent import Agent
+from stratagem.agents._extract import slugify
 from stratagem.agents._model import ModelClient
 from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig
+from stratagem.agents._perception import PerceptionPlan, PerceptionPlanner, StateUpdate
 from stratagem.agents._tactical import TacticalPlan, TacticalPlanner, TacticalStep, goals_of
 from stratagem.planning import Budget, Plan, ToolStep
-from stratagem.protocol import Action, PlanExecutionSequenceRequest, WireModel
+from stratagem.protocol import (
+    Action,
+    ExtractEntitiesRequest,
+    PlanExecutionSequenceRequest,
+    WireModel,
+)
 
-__all__ = ["TacticalModelPlanner", "model_planner"]
+__all__ = ["PerceptionModelPlanner", "TacticalModelPlanner", "model_planner"]
+
+_KINDS = ["character", "place", "object"]
+_PREDICATES = ["at", "in", "has", "connected", "locked", "opens", "knows", "wants"]
 
 
 def _label(action: Action) -> str:
@@ -128,6 +144,120 @@ class TacticalModelPlanner(ModelPlanner):
         return plan, []
 
 
+class PerceptionModelPlanner(ModelPlanner):
+    """The perception agent's model planner: entities and relations read from ordinary prose."""
+
+    async def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        if not isinstance(request, ExtractEntitiesRequest):
+            # Reading and changing the world is exact work: the agent's own rules.
+            return self.deterministic.plan(capability, request, plan_id=plan_id)
+        return await super().plan(capability, request, plan_id=plan_id)
+
+    def system(self) -> str:
+        return (
+            "You read a story passage and list its named entities and the facts between them. "
+            "Kinds: character (a person or creature), place, object. Facts use only these "
+            "predicates: at (a character at a place), in (an object in a place), has (a "
+            "character has an object), connected (two places), locked (a place, to itself), "
+            "opens (an object opens a place), knows, wants. Name entities as the text does."
+        )
+
+    def ask(self, capability: str, request: WireModel) -> str:
+        text = request.text if isinstance(request, ExtractEntitiesRequest) else ""
+        return f"Passage: {text}"
+
+    def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
+        name = {"type": "string", "minLength": 1, "maxLength": 60}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["entities", "relations"],
+            "properties": {
+                "entities": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 12,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "kind"],
+                        "properties": {"name": name, "kind": {"type": "string", "enum": _KINDS}},
+                    },
+                },
+                "relations": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["subject", "predicate", "object"],
+                        "properties": {
+                            "subject": name,
+                            "predicate": {"type": "string", "enum": _PREDICATES},
+                            "object": name,
+                        },
+                    },
+                },
+            },
+        }
+
+    def build(
+        self, answer: Any, capability: str, request: WireModel, plan_id: str
+    ) -> tuple[Plan | None, list[str]]:
+        if not isinstance(answer, dict):
+            return None, ['the answer must be {"entities": [...], "relations": [...]}']
+        problems: list[str] = []
+        entities: dict[str, dict[str, str]] = {}
+        for item in answer.get("entities") or []:
+            if not isinstance(item, dict) or item.get("kind") not in _KINDS:
+                problems.append(f"entity {item!r}: kind must be one of {', '.join(_KINDS)}")
+                continue
+            name = " ".join(str(item.get("name", "")).split())[:60]
+            if not name:
+                problems.append("an entity has no name")
+                continue
+            entities.setdefault(
+                slugify(name), {"id": slugify(name), "name": name, "kind": item["kind"]}
+            )
+        if not any(e["kind"] == "character" for e in entities.values()):
+            problems.append("no character was found: name at least one person or creature")
+        relations = []
+        for item in answer.get("relations") or []:
+            if not isinstance(item, dict) or item.get("predicate") not in _PREDICATES:
+                problems.append(
+                    f"relation {item!r}: predicate must be one of {', '.join(_PREDICATES)}"
+                )
+                continue
+            subject = slugify(str(item.get("subject", "")))
+            obj = slugify(str(item.get("object", "")))
+            missing = [n for n in (subject, obj) if n not in entities]
+            if missing:
+                problems.append(
+                    f"relation {item.get('subject')} {item['predicate']} {item.get('object')} "
+                    f"names {', '.join(missing)}, which is not among the entities"
+                )
+                continue
+            relations.append({"subject": subject, "predicate": item["predicate"], "object": obj})
+        if problems:
+            return None, problems[:8]
+        plan = PerceptionPlan(
+            id=plan_id,
+            owner="perception",
+            goal="merge the entities and facts the model read in the passage",
+            state_update_sequence=[
+                StateUpdate(step="merge", operation="merge", description="the model's reading")
+            ],
+            steps=[
+                ToolStep(
+                    id="merge",
+                    tool="merge_world",
+                    input={"entities": list(entities.values()), "relations": relations},
+                )
+            ],
+        )
+        return plan, []
+
+
 async def _simulate_judge(plan: Plan, request: WireModel) -> list[str]:
     """The tactical agent's judge: re-simulate the proposed sequence before accepting it."""
     if not isinstance(request, PlanExecutionSequenceRequest):
@@ -161,6 +291,16 @@ def model_planner(
     if not agent.registry.names():
         return None
     deterministic: Any = agent.planner
+    if isinstance(agent.planner, PerceptionPlanner):
+        return PerceptionModelPlanner(
+            role=agent.role,
+            plan_type=agent.plan_type,
+            registry=agent.registry,
+            client=client,
+            deterministic=deterministic,
+            config=config,
+            budget=budget,
+        )
     if isinstance(agent.planner, TacticalPlanner):
         return TacticalModelPlanner(
             role=agent.role,

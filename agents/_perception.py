@@ -383,9 +383,11 @@ class PerceptionPlanner:
         """The response, from the plan's outputs."""
         out = result.outputs
         if isinstance(request, ExtractEntitiesRequest):
+            # A model's extraction merges what it read directly: no resolve step ran.
+            found = out["resolve"] if "resolve" in out else result.plan.step("merge").input
             return ExtractEntitiesResponse(
-                entities=out["resolve"]["entities"],
-                relations=out["resolve"]["relations"],
+                entities=found["entities"],
+                relations=found["relations"],
                 world_version=out["merge"]["world_version"],
             )
         if isinstance(request, FindSpatialContextRequest):

@@ -35,6 +35,7 @@ EXPECTED = [
     "OrchestratorAgent",
     "OrchestratorPlanner",
     "PerceptionAgent",
+    "PerceptionModelPlanner",
     "PerceptionPlan",
     "PerceptionPlanner",
     "PlanJudge",

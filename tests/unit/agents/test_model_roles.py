@@ -9,13 +9,25 @@ import json
 from stratagem.agents import (
     ChatRequest,
     ChatResponse,
+    PerceptionAgent,
     ScriptedModelClient,
     TacticalAgent,
     TacticalPlanner,
 )
 from stratagem.agents._model_planner import ModelPlanningConfig
-from stratagem.agents._model_roles import TacticalModelPlanner, model_planner
-from stratagem.protocol import PlanExecutionSequenceRequest, PlanExecutionSequenceResponse
+from stratagem.agents._model_roles import (
+    PerceptionModelPlanner,
+    TacticalModelPlanner,
+    model_planner,
+)
+from stratagem.protocol import (
+    ExtractEntitiesRequest,
+    ExtractEntitiesResponse,
+    FindSpatialContextRequest,
+    PlanExecutionSequenceRequest,
+    PlanExecutionSequenceResponse,
+    Relation,
+)
 from tests.unit.agents.conftest import call
 from tests.unit.agents.test_tactical import FACTS, MEANS, THRESHOLD, names
 
@@ -122,3 +134,59 @@ async def test_the_agent_keeps_serving_while_a_model_thinks() -> None:
     slow.release.set()
     answer = await asyncio.wait_for(planning, 5)
     assert names(answer.actions) == GOOD
+
+
+LENA = "Lena Park, a tired detective, found the body in the library."
+
+
+def _reading(entities: list[tuple[str, str]], relations: list[tuple[str, str, str]]) -> str:
+    return json.dumps(
+        {
+            "entities": [{"name": n, "kind": k} for n, k in entities],
+            "relations": [{"subject": s, "predicate": p, "object": o} for s, p, o in relations],
+        }
+    )
+
+
+async def test_perception_reads_ordinary_prose_with_the_model() -> None:
+    agent = PerceptionAgent()
+    client = ScriptedModelClient(
+        [
+            # No character, and a relation about someone not listed: refused with both reasons.
+            _reading([("library", "place")], [("Tomas", "at", "library")]),
+            _reading(
+                [("Lena Park", "character"), ("library", "place"), ("body", "object")],
+                [("Lena Park", "at", "library"), ("body", "in", "library")],
+            ),
+        ],
+        model="tiny",
+    )
+    planner = model_planner(agent, client)
+    assert isinstance(planner, PerceptionModelPlanner)
+    agent.use_planner(planner)
+    answer = await agent.handle(
+        "ExtractEntities", ExtractEntitiesRequest(text=LENA), call("ExtractEntities", "perception")
+    )
+    assert isinstance(answer, ExtractEntitiesResponse)
+    assert [(e.id, e.kind) for e in answer.entities] == [
+        ("lena_park", "character"),
+        ("library", "place"),
+        ("body", "object"),
+    ]
+    assert agent.world.holds(
+        Relation.model_validate({"subject": "lena_park", "predicate": "at", "object": "library"})
+    )
+    critique = client.requests[1].messages[-1].content
+    assert "no character was found" in critique
+    assert "names tomas, which is not among the entities" in critique
+    schema = client.requests[0].schema
+    assert schema is not None
+    kinds = schema["properties"]["entities"]["items"]["properties"]["kind"]["enum"]
+    assert kinds == ["character", "place", "object"]
+    # Reading the world back is the rules' work: no model call.
+    await agent.handle(
+        "FindSpatialContext",
+        FindSpatialContextRequest(entity_ids=["lena_park"]),
+        call("FindSpatialContext", "perception"),
+    )
+    assert len(client.requests) == 2
