@@ -249,7 +249,7 @@ class _Attempts(_Restore[P]):
         try:
             request = spec.request.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(field_problems(exc))
+            problems = "; ".join(_empty_refs(step.request, data) or field_problems(exc))
             raise LogicError(f"invalid {spec.name} request: {problems}") from exc
         call = CrossAgentCall(
             target=step.target,
@@ -377,3 +377,18 @@ def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:
     if isinstance(exc, ValidationError):
         return FailureClass.LOGIC, f"ValidationError: {'; '.join(field_problems(exc))}"
     return FailureClass.LOGIC, f"{type(exc).__name__}: {exc}"
+
+
+def _empty_refs(request: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+    """The request's fields that came from a reference and resolved to nothing: said in words
+    ("entity_ids is empty: nothing came from extract.entities[*].id") rather than as the model's
+    length rule, since the cause is the step that gave nothing."""
+    found = []
+    for name, value in request.items():
+        if (
+            isinstance(value, dict)
+            and set(value) == {"$ref"}
+            and resolved.get(name) in ([], "", {})
+        ):
+            found.append(f"{name} is empty: nothing came from {value['$ref']}")
+    return found

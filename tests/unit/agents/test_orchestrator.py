@@ -173,3 +173,18 @@ async def test_an_unreachable_key_fails_the_first_beat_and_changes_nothing(
     assert version == 1  # only the extraction merged; nothing was applied
     statuses = {s.plan_id: s.status for s in perception.plans("goal-stuck")}
     assert "goal-stuck/apply" not in statuses
+
+
+async def test_a_passage_that_yields_no_entity_fails_in_words(cluster: Cluster) -> None:
+    agents, _ = cluster
+    goal = SubmitGoalRequest(
+        goal="Lena Park solves the murder",
+        passage="Lena Park, a tired detective, found the body in the library.",
+        beats=2,
+    )
+    with pytest.raises(FailedPreconditionError) as caught:
+        await submit(agents, goal)
+    message = str(caught.value)
+    assert "step 'spatial' failed (logic)" in message
+    assert "entity_ids is empty: nothing came from extract.entities[*].id" in message
+    assert "List should have at least 1 item" not in message
