@@ -249,7 +249,9 @@ class _Attempts(_Restore[P]):
         try:
             request = spec.request.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(_empty_refs(step.request, data) or field_problems(exc))
+            empty = _empty_refs(step.request, data)
+            rest = [p for p in field_problems(exc) if p.split(":")[0].split(".")[0] not in empty]
+            problems = "; ".join([*empty.values(), *rest])
             raise LogicError(f"invalid {spec.name} request: {problems}") from exc
         call = CrossAgentCall(
             target=step.target,
@@ -379,16 +381,16 @@ def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:
     return FailureClass.LOGIC, f"{type(exc).__name__}: {exc}"
 
 
-def _empty_refs(request: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
-    """The request's fields that came from a reference and resolved to nothing: said in words
-    ("entity_ids is empty: nothing came from extract.entities[*].id") rather than as the model's
-    length rule, since the cause is the step that gave nothing."""
-    found = []
+def _empty_refs(request: dict[str, Any], resolved: dict[str, Any]) -> dict[str, str]:
+    """The request's fields that came from a reference and resolved to nothing, each said in
+    words ("entity_ids is empty: nothing came from extract.entities[*].id") rather than as the
+    model's length rule, since the cause is the step that gave nothing."""
+    found: dict[str, str] = {}
     for name, value in request.items():
         if (
             isinstance(value, dict)
             and set(value) == {"$ref"}
             and resolved.get(name) in ([], "", {})
         ):
-            found.append(f"{name} is empty: nothing came from {value['$ref']}")
+            found[name] = f"{name} is empty: nothing came from {value['$ref']}"
     return found

@@ -665,8 +665,9 @@ async def test_an_invalid_resolved_request_is_a_logic_failure_naming_the_field()
     result = await engine.run(analyze_plan())
     (failure,) = result.failures
     assert failure.failure_class is FailureClass.LOGIC
+    # The empty text came from a reference: said as where it came from, not as a length rule.
     assert failure.message == (
-        "invalid AnalyzeNarrative request: text: String should have at least 1 character; "
+        "invalid AnalyzeNarrative request: text is empty: nothing came from read.text; "
         "entities[0].id: String should match pattern '^[a-z][a-z0-9_]{0,63}$'"
     )
     assert dispatcher.calls == []
