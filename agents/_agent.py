@@ -741,7 +741,24 @@ class Agent:
             )
         except PlanControlError as exc:
             raise FailedPreconditionError(_one_line(str(exc))) from exc
-        steps = len(state.plan(self.plan_type).steps)
+        plan = state.plan(self.plan_type)
+        steps = len(plan.steps)
+        # A model's plan: re-derived from the model calls journaled with it, no model asked.
+        rederived: list[str] | None = None
+        capability = plan.provenance.capability if plan.provenance is not None else ""
+        handler = self._handlers.get(capability)
+        rederive = getattr(handler[1], "rederive", None) if handler is not None else None
+        if callable(rederive):
+            rederived = await rederive(plan)
+        model = [
+            ReplayDivergence(
+                step_id="",
+                decision="model plan",
+                recorded="the plan journaled",
+                replayed=difference[:_MESSAGE_LIMIT],
+            )
+            for difference in rederived or []
+        ]
         return ReplayResult(
             plan_id=plan_id,
             agent=self.role,
@@ -749,8 +766,9 @@ class Agent:
             recorded_status=report.recorded_status.value,
             replayed_status=report.replayed_status.value if report.replayed_status else "",
             # Per step: order, outcomes, status, output; then the plan's status.
-            decisions=4 * steps + 1,
-            divergences=[
+            decisions=4 * steps + 1 + (rederived is not None),
+            divergences=model
+            + [
                 ReplayDivergence(
                     step_id=d.step_id,
                     decision=d.decision,

@@ -554,6 +554,18 @@ class ModelPlanner:
         """The response, built by the role's own planner from the plan's outputs."""
         return self.deterministic.respond(capability, request, result)
 
+    async def rederive(self, plan: Plan) -> list[str] | None:
+        """Re-derive ``plan`` from its journal with no model (see ``rederive``): the differences
+        ([]: none), or ``None`` when it is not a plan this planner made from model calls or was
+        repaired after it ran (re-derivation covers a plan's first revision)."""
+        provenance = plan.provenance
+        if provenance is None or not provenance.calls or plan.revision != 1:
+            return None
+        request = self._request(provenance)
+        if request is None:
+            return ["the journal does not hold the request the plan answers"]
+        return await rederive(self, request[0], request[1], plan)
+
 
 async def rederive(
     planner: ModelPlanner, capability: str, request: WireModel, plan: Plan
@@ -577,14 +589,12 @@ async def rederive(
     again = copy.copy(planner)  # the same role, schema and checks: only the model differs
     again.client = journal
     derived = await again.plan(capability, request, plan_id=plan.id)
+    # Steps, not the goal: the agent marks a served plan's goal with its request's digest.
     differences = []
-    for name in ("goal", "steps"):
-        ours, theirs = getattr(derived, name), getattr(plan, name)
-        if name == "steps":
-            ours = [s.model_dump(mode="json", exclude={"status"}) for s in ours]
-            theirs = [s.model_dump(mode="json", exclude={"status"}) for s in theirs]
-        if ours != theirs:
-            differences.append(f"{name} differs")
+    ours = [s.model_dump(mode="json", exclude={"status"}) for s in derived.steps]
+    theirs = [s.model_dump(mode="json", exclude={"status"}) for s in plan.steps]
+    if ours != theirs:
+        differences.append("steps differs")
     digests = [c.request_digest for c in (derived.provenance.calls if derived.provenance else [])]
     if digests != [c.request_digest for c in provenance.calls[: len(digests)]]:
         differences.append("the model was asked something else than the journal recorded")

@@ -20,6 +20,7 @@ from stratagem.agents._model_roles import (
     TacticalModelPlanner,
     model_planner,
 )
+from stratagem.planning import InMemoryStateStore
 from stratagem.protocol import (
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
@@ -189,4 +190,19 @@ async def test_perception_reads_ordinary_prose_with_the_model() -> None:
         FindSpatialContextRequest(entity_ids=["lena_park"]),
         call("FindSpatialContext", "perception"),
     )
+    assert len(client.requests) == 2
+
+
+async def test_replay_rederives_a_model_plan_from_its_journal_with_no_model() -> None:
+    agent = TacticalAgent(store=InMemoryStateStore())
+    client = ScriptedModelClient([_answer(["take(mira,key,garden)"]), _answer(GOOD)], model="tiny")
+    planner = model_planner(agent, client)
+    assert planner is not None
+    agent.use_planner(planner)
+    await _sequence(agent)
+    (record,) = list(agent.plans(""))
+    assert client.remaining == 0  # the script is spent: replay cannot ask it anything
+    report = await agent.replay(record.plan_id)
+    assert report.divergences == []
+    assert report.decisions == 4 * 2 + 1 + 1  # two steps, the plan, the model plan's derivation
     assert len(client.requests) == 2
