@@ -23,7 +23,7 @@ def test_deterministic_settings_are_left_alone(tmp_path: Path) -> None:
 def test_a_model_planner_without_a_server_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="needs a model server: set STRATAGEM_MODEL_URL"):
         resolve_model(load_settings(state_dir=tmp_path, planners={"tactical": "model"}))
-    with pytest.raises(LaunchError, match="set STRATAGEM_MODEL$"):
+    with pytest.raises(LaunchError, match=r"set STRATAGEM_MODEL$"):
         resolve_model(
             load_settings(state_dir=tmp_path, planner="model", model_url="http://h:1/v1")
         )
