@@ -24,17 +24,13 @@ def test_a_model_planner_without_a_server_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="needs a model server: set STRATAGEM_MODEL_URL"):
         resolve_model(load_settings(state_dir=tmp_path, planners={"tactical": "model"}))
     with pytest.raises(LaunchError, match=r"set STRATAGEM_MODEL$"):
-        resolve_model(
-            load_settings(state_dir=tmp_path, planner="model", model_url="http://h:1/v1")
-        )
+        resolve_model(load_settings(state_dir=tmp_path, planner="model", model_url="http://h:1/v1"))
 
 
 def test_the_embedded_server_is_found_from_its_state_file(tmp_path: Path) -> None:
     (tmp_path / "model-server").mkdir()
     (tmp_path / "model-server" / "server.json").write_text(
-        json.dumps(
-            {"kind": "llama.cpp", "pid": 1, "url": "http://127.0.0.1:8089/v1", "model": "g"}
-        )
+        json.dumps({"kind": "llama.cpp", "pid": 1, "url": "http://127.0.0.1:8089/v1", "model": "g"})
     )
     settings = resolve_model(load_settings(state_dir=tmp_path, planner="model"))
     assert (settings.model_url, settings.model) == ("http://127.0.0.1:8089/v1", "g")
