@@ -65,6 +65,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.metrics import MeterProvider
@@ -383,6 +384,12 @@ class AgentServer:
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        # Server reflection: tools (grpcurl, Postman, grpcui) list and describe the services from
+        # the agent itself. It tells what the public .proto tells, nothing more, so it needs no
+        # credentials; every AgentService call still does.
+        reflection.enable_server_reflection(
+            (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
         address = f"{self._config.host}:{self._config.port}"
         credentials = self._authenticator.server_credentials()
         try:

@@ -167,7 +167,7 @@ class AgentActor:
             audit=self._audit,
             config=ServerConfig(
                 host=host,
-                port=0,
+                port=settings.ports.get(role, 0),
                 max_message_bytes=settings.max_message_bytes,
                 default_deadline_s=settings.default_deadline_s,
                 max_concurrent_requests=settings.max_concurrent_requests,

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
         allow_unauthenticated_ray: Deploy onto an external Ray cluster that is not on loopback
             and asks for no Ray token (anyone who reaches it can run code in the agents); refused
             unless set, and then warned about.
+        ports: Per role, a fixed port its gRPC server binds (JSON in ``STRATAGEM_PORTS``, e.g.
+            ``{"perception": 50051}``: for firewalls and Kubernetes Services); a role not named
+            gets a free port.
         planner: How every agent plans: ``deterministic`` (its own rules) or ``model`` (a
             language model, checked by its rules; see ``agents.ModelPlanner``).
         planners: Per role, a choice other than ``planner`` (JSON in ``STRATAGEM_PLANNERS``, e.g.
@@ -175,6 +178,7 @@ class Settings(BaseSettings):
     max_watch_streams: int = Field(default=1024, ge=1, le=1_000_000)
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
+    ports: dict[str, int] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
     model_url: str | None = None
@@ -204,6 +208,20 @@ class Settings(BaseSettings):
         # Accept "a,b:setup" from the environment as well as a JSON list.
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("ports")
+    @classmethod
+    def _port_roles(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(ROLES))
+        if unknown:
+            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
+        bad = sorted(role for role, port in value.items() if not 1 <= port <= 65535)
+        if bad:
+            raise ValueError(f"the port of {bad[0]} must be in 1..65535, not {value[bad[0]]}")
+        taken = [port for port in value.values() if list(value.values()).count(port) > 1]
+        if taken:
+            raise ValueError(f"port {taken[0]} is given to more than one role")
         return value
 
     @field_validator("planners")

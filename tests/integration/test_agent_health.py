@@ -148,3 +148,28 @@ def test_restarts_are_budgeted_per_window_and_status_says_the_agent_gave_up(
         assert own.settings.restarts_path("perception").exists()
     finally:
         own.teardown()
+
+
+def test_an_agent_binds_the_fixed_port_it_is_given(
+    deployment: Deployment, settings: Settings, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    own = Deployment(
+        settings.model_copy(
+            update={
+                "namespace": f"ports-{uuid.uuid4().hex[:8]}",
+                "state_dir": tmp_path / "state",
+                "ports": {"perception": port},
+            }
+        )
+    )
+    try:
+        infos = {info.role: info for info in own.deploy(detached=False)}
+        assert infos["perception"].endpoint.endswith(f":{port}")
+        assert not infos["tactical"].endpoint.endswith(f":{port}")  # the others: free ports
+    finally:
+        own.teardown()
