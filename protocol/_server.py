@@ -31,6 +31,11 @@ own, answered with one status code and audited. ``Call`` runs these stages in or
 An ``x-stratagem-request-id`` metadata value, when sent, names a call refused before its body is
 decoded in the audit log; the envelope must then carry the same id.
 
+The routing metadata (target, capability, delegation; Control's ``Control.<action>``) is an
+optional fast path: a client generated from ``proto/`` alone sends only its credentials, and the
+server then decodes the body once the caller is authenticated and within the size limit, and
+routes and authorizes from it exactly as from the metadata. The .proto declares every header.
+
 ``Describe``, ``Watch``, ``Plans``, ``Revisions``, ``RunPlan`` and ``Replay`` go through stages 1-5
 too, authorized as the pseudo-capabilities of the same names; their target defaults to this agent.
 ``Control`` (approve, reject, pause, cancel, resume or replan a plan) is authorized as
@@ -273,6 +278,7 @@ class _Exchange:
     accepted: bool = False
     replayed: bool = False
     summary: str = ""
+    envelope: RequestEnvelope | None = None  # decoded early when it, not metadata, routes the call
 
 
 _Stage = Callable[[_Exchange, bytes, Any, Span], Awaitable[bytes | None]]
@@ -575,6 +581,16 @@ class AgentServer:
                 f"the credentials are {exchange.caller!r}'s, but the call claims to come from "
                 f"{claimed[:64]!r}"
             )
+        if not (exchange.target and exchange.capability) and read is None:
+            # The contract is complete in the .proto: without routing metadata the envelope
+            # routes the call (read once the caller is authenticated, within the size limit).
+            self._limit(len(request), "request")
+            envelope = decode_request(request)
+            exchange.envelope = envelope
+            exchange.target = exchange.target or envelope.target
+            exchange.capability = exchange.capability or envelope.capability
+            exchange.request_id = exchange.request_id or envelope.request_id
+            span.set_attributes(stratagem_attributes(capability=exchange.capability))
         if not (exchange.target and exchange.capability):
             raise InvalidArgumentError(f"a Call needs {TARGET_KEY} and {CAPABILITY_KEY} metadata")
         allowed = exchange.target == self._role and self._policy.allows(
@@ -593,6 +609,8 @@ class AgentServer:
         """The call's delegation chain from its metadata: bounded and free of cycles."""
         text = exchange.metadata.get(DELEGATION_KEY, "")
         chain = tuple(text.split(",")) if text else ()
+        if DELEGATION_KEY not in exchange.metadata and exchange.envelope is not None:
+            chain = tuple(exchange.envelope.delegation)
         limit = self._config.max_delegation_hops
         if len(chain) + 1 > limit:
             raise PermissionDeniedError(
@@ -639,7 +657,7 @@ class AgentServer:
                 f"{self._role} speaks {spec.version!r}; update one side"
             )
         self._limit(len(request), "request")
-        envelope = decode_request(request)
+        envelope = exchange.envelope or decode_request(request)
         span.set_attributes(
             stratagem_attributes(
                 request_id=envelope.request_id, plan_id=envelope.plan_id, step_id=envelope.step_id
@@ -853,6 +871,14 @@ class AgentServer:
         """Control: authorized as ``Control.<action>`` (the action named in the capability
         metadata, so authorization precedes decoding; the body must name the same action)."""
         capability = exchange.metadata.get(CAPABILITY_KEY, "")
+        decoded: ControlRequest | None = None
+        if not capability:
+            # Without the metadata the body names the action (read once the caller is
+            # authenticated, within the size limit), then authorization as above.
+            exchange.caller = self._authenticator.authenticate(exchange.metadata, context)
+            self._limit(len(request), "request")
+            decoded = decode_control(request)
+            capability = control_capability(decoded.action)
         if not capability.startswith(_CONTROL_PREFIX):
             exchange.caller = self._authenticator.authenticate(exchange.metadata, context)
             raise InvalidArgumentError(
@@ -860,7 +886,7 @@ class AgentServer:
             )
         await self._admit(exchange, request, context, span, read=capability)
         self._limit(len(request), "request")
-        control = decode_control(request)
+        control = decoded or decode_control(request)
         if control_capability(control.action) != capability:
             raise InvalidArgumentError(
                 "the request does not match the call metadata",

@@ -753,9 +753,16 @@ def _expected_for_metadata(
         return UNAUTHENTICATED
     if case.caller and case.caller != identity:
         return DENIED
-    if not (case.target and case.capability):
-        return INVALID
-    if case.target != ROLE or not policy.allows(identity, case.target, case.capability):
+    target, capability = case.target, case.capability
+    if not (target and capability):
+        # Without routing metadata the envelope routes the call (decoded once authenticated):
+        # its target (this agent) and capability fill what the metadata left out, and its
+        # delegation chain stands for a missing delegation header.
+        target = target or ROLE
+        capability = capability or case.envelope_capability
+        if case.delegation is None:
+            chain = envelope_chain
+    if target != ROLE or not policy.allows(identity, target, capability):
         return DENIED
     if len(chain) + 1 > HOPS:
         return DENIED
@@ -764,14 +771,14 @@ def _expected_for_metadata(
     path = (*chain, identity, ROLE)
     if len(set(path)) < len(path):
         return DENIED
-    spec = capability_for(ROLE, case.capability)
+    spec = capability_for(ROLE, capability)
     if spec is None:
         return NOT_FOUND
     if case.version is not None and case.version != spec.version:
         return PRECONDITION
     routed = (
         case.envelope_caller == identity
-        and case.envelope_capability == case.capability
+        and case.envelope_capability == capability
         and (not case.request_id or case.request_id == "same")
         and envelope_chain == chain
     )

@@ -26,7 +26,24 @@ if _version_not_supported:
 
 
 class AgentServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+    authorization                   "Bearer <token>": a token signed with the deployment's cluster
+    secret for the caller's identity (docs: README, "Identity").
+    With STRATAGEM_AUTH=mtls the client certificate is the identity
+    and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+    x-stratagem-caller              the caller's identity (must be the authenticated one)
+    x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+    x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+    Control: "Control.<action>" (else ControlRequest.action)
+    x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+    x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+    x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+    AgentRequest.delegation)
+    traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -77,7 +94,24 @@ class AgentServiceStub:
 
 
 class AgentServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+    authorization                   "Bearer <token>": a token signed with the deployment's cluster
+    secret for the caller's identity (docs: README, "Identity").
+    With STRATAGEM_AUTH=mtls the client certificate is the identity
+    and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+    x-stratagem-caller              the caller's identity (must be the authenticated one)
+    x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+    x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+    Control: "Control.<action>" (else ControlRequest.action)
+    x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+    x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+    x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+    AgentRequest.delegation)
+    traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
 
     def Call(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -179,7 +213,24 @@ def add_AgentServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AgentService:
-    """Missing associated documentation comment in .proto file."""
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+    authorization                   "Bearer <token>": a token signed with the deployment's cluster
+    secret for the caller's identity (docs: README, "Identity").
+    With STRATAGEM_AUTH=mtls the client certificate is the identity
+    and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+    x-stratagem-caller              the caller's identity (must be the authenticated one)
+    x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+    x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+    Control: "Control.<action>" (else ControlRequest.action)
+    x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+    x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+    x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+    AgentRequest.delegation)
+    traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
 
     @staticmethod
     def Call(request,

@@ -32,6 +32,25 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AgentServiceStub:
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+      authorization                   "Bearer <token>": a token signed with the deployment's cluster
+                                      secret for the caller's identity (docs: README, "Identity").
+                                      With STRATAGEM_AUTH=mtls the client certificate is the identity
+                                      and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+      x-stratagem-caller              the caller's identity (must be the authenticated one)
+      x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+      x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+                                      Control: "Control.<action>" (else ControlRequest.action)
+      x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+      x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+      x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+                                      AgentRequest.delegation)
+      traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -47,6 +66,25 @@ class AgentServiceStub:
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+      authorization                   "Bearer <token>": a token signed with the deployment's cluster
+                                      secret for the caller's identity (docs: README, "Identity").
+                                      With STRATAGEM_AUTH=mtls the client certificate is the identity
+                                      and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+      x-stratagem-caller              the caller's identity (must be the authenticated one)
+      x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+      x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+                                      Control: "Control.<action>" (else ControlRequest.action)
+      x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+      x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+      x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+                                      AgentRequest.delegation)
+      traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Call: _aio.UnaryUnaryMultiCallable[_agent_pb2.AgentRequest, _agent_pb2.AgentResponse]  # type: ignore[assignment]
     Describe: _aio.UnaryUnaryMultiCallable[_agent_pb2.DescribeRequest, _agent_pb2.AgentCard]  # type: ignore[assignment]
@@ -58,6 +96,25 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Revisions: _aio.UnaryUnaryMultiCallable[_agent_pb2.RevisionsRequest, _agent_pb2.RevisionsResponse]  # type: ignore[assignment]
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
+      authorization                   "Bearer <token>": a token signed with the deployment's cluster
+                                      secret for the caller's identity (docs: README, "Identity").
+                                      With STRATAGEM_AUTH=mtls the client certificate is the identity
+                                      and no header is sent.
+    Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
+      x-stratagem-caller              the caller's identity (must be the authenticated one)
+      x-stratagem-target              Call: the agent asked (else AgentRequest.target)
+      x-stratagem-capability          Call: the capability (else the AgentRequest body's field);
+                                      Control: "Control.<action>" (else ControlRequest.action)
+      x-stratagem-capability-version  Call: the capability's schema version the caller speaks
+      x-stratagem-request-id          Call: names a call refused before its body is read in the audit
+      x-stratagem-delegation          Call: who asked on whose behalf, comma-separated (else
+                                      AgentRequest.delegation)
+      traceparent, tracestate         W3C trace context: the call joins the caller's trace
+    Without the routing headers the agent reads the message once the caller is authenticated and
+    within the size limit, then authorizes exactly as with them.
+    """
+
     @_abc_1.abstractmethod
     def Call(
         self,
