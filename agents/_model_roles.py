@@ -11,9 +11,10 @@ deterministic tools judge it.
   ids as the rule-based extractor makes them, a relation must name extracted entities, and at least
   one character must be found. The plan merges them into the world. The regex extractor is the
   fallback; reading and changing the world (the other capabilities) stay with the rules.
-* strategic: the generic ``ModelPlanner``: the model writes the role's plan over its own tools;
-  the role's planner answers from the outputs, and is the fallback.
-* orchestrator: none yet (its plans are cross-agent steps): it keeps its own planner.
+* strategic and orchestrator: none yet; they keep their own planners. (The generic
+  ``ModelPlanner``, where the model writes the whole plan over the agent's tools, is there for
+  agents of your own; tried on the strategic agent with the 270M model it wrote no acceptable plan
+  in three attempts of ~60 s each, so it is not wired to a built-in role.)
 
 ``model_planner(agent, client, config)`` builds the right one for an agent.
 """
@@ -285,11 +286,8 @@ def model_planner(
     *,
     budget: Budget | None = None,
 ) -> ModelPlanner | None:
-    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback);
-    ``None`` for an agent with no tools of its own (the orchestrator, whose plans are cross-agent
-    steps: its model planner is not written yet, so it keeps its own)."""
-    if not agent.registry.names():
-        return None
+    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback):
+    the perception and tactical agents'; ``None`` for the others, which keep their own."""
     deterministic: Any = agent.planner
     if isinstance(agent.planner, PerceptionPlanner):
         return PerceptionModelPlanner(
@@ -312,12 +310,4 @@ def model_planner(
             judge=_simulate_judge,
             budget=budget,
         )
-    return ModelPlanner(
-        role=agent.role,
-        plan_type=agent.plan_type,
-        registry=agent.registry,
-        client=client,
-        deterministic=deterministic,
-        config=config,
-        budget=budget,
-    )
+    return None
