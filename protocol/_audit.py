@@ -83,7 +83,7 @@ _SECRET = re.compile(
     r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|bearer|cookie)\b"
     r"(\s*[:=]\s*|\s+)(?:(?:bearer|basic)\s+)?\S+"
 )
-_TOKEN = re.compile(r"stv1\.[A-Za-z0-9_.-]+")
+_TOKEN = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_.-]+")
 # Text without whitespace, ':' or '=' is one line already and ``_SECRET`` cannot match it (a key
 # must be followed by one of them): ids, names, codes and digests take this shortcut.
 _PLAIN = re.compile(r"[^\s:=]*")
@@ -109,15 +109,15 @@ def redact(text: str, limit: int = _DETAIL_LIMIT) -> str:
 
     Returns:
         The redacted line; ``password=hunter2`` becomes ``password=***`` and a signed token
-        ``stv1.***``.
+        ``eyJ***``.
     """
     if _PLAIN.fullmatch(text) is not None:
         line = text
     else:
         line = _SECRET.sub(_mask, " ".join(text.split()))
-    if "stv1." in line:
-        # A signed token (``protocol._identity``) is masked wherever it appears, key or not.
-        line = _TOKEN.sub("stv1.***", line)
+    if "eyJ" in line:
+        # A signed token (a JWT: ``protocol._identity``) is masked wherever it appears.
+        line = _TOKEN.sub("eyJ***", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

@@ -19,9 +19,14 @@ identity, so it is created once with mode 0600 and handed only to the processes 
 (the agents and the operator's CLI). Per-identity isolation, where one compromised agent cannot
 speak as another, is what mutual TLS with a private key per identity gives.
 
-A token is ``stv1.<identity>.<expiry>.<mac>``: ``expiry`` in whole Unix seconds, ``mac`` the
-unpadded URL-safe base64 of HMAC-SHA256(secret, ``stv1.<identity>.<expiry>``). Tokens never appear
-in logs, spans, errors or audit records: ``redact`` masks them wherever free text is recorded.
+A token is a standard JWT (RFC 7519) signed with HS256 through PyJWT, so any language's JWT
+library mints and checks it: header ``{"alg": "HS256", "typ": "JWT", "kid": <key id>}``, claims
+``sub`` (the identity), ``aud`` (``"stratagem"``), ``iat`` and ``exp`` (whole Unix seconds). The
+HMAC key is not the cluster secret itself but HMAC-SHA256(secret, ``"stratagem.jwt.hs256.v1"``),
+so a key shared with another purpose cannot vouch for a token; ``kid`` is the secret's key id
+(``ClusterSecret.key_id``), so a token signed with a rotated-away secret is named as such. The
+signature segment must be the canonical encoding (no stray padding bits). Tokens never appear in
+logs, spans, errors or audit records: ``redact`` masks them wherever free text is recorded.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import jwt
 
 from stratagem.protocol._codec import IDENTITY_PATTERN
 from stratagem.protocol._errors import ProtocolUsageError, UnauthenticatedError
@@ -63,12 +70,15 @@ __all__ = [
 AUTHORIZATION_KEY: Final = "authorization"
 """The metadata key of a token (``Bearer <token>``)."""
 
-_PREFIX: Final = "stv1"
+AUDIENCE: Final = "stratagem"
+"""The ``aud`` claim of every token."""
+_JWT_DOMAIN: Final = b"stratagem.jwt.hs256.v1"
+_MAX_TOKEN_CHARS: Final = 4096
 _BEARER: Final = "Bearer "
 _SECRET_BYTES: Final = 32
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
 # A token's shape, checked before any MAC is computed (and used by ``redact`` to mask tokens).
-TOKEN_PATTERN: Final = r"stv1\.[a-z][a-z0-9_-]{0,63}\.[0-9]{1,12}\.[A-Za-z0-9_-]{43}"
+TOKEN_PATTERN: Final = r"eyJ[A-Za-z0-9_-]{1,1024}\.eyJ[A-Za-z0-9_-]{1,2048}\.[A-Za-z0-9_-]{43}"
 _TOKEN: Final = re.compile(TOKEN_PATTERN)
 # Verified tokens kept at most; a full cache is cleared (tokens are re-verified, never trusted).
 _CACHE_LIMIT: Final = 4096
@@ -238,14 +248,11 @@ class TokenSigner:
         max_ttl_s: float = MAX_TOKEN_TTL_S,
         clock_skew_s: float = TOKEN_CLOCK_SKEW_S,
     ) -> None:
-        self._key = secret.reveal()
+        self._key = hmac.new(secret.reveal(), _JWT_DOMAIN, hashlib.sha256).digest()
+        self._kid = secret.key_id
         self._clock = clock
         self._max_ttl_s = max_ttl_s
         self._clock_skew_s = clock_skew_s
-
-    def _mac(self, identity: str, expiry: int) -> str:
-        message = f"{_PREFIX}.{identity}.{expiry}".encode("ascii")
-        return _b64(hmac.new(self._key, message, hashlib.sha256).digest())
 
     def issue(self, identity: str, ttl_s: float) -> str:
         """A token for ``identity`` valid for ``ttl_s`` seconds from now.
@@ -260,8 +267,10 @@ class TokenSigner:
             raise ProtocolUsageError(f"ttl_s must be positive, not {ttl_s}")
         if ttl_s > self._max_ttl_s:
             raise ProtocolUsageError(f"ttl_s must be at most {self._max_ttl_s:g}, not {ttl_s:g}")
-        expiry = int(self._clock() + ttl_s)
-        return f"{_PREFIX}.{identity}.{expiry}.{self._mac(identity, expiry)}"
+        now = self._clock()
+        expiry = int(now + ttl_s)
+        claims = {"sub": identity, "aud": AUDIENCE, "iat": int(now), "exp": expiry}
+        return jwt.encode(claims, self._key, algorithm="HS256", headers={"kid": self._kid})
 
     def verify(self, token: str) -> tuple[str, int]:
         """The identity a token names and its expiry, when its MAC holds and it has not expired.
@@ -270,12 +279,42 @@ class TokenSigner:
             UnauthenticatedError: A malformed, forged or expired token; the message never repeats
                 the token.
         """
-        if _TOKEN.fullmatch(token) is None:
+        if len(token) > _MAX_TOKEN_CHARS or _TOKEN.fullmatch(token) is None:
             raise UnauthenticatedError("malformed token")
-        _, identity, expiry_text, mac = token.split(".")
-        expiry = int(expiry_text)
-        if not hmac.compare_digest(mac, self._mac(identity, expiry)):
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.InvalidTokenError:
+            raise UnauthenticatedError("malformed token") from None
+        if kid != self._kid:
+            raise UnauthenticatedError(
+                "invalid token: its signature does not verify (signed with key "
+                f"{str(kid)[:16]!r}; this deployment's is {self._kid!r})"
+            )
+        signature = token.rsplit(".", 1)[1]
+        if _b64(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))) != signature:
             raise UnauthenticatedError("invalid token: its signature does not verify")
+        try:
+            claims = jwt.decode(
+                token,
+                self._key,
+                algorithms=["HS256"],
+                audience=AUDIENCE,
+                # exp and iat are judged below on this signer's clock, with its skew.
+                options={
+                    "require": ["sub", "aud", "exp"],
+                    "verify_exp": False,
+                    "verify_iat": False,
+                },
+            )
+        except jwt.InvalidSignatureError:
+            raise UnauthenticatedError("invalid token: its signature does not verify") from None
+        except jwt.InvalidTokenError as exc:
+            raise UnauthenticatedError(f"invalid token: {type(exc).__name__}") from None
+        identity, expiry = claims["sub"], claims["exp"]
+        if not isinstance(identity, str) or not _IDENTITY.fullmatch(identity):
+            raise UnauthenticatedError("invalid token: its sub is not an identity")
+        if type(expiry) is not int:
+            raise UnauthenticatedError("invalid token: its exp is not whole seconds")
         now = self._clock()
         if expiry <= now:
             raise UnauthenticatedError(f"expired token for {identity!r}")

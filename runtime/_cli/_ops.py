@@ -31,7 +31,15 @@ from stratagem.runtime._input import (
 )
 
 if TYPE_CHECKING:
-    from stratagem.protocol import OPERATOR, ROLES, ArchiveError, archive_audit
+    from stratagem.protocol import (
+        OPERATOR,
+        ROLES,
+        ArchiveError,
+        ClusterSecret,
+        ProtocolUsageError,
+        TokenSigner,
+        archive_audit,
+    )
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
     from stratagem.runtime._render import span_json, span_tree
     from stratagem.runtime._stores import open_audit_log
@@ -253,6 +261,42 @@ def audit_archive(
                 f"{segment.path}; keep the segments: audit verify reads them",
                 soft_wrap=True,
             )
+
+
+# -- tokens --------------------------------------------------------------------------------------
+
+
+@app.command("token")
+def token(
+    identity: Annotated[
+        str, typer.Option("--identity", help="Who the token speaks for (default: operator).")
+    ] = "operator",
+    ttl: Annotated[
+        float,
+        typer.Option("--ttl", min=1.0, help="Seconds it is valid (at most STRATAGEM_TOKEN_TTL_S)."),
+    ] = 600.0,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Print a bearer token (a JWT signed with the deployment's cluster secret) for a client of
+    your own: send it as 'authorization: Bearer <token>'."""
+    with _errors():
+        settings = _settings(None, state_dir)
+        if settings.auth != "token":
+            raise InputError(
+                f"tokens are for STRATAGEM_AUTH=token; this deployment uses {settings.auth}"
+            )
+        if ttl > settings.token_ttl_s:
+            raise InputError(
+                f"--ttl {ttl:g} is longer than STRATAGEM_TOKEN_TTL_S ({settings.token_ttl_s:g})"
+            )
+        signer = TokenSigner(
+            ClusterSecret.load(settings.secret_path), max_ttl_s=settings.token_ttl_s
+        )
+        try:
+            issued = signer.issue(identity, ttl)
+        except ProtocolUsageError as exc:
+            raise InputError(str(exc)) from None
+        console.file.write(issued + "\n")
 
 
 # -- certificates --------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ from stratagem.protocol._rpc import (
     method_path,
 )
 from tests.unit.protocol._support import SAMPLES, FakeBackend, model_strategy
+from tests.unit.protocol.test_security import _with_claims
 
 pytestmark = pytest.mark.integration
 
@@ -228,7 +229,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     expired = TokenSigner(secret, clock=lambda: time.time() - 7200).issue("operator", 60)
     foreign = TokenSigner(ClusterSecret(os.urandom(32))).issue("operator", 3600)
     forged_mac = valid[:-1] + ("A" if valid[-1] != "A" else "B")
-    forged_identity = valid.replace("stv1.operator.", "stv1.orchestrator.", 1)
+    forged_identity = _with_claims(valid, sub="orchestrator")
     running = Target(
         server=server,
         loop=loop,

@@ -8,6 +8,7 @@ backend elsewhere.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
+import jwt
 import pytest
 
 from stratagem.agents import build_agent
@@ -180,9 +182,19 @@ def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
     signer = TokenSigner(secret, clock=lambda: now[0])
     token = signer.issue("perception", ttl_s=60)
     assert signer.verify(token) == ("perception", 1_000_060)
-    forged = token.replace("perception", "strategic")
+    forged = _with_claims(token, sub="strategic")
     with pytest.raises(UnauthenticatedError, match="signature"):
         signer.verify(forged)
+    # A standard JWT: any library reads it; the key id names the secret, not the secret.
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert (claims["sub"], claims["aud"], claims["exp"]) == ("perception", "stratagem", 1_000_060)
+    assert jwt.get_unverified_header(token) == {"alg": "HS256", "typ": "JWT", "kid": secret.key_id}
+    # A signature with stray padding bits decodes to the same bytes, but is not the one issued.
+    body, signature = token.rsplit(".", 1)
+    last = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".index(signature[-1])
+    stray = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"[last ^ 1]
+    with pytest.raises(UnauthenticatedError, match="malformed token|signature"):
+        signer.verify(f"{body}.{signature[:-1]}{stray}")
     other = TokenSigner(ClusterSecret(os.urandom(32)), clock=lambda: now[0])
     with pytest.raises(UnauthenticatedError, match="signature"):
         other.verify(token)
@@ -191,6 +203,14 @@ def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
         signer.verify(token)
     with pytest.raises(UnauthenticatedError, match="malformed"):
         signer.verify("Bearer nonsense")
+
+
+def _with_claims(token: str, **claims: object) -> str:
+    """``token`` with its claims changed and its signature kept (a forgery)."""
+    header, payload, signature = token.split(".")
+    decoded = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    changed = base64.urlsafe_b64encode(json.dumps({**decoded, **claims}).encode()).rstrip(b"=")
+    return f"{header}.{changed.decode()}.{signature}"
 
 
 def test_token_credentials_renew_before_expiry(signer: TokenSigner, secret: ClusterSecret) -> None:

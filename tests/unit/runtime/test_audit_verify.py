@@ -240,3 +240,27 @@ def test_heads_cut_from_the_heads_file_still_count_when_copied_elsewhere(tmp_pat
     code, out = _verify(state, **env)
     assert code == 1, out
     assert "rewritten" in out
+
+
+def test_a_token_for_a_client_of_your_own_is_a_standard_jwt(tmp_path: Path) -> None:
+    import jwt
+
+    from stratagem.protocol import ClusterSecret, TokenSigner
+
+    secret = ClusterSecret.load_or_create(tmp_path / "cluster.secret")
+    result = CliRunner().invoke(
+        app,
+        ["token", "--state-dir", str(tmp_path), "--ttl", "60"],
+        env={"STRATAGEM_STORE_URL": "", "STRATAGEM_AUTH": "token"},
+    )
+    assert result.exit_code == 0, result.output
+    issued = result.output.strip()
+    assert TokenSigner(secret).verify(issued)[0] == "operator"
+    assert jwt.get_unverified_header(issued)["kid"] == secret.key_id
+    refused = CliRunner().invoke(
+        app,
+        ["token", "--state-dir", str(tmp_path), "--ttl", "99999999"],
+        env={"STRATAGEM_STORE_URL": "", "STRATAGEM_AUTH": "token"},
+    )
+    assert refused.exit_code == 2
+    assert "longer than STRATAGEM_TOKEN_TTL_S" in refused.output
