@@ -193,7 +193,7 @@ def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
     body, signature = token.rsplit(".", 1)
     last = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".index(signature[-1])
     stray = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"[last ^ 1]
-    with pytest.raises(UnauthenticatedError, match="malformed token|signature"):
+    with pytest.raises(UnauthenticatedError, match=r"malformed token|signature"):
         signer.verify(f"{body}.{signature[:-1]}{stray}")
     other = TokenSigner(ClusterSecret(os.urandom(32)), clock=lambda: now[0])
     with pytest.raises(UnauthenticatedError, match="signature"):
