@@ -87,7 +87,7 @@ bench: $(STAMP)
 # the server again (100,000 examples made 80,201 calls), so 130,000 makes over 100,000 calls.
 fuzz: $(STAMP)
 	STRATAGEM_FUZZ_EXAMPLES=130000 $(BIN)/pytest -q -s --timeout=3600 \
-		--hypothesis-show-statistics tests/unit/protocol/test_fuzz.py
+		--hypothesis-show-statistics tests/integration/protocol/test_fuzz.py
 
 # 64 callers for 60 s per phase against a served perception agent; JSON in .bench/load.json.
 load: $(STAMP)
