@@ -15,6 +15,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
 	@echo "make test   - lint, type-check, import contracts, unit + integration + e2e tests"
+	@echo "make unit / integration / e2e - the tests of one kind (tests/unit, tests/integration, tests/e2e)"
 	@echo "make bench  - benchmarks; JSON in .bench/results.json and a table in BENCHMARKS.md"
 	@echo "make proto  - regenerate protocol/_gen/ from proto/"
 	@echo "make fuzz   - the long fuzz campaign of the server pipeline (>100,000 calls)"
@@ -73,8 +74,15 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# Tests by kind, by folder (tests/conftest.py adds the unit/integration/e2e marker from it).
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit -m "not integration"
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
 
 test: lint typecheck imports
 	$(BIN)/pytest -q -ra
