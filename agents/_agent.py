@@ -46,23 +46,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib.metadata
 import itertools
-import json
 import logging
-import re
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, assert_never
+from typing import Any, Protocol, assert_never
 
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
+from stratagem.agents._records import (
+    _TERMINAL,
+    MAX_RECORDS,
+    WATCH_QUEUE_LIMIT,
+    PlanRecord,
+    _matches,
+)
 from stratagem.agents._tool import ToolRegistry
+from stratagem.agents._wire import (
+    _MESSAGE_LIMIT,
+    _coerce,
+    _error_class,
+    _invalid,
+    _marked,
+    _one_line,
+    _output_of,
+    _reason,
+    _recorded_digest,
+    _request_digest,
+    _revision_entry,
+)
 from stratagem.planning import (
     Dispatcher,
     Engine,
@@ -79,7 +95,6 @@ from stratagem.planning import (
     PlanState,
     PlanStatus,
     PlanValidationError,
-    RevisionRecord,
     StateStore,
     StepError,
     StepEvent,
@@ -96,13 +111,9 @@ from stratagem.protocol import (
     CapabilityCard,
     CapabilitySpec,
     ControlRequest,
-    DeadlineExceededError,
     FailedPreconditionError,
-    FieldViolation,
     InternalError,
-    InvalidArgumentError,
     NotFoundError,
-    PermissionDeniedError,
     PlanEvent,
     PlanRevision,
     PlanSnapshot,
@@ -111,8 +122,6 @@ from stratagem.protocol import (
     ReplayResult,
     ResourceExhaustedError,
     RevisionsResponse,
-    RevisionStepChange,
-    UnavailableError,
     WireModel,
     current_call,
     json_object,
@@ -121,19 +130,6 @@ from stratagem.protocol import (
 __all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
 
 logger = logging.getLogger(__name__)
-
-MAX_RECORDS: Final = 1000
-"""Plans an agent remembers (the oldest finished ones are forgotten first)."""
-
-_TERMINAL: Final = frozenset({PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED})
-_MESSAGE_LIMIT: Final = 4000
-# A durable agent ends the goal of every plan it makes for a request with the request's digest,
-# so a repeated request is recognized from the store alone (see ``Agent.handle``).
-_DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
-_GOAL_LIMIT: Final = 2000
-
-WATCH_QUEUE_LIMIT: Final = 1000
-"""Live events a Watch stream may have waiting; a reader further behind gets RESOURCE_EXHAUSTED."""
 
 
 def _package_version() -> str:
@@ -189,53 +185,6 @@ class _PlannerReplanner:
             return None
         new_plan = replan(plan, failure)
         return new_plan if isinstance(new_plan, Plan) else None
-
-
-@dataclass(slots=True)
-class PlanRecord:
-    """What an agent remembers about one plan.
-
-    Attributes:
-        plan: The plan as it was submitted (its typed fields included).
-        capability: The capability it served ("" for a plan submitted directly).
-        status: Where the run is.
-        events: Every event of the run, in order.
-        result: The run's result, once it finished.
-        steps: Each step's latest status.
-    """
-
-    plan: Plan
-    capability: str = ""
-    status: PlanStatus = PlanStatus.PENDING
-    events: list[PlanEvent] = field(default_factory=list)
-    result: PlanResult[Any] | None = None
-    steps: dict[str, StepStatus] = field(default_factory=dict)
-    # The agent-wide sequence number of each event, so watchers merge several plans in order.
-    _seqs: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    def snapshot(self, agent: str) -> PlanSnapshot:
-        """The record as a ``PlanSnapshot``: the typed plan with its step statuses, as JSON."""
-        plan = self.plan
-        if self.steps:
-            plan = plan.model_copy(
-                update={
-                    "steps": [
-                        step.model_copy(update={"status": self.steps.get(step.id, step.status)})
-                        for step in plan.steps
-                    ]
-                }
-            )
-        return PlanSnapshot(
-            plan_id=plan.id,
-            agent=agent,
-            revision=plan.revision,
-            status=self.status.value,
-            plan_json=plan.model_dump_json(),
-        )
-
-
-def _matches(plan_id: str, wanted: str) -> bool:
-    return not wanted or plan_id == wanted or plan_id.startswith(wanted + "/")
 
 
 class Agent:
@@ -1135,97 +1084,6 @@ class Agent:
             f"({first.failure_class.value}): {first.message}"
         )
         return _error_class(first.failure_class)(message)
-
-
-def _error_class(failure_class: FailureClass) -> type[RemoteError]:
-    match failure_class:
-        case FailureClass.LOGIC:
-            return FailedPreconditionError
-        case FailureClass.POLICY:
-            return PermissionDeniedError
-        case FailureClass.TIMEOUT:
-            return DeadlineExceededError
-        case FailureClass.TRANSIENT:
-            return UnavailableError
-        case FailureClass.CANCELLED:
-            return CancelledError
-        case _:
-            assert_never(failure_class)
-
-
-def _output_of(output_json: str) -> dict[str, Any] | None:
-    """A reconcile gate's output to record, from its JSON (``None`` when empty)."""
-    if not output_json:
-        return None
-    return json_object(output_json, "output_json")
-
-
-def _revision_entry(record: RevisionRecord) -> PlanRevision:
-    return PlanRevision(
-        revision=record.revision,
-        parent=record.parent or 0,
-        author=record.author,
-        rationale=record.rationale,
-        added=list(record.diff.added),
-        removed=list(record.diff.removed),
-        changed=[
-            RevisionStepChange(step_id=c.step_id, fields=list(c.fields))
-            for c in record.diff.changed
-        ],
-        carried=list(record.carried),
-        at=max(record.at, 0.0),
-    )
-
-
-def _request_digest(capability: str, request: WireModel) -> str:
-    """A digest of one capability request (its capability and canonical JSON)."""
-    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{capability}\n{body}".encode()).hexdigest()[:32]
-
-
-def _marked(goal: str, request_digest: str) -> str:
-    """``goal`` ending with the digest of the request its plan serves."""
-    mark = f" [request {request_digest}]"
-    return goal[: _GOAL_LIMIT - len(mark)] + mark
-
-
-def _recorded_digest(plan_json: str) -> str | None:
-    """The request digest a stored plan's goal ends with, or ``None``."""
-    try:
-        goal = json.loads(plan_json).get("goal", "")
-    except (ValueError, RecursionError, AttributeError):
-        return None
-    found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
-    return found.group(1) if found else None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:_MESSAGE_LIMIT]
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, StepError):
-        return exc.message
-    return str(exc)
-
-
-def _invalid(what: str, exc: ValidationError) -> InvalidArgumentError:
-    violations = []
-    for error in exc.errors(include_url=False):
-        path = ""
-        for part in error["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        violations.append(FieldViolation(path or "(request)", error["msg"]))
-    return InvalidArgumentError(what, violations=tuple(violations))
-
-
-def _coerce(spec: CapabilitySpec, request: WireModel) -> WireModel:
-    if isinstance(request, spec.request):
-        return request
-    try:
-        return spec.request.model_validate(request.model_dump())
-    except ValidationError as exc:
-        raise _invalid(f"not a valid {spec.name} request", exc) from None
 
 
 def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:
