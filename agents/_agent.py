@@ -64,14 +64,15 @@ from stratagem.agents._records import (
 )
 from stratagem.agents._tool import ToolRegistry
 from stratagem.agents._wire import (
-    _coerce,
-    _error_class,
-    _invalid,
-    _marked,
-    _one_line,
-    _reason,
-    _recorded_digest,
-    _request_digest,
+    coerce_request,
+    digest_of_request,
+    failure_error,
+    goal_marked,
+    invalid_argument,
+    one_line,
+    reason_of,
+    recorded_digest,
+    run_failure,
 )
 from stratagem.planning import (
     Dispatcher,
@@ -95,7 +96,6 @@ from stratagem.protocol import (
     CAPABILITIES,
     AgentCard,
     CallContext,
-    CancelledError,
     CapabilityCard,
     CapabilitySpec,
     FailedPreconditionError,
@@ -103,7 +103,6 @@ from stratagem.protocol import (
     NotFoundError,
     PlanEvent,
     PlanSnapshot,
-    RemoteError,
     WireModel,
     current_call,
     json_object,
@@ -278,9 +277,9 @@ class Agent(PlanControl):
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
         spec, planner = handler
-        request = _coerce(spec, request)
+        request = coerce_request(spec, request)
         plan_id = self._plan_id_for(request, ctx)
-        request_digest = _request_digest(capability, request)
+        request_digest = digest_of_request(capability, request)
         if self.store is not None:
             state = await self._served_before(plan_id, capability, request_digest)
             if state is not None:
@@ -288,19 +287,19 @@ class Agent(PlanControl):
         try:
             plan = planner.plan(capability, request, plan_id=plan_id)
         except (PlanningError, ValueError) as exc:
-            message = _one_line(f"{capability}: cannot plan {plan_id!r}: {_reason(exc)}")
+            message = one_line(f"{capability}: cannot plan {plan_id!r}: {reason_of(exc)}")
             # An id no plan may carry cannot be recorded; the caller still gets the error.
             with contextlib.suppress(ValidationError):
                 stub = Plan(id=plan_id, owner=self.role, goal=capability)
                 self._book.refuse(stub, capability, message)
             if isinstance(exc, StepError):
-                raise _error_class(exc.failure_class)(message) from exc
+                raise failure_error(exc.failure_class, message) from exc
             raise FailedPreconditionError(message) from exc
         if self.store is not None:
-            plan = plan.model_copy(update={"goal": _marked(plan.goal, request_digest)})
+            plan = plan.model_copy(update={"goal": goal_marked(plan.goal, request_digest)})
         result = await self._run(plan, capability)
         if result.status is not PlanStatus.SUCCEEDED:
-            raise self._failure(result)
+            raise run_failure(result, self.role)
         return self._respond(planner, capability, request, result)
 
     def _respond(
@@ -332,7 +331,7 @@ class Agent(PlanControl):
         state = await self.store.load(plan_id)
         if state is None:
             return None
-        recorded = _recorded_digest(state.plan_json)
+        recorded = recorded_digest(state.plan_json)
         if recorded is None:
             # Not made for a request (a user's plan), or stored before digests were kept.
             return None
@@ -392,7 +391,7 @@ class Agent(PlanControl):
             try:
                 typed = self.plan_type.model_validate(plan)
             except ValidationError as exc:
-                raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
+                raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
         return await self._run(typed, "")
 
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
@@ -414,7 +413,7 @@ class Agent(PlanControl):
         raw = json_object(plan_json, "the plan")
         result = await self.submit_plan(raw)
         if result.status is not PlanStatus.SUCCEEDED:
-            raise self._failure(result)
+            raise run_failure(result, self.role)
         return self._book.record(result.plan.id).snapshot(self.role)
 
     # --- progress ------------------------------------------------------------------------------
@@ -480,7 +479,7 @@ class Agent(PlanControl):
             plan = plan.model_copy(update={"revision": latest + 1})
         problems = self._problems(plan)
         if problems:
-            message = _one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
             self._book.refuse(plan, capability, message)
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
@@ -490,7 +489,7 @@ class Agent(PlanControl):
                 plan, on_event=lambda event: self._book.observe(record, event)
             )
         except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         finally:
             self._active.discard(plan.id)
         follow_revision(record, result)
@@ -512,17 +511,6 @@ class Agent(PlanControl):
         except PlanValidationError as exc:
             problems.extend(exc.problems)
         return problems
-
-    def _failure(self, result: PlanResult[Any]) -> RemoteError:
-        plan = result.submitted
-        if not result.failures:
-            return CancelledError(f"plan {plan.id!r} on the {self.role} agent was cancelled")
-        first = result.failures[0]
-        message = _one_line(
-            f"plan {plan.id!r} step {first.step_id!r} failed "
-            f"({first.failure_class.value}): {first.message}"
-        )
-        return _error_class(first.failure_class)(message)
 
 
 def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:

@@ -19,11 +19,11 @@ from pydantic import ValidationError
 
 from stratagem.agents._records import PlanBook, follow_revision
 from stratagem.agents._wire import (
-    _MESSAGE_LIMIT,
-    _invalid,
-    _one_line,
-    _output_of,
-    _revision_entry,
+    MESSAGE_LIMIT,
+    gate_output,
+    invalid_argument,
+    one_line,
+    revision_entry,
 )
 from stratagem.planning import (
     Engine,
@@ -100,7 +100,7 @@ class PlanControl:
         """
         match request.action:
             case "approve" | "reject":
-                output = _output_of(request.output_json)
+                output = gate_output(request.output_json)
                 return await self.decide_gate(
                     request.plan_id,
                     request.gate_id,
@@ -156,11 +156,11 @@ class PlanControl:
         try:
             new_plan = self.plan_type.model_validate(raw)
         except ValidationError as exc:
-            raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
+            raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
         problems = self._problems(new_plan)
         if problems:
             raise FailedPreconditionError(
-                _one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
+                one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
             )
         if self._is_active(plan_id):
             raise FailedPreconditionError(
@@ -171,7 +171,7 @@ class PlanControl:
                 plan_id, new_plan, rationale=rationale, author=author
             )
         except (PlanControlError, PlanValidationError) as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         logger.info(
             "agent %s plan %s revision %d made by %s",
             self.role,
@@ -194,7 +194,7 @@ class PlanControl:
         if self.store is None or state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
         records = await self.store.revisions(plan_id)
-        listed = [_revision_entry(record) for record in records]
+        listed = [revision_entry(record) for record in records]
         first = records[0].parent if records and records[0].parent else None
         if not records:
             first = state.revision
@@ -235,7 +235,7 @@ class PlanControl:
                 self.store, plan_id, plan_type=self.plan_type, outputs=outputs
             )
         except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         steps = len(state.plan(self.plan_type).steps)
         return ReplayResult(
             plan_id=plan_id,
@@ -249,8 +249,8 @@ class PlanControl:
                 ReplayDivergence(
                     step_id=d.step_id,
                     decision=d.decision,
-                    recorded=d.recorded[:_MESSAGE_LIMIT],
-                    replayed=d.replayed[:_MESSAGE_LIMIT],
+                    recorded=d.recorded[:MESSAGE_LIMIT],
+                    replayed=d.replayed[:MESSAGE_LIMIT],
                 )
                 for d in report.divergences
             ],
@@ -305,7 +305,7 @@ class PlanControl:
                 output=output,
             )
         except (GateDecisionError, PlanControlError) as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         logger.info(
             "agent %s plan %s gate %s %s by %s",
             self.role,
@@ -355,7 +355,7 @@ class PlanControl:
         try:
             await action(plan_id)
         except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         return await self._settled(plan_id)
 
     async def resume(self, plan_id: str) -> PlanSnapshot:

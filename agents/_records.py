@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from stratagem.agents._wire import _MESSAGE_LIMIT
+from stratagem.agents._wire import MESSAGE_LIMIT, plan_event
 from stratagem.planning import (
     FailureClass,
     GateDecision,
@@ -212,7 +212,7 @@ class PlanBook:
             revision=plan.revision,
             status=PlanStatus.FAILED.value,
             failure_class=FailureClass.LOGIC.value,
-            message=message[:_MESSAGE_LIMIT],
+            message=message[:MESSAGE_LIMIT],
             timestamp=time.time(),
             agent=self.role,
         )
@@ -241,18 +241,7 @@ class PlanBook:
                 record.steps[event.step_id] = event.status
         elif isinstance(event.status, PlanStatus):
             record.status = event.status
-        wire = PlanEvent(
-            plan_id=event.plan_id,
-            revision=event.revision,
-            step_id=event.step_id,
-            status=event.status.value,
-            attempt=event.attempt,
-            failure_class=event.failure_class.value if event.failure_class else "",
-            message=event.message[:_MESSAGE_LIMIT],
-            timestamp=event.timestamp,
-            agent=self.role,
-        )
-        self.publish(record, wire)
+        self.publish(record, plan_event(event, self.role))
 
     def publish(self, record: PlanRecord, event: PlanEvent) -> None:
         seq = next(self._seq)
