@@ -17,6 +17,11 @@ answered from the stored outputs without running anything. ``replan`` makes a ne
 stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finished plan's
 decisions from its records.
 
+The agent comes in parts: this module serves requests (``handle``, ``run_plan``, ``submit_plan``);
+``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a base
+of ``Agent``) steers made plans and resumes them; ``_wire`` translates between planning and the
+protocol, errors included (one table, ``planning.FAILURE_CODES``).
+
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
 
