@@ -15,6 +15,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
 	@echo "make test   - lint, type-check, import contracts, unit + integration + e2e tests"
+	@echo "make unit / integration / e2e - the tests of one kind (tests/unit, tests/integration, tests/e2e)"
 	@echo "make bench  - benchmarks; JSON in .bench/results.json and a table in BENCHMARKS.md"
 	@echo "make proto  - regenerate protocol/_gen/ from proto/"
 	@echo "make fuzz   - the long fuzz campaign of the server pipeline (>100,000 calls)"
@@ -73,8 +74,15 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# Tests by kind, by folder (tests/conftest.py adds the unit/integration/e2e marker from it).
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit -m "not integration"
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
 
 test: lint typecheck imports
 	$(BIN)/pytest -q -ra
@@ -87,7 +95,7 @@ bench: $(STAMP)
 # the server again (100,000 examples made 80,201 calls), so 130,000 makes over 100,000 calls.
 fuzz: $(STAMP)
 	STRATAGEM_FUZZ_EXAMPLES=130000 $(BIN)/pytest -q -s --timeout=3600 \
-		--hypothesis-show-statistics tests/unit/protocol/test_fuzz.py
+		--hypothesis-show-statistics tests/integration/protocol/test_fuzz.py
 
 # 64 callers for 60 s per phase against a served perception agent; JSON in .bench/load.json.
 load: $(STAMP)

@@ -17,6 +17,11 @@ answered from the stored outputs without running anything. ``replan`` makes a ne
 stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finished plan's
 decisions from its records.
 
+The agent comes in parts: this module serves requests (``handle``, ``run_plan``, ``submit_plan``);
+``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a base
+of ``Agent``) steers made plans and resumes them; ``_wire`` translates between planning and the
+protocol, errors included (one table, ``planning.FAILURE_CODES``).
+
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
 
@@ -46,31 +51,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import importlib.metadata
 import inspect
-import itertools
-import json
 import logging
-import re
-import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, assert_never
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from typing import Any, Protocol
 
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
+from stratagem.agents._control import PlanControl
+from stratagem.agents._records import (
+    MAX_RECORDS,
+    PlanBook,
+    PlanRecord,
+    follow_revision,
+)
 from stratagem.agents._tool import ToolRegistry
+from stratagem.agents._wire import (
+    coerce_request,
+    digest_of_request,
+    failure_error,
+    goal_marked,
+    invalid_argument,
+    one_line,
+    reason_of,
+    recorded_digest,
+    run_failure,
+)
 from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
-    FailureClass,
-    GateDecision,
-    GateDecisionError,
     Handler,
     InMemoryDispatcher,
     Plan,
@@ -80,40 +93,22 @@ from stratagem.planning import (
     PlanState,
     PlanStatus,
     PlanValidationError,
-    RevisionRecord,
     StateStore,
     StepError,
-    StepEvent,
     StepFailure,
-    StepStatus,
     validate_plan,
 )
-from stratagem.planning import replay as replay_plan
 from stratagem.protocol import (
     CAPABILITIES,
     AgentCard,
     CallContext,
-    CancelledError,
     CapabilityCard,
     CapabilitySpec,
-    ControlRequest,
-    DeadlineExceededError,
     FailedPreconditionError,
-    FieldViolation,
     InternalError,
-    InvalidArgumentError,
     NotFoundError,
-    PermissionDeniedError,
     PlanEvent,
-    PlanRevision,
     PlanSnapshot,
-    RemoteError,
-    ReplayDivergence,
-    ReplayResult,
-    ResourceExhaustedError,
-    RevisionsResponse,
-    RevisionStepChange,
-    UnavailableError,
     WireModel,
     current_call,
     json_object,
@@ -122,19 +117,6 @@ from stratagem.protocol import (
 __all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
 
 logger = logging.getLogger(__name__)
-
-MAX_RECORDS: Final = 1000
-"""Plans an agent remembers (the oldest finished ones are forgotten first)."""
-
-_TERMINAL: Final = frozenset({PlanStatus.SUCCEEDED, PlanStatus.FAILED, PlanStatus.CANCELLED})
-_MESSAGE_LIMIT: Final = 4000
-# A durable agent ends the goal of every plan it makes for a request with the request's digest,
-# so a repeated request is recognized from the store alone (see ``Agent.handle``).
-_DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
-_GOAL_LIMIT: Final = 2000
-
-WATCH_QUEUE_LIMIT: Final = 1000
-"""Live events a Watch stream may have waiting; a reader further behind gets RESOURCE_EXHAUSTED."""
 
 
 def _package_version() -> str:
@@ -166,13 +148,6 @@ class Planner(Protocol):
         ...
 
 
-def _follow_revision(record: PlanRecord, result: PlanResult[Any]) -> None:
-    # The engine may have replaced the plan by a new revision mid-run (a replan after a logic
-    # failure); the record shows the revision that ran last.
-    if result.submitted.revision != record.plan.revision:
-        record.plan = result.submitted
-
-
 class _PlannerReplanner:
     """The engine's ``Replanner``: asks the planner that made a plan for its next revision.
 
@@ -184,7 +159,7 @@ class _PlannerReplanner:
         self._agent = agent
 
     async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        record = self._agent._records.get(plan.id)
+        record = self._agent._book.get(plan.id)
         handler = self._agent._handlers.get(record.capability) if record is not None else None
         replan = getattr(handler[1], "replan", None) if handler is not None else None
         if not callable(replan):
@@ -195,54 +170,7 @@ class _PlannerReplanner:
         return new_plan if isinstance(new_plan, Plan) else None
 
 
-@dataclass(slots=True)
-class PlanRecord:
-    """What an agent remembers about one plan.
-
-    Attributes:
-        plan: The plan as it was submitted (its typed fields included).
-        capability: The capability it served ("" for a plan submitted directly).
-        status: Where the run is.
-        events: Every event of the run, in order.
-        result: The run's result, once it finished.
-        steps: Each step's latest status.
-    """
-
-    plan: Plan
-    capability: str = ""
-    status: PlanStatus = PlanStatus.PENDING
-    events: list[PlanEvent] = field(default_factory=list)
-    result: PlanResult[Any] | None = None
-    steps: dict[str, StepStatus] = field(default_factory=dict)
-    # The agent-wide sequence number of each event, so watchers merge several plans in order.
-    _seqs: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    def snapshot(self, agent: str) -> PlanSnapshot:
-        """The record as a ``PlanSnapshot``: the typed plan with its step statuses, as JSON."""
-        plan = self.plan
-        if self.steps:
-            plan = plan.model_copy(
-                update={
-                    "steps": [
-                        step.model_copy(update={"status": self.steps.get(step.id, step.status)})
-                        for step in plan.steps
-                    ]
-                }
-            )
-        return PlanSnapshot(
-            plan_id=plan.id,
-            agent=agent,
-            revision=plan.revision,
-            status=self.status.value,
-            plan_json=plan.model_dump_json(),
-        )
-
-
-def _matches(plan_id: str, wanted: str) -> bool:
-    return not wanted or plan_id == wanted or plan_id.startswith(wanted + "/")
-
-
-class Agent:
+class Agent(PlanControl):
     """A role agent: registry, typed plans, planners, engine and a record of its plans.
 
     Args:
@@ -288,18 +216,11 @@ class Agent:
             replanner=_PlannerReplanner(self),
         )
         self.store = store
-        # Plans running through ``_run`` here, and background resumptions, by plan id.
         self._active: set[str] = set()
         self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
-        # Set once a background resumption's run is live in the engine (its first event) or over,
-        # so a control call never races the engine's own load of the plan.
         self._started: dict[str, asyncio.Event] = {}
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
-        self._records: OrderedDict[str, PlanRecord] = OrderedDict()
-        self._max_records = max_records
-        self._seq = itertools.count(1)
-        self._watchers: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
-        self._lagging: set[asyncio.Queue[tuple[int, PlanEvent]]] = set()
+        self._book = PlanBook(role, max_records)
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -307,14 +228,13 @@ class Agent:
     # --- what the agent is ---------------------------------------------------------------------
 
     @property
-    def role(self) -> str:
-        """The agent's role."""
-        return self._role
-
-    @property
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
         """The capabilities it serves, by name."""
         return {name: spec for name, (spec, _) in self._handlers.items()}
+
+    def _planner_of(self, capability: str) -> object | None:
+        handler = self._handlers.get(capability)
+        return handler[1] if handler is not None else None
 
     def use_planner(self, planner: Planner) -> None:
         """Plan the built-in capabilities with ``planner`` (a model planner, say) from now on;
@@ -378,9 +298,9 @@ class Agent:
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
         spec, planner = handler
-        request = _coerce(spec, request)
+        request = coerce_request(spec, request)
         plan_id = self._plan_id_for(request, ctx)
-        request_digest = _request_digest(capability, request)
+        request_digest = digest_of_request(capability, request)
         if self.store is not None:
             state = await self._served_before(plan_id, capability, request_digest)
             if state is not None:
@@ -390,19 +310,19 @@ class Agent:
             made = planner.plan(capability, request, plan_id=plan_id)
             plan = await made if inspect.isawaitable(made) else made
         except (PlanningError, ValueError) as exc:
-            message = _one_line(f"{capability}: cannot plan {plan_id!r}: {_reason(exc)}")
+            message = one_line(f"{capability}: cannot plan {plan_id!r}: {reason_of(exc)}")
             # An id no plan may carry cannot be recorded; the caller still gets the error.
             with contextlib.suppress(ValidationError):
                 stub = Plan(id=plan_id, owner=self.role, goal=capability)
-                self._refuse(stub, capability, message)
+                self._book.refuse(stub, capability, message)
             if isinstance(exc, StepError):
-                raise _error_class(exc.failure_class)(message) from exc
+                raise failure_error(exc.failure_class, message) from exc
             raise FailedPreconditionError(message) from exc
         if self.store is not None:
-            plan = plan.model_copy(update={"goal": _marked(plan.goal, request_digest)})
+            plan = plan.model_copy(update={"goal": goal_marked(plan.goal, request_digest)})
         result = await self._run(plan, capability)
         if result.status is not PlanStatus.SUCCEEDED:
-            raise self._failure(result)
+            raise run_failure(result, self.role)
         return self._respond(planner, capability, request, result)
 
     def _respond(
@@ -434,7 +354,7 @@ class Agent:
         state = await self.store.load(plan_id)
         if state is None:
             return None
-        recorded = _recorded_digest(state.plan_json)
+        recorded = recorded_digest(state.plan_json)
         if recorded is None:
             # Not made for a request (a user's plan), or stored before digests were kept.
             return None
@@ -463,7 +383,7 @@ class Agent:
             duration_s=0.0,
             submitted=plan,
         )
-        record = self._recall(plan, state)
+        record = self._book.recall(plan, state)
         record.capability = capability
         record.result = result
         logger.info(
@@ -494,7 +414,7 @@ class Agent:
             try:
                 typed = self.plan_type.model_validate(plan)
             except ValidationError as exc:
-                raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
+                raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
         return await self._run(typed, "")
 
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
@@ -516,8 +436,8 @@ class Agent:
         raw = json_object(plan_json, "the plan")
         result = await self.submit_plan(raw)
         if result.status is not PlanStatus.SUCCEEDED:
-            raise self._failure(result)
-        return self.record(result.plan.id).snapshot(self.role)
+            raise run_failure(result, self.role)
+        return self._book.record(result.plan.id).snapshot(self.role)
 
     # --- progress ------------------------------------------------------------------------------
 
@@ -526,7 +446,8 @@ class Agent:
 
         Stored events come first, then live ones. The stream ends after the plan ``plan_id``
         itself reaches a final status on this agent; when that plan is not this agent's, it goes on
-        until the consumer stops iterating.
+        until the consumer stops iterating. A reader that falls more than ``WATCH_QUEUE_LIMIT``
+        live events behind gets ``ResourceExhaustedError``.
 
         Args:
             plan_id: The plan; ``""`` streams every plan.
@@ -534,43 +455,12 @@ class Agent:
         Yields:
             The events, in the order they happened.
         """
-        queue: asyncio.Queue[tuple[int, PlanEvent]] = asyncio.Queue(WATCH_QUEUE_LIMIT)
-        self._watchers.add(queue)
-        try:
-            stored: list[tuple[int, PlanEvent]] = []
-            for record in self._records.values():
-                if _matches(record.plan.id, plan_id):
-                    stored.extend(zip(record._seqs, record.events, strict=True))
-            stored.sort(key=lambda item: item[0])
-            last = 0
-            for seq, event in stored:
-                last = seq
-                yield event
-                if self._ends(event, plan_id):
-                    return
-            while True:
-                seq, event = await queue.get()
-                if queue in self._lagging:
-                    raise ResourceExhaustedError(
-                        f"this Watch stream fell more than {WATCH_QUEUE_LIMIT} events behind and "
-                        "was dropped; watch again (stored events are replayed)"
-                    )
-                if seq <= last or not _matches(event.plan_id, plan_id):
-                    continue
-                yield event
-                if self._ends(event, plan_id):
-                    return
-        finally:
-            self._watchers.discard(queue)
-            self._lagging.discard(queue)
+        async for event in self._book.watch(plan_id):
+            yield event
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan)."""
-        return [
-            record.snapshot(self.role)
-            for record in self._records.values()
-            if _matches(record.plan.id, plan_id)
-        ]
+        return self._book.plans(plan_id)
 
     def record(self, plan_id: str) -> PlanRecord:
         """The record of one plan.
@@ -578,450 +468,7 @@ class Agent:
         Raises:
             protocol.NotFoundError: The agent does not remember that plan.
         """
-        try:
-            return self._records[plan_id]
-        except KeyError:
-            raise NotFoundError(f"the {self.role} agent has no plan {plan_id!r}") from None
-
-    # --- durable control -----------------------------------------------------------------------
-
-    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
-        """Serve ``Control``: one control action on one plan, decided by the verified caller.
-
-        Args:
-            request: The action (``approve``, ``reject``, ``pause``, ``cancel``, ``resume``,
-                ``replan``), the plan, for a gate decision the gate, rationale, revision (0: the
-                plan's current one) and optionally the output to record for a reconcile gate, and
-                for ``replan`` the new plan's JSON and the rationale.
-            ctx: The call being served; its caller is the approver (or the revision's author).
-
-        Returns:
-            The plan's state after the action took effect.
-
-        Raises:
-            protocol.NotFoundError: The agent has no such plan.
-            protocol.FailedPreconditionError: The action does not apply (see the methods).
-            protocol.InvalidArgumentError: ``output_json`` is not a JSON object.
-        """
-        match request.action:
-            case "approve" | "reject":
-                output = _output_of(request.output_json)
-                return await self.decide_gate(
-                    request.plan_id,
-                    request.gate_id,
-                    approve=request.action == "approve",
-                    approver=ctx.caller,
-                    rationale=request.rationale,
-                    revision=request.revision or None,
-                    output=output,
-                )
-            case "pause":
-                return await self.pause(request.plan_id)
-            case "cancel":
-                return await self.cancel(request.plan_id)
-            case "resume":
-                return await self.resume(request.plan_id)
-            case "replan":
-                return await self.replan(
-                    request.plan_id,
-                    request.plan_json,
-                    rationale=request.rationale,
-                    author=ctx.caller,
-                )
-            case _:
-                assert_never(request.action)
-
-    async def replan(
-        self, plan_id: str, plan_json: str, *, rationale: str, author: str
-    ) -> PlanSnapshot:
-        """Make a new revision of a stored plan that is not running here; ``resume`` runs it.
-
-        The new revision keeps the plan's id; the results of unchanged completed steps carry over
-        (``docs/durability.md``). It is validated against this agent's registry like any plan.
-
-        Args:
-            plan_id: The plan.
-            plan_json: The new revision's plan, as JSON of this agent's plan type.
-            rationale: Why the plan changes (kept with the revision).
-            author: Who changes it (over the wire: the verified caller).
-
-        Returns:
-            The plan's state: the new revision, not yet started.
-
-        Raises:
-            protocol.NotFoundError: No such plan here.
-            protocol.InvalidArgumentError: ``plan_json`` is not a plan of this agent's type.
-            protocol.FailedPreconditionError: The plan is running here (pause it first), stopped
-                with a step in flight, the agent has no store, or the new plan fails validation.
-        """
-        await self._ready(plan_id)
-        await self._revision_of(plan_id)
-        raw = json_object(plan_json, "the plan")
-        raw = {**raw, "id": plan_id}
-        try:
-            new_plan = self.plan_type.model_validate(raw)
-        except ValidationError as exc:
-            raise _invalid(f"not a valid {self.plan_type.__name__}", exc) from None
-        problems = self._problems(new_plan)
-        if problems:
-            raise FailedPreconditionError(
-                _one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
-            )
-        if self._is_active(plan_id):
-            raise FailedPreconditionError(
-                f"plan {plan_id!r} is running; pause it before replanning"
-            )
-        try:
-            revision = await self._engine.replan(
-                plan_id, new_plan, rationale=rationale, author=author
-            )
-        except (PlanControlError, PlanValidationError) as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
-        logger.info(
-            "agent %s plan %s revision %d made by %s",
-            self.role,
-            plan_id,
-            revision.record.revision,
-            author,
-        )
-        return await self._settled(plan_id)
-
-    async def revisions(self, plan_id: str) -> RevisionsResponse:
-        """Serve ``Revisions``: the plan's revision history from the store, oldest first.
-
-        Revisions made by a replan carry their parent, author, rationale and diff; the plan's
-        first revision is listed with parent 0.
-
-        Raises:
-            protocol.NotFoundError: No such plan in the store (or the agent has no store).
-        """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if self.store is None or state is None:
-            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        records = await self.store.revisions(plan_id)
-        listed = [_revision_entry(record) for record in records]
-        first = records[0].parent if records and records[0].parent else None
-        if not records:
-            first = state.revision
-        if first is not None:
-            listed.insert(0, PlanRevision(revision=first))
-        return RevisionsResponse(plan_id=plan_id, agent=self.role, revisions=listed)
-
-    async def replay(
-        self,
-        plan_id: str,
-        ctx: CallContext | None = None,
-        *,
-        outputs: Mapping[str, dict[str, Any]] | None = None,
-    ) -> ReplayResult:
-        """Serve ``Replay``: re-run a finished plan from its recorded outputs and compare.
-
-        Nothing outside the engine runs (``planning.replay``): tool and cross-agent steps get
-        their recorded outcomes, gates their recorded decisions.
-
-        Args:
-            plan_id: The plan; it must be finished.
-            ctx: The call being served (unused: replay has no effects to attribute).
-            outputs: Step id -> an output to serve instead of the recorded one (what if the
-                step had answered that?); not offered over the wire.
-
-        Returns:
-            The report: how many decisions were compared, and each that differs.
-
-        Raises:
-            protocol.NotFoundError: No such plan in the store (or the agent has no store).
-            protocol.FailedPreconditionError: The plan is not finished.
-        """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if self.store is None or state is None:
-            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        try:
-            report = await replay_plan(
-                self.store, plan_id, plan_type=self.plan_type, outputs=outputs
-            )
-        except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
-        plan = state.plan(self.plan_type)
-        steps = len(plan.steps)
-        # A model's plan: re-derived from the model calls journaled with it, no model asked.
-        rederived: list[str] | None = None
-        capability = plan.provenance.capability if plan.provenance is not None else ""
-        handler = self._handlers.get(capability)
-        rederive = getattr(handler[1], "rederive", None) if handler is not None else None
-        if callable(rederive):
-            rederived = await rederive(plan)
-        model = [
-            ReplayDivergence(
-                step_id="",
-                decision="model plan",
-                recorded="the plan journaled",
-                replayed=difference[:_MESSAGE_LIMIT],
-            )
-            for difference in rederived or []
-        ]
-        return ReplayResult(
-            plan_id=plan_id,
-            agent=self.role,
-            revision=report.revision,
-            recorded_status=report.recorded_status.value,
-            replayed_status=report.replayed_status.value if report.replayed_status else "",
-            # Per step: order, outcomes, status, output; then the plan's status.
-            decisions=4 * steps + 1 + (rederived is not None),
-            divergences=model
-            + [
-                ReplayDivergence(
-                    step_id=d.step_id,
-                    decision=d.decision,
-                    recorded=d.recorded[:_MESSAGE_LIMIT],
-                    replayed=d.replayed[:_MESSAGE_LIMIT],
-                )
-                for d in report.divergences
-            ],
-        )
-
-    async def decide_gate(
-        self,
-        plan_id: str,
-        gate_id: str,
-        *,
-        approve: bool,
-        approver: str,
-        rationale: str,
-        revision: int | None = None,
-        output: dict[str, Any] | None = None,
-    ) -> PlanSnapshot:
-        """Approve or reject a gate (a gate step, or a reconcile gate named after its step).
-
-        The decision is recorded before it is acted on; a plan running here goes on at once, and
-        so does a stored, unpaused plan that no run carries on any more (its runner ended with
-        an abandoned call): the agent resumes it from its store. A paused plan acts on the
-        decision when resumed (``docs/durability.md``).
-
-        Args:
-            plan_id: The plan.
-            gate_id: The gate step's id, or the id of the step to reconcile.
-            approve: Approve (True) or reject (False).
-            approver: Who decides (over the wire: the verified caller).
-            rationale: Why.
-            revision: The plan revision the decision is for; ``None`` for the current one.
-            output: For a reconcile gate: record the step as done with this output instead of
-                re-running it.
-
-        Returns:
-            The plan's state after the decision.
-
-        Raises:
-            protocol.NotFoundError: No such plan here.
-            protocol.FailedPreconditionError: The gate is unknown, not open or already decided,
-                the revision is not the plan's, or ``output`` was given for a gate step.
-        """
-        await self._ready(plan_id)
-        current = await self._revision_of(plan_id)
-        try:
-            await self._engine.decide(
-                plan_id,
-                gate_id,
-                approve=approve,
-                approver=approver,
-                rationale=rationale,
-                revision=current if revision is None else revision,
-                output=output,
-            )
-        except (GateDecisionError, PlanControlError) as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
-        logger.info(
-            "agent %s plan %s gate %s %s by %s",
-            self.role,
-            plan_id,
-            gate_id,
-            "approved" if approve else "rejected",
-            approver,
-        )
-        await self._continue_orphan(plan_id)
-        return await self._settled(plan_id)
-
-    async def _continue_orphan(self, plan_id: str) -> None:
-        """Resume a stored plan that no run here carries on (its runner went with an abandoned
-        call, ``plans run`` past its deadline): the decision just recorded then takes effect
-        now, not at an unannounced ``resume``. A paused plan stays paused."""
-        if self.store is None or self._is_active(plan_id):
-            return
-        state = await self.store.load(plan_id)
-        if state is None or state.status.is_final or state.status is PlanStatus.PAUSED:
-            return
-        logger.info("agent %s resumes plan %s: its runner is gone", self.role, plan_id)
-        self._start_resume(plan_id)
-        await self._ready(plan_id)
-
-    async def pause(self, plan_id: str) -> PlanSnapshot:
-        """Pause a plan: no new step starts, running ones finish; ``resume`` continues it.
-
-        Raises:
-            protocol.NotFoundError: No such plan here.
-            protocol.FailedPreconditionError: The plan is finished.
-        """
-        return await self._stop(plan_id, self._engine.pause)
-
-    async def cancel(self, plan_id: str) -> PlanSnapshot:
-        """Cancel a plan for good: running steps are cancelled, completed ones compensated.
-
-        Raises:
-            protocol.NotFoundError: No such plan here.
-            protocol.FailedPreconditionError: The plan is finished.
-        """
-        return await self._stop(plan_id, self._engine.cancel)
-
-    async def _stop(self, plan_id: str, action: Callable[[str], Awaitable[object]]) -> PlanSnapshot:
-        """Pause or cancel through the engine, once the plan is known here and loaded."""
-        await self._ready(plan_id)
-        await self._revision_of(plan_id)
-        try:
-            await action(plan_id)
-        except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
-        return await self._settled(plan_id)
-
-    async def resume(self, plan_id: str) -> PlanSnapshot:
-        """Continue a stored, unfinished plan that is not running (paused, or left by a stop).
-
-        The plan runs on in a background task; the snapshot is its state as it starts.
-
-        Raises:
-            protocol.NotFoundError: No such plan in the store (or the agent has no store).
-            protocol.FailedPreconditionError: The plan is running already, or finished.
-        """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if state is None:
-            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        if self._is_active(plan_id):
-            raise FailedPreconditionError(f"plan {plan_id!r} is already running")
-        if state.status.is_final:
-            raise FailedPreconditionError(f"plan {plan_id!r} is already {state.status.value}")
-        self._start_resume(plan_id)
-        await self._ready(plan_id)
-        return await self._settled(plan_id)
-
-    async def resume_unfinished(self) -> list[str]:
-        """Reload every unfinished plan from the store and resume each in a background task.
-
-        Called when the agent starts (for an actor, after every restart). A plan that waits at a
-        gate waits again for its decision; a paused plan is remembered but stays paused.
-
-        Returns:
-            The ids of the plans resumed.
-        """
-        if self.store is None:
-            return []
-        resumed: list[str] = []
-        for plan_id in await self.store.unfinished():
-            if self._is_active(plan_id):
-                continue
-            state = await self.store.load(plan_id)
-            if state is None:
-                continue
-            self._recall(state.plan(self.plan_type), state)
-            if state.status is PlanStatus.PAUSED:
-                continue
-            self._start_resume(plan_id)
-            resumed.append(plan_id)
-        if resumed:
-            logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
-        return resumed
-
-    async def aclose(self) -> None:
-        """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
-        tasks = [task for task in self._tasks.values() if not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _ready(self, plan_id: str) -> None:
-        """Wait until a background resumption of ``plan_id`` (if any) is live in the engine."""
-        task = self._tasks.get(plan_id)
-        started = self._started.get(plan_id)
-        if task is not None and not task.done() and started is not None:
-            await started.wait()
-
-    def _is_active(self, plan_id: str) -> bool:
-        task = self._tasks.get(plan_id)
-        return plan_id in self._active or (task is not None and not task.done())
-
-    async def _revision_of(self, plan_id: str) -> int:
-        """The plan's current revision, from the store or the records (``NotFoundError``)."""
-        if self.store is not None:
-            state = await self.store.load(plan_id)
-            if state is not None:
-                if plan_id not in self._records:
-                    self._recall(state.plan(self.plan_type), state)
-                return state.revision
-        return self.record(plan_id).plan.revision
-
-    def _recall(self, plan: Plan, state: PlanState) -> PlanRecord:
-        """The record of a stored plan, made (or refreshed) from its state."""
-        record = self._records.get(plan.id)
-        if record is None or record.plan.revision != plan.revision:
-            record = self._remember(PlanRecord(plan=plan))
-        record.status = state.status
-        for step_id, step in state.steps.items():
-            record.steps[step_id] = step.status
-        for gate_id, gate in state.gates.items():
-            if gate.decision is GateDecision.OPEN:
-                record.steps[gate_id] = StepStatus.BLOCKED
-        return record
-
-    async def _settled(self, plan_id: str) -> PlanSnapshot:
-        """The plan's snapshot once a control action was taken, refreshed from the store when no
-        run here reports its events."""
-        # Let a run woken by the action take its next step before the snapshot is taken.
-        await asyncio.sleep(0)
-        if self.store is not None and not self._is_active(plan_id):
-            state = await self.store.load(plan_id)
-            if state is not None:
-                return self._recall(state.plan(self.plan_type), state).snapshot(self.role)
-        return self.record(plan_id).snapshot(self.role)
-
-    def _start_resume(self, plan_id: str, capability: str = "") -> asyncio.Task[PlanResult[Any]]:
-        task = self._tasks.get(plan_id)
-        if task is not None and not task.done():
-            return task
-        task = asyncio.get_running_loop().create_task(
-            self._resume(plan_id, capability), name=f"resume {plan_id}"
-        )
-        self._tasks[plan_id] = task
-        self._started[plan_id] = asyncio.Event()
-        task.add_done_callback(self._resumed)
-        return task
-
-    def _resumed(self, task: asyncio.Task[PlanResult[Any]]) -> None:
-        for plan_id, known in list(self._tasks.items()):
-            if known is task:
-                del self._tasks[plan_id]
-                self._started.pop(plan_id, asyncio.Event()).set()
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            logger.error("agent %s: resuming %s failed: %s", self.role, task.get_name(), exc)
-
-    async def _resume(self, plan_id: str, capability: str) -> PlanResult[Any]:
-        assert self.store is not None
-        state = await self.store.load(plan_id)
-        if state is None:
-            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        record = self._recall(state.plan(self.plan_type), state)
-        if capability:
-            record.capability = capability
-        started = self._started.get(plan_id, asyncio.Event())
-
-        def on_event(event: StepEvent) -> None:
-            started.set()
-            self._observe(record, event)
-
-        result = await self._engine.resume(plan_id, plan_type=self.plan_type, on_event=on_event)
-        record.status = result.status
-        record.result = result
-        _follow_revision(record, result)
-        return result
+        return self._book.record(plan_id)
 
     # --- internals -----------------------------------------------------------------------------
 
@@ -1035,7 +482,7 @@ class Agent:
 
     async def _run(self, plan: Plan, capability: str) -> PlanResult[Any]:
         latest = 0
-        previous = self._records.get(plan.id)
+        previous = self._book.get(plan.id)
         if previous is not None:
             latest = previous.plan.revision
         if self.store is not None:
@@ -1055,20 +502,20 @@ class Agent:
             plan = plan.model_copy(update={"revision": latest + 1})
         problems = self._problems(plan)
         if problems:
-            message = _one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
-            self._refuse(plan, capability, message)
+            message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            self._book.refuse(plan, capability, message)
             raise FailedPreconditionError(message)
-        record = self._remember(PlanRecord(plan=plan, capability=capability))
+        record = self._book.remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
         try:
             result = await self._engine.run(
-                plan, on_event=lambda event: self._observe(record, event)
+                plan, on_event=lambda event: self._book.observe(record, event)
             )
         except PlanControlError as exc:
-            raise FailedPreconditionError(_one_line(str(exc))) from exc
+            raise FailedPreconditionError(one_line(str(exc))) from exc
         finally:
             self._active.discard(plan.id)
-        _follow_revision(record, result)
+        follow_revision(record, result)
         return result
 
     def _problems(self, plan: Plan) -> list[str]:
@@ -1087,177 +534,6 @@ class Agent:
         except PlanValidationError as exc:
             problems.extend(exc.problems)
         return problems
-
-    def _refuse(self, plan: Plan, capability: str, message: str) -> None:
-        record = self._remember(PlanRecord(plan=plan, capability=capability))
-        record.status = PlanStatus.FAILED
-        event = PlanEvent(
-            plan_id=plan.id,
-            revision=plan.revision,
-            status=PlanStatus.FAILED.value,
-            failure_class=FailureClass.LOGIC.value,
-            message=message[:_MESSAGE_LIMIT],
-            timestamp=time.time(),
-            agent=self.role,
-        )
-        self._publish(record, event)
-        logger.info("agent %s refused plan %s: %s", self.role, plan.id, message)
-
-    def _remember(self, record: PlanRecord) -> PlanRecord:
-        plan_id = record.plan.id
-        previous = self._records.pop(plan_id, None)
-        if previous is not None:
-            # Keep the history of earlier revisions: watchers replay it in order.
-            record.events = previous.events + record.events
-            record._seqs = previous._seqs + record._seqs
-        self._records[plan_id] = record
-        while len(self._records) > self._max_records:
-            victim = next(
-                (pid for pid, r in self._records.items() if r.status in _TERMINAL),
-                next(iter(self._records)),
-            )
-            del self._records[victim]
-        return record
-
-    def _observe(self, record: PlanRecord, event: StepEvent) -> None:
-        if event.step_id:
-            if isinstance(event.status, StepStatus):
-                record.steps[event.step_id] = event.status
-        elif isinstance(event.status, PlanStatus):
-            record.status = event.status
-        wire = PlanEvent(
-            plan_id=event.plan_id,
-            revision=event.revision,
-            step_id=event.step_id,
-            status=event.status.value,
-            attempt=event.attempt,
-            failure_class=event.failure_class.value if event.failure_class else "",
-            message=event.message[:_MESSAGE_LIMIT],
-            timestamp=event.timestamp,
-            agent=self.role,
-        )
-        self._publish(record, wire)
-
-    def _publish(self, record: PlanRecord, event: PlanEvent) -> None:
-        seq = next(self._seq)
-        record.events.append(event)
-        record._seqs.append(seq)
-        for queue in list(self._watchers):
-            if queue.full():  # a reader this far behind is told so and dropped, never waited for
-                self._watchers.discard(queue)
-                self._lagging.add(queue)
-            else:
-                queue.put_nowait((seq, event))
-
-    def _ends(self, event: PlanEvent, plan_id: str) -> bool:
-        return (
-            bool(plan_id)
-            and event.plan_id == plan_id
-            and not event.step_id
-            and event.status in {status.value for status in _TERMINAL}
-        )
-
-    def _failure(self, result: PlanResult[Any]) -> RemoteError:
-        plan = result.submitted
-        if not result.failures:
-            return CancelledError(f"plan {plan.id!r} on the {self.role} agent was cancelled")
-        first = result.failures[0]
-        message = _one_line(
-            f"plan {plan.id!r} step {first.step_id!r} failed "
-            f"({first.failure_class.value}): {first.message}"
-        )
-        return _error_class(first.failure_class)(message)
-
-
-def _error_class(failure_class: FailureClass) -> type[RemoteError]:
-    match failure_class:
-        case FailureClass.LOGIC:
-            return FailedPreconditionError
-        case FailureClass.POLICY:
-            return PermissionDeniedError
-        case FailureClass.TIMEOUT:
-            return DeadlineExceededError
-        case FailureClass.TRANSIENT:
-            return UnavailableError
-        case FailureClass.CANCELLED:
-            return CancelledError
-        case _:
-            assert_never(failure_class)
-
-
-def _output_of(output_json: str) -> dict[str, Any] | None:
-    """A reconcile gate's output to record, from its JSON (``None`` when empty)."""
-    if not output_json:
-        return None
-    return json_object(output_json, "output_json")
-
-
-def _revision_entry(record: RevisionRecord) -> PlanRevision:
-    return PlanRevision(
-        revision=record.revision,
-        parent=record.parent or 0,
-        author=record.author,
-        rationale=record.rationale,
-        added=list(record.diff.added),
-        removed=list(record.diff.removed),
-        changed=[
-            RevisionStepChange(step_id=c.step_id, fields=list(c.fields))
-            for c in record.diff.changed
-        ],
-        carried=list(record.carried),
-        at=max(record.at, 0.0),
-    )
-
-
-def _request_digest(capability: str, request: WireModel) -> str:
-    """A digest of one capability request (its capability and canonical JSON)."""
-    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{capability}\n{body}".encode()).hexdigest()[:32]
-
-
-def _marked(goal: str, request_digest: str) -> str:
-    """``goal`` ending with the digest of the request its plan serves."""
-    mark = f" [request {request_digest}]"
-    return goal[: _GOAL_LIMIT - len(mark)] + mark
-
-
-def _recorded_digest(plan_json: str) -> str | None:
-    """The request digest a stored plan's goal ends with, or ``None``."""
-    try:
-        goal = json.loads(plan_json).get("goal", "")
-    except (ValueError, RecursionError, AttributeError):
-        return None
-    found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
-    return found.group(1) if found else None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:_MESSAGE_LIMIT]
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, StepError):
-        return exc.message
-    return str(exc)
-
-
-def _invalid(what: str, exc: ValidationError) -> InvalidArgumentError:
-    violations = []
-    for error in exc.errors(include_url=False):
-        path = ""
-        for part in error["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        violations.append(FieldViolation(path or "(request)", error["msg"]))
-    return InvalidArgumentError(what, violations=tuple(violations))
-
-
-def _coerce(spec: CapabilitySpec, request: WireModel) -> WireModel:
-    if isinstance(request, spec.request):
-        return request
-    try:
-        return spec.request.model_validate(request.model_dump())
-    except ValidationError as exc:
-        raise _invalid(f"not a valid {spec.name} request", exc) from None
 
 
 def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:

@@ -29,18 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.agents._agent import Agent
-from stratagem.agents._tool import ToolRegistry
+from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.planning import (
     CrossAgentStep,
-    Dispatcher,
-    EngineConfig,
     Plan,
     PlanResult,
-    StateStore,
     ref,
 )
 from stratagem.protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
@@ -190,30 +185,14 @@ class OrchestratorPlanner:
         )
 
 
-class OrchestratorAgent(Agent):
+class OrchestratorAgent(RoleAgent):
     """The orchestrator: no tools, only cross-agent plans.
 
     Args:
         dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal).
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
+        store: Where its engine keeps plans durably.
     """
 
-    def __init__(
-        self,
-        *,
-        dispatcher: Dispatcher | None = None,
-        engine_config: EngineConfig | None = None,
-        tracer_provider: TracerProvider | None = None,
-        store: StateStore | None = None,
-    ) -> None:
-        super().__init__(
-            "orchestrator",
-            ToolRegistry("orchestrator"),
-            OrchestrationPlan,
-            OrchestratorPlanner(),
-            dispatcher=dispatcher,
-            engine_config=engine_config,
-            tracer_provider=tracer_provider,
-            store=store,
-        )
+    spec = RoleSpec("orchestrator", OrchestrationPlan, OrchestratorPlanner)

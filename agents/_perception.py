@@ -20,7 +20,6 @@ from typing import Any, Literal
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.agents._agent import Agent
 from stratagem.agents._extract import (
     DEFAULT_PATTERNS,
     ExtractionPattern,
@@ -30,7 +29,8 @@ from stratagem.agents._extract import (
     resolve_mentions,
     split_sentences,
 )
-from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._tool import Tool, tool
 from stratagem.agents._world import WorldModel, WorldStore
 from stratagem.planning import (
     Dispatcher,
@@ -404,7 +404,7 @@ class PerceptionPlanner:
         raise ValueError(f"the perception planner cannot answer {capability!r}")
 
 
-class PerceptionAgent(Agent):
+class PerceptionAgent(RoleAgent):
     """The perception agent: a world model and the tools that read and change it.
 
     Args:
@@ -416,6 +416,8 @@ class PerceptionAgent(Agent):
         world_store: Where the world is saved after every change (and read back at start), so a
             restarted agent has the world its recorded steps and stored answers describe.
     """
+
+    spec = RoleSpec("perception", PerceptionPlan, PerceptionPlanner)
 
     def __init__(
         self,
@@ -431,16 +433,10 @@ class PerceptionAgent(Agent):
             saved = world_store.load() if world_store is not None else None
             world = WorldModel.restore(saved) if saved is not None else WorldModel()
         self.world = world
-        registry = ToolRegistry("perception")
-        for item in perception_tools(self.world, world_store):
-            registry.register(item)
         super().__init__(
-            "perception",
-            registry,
-            PerceptionPlan,
-            PerceptionPlanner(),
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
+            tools=perception_tools(self.world, world_store),
         )

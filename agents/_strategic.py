@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.agents._agent import Agent
 from stratagem.agents._narrative import (
     THEME_LEXICONS,
     ArcChoice,
@@ -26,14 +24,12 @@ from stratagem.agents._narrative import (
     score_themes,
     select_template,
 )
-from stratagem.agents._tool import Tool, ToolRegistry, tool
+from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
-    Dispatcher,
-    EngineConfig,
     LogicError,
     Plan,
     PlanResult,
-    StateStore,
     ToolStep,
     ref,
 )
@@ -282,33 +278,14 @@ class StrategicPlanner:
         raise ValueError(f"the strategic planner cannot answer {capability!r}")
 
 
-class StrategicAgent(Agent):
+class StrategicAgent(RoleAgent):
     """The strategic agent: narrative analysis and arc decomposition.
 
     Args:
         dispatcher: Sends cross-agent steps (built-in strategic plans have none).
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
+        store: Where its engine keeps plans durably.
     """
 
-    def __init__(
-        self,
-        *,
-        dispatcher: Dispatcher | None = None,
-        engine_config: EngineConfig | None = None,
-        tracer_provider: TracerProvider | None = None,
-        store: StateStore | None = None,
-    ) -> None:
-        registry = ToolRegistry("strategic")
-        for item in strategic_tools():
-            registry.register(item)
-        super().__init__(
-            "strategic",
-            registry,
-            StrategicPlan,
-            StrategicPlanner(),
-            dispatcher=dispatcher,
-            engine_config=engine_config,
-            tracer_provider=tracer_provider,
-            store=store,
-        )
+    spec = RoleSpec("strategic", StrategicPlan, StrategicPlanner, strategic_tools)

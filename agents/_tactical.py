@@ -17,8 +17,8 @@ from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.agents._actions import GroundAction, actors_for, ground_actions, search, simulate
-from stratagem.agents._agent import Agent
-from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
+from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._tool import Tool, in_thread, tool
 from stratagem.agents._world import format_fact
 from stratagem.planning import (
     Dispatcher,
@@ -307,7 +307,7 @@ class TacticalPlanner:
         )
 
 
-class TacticalAgent(Agent):
+class TacticalAgent(RoleAgent):
     """The tactical agent: goal-directed search over world actions.
 
     Args:
@@ -315,7 +315,10 @@ class TacticalAgent(Agent):
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
         node_cap: The most world states one search may expand.
+        store: Where its engine keeps plans durably.
     """
+
+    spec = RoleSpec("tactical", TacticalPlan, TacticalPlanner, tactical_tools)
 
     def __init__(
         self,
@@ -326,16 +329,10 @@ class TacticalAgent(Agent):
         node_cap: int = DEFAULT_NODE_CAP,
         store: StateStore | None = None,
     ) -> None:
-        registry = ToolRegistry("tactical")
-        for item in tactical_tools():
-            registry.register(item)
         super().__init__(
-            "tactical",
-            registry,
-            TacticalPlan,
-            TacticalPlanner(node_cap),
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
+            planner=TacticalPlanner(node_cap),
         )

@@ -18,6 +18,7 @@ from stratagem.planning._engine import (
     ToolRunner,
 )
 from stratagem.planning._errors import (
+    FAILURE_CODES,
     GateDecisionError,
     LogicError,
     PlanControlError,
@@ -31,6 +32,7 @@ from stratagem.planning._errors import (
     StoreError,
     StoreSchemaError,
     TransientError,
+    code_for_failure_class,
     failure_class_for_code,
 )
 from stratagem.planning._metrics import PlanningMetrics
@@ -94,6 +96,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._pg_store"})
 
 __all__ = [
+    "FAILURE_CODES",
     "STEP_ID_PATTERN",
     "BreakerState",
     "Budget",
@@ -162,6 +165,7 @@ __all__ = [
     "ToolRunner",
     "ToolStep",
     "TransientError",
+    "code_for_failure_class",
     "diff_plans",
     "failure_class_for_code",
     "find_cycle",

@@ -20,16 +20,19 @@
 ``StepError`` and its subclasses are the signals tools raise; the engine never lets them escape a
 run, it records a ``StepFailure`` instead. A protocol ``RemoteError`` out of a dispatcher is
 classified by its status code with ``failure_class_for_code``; any other exception is a logic
-failure. A budget that runs out and an open circuit breaker are not exceptions either: the engine
-records them as ``policy`` failures ("budget exhausted: ...", "circuit open for tool ...").
+failure. ``FAILURE_CODES`` is the one table of classes and codes; ``code_for_failure_class`` reads
+it the other way, for the agents that report a failed run to their callers. A budget that runs
+out and an open circuit breaker are not exceptions either: the engine records them as ``policy``
+failures ("budget exhausted: ...", "circuit open for tool ...").
 ``PlanValidationError`` is also what ``Engine.replan`` raises for a new plan that is not a DAG.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from types import MappingProxyType
+from typing import ClassVar, Final
 
 from pydantic import ValidationError
 
@@ -37,6 +40,7 @@ from stratagem.planning._plan import FailureClass
 from stratagem.protocol import Code
 
 __all__ = [
+    "FAILURE_CODES",
     "GateDecisionError",
     "LogicError",
     "PlanControlError",
@@ -50,6 +54,7 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "TransientError",
+    "code_for_failure_class",
     "failure_class_for_code",
 ]
 
@@ -215,8 +220,34 @@ class PolicyError(StepError):
     default_class = FailureClass.POLICY
 
 
+FAILURE_CODES: Final[Mapping[FailureClass, tuple[Code, ...]]] = MappingProxyType(
+    {
+        FailureClass.LOGIC: (Code.FAILED_PRECONDITION,),
+        FailureClass.POLICY: (Code.PERMISSION_DENIED, Code.UNAUTHENTICATED),
+        FailureClass.TIMEOUT: (Code.DEADLINE_EXCEEDED,),
+        FailureClass.TRANSIENT: (
+            Code.UNAVAILABLE,
+            Code.RESOURCE_EXHAUSTED,
+            Code.ABORTED,
+            Code.INTERNAL,
+            Code.UNKNOWN,
+        ),
+        FailureClass.CANCELLED: (Code.CANCELLED,),
+    }
+)
+"""The one table between failure classes and status codes, read in both directions.
+
+A remote call that ended with a listed code failed with that code's class (a code not listed is a
+``logic`` failure); a step failure of a class is reported to callers with the class's first code.
+"""
+
+_CLASS_OF_CODE: Final[Mapping[Code, FailureClass]] = {
+    code: failure_class for failure_class, codes in FAILURE_CODES.items() for code in codes
+}
+
+
 def failure_class_for_code(code: Code) -> FailureClass:
-    """The failure class of a remote call that ended with status ``code``.
+    """The failure class of a remote call that ended with status ``code`` (``FAILURE_CODES``).
 
     Args:
         code: The status code.
@@ -226,19 +257,17 @@ def failure_class_for_code(code: Code) -> FailureClass:
         ABORTED, INTERNAL and UNKNOWN; ``policy`` for PERMISSION_DENIED and UNAUTHENTICATED;
         ``cancelled`` for CANCELLED; ``logic`` for every other code.
     """
-    match code:
-        case Code.DEADLINE_EXCEEDED:
-            return FailureClass.TIMEOUT
-        case (
-            Code.UNAVAILABLE | Code.RESOURCE_EXHAUSTED | Code.ABORTED | Code.INTERNAL | Code.UNKNOWN
-        ):
-            return FailureClass.TRANSIENT
-        case Code.PERMISSION_DENIED | Code.UNAUTHENTICATED:
-            return FailureClass.POLICY
-        case Code.CANCELLED:
-            return FailureClass.CANCELLED
-        case _:
-            return FailureClass.LOGIC
+    return _CLASS_OF_CODE.get(code, FailureClass.LOGIC)
+
+
+def code_for_failure_class(failure_class: FailureClass) -> Code:
+    """The status code a failure of ``failure_class`` is reported with (``FAILURE_CODES``).
+
+    Returns:
+        FAILED_PRECONDITION for ``logic``, PERMISSION_DENIED for ``policy``, DEADLINE_EXCEEDED for
+        ``timeout``, UNAVAILABLE for ``transient``, CANCELLED for ``cancelled``.
+    """
+    return FAILURE_CODES[failure_class][0]
 
 
 def field_problems(exc: ValidationError) -> list[str]:

@@ -27,6 +27,6 @@ names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentele
 print("lowest:", ", ".join(f"{n} {m.version(n)}" for n in names))
 PY
 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-  tests/unit -m "not integration and not postgres" \
+  tests/unit -m "not postgres" \
   --deselect tests/unit/test_architecture.py::test_generated_protobuf_code_is_fresh \
   --deselect tests/unit/test_architecture.py::test_import_contracts_hold "$@"

@@ -20,6 +20,57 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+# --- Kinds of test -------------------------------------------------------------------------------
+# A test's kind is the folder it sits in: tests/unit (no sockets, no Ray: tests/unit/conftest.py
+# guards that), tests/integration (real gRPC on 127.0.0.1, real Ray), tests/e2e (the CLI as a
+# subprocess), tests/cluster (a Ray cluster of three nodes: integration). The marker of that kind is
+# added here, so `-m unit`, `-m integration` and `-m e2e` select by folder; a test marked with
+# another kind than its folder's stops the run, naming it.
+
+KINDS = ("unit", "integration", "e2e")
+_KIND_OF_FOLDER = {
+    "unit": "unit",
+    "integration": "integration",
+    "e2e": "e2e",
+    "cluster": "integration",
+}
+_TESTS = Path(__file__).resolve().parent
+
+
+def kind_of(path: Path, tests: Path = _TESTS) -> str | None:
+    """The kind of the tests in ``path`` (under ``tests``), or None outside the kinds' folders."""
+    try:
+        folder = path.resolve().relative_to(tests.resolve()).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return _KIND_OF_FOLDER.get(folder)
+
+
+def mark_kinds(items: list[pytest.Item], tests: Path = _TESTS) -> list[str]:
+    """Add each item's kind marker (its folder under ``tests``); return the misfiled tests."""
+    misfiled: list[str] = []
+    for item in items:
+        kind = kind_of(item.path, tests)
+        if kind is None:
+            continue
+        declared = {mark.name for mark in item.iter_markers() if mark.name in KINDS} - {kind}
+        if declared:
+            misfiled.append(
+                f"{item.nodeid} is marked {', '.join(sorted(declared))} ({kind} folder)"
+            )
+        item.add_marker(kind)
+    return misfiled
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misfiled = mark_kinds(items)
+    if misfiled:
+        raise pytest.UsageError(
+            "tests marked with another kind than their folder's (move them):\n  "
+            + "\n  ".join(misfiled)
+        )
+
+
 # --- PostgreSQL ---------------------------------------------------------------------------------
 # Tests marked ``postgres`` run the stores against a real server: STRATAGEM_TEST_PG_URL when set,
 # otherwise a throwaway cluster from scripts/postgres.sh, started once per session and stopped at

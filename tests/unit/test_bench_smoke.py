@@ -11,11 +11,8 @@ import math
 import uuid
 from pathlib import Path
 
-import pytest
-
 from stratagem.agents import DEMO_GOAL, build_in_memory
 from stratagem.protocol import CallContext, SubmitGoalResponse
-from tests.bench.auth import MODES, AuthBenchConfig, run_auth_benchmark
 from tests.bench.cli import summarize_cli
 from tests.bench.cluster import (
     POSTGRESQL,
@@ -44,7 +41,6 @@ from tests.bench.peers import VARIANTS as PEER_VARIANTS
 from tests.bench.peers import PeersBenchConfig, summarize_peers
 from tests.bench.report import (
     _durable_section,
-    auth_section,
     cli_section,
     cluster_section,
     peers_section,
@@ -112,30 +108,6 @@ def test_durable_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
     found = verdicts({"targets": []}, {"target": {"max_ratio": 4.0}, "ratios": {}}, result)
     assert [item["variant"] for item in found] == [IDEMPOTENT, SIDE_EFFECTING, "store_growth"]
     assert "## 3. Durable checkpoints" in "\n".join(_durable_section(result))
-
-
-@pytest.mark.integration
-def test_auth_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
-    # A server process and real sockets (token and mTLS), hence the integration marker.
-    config = AuthBenchConfig(
-        warmup=2, latency_calls=6, rounds=2, throughput_calls=8, concurrency=2, connects=1
-    )
-    result = run_auth_benchmark(config, state_parent=tmp_path)
-
-    assert set(result["modes"]) == set(MODES)
-    for mode in result["modes"].values():
-        assert mode["latency_us"]["n"] == 6
-        assert mode["under_load_us"]["n"] == 8
-        assert mode["throughput_rps"] > 0
-        assert mode["first_call_ms"]["n"] == 1
-    assert set(result["ratios"]) == {"token", "mtls"}
-    assert [(t["variant"], t["measure"]) for t in result["targets"]] == [
-        ("token", "median_latency"),
-        ("token", "throughput_cost"),
-    ]
-    assert result["met"] == all(target["met"] for target in result["targets"])
-    assert "## Cost of security" in "\n".join(auth_section(result))
-    assert list(tmp_path.iterdir()) == []  # the secret, keys and audit files are gone
 
 
 async def test_each_cluster_worker_pursues_the_demo_goal_in_a_world_of_its_own() -> None:

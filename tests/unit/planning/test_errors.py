@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratagem.planning import (
+    FAILURE_CODES,
     FailureClass,
     LogicError,
     PlanFailedError,
@@ -15,6 +16,7 @@ from stratagem.planning import (
     StepError,
     StepFailure,
     TransientError,
+    code_for_failure_class,
     failure_class_for_code,
 )
 from stratagem.protocol import Code
@@ -43,6 +45,31 @@ from stratagem.protocol import Code
 )
 def test_failure_class_for_code(code: Code, failure_class: FailureClass) -> None:
     assert failure_class_for_code(code) is failure_class
+
+
+@pytest.mark.parametrize(
+    ("failure_class", "code"),
+    [
+        (FailureClass.LOGIC, Code.FAILED_PRECONDITION),
+        (FailureClass.POLICY, Code.PERMISSION_DENIED),
+        (FailureClass.TIMEOUT, Code.DEADLINE_EXCEEDED),
+        (FailureClass.TRANSIENT, Code.UNAVAILABLE),
+        (FailureClass.CANCELLED, Code.CANCELLED),
+    ],
+)
+def test_a_failure_class_is_reported_with_its_code_and_read_back_as_itself(
+    failure_class: FailureClass, code: Code
+) -> None:
+    assert code_for_failure_class(failure_class) is code
+    assert failure_class_for_code(code) is failure_class
+
+
+def test_the_table_names_every_class_and_each_code_once() -> None:
+    assert set(FAILURE_CODES) == set(FailureClass)
+    codes = [code for listed in FAILURE_CODES.values() for code in listed]
+    assert len(codes) == len(set(codes))
+    for failure_class, listed in FAILURE_CODES.items():
+        assert all(failure_class_for_code(code) is failure_class for code in listed)
 
 
 def test_tree() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from stratagem import planning
 
 EXPECTED = [
+    "FAILURE_CODES",
     "STEP_ID_PATTERN",
     "BreakerState",
     "Budget",
@@ -73,6 +74,7 @@ EXPECTED = [
     "ToolRunner",
     "ToolStep",
     "TransientError",
+    "code_for_failure_class",
     "diff_plans",
     "failure_class_for_code",
     "find_cycle",

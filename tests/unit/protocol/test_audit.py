@@ -171,7 +171,6 @@ def sqlite_log(tmp_path: Path) -> SqliteAuditLog:
     return SqliteAuditLog(path)
 
 
-@pytest.mark.integration
 def test_sqlite_log_persists_and_verifies(sqlite_log: SqliteAuditLog) -> None:
     with sqlite_log as log:
         assert log.path.exists()
@@ -185,7 +184,6 @@ def test_sqlite_log_persists_and_verifies(sqlite_log: SqliteAuditLog) -> None:
         assert mode == "wal"
 
 
-@pytest.mark.integration
 def test_sqlite_log_refuses_updates_and_deletes(sqlite_log: SqliteAuditLog) -> None:
     sqlite_log.close()
     db = sqlite3.connect(sqlite_log.path)
@@ -198,7 +196,6 @@ def test_sqlite_log_refuses_updates_and_deletes(sqlite_log: SqliteAuditLog) -> N
         db.close()
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     ("statements", "broken", "reason"),
     [
@@ -227,7 +224,6 @@ def test_sqlite_tampering_is_named(
     assert reason in verdict.reason
 
 
-@pytest.mark.integration
 def test_sqlite_log_refuses_another_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "audit.db"
     SqliteAuditLog(path).close()
@@ -251,7 +247,6 @@ def durable(request: pytest.FixtureRequest, tmp_path: Path) -> OpenLog:
     return lambda: PostgresAuditLog(url, schema="stratagem")
 
 
-@pytest.mark.integration
 def test_durable_logs_on_one_store_share_one_chain(durable: OpenLog) -> None:
     logs = [durable() for _ in range(3)]
     threads = [
@@ -272,7 +267,6 @@ def _append_from_process(path: str, actor: str) -> None:
         _fill(log, 25, actor)
 
 
-@pytest.mark.integration
 def test_sqlite_log_is_safe_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "audit.db"
     SqliteAuditLog(path).close()
@@ -353,7 +347,6 @@ async def test_in_memory_append_async_appends_on_the_spot() -> None:
     assert isinstance(log, AsyncAuditLog)
 
 
-@pytest.mark.integration
 async def test_group_commit_keeps_one_chain_across_writers(durable: OpenLog) -> None:
     with durable() as log, durable() as other:
         writer = threading.Thread(target=_fill, args=(other, 40, "thread"))
@@ -373,7 +366,6 @@ async def test_group_commit_keeps_one_chain_across_writers(durable: OpenLog) -> 
     assert [r for r in stored if r.actor == "loop"] == records
 
 
-@pytest.mark.integration
 async def test_a_failed_group_commit_fails_its_callers(tmp_path: Path) -> None:
     path = tmp_path / "audit.db"
     with SqliteAuditLog(path) as log:
@@ -390,7 +382,6 @@ async def test_a_failed_group_commit_fails_its_callers(tmp_path: Path) -> None:
         assert [r.seq for r in log.records()] == [record.seq] == [1]
 
 
-@pytest.mark.integration
 async def test_close_writes_what_was_handed_over(durable: OpenLog) -> None:
     log = durable()
     pending = [log.append_async(actor="operator", action="call.outcome") for _ in range(50)]
@@ -402,7 +393,6 @@ async def test_close_writes_what_was_handed_over(durable: OpenLog) -> None:
         assert verify_chain(reopened.records()).count == 50
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(("synchronous", "pragma"), [("normal", 1), ("full", 2)])
 def test_sqlite_durability_is_configurable(
     tmp_path: Path, synchronous: Synchronous, pragma: int

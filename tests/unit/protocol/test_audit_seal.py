@@ -141,7 +141,6 @@ def _rechain(path: Path, *, renumber: bool = False) -> None:
         db.close()
 
 
-@pytest.mark.integration
 def test_a_sealed_log_verifies_and_counts_its_heads(sealed: Sealed) -> None:
     with SqliteAuditLog(sealed.db) as log:
         verdict = verify_sealed(log.records(), sealed.heads, KEY)
@@ -152,7 +151,6 @@ def test_a_sealed_log_verifies_and_counts_its_heads(sealed: Sealed) -> None:
     assert first["sealed_at"] == "2026-01-01T00:00:10.000000+00:00"
 
 
-@pytest.mark.integration
 def test_an_edited_record_is_named(sealed: Sealed) -> None:
     _tamper(sealed.db, "UPDATE audit SET detail = 'nothing happened' WHERE seq = 14")
     ok, seq, reason = sealed.verdict()
@@ -160,7 +158,6 @@ def test_an_edited_record_is_named(sealed: Sealed) -> None:
     assert reason == "record 14 was edited: its hash does not match its contents"
 
 
-@pytest.mark.integration
 def test_a_deleted_record_is_named_as_missing(sealed: Sealed) -> None:
     _tamper(sealed.db, "DELETE FROM audit WHERE seq = 14")
     ok, seq, reason = sealed.verdict()
@@ -168,7 +165,6 @@ def test_a_deleted_record_is_named_as_missing(sealed: Sealed) -> None:
     assert reason == "record 14 is missing: seq 15 follows seq 13 (deleted)"
 
 
-@pytest.mark.integration
 def test_a_reordered_pair_is_named(sealed: Sealed) -> None:
     _tamper(
         sealed.db,
@@ -181,7 +177,6 @@ def test_a_reordered_pair_is_named(sealed: Sealed) -> None:
     assert reason == "record 14 is the record written as seq 15: records 14 and 15 were reordered"
 
 
-@pytest.mark.integration
 def test_a_truncated_tail_is_named_though_the_chain_left_is_intact(sealed: Sealed) -> None:
     _tamper(sealed.db, "DELETE FROM audit WHERE seq > 25")
     assert sealed.chain_alone_is_ok()
@@ -193,7 +188,6 @@ def test_a_truncated_tail_is_named_though_the_chain_left_is_intact(sealed: Seale
     )
 
 
-@pytest.mark.integration
 def test_a_truncated_tail_is_named_when_the_rest_is_rewritten_and_rechained(
     sealed: Sealed,
 ) -> None:
@@ -209,7 +203,6 @@ def test_a_truncated_tail_is_named_when_the_rest_is_rewritten_and_rechained(
     assert reason.startswith("truncated: record 30 (signed at ")
 
 
-@pytest.mark.integration
 def test_a_recomputed_chain_with_an_edited_record_is_caught_by_the_heads(sealed: Sealed) -> None:
     _tamper(sealed.db, "UPDATE audit SET actor = 'nobody' WHERE seq = 14")
     _rechain(sealed.db)
@@ -222,7 +215,6 @@ def test_a_recomputed_chain_with_an_edited_record_is_caught_by_the_heads(sealed:
     )
 
 
-@pytest.mark.integration
 def test_a_deleted_and_renumbered_record_is_caught_by_the_heads(sealed: Sealed) -> None:
     _tamper(sealed.db, "DELETE FROM audit WHERE seq = 4")
     _rechain(sealed.db, renumber=True)
@@ -233,7 +225,6 @@ def test_a_deleted_and_renumbered_record_is_caught_by_the_heads(sealed: Sealed) 
     assert reason.endswith("between records 1 and 10")
 
 
-@pytest.mark.integration
 def test_an_edited_heads_file_is_named_by_line(sealed: Sealed) -> None:
     lines = sealed.heads.read_text().splitlines()
     forged = json.loads(lines[1])
@@ -246,14 +237,12 @@ def test_an_edited_heads_file_is_named_by_line(sealed: Sealed) -> None:
     assert verdict.reason == "signed head line 2 does not verify: the heads file was edited"
 
 
-@pytest.mark.integration
 def test_a_head_signed_with_another_key_does_not_verify(sealed: Sealed) -> None:
     ok, _, reason = sealed.verdict(key=b"x" * 32)
     assert not ok
     assert reason == "signed head line 1 does not verify: the heads file was edited"
 
 
-@pytest.mark.integration
 def test_a_deleted_heads_file_fails_verification(sealed: Sealed) -> None:
     sealed.heads.unlink()
     ok, seq, reason = sealed.verdict()
@@ -261,7 +250,6 @@ def test_a_deleted_heads_file_fails_verification(sealed: Sealed) -> None:
     assert "is missing: no signed head vouches for records 1..30" in reason
 
 
-@pytest.mark.integration
 def test_records_removed_after_the_last_seal_go_unnoticed(sealed: Sealed) -> None:
     """The documented limit: nothing signed vouches for records after the last seal."""
     with SqliteAuditLog(sealed.db) as log:
@@ -427,7 +415,6 @@ def _append_and_seal(db: str, heads: str, actor: str) -> None:
         sealer.seal()
 
 
-@pytest.mark.integration
 def test_processes_sealing_one_log_write_whole_lines(tmp_path: Path) -> None:
     db, heads = tmp_path / "audit.db", tmp_path / "audit.heads"
     SqliteAuditLog(db).close()

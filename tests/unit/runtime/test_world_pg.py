@@ -13,7 +13,7 @@ from stratagem.runtime._stores import open_world_store
 from tests.unit.agents.conftest import call, load_goal
 from tests.unit.agents.test_perception import MOVE, extract, r
 
-pytestmark = [pytest.mark.postgres, pytest.mark.integration]
+pytestmark = pytest.mark.postgres
 
 # psycopg (the postgres extra, with libpq) is imported by the tests that need it, so collecting
 # this module never needs it.

@@ -34,7 +34,7 @@ from stratagem.runtime import (
     SyncOperator,
 )
 from stratagem.runtime._local import publish_endpoint
-from tests.unit.runtime._served import (
+from tests.integration.runtime._served import (
     REPO,
     WHO_LEADS,
     RecordingDirectory,

@@ -55,8 +55,8 @@ from stratagem.protocol._codec import RequestEnvelope, encode_request
 from stratagem.protocol._identity import Authenticator
 from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY, VERSION_KEY, method_path
 from stratagem.protocol._status import from_rpc_error
+from tests.integration.protocol.conftest import Tracing
 from tests.unit.protocol._support import SAMPLES, FakeBackend
-from tests.unit.protocol.conftest import Tracing
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stratagem.agents import StrategicAgent
-from stratagem.agents import _agent as agent_module
+from stratagem.agents import _records as records_module
 from stratagem.protocol import (
     OPERATOR,
     AgentClient,
@@ -68,7 +68,7 @@ async def test_run_plan_refuses_hostile_json_as_invalid_argument(
 async def test_a_watch_stream_that_falls_behind_is_told_and_dropped(
     client: AgentClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent_module, "WATCH_QUEUE_LIMIT", 2)
+    monkeypatch.setattr(records_module, "WATCH_QUEUE_LIMIT", 2)
     step = {
         "kind": "tool",
         "tool": "find_protagonist",

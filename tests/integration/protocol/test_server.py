@@ -48,8 +48,8 @@ from stratagem.protocol import (
     verify_chain,
 )
 from stratagem.protocol._audit import AuditRecord
+from tests.integration.protocol.conftest import Serve, Tracing
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, FakeBackend
-from tests.unit.protocol.conftest import Serve, Tracing
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 from stratagem.protocol import RemoteError
 from stratagem.runtime import SyncOperator
 from stratagem.runtime._cli import app
-from tests.unit.runtime._served import WHO_LEADS, Served, gated_plan, served_in_a_thread
+from tests.integration.runtime._served import WHO_LEADS, Served, gated_plan, served_in_a_thread
 
 runner = CliRunner()
 

@@ -43,8 +43,8 @@ from stratagem.protocol import (
     TokenSigner,
     WireModel,
 )
+from tests.integration.protocol.conftest import Tracing
 from tests.unit.protocol._support import FakeBackend
-from tests.unit.protocol.conftest import Tracing
 
 pytestmark = pytest.mark.integration
 

@@ -1,0 +1,510 @@
+"""Steering an agent's plans: gates, pause, cancel, resume, replan, revisions and replay.
+
+``PlanControl`` is the part of ``Agent`` that acts on plans already made: the ``Control`` RPC and
+the methods behind it, the revision history, replay, and resumption — after a restart every
+unfinished stored plan continues in a background task (``resume_unfinished``), and a control call
+waits until such a task is live in the engine before it acts. Refusals are ``RemoteError``
+subclasses (``NotFoundError`` for an unknown plan, ``FailedPreconditionError`` for an action that
+does not apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, assert_never
+
+from pydantic import ValidationError
+
+from stratagem.agents._records import PlanBook, follow_revision
+from stratagem.agents._wire import (
+    MESSAGE_LIMIT,
+    gate_output,
+    invalid_argument,
+    one_line,
+    revision_entry,
+)
+from stratagem.planning import (
+    Engine,
+    GateDecisionError,
+    Plan,
+    PlanControlError,
+    PlanResult,
+    PlanStatus,
+    PlanValidationError,
+    StateStore,
+    StepEvent,
+)
+from stratagem.planning import replay as replay_plan
+from stratagem.protocol import (
+    CallContext,
+    ControlRequest,
+    FailedPreconditionError,
+    NotFoundError,
+    PlanRevision,
+    PlanSnapshot,
+    ReplayDivergence,
+    ReplayResult,
+    RevisionsResponse,
+    json_object,
+)
+
+__all__ = ["PlanControl"]
+
+logger = logging.getLogger(__name__)
+
+
+class PlanControl:
+    """Control, revisions, replay and resumption of an agent's plans (a part of ``Agent``).
+
+    It works on the state ``Agent.__init__`` sets: the engine, the store, the plan book and the
+    background resumptions.
+    """
+
+    _role: str
+    plan_type: type[Plan]
+    store: StateStore | None
+    _engine: Engine
+    _book: PlanBook
+    # Plans running through ``Agent._run`` here, and background resumptions, by plan id.
+    _active: set[str]
+    _tasks: dict[str, asyncio.Task[PlanResult[Any]]]
+    # Set once a background resumption's run is live in the engine (its first event) or over,
+    # so a control call never races the engine's own load of the plan.
+    _started: dict[str, asyncio.Event]
+    _problems: Callable[[Plan], list[str]]
+
+    @property
+    def role(self) -> str:
+        """The agent's role."""
+        return self._role
+
+    def _planner_of(self, capability: str) -> object | None:
+        """The planner serving ``capability`` (``Agent`` knows its handlers), ``None`` if none."""
+        return None
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """Serve ``Control``: one control action on one plan, decided by the verified caller.
+
+        Args:
+            request: The action (``approve``, ``reject``, ``pause``, ``cancel``, ``resume``,
+                ``replan``), the plan, for a gate decision the gate, rationale, revision (0: the
+                plan's current one) and optionally the output to record for a reconcile gate, and
+                for ``replan`` the new plan's JSON and the rationale.
+            ctx: The call being served; its caller is the approver (or the revision's author).
+
+        Returns:
+            The plan's state after the action took effect.
+
+        Raises:
+            protocol.NotFoundError: The agent has no such plan.
+            protocol.FailedPreconditionError: The action does not apply (see the methods).
+            protocol.InvalidArgumentError: ``output_json`` is not a JSON object.
+        """
+        match request.action:
+            case "approve" | "reject":
+                output = gate_output(request.output_json)
+                return await self.decide_gate(
+                    request.plan_id,
+                    request.gate_id,
+                    approve=request.action == "approve",
+                    approver=ctx.caller,
+                    rationale=request.rationale,
+                    revision=request.revision or None,
+                    output=output,
+                )
+            case "pause":
+                return await self.pause(request.plan_id)
+            case "cancel":
+                return await self.cancel(request.plan_id)
+            case "resume":
+                return await self.resume(request.plan_id)
+            case "replan":
+                return await self.replan(
+                    request.plan_id,
+                    request.plan_json,
+                    rationale=request.rationale,
+                    author=ctx.caller,
+                )
+            case _:
+                assert_never(request.action)
+
+    async def replan(
+        self, plan_id: str, plan_json: str, *, rationale: str, author: str
+    ) -> PlanSnapshot:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it.
+
+        The new revision keeps the plan's id; the results of unchanged completed steps carry over
+        (``docs/durability.md``). It is validated against this agent's registry like any plan.
+
+        Args:
+            plan_id: The plan.
+            plan_json: The new revision's plan, as JSON of this agent's plan type.
+            rationale: Why the plan changes (kept with the revision).
+            author: Who changes it (over the wire: the verified caller).
+
+        Returns:
+            The plan's state: the new revision, not yet started.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.InvalidArgumentError: ``plan_json`` is not a plan of this agent's type.
+            protocol.FailedPreconditionError: The plan is running here (pause it first), stopped
+                with a step in flight, the agent has no store, or the new plan fails validation.
+        """
+        await self._ready(plan_id)
+        await self._revision_of(plan_id)
+        raw = json_object(plan_json, "the plan")
+        raw = {**raw, "id": plan_id}
+        try:
+            new_plan = self.plan_type.model_validate(raw)
+        except ValidationError as exc:
+            raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
+        problems = self._problems(new_plan)
+        if problems:
+            raise FailedPreconditionError(
+                one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
+            )
+        if self._is_active(plan_id):
+            raise FailedPreconditionError(
+                f"plan {plan_id!r} is running; pause it before replanning"
+            )
+        try:
+            revision = await self._engine.replan(
+                plan_id, new_plan, rationale=rationale, author=author
+            )
+        except (PlanControlError, PlanValidationError) as exc:
+            raise FailedPreconditionError(one_line(str(exc))) from exc
+        logger.info(
+            "agent %s plan %s revision %d made by %s",
+            self.role,
+            plan_id,
+            revision.record.revision,
+            author,
+        )
+        return await self._settled(plan_id)
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """Serve ``Revisions``: the plan's revision history from the store, oldest first.
+
+        Revisions made by a replan carry their parent, author, rationale and diff; the plan's
+        first revision is listed with parent 0.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if self.store is None or state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        records = await self.store.revisions(plan_id)
+        listed = [revision_entry(record) for record in records]
+        first = records[0].parent if records and records[0].parent else None
+        if not records:
+            first = state.revision
+        if first is not None:
+            listed.insert(0, PlanRevision(revision=first))
+        return RevisionsResponse(plan_id=plan_id, agent=self.role, revisions=listed)
+
+    async def replay(
+        self,
+        plan_id: str,
+        ctx: CallContext | None = None,
+        *,
+        outputs: Mapping[str, dict[str, Any]] | None = None,
+    ) -> ReplayResult:
+        """Serve ``Replay``: re-run a finished plan from its recorded outputs and compare.
+
+        Nothing outside the engine runs (``planning.replay``): tool and cross-agent steps get
+        their recorded outcomes, gates their recorded decisions.
+
+        Args:
+            plan_id: The plan; it must be finished.
+            ctx: The call being served (unused: replay has no effects to attribute).
+            outputs: Step id -> an output to serve instead of the recorded one (what if the
+                step had answered that?); not offered over the wire.
+
+        Returns:
+            The report: how many decisions were compared, and each that differs.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+            protocol.FailedPreconditionError: The plan is not finished.
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if self.store is None or state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        try:
+            report = await replay_plan(
+                self.store, plan_id, plan_type=self.plan_type, outputs=outputs
+            )
+        except PlanControlError as exc:
+            raise FailedPreconditionError(one_line(str(exc))) from exc
+        plan = state.plan(self.plan_type)
+        steps = len(plan.steps)
+        # A model's plan: re-derived from the model calls journaled with it, no model asked.
+        rederived: list[str] | None = None
+        capability = plan.provenance.capability if plan.provenance is not None else ""
+        rederive = getattr(self._planner_of(capability), "rederive", None)
+        if callable(rederive):
+            rederived = await rederive(plan)
+        model = [
+            ReplayDivergence(
+                step_id="",
+                decision="model plan",
+                recorded="the plan journaled",
+                replayed=difference[:MESSAGE_LIMIT],
+            )
+            for difference in rederived or []
+        ]
+        return ReplayResult(
+            plan_id=plan_id,
+            agent=self.role,
+            revision=report.revision,
+            recorded_status=report.recorded_status.value,
+            replayed_status=report.replayed_status.value if report.replayed_status else "",
+            # Per step: order, outcomes, status, output; then the plan's status (and the model
+            # plan's derivation, for a model's plan).
+            decisions=4 * steps + 1 + (rederived is not None),
+            divergences=model
+            + [
+                ReplayDivergence(
+                    step_id=d.step_id,
+                    decision=d.decision,
+                    recorded=d.recorded[:MESSAGE_LIMIT],
+                    replayed=d.replayed[:MESSAGE_LIMIT],
+                )
+                for d in report.divergences
+            ],
+        )
+
+    async def decide_gate(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int | None = None,
+        output: dict[str, Any] | None = None,
+    ) -> PlanSnapshot:
+        """Approve or reject a gate (a gate step, or a reconcile gate named after its step).
+
+        The decision is recorded before it is acted on; a plan running here goes on at once, and
+        so does a stored, unpaused plan that no run carries on any more (its runner ended with
+        an abandoned call): the agent resumes it from its store. A paused plan acts on the
+        decision when resumed (``docs/durability.md``).
+
+        Args:
+            plan_id: The plan.
+            gate_id: The gate step's id, or the id of the step to reconcile.
+            approve: Approve (True) or reject (False).
+            approver: Who decides (over the wire: the verified caller).
+            rationale: Why.
+            revision: The plan revision the decision is for; ``None`` for the current one.
+            output: For a reconcile gate: record the step as done with this output instead of
+                re-running it.
+
+        Returns:
+            The plan's state after the decision.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The gate is unknown, not open or already decided,
+                the revision is not the plan's, or ``output`` was given for a gate step.
+        """
+        await self._ready(plan_id)
+        current = await self._revision_of(plan_id)
+        try:
+            await self._engine.decide(
+                plan_id,
+                gate_id,
+                approve=approve,
+                approver=approver,
+                rationale=rationale,
+                revision=current if revision is None else revision,
+                output=output,
+            )
+        except (GateDecisionError, PlanControlError) as exc:
+            raise FailedPreconditionError(one_line(str(exc))) from exc
+        logger.info(
+            "agent %s plan %s gate %s %s by %s",
+            self.role,
+            plan_id,
+            gate_id,
+            "approved" if approve else "rejected",
+            approver,
+        )
+        await self._continue_orphan(plan_id)
+        return await self._settled(plan_id)
+
+    async def _continue_orphan(self, plan_id: str) -> None:
+        """Resume a stored plan that no run here carries on (its runner went with an abandoned
+        call, ``plans run`` past its deadline): the decision just recorded then takes effect
+        now, not at an unannounced ``resume``. A paused plan stays paused."""
+        if self.store is None or self._is_active(plan_id):
+            return
+        state = await self.store.load(plan_id)
+        if state is None or state.status.is_final or state.status is PlanStatus.PAUSED:
+            return
+        logger.info("agent %s resumes plan %s: its runner is gone", self.role, plan_id)
+        self._start_resume(plan_id)
+        await self._ready(plan_id)
+
+    async def pause(self, plan_id: str) -> PlanSnapshot:
+        """Pause a plan: no new step starts, running ones finish; ``resume`` continues it.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The plan is finished.
+        """
+        return await self._stop(plan_id, self._engine.pause)
+
+    async def cancel(self, plan_id: str) -> PlanSnapshot:
+        """Cancel a plan for good: running steps are cancelled, completed ones compensated.
+
+        Raises:
+            protocol.NotFoundError: No such plan here.
+            protocol.FailedPreconditionError: The plan is finished.
+        """
+        return await self._stop(plan_id, self._engine.cancel)
+
+    async def _stop(self, plan_id: str, action: Callable[[str], Awaitable[object]]) -> PlanSnapshot:
+        """Pause or cancel through the engine, once the plan is known here and loaded."""
+        await self._ready(plan_id)
+        await self._revision_of(plan_id)
+        try:
+            await action(plan_id)
+        except PlanControlError as exc:
+            raise FailedPreconditionError(one_line(str(exc))) from exc
+        return await self._settled(plan_id)
+
+    async def resume(self, plan_id: str) -> PlanSnapshot:
+        """Continue a stored, unfinished plan that is not running (paused, or left by a stop).
+
+        The plan runs on in a background task; the snapshot is its state as it starts.
+
+        Raises:
+            protocol.NotFoundError: No such plan in the store (or the agent has no store).
+            protocol.FailedPreconditionError: The plan is running already, or finished.
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        if self._is_active(plan_id):
+            raise FailedPreconditionError(f"plan {plan_id!r} is already running")
+        if state.status.is_final:
+            raise FailedPreconditionError(f"plan {plan_id!r} is already {state.status.value}")
+        self._start_resume(plan_id)
+        await self._ready(plan_id)
+        return await self._settled(plan_id)
+
+    async def resume_unfinished(self) -> list[str]:
+        """Reload every unfinished plan from the store and resume each in a background task.
+
+        Called when the agent starts (for an actor, after every restart). A plan that waits at a
+        gate waits again for its decision; a paused plan is remembered but stays paused.
+
+        Returns:
+            The ids of the plans resumed.
+        """
+        if self.store is None:
+            return []
+        resumed: list[str] = []
+        for plan_id in await self.store.unfinished():
+            if self._is_active(plan_id):
+                continue
+            state = await self.store.load(plan_id)
+            if state is None:
+                continue
+            self._book.recall(state.plan(self.plan_type), state)
+            if state.status is PlanStatus.PAUSED:
+                continue
+            self._start_resume(plan_id)
+            resumed.append(plan_id)
+        if resumed:
+            logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
+        return resumed
+
+    async def aclose(self) -> None:
+        """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _ready(self, plan_id: str) -> None:
+        """Wait until a background resumption of ``plan_id`` (if any) is live in the engine."""
+        task = self._tasks.get(plan_id)
+        started = self._started.get(plan_id)
+        if task is not None and not task.done() and started is not None:
+            await started.wait()
+
+    def _is_active(self, plan_id: str) -> bool:
+        task = self._tasks.get(plan_id)
+        return plan_id in self._active or (task is not None and not task.done())
+
+    async def _revision_of(self, plan_id: str) -> int:
+        """The plan's current revision, from the store or the records (``NotFoundError``)."""
+        if self.store is not None:
+            state = await self.store.load(plan_id)
+            if state is not None:
+                if plan_id not in self._book:
+                    self._book.recall(state.plan(self.plan_type), state)
+                return state.revision
+        return self._book.record(plan_id).plan.revision
+
+    async def _settled(self, plan_id: str) -> PlanSnapshot:
+        """The plan's snapshot once a control action was taken, refreshed from the store when no
+        run here reports its events."""
+        # Let a run woken by the action take its next step before the snapshot is taken.
+        await asyncio.sleep(0)
+        if self.store is not None and not self._is_active(plan_id):
+            state = await self.store.load(plan_id)
+            if state is not None:
+                return self._book.recall(state.plan(self.plan_type), state).snapshot(self.role)
+        return self._book.record(plan_id).snapshot(self.role)
+
+    def _start_resume(self, plan_id: str, capability: str = "") -> asyncio.Task[PlanResult[Any]]:
+        task = self._tasks.get(plan_id)
+        if task is not None and not task.done():
+            return task
+        task = asyncio.get_running_loop().create_task(
+            self._resume(plan_id, capability), name=f"resume {plan_id}"
+        )
+        self._tasks[plan_id] = task
+        self._started[plan_id] = asyncio.Event()
+        task.add_done_callback(self._resumed)
+        return task
+
+    def _resumed(self, task: asyncio.Task[PlanResult[Any]]) -> None:
+        for plan_id, known in list(self._tasks.items()):
+            if known is task:
+                del self._tasks[plan_id]
+                self._started.pop(plan_id, asyncio.Event()).set()
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error("agent %s: resuming %s failed: %s", self.role, task.get_name(), exc)
+
+    async def _resume(self, plan_id: str, capability: str) -> PlanResult[Any]:
+        assert self.store is not None
+        state = await self.store.load(plan_id)
+        if state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        record = self._book.recall(state.plan(self.plan_type), state)
+        if capability:
+            record.capability = capability
+        started = self._started.get(plan_id, asyncio.Event())
+
+        def on_event(event: StepEvent) -> None:
+            started.set()
+            self._book.observe(record, event)
+
+        result = await self._engine.resume(plan_id, plan_type=self.plan_type, on_event=on_event)
+        record.status = result.status
+        record.result = result
+        follow_revision(record, result)
+        return result
