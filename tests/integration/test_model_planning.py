@@ -20,7 +20,7 @@ from stratagem.protocol import PlanExecutionSequenceRequest, PlanExecutionSequen
 from tests.unit.agents.conftest import call
 from tests.unit.agents.test_tactical import FACTS, MEANS
 
-pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.model, pytest.mark.timeout(2400)]
 
 REQUEST = PlanExecutionSequenceRequest(beat=MEANS, prior_beats=[], facts=FACTS, max_depth=4)
 
