@@ -77,8 +77,8 @@ from stratagem.protocol._rpc import (
     VERSION_KEY,
     method_path,
 )
+from tests.integration.protocol.test_security import _with_claims
 from tests.unit.protocol._support import SAMPLES, FakeBackend, model_strategy
-from tests.unit.protocol.test_security import _with_claims
 
 pytestmark = pytest.mark.integration
 
