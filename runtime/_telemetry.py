@@ -61,6 +61,7 @@ VERSION = "0.1.0"
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
 _meter_provider: MeterProvider | None = None
+_owner = ""  # the service the provider was made for
 
 SERVICE_ATTR = "stratagem.service.name"
 INSTANCE_ATTR = "stratagem.service.instance.id"
@@ -304,7 +305,7 @@ def setup_telemetry(
     With metrics exported (see the module docstring) it also makes this process's
     ``MeterProvider``, with the same resource, and makes it the global one.
     """
-    global _provider, _meter_provider
+    global _provider, _meter_provider, _owner
     with _lock:
         if _provider is not None:
             return _provider
@@ -339,14 +340,23 @@ def setup_telemetry(
                     BatchSpanProcessor(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
                 )
         trace.set_tracer_provider(provider)
-        _provider = provider
+        _provider, _owner = provider, service
         return provider
 
 
-def shutdown_telemetry() -> None:
-    """Flush every pending span and close the exporters of this process's provider."""
+def shutdown_telemetry(service: str | None = None) -> None:
+    """Flush every pending span and close the exporters of this process's provider.
+
+    Args:
+        service: The service that asks (``stratagem-cli``): when the provider was made for
+            another one (a program or test that runs the CLI in its own process), its spans are
+            flushed and the provider is left running for its owner.
+    """
     global _provider, _meter_provider
     with _lock:
+        if service is not None and _provider is not None and _owner != service:
+            _provider.force_flush(timeout_millis=5_000)
+            return
         provider, _provider = _provider, None
         meter_provider, _meter_provider = _meter_provider, None
     if provider is not None:

@@ -67,7 +67,7 @@ def request(
                 embedded=True,
             )
         finally:
-            shutdown_telemetry()
+            shutdown_telemetry("stratagem-cli")
         _print_json(answer.model_dump(mode="json"))
 
 

@@ -110,7 +110,7 @@ def _execute_goal(
                     )
             dep.flush_telemetry()
         provider.force_flush()
-        shutdown_telemetry()
+        shutdown_telemetry("stratagem-cli")
         head = _audit_head(settings)
         spans = read_spans(trace_file, outcome.trace_id)
         if as_json:

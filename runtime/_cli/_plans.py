@@ -79,7 +79,7 @@ def plans_run(
                 settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
             )
         finally:
-            shutdown_telemetry()
+            shutdown_telemetry("stratagem-cli")
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:

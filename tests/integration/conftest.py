@@ -39,6 +39,14 @@ def settings(state_dir: Path, cluster_secret_file: Path) -> Settings:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def telemetry(settings: Settings) -> None:
+    """This process's tracer provider, made before any test can make another: OpenTelemetry's
+    provider is set once per process, and a test running the CLI in-process would otherwise make
+    it (service stratagem-cli, its own span file) for every later test."""
+    setup_telemetry("stratagem-tests", trace_file=settings.trace_file)
+
+
 @pytest.fixture(scope="session")
 def deployment(settings: Settings) -> Iterator[Deployment]:
     """The four agents on an embedded Ray, torn down (and Ray shut down) at the session's end."""

@@ -248,10 +248,15 @@ def test_a_token_for_a_client_of_your_own_is_a_standard_jwt(tmp_path: Path) -> N
     from stratagem.protocol import ClusterSecret, TokenSigner
 
     secret = ClusterSecret.load_or_create(tmp_path / "cluster.secret")
+    env = {
+        "STRATAGEM_STORE_URL": "",
+        "STRATAGEM_AUTH": "token",
+        "STRATAGEM_SECRET_FILE": str(tmp_path / "cluster.secret"),
+    }
     result = CliRunner().invoke(
         app,
         ["token", "--state-dir", str(tmp_path), "--ttl", "60"],
-        env={"STRATAGEM_STORE_URL": "", "STRATAGEM_AUTH": "token"},
+        env=env,
     )
     assert result.exit_code == 0, result.output
     issued = result.output.strip()
@@ -260,7 +265,7 @@ def test_a_token_for_a_client_of_your_own_is_a_standard_jwt(tmp_path: Path) -> N
     refused = CliRunner().invoke(
         app,
         ["token", "--state-dir", str(tmp_path), "--ttl", "99999999"],
-        env={"STRATAGEM_STORE_URL": "", "STRATAGEM_AUTH": "token"},
+        env=env,
     )
     assert refused.exit_code == 2
     assert "longer than STRATAGEM_TOKEN_TTL_S" in refused.output
