@@ -255,7 +255,8 @@ class Budget(BaseModel):
         model_tokens: Tokens (prompt and answer) the model calls that plan and repair it may use.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # model_tokens is a field, not pydantic API: no protected "model_" namespace here.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     wall_time_s: float | None = Field(default=None, gt=0.0)
     tool_calls: int | None = Field(default=None, ge=0)

@@ -145,7 +145,10 @@ class Settings(BaseSettings):
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
 
-    model_config = SettingsConfigDict(env_prefix="STRATAGEM_", extra="ignore")
+    # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
+    model_config = SettingsConfigDict(
+        env_prefix="STRATAGEM_", extra="ignore", protected_namespaces=()
+    )
 
     state_dir: Path = Path(".stratagem")
     address: str | None = None
