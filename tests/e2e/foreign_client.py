@@ -1,0 +1,123 @@
+"""A client that knows only ``proto/`` and the documented token format (README, "Identity").
+
+Run as a script by ``tests/e2e/test_foreign_client.py``, in a process of its own::
+
+    python foreign_client.py GENERATED_DIR SECRET_FILE ENDPOINTS_JSON
+
+``GENERATED_DIR`` holds the Python code ``grpc_tools.protoc`` generated from ``proto/`` alone.
+This file imports no Stratagem module: it mints the JWT with PyJWT from the secret's bytes as the
+README says, calls ``Describe`` on every agent in ``ENDPOINTS_JSON`` (``{role: "host:port"}``)
+and one capability on each built-in agent, and prints what it got as one JSON object.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _token(secret: bytes, identity: str) -> str:
+    import jwt
+
+    # README: the HMAC key is HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"); kid is the first 16
+    # hex characters of SHA-256("stratagem cluster secret id\0" + secret).
+    key = hmac.new(secret, b"stratagem.jwt.hs256.v1", hashlib.sha256).digest()
+    kid = hashlib.sha256(b"stratagem cluster secret id\0" + secret).hexdigest()[:16]
+    now = int(time.time())
+    claims = {"sub": identity, "aud": "stratagem", "iat": now, "exp": now + 300}
+    return jwt.encode(claims, key, algorithm="HS256", headers={"kid": kid})
+
+
+def main(generated: Path, secret_file: Path, endpoints: dict[str, str]) -> dict[str, Any]:
+    sys.path.insert(0, str(generated))
+    import grpc
+    from google.protobuf import json_format
+
+    from stratagem.v1 import agent_pb2 as pb
+
+    assert Path(pb.__file__).resolve().is_relative_to(generated.resolve()), pb.__file__
+    # README: cluster.secret holds the secret's bytes in base64 on one line.
+    secret = base64.b64decode(secret_file.read_bytes())
+    metadata = (("authorization", f"Bearer {_token(secret, 'operator')}"),)
+    requests = {
+        "perception": pb.AgentRequest(
+            extract_entities=pb.ExtractEntitiesRequest(text="Mira waits in the courtyard.")
+        ),
+        "strategic": pb.AgentRequest(
+            analyze_narrative=pb.AnalyzeNarrativeRequest(
+                text="Mira waits in the courtyard. Mira must not fail."
+            )
+        ),
+        "tactical": pb.AgentRequest(
+            plan_execution_sequence=pb.PlanExecutionSequenceRequest(
+                beat=pb.Beat(
+                    id="beat_1",
+                    title="The means",
+                    goals=[pb.Relation(subject="mira", predicate="has", object="key")],
+                ),
+                facts=[
+                    pb.Relation(subject=s, predicate=p, object=o)
+                    for s, p, o in [
+                        ("mira", "at", "courtyard"),
+                        ("key", "in", "garden"),
+                        ("courtyard", "connected", "garden"),
+                    ]
+                ],
+                max_depth=4,
+            )
+        ),
+        "orchestrator": pb.AgentRequest(
+            submit_goal=pb.SubmitGoalRequest(
+                goal="Mira recovers the iron key",
+                passage=(
+                    "Mira waits in the courtyard. The iron key lies in the garden. "
+                    "The courtyard opens onto the garden."
+                ),
+                beats=1,
+            )
+        ),
+    }
+    cards: dict[str, Any] = {}
+    answers: dict[str, Any] = {}
+    for number, (role, endpoint) in enumerate(sorted(endpoints.items()), start=1):
+        with grpc.insecure_channel(endpoint) as channel:
+            describe = channel.unary_unary(
+                "/stratagem.v1.AgentService/Describe",
+                request_serializer=pb.DescribeRequest.SerializeToString,
+                response_deserializer=pb.AgentCard.FromString,
+            )
+            card = describe(pb.DescribeRequest(), metadata=metadata, timeout=30)
+            cards[role] = {
+                "role": card.role,
+                "capabilities": [c.name for c in card.capabilities],
+            }
+            if role not in requests:
+                continue
+            request = requests[role]
+            request.request_id = f"{number:032x}"
+            request.caller = "operator"
+            request.target = role
+            call = channel.unary_unary(
+                "/stratagem.v1.AgentService/Call",
+                request_serializer=pb.AgentRequest.SerializeToString,
+                response_deserializer=pb.AgentResponse.FromString,
+            )
+            answer = call(request, metadata=metadata, timeout=120)
+            answers[role] = {
+                "request_id": answer.request_id,
+                "body": answer.WhichOneof("body"),
+                "value": json_format.MessageToDict(getattr(answer, answer.WhichOneof("body"))),
+            }
+    loaded = sorted(m for m in sys.modules if m == "stratagem" or m.startswith("stratagem."))
+    return {"cards": cards, "answers": answers, "stratagem_modules": loaded}
+
+
+if __name__ == "__main__":
+    generated_dir, secret, endpoint_file = (Path(a) for a in sys.argv[1:4])
+    print(json.dumps(main(generated_dir, secret, json.loads(endpoint_file.read_text()))))

@@ -1,0 +1,78 @@
+"""A client that knows only ``proto/`` and the documented token format is served by a deployment:
+``Describe`` on every agent and one capability on each built-in agent (issue 14, "done when")."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_cli import REPO, deployed, run
+
+__all__ = ["deployed"]  # the module-scoped deployment fixture, shared with test_cli.py's tests
+
+pytestmark = pytest.mark.e2e
+
+BUILT_IN = {"orchestrator", "perception", "strategic", "tactical"}
+
+
+def _generate(out: Path) -> Path:
+    """The Python code protoc makes from proto/ alone (as any language's build would)."""
+    out.mkdir()
+    protos = sorted(str(p.relative_to(REPO / "proto")) for p in (REPO / "proto").rglob("*.proto"))
+    generated = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(REPO / "proto"),
+         f"--python_out={out}", *protos],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert generated.returncode == 0, generated.stderr
+    # Regular packages, so that this folder, first on the client's path, wins over the installed
+    # ``stratagem`` package of the test's venv.
+    for folder in [out / "stratagem", out / "stratagem" / "v1"]:
+        (folder / "__init__.py").write_text("")
+    return out
+
+
+def test_a_client_from_proto_alone_describes_every_agent_and_calls_each_built_in_one(
+    deployed: Path, tmp_path: Path
+) -> None:
+    status = json.loads(run("status", "--json", state_dir=deployed).stdout)
+    endpoints = {a["role"]: a["endpoint"] for a in status["agents"]}
+    assert set(endpoints) >= BUILT_IN
+    endpoint_file = tmp_path / "endpoints.json"
+    endpoint_file.write_text(json.dumps(endpoints))
+    generated = _generate(tmp_path / "generated")
+
+    client = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("foreign_client.py")), str(generated),
+         str(deployed / "cluster.secret"), str(endpoint_file)],
+        capture_output=True, text=True, check=False, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+
+    assert client.returncode == 0, client.stderr[-3000:]
+    result = json.loads(client.stdout)
+    assert result["stratagem_modules"] == ["stratagem", "stratagem.v1", "stratagem.v1.agent_pb2"]
+    assert {role: card["role"] for role, card in result["cards"].items()} == {
+        role: role for role in endpoints
+    }
+    assert "ExtractEntities" in result["cards"]["perception"]["capabilities"]
+    assert "SubmitGoal" in result["cards"]["orchestrator"]["capabilities"]
+    answers = result["answers"]
+    assert set(answers) == BUILT_IN
+    assert {"mira", "courtyard"} <= {e["id"] for e in answers["perception"]["value"]["entities"]}
+    assert answers["strategic"]["value"]["protagonist"] == "mira"
+    assert answers["tactical"]["body"] == "plan_execution_sequence"
+    assert [a["name"] for a in answers["tactical"]["value"]["actions"]] == ["move", "take"]
+    assert answers["orchestrator"]["value"]["status"] == "succeeded"
+    # Each call is audited under the token's identity, accepted and answered.
+    with sqlite3.connect(deployed / "audit.sqlite3") as db:
+        rows = db.execute(
+            "SELECT action, target, code FROM audit WHERE actor = 'operator' AND request_id = ?",
+            (answers["perception"]["request_id"],),
+        ).fetchall()
+    assert ("call.accepted", "perception", "") in rows
+    assert ("call.outcome", "perception", "OK") in rows
