@@ -86,8 +86,13 @@ def run_failure(result: PlanResult[Any], role: str) -> RemoteError:
 
 
 def plan_event(event: StepEvent, role: str) -> PlanEvent:
-    """The engine's event as the protocol's ``PlanEvent`` (its message cut to a wire line)."""
-    return PlanEvent(
+    """The engine's event as the protocol's ``PlanEvent`` (its message cut to a wire line).
+
+    Built without validation: every field comes from the engine's own event about a plan this agent
+    validated (ids, statuses and counts within their limits), and the message is cut here. A
+    watcher in another process validates it as it decodes it.
+    """
+    return PlanEvent.model_construct(
         plan_id=event.plan_id,
         revision=event.revision,
         step_id=event.step_id,

@@ -12,11 +12,22 @@ redacted one-line summary: whitespace collapsed, ``key=value`` secrets masked, l
 ``SqliteAuditLog`` is safe to share between threads and processes: each transaction reads the
 previous hash and writes its records inside one ``BEGIN IMMEDIATE`` transaction, so records of
 several processes on one file still form one chain. ``append`` blocks; async code awaits
-``append_async`` instead, which hands the record to the log's writer thread. The writer commits
-every record queued meanwhile in one transaction (group commit) and each caller's await returns
-once the transaction holding its record has committed (or raises when it failed, so a caller that
-must not proceed without its record fails closed). ``InMemoryAuditLog.append_async`` appends on the
-spot: no thread, no suspension.
+``append_async`` instead. Each caller's await returns once the transaction holding its record has
+committed (or raises when it failed, so a caller that must not proceed without its record fails
+closed), and the records appended meanwhile share that transaction (group commit):
+
+* with ``synchronous="normal"`` the records appended during one turn of the event loop are
+  committed on the loop itself, in one transaction, right after that turn (a commit that reaches
+  the operating system without an fsync costs some 40 µs: less than handing the record to a thread
+  and back). Only when another connection holds the write lock at that moment (another agent
+  process writing the same file) does the batch go to the log's writer thread, which waits for the
+  lock without blocking the loop. The loop's connection never checkpoints the WAL itself (the fsync
+  a checkpoint makes stays off the loop): every ``_CHECKPOINT_EVERY`` commits the writer thread
+  checkpoints it.
+* with ``synchronous="full"`` every batch goes to the writer thread (an fsync per commit does not
+  belong on an event loop).
+
+``InMemoryAuditLog.append_async`` appends on the spot: no thread, no suspension.
 
 Durability of ``SqliteAuditLog`` (the file is in WAL mode; ``synchronous`` picks the trade-off):
 
@@ -43,7 +54,7 @@ import queue
 import re
 import sqlite3
 import threading
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -444,6 +455,9 @@ _SCHEMA: Final = (
 _SYNCHRONOUS: Final[dict[str, str]] = {"normal": "NORMAL", "full": "FULL"}
 # The most records one group commit writes; more wait for the next transaction.
 _MAX_BATCH: Final = 512
+# Commits on the event loop's connection between two WAL checkpoints by the writer thread (a commit
+# adds a page or two to the WAL; SQLite's own automatic checkpoint is at 1,000 pages).
+_CHECKPOINT_EVERY: Final = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,7 +504,7 @@ class _GroupCommitLog(_ChainedLog):
 
     _label: str
     _lock: threading.Lock
-    _queue: queue.SimpleQueue[_Pending | None]
+    _queue: queue.SimpleQueue[_Pending | _Job | None]
     _writer: threading.Thread | None
     _closed: bool
 
@@ -537,6 +551,11 @@ class _GroupCommitLog(_ChainedLog):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AuditRecord] = loop.create_future()
         entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
+        self._hand_to_writer(_Pending(entry, loop, future))
+        return future
+
+    def _hand_to_writer(self, item: _Pending | _Job) -> None:
+        """Queue a record (or a job) for the writer thread, starting it on first use."""
         if self._writer is None:
             with self._lock:
                 if self._writer is None:
@@ -544,8 +563,7 @@ class _GroupCommitLog(_ChainedLog):
                         target=self._write, name=f"audit-writer {self._label}", daemon=True
                     )
                     self._writer.start()
-        self._queue.put(_Pending(entry, loop, future))
-        return future
+        self._queue.put(item)
 
     def _write(self) -> None:
         """The writer thread: commit whatever is queued, a batch per transaction, until closed."""
@@ -553,6 +571,9 @@ class _GroupCommitLog(_ChainedLog):
             first = self._queue.get()
             if first is None:
                 return
+            if isinstance(first, _Job):
+                first.run()
+                continue
             batch = [first]
             stop = False
             while len(batch) < _MAX_BATCH:
@@ -563,6 +584,9 @@ class _GroupCommitLog(_ChainedLog):
                 if pending is None:
                     stop = True
                     break
+                if isinstance(pending, _Job):
+                    pending.run()
+                    continue
                 batch.append(pending)
             outcomes: list[AuditRecord] | BaseException
             try:
@@ -585,8 +609,20 @@ class _GroupCommitLog(_ChainedLog):
             writer.join()
 
 
-def _report(batch: list[_Pending], outcomes: list[AuditRecord] | BaseException) -> None:
-    """Settle a batch's futures, each on its own event loop."""
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """Work for the writer thread other than records (a WAL checkpoint); errors are logged."""
+
+    run: Callable[[], None]
+
+
+def _report(
+    batch: list[_Pending],
+    outcomes: list[AuditRecord] | BaseException,
+    here: asyncio.AbstractEventLoop | None = None,
+) -> None:
+    """Settle a batch's futures, each on its own event loop: at once for the loop ``here`` (the
+    one running this code), through ``call_soon_threadsafe`` for any other."""
     by_loop: dict[
         asyncio.AbstractEventLoop,
         list[tuple[asyncio.Future[AuditRecord], AuditRecord | BaseException]],
@@ -595,9 +631,27 @@ def _report(batch: list[_Pending], outcomes: list[AuditRecord] | BaseException) 
         outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[index]
         by_loop.setdefault(pending.loop, []).append((pending.future, outcome))
     for loop, settled in by_loop.items():
+        if loop is here:
+            _resolve(settled)
+            continue
         # A closed loop has nobody waiting any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_resolve, settled)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused because another connection holds the lock (try again later)."""
+    return getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES or "locked" in str(exc)
+
+
+_BUSY_CODES: Final = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 
 
 class SqliteAuditLog(_GroupCommitLog):
@@ -629,13 +683,27 @@ class SqliteAuditLog(_GroupCommitLog):
         self._db = sqlite3.connect(
             self._path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
+        self._loop_db: sqlite3.Connection | None = None
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={_SYNCHRONOUS[synchronous]}")
             self._migrate()
+            if synchronous == "normal":
+                # The event loop's connection: never waits for the write lock (busy timeout 0)
+                # and never checkpoints (the writer thread does, every _CHECKPOINT_EVERY commits).
+                self._loop_db = sqlite3.connect(
+                    self._path, timeout=0, isolation_level=None, check_same_thread=False
+                )
+                self._loop_db.execute("PRAGMA synchronous=NORMAL")
+                self._loop_db.execute("PRAGMA wal_autocheckpoint=0")
         except BaseException:
             self._db.close()
+            if self._loop_db is not None:
+                self._loop_db.close()
             raise
+        self._loop_lock = threading.Lock()
+        self._batch: list[_Pending] = []
+        self._loop_commits = 0
 
     @property
     def path(self) -> Path:
@@ -672,6 +740,110 @@ class SqliteAuditLog(_GroupCommitLog):
                     f"audit log {self._path} has schema version {row[0]}; "
                     f"this build reads version {SCHEMA_VERSION}"
                 )
+
+    def append_async(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> asyncio.Future[AuditRecord]:
+        """Append like ``append`` without blocking the event loop (see the module docstring).
+
+        Records appended during one turn of the loop are committed together right after it, on
+        the loop, unless another connection holds the write lock (then the writer thread commits
+        them). Once handed over, a record is written even when the awaiting task is cancelled.
+
+        Returns:
+            A future of the event loop that settles once the transaction holding the record has
+            committed: the stored record, or the exception that kept it from being stored.
+
+        Raises:
+            ProtocolUsageError: When the log is closed.
+        """
+        if self._loop_db is None:
+            return super().append_async(
+                actor=actor,
+                action=action,
+                target=target,
+                capability=capability,
+                request_id=request_id,
+                code=code,
+                detail=detail,
+                digest=digest,
+            )
+        if self._closed:
+            raise ProtocolUsageError(f"the audit log {self._label} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AuditRecord] = loop.create_future()
+        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
+        with self._loop_lock:
+            self._batch.append(_Pending(entry, loop, future))
+            first = len(self._batch) == 1
+        if first:
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        """Commit the records appended since the last flush, on this thread when the write lock
+        is free at once, else through the writer thread."""
+        with self._loop_lock:
+            batch, self._batch = self._batch, []
+            if not batch:
+                return
+            outcomes: list[AuditRecord] | BaseException
+            try:
+                outcomes = self._commit_on_loop([pending.entry for pending in batch])
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    logger.error(
+                        "cannot write %d audit records to %s: %s", len(batch), self._label, exc
+                    )
+                    outcomes = exc
+                else:
+                    outcomes = []
+            except Exception as exc:
+                logger.error(
+                    "cannot write %d audit records to %s: %s", len(batch), self._label, exc
+                )
+                outcomes = exc
+        if isinstance(outcomes, list) and not outcomes:
+            for pending in batch:  # the lock was busy: the writer waits for it
+                self._hand_to_writer(pending)
+            return
+        _report(batch, outcomes, _running_loop())
+
+    def _commit_on_loop(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
+        """``_commit_many`` on the loop's connection, which fails at once when the lock is taken."""
+        db = self._loop_db
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            records = _chain(entries, db.execute(_SELECT_LAST).fetchone())
+            db.executemany(
+                _INSERT, [tuple(getattr(record, name) for name in _COLUMNS) for record in records]
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._loop_commits += 1
+        if self._loop_commits % _CHECKPOINT_EVERY == 0:
+            self._hand_to_writer(_Job(self._checkpoint))
+        return records
+
+    def _checkpoint(self) -> None:
+        """In the writer thread: move the WAL's pages into the database (never blocks writers)."""
+        try:
+            with self._lock:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            logger.warning("cannot checkpoint the audit log %s: %s", self._label, exc)
 
     def _commit_many(self, entries: Sequence[_Entry]) -> list[AuditRecord]:
         """Chain and write ``entries`` in one transaction, in order."""
@@ -728,9 +900,14 @@ class SqliteAuditLog(_GroupCommitLog):
 
     def close(self) -> None:
         """Write the records already handed to ``append_async``, then close the database."""
+        self._closed = True
+        self._flush()
         self._stop_writer()
         with self._lock:
             self._db.close()
+        with self._loop_lock:
+            if self._loop_db is not None:
+                self._loop_db.close()
 
     def __enter__(self) -> SqliteAuditLog:
         return self
