@@ -3,6 +3,7 @@ survive a reopen."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -175,3 +176,49 @@ def test_bad_retention_is_a_usage_error() -> None:
         AnswerRetention(max_entries=-1)
     with pytest.raises(ProtocolUsageError):
         AnswerRetention(max_age_s=0)
+
+
+async def test_sqlite_answers_are_read_and_committed_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "answers.sqlite3"
+    store = SqliteAnswerStore(path)
+    try:
+
+        async def no_thread(fn: object) -> None:
+            raise AssertionError("a get or put without contention went to the store's thread")
+
+        monkeypatch.setattr(store, "_on_thread", no_thread)
+        await store.put("orchestrator", "r1", "digest", b"answer")
+        kept = await store.get("orchestrator", "r1")
+        assert kept is not None
+        assert (kept.request_digest, kept.answer) == ("digest", b"answer")
+        # Committed when put returned: another connection reads it at once.
+        db = sqlite3.connect(path)
+        try:
+            assert db.execute("SELECT answer FROM answers").fetchall() == [(b"answer",)]
+        finally:
+            db.close()
+    finally:
+        monkeypatch.undo()
+        await store.aclose()
+
+
+async def test_a_held_write_lock_sends_the_put_to_the_stores_thread(tmp_path: Path) -> None:
+    path = tmp_path / "answers.sqlite3"
+    store = SqliteAnswerStore(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # a prune, or another process, is writing
+        put = asyncio.ensure_future(store.put("orchestrator", "r1", "digest", b"answer"))
+        await asyncio.sleep(0.2)  # the loop is not blocked while the put waits for the lock
+        assert not put.done()
+        assert await store.get("orchestrator", "r1") is None  # reads do not wait for writers
+        other.execute("COMMIT")
+        await asyncio.wait_for(put, 30)
+        kept = await store.get("orchestrator", "r1")
+        assert kept is not None
+        assert kept.answer == b"answer"
+    finally:
+        other.close()
+        await store.aclose()
