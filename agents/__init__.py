@@ -39,7 +39,9 @@ from stratagem.agents._model_planner import (
     rederive,
 )
 from stratagem.agents._model_roles import (
+    OrchestratorModelPlanner,
     PerceptionModelPlanner,
+    StrategicModelPlanner,
     TacticalModelPlanner,
     model_planner,
 )
@@ -102,6 +104,7 @@ __all__ = [
     "OpenAIModelClient",
     "OrchestrationPlan",
     "OrchestratorAgent",
+    "OrchestratorModelPlanner",
     "OrchestratorPlanner",
     "PerceptionAgent",
     "PerceptionModelPlanner",
@@ -116,6 +119,7 @@ __all__ = [
     "ScriptedModelClient",
     "StateUpdate",
     "StrategicAgent",
+    "StrategicModelPlanner",
     "StrategicPlan",
     "StrategicPlanner",
     "TacticalAgent",

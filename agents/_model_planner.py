@@ -267,7 +267,16 @@ class ModelPlanner:
         self.judge = judge
         self.instructions = instructions
         self.budget = budget
-        self.schema = plan_answer_schema(registry, max_steps=self.config.max_steps)
+        self._schema: dict[str, Any] | None = None
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The answer schema of a plan over this agent's tools (``plan_answer_schema``), made on
+        first use: a role that asks for another answer (the orchestrator, which has no tools)
+        never needs it."""
+        if self._schema is None:
+            self._schema = plan_answer_schema(self.registry, max_steps=self.config.max_steps)
+        return self._schema
 
     # --- the prompt --------------------------------------------------------------------------
 

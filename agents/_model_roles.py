@@ -11,10 +11,26 @@ deterministic tools judge it.
   ids as the rule-based extractor makes them, a relation must name extracted entities, and at least
   one character must be found. The plan merges them into the world. The regex extractor is the
   fallback; reading and changing the world (the other capabilities) stay with the rules.
-* strategic and orchestrator: none yet; they keep their own planners. (The generic
-  ``ModelPlanner``, where the model writes the whole plan over the agent's tools, is there for
-  agents of your own; tried on the strategic agent with the 270M model it wrote no acceptable plan
-  in three attempts of ~60 s each, so it is not wired to a built-in role.)
+* strategic: for ``PlanNarrativeArc`` the model proposes the beats for any goal (a title and goal
+  facts per beat, exactly as many beats as asked; entity ids and predicates are enums of the
+  request's world in the schema). The plan is one step, ``check_arc``, and before it is accepted
+  ``arc_problems`` judges it: every goal about a known entity, each beat adding a goal, goals that
+  accumulate without placing anything twice, the protagonist involved. The HTN templates are the
+  fallback; ``AnalyzeNarrative`` stays with the rules.
+* orchestrator: for ``SubmitGoal`` the model chooses the decomposition: ``arc`` (the built-in
+  pipeline: perception, a strategic arc, a tactical sequence per beat, apply) or ``direct`` for a
+  goal that is one change of the world ("Mira goes to the garden"), which the arc templates do not
+  fit: the model states the goal facts and the plan skips the strategic agent (extract, spatial,
+  one tactical beat, apply). The entities a goal may name are those the passage's sentences name,
+  read by the rules perception falls back on (their ids are an enum of the schema, and each must
+  be of the kind its predicate relates); for prose those rules do not read, any name the passage
+  contains. The plan is validated like any plan with cross-agent steps, and the tactical agent
+  judges reachability while it runs. The built-in pipeline is the fallback.
+
+(The generic ``ModelPlanner``, where the model writes the whole plan over the agent's tools, is
+there for agents of your own; tried on the strategic agent with the 270M model it wrote no
+acceptable plan in three attempts of ~60 s each, so a built-in role uses it only through the
+narrower answers above.)
 
 ``model_planner(agent, client, config)`` builds the right one for an agent.
 """
@@ -25,20 +41,52 @@ from typing import Any
 
 from stratagem.agents._actions import actors_for, ground_actions, simulate
 from stratagem.agents._agent import Agent
-from stratagem.agents._extract import slugify
+from stratagem.agents._extract import (
+    DEFAULT_PATTERNS,
+    match_sentence,
+    resolve_mentions,
+    slugify,
+    split_sentences,
+)
 from stratagem.agents._model import ModelClient
 from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig
+from stratagem.agents._orchestrator import (
+    BEAT_MAX_DEPTH,
+    Assignment,
+    OrchestrationPlan,
+    OrchestratorPlanner,
+)
 from stratagem.agents._perception import PerceptionPlan, PerceptionPlanner, StateUpdate
+from stratagem.agents._strategic import (
+    SIGNATURES,
+    DramaticBeat,
+    NarrativeGoal,
+    StrategicPlan,
+    StrategicPlanner,
+    arc_problems,
+    with_article,
+)
 from stratagem.agents._tactical import TacticalPlan, TacticalPlanner, TacticalStep, goals_of
-from stratagem.planning import Budget, Plan, ToolStep
+from stratagem.planning import Budget, CrossAgentStep, Plan, PlanResult, ToolStep, ref
 from stratagem.protocol import (
     Action,
+    Beat,
     ExtractEntitiesRequest,
     PlanExecutionSequenceRequest,
+    PlanNarrativeArcRequest,
+    Relation,
+    SubmitGoalRequest,
+    SubmitGoalResponse,
     WireModel,
 )
 
-__all__ = ["PerceptionModelPlanner", "TacticalModelPlanner", "model_planner"]
+__all__ = [
+    "OrchestratorModelPlanner",
+    "PerceptionModelPlanner",
+    "StrategicModelPlanner",
+    "TacticalModelPlanner",
+    "model_planner",
+]
 
 _KINDS = ["character", "place", "object"]
 _PREDICATES = ["at", "in", "has", "connected", "locked", "opens", "knows", "wants"]
@@ -259,6 +307,393 @@ class PerceptionModelPlanner(ModelPlanner):
         return plan, []
 
 
+class StrategicModelPlanner(ModelPlanner):
+    """The strategic agent's model planner: the beats of an arc for any goal."""
+
+    async def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        if not isinstance(request, PlanNarrativeArcRequest):
+            return self.deterministic.plan(capability, request, plan_id=plan_id)
+        return await super().plan(capability, request, plan_id=plan_id)
+
+    def system(self) -> str:
+        return (
+            "You plan the dramatic arc of a story goal as beats. Each beat has a short title and "
+            "one to three goal facts that hold once it is reached; goals accumulate (a later beat "
+            "keeps every earlier goal, so never place someone or something in two places), each "
+            "beat adds a goal that is not already true, and the last beat reaches the goal. Use "
+            "only the entities and predicates offered."
+        )
+
+    def ask(self, capability: str, request: WireModel) -> str:
+        if not isinstance(request, PlanNarrativeArcRequest):
+            return super().ask(capability, request)
+        return (
+            f"Goal: {request.goal}\nProtagonist: {request.protagonist or 'none named'}\n"
+            f"Facts: {'; '.join(_relation(f) for f in request.facts)}\nBeats: {request.beats}"
+        )
+
+    def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
+        if not isinstance(request, PlanNarrativeArcRequest):
+            return self.schema
+        entities = sorted(_entities_of(request.facts, request.protagonist)) or ["none"]
+        slug = {"type": "string", "enum": entities}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["beats"],
+            "properties": {
+                "beats": {
+                    "type": "array",
+                    "minItems": request.beats,
+                    "maxItems": request.beats,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["title", "goals"],
+                        "properties": {
+                            "title": {"type": "string", "minLength": 1, "maxLength": 60},
+                            "goals": {
+                                "type": "array",
+                                "minItems": 1,
+                                "maxItems": 3,
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["subject", "predicate", "object"],
+                                    "properties": {
+                                        "subject": slug,
+                                        "predicate": {"type": "string", "enum": _PREDICATES},
+                                        "object": slug,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        }
+
+    def build(
+        self, answer: Any, capability: str, request: WireModel, plan_id: str
+    ) -> tuple[Plan | None, list[str]]:
+        if not isinstance(request, PlanNarrativeArcRequest):
+            return None, [f"the strategic model planner cannot plan {capability!r}"]
+        raw = answer.get("beats") if isinstance(answer, dict) else None
+        if not isinstance(raw, list) or len(raw) != request.beats:
+            return None, [f'the answer must be {{"beats": [...]}} with exactly {request.beats}']
+        beats: list[Beat] = []
+        problems: list[str] = []
+        for index, item in enumerate(raw, start=1):
+            try:
+                beats.append(
+                    Beat.model_validate(
+                        {
+                            "id": f"beat_{index}",
+                            "title": str(item.get("title", ""))[:60] or f"Beat {index}",
+                            "goals": item.get("goals"),
+                        }
+                        if isinstance(item, dict)
+                        else item
+                    )
+                )
+            except ValueError as exc:
+                problems.append(f"beat {index}: {one_line_error(exc)}")
+        if problems:
+            return None, problems[:8]
+        plan = StrategicPlan(
+            id=plan_id,
+            owner="strategic",
+            goal=f"check a proposed {request.beats}-beat arc: {request.goal}"[:2000],
+            narrative_goals=[NarrativeGoal(text=request.goal, protagonist=request.protagonist)],
+            thematic_elements=list(request.themes),
+            dramatic_beats=[DramaticBeat(id=b.id, index=i) for i, b in enumerate(beats, 1)],
+            steps=[
+                ToolStep(
+                    id="decompose",
+                    tool="check_arc",
+                    input={
+                        "beats": [b.model_dump() for b in beats],
+                        "facts": [f.model_dump() for f in request.facts],
+                        "protagonist": request.protagonist,
+                        "goal": request.goal,
+                    },
+                )
+            ],
+        )
+        return plan, []
+
+
+def _entities_of(facts: list[Relation], protagonist: str) -> set[str]:
+    found = {f.subject for f in facts} | {f.object for f in facts}
+    return found | ({protagonist} if protagonist else set())
+
+
+def one_line_error(exc: ValueError) -> str:
+    """A pydantic error (or any ``ValueError``) as one short line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+        return f"{where}: {first.get('msg', '')}"
+    return str(exc).splitlines()[0][:200]
+
+
+async def _arc_judge(plan: Plan, request: WireModel) -> list[str]:
+    """The strategic agent's judge: ``arc_problems`` on the proposed beats, before they run."""
+    if not isinstance(request, PlanNarrativeArcRequest):
+        return []
+    step = next((s for s in plan.steps if isinstance(s, ToolStep) and s.tool == "check_arc"), None)
+    if step is None:
+        return []
+    beats = [Beat.model_validate(b) for b in step.input.get("beats", [])]
+    return arc_problems(beats, list(request.facts), request.protagonist, request.goal)
+
+
+class OrchestratorModelPlanner(ModelPlanner):
+    """The orchestrator's model planner: which decomposition a goal needs (see the module)."""
+
+    async def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        if not isinstance(request, SubmitGoalRequest):
+            return self.deterministic.plan(capability, request, plan_id=plan_id)
+        return await super().plan(capability, request, plan_id=plan_id)
+
+    def system(self) -> str:
+        return (
+            "You decide how to pursue a story goal. Answer shape 'arc' when the goal needs a "
+            "dramatic arc of several stages (recovering, defeating, escaping), or 'direct' when "
+            "it is one change of the world (someone goes somewhere, takes or gives something); "
+            "for 'direct' also give the goal facts that hold once it is reached, naming people, "
+            "places and things as the passage does. Predicates: at (someone at a place), in "
+            "(something in a place), has (someone has something), knows, wants. Examples:\n"
+            'Goal: Ada walks to the mill -> {"shape": "direct", "goals": [{"subject": "ada", '
+            '"predicate": "at", "object": "mill"}]}\n'
+            'Goal: Ben picks up the lamp -> {"shape": "direct", "goals": [{"subject": "ben", '
+            '"predicate": "has", "object": "lamp"}]}\n'
+            'Goal: Ada wins back the stolen crown -> {"shape": "arc", "goals": []}'
+        )
+
+    def ask(self, capability: str, request: WireModel) -> str:
+        if not isinstance(request, SubmitGoalRequest):
+            return super().ask(capability, request)
+        named = _named_in(request.passage)
+        entities = (
+            "\nEntities: " + ", ".join(f"{id_} ({kind})" for id_, kind in named.items())
+            if named
+            else ""
+        )
+        return f"Goal: {request.goal}\nPassage: {request.passage}{entities}"
+
+    def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
+        if not isinstance(request, SubmitGoalRequest):
+            return self.schema
+        named = sorted(_named_in(request.passage))
+        name: dict[str, Any] = (
+            {"type": "string", "enum": named}
+            if named
+            else {"type": "string", "minLength": 1, "maxLength": 40}
+        )
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["shape", "goals"],
+            "properties": {
+                "shape": {"type": "string", "enum": ["arc", "direct"]},
+                "goals": {
+                    "type": "array",
+                    "maxItems": 3,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["subject", "predicate", "object"],
+                        "properties": {
+                            "subject": name,
+                            "predicate": {"type": "string", "enum": _DIRECT_PREDICATES},
+                            "object": name,
+                        },
+                    },
+                },
+            },
+        }
+
+    def build(
+        self, answer: Any, capability: str, request: WireModel, plan_id: str
+    ) -> tuple[Plan | None, list[str]]:
+        if not isinstance(request, SubmitGoalRequest):
+            return None, [f"the orchestrator model planner cannot plan {capability!r}"]
+        if not isinstance(answer, dict) or answer.get("shape") not in ("arc", "direct"):
+            return None, ['the answer must be {"shape": "arc" | "direct", "goals": [...]}']
+        if answer["shape"] == "arc":
+            return self.deterministic.plan(capability, request, plan_id=plan_id), []
+        problems: list[str] = []
+        goals: list[Relation] = []
+        passage = " ".join(request.passage.lower().split())
+        named = _named_in(request.passage)
+        for item in answer.get("goals") or []:
+            if not isinstance(item, dict) or item.get("predicate") not in _DIRECT_PREDICATES:
+                problems.append(f"goal {item!r}: predicate must be one of {_DIRECT_PREDICATES}")
+                continue
+            names = [" ".join(str(item.get(k, "")).split()) for k in ("subject", "object")]
+            if named:
+                # The entities the passage's sentences name: ids, of known kinds.
+                wrong = [
+                    f"{n!r} is not {with_article(kind)}"
+                    if n in named
+                    else f"{n!r} is not among the entities"
+                    for n, kind in zip(names, SIGNATURES[item["predicate"]], strict=True)
+                    if named.get(n) != kind
+                ]
+                if names[0] == names[1]:
+                    wrong.append("a goal relates two different entities")
+                if wrong:
+                    problems.append(
+                        f"goal {names[0]} {item['predicate']} {names[1]}: {'; '.join(wrong)}"
+                    )
+                else:
+                    goals.append(
+                        Relation.model_validate(
+                            {
+                                "subject": names[0],
+                                "predicate": item["predicate"],
+                                "object": names[1],
+                            }
+                        )
+                    )
+                continue
+            absent = [n for n in names if not n or n.lower() not in passage]
+            if absent:
+                problems.append(
+                    f"goal {item.get('subject')} {item['predicate']} {item.get('object')}: "
+                    f"{', '.join(repr(n) for n in absent)} is not named in the passage"
+                )
+                continue
+            try:
+                goals.append(
+                    Relation.model_validate(
+                        {
+                            "subject": _entity_id(names[0]),
+                            "predicate": item["predicate"],
+                            "object": _entity_id(names[1]),
+                        }
+                    )
+                )
+            except ValueError as exc:
+                problems.append(f"goal {item!r}: {one_line_error(exc)}")
+        if not goals and not problems:
+            problems.append("a 'direct' goal needs at least one goal fact")
+        if problems:
+            return None, problems[:8]
+        return _direct_plan(request, goals, plan_id), []
+
+    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
+        if isinstance(request, SubmitGoalRequest) and "arc" not in result.outputs:
+            return _direct_response(request, result)
+        return super().respond(capability, request, result)
+
+
+_DIRECT_PREDICATES = ["at", "in", "has", "knows", "wants"]
+
+
+def _named_in(passage: str) -> dict[str, str]:
+    """The entities (id -> kind) the passage's sentences name, read by the same rules the
+    perception agent falls back on: the ids its extraction gives them. Empty for prose the rules
+    do not read (the model then names entities as the text does)."""
+    sentences = split_sentences(passage)
+    mentions = [
+        m
+        for i, sentence in enumerate(sentences)
+        if (m := match_sentence(i, sentence, DEFAULT_PATTERNS)) is not None
+    ]
+    entities, _ = resolve_mentions(mentions)
+    return {e.id: e.kind for e in entities}
+
+
+_ARTICLES = ("the ", "a ", "an ")
+
+
+def _entity_id(name: str) -> str:
+    """The id the rule extractor gives a name: its slug without a leading article (the extractor
+    reads places and objects as the noun phrase after "the")."""
+    lowered = name.lower()
+    for article in _ARTICLES:
+        if lowered.startswith(article):
+            name = name[len(article) :]
+            break
+    return slugify(name)
+
+
+def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str) -> Plan:
+    """A goal that is one change of the world: no arc, one tactical beat (the goal facts)."""
+    beat = Beat(
+        id="beat_1", title=request.goal[:60] or "The goal", goals=goals, purpose="the goal itself"
+    )
+    steps = [
+        CrossAgentStep(
+            id="extract",
+            title="extract entities and relations",
+            target="perception",
+            capability="ExtractEntities",
+            request={"text": request.passage},
+        ),
+        CrossAgentStep(
+            id="spatial",
+            title="find the entities' spatial context",
+            target="perception",
+            capability="FindSpatialContext",
+            depends_on=["extract"],
+            request={"entity_ids": ref("extract.entities[*].id")},
+        ),
+        CrossAgentStep(
+            id="beat_1",
+            title="action sequence for the goal",
+            target="tactical",
+            capability="PlanExecutionSequence",
+            depends_on=["spatial"],
+            request={
+                "beat": beat.model_dump(),
+                "prior_beats": [],
+                "facts": ref("spatial.facts"),
+                "max_depth": BEAT_MAX_DEPTH,
+            },
+        ),
+        CrossAgentStep(
+            id="apply",
+            title="apply the sequence to the world",
+            target="perception",
+            capability="UpdateWorldState",
+            depends_on=["beat_1"],
+            request={"actions": ref("beat_1.actions")},
+        ),
+    ]
+    return OrchestrationPlan(
+        id=plan_id,
+        owner="orchestrator",
+        goal=request.goal,
+        steps=list(steps),
+        assignments=[
+            Assignment(
+                step=step.id, agent=step.target, capability=step.capability, purpose=step.title
+            )
+            for step in steps
+        ],
+    )
+
+
+def _direct_response(request: SubmitGoalRequest, result: PlanResult[Any]) -> SubmitGoalResponse:
+    out = result.outputs
+    step = next(
+        s for s in result.submitted.steps if isinstance(s, CrossAgentStep) and s.id == "beat_1"
+    )
+    beat = Beat.model_validate(step.request["beat"])
+    return SubmitGoalResponse(
+        plan_id=result.submitted.id,
+        status=result.status.value,
+        beats=[beat],
+        actions=out["beat_1"]["actions"],
+        added=out["apply"]["added"],
+        removed=out["apply"]["removed"],
+    )
+
+
 async def _simulate_judge(plan: Plan, request: WireModel) -> list[str]:
     """The tactical agent's judge: re-simulate the proposed sequence before accepting it."""
     if not isinstance(request, PlanExecutionSequenceRequest):
@@ -286,8 +721,8 @@ def model_planner(
     *,
     budget: Budget | None = None,
 ) -> ModelPlanner | None:
-    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback):
-    the perception and tactical agents'; ``None`` for the others, which keep their own."""
+    """The model planner for ``agent``'s built-in capabilities (its own planner the fallback);
+    ``None`` for an agent whose planner is none of the four built-in ones."""
     deterministic: Any = agent.planner
     if isinstance(agent.planner, PerceptionPlanner):
         return PerceptionModelPlanner(
@@ -308,6 +743,27 @@ def model_planner(
             deterministic=deterministic,
             config=config,
             judge=_simulate_judge,
+            budget=budget,
+        )
+    if isinstance(agent.planner, StrategicPlanner):
+        return StrategicModelPlanner(
+            role=agent.role,
+            plan_type=agent.plan_type,
+            registry=agent.registry,
+            client=client,
+            deterministic=deterministic,
+            config=config,
+            judge=_arc_judge,
+            budget=budget,
+        )
+    if isinstance(agent.planner, OrchestratorPlanner):
+        return OrchestratorModelPlanner(
+            role=agent.role,
+            plan_type=agent.plan_type,
+            registry=agent.registry,
+            client=client,
+            deterministic=deterministic,
+            config=config,
             budget=budget,
         )
     return None

@@ -5,7 +5,9 @@ Plans:
 - ``AnalyzeNarrative``: ``protagonist`` (find_protagonist), ``themes`` (score_themes) and
   ``tension`` (measure_tension) in parallel, then ``summary`` (summarize_narrative).
 - ``PlanNarrativeArc``: ``select`` (select_arc_template) -> ``decompose`` (decompose_goal), which
-  yields exactly the number of beats asked for (see :mod:`agents._narrative`).
+  yields exactly the number of beats asked for (see :mod:`agents._narrative`). Beats proposed by
+  someone else (a model) are checked by ``check_arc`` (``arc_problems``): the plan is then one step,
+  ``decompose`` (check_arc), whose output is the arc.
 """
 
 from __future__ import annotations
@@ -45,11 +47,14 @@ from stratagem.protocol import (
 )
 
 __all__ = [
+    "SIGNATURES",
     "DramaticBeat",
     "NarrativeGoal",
     "StrategicAgent",
     "StrategicPlan",
     "StrategicPlanner",
+    "arc_problems",
+    "kinds_from_facts",
     "strategic_tools",
 ]
 
@@ -180,6 +185,117 @@ async def decompose_goal(choice: ArcChoice, beats: int) -> Arc:
         raise LogicError(str(exc)) from exc
 
 
+# Facts of which an entity has one at a time: a later beat must not contradict an earlier one.
+_SINGLE_VALUED: dict[str, int] = {"at": 0, "in": 0, "has": 2}
+"""Predicate -> which side is unique: 0 the subject (mira is at one place, the key in one place),
+2 the object (one character has the key)."""
+
+SIGNATURES: dict[str, tuple[str, str]] = {
+    "at": ("character", "place"),
+    "in": ("object", "place"),
+    "has": ("character", "object"),
+    "connected": ("place", "place"),
+    "locked": ("place", "place"),
+    "opens": ("object", "place"),
+    "knows": ("character", "character"),
+    "wants": ("character", "object"),
+}
+"""What each predicate relates: the kinds of its subject and object."""
+
+
+def with_article(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def kinds_from_facts(facts: list[Relation]) -> dict[str, set[str]]:
+    """The kinds the facts give each entity (``mira at courtyard``: a character, a place)."""
+    kinds: dict[str, set[str]] = {}
+    for fact in facts:
+        subject, obj = SIGNATURES.get(fact.predicate, ("", ""))
+        if subject:
+            kinds.setdefault(fact.subject, set()).add(subject)
+            kinds.setdefault(fact.object, set()).add(obj)
+    return kinds
+
+
+def arc_problems(
+    beats: list[Beat], facts: list[Relation], protagonist: str, goal: str = ""
+) -> list[str]:
+    """What keeps ``beats`` from being an arc to plan cumulatively (``[]``: nothing).
+
+    Every goal names entities the facts know (or the protagonist), of the kinds its predicate
+    relates (``in``: an object in a place), and two different ones unless it is ``locked``; every
+    beat after the first adds a goal that neither holds already nor was an earlier beat's (an
+    opening beat may restate what holds, as a template's does); the goals accumulated over the
+    beats never place an entity twice (at or in two places, an object held by two characters);
+    the protagonist, when there is one, takes part in some goal; and when ``goal`` names entities
+    of the world (their words in its text), the last beat's goals involve one of them.
+    """
+    known = {f.subject for f in facts} | {f.object for f in facts}
+    if protagonist:
+        known.add(protagonist)
+    kinds = kinds_from_facts(facts)
+    holding = {(f.subject, f.predicate, f.object) for f in facts}
+    problems: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
+    placed: dict[tuple[str, str], tuple[str, str]] = {}
+    for index, beat in enumerate(beats):
+        new = False
+        for fact in beat.goals:
+            triple = (fact.subject, fact.predicate, fact.object)
+            shown = f"{fact.predicate}({fact.subject}, {fact.object})"
+            unknown = [name for name in (fact.subject, fact.object) if name not in known]
+            if unknown:
+                problems.append(
+                    f"{beat.id}: {shown} names {', '.join(unknown)}, which the world does not know"
+                )
+                continue
+            if fact.subject == fact.object and fact.predicate != "locked":
+                problems.append(f"{beat.id}: {shown} relates {fact.subject} to itself")
+                continue
+            wrong = [
+                f"{name} is not {with_article(kind)}"
+                for name, kind in zip(triple[::2], SIGNATURES[fact.predicate], strict=True)
+                if kinds.get(name) and kind not in kinds[name]
+            ]
+            if wrong:
+                problems.append(f"{beat.id}: {shown}: {'; '.join(wrong)}")
+                continue
+            new = new or (triple not in holding and triple not in seen)
+            seen.add(triple)
+            side = _SINGLE_VALUED.get(fact.predicate)
+            if side is not None:
+                key = (fact.predicate, triple[side])
+                other = placed.setdefault(key, (beat.id, shown))
+                if other[1] != shown:
+                    problems.append(
+                        f"{beat.id}: {shown} contradicts {other[0]}'s {other[1]} (goals accumulate)"
+                    )
+        if index > 0 and not new:
+            problems.append(f"{beat.id} adds no goal: each holds already or is an earlier beat's")
+    if beats and not any(t not in holding for t in seen) and not problems:
+        problems.append("every goal already holds: the arc changes nothing")
+    if protagonist and not any(protagonist in (s, o) for s, _, o in seen):
+        problems.append(f"no beat's goals involve the protagonist {protagonist}")
+    words = set(goal.lower().replace("'", " ").split())
+    named = {e for e in known - {protagonist} if set(e.split("_")) <= words}
+    if beats and named and not any(named & {g.subject, g.object} for g in beats[-1].goals):
+        names = ", ".join(sorted(named))
+        problems.append(f"the last beat's goals involve none of what the goal names ({names})")
+    return problems
+
+
+@tool
+async def check_arc(
+    beats: list[Beat], facts: list[Relation], protagonist: str = "", goal: str = ""
+) -> Arc:
+    """Check beats proposed for a goal (``arc_problems``) and return them as the arc."""
+    problems = arc_problems(beats, facts, protagonist, goal)
+    if problems:
+        raise LogicError("the proposed beats are not an arc: " + "; ".join(problems[:6]))
+    return Arc(template="proposed", beats=beats)
+
+
 def strategic_tools() -> list[Tool[Any, Any]]:
     """The strategic tools (stateless, shared by every strategic agent)."""
     return [
@@ -189,6 +305,7 @@ def strategic_tools() -> list[Tool[Any, Any]]:
         summarize_narrative,
         select_arc_template,
         decompose_goal,
+        check_arc,
     ]
 
 

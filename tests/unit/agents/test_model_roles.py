@@ -6,30 +6,42 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from stratagem.agents import (
     ChatRequest,
     ChatResponse,
     PerceptionAgent,
     ScriptedModelClient,
+    StrategicAgent,
     TacticalAgent,
     TacticalPlanner,
 )
 from stratagem.agents._model_planner import ModelPlanningConfig
 from stratagem.agents._model_roles import (
+    OrchestratorModelPlanner,
     PerceptionModelPlanner,
+    StrategicModelPlanner,
     TacticalModelPlanner,
     model_planner,
 )
+from stratagem.agents._roles import build_in_memory
+from stratagem.agents._strategic import arc_problems
 from stratagem.planning import InMemoryStateStore
 from stratagem.protocol import (
+    AnalyzeNarrativeRequest,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
     FindSpatialContextRequest,
     PlanExecutionSequenceRequest,
     PlanExecutionSequenceResponse,
+    PlanNarrativeArcRequest,
+    PlanNarrativeArcResponse,
     Relation,
+    SubmitGoalRequest,
+    SubmitGoalResponse,
 )
-from tests.unit.agents.conftest import call
+from tests.unit.agents.conftest import EXAMPLE_NAMES, call, load_goal
 from tests.unit.agents.test_tactical import FACTS, MEANS, THRESHOLD, names
 
 GOOD = ["move(mira,courtyard,garden)", "take(mira,key,garden)"]
@@ -206,3 +218,201 @@ async def test_replay_rederives_a_model_plan_from_its_journal_with_no_model() ->
     assert report.divergences == []
     assert report.decisions == 4 * 2 + 1 + 1  # two steps, the plan, the model plan's derivation
     assert len(client.requests) == 2
+
+
+# --- strategic: beats for any goal ----------------------------------------------------------------
+
+ARC_REQUEST = PlanNarrativeArcRequest(
+    goal="Mira makes peace with Old Tom", protagonist="mira", facts=FACTS, beats=2
+)
+
+
+def _beats(*beats: tuple[str, list[tuple[str, str, str]]]) -> str:
+    return json.dumps(
+        {
+            "beats": [
+                {
+                    "title": title,
+                    "goals": [
+                        dict(zip(("subject", "predicate", "object"), g, strict=True)) for g in goals
+                    ],
+                }
+                for title, goals in beats
+            ]
+        }
+    )
+
+
+async def test_the_strategic_model_proposes_beats_the_arc_check_accepts() -> None:
+    agent = StrategicAgent()
+    client = ScriptedModelClient(
+        [
+            # Mira in two places, and a stranger: refused with both reasons.
+            _beats(
+                ("The walk", [("mira", "at", "hall")]),
+                (
+                    "The meeting",
+                    [
+                        ("mira", "at", "garden"),
+                        ("ghost", "knows", "mira"),
+                        ("key", "in", "mira"),
+                        ("tom", "knows", "tom"),
+                    ],
+                ),
+            ),
+            _beats(
+                ("The walk", [("mira", "at", "hall")]),
+                ("The meeting", [("mira", "knows", "tom"), ("mira", "has", "key")]),
+            ),
+        ],
+        model="tiny",
+    )
+    planner = model_planner(agent, client)
+    assert isinstance(planner, StrategicModelPlanner)
+    agent.use_planner(planner)
+    answer = await agent.handle(
+        "PlanNarrativeArc", ARC_REQUEST, call("PlanNarrativeArc", "strategic")
+    )
+    assert isinstance(answer, PlanNarrativeArcResponse)
+    assert answer.template == "proposed"
+    assert [(b.id, b.title) for b in answer.beats] == [
+        ("beat_1", "The walk"),
+        ("beat_2", "The meeting"),
+    ]
+    critique = client.requests[1].messages[-1].content
+    assert "beat_2: at(mira, garden) contradicts beat_1's at(mira, hall)" in critique
+    assert "names ghost, which the world does not know" in critique
+    assert "beat_2: in(key, mira): mira is not a place" in critique
+    assert "beat_2: knows(tom, tom) relates tom to itself" in critique
+    schema = client.requests[0].schema
+    assert schema is not None
+    beats = schema["properties"]["beats"]
+    assert (beats["minItems"], beats["maxItems"]) == (2, 2)
+    subjects = beats["items"]["properties"]["goals"]["items"]["properties"]["subject"]["enum"]
+    assert {"mira", "tom", "key", "vault"} <= set(subjects)
+    assert "ghost" not in subjects
+    # Analysis stays with the rules: no model call.
+    await agent.handle(
+        "AnalyzeNarrative",
+        AnalyzeNarrativeRequest(text="Mira waits in the courtyard."),
+        call("AnalyzeNarrative", "strategic"),
+    )
+    assert len(client.requests) == 2
+
+
+async def test_when_every_proposal_is_refused_the_templates_plan_the_arc() -> None:
+    agent = StrategicAgent()
+    request = ARC_REQUEST.model_copy(update={"goal": "Mira recovers the crown", "beats": 3})
+    stale3 = _beats(
+        ("Already", [("mira", "at", "courtyard")]),
+        ("Again", [("tom", "at", "hall")]),
+        ("Still", [("key", "in", "garden")]),
+    )
+    client = ScriptedModelClient([stale3, stale3, stale3], model="tiny")
+    agent.use_planner(model_planner(agent, client))  # type: ignore[arg-type]
+    answer = await agent.handle("PlanNarrativeArc", request, call("PlanNarrativeArc", "strategic"))
+    assert isinstance(answer, PlanNarrativeArcResponse)
+    assert answer.template != "proposed"  # the HTN template's arc
+    assert len(client.requests) == 3
+    critique = client.requests[1].messages[-1].content
+    assert "beat_2 adds no goal: each holds already or is an earlier beat's" in critique
+    assert "the last beat's goals involve none of what the goal names (crown)" in critique
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+async def test_every_template_arc_of_the_examples_passes_the_arc_check(name: str) -> None:
+    agents, _ = build_in_memory(entry_points=False)
+    answer = await agents["orchestrator"].handle(
+        "SubmitGoal", load_goal(name), call("SubmitGoal", "orchestrator")
+    )
+    assert isinstance(answer, SubmitGoalResponse)
+    perception = agents["perception"]
+    assert isinstance(perception, PerceptionAgent)
+    opening = [*answer.removed, *(f for f in perception.world.facts() if f not in answer.added)]
+    protagonist = answer.beats[0].goals[0].subject
+    assert arc_problems(answer.beats, opening, protagonist) == []
+
+
+# --- orchestrator: the decomposition a goal needs -------------------------------------------------
+
+TOM_PASSAGE = (
+    "Mira waits in the courtyard. Old Tom sleeps in the great hall. The courtyard leads to the "
+    "great hall. The courtyard opens onto the garden. The iron key lies in the garden. "
+    "Mira knows Old Tom."
+)
+TOM_GOAL = SubmitGoalRequest(goal="Old Tom goes to the garden", passage=TOM_PASSAGE, beats=1)
+
+
+def _shape(shape: str, goals: list[tuple[str, str, str]]) -> str:
+    return json.dumps(
+        {
+            "shape": shape,
+            "goals": [dict(zip(("subject", "predicate", "object"), g, strict=True)) for g in goals],
+        }
+    )
+
+
+async def test_a_one_change_goal_is_planned_direct_and_moves_the_right_character() -> None:
+    # The built-in pipeline's templates read this goal as Mira's arrival: the wrong character.
+    agents, _ = build_in_memory(entry_points=False)
+    built_in = await agents["orchestrator"].handle(
+        "SubmitGoal", TOM_GOAL, call("SubmitGoal", "orchestrator")
+    )
+    assert isinstance(built_in, SubmitGoalResponse)
+    assert [a.args[0] for a in built_in.actions] == ["mira"]
+
+    agents, dispatcher = build_in_memory(entry_points=False)
+    orchestrator = agents["orchestrator"]
+    client = ScriptedModelClient(
+        [
+            # No orchard in the passage, and a key is not a character.
+            _shape("direct", [("old_tom", "at", "orchard"), ("iron_key", "has", "old_tom")]),
+            _shape("direct", [("old_tom", "at", "garden")]),
+        ],
+        model="tiny",
+    )
+    planner = model_planner(orchestrator, client)
+    assert isinstance(planner, OrchestratorModelPlanner)
+    orchestrator.use_planner(planner)
+    answer = await orchestrator.handle("SubmitGoal", TOM_GOAL, call("SubmitGoal", "orchestrator"))
+    assert isinstance(answer, SubmitGoalResponse)
+    assert answer.status == "succeeded"
+    assert [(g.subject, g.predicate, g.object) for g in answer.beats[0].goals] == [
+        ("old_tom", "at", "garden")
+    ]
+    assert [a.args for a in answer.actions] == [
+        ["old_tom", "great_hall", "courtyard"],
+        ["old_tom", "courtyard", "garden"],
+    ]
+    perception = agents["perception"]
+    assert isinstance(perception, PerceptionAgent)
+    assert perception.world.holds(
+        Relation.model_validate({"subject": "old_tom", "predicate": "at", "object": "garden"})
+    )
+    critique = client.requests[1].messages[-1].content
+    assert "goal old_tom at orchard: 'orchard' is not among the entities" in critique
+    assert "'iron_key' is not a character; 'old_tom' is not an object" in critique
+    # The entities offered are those the passage's sentences name, as perception's rules read them.
+    schema = client.requests[0].schema
+    assert schema is not None
+    subject = schema["properties"]["goals"]["items"]["properties"]["subject"]
+    assert subject["enum"] == ["courtyard", "garden", "great_hall", "iron_key", "mira", "old_tom"]
+    assert "old_tom (character)" in client.requests[0].messages[-1].content
+    # No strategic agent was asked: the decomposition skipped the arc.
+    assert {c.target for c in dispatcher.calls} == {"perception", "tactical"}
+
+
+async def test_an_arc_shaped_answer_is_the_built_in_pipeline() -> None:
+    agents, dispatcher = build_in_memory(entry_points=False)
+    orchestrator = agents["orchestrator"]
+    client = ScriptedModelClient([_shape("arc", [])], model="tiny")
+    orchestrator.use_planner(model_planner(orchestrator, client))  # type: ignore[arg-type]
+    answer = await orchestrator.handle(
+        "SubmitGoal", load_goal("crown"), call("SubmitGoal", "orchestrator")
+    )
+    assert isinstance(answer, SubmitGoalResponse)
+    assert answer.status == "succeeded"
+    assert len(answer.beats) == 3
+    assert "strategic" in {c.target for c in dispatcher.calls}
+    (record,) = [r for r in orchestrator.plans("") if r.status == "succeeded"]
+    assert '"author":"model:tiny"' in record.plan_json.replace(" ", "")

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.agents import OrchestratorAgent, TacticalAgent, TacticalModelPlanner
+from stratagem.agents import (
+    OrchestratorAgent,
+    OrchestratorModelPlanner,
+    TacticalAgent,
+    TacticalModelPlanner,
+)
 from stratagem.runtime._local import LaunchError
 from stratagem.runtime._models import attach_model_planner, resolve_model
 from stratagem.runtime._settings import load_settings
@@ -56,8 +61,10 @@ def test_the_api_key_stays_out_of_settings_and_the_client(
     assert attach_model_planner(tactical, settings, api_key="sk-very-secret")
     assert isinstance(tactical.planner, TacticalModelPlanner)
     assert "sk-very-secret" not in repr(tactical.planner.client)
-    # The orchestrator has no model planner yet: it keeps its own, and says so.
+    # Every built-in role has one now; the orchestrator's too, and the key stays out of it.
     orchestrator = OrchestratorAgent()
     settings = settings.model_copy(update={"planner": "model"})
-    assert not attach_model_planner(orchestrator, settings, api_key="sk-very-secret")
+    assert attach_model_planner(orchestrator, settings, api_key="sk-very-secret")
+    assert isinstance(orchestrator.planner, OrchestratorModelPlanner)
+    assert "sk-very-secret" not in repr(orchestrator.planner.client)
     assert "sk-very-secret" not in caplog.text
