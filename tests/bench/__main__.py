@@ -25,6 +25,7 @@ from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.peers import run_peers_benchmark
+from tests.bench.quality import quality_section, run_quality_benchmark
 from tests.bench.report import (
     MARKDOWN_PATH,
     RESULTS_PATH,
@@ -169,6 +170,11 @@ def _only_peers() -> int:
     return _only_section("peers", _peers, "## Peers", peers_section)
 
 
+def _only_quality() -> int:
+    """``python -m tests.bench quality``: this section alone, merged into the last results."""
+    return _only_section("quality", run_quality_benchmark, "## Planning quality", quality_section)
+
+
 def _only_section(
     name: str,
     measure: Callable[[], dict[str, Any]],
@@ -213,6 +219,8 @@ def main() -> int:
         return _only_peers()
     if sys.argv[1:] == ["cli"]:
         return _only_cli()
+    if sys.argv[1:] == ["quality"]:
+        return _only_quality()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -254,6 +262,8 @@ def main() -> int:
     cluster = _cluster()
     peers = _peers()
     cli = _cli()
+    logger.info("quality: the goal suite with the deterministic and the model planners")
+    quality = run_quality_benchmark()
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -265,6 +275,7 @@ def main() -> int:
     results["benchmarks"]["cluster"] = cluster
     results["benchmarks"]["peers"] = peers
     results["benchmarks"]["cli"] = cli
+    results["benchmarks"]["quality"] = quality
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

@@ -18,6 +18,7 @@ from tests.bench import cluster as cluster_bench
 from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
+from tests.bench.quality import quality_section
 
 __all__ = [
     "MARKDOWN_PATH",
@@ -665,6 +666,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *cluster_section(benchmarks.get("cluster")),
         *peers_section(benchmarks.get("peers")),
         *cli_section(benchmarks.get("cli")),
+        *quality_section(benchmarks.get("quality")),
         *tracing_section(benchmarks.get("tracing")),
     ]
     return "\n".join(_wrapped(lines)).rstrip("\n") + "\n"
