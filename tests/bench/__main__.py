@@ -170,6 +170,19 @@ def _only_peers() -> int:
     return _only_section("peers", _peers, "## Peers", peers_section)
 
 
+def _section(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A section of the full run; one that fails is recorded as skipped with its reason (one
+    line), so the sections measured before and after it still reach BENCHMARKS.md."""
+    try:
+        return measure()
+    except Exception as exc:
+        reason = (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        )
+        logger.error("%s: failed, recorded as skipped: %s", name, reason[:300])
+        return {"skipped": f"the run failed ({reason[:300]})"}
+
+
 def _only_quality() -> int:
     """``python -m tests.bench quality``: this section alone, merged into the last results."""
     return _only_section("quality", run_quality_benchmark, "## Planning quality", quality_section)
@@ -258,12 +271,12 @@ def main() -> int:
     rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
     for target in rpc["targets"]:
         logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
-    auth = _auth()
-    cluster = _cluster()
-    peers = _peers()
-    cli = _cli()
+    auth = _section("auth", _auth)
+    cluster = _section("cluster", _cluster)
+    peers = _section("peers", _peers)
+    cli = _section("cli", _cli)
     logger.info("quality: the goal suite with the deterministic and the model planners")
-    quality = run_quality_benchmark()
+    quality = _section("quality", run_quality_benchmark)
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,

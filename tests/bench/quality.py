@@ -338,6 +338,8 @@ def quality_section(quality: dict[str, Any] | None) -> list[str]:
     lines = ["## Planning quality: the goal suite with deterministic and model planners", ""]
     if not quality:
         return [*lines, "Not measured in this run.", ""]
+    if "skipped" in quality:
+        return [*lines, f"Skipped: {quality['skipped']}.", ""]
     suite = quality["suite"]
     lines += [
         f"How it was measured (`tests/bench/quality.py`, suite `tests/bench/goals.yaml`: "

@@ -744,6 +744,8 @@ def auth_section(auth: dict[str, Any] | None) -> list[str]:
     lines = ["## Cost of security: authentication off, token, mTLS", ""]
     if not auth:
         return [*lines, "Not measured in this run.", ""]
+    if "skipped" in auth:
+        return [*lines, f"Skipped: {auth['skipped']}.", ""]
     config, modes, ratios = auth["config"], auth["modes"], auth["ratios"]
     lines += [
         f'Asked: "{AUTH_ASK}". Target: "{AUTH_TARGET}".',
