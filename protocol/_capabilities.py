@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
+from google.protobuf.message import Message
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 __all__ = [
@@ -251,6 +252,12 @@ class CapabilitySpec:
         request: The pydantic request model.
         response: The pydantic response model.
         version: The capability's schema version; bumped on any incompatible change.
+        wire: How an extension capability's value travels in ``ExtensionBody`` (built-in ones
+            have a field of their own): ``"json"`` (its JSON), ``"struct"`` (a
+            ``google.protobuf.Struct``) or ``"message"`` (``messages``, packed in an ``Any``).
+            Whatever the form, both sides validate it with ``request`` / ``response``.
+        messages: For ``wire="message"``: the protobuf classes of the request and response,
+            compiled from the extension's own .proto; their fields must match the models.
     """
 
     name: str
@@ -259,6 +266,8 @@ class CapabilitySpec:
     request: type[WireModel]
     response: type[WireModel]
     version: str = "1"
+    wire: Literal["json", "struct", "message"] = "json"
+    messages: tuple[type[Message], type[Message]] | None = None
 
 
 CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
@@ -342,10 +351,34 @@ def register_capability(spec: CapabilitySpec) -> None:
         spec: The capability; its ``field`` must be ``"extension"``.
 
     Raises:
-        ValueError: When the name is taken by another capability or the field is not ``extension``.
+        ValueError: When the name is taken by another capability, the field is not
+            ``extension``, the wire is unknown, or (``wire="message"``) the protobuf messages'
+            fields differ from the models' (``schema_drift``): one line naming the difference.
     """
     if spec.field != EXTENSION_FIELD:
         raise ValueError(f"capability {spec.name!r}: an added capability uses field 'extension'")
+    if spec.wire not in ("json", "struct", "message"):
+        raise ValueError(
+            f"capability {spec.name!r}: wire must be json, struct or message, not {spec.wire!r}"
+        )
+    if (spec.wire == "message") != (spec.messages is not None):
+        raise ValueError(
+            f"capability {spec.name!r}: wire 'message' and messages (request and response "
+            "protobuf classes) go together"
+        )
+    if spec.messages is not None:
+        from stratagem.protocol._codec import schema_drift  # the codec imports this module
+
+        for model, message in zip((spec.request, spec.response), spec.messages, strict=True):
+            descriptor = getattr(message, "DESCRIPTOR", None)
+            if not isinstance(message, type) or not issubclass(message, Message) or not descriptor:
+                raise ValueError(f"capability {spec.name!r}: {message!r} is not a protobuf message")
+            drift = schema_drift(model, descriptor)
+            if drift:
+                raise ValueError(
+                    f"capability {spec.name!r}: {model.__name__} and {descriptor.full_name} "
+                    f"differ: {'; '.join(drift[:3])}"
+                )
     existing = CAPABILITIES.get(spec.name)
     if existing is not None and existing != spec:
         raise ValueError(f"capability {spec.name!r} is already registered for {existing.role}")

@@ -37,6 +37,7 @@ from typing import (
     get_origin,
 )
 
+from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from pydantic import (
@@ -260,14 +261,24 @@ class CapabilityCard(WireModel):
     request_schema: str
     response_schema: str
 
+    wire: str = Field(default="", max_length=16)
+    request_type: str = Field(default="", max_length=256)
+    response_type: str = Field(default="", max_length=256)
+
     @classmethod
     def from_spec(cls, spec: CapabilitySpec) -> CapabilityCard:
-        """The card describing ``spec``, its schemas rendered from its pydantic models."""
+        """The card describing ``spec``, its schemas rendered from its pydantic models, with how
+        it travels (``builtin``, or an extension's ``json``, ``struct`` or ``message`` and then
+        its messages' full names)."""
+        messages = spec.messages
         return cls(
             name=spec.name,
             version=spec.version,
             request_schema=json.dumps(spec.request.model_json_schema(), sort_keys=True),
             response_schema=json.dumps(spec.response.model_json_schema(), sort_keys=True),
+            wire=spec.wire if spec.field == EXTENSION_FIELD else "builtin",
+            request_type=messages[0].DESCRIPTOR.full_name if messages else "",
+            response_type=messages[1].DESCRIPTOR.full_name if messages else "",
         )
 
 
@@ -688,13 +699,15 @@ def _put_body(
     if spec is None:
         raise ProtocolUsageError(f"unknown capability {capability!r}")
     if spec.field == EXTENSION_FIELD:
-        envelope.extension.CopyFrom(
-            pb.ExtensionBody(
-                capability=spec.name,
-                version=spec.version,
-                payload_json=body.model_dump_json().encode(),
-            )
-        )
+        extension = pb.ExtensionBody(capability=spec.name, version=spec.version)
+        if spec.wire == "struct":
+            json_format.ParseDict(body.model_dump(mode="json"), extension.payload_struct)
+        elif spec.messages is not None:
+            message_type = spec.messages[0 if isinstance(envelope, pb.AgentRequest) else 1]
+            extension.payload_message.Pack(to_message(body, message_type))
+        else:
+            extension.payload_json = body.model_dump_json().encode()
+        envelope.extension.CopyFrom(extension)
         return
     nested = getattr(envelope, spec.field)
     nested.SetInParent()
@@ -725,17 +738,59 @@ def _take_body(
                 f"{spec.name} version {extension.version!r} was sent; "
                 f"this side speaks version {spec.version!r}"
             )
-        model = spec.request if side == "request" else spec.response
-        try:
-            return spec.name, model.model_validate_json(extension.payload_json)
-        except ValidationError as exc:
-            raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_json") from None
+        return spec.name, _extension_value(spec, extension, side)
     spec = _BUILTIN_BY_FIELD[which]
     model = spec.request if side == "request" else spec.response
     try:
         return spec.name, model.model_validate(_plain(getattr(envelope, which)))
     except ValidationError as exc:
         raise _invalid(f"invalid {spec.name} {side}", exc) from None
+
+
+def _extension_value(
+    spec: CapabilitySpec, extension: pb.ExtensionBody, side: Literal["request", "response"]
+) -> WireModel:
+    """An extension capability's value, in the form it came (``ExtensionBody.payload``), validated
+    by its model: JSON always, a Struct or a packed message when the capability declares it."""
+    model = spec.request if side == "request" else spec.response
+    form = extension.WhichOneof("payload") or "payload_json"
+    if form == "payload_json":
+        try:
+            return model.model_validate_json(extension.payload_json)
+        except ValidationError as exc:
+            raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_json") from None
+    declared = {"struct": "payload_struct", "message": "payload_message"}.get(spec.wire)
+    if form != declared:
+        raise InvalidArgumentError(
+            f"{spec.name} {side}: sent as {form}; it travels as {spec.wire} (or payload_json)",
+            violations=(FieldViolation(f"extension.{form}", f"{spec.name} is {spec.wire}"),),
+        )
+    if form == "payload_struct":
+        try:
+            return model.model_validate(json_format.MessageToDict(extension.payload_struct))
+        except ValidationError as exc:
+            raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_struct") from None
+    assert spec.messages is not None  # register_capability keeps wire and messages together
+    message_type = spec.messages[0 if side == "request" else 1]
+    packed = extension.payload_message
+    expected = message_type.DESCRIPTOR.full_name
+    if packed.TypeName() != expected:
+        raise InvalidArgumentError(
+            f"{spec.name} {side}: the payload is a {packed.TypeName()[:128]!r}, not {expected!r}",
+            violations=(
+                FieldViolation("extension.payload_message.type_url", f"must name {expected}"),
+            ),
+        )
+    message = message_type()
+    if not packed.Unpack(message):
+        raise InvalidArgumentError(
+            f"{spec.name} {side}: the payload does not parse as {expected}",
+            violations=(FieldViolation("extension.payload_message", "unparseable"),),
+        )
+    try:
+        return model.model_validate(_plain(message))
+    except ValidationError as exc:
+        raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_message") from None
 
 
 E = TypeVar("E", bound=_Envelope)

@@ -114,8 +114,75 @@ def main(generated: Path, secret_file: Path, endpoints: dict[str, str]) -> dict[
                 "body": answer.WhichOneof("body"),
                 "value": json_format.MessageToDict(getattr(answer, answer.WhichOneof("body"))),
             }
+    wire = _wire_values(pb, metadata, endpoints, cards_of=describe_all(pb, metadata, endpoints))
     loaded = sorted(m for m in sys.modules if m == "stratagem" or m.startswith("stratagem."))
-    return {"cards": cards, "answers": answers, "stratagem_modules": loaded}
+    return {"cards": cards, "answers": answers, "wire": wire, "stratagem_modules": loaded}
+
+
+def describe_all(pb: Any, metadata: Any, endpoints: dict[str, str]) -> dict[str, Any]:
+    """Every capability card of every agent, by capability name."""
+    import grpc
+
+    found: dict[str, Any] = {}
+    for endpoint in endpoints.values():
+        with grpc.insecure_channel(endpoint) as channel:
+            describe = channel.unary_unary(
+                "/stratagem.v1.AgentService/Describe",
+                request_serializer=pb.DescribeRequest.SerializeToString,
+                response_deserializer=pb.AgentCard.FromString,
+            )
+            for card in describe(pb.DescribeRequest(), metadata=metadata, timeout=30).capabilities:
+                found[card.name] = card
+    return found
+
+
+def _wire_values(
+    pb: Any, metadata: Any, endpoints: dict[str, str], cards_of: dict[str, Any]
+) -> dict[str, Any]:
+    """The example extension's capabilities with values that are not JSON (when deployed)."""
+    if "Appraise" not in cards_of:
+        return {}
+    import appraisal_pb2  # compiled from examples/extensions/appraisal/appraisal.proto
+    import grpc
+    from google.protobuf import json_format
+
+    def call(role: str, number: int, extension: Any) -> Any:
+        request = pb.AgentRequest(
+            request_id=f"{number:032x}", caller="operator", target=role, extension=extension
+        )
+        with grpc.insecure_channel(endpoints[role]) as channel:
+            unary = channel.unary_unary(
+                "/stratagem.v1.AgentService/Call",
+                request_serializer=pb.AgentRequest.SerializeToString,
+                response_deserializer=pb.AgentResponse.FromString,
+            )
+            return unary(request, metadata=metadata, timeout=60)
+
+    rate = pb.ExtensionBody(capability="RateTension", version="1")
+    rate.payload_struct.update({"text": "The storm broke. Run!", "scale": 10})
+    rated = call("strategic", 101, rate).extension
+    appraise = pb.ExtensionBody(capability="Appraise", version="1")
+    appraise.payload_message.Pack(appraisal_pb2.AppraiseRequest(entity_id="mira"))
+    answered = call("perception", 102, appraise).extension.payload_message
+    appraisal = appraisal_pb2.Appraisal()
+    answered.Unpack(appraisal)
+    wrong = pb.ExtensionBody(capability="Appraise", version="1")
+    wrong.payload_message.Pack(appraisal_pb2.Appraisal(entity_id="mira"))
+    try:
+        call("perception", 103, wrong)
+        wrong_code = "OK"
+    except grpc.RpcError as exc:
+        wrong_code = exc.code().name
+    return {
+        "cards": {
+            name: {"wire": cards_of[name].wire, "request_type": cards_of[name].request_type}
+            for name in ("RateTension", "Appraise")
+        },
+        "rate_tension": json_format.MessageToDict(rated.payload_struct),
+        "appraisal": json_format.MessageToDict(appraisal),
+        "appraisal_type": answered.TypeName(),
+        "wrong_type": wrong_code,
+    }
 
 
 if __name__ == "__main__":

@@ -7,15 +7,36 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import REPO, deployed, run
-
-__all__ = ["deployed"]  # the module-scoped deployment fixture, shared with test_cli.py's tests
+from tests.e2e.test_cli import REPO, run
 
 pytestmark = pytest.mark.e2e
+
+APPRAISAL = REPO / "examples" / "extensions" / "appraisal"
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A deployment with the example extensions, one of whose values travel as a Struct and as
+    the extension's own message."""
+    state_dir = tmp_path_factory.mktemp("foreign")
+    up = run(
+        "up",
+        "--json",
+        state_dir=state_dir,
+        STRATAGEM_EXTENSIONS="examples.extensions.word_count,examples.extensions.wire_values",
+    )
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        yield state_dir
+    finally:
+        down = run("down", "--json", state_dir=state_dir)
+        assert down.returncode == 0, down.stderr[-2000:]
+
 
 BUILT_IN = {"orchestrator", "perception", "strategic", "tactical"}
 
@@ -25,8 +46,8 @@ def _generate(out: Path) -> Path:
     out.mkdir()
     protos = sorted(str(p.relative_to(REPO / "proto")) for p in (REPO / "proto").rglob("*.proto"))
     generated = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(REPO / "proto"),
-         f"--python_out={out}", *protos],
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(REPO / "proto"), "-I", str(APPRAISAL),
+         f"--python_out={out}", *protos, "appraisal.proto"],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert generated.returncode == 0, generated.stderr
@@ -56,6 +77,18 @@ def test_a_client_from_proto_alone_describes_every_agent_and_calls_each_built_in
     assert client.returncode == 0, client.stderr[-3000:]
     result = json.loads(client.stdout)
     assert result["stratagem_modules"] == ["stratagem", "stratagem.v1", "stratagem.v1.agent_pb2"]
+    # Extension values: a Struct to the strategic agent, the extension's own message in an Any to
+    # the perception agent, each described by Describe.
+    wire = result["wire"]
+    assert wire["cards"]["RateTension"] == {"wire": "struct", "request_type": ""}
+    assert wire["cards"]["Appraise"] == {
+        "wire": "message",
+        "request_type": "appraisal.v1.AppraiseRequest",
+    }
+    assert wire["rate_tension"]["words"] == ["storm", "run"]
+    assert wire["appraisal"]["entityId"] == "mira"
+    assert wire["appraisal_type"] == "appraisal.v1.Appraisal"
+    assert wire["wrong_type"] == "INVALID_ARGUMENT"
     assert {role: card["role"] for role, card in result["cards"].items()} == {
         role: role for role in endpoints
     }

@@ -9,8 +9,10 @@ fails when those models and these messages drift apart.
 """
 
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -588,8 +590,17 @@ Global___SubmitGoalResponse: _TypeAlias = SubmitGoalResponse  # noqa: Y015
 @_typing.final
 class ExtensionBody(_message.Message):
     """---------------------------------------------------------------------------------------------
-    A capability added by a user's extension module, without editing this file. Its payload is the
-    JSON of the extension's own pydantic model, validated on both sides exactly like a built-in one.
+    A capability added by a user's extension module, without editing this file. Its payload takes
+    one of three forms, the one the capability declares (Describe's CapabilityCard.wire):
+      "json"    payload_json: the UTF-8 JSON of the request or response;
+      "struct"  payload_struct: the same value as a google.protobuf.Struct (any language builds one
+                from a map);
+      "message" payload_message: a message of the extension's own .proto packed in an Any whose type
+                URL is "type.googleapis.com/" + the message's full name (CapabilityCard.request_type
+                and response_type).
+    Whatever the form, both sides validate the value against the capability's JSON Schema
+    (CapabilityCard.request_schema / response_schema) exactly like a built-in one; a payload in
+    another form than declared is refused, except JSON, which every extension capability accepts.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -597,21 +608,31 @@ class ExtensionBody(_message.Message):
     CAPABILITY_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     PAYLOAD_JSON_FIELD_NUMBER: _builtins.int
+    PAYLOAD_STRUCT_FIELD_NUMBER: _builtins.int
+    PAYLOAD_MESSAGE_FIELD_NUMBER: _builtins.int
     capability: _builtins.str
     version: _builtins.str
     payload_json: _builtins.bytes
+    @_builtins.property
+    def payload_struct(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def payload_message(self) -> _any_pb2.Any: ...
     def __init__(
         self,
         *,
         capability: _builtins.str = ...,
         version: _builtins.str = ...,
         payload_json: _builtins.bytes = ...,
+        payload_struct: _struct_pb2.Struct | None = ...,
+        payload_message: _any_pb2.Any | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "payload_json", b"payload_json", "payload_message", b"payload_message", "payload_struct", b"payload_struct"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "payload_json", b"payload_json", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "payload", b"payload", "payload_json", b"payload_json", "payload_message", b"payload_message", "payload_struct", b"payload_struct", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["payload_json", "payload_struct", "payload_message"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
 Global___ExtensionBody: _TypeAlias = ExtensionBody  # noqa: Y015
 
@@ -784,6 +805,9 @@ class CapabilityCard(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     REQUEST_SCHEMA_FIELD_NUMBER: _builtins.int
     RESPONSE_SCHEMA_FIELD_NUMBER: _builtins.int
+    WIRE_FIELD_NUMBER: _builtins.int
+    REQUEST_TYPE_FIELD_NUMBER: _builtins.int
+    RESPONSE_TYPE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """"ExtractEntities" """
     version: _builtins.str
@@ -791,6 +815,12 @@ class CapabilityCard(_message.Message):
     request_schema: _builtins.str
     """JSON Schema of the request"""
     response_schema: _builtins.str
+    wire: _builtins.str
+    """"builtin" (its own oneof field), or an extension's "json" | "struct" | "message" """
+    request_type: _builtins.str
+    """for "message": the request message's full name, e.g. "shop.v1.Quote" """
+    response_type: _builtins.str
+    """for "message": the response message's full name"""
     def __init__(
         self,
         *,
@@ -798,10 +828,13 @@ class CapabilityCard(_message.Message):
         version: _builtins.str = ...,
         request_schema: _builtins.str = ...,
         response_schema: _builtins.str = ...,
+        wire: _builtins.str = ...,
+        request_type: _builtins.str = ...,
+        response_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "request_schema", b"request_schema", "response_schema", b"response_schema", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "request_schema", b"request_schema", "request_type", b"request_type", "response_schema", b"response_schema", "response_type", b"response_type", "version", b"version", "wire", b"wire"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
