@@ -200,8 +200,23 @@ class EndpointDirectory:
         self._cache.pop(role, None)
 
 
+@dataclass(eq=False)
+class _Channel:
+    """A client to one endpoint and the calls using it now; a retired one closes after the last."""
+
+    client: AgentClient
+    calls: int = 0
+    retired: bool = False
+
+
 class GrpcDispatcher:
-    """``planning.Dispatcher`` over gRPC: sends a plan's cross-agent steps to other agents."""
+    """``planning.Dispatcher`` over gRPC: sends a plan's cross-agent steps to other agents.
+
+    One client (channel) per endpoint, shared by the calls to it. A call answered ``UNAVAILABLE``
+    makes the next call resolve the role's endpoint again and open a new client; the old one is
+    closed once the calls still using it have ended (closing it at once would cancel them: a
+    sibling step's answer must not end another step's call).
+    """
 
     def __init__(
         self,
@@ -215,7 +230,8 @@ class GrpcDispatcher:
         self._credentials = credentials
         self._directory = directory
         self._config = config or ClientConfig()
-        self._clients: dict[str, AgentClient] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._retired: set[_Channel] = set()
 
     async def dispatch(self, call: CrossAgentCall) -> WireModel:
         """Send one cross-agent step and return the typed answer.
@@ -224,14 +240,19 @@ class GrpcDispatcher:
             protocol.RemoteError: The call ended with a non-OK status.
         """
         endpoint = await self._directory.resolve(call.target)
-        client = self._clients.get(endpoint)
-        if client is None:
-            client = AgentClient(
-                endpoint, caller=self._caller, credentials=self._credentials, config=self._config
+        held = self._channels.get(endpoint)
+        if held is None:
+            held = self._channels[endpoint] = _Channel(
+                AgentClient(
+                    endpoint,
+                    caller=self._caller,
+                    credentials=self._credentials,
+                    config=self._config,
+                )
             )
-            self._clients[endpoint] = client
+        held.calls += 1
         try:
-            return await client.call(
+            return await held.client.call(
                 call.target,
                 call.capability,
                 call.request,
@@ -242,13 +263,20 @@ class GrpcDispatcher:
             )
         except UnavailableError:
             self._directory.invalidate(call.target)
-            stale = self._clients.pop(endpoint, None)
-            if stale is not None:
-                await stale.aclose()
+            if self._channels.get(endpoint) is held:
+                del self._channels[endpoint]
+                held.retired = True
+                self._retired.add(held)
             raise
+        finally:
+            held.calls -= 1
+            if held.retired and held.calls == 0:
+                self._retired.discard(held)
+                await held.client.aclose()
 
     async def aclose(self) -> None:
         """Close every client channel."""
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.aclose()
+        channels = [*self._channels.values(), *self._retired]
+        self._channels, self._retired = {}, set()
+        for held in channels:
+            await held.client.aclose()
