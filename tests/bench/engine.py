@@ -26,7 +26,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 from opentelemetry import trace
@@ -241,6 +241,39 @@ async def _measure(config: EngineBenchConfig) -> dict[str, list[float]]:
     return walls
 
 
+SCALE_LAYERS: Final = 1000
+"""Layers of the scale run's plan: 1,000 of the config's width (100): 100,000 steps."""
+FLAT_RATIO: Final = 1.25
+"""Per-step cost at 100,000 steps within this factor of the cost at 1,000: flat."""
+
+
+async def _scale(config: EngineBenchConfig, layers: int, repeats: int) -> dict[str, Any]:
+    """The no-op-tracer engine's per-step cost on the config's plan and on one ``layers`` deep."""
+    engine = Engine(EngineConfig(max_in_flight=config.max_in_flight), tools=NoopTools(), agent="b")
+    out: dict[str, Any] = {}
+    for name, shape in (
+        ("small", config),
+        ("large", replace(config, layers=layers)),
+    ):
+        plan = layered_plan(shape)
+
+        async def run(plan: Plan = plan, steps: int = shape.steps) -> int:
+            result = await engine.run(plan)
+            if result.status is not PlanStatus.SUCCEEDED or len(result.outputs) != steps:
+                raise RuntimeError(f"the engine run ended {result.status}: {result.failures[:1]}")
+            return steps
+
+        await _timed(run)  # warm-up
+        walls = [await _timed(run) for _ in range(repeats)]
+        out[name] = {
+            "steps": shape.steps,
+            "per_step_us": round(statistics.median(walls) / shape.steps * 1e6, 3),
+            "runs": repeats,
+        }
+    ratio = round(out["large"]["per_step_us"] / out["small"]["per_step_us"], 3)
+    return {**out, "ratio": ratio, "max_ratio": FLAT_RATIO, "flat": ratio <= FLAT_RATIO}
+
+
 def run_engine_benchmark(config: EngineBenchConfig | None = None) -> dict[str, Any]:
     """Run the engine benchmark in a fresh event loop and summarize it.
 
@@ -251,10 +284,13 @@ def run_engine_benchmark(config: EngineBenchConfig | None = None) -> dict[str, A
         A JSON-ready dict: ``config``, ``tracer_provider`` (the global provider's type, which the
         no-op variant uses), ``variants`` (per variant: ``per_step_us`` summary over the repeats,
         ``run_ms`` median, ``samples_us`` per step), ``ratios`` (each engine variant's median per
-        step over the bare loop's) and ``target`` (``max_ratio``, ``ratio``, ``met``).
+        step over the bare loop's), ``target`` (``max_ratio``, ``ratio``, ``met``) and ``scale``
+        (the no-op-tracer engine's per-step cost at the config's steps and at 100,000 steps:
+        ``small``, ``large``, ``ratio``, ``flat``).
     """
     config = config or EngineBenchConfig()
     walls = asyncio.run(_measure(config))
+    scale = asyncio.run(_scale(config, SCALE_LAYERS, repeats=3))
     variants: dict[str, Any] = {}
     for name, samples in walls.items():
         per_step = [wall / config.steps for wall in samples]
@@ -269,6 +305,7 @@ def run_engine_benchmark(config: EngineBenchConfig | None = None) -> dict[str, A
     }
     return {
         "config": {**asdict(config), "steps": config.steps},
+        "scale": scale,
         "tracer_provider": type(trace.get_tracer_provider()).__name__,
         "variants": variants,
         "ratios": ratios,

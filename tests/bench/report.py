@@ -530,6 +530,15 @@ def _engine_section(engine: dict[str, Any]) -> list[str]:
             f"- `{name}`: {ratio:.2f}x the bare loop per step, target ≤ {bound:g}x: "
             f"{_verdict(ratio <= bound)}."
         )
+    scale = engine.get("scale")
+    if scale:
+        small, large = scale["small"], scale["large"]
+        lines.append(
+            f"- Per-step cost by plan size (no-op tracer, median of {large['runs']} runs after a "
+            f"warm-up): {small['per_step_us']:.1f} µs at {small['steps']:,} steps, "
+            f"{large['per_step_us']:.1f} µs at {large['steps']:,} steps ({scale['ratio']:.2f}x); "
+            f"flat (≤ {scale['max_ratio']:g}x): {_verdict(scale['flat'])}."
+        )
     lines.append("")
     return lines
 
