@@ -273,7 +273,18 @@ def run_quality_benchmark(*, model_goals: int | None = None) -> dict[str, Any]:
         model_goals = int(os.environ["STRATAGEM_BENCH_QUALITY_MODEL_GOALS"])
     kinds = {kind: sum(1 for g in suite if g["kind"] == kind) for kind in ("grammar", "prose")}
     results: dict[str, Any] = {"suite": {"goals": len(suite), **kinds}}
-    logging.getLogger("stratagem").setLevel(logging.ERROR)  # planners' warnings are in the figures
+    quiet = logging.getLogger("stratagem")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the planners' warnings are in the figures
+    try:
+        return _run_suites(results, suite, model_goals)
+    finally:
+        quiet.setLevel(level)
+
+
+def _run_suites(
+    results: dict[str, Any], suite: list[dict[str, Any]], model_goals: int | None
+) -> dict[str, Any]:
 
     async def run(
         goals: list[dict[str, Any]], model: dict[str, str] | None
@@ -295,7 +306,11 @@ def run_quality_benchmark(*, model_goals: int | None = None) -> dict[str, Any]:
 
     deterministic = asyncio.run(run(suite, None))
     results["deterministic"] = {"summary": _summary(deterministic), "goals": deterministic}
+    _count_expectations(results, suite)
     chosen = _alternating(suite, model_goals)
+    if not chosen:
+        results["model"] = {"skipped": "no goal was asked to run with the model planners"}
+        return results
     model, env, skipped = _start_model_server()
     if model is None:
         logger.warning("quality: model planners skipped: %s", skipped)
@@ -313,11 +328,17 @@ def run_quality_benchmark(*, model_goals: int | None = None) -> dict[str, Any]:
         "summary": _summary(outcomes),
         "goals": outcomes,
     }
-    for name in ("deterministic", "model"):
-        expected = {g["id"] for g in suite if g["expect"]}
-        ran = results[name]["goals"]
-        results[name]["summary"]["with_expectation"] = sum(1 for o in ran if o["id"] in expected)
+    _count_expectations(results, suite)
     return results
+
+
+def _count_expectations(results: dict[str, Any], suite: list[dict[str, Any]]) -> None:
+    expected = {g["id"] for g in suite if g["expect"]}
+    for name in ("deterministic", "model"):
+        part = results.get(name) or {}
+        if "summary" in part:
+            ran = part["goals"]
+            part["summary"]["with_expectation"] = sum(1 for o in ran if o["id"] in expected)
 
 
 def _alternating(suite: list[dict[str, Any]], count: int | None) -> list[dict[str, Any]]:

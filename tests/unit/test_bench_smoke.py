@@ -34,11 +34,13 @@ from tests.bench.engine import (
     ENGINE_NOOP,
     ENGINE_SDK,
     EngineBenchConfig,
+    _scale,
     layered_plan,
     run_engine_benchmark,
 )
 from tests.bench.peers import VARIANTS as PEER_VARIANTS
 from tests.bench.peers import PeersBenchConfig, summarize_peers
+from tests.bench.quality import load_suite, quality_section, run_quality_benchmark
 from tests.bench.report import (
     _durable_section,
     cli_section,
@@ -194,3 +196,27 @@ def test_cli_summary_and_section_are_well_formed() -> None:
     assert "`help`" in text
     assert "`request`" in text
     assert "**not met**" in text
+
+
+def test_quality_suite_and_deterministic_run_are_well_formed() -> None:
+    suite = load_suite()
+    assert len(suite) >= 30
+    assert sum(1 for g in suite if g["kind"] == "prose") >= 12
+    results = run_quality_benchmark(model_goals=0)
+    summary = results["deterministic"]["summary"]
+    assert summary["goals"] == len(suite)
+    # Whatever the planner: every plan that ran is valid and every failure is a named one.
+    assert summary["invalid_plans"] == []
+    assert summary["failures_named"] == summary["failures"] > 0
+    assert summary["succeeded"] + summary["failures"] == summary["goals"]
+    assert "skipped" in results["model"]
+    section = "\n".join(quality_section(results))
+    assert f"| deterministic | {len(suite)} | {summary['succeeded']} |" in section
+    assert "Model planners skipped" in section
+
+
+def test_engine_scale_is_reported() -> None:
+    scale = asyncio.run(_scale(EngineBenchConfig(layers=2, width=10, repeats=1), 20, repeats=1))
+    assert (scale["small"]["steps"], scale["large"]["steps"]) == (20, 200)
+    assert scale["ratio"] > 0
+    assert scale["flat"] == (scale["ratio"] <= scale["max_ratio"])
