@@ -29,4 +29,5 @@ PY
 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   tests/unit -m "not postgres" \
   --deselect tests/unit/test_architecture.py::test_generated_protobuf_code_is_fresh \
-  --deselect tests/unit/test_architecture.py::test_import_contracts_hold "$@"
+  --deselect tests/unit/test_architecture.py::test_import_contracts_hold \
+  --deselect tests/unit/test_architecture.py::test_the_examples_generated_code_is_not_stale "$@"

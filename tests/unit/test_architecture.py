@@ -54,3 +54,19 @@ def test_ray_is_not_imported_by_lower_layers() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+APPRAISAL = REPO / "examples" / "extensions" / "appraisal"
+
+
+def test_the_examples_generated_code_is_not_stale(tmp_path: Path) -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{APPRAISAL}", f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", str(APPRAISAL / "appraisal.proto")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for name in ("appraisal_pb2.py", "appraisal_pb2.pyi"):
+        assert (tmp_path / name).read_text() == (APPRAISAL / name).read_text(), (
+            f"examples/extensions/appraisal/{name} is stale: regenerate it (see wire_values.py)"
+        )
