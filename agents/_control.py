@@ -20,7 +20,9 @@ from pydantic import ValidationError
 from stratagem.agents._records import PlanBook, follow_revision
 from stratagem.agents._wire import (
     MESSAGE_LIMIT,
+    digest_of_request,
     gate_output,
+    goal_marked,
     invalid_argument,
     one_line,
     revision_entry,
@@ -35,9 +37,12 @@ from stratagem.planning import (
     PlanValidationError,
     StateStore,
     StepEvent,
+    StepFailure,
+    failure_repaired,
 )
 from stratagem.planning import replay as replay_plan
 from stratagem.protocol import (
+    CAPABILITIES,
     CallContext,
     ControlRequest,
     FailedPreconditionError,
@@ -242,12 +247,18 @@ class PlanControl:
             raise FailedPreconditionError(one_line(str(exc))) from exc
         plan = state.plan(self.plan_type)
         steps = len(plan.steps)
-        # A model's plan: re-derived from the model calls journaled with it, no model asked.
+        # A model's plan: re-derived from the model calls journaled with it, no model asked,
+        # the first revision and every repair the model made while it ran.
         rederived: list[str] | None = None
         capability = plan.provenance.capability if plan.provenance is not None else ""
         rederive = getattr(self._planner_of(capability), "rederive", None)
-        if callable(rederive):
-            rederived = await rederive(plan)
+        if callable(rederive) and plan.provenance is not None:
+            repaired = await self._model_repairs(plan_id, plan.revision)
+            if repaired is not None:
+                request = plan.provenance.request
+                rederived = await rederive(
+                    plan, repaired, served=lambda first: self._served(first, capability, request)
+                )
         model = [
             ReplayDivergence(
                 step_id="",
@@ -276,6 +287,32 @@ class PlanControl:
                 )
                 for d in report.divergences
             ],
+        )
+
+    async def _model_repairs(self, plan_id: str, revision: int) -> list[StepFailure] | None:
+        """The failure each revision before ``revision`` ended with, when every later revision
+        is a model's repair of it (``None``: a revision was made another way, say an operator's
+        replan, so the journal alone cannot re-derive the plan)."""
+        if revision == 1 or self.store is None:
+            return []
+        failures: list[StepFailure] = []
+        for record in await self.store.revisions(plan_id):
+            if record.revision < 2 or record.revision > revision:
+                continue
+            failure = failure_repaired(record)
+            if failure is None or not record.author.startswith("model:"):
+                return None
+            failures.append(failure)
+        return failures if len(failures) == revision - 1 else None
+
+    def _served(self, plan: Plan, capability: str, request: Mapping[str, Any]) -> Plan:
+        """``plan`` as the agent ran it: its goal marked with the request's digest."""
+        spec = CAPABILITIES.get(capability)
+        if spec is None:
+            return plan
+        wire = spec.request.model_validate(request)
+        return plan.model_copy(
+            update={"goal": goal_marked(plan.goal, digest_of_request(capability, wire))}
         )
 
     async def decide_gate(

@@ -11,7 +11,10 @@ Two implementations ship:
 
 Failures are the engine's failure classes: a server that cannot be reached, times out, limits the
 rate or fails (5xx) raises ``TransientError`` (retried with backoff); a request the server refuses
-(4xx) raises ``LogicError``. The API key is a secret: it is kept out of every ``repr`` and message.
+(4xx) raises ``LogicError``. An answer the model declined to give (a refusal, or one the
+server's content filter withheld) is an answer, not a failure of the call: ``parse_json_answer``
+turns it into the critique a planner sends back. The API key is a secret: it is kept out of every
+``repr`` and message.
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ class ChatResponse:
     Attributes:
         content: The answer's text (JSON when a schema was asked for).
         model: The model that answered, as the server names it.
-        finish_reason: ``stop``, ``length`` (cut at ``max_tokens``), ``content_filter``, ...
+        finish_reason: ``stop``, ``length`` (cut at ``max_tokens``), ``content_filter``, ...;
+            ``refusal`` when the model declined to answer (``content`` is then its reason, as the
+            API's ``message.refusal`` gave it).
         input_tokens: Tokens of the prompt, as the server counted them.
         output_tokens: Tokens of the answer.
         latency_s: Wall time of the call.
@@ -207,7 +212,12 @@ class OpenAIModelClient:
         started = time.perf_counter()
         try:
             completion = await self._client.chat.completions.create(**arguments)
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+        except openai.APITimeoutError as exc:  # before its base class, APIConnectionError
+            raise TransientError(
+                f"model server {self._config.url} did not answer within "
+                f"{self._config.timeout_s:g} s"
+            ) from exc
+        except openai.APIConnectionError as exc:
             raise TransientError(
                 f"model server {self._config.url} unreachable: {type(exc).__name__}"
             ) from exc
@@ -225,10 +235,11 @@ class OpenAIModelClient:
             raise LogicError(f"model server {self._config.url} answered no choice")
         choice = completion.choices[0]
         usage = completion.usage
+        refusal = getattr(choice.message, "refusal", None)
         return ChatResponse(
-            content=choice.message.content or "",
+            content=str(refusal) if refusal else choice.message.content or "",
             model=completion.model or self._config.model,
-            finish_reason=str(choice.finish_reason or "unknown"),
+            finish_reason="refusal" if refusal else str(choice.finish_reason or "unknown"),
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
             latency_s=latency,
@@ -296,7 +307,12 @@ class ScriptedModelClient:
 
 def parse_json_answer(response: ChatResponse) -> Any:
     """The answer as JSON, or a ``LogicError`` saying why it is not (cut at the token limit, or
-    not JSON): what goes back to the model as a critique."""
+    not JSON, refused, filtered): what goes back to the model as a critique."""
+    if response.finish_reason == "refusal":
+        reason = " ".join(response.content.split())[:300] or "no reason given"
+        raise LogicError(f"the model refused to answer: {reason}")
+    if response.finish_reason == "content_filter":
+        raise LogicError("the model's answer was withheld by the server's content filter")
     if response.finish_reason == "length":
         raise LogicError(
             f"the model's answer was cut at the token limit ({response.output_tokens} tokens)"

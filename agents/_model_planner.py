@@ -563,24 +563,50 @@ class ModelPlanner:
         """The response, built by the role's own planner from the plan's outputs."""
         return self.deterministic.respond(capability, request, result)
 
-    async def rederive(self, plan: Plan) -> list[str] | None:
+    async def rederive(
+        self,
+        plan: Plan,
+        repaired: Sequence[StepFailure] = (),
+        *,
+        served: Callable[[Plan], Plan] | None = None,
+    ) -> list[str] | None:
         """Re-derive ``plan`` from its journal with no model (see ``rederive``): the differences
-        ([]: none), or ``None`` when it is not a plan this planner made from model calls or was
-        repaired after it ran (re-derivation covers a plan's first revision)."""
+        ([]: none), or ``None`` when it is not a plan this planner made from model calls.
+
+        Args:
+            plan: The plan's newest revision.
+            repaired: For a revision the model made while the plan ran, the failure each earlier
+                revision ended with, oldest first (one per revision after the first).
+            served: What the agent did to the first revision before running it (it marks the
+                goal), so a repair is asked about the plan as it ran.
+        """
         provenance = plan.provenance
-        if provenance is None or not provenance.calls or plan.revision != 1:
+        if provenance is None or not provenance.calls or plan.revision != 1 + len(repaired):
             return None
         request = self._request(provenance)
         if request is None:
             return ["the journal does not hold the request the plan answers"]
-        return await rederive(self, request[0], request[1], plan)
+        return await rederive(self, request[0], request[1], plan, repaired=repaired, served=served)
 
 
 async def rederive(
-    planner: ModelPlanner, capability: str, request: WireModel, plan: Plan
+    planner: ModelPlanner,
+    capability: str,
+    request: WireModel,
+    plan: Plan,
+    *,
+    repaired: Sequence[StepFailure] = (),
+    served: Callable[[Plan], Plan] | None = None,
 ) -> list[str]:
-    """Re-derive ``plan``'s first revision from its journal, with no model: the recorded answers
-    are served in order; the differences between the derived plan and ``plan`` ([]: none)."""
+    """Re-derive ``plan`` from its journal, with no model: the recorded answers are served in
+    order to the same planner (same role, schema and checks), which plans the first revision and
+    then repairs it after each failure in ``repaired``; the differences between the derived plan
+    and ``plan`` ([]: none).
+
+    A difference is named: other steps, the model asked something else than the journal
+    recorded (a request digest differs), the journal running out of answers, or answers left
+    over that the derivation never asked for.
+    """
     provenance = plan.provenance
     if provenance is None:
         return ["the plan has no provenance to re-derive it from"]
@@ -597,7 +623,17 @@ async def rederive(
     journal = ScriptedModelClient(recorded, model=planner.client.model)
     again = copy.copy(planner)  # the same role, schema and checks: only the model differs
     again.client = journal
-    derived = await again.plan(capability, request, plan_id=plan.id)
+    try:
+        derived = await again.plan(capability, request, plan_id=plan.id)
+        for number, failure in enumerate(repaired, start=2):
+            if served is not None and number == 2:
+                derived = served(derived)
+            repair = await again.replan(derived, failure)
+            if repair is None:
+                return [f"revision {number}: the journal does not re-derive the model's repair"]
+            derived = repair
+    except (LogicError, PolicyError, TransientError) as exc:
+        return [f"re-deriving from the journal failed: {_one_line(str(exc), 500)}"]
     # Steps, not the goal: the agent marks a served plan's goal with its request's digest.
     differences = []
     ours = [s.model_dump(mode="json", exclude={"status"}) for s in derived.steps]
@@ -607,4 +643,8 @@ async def rederive(
     digests = [c.request_digest for c in (derived.provenance.calls if derived.provenance else [])]
     if digests != [c.request_digest for c in provenance.calls[: len(digests)]]:
         differences.append("the model was asked something else than the journal recorded")
+    if journal.remaining:
+        differences.append(
+            f"the journal holds {journal.remaining} model answer(s) the derivation never asked for"
+        )
     return differences

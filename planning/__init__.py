@@ -61,6 +61,8 @@ from stratagem.planning._revisions import (
     RevisionRecord,
     StepChange,
     diff_plans,
+    failure_repaired,
+    replan_rationale,
     unchanged_steps,
 )
 from stratagem.planning._sqlite_store import SqliteStateStore
@@ -168,9 +170,11 @@ __all__ = [
     "code_for_failure_class",
     "diff_plans",
     "failure_class_for_code",
+    "failure_repaired",
     "find_cycle",
     "ref",
     "refs_in",
+    "replan_rationale",
     "replay",
     "resolve_refs",
     "topological_layers",

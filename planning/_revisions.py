@@ -13,13 +13,14 @@ timeout or retry policy shows in the diff but does not stop its result from carr
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from stratagem.planning._errors import StepFailure
-from stratagem.planning._plan import Plan, Step
+from stratagem.planning._plan import FailureClass, Plan, Step
 
 __all__ = [
     "Replanner",
@@ -28,6 +29,8 @@ __all__ = [
     "RevisionRecord",
     "StepChange",
     "diff_plans",
+    "failure_repaired",
+    "replan_rationale",
     "unchanged_steps",
 ]
 
@@ -143,6 +146,32 @@ class Replanner(Protocol):
         """A new plan for ``plan`` after ``failure``, or ``None`` to let it fail; a replanner
         that asks a model returns an awaitable, which the engine awaits."""
         ...
+
+
+_RATIONALE: Final = re.compile(
+    r"step '(?P<step>[^']*)' failed \((?P<cls>[a-z]+)\): (?P<message>.*)", re.S
+)
+
+
+def replan_rationale(failure: StepFailure) -> str:
+    """The rationale of a revision the engine's replanner made after ``failure``."""
+    return f"step {failure.step_id!r} failed ({failure.failure_class.value}): {failure.message}"
+
+
+def failure_repaired(record: RevisionRecord) -> StepFailure | None:
+    """The failure a revision the engine's replanner made was asked to repair, read back from its
+    rationale (``replan_rationale``); ``None`` for a revision made another way (an operator's).
+
+    Replay re-derives a model's repairs from it: the same failure, the same question to the model.
+    """
+    found = _RATIONALE.fullmatch(record.rationale)
+    if found is None:
+        return None
+    try:
+        failure_class = FailureClass(found["cls"])
+    except ValueError:
+        return None
+    return StepFailure(found["step"], failure_class, found["message"], attempts=0)
 
 
 def _fields(step: Step) -> dict[str, Any]:

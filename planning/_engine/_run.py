@@ -20,6 +20,7 @@ from stratagem.planning._engine._state import _Outcome
 from stratagem.planning._engine._types import PlanResult
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
 from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, Step, StepStatus
+from stratagem.planning._revisions import replan_rationale
 from stratagem.planning._store import PlanStatusRecord, StepIntent, StepResult
 
 logger = logging.getLogger(__name__)
@@ -275,9 +276,7 @@ class _PlanRun(_Compensation[P]):
         self._skip_pending()
         if self.journal is not None:
             await self.journal.flush()
-        rationale = (
-            f"step {failure.step_id!r} failed ({failure.failure_class.value}): {failure.message}"
-        )
+        rationale = replan_rationale(failure)
         try:
             revision, state = await engine._revise(
                 self.plan,

@@ -102,6 +102,31 @@ async def test_an_unreachable_server_is_transient() -> None:
         await client.chat(REQUEST)
 
 
+async def test_a_server_that_does_not_answer_in_time_is_transient_and_says_so() -> None:
+    def stall(request: httpx2.Request) -> httpx2.Response:
+        raise httpx2.ReadTimeout("timed out", request=request)
+
+    client, _ = _client(stall)
+    with pytest.raises(TransientError, match=r"did not answer within 60 s"):
+        await client.chat(REQUEST)
+
+
+async def test_a_refusal_is_an_answer_whose_reason_becomes_the_critique() -> None:
+    body = _completion("")
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "refusal": "I can't help with\n that.",
+    }
+    client, _ = _client(lambda r: httpx2.Response(200, json=body))
+    answer = await client.chat(REQUEST)
+    assert (answer.finish_reason, answer.content) == ("refusal", "I can't help with\n that.")
+    with pytest.raises(
+        LogicError, match=r"^the model refused to answer: I can't help with that\.$"
+    ):
+        parse_json_answer(answer)
+
+
 def test_the_key_never_shows() -> None:
     config = ModelConfig(url="http://x/v1", model="m", api_key=SECRET)
     client, _ = _client(lambda r: httpx2.Response(200, json=_completion("{}")))
@@ -134,6 +159,8 @@ async def test_the_scripted_model_answers_in_order_and_records_requests() -> Non
     [
         (ChatResponse('{"steps": [', "m", "length", output_tokens=64), "cut at the token limit"),
         (ChatResponse("Sure! Here is", "m", "stop"), "not JSON"),
+        (ChatResponse("", "m", "content_filter"), "withheld by the server's content filter"),
+        (ChatResponse("", "m", "refusal"), "refused to answer: no reason given"),
     ],
 )
 def test_an_answer_that_is_not_json_is_a_critique(response: ChatResponse, complaint: str) -> None:

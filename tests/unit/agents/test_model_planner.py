@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 
-from stratagem.agents import ChatResponse, ScriptedModelClient, ToolRegistry, tool
+from stratagem.agents import Agent, ChatResponse, ScriptedModelClient, ToolRegistry, tool
 from stratagem.agents._model_planner import (
     ModelPlanner,
     ModelPlanningConfig,
@@ -26,14 +26,17 @@ from stratagem.agents._model_trace import TracedModelClient
 from stratagem.planning import (
     Budget,
     FailureClass,
+    InMemoryStateStore,
     LogicError,
     Plan,
     PolicyError,
     StepFailure,
     ToolStep,
     TransientError,
+    failure_repaired,
 )
-from stratagem.protocol import ExtractEntitiesRequest, WireModel
+from stratagem.protocol import ExtractEntitiesRequest, ExtractEntitiesResponse, WireModel
+from tests.unit.agents.conftest import call
 
 
 class Words(BaseModel):
@@ -296,3 +299,73 @@ async def test_message_content_is_captured_only_when_asked() -> None:
     attributes = dict(span.attributes or {})
     assert "Lena Park" in str(attributes["gen_ai.input.messages"])
     assert "split_words" in str(attributes["gen_ai.output.messages"])
+
+
+# --- a repair made while the plan ran, re-derived by replay --------------------------------------
+
+
+@tool
+async def check_text(text: str) -> Words:
+    """Check a text; a text with 'bad' in it fails (a logic failure: retrying will not help)."""
+    if "bad" in text:
+        raise LogicError(f"the text {text!r} is bad")
+    return Words(words=text.split())
+
+
+class Responding(Deterministic):
+    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
+        return ExtractEntitiesResponse(entities=[], relations=[])
+
+
+def _checking_planner(script: list[Any]) -> tuple[ModelPlanner, ScriptedModelClient]:
+    registry = _registry()
+    registry.register(check_text)
+    client = ScriptedModelClient(script, model="tiny")
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=registry,
+        client=client,
+        deterministic=Responding(),
+        config=ModelPlanningConfig(transient_delays_s=(0.0, 0.0), max_repairs=2),
+    )
+    return planner, client
+
+
+FAILS = _answer({"id": "check", "tool": "check_text", "input": {"text": "a bad text"}})
+REPAIRED = _answer({"id": "check", "tool": "check_text", "input": {"text": "a good text"}})
+
+
+async def test_replay_rederives_a_repair_the_model_made_while_the_plan_ran() -> None:
+    planner, client = _checking_planner(["not json", FAILS, REPAIRED])
+    agent = Agent("perception", planner.registry, Plan, planner, store=InMemoryStateStore())
+    await agent.handle("ExtractEntities", REQUEST, call("ExtractEntities", "perception"))
+    (record,) = list(agent.plans(""))
+    plan = agent.record(record.plan_id).plan
+    assert plan.revision == 2
+    assert plan.provenance is not None
+    assert [c.outcome for c in plan.provenance.calls][1:] == ["accepted", "accepted"]
+    assert client.remaining == 0  # the script is spent: replay cannot ask it anything
+    report = await agent.replay(record.plan_id)
+    assert report.divergences == []
+    assert report.decisions == 4 * 1 + 1 + 1  # one step, the plan, the model plan's derivation
+
+    # The same journal with another failure asks the model something else than it recorded;
+    # a changed repair answer derives other steps.
+    (_, second) = await agent.store.revisions(record.plan_id)  # type: ignore[union-attr]
+    failure = failure_repaired(second)
+    assert failure is not None
+    assert failure.step_id == "check"
+    assert "is bad" in failure.message
+    other = StepFailure("check", FailureClass.LOGIC, "another reason", attempts=1)
+    assert await planner.rederive(plan, [other]) == [
+        "the model was asked something else than the journal recorded"
+    ]
+    calls = list(plan.provenance.calls)
+    calls[2] = calls[2].model_copy(update={"response": FAILS})
+    forged = plan.model_copy(
+        update={"provenance": plan.provenance.model_copy(update={"calls": calls})}
+    )
+    differences = await planner.rederive(forged, [failure])
+    assert differences is not None
+    assert "steps differs" in differences
