@@ -252,8 +252,7 @@ class Engine:
                 rationale=rationale,
                 output_json=output_json,
             )
-            if self.store is not None:
-                await self.store.commit([record])
+            await _record(run, record)
             run.apply_decision(gate_id, approve, approver, rationale, output)
             return
         store = self._require_store(plan_id, "decide a gate of")
@@ -319,8 +318,7 @@ class Engine:
         """
         run = self._runs.get(plan_id)
         if run is not None:
-            if self.store is not None:
-                await self.store.commit([ControlRecord(plan_id, run.plan.revision)])
+            await _record(run, ControlRecord(plan_id, run.plan.revision))
             run.cancel()
             return
         store = self._require_store(plan_id, "cancel")
@@ -536,3 +534,20 @@ def _check_stored_decision(
             plan_id, gate_id, revision, "an output may only be given to a reconcile gate"
         )
     return kind
+
+
+async def _record(run: _PlanRun[Any], record: Record) -> None:
+    """Record a decision about a running plan, after everything its run recorded before.
+
+    Through the run's journal, so a decision given while the batch that opened the gate is still
+    being committed lands after that batch (committed beside it, the fold would read the gate's
+    opening after its decision, and lose the decision). A run being torn down commits no more
+    batches: the record goes to the store directly, as before the run existed.
+    """
+    journal = run.journal
+    if journal is None:
+        return
+    if journal.closed:
+        await journal.store.commit([record])
+    else:
+        await journal.write(record)

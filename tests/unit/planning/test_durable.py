@@ -29,7 +29,9 @@ from stratagem.planning import (
     Engine,
     EngineConfig,
     FailureClass,
+    GateDecision,
     GateDecisionError,
+    GateRecord,
     GateStep,
     InMemoryStateStore,
     LogicError,
@@ -516,6 +518,44 @@ async def test_a_gate_decided_while_the_run_waits() -> None:
     state = await store.load("gated")
     assert state is not None
     assert (state.status, state.gates["g"].approver) == (PlanStatus.FAILED, "ann")
+
+
+class HeldGateStore(InMemoryStateStore):
+    """Holds the commit that opens a gate until released: a slow disk at the worst moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        opens = any(isinstance(r, GateRecord) and r.decision is GateDecision.OPEN for r in records)
+        if opens and not self.release.is_set():
+            self.holding.set()
+            await self.release.wait()
+        await super().commit(records)
+
+
+async def test_a_decision_given_while_the_gates_opening_commits_is_kept() -> None:
+    store = HeldGateStore()
+    engine = engine_with(Ledger(), store)
+    task = asyncio.create_task(engine.run(gated_plan()))
+    await asyncio.wait_for(store.holding.wait(), 10)
+    decided = asyncio.create_task(
+        engine.decide("gated", "g", approve=False, approver="ann", rationale="no", revision=1)
+    )
+    for _ in range(20):  # let the decision reach the journal while the opening is held
+        await asyncio.sleep(0)
+    store.release.set()
+    await decided
+    result = await task
+    assert result.status is PlanStatus.FAILED
+    state = await store.load("gated")
+    assert state is not None
+    assert (state.gates["g"].decision, state.gates["g"].approver) == (
+        GateDecision.REJECTED,
+        "ann",
+    )
 
 
 async def test_a_gate_without_a_store_waits_for_decide() -> None:
