@@ -37,4 +37,9 @@ def registries_kept() -> Iterator[None]:
         sys.path[:] = path
         for name in set(sys.modules) - modules:
             if name.startswith(EXTENSION_MODULES):
-                del sys.modules[name]
+                module = sys.modules.pop(name)
+                # A package kept from before holds its new submodule as an attribute too, which
+                # `from package import submodule` would find without importing it again.
+                parent, _, child = name.rpartition(".")
+                if getattr(sys.modules.get(parent), child, None) is module:
+                    delattr(sys.modules[parent], child)
