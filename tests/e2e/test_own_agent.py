@@ -208,6 +208,15 @@ def test_the_orchestrator_reaches_the_critic_through_a_cross_agent_step(deployed
     assert ("orchestrator", "critic", "ReviewPlan") in rows
 
 
+def test_a_goal_still_runs_with_the_critic_deployed(deployed: Path) -> None:
+    result = run("submit", str(REPO / "examples" / "crown.yaml"), "--json", state_dir=deployed)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["response"]["status"] == "succeeded"
+    # Every agent was watched and asked for the goal's plans; the built-in pipeline used four.
+    assert {p["agent"] for p in out["plans"]} == BUILT_IN
+
+
 def test_a_killed_critic_resumes_its_plan_from_its_store(deployed: Path, tmp_path: Path) -> None:
     plan = {
         "id": "critic-gated",
