@@ -171,8 +171,8 @@ def define_agent(
         # A function making tools is called once per agent built (its tools may share state).
         tools=(lambda: tool_list) if isinstance(tools, Iterable) else tools,
         capabilities=tuple(capabilities),
-        callers=MappingProxyType({k: tuple(v) for k, v in (callers or {}).items()}),
-        calls=MappingProxyType({k: tuple(v) for k, v in (calls or {}).items()}),
+        callers=_entries(role, "callers", callers),
+        calls=_entries(role, "calls", calls),
         description=description,
     )
     _check_plan_type(spec)
@@ -238,6 +238,20 @@ def _check_plan_type(spec: AgentSpec) -> None:
             f"its plan type {plan_type.__name__} is the {owners[plan_type]} agent's; "
             "define a Plan subclass of its own",
         )
+
+
+def _entries(
+    role: str, name: str, entries: Mapping[str, Iterable[str]] | None
+) -> Mapping[str, tuple[str, ...]]:
+    """``callers`` or ``calls`` as a read-only mapping of tuples."""
+    if entries is None:
+        return MappingProxyType({})
+    if not isinstance(entries, Mapping):
+        raise _refuse(role, f"{name} must map names to lists of capabilities")
+    for key, names in entries.items():
+        if isinstance(names, str) or not isinstance(names, Iterable):
+            raise _refuse(role, f"{name}[{key!r}] must be a list of capability names")
+    return MappingProxyType({key: tuple(names) for key, names in entries.items()})
 
 
 def _tools(

@@ -365,6 +365,7 @@ REFUSED = {
         "which the perception agent does not serve",
     ),
     "calls-itself": ({"calls": {"solo": ["Solo"]}}, "calls names the agent itself"),
+    "policy-a-string": ({"callers": {"orchestrator": "Solo"}}, "must be a list of capability"),
     "planner-no-respond": ({"planner": _NoRespond}, "has no respond(capability, request, result)"),
     "planner-async-respond": ({"planner": _AsyncRespond}, "respond is async"),
     "planner-generator": ({"planner": _GeneratorPlan}, "plan is a generator"),
