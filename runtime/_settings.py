@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         restart_window_s: The window ``max_restarts`` counts in, seconds.
         max_in_flight: Steps an agent's engine runs at once.
         seed: Seed of the engines' retry jitter.
-        extensions: User modules (``module`` or ``module:function``) loaded into every agent.
+        extensions: User modules (``module`` or ``module:function``) loaded into every agent;
+            a module may define agents of its own (``agents.define_agent``).
         extension_paths: Folders agents add to ``sys.path`` before loading extensions; a local
             deployment adds the folder it was launched from.
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
@@ -126,6 +127,8 @@ class Settings(BaseSettings):
         placement: Per role, the Ray resources or node labels its agent's node must have (JSON
             in ``STRATAGEM_PLACEMENT``, e.g. ``{"perception": {"labels": {"zone": "b"}}}``); a role
             not named runs wherever Ray puts it. A restarted agent lands on a node that matches.
+            ``ports``, ``planners`` and ``placement`` may name the roles of agents the
+            ``extensions`` define (``load_settings`` imports them to know those roles).
         deploy_timeout_s: How long ``stratagem up`` waits for every agent to serve (longer on a
             cluster whose nodes start on demand); agents still starting then are reported.
         allow_unauthenticated_ray: Deploy onto an external Ray cluster that is not on loopback
