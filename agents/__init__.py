@@ -5,8 +5,14 @@ describes how they fit the layers around this one.
 """
 
 from stratagem.agents._agent import Agent, Planner, PlanRecord, serve_in_memory
+from stratagem.agents._definition import (
+    AgentSpec,
+    define_agent,
+    defined_agents,
+    extension_policy_rules,
+)
 from stratagem.agents._demo import DEMO_GOAL
-from stratagem.agents._errors import AgentError, ExtensionError
+from stratagem.agents._errors import AgentDefinitionError, AgentError, ExtensionError
 from stratagem.agents._extensions import (
     ENTRY_POINT_GROUP,
     Extension,
@@ -59,6 +65,7 @@ from stratagem.agents._perception import (
     PerceptionPlanner,
     StateUpdate,
 )
+from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
 from stratagem.agents._strategic import (
     DramaticBeat,
@@ -84,7 +91,9 @@ __all__ = [
     "ROLE_TYPES",
     "THEME_LEXICONS",
     "Agent",
+    "AgentDefinitionError",
     "AgentError",
+    "AgentSpec",
     "ArcChoice",
     "Assignment",
     "ChatMessage",
@@ -115,7 +124,9 @@ __all__ = [
     "Planner",
     "ResolutionStrategy",
     "ResourceRequirements",
+    "RoleAgent",
     "RoleAgentType",
+    "RoleSpec",
     "ScriptedModelClient",
     "StateUpdate",
     "StrategicAgent",
@@ -134,6 +145,9 @@ __all__ = [
     "WorldStore",
     "build_agent",
     "build_in_memory",
+    "define_agent",
+    "defined_agents",
+    "extension_policy_rules",
     "import_extensions",
     "in_thread",
     "load_extensions",

@@ -13,6 +13,11 @@ checkout. Entry points in the group ``stratagem.extensions`` are loaded too (eac
 a function, as above).
 
 Every agent loads every extension; an extension that serves one role checks ``agent.role``.
+
+An extension may also define a whole agent of its own (``agents.define_agent`` when its module is
+imported: see ``_definition``); such a module needs no ``setup``. A definition the module makes is
+refused on import, as an ``ExtensionError`` naming the extension and the problem in one line.
+Extensions are imported before any agent is built, so the agents they define are known then.
 """
 
 from __future__ import annotations
@@ -28,17 +33,28 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
-from stratagem.agents._errors import ExtensionError
+from stratagem.agents._errors import AgentDefinitionError, ExtensionError
 
 if TYPE_CHECKING:
     from stratagem.agents._agent import Agent
 
-__all__ = ["ENTRY_POINT_GROUP", "Extension", "import_extensions", "load_extensions"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Extension",
+    "Setup",
+    "extension_setups",
+    "import_extensions",
+    "load_extensions",
+    "set_up",
+]
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP: Final = "stratagem.extensions"
 """The entry-point group scanned for extensions."""
+
+Setup = Callable[["Agent"], None]
+"""What an extension does to each agent."""
 
 
 @runtime_checkable
@@ -50,11 +66,23 @@ class Extension(Protocol):
         ...
 
 
+def _failed(name: str, what: str, exc: BaseException) -> ExtensionError:
+    """The one-line error of an import that raised ``exc`` (a refused agent definition: its
+    reason alone)."""
+    if isinstance(exc, AgentDefinitionError):
+        return ExtensionError(name, str(exc))
+    return ExtensionError(name, f"{what} failed: {type(exc).__name__}: {exc}")
+
+
 def _import_file(name: str, path: Path) -> ModuleType:
     if not path.is_file():
         raise ExtensionError(name, f"no such file: {path}")
     module_name = f"stratagem_extension_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    loaded = sys.modules.get(module_name)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path.resolve()):
+        # Imported once per process, as a module name is: what it registers is registered once.
+        return loaded
+    spec = importlib.util.spec_from_file_location(module_name, path.resolve())
     if spec is None or spec.loader is None:
         raise ExtensionError(name, f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
@@ -63,7 +91,7 @@ def _import_file(name: str, path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[module_name]
-        raise ExtensionError(name, f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise _failed(name, f"importing {path}", exc) from exc
     return module
 
 
@@ -80,16 +108,12 @@ def _import_module(name: str, module_name: str) -> ModuleType:
             return importlib.import_module(module_name)
         except Exception as retry:
             sys.path.remove(cwd)
-            raise ExtensionError(
-                name, f"cannot import module {module_name!r}: {type(retry).__name__}: {retry}"
-            ) from retry
+            raise _failed(name, f"importing module {module_name!r}", retry) from retry
     except Exception as exc:
-        raise ExtensionError(
-            name, f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise _failed(name, f"importing module {module_name!r}", exc) from exc
 
 
-def _resolve(name: str) -> Callable[[Agent], None]:
+def _resolve(name: str) -> Setup:
     target, _, attr = name.partition(":")
     if not target:
         raise ExtensionError(name, "expected 'module', 'module:function' or 'file.py'")
@@ -100,7 +124,7 @@ def _resolve(name: str) -> Callable[[Agent], None]:
     return _setup_of(name, module, attr)
 
 
-def _setup_of(name: str, obj: object, attr: str) -> Callable[[Agent], None]:
+def _setup_of(name: str, obj: object, attr: str) -> Setup:
     if attr:
         try:
             obj = getattr(obj, attr)
@@ -112,13 +136,25 @@ def _setup_of(name: str, obj: object, attr: str) -> Callable[[Agent], None]:
             return obj
         raise ExtensionError(name, f"{attr!r} is neither callable nor has a setup method")
     setup = getattr(obj, "setup", None)
-    if not callable(setup):
-        raise ExtensionError(name, "the module has no setup(agent) function")
-    return setup  # type: ignore[no-any-return]
+    if callable(setup):
+        return setup  # type: ignore[no-any-return]
+    if isinstance(obj, ModuleType) and _defines_an_agent(obj):
+        return _nothing_to_set_up
+    raise ExtensionError(name, "the module has no setup(agent) function and defines no agent")
 
 
-def _entry_points() -> list[tuple[str, Callable[[Agent], None]]]:
-    found: list[tuple[str, Callable[[Agent], None]]] = []
+def _defines_an_agent(module: ModuleType) -> bool:
+    from stratagem.agents._definition import AgentSpec  # it imports the role agents
+
+    return any(isinstance(value, AgentSpec) for value in vars(module).values())
+
+
+def _nothing_to_set_up(agent: Agent) -> None:
+    """The setup of a module that only defines an agent: its import did everything."""
+
+
+def _entry_points() -> list[tuple[str, Setup]]:
+    found: list[tuple[str, Setup]] = []
     for point in sorted(
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name
     ):
@@ -126,7 +162,7 @@ def _entry_points() -> list[tuple[str, Callable[[Agent], None]]]:
         try:
             loaded = point.load()
         except Exception as exc:
-            raise ExtensionError(label, f"loading failed: {type(exc).__name__}: {exc}") from exc
+            raise _failed(label, "loading", exc) from exc
         if isinstance(loaded, ModuleType) or (
             isinstance(loaded, Extension) and not callable(loaded)
         ):
@@ -138,18 +174,53 @@ def _entry_points() -> list[tuple[str, Callable[[Agent], None]]]:
     return found
 
 
-def import_extensions(names: Sequence[str]) -> None:
-    """Import each named extension without setting up an agent.
-
-    A process that only sends requests (the CLI) calls this so that the capabilities an extension
-    registers on import can be validated and encoded there too.
+def extension_setups(names: Sequence[str], *, entry_points: bool) -> list[tuple[str, Setup]]:
+    """Import each named extension (then, with ``entry_points``, every entry point): the agents
+    and capabilities they define are registered; their setups are returned, in order.
 
     Raises:
-        ExtensionError: An extension cannot be imported or has no setup function.
+        ExtensionError: An extension cannot be imported, defines an agent badly, or has no setup
+            function (and defines no agent).
     """
-    for name in names:
-        if name.strip():
-            _resolve(name.strip())
+    setups = [(name.strip(), _resolve(name.strip())) for name in names if name.strip()]
+    if entry_points:
+        setups.extend(_entry_points())
+    return setups
+
+
+def import_extensions(names: Sequence[str], *, entry_points: bool = False) -> None:
+    """Import each named extension (and, with ``entry_points``, every entry point) without
+    setting up an agent.
+
+    A process that only sends requests (the CLI) calls this so that the capabilities and agents an
+    extension registers on import can be validated and encoded there too.
+
+    Raises:
+        ExtensionError: An extension cannot be imported, defines an agent badly, or has no setup
+            function (and defines no agent).
+    """
+    extension_setups(names, entry_points=entry_points)
+
+
+def set_up(agent: Agent, setups: Sequence[tuple[str, Setup]]) -> list[str]:
+    """Run each extension's setup on ``agent``; the names of those run, in order.
+
+    Raises:
+        ExtensionError: A setup failed; the message names the extension.
+    """
+    loaded = []
+    for name, setup in setups:
+        try:
+            setup(agent)
+        except ExtensionError:
+            raise
+        except Exception as exc:
+            raise ExtensionError(
+                name, f"setup failed on the {agent.role} agent: {type(exc).__name__}: {exc}"
+            ) from exc
+        logger.info("agent %s loaded extension %s", agent.role, name)
+        loaded.append(name)
+    return loaded
 
 
 def load_extensions(names: Sequence[str], agent: Agent, *, entry_points: bool = True) -> list[str]:
@@ -167,19 +238,4 @@ def load_extensions(names: Sequence[str], agent: Agent, *, entry_points: bool = 
         ExtensionError: An extension cannot be imported, has no setup function, or its setup
             failed; the message names the extension.
     """
-    setups = [(name.strip(), _resolve(name.strip())) for name in names if name.strip()]
-    if entry_points:
-        setups.extend(_entry_points())
-    loaded = []
-    for name, setup in setups:
-        try:
-            setup(agent)
-        except ExtensionError:
-            raise
-        except Exception as exc:
-            raise ExtensionError(
-                name, f"setup failed on the {agent.role} agent: {type(exc).__name__}: {exc}"
-            ) from exc
-        logger.info("agent %s loaded extension %s", agent.role, name)
-        loaded.append(name)
-    return loaded
+    return set_up(agent, extension_setups(names, entry_points=entry_points))

@@ -1,4 +1,4 @@
-"""Building an agent by role name."""
+"""Building an agent by role name: a built-in role, or one an extension defines."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from typing import Final, Protocol
 from opentelemetry.trace import TracerProvider
 
 from stratagem.agents._agent import Agent, serve_in_memory
-from stratagem.agents._extensions import load_extensions
+from stratagem.agents._definition import defined_agent_type
+from stratagem.agents._extensions import extension_setups, set_up
 from stratagem.agents._orchestrator import OrchestratorAgent
 from stratagem.agents._perception import PerceptionAgent
 from stratagem.agents._strategic import StrategicAgent
 from stratagem.agents._tactical import TacticalAgent
 from stratagem.agents._world import WorldStore
 from stratagem.planning import Dispatcher, EngineConfig, InMemoryDispatcher, StateStore
-from stratagem.protocol import ROLES
+from stratagem.protocol import roles as known_roles
 
 __all__ = ["ROLE_TYPES", "RoleAgentType", "build_agent", "build_in_memory"]
 
@@ -44,7 +45,7 @@ ROLE_TYPES: Final[Mapping[str, RoleAgentType]] = MappingProxyType(
         "orchestrator": OrchestratorAgent,
     }
 )
-"""The agent class of each built-in role."""
+"""The agent class of each built-in role (``define_agent`` adds roles beside them)."""
 
 
 def build_agent(
@@ -58,10 +59,13 @@ def build_agent(
     store: StateStore | None = None,
     world_store: WorldStore | None = None,
 ) -> Agent:
-    """Build the agent of a built-in role and load extensions into it.
+    """Build the agent of a role and load extensions into it.
+
+    The extensions are imported first, so ``role`` may be one an extension defines.
 
     Args:
-        role: ``"perception"``, ``"strategic"``, ``"tactical"`` or ``"orchestrator"``.
+        role: ``"perception"``, ``"strategic"``, ``"tactical"``, ``"orchestrator"``, or the role of
+            an agent an extension defines (``define_agent``).
         dispatcher: Sends its cross-agent steps.
         engine_config: The engine's limits and seed.
         tracer_provider: Where its spans go.
@@ -75,12 +79,13 @@ def build_agent(
         The agent.
 
     Raises:
-        ValueError: The role is not a built-in one.
-        ExtensionError: An extension failed to load.
+        ValueError: The role is neither a built-in one nor one the extensions define.
+        ExtensionError: An extension failed to load (or defines an agent badly).
     """
-    agent_type = ROLE_TYPES.get(role)
+    setups = extension_setups(extensions, entry_points=entry_points)
+    agent_type: RoleAgentType | None = ROLE_TYPES.get(role) or defined_agent_type(role)
     if agent_type is None:
-        raise ValueError(f"unknown role {role!r}; roles are: {', '.join(ROLE_TYPES)}")
+        raise ValueError(f"unknown role {role!r}; roles are: {', '.join(known_roles())}")
     if agent_type is PerceptionAgent:
         agent: Agent = PerceptionAgent(
             dispatcher=dispatcher,
@@ -96,12 +101,12 @@ def build_agent(
             tracer_provider=tracer_provider,
             store=store,
         )
-    load_extensions(extensions, agent, entry_points=entry_points)
+    set_up(agent, setups)
     return agent
 
 
 def build_in_memory(
-    roles: Iterable[str] = ROLES,
+    roles: Iterable[str] | None = None,
     *,
     engine_config: EngineConfig | None = None,
     tracer_provider: TracerProvider | None = None,
@@ -114,7 +119,8 @@ def build_in_memory(
     audit): for tests, notebooks and single-process use.
 
     Args:
-        roles: The roles to build (all four by default).
+        roles: The roles to build (by default every one: the built-in four, then those the
+            extensions define).
         engine_config: Every engine's limits and seed.
         tracer_provider: Where spans go.
         extensions: Extensions loaded into every agent.
@@ -123,6 +129,9 @@ def build_in_memory(
     Returns:
         The agents by role, and the dispatcher that connects them.
     """
+    if roles is None:
+        extension_setups(extensions, entry_points=entry_points)  # the agents they define
+        roles = known_roles()
     dispatcher = InMemoryDispatcher()
     agents = {
         role: build_agent(

@@ -16,7 +16,8 @@ from stratagem.planning._dag import structural_problems
 from stratagem.planning._errors import PlanValidationError, RefError, field_problems
 from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
 from stratagem.planning._refs import Ref, iter_refs
-from stratagem.protocol import CAPABILITIES, ROLES, CapabilitySpec
+from stratagem.protocol import CAPABILITIES, CapabilitySpec
+from stratagem.protocol import roles as registered_roles
 
 __all__ = ["validate_plan"]
 
@@ -43,7 +44,8 @@ def validate_plan(
     Args:
         plan: The plan.
         tools: The names of the tools in the owning agent's registry.
-        roles: The roles a cross-agent step may target; by default the built-in roles and every
+        roles: The roles a cross-agent step may target; by default every role known in this
+            process (``protocol.roles()``: the built-in ones and extensions' agents) and every
             role serving a capability.
         capabilities: Capability name -> spec; by default the protocol's registry.
 
@@ -52,7 +54,9 @@ def validate_plan(
     """
     caps: Mapping[str, CapabilitySpec] = CAPABILITIES if capabilities is None else capabilities
     known_roles = (
-        set(roles) if roles is not None else {*ROLES, *(spec.role for spec in caps.values())}
+        set(roles)
+        if roles is not None
+        else {*registered_roles(), *(spec.role for spec in caps.values())}
     )
     tool_names = set(tools)
     problems = structural_problems(plan.steps)

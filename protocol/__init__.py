@@ -41,6 +41,7 @@ from stratagem.protocol._audit_seal import (
 from stratagem.protocol._capabilities import (
     CAPABILITIES,
     EXTENSION_FIELD,
+    ROLE_PATTERN,
     ROLES,
     Action,
     AnalyzeNarrativeRequest,
@@ -66,6 +67,8 @@ from stratagem.protocol._capabilities import (
     WireModel,
     capability_for,
     register_capability,
+    register_role,
+    roles,
     sensitive,
 )
 from stratagem.protocol._client import AgentClient, ClientConfig
@@ -165,6 +168,7 @@ __all__ = [
     "OPERATOR",
     "READ_RPCS",
     "ROLES",
+    "ROLE_PATTERN",
     "Action",
     "AgentBackend",
     "AgentCard",
@@ -279,7 +283,9 @@ __all__ = [
     "json_object",
     "load_or_create_key",
     "register_capability",
+    "register_role",
     "remaining_time",
+    "roles",
     "sensitive",
     "to_message",
     "verify_chain",

@@ -11,6 +11,7 @@ before sending, and ``Describe`` publishes their JSON Schema.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
@@ -21,6 +22,7 @@ __all__ = [
     "CAPABILITIES",
     "EXTENSION_FIELD",
     "ROLES",
+    "ROLE_PATTERN",
     "Action",
     "AnalyzeNarrativeRequest",
     "AnalyzeNarrativeResponse",
@@ -45,11 +47,20 @@ __all__ = [
     "WireModel",
     "capability_for",
     "register_capability",
+    "register_role",
+    "roles",
     "sensitive",
 ]
 
 Role = Literal["strategic", "tactical", "perception", "orchestrator"]
+"""A built-in role (an extension's agent adds a role of its own: see :func:`roles`)."""
 ROLES: Final[tuple[Role, ...]] = ("strategic", "tactical", "perception", "orchestrator")
+"""The four built-in roles; :func:`roles` adds those extensions registered in this process."""
+ROLE_PATTERN: Final = r"^[a-z][a-z0-9_]{0,31}$"
+"""What a role's name must be: a lowercase identifier, at most 32 characters (it names the
+agent's actor, files, database schema and service)."""
+_ROLE: Final = re.compile(ROLE_PATTERN)
+_EXTENSION_ROLES: list[str] = []
 
 # An entity id: a lowercase slug. Kept short so ids stay readable in logs, spans and audit records.
 Slug = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
@@ -389,3 +400,38 @@ def capability_for(role: str, name: str) -> CapabilitySpec | None:
     """The capability ``name`` served by ``role``, or ``None`` when that role does not serve it."""
     spec = CAPABILITIES.get(name)
     return spec if spec is not None and spec.role == role else None
+
+
+# --- the registry of roles ---------------------------------------------------------------------
+
+
+def register_role(name: str) -> None:
+    """Add the role of an extension's agent (``agents.define_agent`` calls this).
+
+    Args:
+        name: The role; a lowercase identifier (``ROLE_PATTERN``).
+
+    Raises:
+        ValueError: The name is not a lowercase identifier, is the operator's identity, or is
+            a role already (a built-in one or one registered before): one line naming it.
+    """
+    from stratagem.protocol._policy import OPERATOR  # the policy imports this module
+
+    if not isinstance(name, str) or not _ROLE.fullmatch(name):
+        raise ValueError(
+            f"role {name!r} is not a lowercase identifier (a letter, then up to 31 letters, "
+            "digits or underscores)"
+        )
+    if name == OPERATOR:
+        raise ValueError(f"role {name!r} is the operator's identity, not an agent's")
+    if name in ROLES:
+        raise ValueError(f"role {name!r} is a built-in agent's")
+    if name in _EXTENSION_ROLES:
+        raise ValueError(f"role {name!r} is defined already")
+    _EXTENSION_ROLES.append(name)
+
+
+def roles() -> tuple[str, ...]:
+    """Every role known in this process: the built-in ones, then those extensions registered (in
+    the order they were)."""
+    return (*ROLES, *_EXTENSION_ROLES)

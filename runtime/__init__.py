@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         GrpcDispatcher,
         actor_name,
     )
+    from stratagem.runtime._extensions import deployment_roles
     from stratagem.runtime._goal import GoalOutcome, run_goal
     from stratagem.runtime._input import InputError, PlanNotFoundError
     from stratagem.runtime._launcher import Deployment
@@ -43,6 +44,7 @@ _HOME: dict[str, str] = {
     "EndpointDirectory": "_directory",
     "GrpcDispatcher": "_directory",
     "actor_name": "_directory",
+    "deployment_roles": "_extensions",
     "GoalOutcome": "_goal",
     "run_goal": "_goal",
     "InputError": "_input",
@@ -104,6 +106,7 @@ __all__ = [
     "authenticator_for",
     "cluster_secret",
     "credentials_for",
+    "deployment_roles",
     "load_policy",
     "load_settings",
     "read_spans",

@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from stratagem.agents import build_agent
+from stratagem.agents import build_agent, extension_policy_rules
 from stratagem.planning import EngineConfig
 from stratagem.protocol import (
     AgentServer,
@@ -40,6 +40,7 @@ from stratagem.protocol import (
     load_or_create_key,
 )
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
+from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
 from stratagem.runtime._models import attach_model_planner
@@ -61,10 +62,19 @@ logger = logging.getLogger(__name__)
 
 
 def load_policy(settings: Settings) -> Policy:
-    """The authorization policy: the configured file, or the built-in default."""
-    if settings.policy_file is not None:
-        return Policy.load(settings.policy_file)
-    return Policy.default()
+    """The authorization policy: the configured file, or the built-in default, plus the entries
+    of the agents the settings' extensions define (imported here, if not yet).
+
+    An extension's entries name only calls to and from its own agent; they are added to a policy
+    file of one's own too, since the extension's code runs in every agent anyway.
+    """
+    import_agent_extensions(settings.extensions)
+    base = Policy.load(settings.policy_file) if settings.policy_file else Policy.default()
+    added = extension_policy_rules()
+    if not added:
+        return base
+    logger.info("policy: %d entries of the agents extensions define", len(added))
+    return Policy([*base.rules, *added])
 
 
 def _restarts() -> int | None:

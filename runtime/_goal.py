@@ -14,7 +14,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from stratagem.protocol import (
     OPERATOR,
-    ROLES,
     AgentClient,
     ClientConfig,
     Credentials,
@@ -60,7 +59,8 @@ async def run_goal(
     and every cross-agent hop below it are its descendants.
 
     Args:
-        endpoints: Each role's gRPC endpoint.
+        endpoints: Each agent's gRPC endpoint, by role (the orchestrator's among them); every
+            agent's plans for the goal are watched and gathered.
         request: The goal; its ``plan_id`` is chosen here when empty, so progress can be watched
             before the plan starts.
         timeout_s: Deadline for the whole goal.
@@ -75,7 +75,7 @@ async def run_goal(
     config = ClientConfig(default_timeout_s=timeout_s)
     clients = {
         role: AgentClient(endpoints[role], caller=OPERATOR, credentials=credentials, config=config)
-        for role in ROLES
+        for role in endpoints
     }
     tracer = trace.get_tracer("stratagem.cli")
     watchers: list[asyncio.Task[None]] = []

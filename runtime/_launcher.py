@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,8 @@ from stratagem.runtime._directory import (
     dead_actor_record,
     death_cause,
 )
+from stratagem.runtime._extensions import deployment_roles
+from stratagem.runtime._input import InputError
 from stratagem.runtime._local import LaunchError, LocalCluster
 from stratagem.runtime._models import resolve_model
 from stratagem.runtime._rayauth import (
@@ -57,7 +60,11 @@ _NOT_FORWARDED = frozenset({"STRATAGEM_MODEL_API_KEY"})
 
 
 class Deployment:
-    """The four agents as named Ray actors: connect, deploy, inspect, remove.
+    """The agents as named Ray actors: connect, deploy, inspect, remove.
+
+    The agents are the four built-in ones, then those the settings' extensions define (see
+    ``roles``); an extension that does not load fails the first use of ``roles`` (``deploy``,
+    ``status``...), before anything is deployed.
 
     Use as a context manager for an embedded, short-lived deployment::
 
@@ -128,8 +135,9 @@ class Deployment:
         """Connect (embedded unless an address or a local head is known), deploy, and clean up.
 
         Agents this context deployed are removed on exit; a deployment that was already running
-        (``stratagem up``) is left as it was.
+        (``stratagem up``) is left as it was. An extension that does not load stops it before Ray.
         """
+        _ = self.roles
         self.connect()
         created = False
         try:
@@ -148,6 +156,34 @@ class Deployment:
 
     # -- agents ---------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def roles(self) -> tuple[str, ...]:
+        """Every agent's role: the built-in four, then those the extensions define.
+
+        Raises:
+            InputError: An extension does not load, or defines an agent badly.
+        """
+        return deployment_roles(self.settings.extensions)
+
+    def _found_roles(self) -> list[str]:
+        """The role of every agent actor in the namespace, ours first: an agent whose extension
+        this process does not load is found by its name (to be shown and removed)."""
+        prefix = actor_name("")
+        found = {
+            entry["name"].removeprefix(prefix)
+            for entry in ray.util.list_named_actors(all_namespaces=True)
+            if entry["namespace"] == self.settings.namespace and entry["name"].startswith(prefix)
+        }
+        ours = self._roles_if_known()
+        return [role for role in ours if role in found] + sorted(found - set(ours))
+
+    def _roles_if_known(self) -> tuple[str, ...]:
+        """``roles``, or the built-in ones when an extension does not load."""
+        try:
+            return self.roles
+        except InputError:
+            return ROLES
+
     def _grpc_host(self) -> str | None:
         if self.settings.grpc_host is not None:
             return self.settings.grpc_host
@@ -155,8 +191,8 @@ class Deployment:
         return "127.0.0.1" if self.mode in ("embedded", "local") else None
 
     def deployed(self) -> bool:
-        """Whether all four agents exist in the namespace."""
-        return all(self._handle(role) is not None for role in ROLES)
+        """Whether every agent exists in the namespace."""
+        return all(self._handle(role) is not None for role in self.roles)
 
     def _handle(self, role: str) -> Any:
         try:
@@ -182,11 +218,12 @@ class Deployment:
             LaunchError: Agents did not start, or running agents hold another cluster secret
                 than this process (every operator command would be refused).
         """
+        roles = self.roles  # an extension that does not load stops here
         if self.mode == "cluster":
             self._check_cluster_auth()
         if replace:
-            self._stop_agents(kill=True)
-        running = {role for role in ROLES if self._handle(role) is not None}
+            self._stop_agents(kill=True, roles=roles)
+        running = {role for role in roles if self._handle(role) is not None}
         update: dict[str, Any] = {"grpc_host": self._grpc_host()}
         if self.mode in ("embedded", "local") and self.settings.extensions:
             # Agents on this machine resolve extension modules from where the user launched us.
@@ -205,7 +242,7 @@ class Deployment:
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
         settings_json = settings.model_dump_json()
-        for role in ROLES:
+        for role in roles:
             options: dict[str, Any] = {
                 "name": actor_name(role),
                 "namespace": settings.namespace,
@@ -258,7 +295,9 @@ class Deployment:
         self.warnings.append(f"deploying although {risk}")
 
     def _handles_or_fail(self) -> dict[str, Any]:
-        handles: dict[str, Any] = {role: self._handle(role) for role in ROLES}
+        """A handle on every agent (``roles``, then any other agent actor found)."""
+        roles = [*self.roles, *(r for r in self._found_roles() if r not in self.roles)]
+        handles: dict[str, Any] = {role: self._handle(role) for role in roles}
         missing = [role for role, handle in handles.items() if handle is None]
         if missing:
             # A dead agent's name is free again; Ray's table still says why it died.
@@ -276,7 +315,7 @@ class Deployment:
     def _ready(self, timeout_s: float) -> list[AgentInfo]:
         """Wait until every agent answers (it answers once its gRPC server serves)."""
         handles = self._handles_or_fail()
-        refs = [handles[role].info.remote() for role in ROLES]
+        refs = [handle.info.remote() for handle in handles.values()]
         try:
             infos = ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
@@ -296,7 +335,7 @@ class Deployment:
         placement allows) is listed with Ray's state of its actor instead of failing the call.
         """
         handles = self._handles_or_fail()
-        refs = {role: handles[role].info.remote() for role in ROLES}
+        refs = {role: handle.info.remote() for role, handle in handles.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         done = set(ready)
         infos: list[AgentInfo] = []
@@ -317,8 +356,8 @@ class Deployment:
 
     def endpoint(self, role: str) -> str:
         """The gRPC endpoint of ``role``'s agent."""
-        if role not in ROLES:
-            raise LaunchError(f"unknown agent {role!r}; agents are: {', '.join(ROLES)}")
+        if role not in self.roles:
+            raise LaunchError(f"unknown agent {role!r}; agents are: {', '.join(self.roles)}")
         for info in self.status():
             if info.role == role and info.endpoint:
                 return info.endpoint
@@ -328,17 +367,19 @@ class Deployment:
 
     def flush_telemetry(self, timeout_s: float = 10.0) -> None:
         """Ask every agent to export its finished spans and sign its audit head now."""
-        refs = [h.flush.remote() for h in (self._handle(r) for r in ROLES) if h is not None]
+        handles = (self._handle(role) for role in self._found_roles())
+        refs = [handle.flush.remote() for handle in handles if handle is not None]
         with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             ray.get(refs, timeout=timeout_s)
 
     def teardown(self) -> list[str]:
-        """Remove the four agents (nothing else); returns the roles removed."""
-        return self._stop_agents(kill=True)
+        """Remove every agent (nothing else), those of extensions this process does not load
+        too; returns the roles removed."""
+        return self._stop_agents(kill=True, roles=self._found_roles())
 
-    def _stop_agents(self, *, kill: bool) -> list[str]:
+    def _stop_agents(self, *, kill: bool, roles: Sequence[str] | None = None) -> list[str]:
         removed: list[str] = []
-        handles = {role: self._handle(role) for role in ROLES}
+        handles = {role: self._handle(role) for role in (self.roles if roles is None else roles)}
         polite = [h.shutdown.remote() for h in handles.values() if h is not None]
         with contextlib.suppress(Exception):
             ray.get(polite, timeout=15)

@@ -48,9 +48,9 @@ def resolve_model(settings: Settings) -> Settings:
     Raises:
         LaunchError: A ``model`` planner with no model URL and no embedded server.
     """
-    from stratagem.protocol import ROLES
+    from stratagem.protocol import roles  # with the agents the extensions define
 
-    if all(settings.planner_for(role) == "deterministic" for role in ROLES):
+    if all(settings.planner_for(role) == "deterministic" for role in roles()):
         return settings
     if settings.model_url is not None:
         if not settings.model:

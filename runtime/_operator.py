@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -61,6 +62,7 @@ from stratagem.protocol import (
     WireModel,
     capability_for,
 )
+from stratagem.runtime._extensions import deployment_roles
 from stratagem.runtime._goal import GoalOutcome, run_goal
 from stratagem.runtime._input import (
     InputError,
@@ -119,10 +121,11 @@ def operator_settings(
         raise InputError(f"invalid settings: {exc}") from exc
 
 
-def check_role(agent: str) -> None:
-    """Raises ``InputError`` unless ``agent`` names one of the agents."""
-    if agent not in ROLES:
-        raise InputError(unknown_name("agent", agent, ROLES))
+def check_role(agent: str, roles: Sequence[str] = ROLES) -> None:
+    """Raises ``InputError`` unless ``agent`` names one of ``roles`` (the built-in ones by
+    default; ``deployment_roles`` adds those the extensions define)."""
+    if agent not in roles:
+        raise InputError(unknown_name("agent", agent, roles))
 
 
 def check_status(status: str) -> None:
@@ -135,19 +138,13 @@ def check_status(status: str) -> None:
 
 
 def capability_spec(settings: Settings, agent: str, capability: str) -> CapabilitySpec:
-    """``agent``'s ``capability`` (the settings' extensions loaded first: they may add some).
+    """``agent``'s ``capability`` (the settings' extensions loaded first: they may add agents and
+    capabilities).
 
     Raises:
         InputError: An unknown agent or capability, or an extension that does not load.
     """
-    if settings.extensions:
-        from stratagem.agents import ExtensionError, import_extensions
-
-        try:
-            import_extensions(settings.extensions)
-        except ExtensionError as exc:
-            raise InputError(str(exc)) from exc
-    check_role(agent)
+    check_role(agent, deployment_roles(settings.extensions))
     spec = capability_for(agent, capability)
     if spec is None:
         served = [name for name, item in CAPABILITIES.items() if item.role == agent]
@@ -276,9 +273,23 @@ class Operator:
 
     # -- finding the agents ----------------------------------------------------------------------
 
-    async def endpoints(self, roles: Sequence[str] = ROLES) -> dict[str, str]:
-        """Each of ``roles``' endpoint, found as the module docstring says."""
-        found, _ = await self._endpoints(roles)
+    @functools.cached_property
+    def roles(self) -> tuple[str, ...]:
+        """Every agent's role: the built-in four, then those the settings' extensions define
+        (imported on first use, as the agents import them).
+
+        Raises:
+            InputError: An extension does not load, or defines an agent badly.
+        """
+        return deployment_roles(self.settings.extensions)
+
+    def _check_role(self, agent: str) -> None:
+        check_role(agent, self.roles)
+
+    async def endpoints(self, roles: Sequence[str] | None = None) -> dict[str, str]:
+        """Each of ``roles``' endpoint (every agent's by default), found as the module docstring
+        says."""
+        found, _ = await self._endpoints(self.roles if roles is None else roles)
         return found
 
     async def _endpoints(
@@ -405,7 +416,7 @@ class Operator:
 
     async def describe(self, agent: str) -> AgentCard:
         """What ``agent`` serves: its capabilities (with their JSON schemas), versions, tools."""
-        check_role(agent)
+        self._check_role(agent)
         return await self._at(agent, lambda client: client.describe())
 
     # -- plans -----------------------------------------------------------------------------------
@@ -415,10 +426,10 @@ class Operator:
     ) -> list[PlanSnapshot]:
         """The plans the agents hold (``agent``'s only; in ``status`` only), by agent and id."""
         if agent is not None:
-            check_role(agent)
+            self._check_role(agent)
         if status is not None:
             check_status(status)
-        roles = ROLES if agent is None else (agent,)
+        roles = self.roles if agent is None else (agent,)
         found = await self._across(roles, lambda client: client.plans(""))
         snapshots = [s for _, got in found for s in got if status is None or s.status == status]
         return sorted(snapshots, key=lambda s: (s.agent, s.plan_id))
@@ -429,7 +440,7 @@ class Operator:
         Raises:
             PlanNotFoundError: No agent holds it.
         """
-        found = await self._across(ROLES, lambda client: client.plans(plan_id))
+        found = await self._across(self.roles, lambda client: client.plans(plan_id))
         snapshots = [snapshot for _, got in found for snapshot in got]
         if not snapshots:
             raise PlanNotFoundError(plan_id)
@@ -445,7 +456,7 @@ class Operator:
         async def holds(client: AgentClient) -> bool:
             return any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id))
 
-        for role, held in await self._across(ROLES, holds):
+        for role, held in await self._across(self.roles, holds):
             if held:
                 return role
         raise PlanNotFoundError(plan_id)
@@ -477,7 +488,7 @@ class Operator:
         if owner is None:
             owner = await self.owner(plan_id)
         else:
-            check_role(owner)
+            self._check_role(owner)
         endpoints, _ = await self._endpoints((owner,))
         async for event in self._client(endpoints[owner]).watch(plan_id):
             yield event
@@ -509,7 +520,7 @@ class Operator:
         on_event: Callable[[PlanEvent], None] | None = None,
     ) -> GoalOutcome:
         """Pursue a story goal across all agents (``goal``, ``passage``, ``beats``); returns the
-        orchestrator's answer, every agent's plans and the trace id.
+        orchestrator's answer, every agent's plans (an extension's agents' too) and the trace id.
 
         Args:
             goal: The goal, or the mapping a goal file holds.
@@ -521,7 +532,7 @@ class Operator:
                 goal = SubmitGoalRequest.model_validate(dict(goal))
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
-        endpoints = await self.endpoints(ROLES)
+        endpoints = await self.endpoints()
         return await run_goal(
             endpoints,
             goal,
@@ -666,8 +677,9 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     if plan_id:
         raw["id"] = plan_id
     owner = raw.get("owner")
-    if owner not in ROLES:
-        raise InputError(f"{where}: owner must be one of {', '.join(ROLES)}, not {owner!r}")
+    roles = deployment_roles(settings.extensions)
+    if owner not in roles:
+        raise InputError(f"{where}: owner must be one of {', '.join(roles)}, not {owner!r}")
     try:
         agent = build_agent(owner, extensions=settings.extensions)
     except ExtensionError as exc:
@@ -677,7 +689,7 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
     try:
-        validate_plan(typed, tools=agent.registry, roles=ROLES, capabilities=CAPABILITIES)
+        validate_plan(typed, tools=agent.registry, roles=roles, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()

@@ -82,6 +82,11 @@ class SyncOperator:
         finally:
             self._runner.close()
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Every agent's role (see ``Operator.roles``)."""
+        return self._operator.roles
+
     def endpoints(self) -> dict[str, str]:
         """Each agent's endpoint (see ``Operator.endpoints``)."""
         return self._runner.run(self._operator.endpoints())

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
+from collections.abc import Collection, Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from stratagem.protocol import ROLES
+from stratagem.protocol import ROLE_PATTERN, roles
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -27,6 +29,17 @@ def _importable(name: str) -> bool:
         return find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+_ROLE = re.compile(ROLE_PATTERN)
+
+
+def _role_names(value: Mapping[str, object]) -> None:
+    """Refuse a key that cannot be a role; whether it is one is known once the extensions that
+    define agents are imported (``load_settings`` checks it then)."""
+    for name in sorted(value):
+        if not _ROLE.fullmatch(name):
+            raise ValueError(f"{name!r} is not a role; roles are: {', '.join(roles())}")
 
 
 class RolePlacement(BaseModel):
@@ -75,7 +88,8 @@ class Settings(BaseSettings):
         restart_window_s: The window ``max_restarts`` counts in, seconds.
         max_in_flight: Steps an agent's engine runs at once.
         seed: Seed of the engines' retry jitter.
-        extensions: User modules (``module`` or ``module:function``) loaded into every agent.
+        extensions: User modules (``module`` or ``module:function``) loaded into every agent;
+            a module may define agents of its own (``agents.define_agent``).
         extension_paths: Folders agents add to ``sys.path`` before loading extensions; a local
             deployment adds the folder it was launched from.
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
@@ -113,6 +127,8 @@ class Settings(BaseSettings):
         placement: Per role, the Ray resources or node labels its agent's node must have (JSON
             in ``STRATAGEM_PLACEMENT``, e.g. ``{"perception": {"labels": {"zone": "b"}}}``); a role
             not named runs wherever Ray puts it. A restarted agent lands on a node that matches.
+            ``ports``, ``planners`` and ``placement`` may name the roles of agents the
+            ``extensions`` define (``load_settings`` imports them to know those roles).
         deploy_timeout_s: How long ``stratagem up`` waits for every agent to serve (longer on a
             cluster whose nodes start on demand); agents still starting then are reported.
         allow_unauthenticated_ray: Deploy onto an external Ray cluster that is not on loopback
@@ -216,9 +232,7 @@ class Settings(BaseSettings):
     @field_validator("ports")
     @classmethod
     def _port_roles(cls, value: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(value) - set(ROLES))
-        if unknown:
-            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
+        _role_names(value)
         bad = sorted(role for role, port in value.items() if not 1 <= port <= 65535)
         if bad:
             raise ValueError(f"the port of {bad[0]} must be in 1..65535, not {value[bad[0]]}")
@@ -230,9 +244,7 @@ class Settings(BaseSettings):
     @field_validator("planners")
     @classmethod
     def _planner_roles(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(value) - set(ROLES))
-        if unknown:
-            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
+        _role_names(value)
         return value
 
     @field_validator("model_url")
@@ -263,10 +275,22 @@ class Settings(BaseSettings):
     @field_validator("placement")
     @classmethod
     def _placement_roles(cls, value: dict[str, RolePlacement]) -> dict[str, RolePlacement]:
-        unknown = sorted(set(value) - set(ROLES))
-        if unknown:
-            raise ValueError(f"unknown role {unknown[0]!r}; roles are: {', '.join(ROLES)}")
+        _role_names(value)
         return value
+
+    def unknown_roles(self, known: Collection[str]) -> list[tuple[str, str]]:
+        """The ``(setting, role)`` pairs of ``ports``, ``planners`` and ``placement`` that name a
+        role outside ``known``."""
+        return [
+            (setting, role)
+            for setting, value in (
+                ("ports", self.ports),
+                ("planners", self.planners),
+                ("placement", self.placement),
+            )
+            for role in sorted(value)
+            if role not in known
+        ]
 
     @field_validator("store_url")
     @classmethod
@@ -463,7 +487,33 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     settings = Settings(**given, **from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
+    _check_roles(settings)
     return settings
+
+
+def _check_roles(settings: Settings) -> None:
+    """Refuse ``ports``, ``planners`` or ``placement`` naming a role no agent has.
+
+    A role neither built in nor known yet may be one an extension defines: the extensions are
+    imported (as the agents will import them) before it is judged.
+
+    Raises:
+        SettingsError: The first unknown role, with the roles there are; or an extension that
+            does not load.
+    """
+    if not settings.unknown_roles(roles()):
+        return
+    from stratagem.runtime._extensions import deployment_roles
+    from stratagem.runtime._input import InputError
+
+    try:
+        known = deployment_roles(settings.extensions)
+    except InputError as exc:
+        raise SettingsError(str(exc)) from exc
+    unknown = settings.unknown_roles(known)
+    if unknown:
+        setting, role = unknown[0]
+        raise SettingsError(f"{setting}: unknown role {role!r}; roles are: {', '.join(known)}")
 
 
 def settings_digest(settings_json: str) -> str:

@@ -28,7 +28,7 @@ from stratagem.runtime._input import InputError, parse_json_object, unknown_name
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.runtime._operator import capability_spec, check_role
+    from stratagem.runtime._operator import capability_spec
     from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
@@ -83,7 +83,6 @@ def describe(
 ) -> None:
     """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC)."""
     with _errors():
-        check_role(agent)
         settings = _settings(address, state_dir)
         card = _operate(settings, lambda op: op.describe(agent))
         cards = {c.name: c for c in card.capabilities}

@@ -98,7 +98,8 @@ def up(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Deploy the four agents as detached actors (starting a local Ray head when no address)."""
+    """Deploy the agents (the four built-in ones and those extensions define) as detached actors
+    (starting a local Ray head when no address)."""
     with _errors():
         settings = _settings(
             address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None
@@ -109,12 +110,15 @@ def up(
             update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
         )
         deployment = _deployment(settings)
+        # The extensions first: one that does not load (or defines an agent badly) stops here,
+        # before a Ray head starts.
+        roles = deployment.roles
         if settings.address is None and LocalCluster.find(settings.local_cluster_file) is None:
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
             LocalCluster.start(settings)
         if not as_json:
-            err_console.print("[dim]deploying the agents…[/]")
+            err_console.print(f"[dim]deploying the agents: {', '.join(roles)}…[/]", highlight=False)
         with _running(deployment):
             infos = deployment.deploy(detached=True, replace=replace)
         for warning in deployment.warnings:
@@ -183,7 +187,7 @@ def secret_rotate(
 def down(
     address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Remove the four agents (and the local Ray head that 'up' started, if any)."""
+    """Remove the agents (and the local Ray head that 'up' started, if any)."""
     with _errors():
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)

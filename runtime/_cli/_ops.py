@@ -33,7 +33,6 @@ from stratagem.runtime._input import (
 if TYPE_CHECKING:
     from stratagem.protocol import (
         OPERATOR,
-        ROLES,
         ArchiveError,
         ClusterSecret,
         ProtocolUsageError,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
         archive_audit,
     )
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
+    from stratagem.runtime._extensions import deployment_roles
     from stratagem.runtime._render import span_json, span_tree
     from stratagem.runtime._stores import open_audit_log
     from stratagem.runtime._telemetry import SpanRecord, read_spans
@@ -327,7 +327,7 @@ def certs_init(
     with _errors():
         settings = _settings(None, state_dir)
         folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
-        names = identities or [*ROLES, OPERATOR]
+        names = identities or [*deployment_roles(settings.extensions), OPERATOR]
         from stratagem.protocol import init_certificates
 
         written = init_certificates(folder, names, overwrite=force)

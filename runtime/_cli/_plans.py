@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from stratagem.protocol import ControlAction, PlanSnapshot, RevisionsResponse
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
-    from stratagem.runtime._operator import Operator, check_role, check_status
+    from stratagem.runtime._operator import Operator, check_status
     from stratagem.runtime._render import plan_forest
     from stratagem.runtime._settings import Settings
     from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
@@ -132,11 +132,9 @@ def plans_list(
 ) -> None:
     """List the plans the agents hold: id, agent, revision, status."""
     with _errors():
-        if agent is not None:
-            check_role(agent)
         if status is not None:
             check_status(status)
-        settings = _settings(address, state_dir)
+        settings = _settings(address, state_dir)  # the agent is checked by op.plans
         snapshots = _operate(settings, lambda op: op.plans(agent=agent, status=status))
         if as_json:
             _print_json(

@@ -12,7 +12,8 @@ import yaml
 
 from stratagem.agents import Agent, build_in_memory
 from stratagem.planning import InMemoryDispatcher
-from stratagem.protocol import CAPABILITIES, CallContext, SubmitGoalRequest
+from stratagem.protocol import CallContext, SubmitGoalRequest
+from tests.unit._registry import registries_kept
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
@@ -45,13 +46,8 @@ def cluster() -> tuple[dict[str, Agent], InMemoryDispatcher]:
 
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Undo what extension tests do to the process: capabilities, sys.path, imported modules."""
-    capabilities = dict(CAPABILITIES)
-    modules = set(sys.modules)
+    """Undo what extension tests do to the process: capabilities, roles and agents defined,
+    sys.path, imported modules."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    yield
-    CAPABILITIES.clear()
-    CAPABILITIES.update(capabilities)
-    for name in set(sys.modules) - modules:
-        if name.startswith(("examples", "stratagem_extension_", "tests.unit.agents.ext_")):
-            del sys.modules[name]
+    with registries_kept():
+        yield

@@ -24,6 +24,7 @@ EXPECTED = [
     "authenticator_for",
     "cluster_secret",
     "credentials_for",
+    "deployment_roles",
     "load_policy",
     "load_settings",
     "read_spans",
