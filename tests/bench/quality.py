@@ -49,7 +49,7 @@ from stratagem.agents import (
     model_planner,
 )
 from stratagem.agents._roles import build_in_memory
-from stratagem.planning import validate_plan
+from stratagem.planning import EngineConfig, validate_plan
 from stratagem.protocol import (
     CallContext,
     Relation,
@@ -98,7 +98,10 @@ def _context() -> CallContext:
 
 
 async def _one_goal(goal: dict[str, Any], model: dict[str, str] | None) -> dict[str, Any]:
-    agents, _ = build_in_memory(entry_points=False)
+    # As a deployment runs them: a step waiting on model calls may take minutes on a CPU server
+    # (`STRATAGEM_STEP_TIMEOUT_S` defaults to 600 s when a model plans, 30 s otherwise).
+    config = EngineConfig(default_timeout_s=600.0 if model is not None else 30.0)
+    agents, _ = build_in_memory(engine_config=config, entry_points=False)
     if model is not None:
         for agent in agents.values():
             client = OpenAIModelClient(
