@@ -58,8 +58,8 @@ from stratagem.protocol._codec import (
     encode_call,
     encode_query,
     field_path,
-    schema_drift,
 )
+from stratagem.protocol._drift import schema_drift
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, model_strategy
 
