@@ -1,7 +1,7 @@
 """How much one call may take: a slot among the server's concurrent calls, and time.
 
-``_Admission`` bounds the calls running at once and the calls waiting for a slot; ``_Budget`` and
-``_within`` run a handler under the call's remaining deadline; ``_interruption`` tells why the
+``Admission`` bounds the calls running at once and the calls waiting for a slot; ``Budget`` and
+``within`` run a handler under the call's remaining deadline; ``interruption`` tells why the
 transport cancelled a call.
 """
 
@@ -21,10 +21,12 @@ from stratagem.protocol._errors import (
     ResourceExhaustedError,
 )
 
+__all__ = ["Admission", "Budget", "deadline_passed", "interruption", "within"]
+
 T = TypeVar("T")
 
 
-class _Admission:
+class Admission:
     """At most ``limit`` calls run at once and ``queue`` wait; the rest are refused at once.
 
     Waiters are served first come, first served; a waiter whose call is cancelled (its deadline
@@ -72,7 +74,7 @@ class _Admission:
 
 
 @dataclass(frozen=True, slots=True)
-class _Budget:
+class Budget:
     """How long a call may run, and how much later than that our own timer fires.
 
     When the client sent a deadline, the transport cancels the call as it passes and our timer is
@@ -83,7 +85,7 @@ class _Budget:
     backstop: float
 
 
-async def _within(budget: _Budget, awaitable: Awaitable[T], what: str) -> T:
+async def within(budget: Budget, awaitable: Awaitable[T], what: str) -> T:
     """Await ``awaitable`` within ``budget`` (``DeadlineExceededError`` after).
 
     ``asyncio.timeout`` without its context-manager objects: one timer that cancels this task,
@@ -91,7 +93,7 @@ async def _within(budget: _Budget, awaitable: Awaitable[T], what: str) -> T:
     """
     task = asyncio.current_task()
     if task is None:
-        raise ProtocolUsageError("_within needs a running task")
+        raise ProtocolUsageError("within needs a running task")
     expired = False
 
     def expire() -> None:
@@ -121,13 +123,13 @@ async def _within(budget: _Budget, awaitable: Awaitable[T], what: str) -> T:
     return result
 
 
-def _deadline_passed(context: Any) -> bool:
+def deadline_passed(context: Any) -> bool:
     remaining = context.time_remaining()
     return remaining is not None and remaining <= 0
 
 
-def _interruption(context: Any) -> RemoteError:
+def interruption(context: Any) -> RemoteError:
     """Why the transport cancelled a call: its deadline passed, or its caller went away."""
-    if _deadline_passed(context):
+    if deadline_passed(context):
         return DeadlineExceededError("the deadline passed")
     return CancelledError("cancelled by the caller")

@@ -21,7 +21,7 @@ the offending fields by path (``beat.goals[0].predicate``), relative to the capa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Literal, TypeVar
 
 from google.protobuf import json_format
@@ -41,91 +41,18 @@ from stratagem.protocol._errors import (
     ProtocolUsageError,
 )
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
-from stratagem.protocol._models import (
-    CAPABILITY_NAME_PATTERN,
-    CONTROL_ACTIONS,
-    DEFAULT_PLANS_PAGE,
-    IDENTITY_PATTERN,
-    MAX_PLANS_PAGE,
-    PLAN_ID_PATTERN,
-    REQUEST_ID_PATTERN,
-    AgentCard,
-    CapabilityCard,
-    ControlAction,
-    ControlRequest,
-    PlanEvent,
-    PlanRevision,
-    PlanSnapshot,
-    PlansQuery,
-    QueryRpc,
-    ReadRpc,
-    ReplayDivergence,
-    ReplayResult,
-    RequestEnvelope,
-    ResponseEnvelope,
-    RevisionsResponse,
-    RevisionStepChange,
-    _Envelope,
-    _NoQuery,
-    _PlanQuery,
-    _PlansResponse,
-    _RunPlanRequest,
-    control_capability,
-)
+from stratagem.protocol._models import Envelope, RequestEnvelope, ResponseEnvelope
 
 __all__ = [
-    "CAPABILITY_NAME_PATTERN",
-    "CONTROL_ACTIONS",
-    "DEFAULT_PLANS_PAGE",
-    "IDENTITY_PATTERN",
     "MAX_JSON_DEPTH",
-    "MAX_PLANS_PAGE",
-    "PLAN_ID_PATTERN",
-    "REQUEST_ID_PATTERN",
-    "AgentCard",
-    "CapabilityCard",
-    "ControlAction",
-    "ControlRequest",
-    "PlanEvent",
-    "PlanRevision",
-    "PlanSnapshot",
-    "PlansQuery",
-    "QueryRpc",
-    "ReadRpc",
-    "ReplayDivergence",
-    "ReplayResult",
-    "RequestEnvelope",
-    "ResponseEnvelope",
-    "RevisionStepChange",
-    "RevisionsResponse",
-    "control_capability",
-    "decode_card",
-    "decode_control",
-    "decode_event",
-    "decode_plans",
-    "decode_plans_page",
-    "decode_plans_query",
-    "decode_query",
-    "decode_replay",
+    "decode",
     "decode_request",
     "decode_response",
-    "decode_revisions",
-    "decode_run_plan",
-    "decode_snapshot",
+    "encode",
     "encode_answer",
     "encode_call",
-    "encode_card",
-    "encode_control",
-    "encode_event",
-    "encode_plans",
-    "encode_plans_query",
-    "encode_query",
-    "encode_replay",
     "encode_request",
     "encode_response",
-    "encode_revisions",
-    "encode_run_plan",
-    "encode_snapshot",
     "field_path",
     "from_message",
     "json_object",
@@ -172,24 +99,6 @@ def json_object(text: str, what: str) -> dict[str, Any]:
 M = TypeVar("M", bound=Message)
 T = TypeVar("T", bound=BaseModel)
 
-
-def encode_control(request: ControlRequest) -> bytes:
-    """Serialize ``stratagem.v1.ControlRequest`` bytes."""
-    return to_message(request, pb.ControlRequest).SerializeToString()
-
-
-def decode_control(data: bytes) -> ControlRequest:
-    """Parse and validate ``stratagem.v1.ControlRequest`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.ControlRequest, ControlRequest)
-
-
-_QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
-    "Describe": (pb.DescribeRequest, _NoQuery),
-    "Watch": (pb.WatchRequest, _PlanQuery),
-    "Plans": (pb.PlansRequest, PlansQuery),
-    "Revisions": (pb.RevisionsRequest, _PlanQuery),
-    "Replay": (pb.ReplayRequest, _PlanQuery),
-}
 
 # The built-in capabilities by their ``oneof body`` field. ``register_capability`` only adds
 # capabilities carried in ``extension``, so this table is fixed once the module is imported.
@@ -494,11 +403,11 @@ def _extension_value(
         raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_message") from None
 
 
-E = TypeVar("E", bound=_Envelope)
+E = TypeVar("E", bound=Envelope)
 
 
 def _encode_envelope(
-    envelope: _Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
+    envelope: Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
 ) -> bytes:
     names = [name for name, _ in _plan(message_type.DESCRIPTOR)]
     if all(hasattr(envelope, name) for name in names):
@@ -645,134 +554,30 @@ def decode_response(data: bytes) -> ResponseEnvelope:
     return _decode_envelope(data, pb.AgentResponse, ResponseEnvelope)
 
 
-# --- cards, events, snapshots and read queries --------------------------------------------------
+# --- any RPC's messages ---------------------------------------------------------------------------
 
 
-def _decode(data: bytes, message_type: type[Message], model_type: type[T]) -> T:
+def encode(model: BaseModel, message_type: type[Message]) -> bytes:
+    """``model`` as ``message_type`` bytes: an envelope with its capability's body, any other model
+    field for field (``to_message``).
+
+    Raises:
+        ProtocolUsageError: When a value cannot be represented on the wire.
+    """
+    if isinstance(model, Envelope):
+        return _encode_envelope(model, message_type)  # type: ignore[arg-type]
+    return to_message(model, message_type).SerializeToString()
+
+
+def decode(data: bytes, message_type: type[Message], model_type: type[T]) -> T:
+    """Parse ``message_type`` bytes and validate them as ``model_type`` (an envelope's body by its
+    capability's model).
+
+    Raises:
+        InvalidArgumentError: Unparseable bytes, or a value that breaks a constraint (violations
+            name the fields).
+        FailedPreconditionError: An extension capability of another schema version.
+    """
+    if issubclass(model_type, Envelope):
+        return _decode_envelope(data, message_type, model_type)  # type: ignore[arg-type]
     return from_message(_parse(message_type, data), model_type)
-
-
-def encode_card(card: AgentCard) -> bytes:
-    """Serialize an agent card to ``stratagem.v1.AgentCard`` bytes."""
-    return to_message(card, pb.AgentCard).SerializeToString()
-
-
-def decode_card(data: bytes) -> AgentCard:
-    """Parse and validate ``stratagem.v1.AgentCard`` bytes (``InvalidArgumentError`` when bad)."""
-    return _decode(data, pb.AgentCard, AgentCard)
-
-
-def encode_event(event: PlanEvent) -> bytes:
-    """Serialize a plan event to ``stratagem.v1.PlanEvent`` bytes."""
-    return to_message(event, pb.PlanEvent).SerializeToString()
-
-
-def decode_event(data: bytes) -> PlanEvent:
-    """Parse and validate ``stratagem.v1.PlanEvent`` bytes (``InvalidArgumentError`` when bad)."""
-    return _decode(data, pb.PlanEvent, PlanEvent)
-
-
-def encode_plans(snapshots: Iterable[PlanSnapshot], next_page_token: str = "") -> bytes:
-    """Serialize plan snapshots (one page) to ``stratagem.v1.PlansResponse`` bytes."""
-    page = _PlansResponse(plans=list(snapshots), next_page_token=next_page_token)
-    return to_message(page, pb.PlansResponse).SerializeToString()
-
-
-def decode_plans(data: bytes) -> list[PlanSnapshot]:
-    """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``); the
-    page's snapshots (``decode_plans_page`` also gives the next page's token)."""
-    return _decode(data, pb.PlansResponse, _PlansResponse).plans
-
-
-def decode_plans_page(data: bytes) -> tuple[list[PlanSnapshot], str]:
-    """Parse and validate a ``stratagem.v1.PlansResponse``: its snapshots and next page token."""
-    page = _decode(data, pb.PlansResponse, _PlansResponse)
-    return page.plans, page.next_page_token
-
-
-def encode_plans_query(plan_id: str = "", page_size: int = 0, page_token: str = "") -> bytes:
-    """Serialize a ``stratagem.v1.PlansRequest`` for one page.
-
-    Raises:
-        ProtocolUsageError: A malformed ``plan_id`` or ``page_token``, or ``page_size`` outside
-            0..``MAX_PLANS_PAGE``.
-    """
-    try:
-        query = PlansQuery(plan_id=plan_id, page_size=page_size, page_token=page_token)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise ProtocolUsageError(f"invalid Plans query: {where}: {error['msg']}") from None
-    return to_message(query, pb.PlansRequest).SerializeToString()
-
-
-def decode_plans_query(data: bytes) -> PlansQuery:
-    """Parse and validate ``stratagem.v1.PlansRequest`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.PlansRequest, PlansQuery)
-
-
-def encode_run_plan(plan_json: str) -> bytes:
-    """Serialize ``stratagem.v1.RunPlanRequest`` bytes."""
-    return to_message(_RunPlanRequest(plan_json=plan_json), pb.RunPlanRequest).SerializeToString()
-
-
-def decode_run_plan(data: bytes) -> str:
-    """Parse ``stratagem.v1.RunPlanRequest`` bytes into the plan JSON (``InvalidArgumentError``)."""
-    return _decode(data, pb.RunPlanRequest, _RunPlanRequest).plan_json
-
-
-def encode_snapshot(snapshot: PlanSnapshot) -> bytes:
-    """Serialize one ``stratagem.v1.PlanSnapshot``."""
-    return to_message(snapshot, pb.PlanSnapshot).SerializeToString()
-
-
-def decode_snapshot(data: bytes) -> PlanSnapshot:
-    """Parse and validate ``stratagem.v1.PlanSnapshot`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.PlanSnapshot, PlanSnapshot)
-
-
-def encode_replay(result: ReplayResult) -> bytes:
-    """Serialize one ``stratagem.v1.ReplayResult``."""
-    return to_message(result, pb.ReplayResult).SerializeToString()
-
-
-def decode_replay(data: bytes) -> ReplayResult:
-    """Parse and validate ``stratagem.v1.ReplayResult`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.ReplayResult, ReplayResult)
-
-
-def encode_revisions(response: RevisionsResponse) -> bytes:
-    """Serialize one ``stratagem.v1.RevisionsResponse``."""
-    return to_message(response, pb.RevisionsResponse).SerializeToString()
-
-
-def decode_revisions(data: bytes) -> RevisionsResponse:
-    """Parse and validate ``stratagem.v1.RevisionsResponse`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.RevisionsResponse, RevisionsResponse)
-
-
-def encode_query(rpc: QueryRpc, plan_id: str = "") -> bytes:
-    """Serialize a plan-id request (``DescribeRequest``, ``WatchRequest``, ``PlansRequest``,
-    ``RevisionsRequest``, ``ReplayRequest``).
-
-    Raises:
-        ProtocolUsageError: When ``plan_id`` is malformed, or given to ``Describe``.
-    """
-    message_type, model_type = _QUERIES[rpc]
-    try:
-        query = model_type.model_validate({"plan_id": plan_id} if plan_id else {})
-    except ValidationError as exc:
-        raise ProtocolUsageError(f"invalid {rpc} query: {exc.errors()[0]['msg']}") from None
-    return to_message(query, message_type).SerializeToString()
-
-
-def decode_query(rpc: QueryRpc, data: bytes) -> str:
-    """Parse and validate a plan-id request (see ``encode_query``); returns its ``plan_id`` ("" for
-    ``Describe``).
-
-    Raises:
-        InvalidArgumentError: Unparseable bytes or a malformed ``plan_id``.
-    """
-    message_type, model_type = _QUERIES[rpc]
-    query = _decode(data, message_type, model_type)
-    return query.plan_id if isinstance(query, _PlanQuery) else ""

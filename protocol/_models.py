@@ -41,18 +41,21 @@ __all__ = [
     "CapabilityCard",
     "ControlAction",
     "ControlRequest",
+    "Envelope",
+    "NoQuery",
     "PlanEvent",
+    "PlanQuery",
     "PlanRevision",
     "PlanSnapshot",
+    "PlansPage",
     "PlansQuery",
-    "QueryRpc",
-    "ReadRpc",
     "ReplayDivergence",
     "ReplayResult",
     "RequestEnvelope",
     "ResponseEnvelope",
     "RevisionStepChange",
     "RevisionsResponse",
+    "RunPlanRequest",
     "control_capability",
 ]
 
@@ -70,10 +73,6 @@ PLAN_ID_PATTERN: Final[str] = next(
 """The pattern of a plan (or step) id, as ``PlanId`` declares it."""
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
-ReadRpc = Literal["Describe", "Watch", "Plans", "Revisions"]
-QueryRpc = Literal["Describe", "Watch", "Plans", "Revisions", "Replay"]
-"""The RPCs whose request is at most a plan id: the read RPCs, and ``Replay``."""
-
 ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan"]
 """What ``Control`` does to a plan."""
 CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
@@ -82,7 +81,7 @@ CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
 # --- the envelopes ------------------------------------------------------------------------------
 
 
-class _Envelope(WireModel):
+class Envelope(WireModel):
     """What both envelopes share: a capability's name and a body of its request or response."""
 
     _side: ClassVar[Literal["request", "response"]]
@@ -111,7 +110,7 @@ class _Envelope(WireModel):
         return body
 
 
-class RequestEnvelope(_Envelope):
+class RequestEnvelope(Envelope):
     """A cross-agent request: routing and idempotency fields plus one capability's request body.
 
     Field names are those of ``stratagem.v1.AgentRequest``; ``capability`` names the body's
@@ -128,7 +127,7 @@ class RequestEnvelope(_Envelope):
     delegation: list[Identity] = Field(default_factory=list, max_length=64)
 
 
-class ResponseEnvelope(_Envelope):
+class ResponseEnvelope(Envelope):
     """The answer to a ``RequestEnvelope``; its field names are ``stratagem.v1.AgentResponse``'s."""
 
     _side = "response"
@@ -209,18 +208,20 @@ DEFAULT_PLANS_PAGE: Final = 100
 """The page size an agent uses when the request names none."""
 
 
-class _PlansResponse(WireModel):
+class PlansPage(WireModel):
+    """The body of ``PlansResponse``: one page of snapshots and the next page's token."""
+
     plans: list[PlanSnapshot] = Field(default_factory=list)
     next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
 
 
-class _PlanQuery(WireModel):
-    """The body of ``WatchRequest`` and ``PlansRequest`` (the same shape)."""
+class PlanQuery(WireModel):
+    """The body of ``WatchRequest``, ``RevisionsRequest`` and ``ReplayRequest``: a plan id."""
 
     plan_id: PlanId = ""
 
 
-class PlansQuery(_PlanQuery):
+class PlansQuery(PlanQuery):
     """The body of ``PlansRequest``: which plans, and which page of them.
 
     Attributes:
@@ -234,11 +235,11 @@ class PlansQuery(_PlanQuery):
     page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
 
 
-class _NoQuery(WireModel):
+class NoQuery(WireModel):
     """The body of ``DescribeRequest``."""
 
 
-class _RunPlanRequest(WireModel):
+class RunPlanRequest(WireModel):
     """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
 
     plan_json: str = Field(min_length=2)
