@@ -26,7 +26,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import ValidationError
 
-from stratagem.protocol._capabilities import WireModel, capability_for
+from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import decode_response, encode_call, violations_from
 from stratagem.protocol._context import current_call, remaining_time
 from stratagem.protocol._errors import (
@@ -87,8 +87,7 @@ R = TypeVar("R")
 Req = TypeVar("Req", bound=WireModel)
 Resp = TypeVar("Resp", bound=WireModel)
 
-# The envelope's own patterns, checked here so that a well-formed call skips building (and
-# validating) a RequestEnvelope; a call failing one of them builds it, for its exact error.
+# The envelope's own patterns (see ``_call_payload``).
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
 _REQUEST_ID: Final = re.compile(REQUEST_ID_PATTERN)
 _PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
@@ -268,40 +267,8 @@ class AgentClient:
         request_id = request_id or _request_ids.next()
         serving = current_call.get()
         delegation = () if serving is None else serving.onward_delegation()
-        well_formed = (
-            _REQUEST_ID.fullmatch(request_id)
-            and _IDENTITY.fullmatch(self._caller)
-            and _IDENTITY.fullmatch(target)
-            and _CAPABILITY_NAME.fullmatch(capability)
-            and (not plan_id or _PLAN_ID.fullmatch(plan_id))
-            and (not step_id or _PLAN_ID.fullmatch(step_id))
-        )
-        if not well_formed:
-            try:
-                RequestEnvelope(
-                    request_id=request_id,
-                    caller=self._caller,
-                    target=target,
-                    plan_id=plan_id,
-                    step_id=step_id,
-                    capability=capability,
-                    body=request,
-                    delegation=list(delegation),
-                )
-            except ValidationError as exc:
-                problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
-                raise ProtocolUsageError(
-                    f"invalid call to {target}.{capability}: {problems}"
-                ) from None
-        payload = encode_call(
-            spec,
-            request_id=request_id,
-            caller=self._caller,
-            target=target,
-            plan_id=plan_id,
-            step_id=step_id,
-            body=request,
-            delegation=delegation,
+        payload = _call_payload(
+            spec, self._caller, target, request, request_id, plan_id, step_id, delegation
         )
 
         def answer(data: bytes) -> WireModel:
@@ -664,3 +631,54 @@ class AgentClient:
         end_span(span, error.code, error.message, server=False)
         logger.warning("%s", error)
         return error
+
+
+def _call_payload(
+    spec: CapabilitySpec,
+    caller: str,
+    target: str,
+    request: WireModel,
+    request_id: str,
+    plan_id: str,
+    step_id: str,
+    delegation: tuple[str, ...],
+) -> bytes:
+    """A ``Call``'s ``AgentRequest`` bytes; a malformed id is a ``ProtocolUsageError`` naming it.
+
+    The envelope's patterns are checked here, so a well-formed call skips building (and
+    validating) a ``RequestEnvelope``; a call failing one of them builds it, for its exact error.
+    """
+    capability = spec.name
+    well_formed = (
+        _REQUEST_ID.fullmatch(request_id)
+        and _IDENTITY.fullmatch(caller)
+        and _IDENTITY.fullmatch(target)
+        and _CAPABILITY_NAME.fullmatch(capability)
+        and (not plan_id or _PLAN_ID.fullmatch(plan_id))
+        and (not step_id or _PLAN_ID.fullmatch(step_id))
+    )
+    if not well_formed:
+        try:
+            RequestEnvelope(
+                request_id=request_id,
+                caller=caller,
+                target=target,
+                plan_id=plan_id,
+                step_id=step_id,
+                capability=capability,
+                body=request,
+                delegation=list(delegation),
+            )
+        except ValidationError as exc:
+            problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
+            raise ProtocolUsageError(f"invalid call to {target}.{capability}: {problems}") from None
+    return encode_call(
+        spec,
+        request_id=request_id,
+        caller=caller,
+        target=target,
+        plan_id=plan_id,
+        step_id=step_id,
+        body=request,
+        delegation=delegation,
+    )
