@@ -95,8 +95,12 @@ class CallPipeline:
         outcome: asyncio.Future[bytes | RemoteError] = asyncio.get_running_loop().create_future()
         self._running[key] = (exchange.request_digest, outcome)
         try:
-            await pipeline.accept(exchange, plan_step(envelope.plan_id, envelope.step_id))
+            detail = plan_step(envelope.plan_id, envelope.step_id)
+            await pipeline.accept(exchange, detail, defer=True)
             answer = await self._run(spec, envelope, budget)
+            # Handed to the audit log now, so that it commits with the acceptance (the server
+            # confirms both before answering).
+            pipeline.append_outcome(exchange, answer)
             # Stored before the call leaves ``_running`` and before it is answered, so a repeat
             # (even after this server restarts, with a durable store) never runs the handler again.
             await asyncio.shield(self._keep(key, exchange.request_digest, answer))

@@ -74,6 +74,9 @@ class Exchange:
     replayed: bool = False
     summary: str = ""
     envelope: RequestEnvelope | None = None  # decoded early when it, not metadata, routes the call
+    # A group-committed log's records not awaited yet (see ``Pipeline.accept``, ``confirm``).
+    acceptance: Awaitable[AuditRecord] | None = None
+    outcome: Awaitable[AuditRecord] | None = None
 
 
 Stage = Callable[[Exchange, bytes, Any, Span], Awaitable[bytes | None]]
@@ -112,6 +115,9 @@ class Pipeline:
         self.refusals = RefusalLimiter(
             burst=config.refusal_audit_burst, window_s=config.refusal_audit_window_s
         )
+        # Set when a deferred record failed to commit: acceptances are awaited again until one
+        # commits, so a broken log serves no more calls.
+        self._audit_failed = False
 
     # --- before the handler -----------------------------------------------------------------
 
@@ -195,15 +201,69 @@ class Pipeline:
                 f"the {what} is {size} bytes; the limit is {self.config.max_message_bytes}"
             )
 
-    async def accept(self, exchange: Exchange, detail: str = "") -> None:
+    async def accept(self, exchange: Exchange, detail: str = "", *, defer: bool = False) -> None:
         """Record ``call.accepted`` (naming the delegation chain); a call the audit log cannot
-        record is not served."""
+        record is not served.
+
+        With ``defer``, a log that commits records in groups on the event loop (``SqliteAuditLog``)
+        is not waited for here: the record is chained at once and committed in the same
+        transaction as the call's outcome, which ``confirm`` awaits before the answer leaves (one
+        commit per call instead of two). A log that stores a record on the spot, or in a thread,
+        is awaited here as without ``defer``, and so is every log once a deferred record failed.
+        """
         if exchange.delegation:
             via = f"on behalf of {' > '.join(exchange.delegation)}"
             detail = f"{detail} {via}" if detail else via
-        # Fail closed: a call the audit log cannot record is not served.
-        await self.record(exchange, "call.accepted", "", detail, exchange.request_digest)
+        pending = self._record(exchange, "call.accepted", "", detail, exchange.request_digest)
+        if (
+            defer
+            and not self._audit_failed
+            and isinstance(pending, asyncio.Future)
+            and not pending.done()
+        ):
+            exchange.acceptance = pending
+        else:
+            # Fail closed: a call the audit log cannot record is not served.
+            await pending
+            self._audit_failed = False
         exchange.accepted = True
+
+    def append_outcome(self, exchange: Exchange, answer: bytes) -> None:
+        """Hand the ``call.outcome`` record of a served call to the log, not waiting for it
+        (``confirm`` does): appended in the loop turn of a deferred acceptance, both commit in
+        one transaction. Without a deferred acceptance, ``settle`` records the outcome as ever."""
+        if exchange.acceptance is None:
+            return
+        exchange.outcome = self._record(
+            exchange,
+            "call.outcome",
+            Code.OK.value,
+            exchange.summary or f"{len(answer)} bytes answered",
+            digest(answer),
+        )
+
+    async def confirm(self, exchange: Exchange) -> None:
+        """Wait until the call's deferred records are committed, before its answer leaves.
+
+        Raises:
+            Exception: What kept a record from being stored; the call is then answered with an
+                error (``INTERNAL``) and no further call is served before its acceptance commits.
+        """
+        acceptance, exchange.acceptance = exchange.acceptance, None
+        outcome = exchange.outcome
+        try:
+            if acceptance is not None:
+                try:
+                    await acceptance
+                except Exception:
+                    exchange.accepted = False  # audited as refused, as a failed acceptance is
+                    raise
+            if outcome is not None:
+                await outcome
+        except Exception:
+            exchange.outcome = None  # settle records the error instead
+            self._audit_failed = True
+            raise
 
     def budget(self, context: Any) -> Budget:
         """The call's time: what the client's deadline leaves, or the server's default."""
@@ -235,6 +295,8 @@ class Pipeline:
             time.perf_counter() - began,
             started_as="",
         )
+        if error is None and exchange.outcome is not None:
+            return  # recorded and confirmed before the answer (``append_outcome``)
         if exchange.replayed:
             action = "call.replayed"
         elif exchange.accepted:
@@ -262,13 +324,25 @@ class Pipeline:
             )
         except Exception:
             logger.exception("cannot audit %s of request %r", action, exchange.request_id)
+        if exchange.acceptance is not None:  # deferred, and the call failed before ``confirm``
+            acceptance, exchange.acceptance = exchange.acceptance, None
+            try:
+                await acceptance
+            except Exception:
+                self._audit_failed = True
+                logger.exception("cannot audit the acceptance of request %r", exchange.request_id)
 
     async def record(
         self, exchange: Exchange, action: str, code: str, detail: str, payload_digest: str
     ) -> None:
         """Append one audit record about the call."""
         # A record handed to the log is written even when this call is cancelled meanwhile.
-        await self._append(
+        await self._record(exchange, action, code, detail, payload_digest)
+
+    def _record(
+        self, exchange: Exchange, action: str, code: str, detail: str, payload_digest: str
+    ) -> Awaitable[AuditRecord]:
+        return self._append(
             actor=exchange.caller,
             action=action,
             target=exchange.target or self.role,

@@ -405,6 +405,7 @@ class AgentServer:
         try:
             try:
                 answer = await stage(exchange, request, context, span)
+                await pipeline.confirm(exchange)
             except asyncio.CancelledError:
                 pipeline.release(exchange)
                 await pipeline.settle(exchange, span, interruption(context), None, began, context)
