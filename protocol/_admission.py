@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable
+import types
+from collections.abc import Awaitable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from stratagem.protocol._errors import (
     ResourceExhaustedError,
 )
 
-__all__ = ["Admission", "Budget", "deadline_passed", "interruption", "within"]
+__all__ = ["Admission", "Budget", "deadline_passed", "interruption", "uninterrupted", "within"]
 
 T = TypeVar("T")
 
@@ -133,3 +134,48 @@ def interruption(context: Any) -> RemoteError:
     if deadline_passed(context):
         return DeadlineExceededError("the deadline passed")
     return CancelledError("cancelled by the caller")
+
+
+async def uninterrupted(coro: Coroutine[Any, Any, T]) -> T:
+    """``await asyncio.shield(coro)``, without a task when ``coro`` finishes without suspending.
+
+    ``coro`` runs at once, in this task; only if it suspends does the rest of it go to a task of
+    its own, shielded, so a cancellation of this task no longer reaches it (it then finishes on
+    its own). A store whose write completes on the spot (the usual case) costs neither a task nor
+    a turn of the event loop.
+    """
+    try:
+        suspended_on = coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    except BaseException:
+        coro.close()
+        raise
+    return await asyncio.shield(asyncio.ensure_future(_resume(coro, suspended_on)))
+
+
+@types.coroutine
+def _yield(item: Any) -> Generator[Any, None, None]:
+    """Hand what a coroutine yielded (a future, or ``None`` for a bare yield) to the running task,
+    as the coroutine itself would have."""
+    yield item
+
+
+async def _resume(coro: Coroutine[Any, Any, T], suspended_on: Any) -> T:
+    """Run the rest of a coroutine ``uninterrupted`` started, in the task awaiting this."""
+    while True:
+        try:
+            await _yield(suspended_on)
+        except BaseException as exc:  # the future failed, or this task was cancelled
+            try:
+                suspended_on = coro.throw(exc)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            continue
+        try:
+            suspended_on = coro.send(None)
+        except StopIteration as done:
+            result = done.value
+            return result

@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from stratagem.protocol._admission import Budget, within
+from stratagem.protocol._admission import Budget, uninterrupted, within
 from stratagem.protocol._answers import AnswerStore
 from stratagem.protocol._capabilities import CapabilitySpec, capability_for
 from stratagem.protocol._codec import decode_request, encode_answer
@@ -103,7 +103,7 @@ class CallPipeline:
             pipeline.append_outcome(exchange, answer)
             # Stored before the call leaves ``_running`` and before it is answered, so a repeat
             # (even after this server restarts, with a durable store) never runs the handler again.
-            await asyncio.shield(self._keep(key, exchange.request_digest, answer))
+            await uninterrupted(self._keep(key, exchange.request_digest, answer))
         except Exception as exc:
             outcome.set_result(as_remote_error(exc))
             raise
