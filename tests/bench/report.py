@@ -370,7 +370,7 @@ def _rpc_section(rpc: dict[str, Any]) -> list[str]:
 
 def rpc_section(rpc: dict[str, Any] | None) -> list[str]:
     """The request-path section alone (``python -m tests.bench rpc``)."""
-    return [*_rpc_section(rpc), ""] if rpc else []
+    return _wrapped([*_rpc_section(rpc), ""]) if rpc else []
 
 
 def _attribution(rpc: dict[str, Any]) -> list[str]:
