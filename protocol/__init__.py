@@ -73,30 +73,9 @@ from stratagem.protocol._capabilities import (
 )
 from stratagem.protocol._client import AgentClient, ClientConfig
 from stratagem.protocol._codec import (
-    CONTROL_ACTIONS,
     MAX_JSON_DEPTH,
-    AgentCard,
-    CapabilityCard,
-    ControlAction,
-    ControlRequest,
-    PlanEvent,
-    PlanRevision,
-    PlanSnapshot,
-    ReplayDivergence,
-    ReplayResult,
-    RequestEnvelope,
-    ResponseEnvelope,
-    RevisionsResponse,
-    RevisionStepChange,
-    control_capability,
-    decode_card,
-    decode_event,
-    decode_plans,
     decode_request,
     decode_response,
-    encode_card,
-    encode_event,
-    encode_plans,
     encode_request,
     encode_response,
     from_message,
@@ -138,8 +117,34 @@ from stratagem.protocol._identity import (
 )
 from stratagem.protocol._lazy import lazy_exports
 from stratagem.protocol._metrics import RpcMetrics
+from stratagem.protocol._models import (
+    CONTROL_ACTIONS,
+    AgentCard,
+    CapabilityCard,
+    ControlAction,
+    ControlRequest,
+    PlanEvent,
+    PlanRevision,
+    PlanSnapshot,
+    ReplayDivergence,
+    ReplayResult,
+    RequestEnvelope,
+    ResponseEnvelope,
+    RevisionsResponse,
+    RevisionStepChange,
+    control_capability,
+)
 from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
-from stratagem.protocol._server import AgentBackend, AgentServer, ServerConfig
+from stratagem.protocol._server import AgentServer, ServerConfig
+from stratagem.protocol._service import (
+    AgentBackend,
+    decode_card,
+    decode_event,
+    decode_plans,
+    encode_card,
+    encode_event,
+    encode_plans,
+)
 
 if TYPE_CHECKING:
     from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditHeads, PostgresAuditLog

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Final, Literal
 from google.protobuf.message import Message
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from stratagem.protocol._drift import schema_drift
+
 __all__ = [
     "CAPABILITIES",
     "EXTENSION_FIELD",
@@ -378,8 +380,6 @@ def register_capability(spec: CapabilitySpec) -> None:
             "protobuf classes) go together"
         )
     if spec.messages is not None:
-        from stratagem.protocol._codec import schema_drift  # the codec imports this module
-
         for model, message in zip((spec.request, spec.response), spec.messages, strict=True):
             descriptor = getattr(message, "DESCRIPTOR", None)
             if not isinstance(message, type) or not issubclass(message, Message) or not descriptor:

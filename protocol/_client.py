@@ -26,35 +26,8 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import ValidationError
 
-from stratagem.protocol._capabilities import WireModel, capability_for
-from stratagem.protocol._codec import (
-    CAPABILITY_NAME_PATTERN,
-    IDENTITY_PATTERN,
-    PLAN_ID_PATTERN,
-    REQUEST_ID_PATTERN,
-    AgentCard,
-    ControlAction,
-    ControlRequest,
-    PlanEvent,
-    PlanSnapshot,
-    ReplayResult,
-    RequestEnvelope,
-    RevisionsResponse,
-    control_capability,
-    decode_card,
-    decode_event,
-    decode_plans_page,
-    decode_replay,
-    decode_response,
-    decode_revisions,
-    decode_snapshot,
-    encode_call,
-    encode_control,
-    encode_plans_query,
-    encode_query,
-    encode_run_plan,
-    violations_from,
-)
+from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
+from stratagem.protocol._codec import decode_response, encode_call, violations_from
 from stratagem.protocol._context import current_call, remaining_time
 from stratagem.protocol._errors import (
     Code,
@@ -66,6 +39,21 @@ from stratagem.protocol._errors import (
 )
 from stratagem.protocol._identity import Credentials
 from stratagem.protocol._metrics import RpcMetrics
+from stratagem.protocol._models import (
+    CAPABILITY_NAME_PATTERN,
+    IDENTITY_PATTERN,
+    PLAN_ID_PATTERN,
+    REQUEST_ID_PATTERN,
+    AgentCard,
+    ControlAction,
+    ControlRequest,
+    NoQuery,
+    PlanEvent,
+    PlanSnapshot,
+    ReplayResult,
+    RequestEnvelope,
+    RevisionsResponse,
+)
 from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
@@ -79,6 +67,16 @@ from stratagem.protocol._rpc import (
     span_attributes,
     span_name,
 )
+from stratagem.protocol._service import (
+    CONTROL,
+    DESCRIBE,
+    PLANS,
+    REPLAY,
+    REVISIONS,
+    RUN_PLAN,
+    WATCH,
+    RpcSpec,
+)
 from stratagem.protocol._status import from_rpc_error
 
 __all__ = ["AgentClient", "ClientConfig"]
@@ -86,9 +84,10 @@ __all__ = ["AgentClient", "ClientConfig"]
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+Req = TypeVar("Req", bound=WireModel)
+Resp = TypeVar("Resp", bound=WireModel)
 
-# The envelope's own patterns, checked here so that a well-formed call skips building (and
-# validating) a RequestEnvelope; a call failing one of them builds it, for its exact error.
+# The envelope's own patterns (see ``_call_payload``).
 _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
 _REQUEST_ID: Final = re.compile(REQUEST_ID_PATTERN)
 _PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
@@ -268,40 +267,8 @@ class AgentClient:
         request_id = request_id or _request_ids.next()
         serving = current_call.get()
         delegation = () if serving is None else serving.onward_delegation()
-        well_formed = (
-            _REQUEST_ID.fullmatch(request_id)
-            and _IDENTITY.fullmatch(self._caller)
-            and _IDENTITY.fullmatch(target)
-            and _CAPABILITY_NAME.fullmatch(capability)
-            and (not plan_id or _PLAN_ID.fullmatch(plan_id))
-            and (not step_id or _PLAN_ID.fullmatch(step_id))
-        )
-        if not well_formed:
-            try:
-                RequestEnvelope(
-                    request_id=request_id,
-                    caller=self._caller,
-                    target=target,
-                    plan_id=plan_id,
-                    step_id=step_id,
-                    capability=capability,
-                    body=request,
-                    delegation=list(delegation),
-                )
-            except ValidationError as exc:
-                problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
-                raise ProtocolUsageError(
-                    f"invalid call to {target}.{capability}: {problems}"
-                ) from None
-        payload = encode_call(
-            spec,
-            request_id=request_id,
-            caller=self._caller,
-            target=target,
-            plan_id=plan_id,
-            step_id=step_id,
-            body=request,
-            delegation=delegation,
+        payload = _call_payload(
+            spec, self._caller, target, request, request_id, plan_id, step_id, delegation
         )
 
         def answer(data: bytes) -> WireModel:
@@ -333,9 +300,7 @@ class AgentClient:
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> AgentCard:
         """The agent's card: its role, capabilities (with their schemas) and tools."""
-        return await self._unary(
-            "Describe", encode_query("Describe"), decode_card, timeout_s=timeout
-        )
+        return await self._rpc(DESCRIBE, NoQuery(), timeout)
 
     async def plans(
         self,
@@ -368,10 +333,9 @@ class AgentClient:
             ProtocolUsageError: A malformed ``plan_id`` or ``page_token``, or a ``page_size``
                 outside 0..1000.
         """
-        query = encode_plans_query(plan_id, page_size, page_token)
-        return await self._unary(
-            "Plans", query, decode_plans_page, timeout_s=timeout, plan_id=plan_id
-        )
+        query = PLANS.build(plan_id=plan_id, page_size=page_size, page_token=page_token)
+        page = await self._rpc(PLANS, query, timeout)
+        return page.plans, page.next_page_token
 
     async def run_plan(
         self,
@@ -387,12 +351,8 @@ class AgentClient:
                 outside its registry); the message names every problem.
             InvalidArgumentError: ``plan_json`` is not a plan of the agent's type.
         """
-        return await self._unary(
-            "RunPlan",
-            encode_run_plan(plan_json),
-            decode_snapshot,
-            timeout_s=timeout,
-            request_id=request_id or f"run-{uuid.uuid4().hex}",
+        return await self._rpc(
+            RUN_PLAN, RUN_PLAN.build(plan_json=plan_json), timeout, request_id=request_id
         )
 
     async def control(
@@ -445,15 +405,7 @@ class AgentClient:
         except ValidationError as exc:
             problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
             raise ProtocolUsageError(f"invalid {action} of plan {plan_id!r}: {problems}") from None
-        return await self._unary(
-            "Control",
-            encode_control(request),
-            decode_snapshot,
-            timeout_s=timeout,
-            capability=control_capability(action),
-            request_id=f"control-{uuid.uuid4().hex}",
-            plan_id=plan_id,
-        )
+        return await self._rpc(CONTROL, request, timeout)
 
     async def revisions(
         self,
@@ -466,10 +418,7 @@ class AgentClient:
         Raises:
             NotFoundError: The agent has no such plan in its store.
         """
-        query = encode_query("Revisions", plan_id)
-        return await self._unary(
-            "Revisions", query, decode_revisions, timeout_s=timeout, plan_id=plan_id
-        )
+        return await self._rpc(REVISIONS, REVISIONS.build(plan_id=plan_id), timeout)
 
     async def replay(
         self,
@@ -485,16 +434,7 @@ class AgentClient:
             NotFoundError: The agent has no such plan in its store.
             FailedPreconditionError: The plan is not finished.
         """
-        query = encode_query("Replay", plan_id)
-        return await self._unary(
-            "Replay",
-            query,
-            decode_replay,
-            timeout_s=timeout,
-            capability="Replay",
-            request_id=f"replay-{uuid.uuid4().hex}",
-            plan_id=plan_id,
-        )
+        return await self._rpc(REPLAY, REPLAY.build(plan_id=plan_id), timeout)
 
     async def watch(
         self,
@@ -514,25 +454,25 @@ class AgentClient:
         Raises:
             RemoteError: The subclass of the status the stream ended with.
         """
-        query = encode_query("Watch", plan_id)
+        query = WATCH.encode_request(WATCH.build(plan_id=plan_id))
         inherited = remaining_time()
         deadline = self._deadline(timeout) if timeout is not None or inherited is not None else None
         span = self._tracer.start_span(
-            span_name("Watch"),
+            span_name(WATCH.name),
             kind=SpanKind.CLIENT,
-            attributes=span_attributes("Watch", plan_id=plan_id),
+            attributes=span_attributes(WATCH.name, plan_id=plan_id),
         )
         # The span is not made current: a generator's context would leak into its consumer's.
-        stream = self._open().unary_stream(method_path("Watch"))(
+        stream = self._open().unary_stream(method_path(WATCH.name))(
             query,
             timeout=deadline,
-            metadata=self._metadata("Watch", context=trace.set_span_in_context(span)),
+            metadata=self._metadata(WATCH.authorized_as, context=trace.set_span_in_context(span)),
             wait_for_ready=False,
         )
         try:
             async for data in stream:
                 try:
-                    event = decode_event(data)
+                    event = WATCH.decode_response(data)
                 except RemoteError as exc:
                     raise self._malformed(span, self._endpoint, exc) from exc
                 yield event
@@ -603,6 +543,28 @@ class AgentClient:
             routing.update(self._credentials.metadata())
         return tuple({**routing, **carrier}.items())
 
+    async def _rpc(
+        self,
+        spec: RpcSpec[Req, Resp],
+        request: Req,
+        timeout_s: float | None,
+        *,
+        request_id: str | None = None,
+    ) -> Resp:
+        """One unary RPC of the table: authorized as the capability its entry names for
+        ``request``, with a fresh request id when the entry asks for one (or ``request_id``)."""
+        if not request_id and spec.request_id:
+            request_id = f"{spec.request_id}-{uuid.uuid4().hex}"
+        return await self._unary(
+            spec.name,
+            spec.encode_request(request),
+            spec.decode_response,
+            timeout_s=timeout_s,
+            capability=spec.authorization(request),
+            request_id=request_id or "",
+            plan_id=str(getattr(request, "plan_id", "")),
+        )
+
     async def _unary(
         self,
         method: str,
@@ -669,3 +631,54 @@ class AgentClient:
         end_span(span, error.code, error.message, server=False)
         logger.warning("%s", error)
         return error
+
+
+def _call_payload(
+    spec: CapabilitySpec,
+    caller: str,
+    target: str,
+    request: WireModel,
+    request_id: str,
+    plan_id: str,
+    step_id: str,
+    delegation: tuple[str, ...],
+) -> bytes:
+    """A ``Call``'s ``AgentRequest`` bytes; a malformed id is a ``ProtocolUsageError`` naming it.
+
+    The envelope's patterns are checked here, so a well-formed call skips building (and
+    validating) a ``RequestEnvelope``; a call failing one of them builds it, for its exact error.
+    """
+    capability = spec.name
+    well_formed = (
+        _REQUEST_ID.fullmatch(request_id)
+        and _IDENTITY.fullmatch(caller)
+        and _IDENTITY.fullmatch(target)
+        and _CAPABILITY_NAME.fullmatch(capability)
+        and (not plan_id or _PLAN_ID.fullmatch(plan_id))
+        and (not step_id or _PLAN_ID.fullmatch(step_id))
+    )
+    if not well_formed:
+        try:
+            RequestEnvelope(
+                request_id=request_id,
+                caller=caller,
+                target=target,
+                plan_id=plan_id,
+                step_id=step_id,
+                capability=capability,
+                body=request,
+                delegation=list(delegation),
+            )
+        except ValidationError as exc:
+            problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
+            raise ProtocolUsageError(f"invalid call to {target}.{capability}: {problems}") from None
+    return encode_call(
+        spec,
+        request_id=request_id,
+        caller=caller,
+        target=target,
+        plan_id=plan_id,
+        step_id=step_id,
+        body=request,
+        delegation=delegation,
+    )

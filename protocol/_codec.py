@@ -15,49 +15,23 @@ Decoding always ends in pydantic validation, so every constraint declared on a c
 enforced on the wire; a validation failure becomes an ``InvalidArgumentError`` whose violations name
 the offending fields by path (``beat.goals[0].predicate``), relative to the capability's body.
 
-``schema_drift`` compares a model with a message descriptor (field names, repeated-ness, scalar
-kinds, nested message types, int ranges); the unit tests assert it finds nothing for every model.
+``protocol._drift.schema_drift`` tells when a model and its message differ.
 """
 
 from __future__ import annotations
 
 import json
-import types
-from collections.abc import Collection, Iterable, Sequence
-from enum import Enum
-from typing import (
-    Annotated,
-    Any,
-    ClassVar,
-    Final,
-    Literal,
-    TypeVar,
-    Union,
-    get_args,
-    get_origin,
-)
+from collections.abc import Sequence
+from typing import Any, Final, Literal, TypeVar
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
-from pydantic import (
-    BaseModel,
-    Field,
-    SerializeAsAny,
-    StringConstraints,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ValidationError
 
 from stratagem.protocol._capabilities import (
     CAPABILITIES,
     EXTENSION_FIELD,
-    INT32_MAX,
     CapabilitySpec,
-    PlanId,
     WireModel,
 )
 from stratagem.protocol._errors import (
@@ -67,64 +41,21 @@ from stratagem.protocol._errors import (
     ProtocolUsageError,
 )
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._models import Envelope, RequestEnvelope, ResponseEnvelope
 
 __all__ = [
-    "CAPABILITY_NAME_PATTERN",
-    "CONTROL_ACTIONS",
-    "DEFAULT_PLANS_PAGE",
-    "IDENTITY_PATTERN",
     "MAX_JSON_DEPTH",
-    "MAX_PLANS_PAGE",
-    "PLAN_ID_PATTERN",
-    "REQUEST_ID_PATTERN",
-    "AgentCard",
-    "CapabilityCard",
-    "ControlAction",
-    "ControlRequest",
-    "PlanEvent",
-    "PlanRevision",
-    "PlanSnapshot",
-    "PlansQuery",
-    "QueryRpc",
-    "ReadRpc",
-    "ReplayDivergence",
-    "ReplayResult",
-    "RequestEnvelope",
-    "ResponseEnvelope",
-    "RevisionStepChange",
-    "RevisionsResponse",
-    "control_capability",
-    "decode_card",
-    "decode_control",
-    "decode_event",
-    "decode_plans",
-    "decode_plans_page",
-    "decode_plans_query",
-    "decode_query",
-    "decode_replay",
+    "decode",
     "decode_request",
     "decode_response",
-    "decode_revisions",
-    "decode_run_plan",
-    "decode_snapshot",
+    "encode",
     "encode_answer",
     "encode_call",
-    "encode_card",
-    "encode_control",
-    "encode_event",
-    "encode_plans",
-    "encode_plans_query",
-    "encode_query",
-    "encode_replay",
     "encode_request",
     "encode_response",
-    "encode_revisions",
-    "encode_run_plan",
-    "encode_snapshot",
     "field_path",
     "from_message",
     "json_object",
-    "schema_drift",
     "to_message",
     "violations_from",
 ]
@@ -168,327 +99,6 @@ def json_object(text: str, what: str) -> dict[str, Any]:
 M = TypeVar("M", bound=Message)
 T = TypeVar("T", bound=BaseModel)
 
-IDENTITY_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,63}$"
-"""An identity on the wire: a role or "operator"; lowercase, so policies match exactly."""
-Identity = Annotated[str, StringConstraints(pattern=IDENTITY_PATTERN)]
-# An idempotency key: long enough for the engine's "<plan id>@<revision>:<step id>" keys.
-REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,399}$"
-RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
-CAPABILITY_NAME_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_.]{0,63}$"
-CapabilityName = Annotated[str, StringConstraints(pattern=CAPABILITY_NAME_PATTERN)]
-PLAN_ID_PATTERN: Final[str] = next(
-    str(item.pattern) for item in get_args(PlanId) if isinstance(item, StringConstraints)
-)
-"""The pattern of a plan (or step) id, as ``PlanId`` declares it."""
-Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
-
-ReadRpc = Literal["Describe", "Watch", "Plans", "Revisions"]
-QueryRpc = Literal["Describe", "Watch", "Plans", "Revisions", "Replay"]
-"""The RPCs whose request is at most a plan id: the read RPCs, and ``Replay``."""
-
-ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan"]
-"""What ``Control`` does to a plan."""
-CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
-
-
-# --- the envelopes ------------------------------------------------------------------------------
-
-
-class _Envelope(WireModel):
-    """What both envelopes share: a capability's name and a body of its request or response."""
-
-    _side: ClassVar[Literal["request", "response"]]
-
-    capability: CapabilityName
-    body: SerializeAsAny[WireModel]
-
-    @field_validator("capability")
-    @classmethod
-    def _registered(cls, capability: str) -> str:
-        if capability not in CAPABILITIES:
-            raise ValueError(f"unknown capability {capability!r}")
-        return capability
-
-    @field_validator("body")
-    @classmethod
-    def _body_fits(cls, body: WireModel, info: ValidationInfo) -> WireModel:
-        spec = CAPABILITIES.get(info.data.get("capability", ""))
-        if spec is None:
-            return body
-        model = spec.request if cls._side == "request" else spec.response
-        if not isinstance(body, model):
-            raise ValueError(
-                f"a {spec.name} {cls._side} is a {model.__name__}, not a {type(body).__name__}"
-            )
-        return body
-
-
-class RequestEnvelope(_Envelope):
-    """A cross-agent request: routing and idempotency fields plus one capability's request body.
-
-    Field names are those of ``stratagem.v1.AgentRequest``; ``capability`` names the body's
-    capability (the ``oneof`` field for a built-in one, ``ExtensionBody.capability`` otherwise).
-    """
-
-    _side = "request"
-
-    request_id: RequestId
-    caller: Identity
-    target: Identity
-    plan_id: PlanId = ""
-    step_id: PlanId = ""
-    delegation: list[Identity] = Field(default_factory=list, max_length=64)
-
-
-class ResponseEnvelope(_Envelope):
-    """The answer to a ``RequestEnvelope``; its field names are ``stratagem.v1.AgentResponse``'s."""
-
-    _side = "response"
-
-    request_id: RequestId
-    responder: Identity
-    plan_id: PlanId = ""
-
-
-# --- introspection and progress -----------------------------------------------------------------
-
-
-class CapabilityCard(WireModel):
-    """One capability an agent serves, with the JSON Schemas of its request and response."""
-
-    name: CapabilityName
-    version: str = Field(max_length=32)
-    request_schema: str
-    response_schema: str
-
-    wire: str = Field(default="", max_length=16)
-    request_type: str = Field(default="", max_length=256)
-    response_type: str = Field(default="", max_length=256)
-
-    @classmethod
-    def from_spec(cls, spec: CapabilitySpec) -> CapabilityCard:
-        """The card describing ``spec``, its schemas rendered from its pydantic models, with how
-        it travels (``builtin``, or an extension's ``json``, ``struct`` or ``message`` and then
-        its messages' full names)."""
-        messages = spec.messages
-        return cls(
-            name=spec.name,
-            version=spec.version,
-            request_schema=json.dumps(spec.request.model_json_schema(), sort_keys=True),
-            response_schema=json.dumps(spec.response.model_json_schema(), sort_keys=True),
-            wire=spec.wire if spec.field == EXTENSION_FIELD else "builtin",
-            request_type=messages[0].DESCRIPTOR.full_name if messages else "",
-            response_type=messages[1].DESCRIPTOR.full_name if messages else "",
-        )
-
-
-class AgentCard(WireModel):
-    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``)."""
-
-    role: Identity
-    version: str = Field(max_length=64)
-    capabilities: list[CapabilityCard] = Field(default_factory=list)
-    tools: list[str] = Field(default_factory=list)
-
-
-class PlanEvent(WireModel):
-    """A change of a plan or of one of its steps, as streamed by ``Watch``."""
-
-    plan_id: PlanId
-    revision: Count = 0
-    step_id: str = Field(default="", max_length=200)
-    status: str = Field(max_length=32)
-    attempt: Count = 0
-    failure_class: str = Field(default="", max_length=32)
-    message: str = Field(default="", max_length=4000)
-    timestamp: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    agent: str = Field(default="", max_length=64)
-
-
-class PlanSnapshot(WireModel):
-    """A plan's current state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON."""
-
-    plan_id: PlanId
-    agent: str = Field(max_length=64)
-    revision: Count = 0
-    status: str = Field(max_length=32)
-    plan_json: str = ""
-
-
-MAX_PLANS_PAGE: Final = 1000
-"""The most snapshots one ``Plans`` page holds (``PlansRequest.page_size``)."""
-DEFAULT_PLANS_PAGE: Final = 100
-"""The page size an agent uses when the request names none."""
-
-
-class _PlansResponse(WireModel):
-    plans: list[PlanSnapshot] = Field(default_factory=list)
-    next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
-
-
-class _PlanQuery(WireModel):
-    """The body of ``WatchRequest`` and ``PlansRequest`` (the same shape)."""
-
-    plan_id: PlanId = ""
-
-
-class PlansQuery(_PlanQuery):
-    """The body of ``PlansRequest``: which plans, and which page of them.
-
-    Attributes:
-        plan_id: The plan and its sub-plans; "" for every plan.
-        page_size: At most this many snapshots (0: ``DEFAULT_PLANS_PAGE``).
-        page_token: "" for the first page, else the previous page's ``next_page_token`` (an
-            offset into the agent's list: plans added meanwhile come on later pages).
-    """
-
-    page_size: int = Field(default=0, ge=0, le=MAX_PLANS_PAGE)
-    page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
-
-
-class _NoQuery(WireModel):
-    """The body of ``DescribeRequest``."""
-
-
-class _RunPlanRequest(WireModel):
-    """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
-
-    plan_json: str = Field(min_length=2)
-
-
-class ControlRequest(WireModel):
-    """The body of ``ControlRequest``: one control action on one plan.
-
-    Attributes:
-        plan_id: The plan.
-        action: What to do.
-        gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
-        rationale: For ``approve``/``reject``: why (audited, redacted).
-        revision: For ``approve``/``reject``: the plan revision decided for; 0 for the current.
-        output_json: For ``approve`` of a reconcile gate: a JSON object to record as the step's
-            output instead of re-running it (the operator found its effect done).
-    """
-
-    plan_id: PlanId = Field(min_length=1)
-    action: ControlAction
-    gate_id: PlanId = ""
-    rationale: str = Field(default="", max_length=2000)
-    revision: Count = 0
-    output_json: str = Field(default="", max_length=1 << 20)
-    plan_json: str = Field(default="", max_length=16 << 20)
-
-    @model_validator(mode="after")
-    def _gate_given(self) -> ControlRequest:
-        if self.action in ("approve", "reject") and not self.gate_id:
-            raise ValueError(f"{self.action} needs gate_id")
-        if self.output_json and self.action != "approve":
-            raise ValueError("output_json is only for approve")
-        if self.action == "replan" and not (self.plan_json and self.rationale):
-            raise ValueError("replan needs plan_json and rationale")
-        if self.plan_json and self.action != "replan":
-            raise ValueError("plan_json is only for replan")
-        return self
-
-
-class ReplayDivergence(WireModel):
-    """One decision a replay reached differently (``step_id`` "" for the plan)."""
-
-    step_id: str = Field(default="", max_length=256)
-    decision: str = Field(max_length=32)
-    recorded: str = Field(default="", max_length=4000)
-    replayed: str = Field(default="", max_length=4000)
-
-
-class ReplayResult(WireModel):
-    """The answer to ``Replay``: what re-running a finished plan from its records found.
-
-    Attributes:
-        plan_id: The plan.
-        agent: Its owner, where it was replayed.
-        revision: The revision replayed (the newest).
-        recorded_status: The plan's recorded final status.
-        replayed_status: The replay's final status; "" when it did not end in time.
-        decisions: How many decisions were re-derived and compared.
-        divergences: The decisions that differ, steps in plan order, the plan's last.
-    """
-
-    plan_id: PlanId
-    agent: str = Field(max_length=64)
-    revision: Count = 0
-    recorded_status: str = Field(max_length=32)
-    replayed_status: str = Field(default="", max_length=32)
-    decisions: Count = 0
-    divergences: list[ReplayDivergence] = Field(default_factory=list)
-
-    @property
-    def diverged(self) -> bool:
-        """Whether any decision differs."""
-        return bool(self.divergences)
-
-
-class RevisionStepChange(WireModel):
-    """A step in both revisions whose fields differ."""
-
-    step_id: str = Field(max_length=256)
-    fields: list[str] = Field(default_factory=list)
-
-
-class PlanRevision(WireModel):
-    """One revision of a plan, as ``Revisions`` lists them.
-
-    Attributes:
-        revision: The revision.
-        parent: The revision it was made from (0 for the first).
-        author: Who made it (``""`` for the first).
-        rationale: Why.
-        added: Steps only in this revision.
-        removed: Steps only in the parent.
-        changed: Steps in both whose fields differ.
-        carried: The parent's completed steps whose results carried over.
-        at: When it was made (seconds since the epoch; 0 when unknown).
-    """
-
-    revision: Count
-    parent: Count = 0
-    author: str = Field(default="", max_length=256)
-    rationale: str = Field(default="", max_length=4000)
-    added: list[str] = Field(default_factory=list)
-    removed: list[str] = Field(default_factory=list)
-    changed: list[RevisionStepChange] = Field(default_factory=list)
-    carried: list[str] = Field(default_factory=list)
-    at: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-
-
-class RevisionsResponse(WireModel):
-    """The answer to ``Revisions``: a plan's history on its owner, oldest first."""
-
-    plan_id: PlanId
-    agent: str = Field(max_length=64)
-    revisions: list[PlanRevision] = Field(default_factory=list)
-
-
-def control_capability(action: ControlAction) -> str:
-    """The pseudo-capability ``Control`` is authorized as, e.g. ``"Control.approve"``."""
-    return f"Control.{action}"
-
-
-def encode_control(request: ControlRequest) -> bytes:
-    """Serialize ``stratagem.v1.ControlRequest`` bytes."""
-    return to_message(request, pb.ControlRequest).SerializeToString()
-
-
-def decode_control(data: bytes) -> ControlRequest:
-    """Parse and validate ``stratagem.v1.ControlRequest`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.ControlRequest, ControlRequest)
-
-
-_QUERIES: Final[dict[str, tuple[type[Message], type[WireModel]]]] = {
-    "Describe": (pb.DescribeRequest, _NoQuery),
-    "Watch": (pb.WatchRequest, _PlanQuery),
-    "Plans": (pb.PlansRequest, PlansQuery),
-    "Revisions": (pb.RevisionsRequest, _PlanQuery),
-    "Replay": (pb.ReplayRequest, _PlanQuery),
-}
 
 # The built-in capabilities by their ``oneof body`` field. ``register_capability`` only adds
 # capabilities carried in ``extension``, so this table is fixed once the module is imported.
@@ -643,7 +253,7 @@ def to_message(model: BaseModel, message_type: type[M]) -> M:
     """Convert a pydantic model to the protobuf message of the same shape.
 
     Args:
-        model: The model; its fields must match the message's (see ``schema_drift``).
+        model: The model; its fields must match the message's (see ``_drift.schema_drift``).
         message_type: The generated message class.
 
     Returns:
@@ -793,11 +403,11 @@ def _extension_value(
         raise _invalid(f"invalid {spec.name} {side}", exc, root="payload_message") from None
 
 
-E = TypeVar("E", bound=_Envelope)
+E = TypeVar("E", bound=Envelope)
 
 
 def _encode_envelope(
-    envelope: _Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
+    envelope: Envelope, message_type: type[pb.AgentRequest | pb.AgentResponse]
 ) -> bytes:
     names = [name for name, _ in _plan(message_type.DESCRIPTOR)]
     if all(hasattr(envelope, name) for name in names):
@@ -944,296 +554,30 @@ def decode_response(data: bytes) -> ResponseEnvelope:
     return _decode_envelope(data, pb.AgentResponse, ResponseEnvelope)
 
 
-# --- cards, events, snapshots and read queries --------------------------------------------------
+# --- any RPC's messages ---------------------------------------------------------------------------
 
 
-def _decode(data: bytes, message_type: type[Message], model_type: type[T]) -> T:
+def encode(model: BaseModel, message_type: type[Message]) -> bytes:
+    """``model`` as ``message_type`` bytes: an envelope with its capability's body, any other model
+    field for field (``to_message``).
+
+    Raises:
+        ProtocolUsageError: When a value cannot be represented on the wire.
+    """
+    if isinstance(model, Envelope):
+        return _encode_envelope(model, message_type)  # type: ignore[arg-type]
+    return to_message(model, message_type).SerializeToString()
+
+
+def decode(data: bytes, message_type: type[Message], model_type: type[T]) -> T:
+    """Parse ``message_type`` bytes and validate them as ``model_type`` (an envelope's body by its
+    capability's model).
+
+    Raises:
+        InvalidArgumentError: Unparseable bytes, or a value that breaks a constraint (violations
+            name the fields).
+        FailedPreconditionError: An extension capability of another schema version.
+    """
+    if issubclass(model_type, Envelope):
+        return _decode_envelope(data, message_type, model_type)  # type: ignore[arg-type]
     return from_message(_parse(message_type, data), model_type)
-
-
-def encode_card(card: AgentCard) -> bytes:
-    """Serialize an agent card to ``stratagem.v1.AgentCard`` bytes."""
-    return to_message(card, pb.AgentCard).SerializeToString()
-
-
-def decode_card(data: bytes) -> AgentCard:
-    """Parse and validate ``stratagem.v1.AgentCard`` bytes (``InvalidArgumentError`` when bad)."""
-    return _decode(data, pb.AgentCard, AgentCard)
-
-
-def encode_event(event: PlanEvent) -> bytes:
-    """Serialize a plan event to ``stratagem.v1.PlanEvent`` bytes."""
-    return to_message(event, pb.PlanEvent).SerializeToString()
-
-
-def decode_event(data: bytes) -> PlanEvent:
-    """Parse and validate ``stratagem.v1.PlanEvent`` bytes (``InvalidArgumentError`` when bad)."""
-    return _decode(data, pb.PlanEvent, PlanEvent)
-
-
-def encode_plans(snapshots: Iterable[PlanSnapshot], next_page_token: str = "") -> bytes:
-    """Serialize plan snapshots (one page) to ``stratagem.v1.PlansResponse`` bytes."""
-    page = _PlansResponse(plans=list(snapshots), next_page_token=next_page_token)
-    return to_message(page, pb.PlansResponse).SerializeToString()
-
-
-def decode_plans(data: bytes) -> list[PlanSnapshot]:
-    """Parse and validate ``stratagem.v1.PlansResponse`` bytes (``InvalidArgumentError``); the
-    page's snapshots (``decode_plans_page`` also gives the next page's token)."""
-    return _decode(data, pb.PlansResponse, _PlansResponse).plans
-
-
-def decode_plans_page(data: bytes) -> tuple[list[PlanSnapshot], str]:
-    """Parse and validate a ``stratagem.v1.PlansResponse``: its snapshots and next page token."""
-    page = _decode(data, pb.PlansResponse, _PlansResponse)
-    return page.plans, page.next_page_token
-
-
-def encode_plans_query(plan_id: str = "", page_size: int = 0, page_token: str = "") -> bytes:
-    """Serialize a ``stratagem.v1.PlansRequest`` for one page.
-
-    Raises:
-        ProtocolUsageError: A malformed ``plan_id`` or ``page_token``, or ``page_size`` outside
-            0..``MAX_PLANS_PAGE``.
-    """
-    try:
-        query = PlansQuery(plan_id=plan_id, page_size=page_size, page_token=page_token)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        raise ProtocolUsageError(f"invalid Plans query: {where}: {error['msg']}") from None
-    return to_message(query, pb.PlansRequest).SerializeToString()
-
-
-def decode_plans_query(data: bytes) -> PlansQuery:
-    """Parse and validate ``stratagem.v1.PlansRequest`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.PlansRequest, PlansQuery)
-
-
-def encode_run_plan(plan_json: str) -> bytes:
-    """Serialize ``stratagem.v1.RunPlanRequest`` bytes."""
-    return to_message(_RunPlanRequest(plan_json=plan_json), pb.RunPlanRequest).SerializeToString()
-
-
-def decode_run_plan(data: bytes) -> str:
-    """Parse ``stratagem.v1.RunPlanRequest`` bytes into the plan JSON (``InvalidArgumentError``)."""
-    return _decode(data, pb.RunPlanRequest, _RunPlanRequest).plan_json
-
-
-def encode_snapshot(snapshot: PlanSnapshot) -> bytes:
-    """Serialize one ``stratagem.v1.PlanSnapshot``."""
-    return to_message(snapshot, pb.PlanSnapshot).SerializeToString()
-
-
-def decode_snapshot(data: bytes) -> PlanSnapshot:
-    """Parse and validate ``stratagem.v1.PlanSnapshot`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.PlanSnapshot, PlanSnapshot)
-
-
-def encode_replay(result: ReplayResult) -> bytes:
-    """Serialize one ``stratagem.v1.ReplayResult``."""
-    return to_message(result, pb.ReplayResult).SerializeToString()
-
-
-def decode_replay(data: bytes) -> ReplayResult:
-    """Parse and validate ``stratagem.v1.ReplayResult`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.ReplayResult, ReplayResult)
-
-
-def encode_revisions(response: RevisionsResponse) -> bytes:
-    """Serialize one ``stratagem.v1.RevisionsResponse``."""
-    return to_message(response, pb.RevisionsResponse).SerializeToString()
-
-
-def decode_revisions(data: bytes) -> RevisionsResponse:
-    """Parse and validate ``stratagem.v1.RevisionsResponse`` bytes (``InvalidArgumentError``)."""
-    return _decode(data, pb.RevisionsResponse, RevisionsResponse)
-
-
-def encode_query(rpc: QueryRpc, plan_id: str = "") -> bytes:
-    """Serialize a plan-id request (``DescribeRequest``, ``WatchRequest``, ``PlansRequest``,
-    ``RevisionsRequest``, ``ReplayRequest``).
-
-    Raises:
-        ProtocolUsageError: When ``plan_id`` is malformed, or given to ``Describe``.
-    """
-    message_type, model_type = _QUERIES[rpc]
-    try:
-        query = model_type.model_validate({"plan_id": plan_id} if plan_id else {})
-    except ValidationError as exc:
-        raise ProtocolUsageError(f"invalid {rpc} query: {exc.errors()[0]['msg']}") from None
-    return to_message(query, message_type).SerializeToString()
-
-
-def decode_query(rpc: QueryRpc, data: bytes) -> str:
-    """Parse and validate a plan-id request (see ``encode_query``); returns its ``plan_id`` ("" for
-    ``Describe``).
-
-    Raises:
-        InvalidArgumentError: Unparseable bytes or a malformed ``plan_id``.
-    """
-    message_type, model_type = _QUERIES[rpc]
-    query = _decode(data, message_type, model_type)
-    return query.plan_id if isinstance(query, _PlanQuery) else ""
-
-
-# --- drift between the models and the messages --------------------------------------------------
-
-_INT_RANGES: Final[dict[int, tuple[int, int]]] = {
-    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
-    FieldDescriptor.TYPE_SINT32: (-(2**31), 2**31 - 1),
-    FieldDescriptor.TYPE_SFIXED32: (-(2**31), 2**31 - 1),
-    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
-    FieldDescriptor.TYPE_FIXED32: (0, 2**32 - 1),
-    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
-    FieldDescriptor.TYPE_SINT64: (-(2**63), 2**63 - 1),
-    FieldDescriptor.TYPE_SFIXED64: (-(2**63), 2**63 - 1),
-    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
-    FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
-}
-_SCALAR_KINDS: Final[dict[int, type]] = {
-    FieldDescriptor.TYPE_STRING: str,
-    FieldDescriptor.TYPE_BYTES: bytes,
-    FieldDescriptor.TYPE_BOOL: bool,
-    FieldDescriptor.TYPE_DOUBLE: float,
-    FieldDescriptor.TYPE_FLOAT: float,
-    **dict.fromkeys(_INT_RANGES, int),
-}
-
-
-def _unwrap(annotation: Any) -> tuple[Any, list[Any]]:
-    """Strip ``Annotated`` and ``X | None``; returns the bare type and the stripped metadata."""
-    metadata: list[Any] = []
-    while True:
-        origin = get_origin(annotation)
-        if origin is Annotated:
-            annotation, *extra = get_args(annotation)
-            metadata.extend(extra)
-        elif origin in (Union, types.UnionType):
-            members = [arg for arg in get_args(annotation) if arg is not type(None)]
-            if len(members) != 1:
-                return annotation, metadata
-            annotation = members[0]
-        else:
-            return annotation, metadata
-
-
-def _kind(annotation: Any) -> Any:
-    """The Python kind a scalar annotation carries on the wire (``Literal['a']`` -> ``str``)."""
-    if get_origin(annotation) is Literal:
-        kinds = {type(value) for value in get_args(annotation)}
-        return kinds.pop() if len(kinds) == 1 else annotation
-    if isinstance(annotation, type) and issubclass(annotation, Enum):
-        for base in (str, int):
-            if issubclass(annotation, base):
-                return base
-    return annotation
-
-
-def _int_bounds(metadata: Iterable[Any]) -> tuple[int | None, int | None]:
-    """The inclusive integer range that ``Ge``/``Gt``/``Le``/``Lt`` constraints allow."""
-    lows: list[int] = []
-    highs: list[int] = []
-    for item in metadata:
-        if isinstance(item, FieldInfo):
-            low, high = _int_bounds(item.metadata)
-            lows.extend([low] if low is not None else [])
-            highs.extend([high] if high is not None else [])
-            continue
-        if (ge := getattr(item, "ge", None)) is not None:
-            lows.append(int(ge))
-        if (gt := getattr(item, "gt", None)) is not None:
-            lows.append(int(gt) + 1)
-        if (le := getattr(item, "le", None)) is not None:
-            highs.append(int(le))
-        if (lt := getattr(item, "lt", None)) is not None:
-            highs.append(int(lt) - 1)
-    return (max(lows) if lows else None, min(highs) if highs else None)
-
-
-def _field_drift(
-    where: str, info: FieldInfo, field: FieldDescriptor, problems: list[str], seen: set[Any]
-) -> None:
-    annotation, metadata = _unwrap(info.annotation)
-    metadata = [*info.metadata, *metadata]
-    repeated = get_origin(annotation) in (list, tuple, Sequence)
-    if repeated:
-        element, element_metadata = _unwrap(get_args(annotation)[0])
-        metadata = element_metadata
-    else:
-        element = annotation
-    if repeated != field.is_repeated:
-        side = "the proto" if field.is_repeated else "the model"
-        problems.append(f"{where}: repeated only in {side}")
-        return
-    if field.message_type is not None:
-        if not (isinstance(element, type) and issubclass(element, BaseModel)):
-            problems.append(
-                f"{where}: a {field.message_type.name} message in the proto, "
-                f"{element!r} on the model"
-            )
-        elif element.__name__ != field.message_type.name:
-            problems.append(
-                f"{where}: nested type {element.__name__} on the model, "
-                f"{field.message_type.name} in the proto"
-            )
-        else:
-            _drift(element, field.message_type, (), problems, seen)
-        return
-    expected = _SCALAR_KINDS.get(field.type)
-    actual = _kind(element)
-    if expected is None:
-        problems.append(f"{where}: proto field type {field.type} is not supported by the codec")
-    elif actual is not expected:
-        problems.append(f"{where}: {expected.__name__} in the proto, {actual!r} on the model")
-    elif expected is int:
-        lowest, highest = _INT_RANGES[field.type]
-        low, high = _int_bounds(metadata)
-        if low is None or high is None or low < lowest or high > highest:
-            problems.append(f"{where}: int not bounded to the proto's range [{lowest}, {highest}]")
-
-
-def _drift(
-    model: type[BaseModel],
-    descriptor: Descriptor,
-    ignore: Collection[str],
-    problems: list[str],
-    seen: set[Any],
-) -> None:
-    if (model, descriptor.full_name) in seen:
-        return
-    seen.add((model, descriptor.full_name))
-    where = f"{model.__name__} / {descriptor.full_name}"
-    proto = {field.name: field for field in descriptor.fields if field.containing_oneof is None}
-    fields = {name: info for name, info in model.model_fields.items() if name not in ignore}
-    problems.extend(
-        f"{where}: {name!r} only on the model" for name in sorted(fields.keys() - proto.keys())
-    )
-    problems.extend(
-        f"{where}: {name!r} only in the proto" for name in sorted(proto.keys() - fields.keys())
-    )
-    for name in sorted(fields.keys() & proto.keys()):
-        _field_drift(f"{where}.{name}", fields[name], proto[name], problems, seen)
-
-
-def schema_drift(
-    model: type[BaseModel], descriptor: Descriptor, *, ignore: Collection[str] = ()
-) -> list[str]:
-    """Every difference between a pydantic model and a protobuf message, recursively.
-
-    Compares field names, repeated-ness, scalar kinds (``Literal`` and ``Enum`` count as their
-    values' type), nested message types (by name) and, for integer
-    fields, that the model's bounds keep every value within the proto's range. ``oneof`` members are
-    skipped: the envelope carries them.
-
-    Args:
-        model: The pydantic model.
-        descriptor: The message descriptor, e.g. ``agent_pb2.Beat.DESCRIPTOR``.
-        ignore: Model fields that have no proto field on purpose (``capability``, ``body``).
-
-    Returns:
-        One line per difference; empty when the two match.
-    """
-    problems: list[str] = []
-    _drift(model, descriptor, ignore, problems, set())
-    return problems

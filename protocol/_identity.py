@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import jwt
 
-from stratagem.protocol._codec import IDENTITY_PATTERN
 from stratagem.protocol._errors import ProtocolUsageError, UnauthenticatedError
+from stratagem.protocol._models import IDENTITY_PATTERN
 from stratagem.protocol._rpc import CALLER_KEY
 
 if TYPE_CHECKING:

@@ -10,8 +10,10 @@ otherwise::
 
 ``target`` may be ``"*"`` (any agent) and ``capabilities`` may contain ``"*"`` (any capability).
 ``caller`` is always required: a rule matches any caller only when it says ``caller = "*"`` in so
-many words, never because a key is missing. The read-only RPCs are authorized like capabilities,
-under the pseudo-capability names ``"Describe"``, ``"Watch"`` and ``"Plans"``.
+many words, never because a key is missing. The other RPCs are authorized like capabilities, under
+pseudo-capability names the RPC table declares (``protocol._service``): the read-only ones
+(``READ_RPCS``: ``"Describe"``, ``"Watch"``, ``"Plans"``, ``"Revisions"``) and ``"RunPlan"``,
+``"Replay"`` and ``"Control.<action>"``.
 
 The caller is the identity the server authenticated (today the ``x-stratagem-caller`` metadata
 value, trusted; see the README); ``OPERATOR`` is the identity of the CLI's user.
@@ -25,12 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Final, Literal, get_args
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from stratagem.protocol._codec import ReadRpc, field_path
+from stratagem.protocol._codec import field_path
 from stratagem.protocol._errors import ProtocolUsageError
+from stratagem.protocol._service import RPCS
 
 __all__ = ["ANY", "OPERATOR", "READ_RPCS", "Policy", "PolicyRule"]
 
@@ -42,8 +45,11 @@ OPERATOR: Final = "operator"
 ANY: Final = "*"
 """The wildcard for a rule's target or capabilities (and, written explicitly, its caller)."""
 
-READ_RPCS: Final[tuple[str, ...]] = get_args(ReadRpc)
-"""The read-only RPCs, authorized as pseudo-capabilities of these names."""
+READ_RPCS: Final[tuple[str, ...]] = tuple(
+    spec.authorized_as for spec in RPCS.values() if spec.access == "read"
+)
+"""The read-only RPCs (``access="read"`` in the RPC table), authorized as pseudo-capabilities of
+these names."""
 
 _Name = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z][A-Za-z0-9_.-]{0,63})$")]
 

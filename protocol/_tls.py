@@ -43,8 +43,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from stratagem.protocol._codec import IDENTITY_PATTERN
 from stratagem.protocol._errors import ProtocolUsageError
+from stratagem.protocol._models import IDENTITY_PATTERN
 
 __all__ = [
     "CHANNEL_OPTIONS",

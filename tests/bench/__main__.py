@@ -34,6 +34,7 @@ from tests.bench.report import (
     cluster_section,
     machine_facts,
     peers_section,
+    rpc_section,
     tracing_section,
     verdicts,
     write_outputs,
@@ -88,6 +89,23 @@ def _only_tracing() -> int:
     json.dump(results["benchmarks"]["tracing"], sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
+
+
+def _rpc() -> dict[str, Any]:
+    """The request path: actor to actor through the pipeline vs a bare grpc.aio echo."""
+    logger.info("rpc: actor to actor through the pipeline vs a bare grpc.aio echo")
+    # The audit files go under .bench/: the file system the default state directory is on.
+    rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
+    for target in rpc["targets"]:
+        logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
+    return rpc
+
+
+def _only_rpc() -> int:
+    """``python -m tests.bench rpc``: this section alone, merged into the last results."""
+    return _only_section(
+        "rpc", _rpc, "## 1. Cross-agent request latency and throughput", rpc_section
+    )
 
 
 def _auth() -> dict[str, Any]:
@@ -224,6 +242,8 @@ def main() -> int:
     """Run every benchmark; write the results and print them."""
     if sys.argv[1:] == ["tracing"]:
         return _only_tracing()
+    if sys.argv[1:] == ["rpc"]:
+        return _only_rpc()
     if sys.argv[1:] == ["auth"]:
         return _only_auth()
     if sys.argv[1:] == ["cluster"]:
@@ -266,11 +286,7 @@ def main() -> int:
         size["large"]["steps"],
         size["growth"]["bytes"],
     )
-    logger.info("rpc: actor to actor through the pipeline vs a bare grpc.aio echo")
-    # The audit files go under .bench/: the file system the default state directory is on.
-    rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
-    for target in rpc["targets"]:
-        logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
+    rpc = _rpc()
     auth = _section("auth", _auth)
     cluster = _section("cluster", _cluster)
     peers = _section("peers", _peers)

@@ -28,6 +28,7 @@ __all__ = [
     "cluster_section",
     "machine_facts",
     "render_markdown",
+    "rpc_section",
     "tracing_section",
     "verdicts",
     "write_outputs",
@@ -365,6 +366,11 @@ def _rpc_section(rpc: dict[str, Any]) -> list[str]:
     if "profile" in rpc:
         lines += _profile_section(rpc["profile"])
     return lines
+
+
+def rpc_section(rpc: dict[str, Any] | None) -> list[str]:
+    """The request-path section alone (``python -m tests.bench rpc``)."""
+    return _wrapped([*_rpc_section(rpc), ""]) if rpc else []
 
 
 def _attribution(rpc: dict[str, Any]) -> list[str]:

@@ -29,12 +29,19 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "--json",
         state_dir=state_dir,
         STRATAGEM_EXTENSIONS="examples.extensions.word_count,examples.extensions.wire_values",
+        # Where the client below reads it, whatever an integration session exported.
+        STRATAGEM_SECRET_FILE=str(state_dir / "cluster.secret"),
     )
     try:
         assert up.returncode == 0, up.stderr[-2000:]
         yield state_dir
     finally:
-        down = run("down", "--json", state_dir=state_dir)
+        down = run(
+            "down",
+            "--json",
+            state_dir=state_dir,
+            STRATAGEM_SECRET_FILE=str(state_dir / "cluster.secret"),
+        )
         assert down.returncode == 0, down.stderr[-2000:]
 
 
@@ -61,7 +68,10 @@ def _generate(out: Path) -> Path:
 def test_a_client_from_proto_alone_describes_every_agent_and_calls_each_built_in_one(
     deployed: Path, tmp_path: Path
 ) -> None:
-    status = json.loads(run("status", "--json", state_dir=deployed).stdout)
+    secret = str(deployed / "cluster.secret")
+    status = json.loads(
+        run("status", "--json", state_dir=deployed, STRATAGEM_SECRET_FILE=secret).stdout
+    )
     endpoints = {a["role"]: a["endpoint"] for a in status["agents"]}
     assert set(endpoints) >= BUILT_IN
     endpoint_file = tmp_path / "endpoints.json"

@@ -23,8 +23,8 @@ from stratagem.protocol import (
     SqliteAnswerStore,
     control_capability,
 )
-from stratagem.protocol._codec import decode_control, encode_control
 from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY
+from stratagem.protocol._service import CONTROL
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,7 @@ async def test_control_refusals(server: AgentServer, connect: Connect) -> None:
 async def test_a_body_that_contradicts_the_capability_metadata_is_invalid(
     server: AgentServer, backend: FakeBackend
 ) -> None:
-    body = encode_control(ControlRequest(plan_id="p", action="cancel"))
+    body = CONTROL.encode_request(ControlRequest(plan_id="p", action="cancel"))
     async with grpc.aio.insecure_channel(server.endpoint) as channel:
         method = channel.unary_unary("/stratagem.v1.AgentService/Control")
         metadata = ((CALLER_KEY, "operator"), (CAPABILITY_KEY, control_capability("pause")))
@@ -101,7 +101,7 @@ async def test_without_the_capability_metadata_the_body_names_the_action(
 ) -> None:
     # A client generated from the .proto alone: the body routes the call, authorized as
     # Control.<action> all the same.
-    body = encode_control(ControlRequest(plan_id="p", action="cancel"))
+    body = CONTROL.encode_request(ControlRequest(plan_id="p", action="cancel"))
     async with grpc.aio.insecure_channel(server.endpoint) as channel:
         method = channel.unary_unary("/stratagem.v1.AgentService/Control")
         await method(body, metadata=((CALLER_KEY, "operator"),), timeout=5)
@@ -113,11 +113,11 @@ async def test_without_the_capability_metadata_the_body_names_the_action(
 
 def test_control_request_round_trips_and_checks_its_fields() -> None:
     request = ControlRequest(plan_id="p", action="reject", gate_id="g", rationale="no", revision=2)
-    assert decode_control(encode_control(request)) == request
+    assert CONTROL.decode_request(CONTROL.encode_request(request)) == request
     with pytest.raises(ValueError, match="output_json"):
         ControlRequest(plan_id="p", action="pause", output_json="{}")
     with pytest.raises(InvalidArgumentError):
-        decode_control(b"\xff\xff")
+        CONTROL.decode_request(b"\xff\xff")
 
 
 async def test_a_durable_answer_is_replayed_after_the_server_restarts(

@@ -60,14 +60,8 @@ from stratagem.protocol import (
     encode_request,
 )
 from stratagem.protocol._audit import AuditRecord
-from stratagem.protocol._codec import (
-    IDENTITY_PATTERN,
-    control_capability,
-    decode_control,
-    decode_query,
-    decode_run_plan,
-)
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._models import IDENTITY_PATTERN, control_capability
 from stratagem.protocol._rpc import (
     CALLER_KEY,
     CAPABILITY_KEY,
@@ -77,6 +71,7 @@ from stratagem.protocol._rpc import (
     VERSION_KEY,
     method_path,
 )
+from stratagem.protocol._service import CONTROL, RUN_PLAN, decode_query
 from tests.integration.protocol.test_security import _with_claims
 from tests.unit.protocol._support import SAMPLES, FakeBackend, model_strategy
 
@@ -363,9 +358,9 @@ def _expected_for_bytes(method: str, capability: str, body: bytes) -> grpc.Statu
         if method == "Call":
             return INVALID  # random bytes never make an envelope that matches the metadata
         if method == "RunPlan":
-            return PRECONDITION if "cycle" in decode_run_plan(body) else OK
+            return PRECONDITION if "cycle" in RUN_PLAN.decode_request(body).plan_json else OK
         if method == "Control":
-            control = decode_control(body)
+            control = CONTROL.decode_request(body)
             if control_capability(control.action) != capability:
                 return INVALID
             return NOT_FOUND if control.plan_id == "missing" else OK

@@ -51,8 +51,9 @@ from stratagem.protocol import (
     init_certificates,
 )
 from stratagem.protocol._audit import AuditRecord
-from stratagem.protocol._codec import RequestEnvelope, encode_request
+from stratagem.protocol._codec import encode_request
 from stratagem.protocol._identity import Authenticator
+from stratagem.protocol._models import RequestEnvelope
 from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY, VERSION_KEY, method_path
 from stratagem.protocol._status import from_rpc_error
 from tests.integration.protocol.conftest import Tracing

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -719,6 +721,36 @@ async def test_a_call_whose_acceptance_cannot_be_recorded_is_not_served(
             await connect(server.endpoint).call("perception", "ExtractEntities", EXTRACT)
     assert backend.calls == []
     assert [(r.action, r.code) for r in audit.records()] == [("call.refused", "INTERNAL")]
+
+
+class _UncommittableAudit(SqliteAuditLog):
+    """A SQLite audit log whose transactions all fail, as a full disk's would."""
+
+    def _commit_on_loop(self, entries: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+
+async def test_a_group_committed_acceptance_that_fails_answers_no_result_and_stops_serving(
+    tmp_path: Path, backend: FakeBackend, connect: Connect
+) -> None:
+    # The acceptance commits with the outcome (one transaction per call): a call whose records
+    # cannot be committed is answered INTERNAL, not with its result, and the log is then waited
+    # for before any further handler runs.
+    with _UncommittableAudit(tmp_path / "audit.db") as audit:
+        async with AgentServer(
+            backend,
+            policy=Policy.default(),
+            authenticator=CallerMetadataAuthenticator(),
+            audit=audit,
+        ) as server:
+            client = connect(server.endpoint)
+            with pytest.raises(InternalError):
+                await client.call("perception", "ExtractEntities", EXTRACT)
+            assert len(backend.calls) == 1
+            with pytest.raises(InternalError):
+                await client.call("perception", "ExtractEntities", EXTRACT)
+            assert len(backend.calls) == 1
+        assert list(audit.records()) == []
 
 
 class _BlockingOnlyAudit:

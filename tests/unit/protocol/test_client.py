@@ -10,7 +10,7 @@ from stratagem.protocol import (
     ExtractEntitiesRequest,
 )
 from stratagem.protocol._client import _request_ids, _RequestIds
-from stratagem.protocol._codec import REQUEST_ID_PATTERN
+from stratagem.protocol._models import REQUEST_ID_PATTERN
 
 Connect = Callable[..., AgentClient]
 EXTRACT = ExtractEntitiesRequest(text="Mira waits in the hall.")

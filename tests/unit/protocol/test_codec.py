@@ -46,21 +46,11 @@ from stratagem.protocol import (
     register_capability,
     to_message,
 )
-from stratagem.protocol._codec import (
-    PlansQuery,
-    _fill,
-    _NoQuery,
-    _PlanQuery,
-    _PlansResponse,
-    _RunPlanRequest,
-    decode_query,
-    encode_answer,
-    encode_call,
-    encode_query,
-    field_path,
-    schema_drift,
-)
+from stratagem.protocol._codec import _fill, encode_answer, encode_call, field_path
+from stratagem.protocol._drift import schema_drift
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
+from stratagem.protocol._models import NoQuery, PlanQuery, PlansPage, PlansQuery, RunPlanRequest
+from stratagem.protocol._service import decode_query, encode_query
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, model_strategy
 
 BUILTIN = [spec for spec in CAPABILITIES.values() if spec.field != EXTENSION_FIELD]
@@ -98,13 +88,13 @@ def test_capability_models_match_their_messages(spec: CapabilitySpec) -> None:
         (CapabilityCard, pb.CapabilityCard),
         (PlanEvent, pb.PlanEvent),
         (PlanSnapshot, pb.PlanSnapshot),
-        (_PlansResponse, pb.PlansResponse),
-        (_PlanQuery, pb.WatchRequest),
+        (PlansPage, pb.PlansResponse),
+        (PlanQuery, pb.WatchRequest),
         (PlansQuery, pb.PlansRequest),
-        (_NoQuery, pb.DescribeRequest),
-        (_RunPlanRequest, pb.RunPlanRequest),
-        (_PlanQuery, pb.RevisionsRequest),
-        (_PlanQuery, pb.ReplayRequest),
+        (NoQuery, pb.DescribeRequest),
+        (RunPlanRequest, pb.RunPlanRequest),
+        (PlanQuery, pb.RevisionsRequest),
+        (PlanQuery, pb.ReplayRequest),
         (ControlRequest, pb.ControlRequest),
         (ReplayResult, pb.ReplayResult),
         (RevisionsResponse, pb.RevisionsResponse),

@@ -1,0 +1,361 @@
+"""The models of the ``AgentService`` RPCs besides the capabilities' own: the envelopes of ``Call``,
+the agent's card, plan events and snapshots, the read queries, ``Control``, ``Replay`` and
+``Revisions``; and the patterns of the identities and ids they carry.
+
+Each mirrors one message of ``proto/stratagem/v1/agent.proto`` field for field (``_drift`` checks
+it); the codec converts between the two generically.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, ClassVar, Final, Literal, get_args
+
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from stratagem.protocol._capabilities import (
+    CAPABILITIES,
+    EXTENSION_FIELD,
+    INT32_MAX,
+    CapabilitySpec,
+    PlanId,
+    WireModel,
+)
+
+__all__ = [
+    "CAPABILITY_NAME_PATTERN",
+    "CONTROL_ACTIONS",
+    "DEFAULT_PLANS_PAGE",
+    "IDENTITY_PATTERN",
+    "MAX_PLANS_PAGE",
+    "PLAN_ID_PATTERN",
+    "REQUEST_ID_PATTERN",
+    "AgentCard",
+    "CapabilityCard",
+    "ControlAction",
+    "ControlRequest",
+    "Envelope",
+    "NoQuery",
+    "PlanEvent",
+    "PlanQuery",
+    "PlanRevision",
+    "PlanSnapshot",
+    "PlansPage",
+    "PlansQuery",
+    "ReplayDivergence",
+    "ReplayResult",
+    "RequestEnvelope",
+    "ResponseEnvelope",
+    "RevisionStepChange",
+    "RevisionsResponse",
+    "RunPlanRequest",
+    "control_capability",
+]
+
+IDENTITY_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,63}$"
+"""An identity on the wire: a role or "operator"; lowercase, so policies match exactly."""
+Identity = Annotated[str, StringConstraints(pattern=IDENTITY_PATTERN)]
+# An idempotency key: long enough for the engine's "<plan id>@<revision>:<step id>" keys.
+REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,399}$"
+RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_PATTERN)]
+CAPABILITY_NAME_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_.]{0,63}$"
+CapabilityName = Annotated[str, StringConstraints(pattern=CAPABILITY_NAME_PATTERN)]
+PLAN_ID_PATTERN: Final[str] = next(
+    str(item.pattern) for item in get_args(PlanId) if isinstance(item, StringConstraints)
+)
+"""The pattern of a plan (or step) id, as ``PlanId`` declares it."""
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan"]
+"""What ``Control`` does to a plan."""
+CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
+
+
+# --- the envelopes ------------------------------------------------------------------------------
+
+
+class Envelope(WireModel):
+    """What both envelopes share: a capability's name and a body of its request or response."""
+
+    _side: ClassVar[Literal["request", "response"]]
+
+    capability: CapabilityName
+    body: SerializeAsAny[WireModel]
+
+    @field_validator("capability")
+    @classmethod
+    def _registered(cls, capability: str) -> str:
+        if capability not in CAPABILITIES:
+            raise ValueError(f"unknown capability {capability!r}")
+        return capability
+
+    @field_validator("body")
+    @classmethod
+    def _body_fits(cls, body: WireModel, info: ValidationInfo) -> WireModel:
+        spec = CAPABILITIES.get(info.data.get("capability", ""))
+        if spec is None:
+            return body
+        model = spec.request if cls._side == "request" else spec.response
+        if not isinstance(body, model):
+            raise ValueError(
+                f"a {spec.name} {cls._side} is a {model.__name__}, not a {type(body).__name__}"
+            )
+        return body
+
+
+class RequestEnvelope(Envelope):
+    """A cross-agent request: routing and idempotency fields plus one capability's request body.
+
+    Field names are those of ``stratagem.v1.AgentRequest``; ``capability`` names the body's
+    capability (the ``oneof`` field for a built-in one, ``ExtensionBody.capability`` otherwise).
+    """
+
+    _side = "request"
+
+    request_id: RequestId
+    caller: Identity
+    target: Identity
+    plan_id: PlanId = ""
+    step_id: PlanId = ""
+    delegation: list[Identity] = Field(default_factory=list, max_length=64)
+
+
+class ResponseEnvelope(Envelope):
+    """The answer to a ``RequestEnvelope``; its field names are ``stratagem.v1.AgentResponse``'s."""
+
+    _side = "response"
+
+    request_id: RequestId
+    responder: Identity
+    plan_id: PlanId = ""
+
+
+# --- introspection and progress -----------------------------------------------------------------
+
+
+class CapabilityCard(WireModel):
+    """One capability an agent serves, with the JSON Schemas of its request and response."""
+
+    name: CapabilityName
+    version: str = Field(max_length=32)
+    request_schema: str
+    response_schema: str
+
+    wire: str = Field(default="", max_length=16)
+    request_type: str = Field(default="", max_length=256)
+    response_type: str = Field(default="", max_length=256)
+
+    @classmethod
+    def from_spec(cls, spec: CapabilitySpec) -> CapabilityCard:
+        """The card describing ``spec``, its schemas rendered from its pydantic models, with how
+        it travels (``builtin``, or an extension's ``json``, ``struct`` or ``message`` and then
+        its messages' full names)."""
+        messages = spec.messages
+        return cls(
+            name=spec.name,
+            version=spec.version,
+            request_schema=json.dumps(spec.request.model_json_schema(), sort_keys=True),
+            response_schema=json.dumps(spec.response.model_json_schema(), sort_keys=True),
+            wire=spec.wire if spec.field == EXTENSION_FIELD else "builtin",
+            request_type=messages[0].DESCRIPTOR.full_name if messages else "",
+            response_type=messages[1].DESCRIPTOR.full_name if messages else "",
+        )
+
+
+class AgentCard(WireModel):
+    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``)."""
+
+    role: Identity
+    version: str = Field(max_length=64)
+    capabilities: list[CapabilityCard] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+
+
+class PlanEvent(WireModel):
+    """A change of a plan or of one of its steps, as streamed by ``Watch``."""
+
+    plan_id: PlanId
+    revision: Count = 0
+    step_id: str = Field(default="", max_length=200)
+    status: str = Field(max_length=32)
+    attempt: Count = 0
+    failure_class: str = Field(default="", max_length=32)
+    message: str = Field(default="", max_length=4000)
+    timestamp: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    agent: str = Field(default="", max_length=64)
+
+
+class PlanSnapshot(WireModel):
+    """A plan's current state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON."""
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revision: Count = 0
+    status: str = Field(max_length=32)
+    plan_json: str = ""
+
+
+MAX_PLANS_PAGE: Final = 1000
+"""The most snapshots one ``Plans`` page holds (``PlansRequest.page_size``)."""
+DEFAULT_PLANS_PAGE: Final = 100
+"""The page size an agent uses when the request names none."""
+
+
+class PlansPage(WireModel):
+    """The body of ``PlansResponse``: one page of snapshots and the next page's token."""
+
+    plans: list[PlanSnapshot] = Field(default_factory=list)
+    next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+
+
+class PlanQuery(WireModel):
+    """The body of ``WatchRequest``, ``RevisionsRequest`` and ``ReplayRequest``: a plan id."""
+
+    plan_id: PlanId = ""
+
+
+class PlansQuery(PlanQuery):
+    """The body of ``PlansRequest``: which plans, and which page of them.
+
+    Attributes:
+        plan_id: The plan and its sub-plans; "" for every plan.
+        page_size: At most this many snapshots (0: ``DEFAULT_PLANS_PAGE``).
+        page_token: "" for the first page, else the previous page's ``next_page_token`` (an
+            offset into the agent's list: plans added meanwhile come on later pages).
+    """
+
+    page_size: int = Field(default=0, ge=0, le=MAX_PLANS_PAGE)
+    page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+
+
+class NoQuery(WireModel):
+    """The body of ``DescribeRequest``."""
+
+
+class RunPlanRequest(WireModel):
+    """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
+
+    plan_json: str = Field(min_length=2)
+
+
+class ControlRequest(WireModel):
+    """The body of ``ControlRequest``: one control action on one plan.
+
+    Attributes:
+        plan_id: The plan.
+        action: What to do.
+        gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
+        rationale: For ``approve``/``reject``: why (audited, redacted).
+        revision: For ``approve``/``reject``: the plan revision decided for; 0 for the current.
+        output_json: For ``approve`` of a reconcile gate: a JSON object to record as the step's
+            output instead of re-running it (the operator found its effect done).
+    """
+
+    plan_id: PlanId = Field(min_length=1)
+    action: ControlAction
+    gate_id: PlanId = ""
+    rationale: str = Field(default="", max_length=2000)
+    revision: Count = 0
+    output_json: str = Field(default="", max_length=1 << 20)
+    plan_json: str = Field(default="", max_length=16 << 20)
+
+    @model_validator(mode="after")
+    def _gate_given(self) -> ControlRequest:
+        if self.action in ("approve", "reject") and not self.gate_id:
+            raise ValueError(f"{self.action} needs gate_id")
+        if self.output_json and self.action != "approve":
+            raise ValueError("output_json is only for approve")
+        if self.action == "replan" and not (self.plan_json and self.rationale):
+            raise ValueError("replan needs plan_json and rationale")
+        if self.plan_json and self.action != "replan":
+            raise ValueError("plan_json is only for replan")
+        return self
+
+
+class ReplayDivergence(WireModel):
+    """One decision a replay reached differently (``step_id`` "" for the plan)."""
+
+    step_id: str = Field(default="", max_length=256)
+    decision: str = Field(max_length=32)
+    recorded: str = Field(default="", max_length=4000)
+    replayed: str = Field(default="", max_length=4000)
+
+
+class ReplayResult(WireModel):
+    """The answer to ``Replay``: what re-running a finished plan from its records found.
+
+    Attributes:
+        plan_id: The plan.
+        agent: Its owner, where it was replayed.
+        revision: The revision replayed (the newest).
+        recorded_status: The plan's recorded final status.
+        replayed_status: The replay's final status; "" when it did not end in time.
+        decisions: How many decisions were re-derived and compared.
+        divergences: The decisions that differ, steps in plan order, the plan's last.
+    """
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revision: Count = 0
+    recorded_status: str = Field(max_length=32)
+    replayed_status: str = Field(default="", max_length=32)
+    decisions: Count = 0
+    divergences: list[ReplayDivergence] = Field(default_factory=list)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether any decision differs."""
+        return bool(self.divergences)
+
+
+class RevisionStepChange(WireModel):
+    """A step in both revisions whose fields differ."""
+
+    step_id: str = Field(max_length=256)
+    fields: list[str] = Field(default_factory=list)
+
+
+class PlanRevision(WireModel):
+    """One revision of a plan, as ``Revisions`` lists them.
+
+    Attributes:
+        revision: The revision.
+        parent: The revision it was made from (0 for the first).
+        author: Who made it (``""`` for the first).
+        rationale: Why.
+        added: Steps only in this revision.
+        removed: Steps only in the parent.
+        changed: Steps in both whose fields differ.
+        carried: The parent's completed steps whose results carried over.
+        at: When it was made (seconds since the epoch; 0 when unknown).
+    """
+
+    revision: Count
+    parent: Count = 0
+    author: str = Field(default="", max_length=256)
+    rationale: str = Field(default="", max_length=4000)
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: list[RevisionStepChange] = Field(default_factory=list)
+    carried: list[str] = Field(default_factory=list)
+    at: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+
+class RevisionsResponse(WireModel):
+    """The answer to ``Revisions``: a plan's history on its owner, oldest first."""
+
+    plan_id: PlanId
+    agent: str = Field(max_length=64)
+    revisions: list[PlanRevision] = Field(default_factory=list)
+
+
+def control_capability(action: ControlAction) -> str:
+    """The pseudo-capability ``Control`` is authorized as, e.g. ``"Control.approve"``."""
+    return f"Control.{action}"
