@@ -4,6 +4,8 @@ The public names are re-exported here; the ``_module.py`` files are private. ``d
 describes how they fit the layers around this one.
 """
 
+from typing import TYPE_CHECKING
+
 from stratagem.agents._agent import Agent, Planner, PlanRecord, serve_in_memory
 from stratagem.agents._definition import (
     AgentSpec,
@@ -83,6 +85,13 @@ from stratagem.agents._tactical import (
 )
 from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
 from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
+from stratagem.protocol._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stratagem.agents._world._postgres import PostgresWorldStore
+
+# The PostgreSQL world store needs psycopg (the `postgres` extra): imported on first use.
+__getattr__ = lazy_exports(__name__, {"PostgresWorldStore": "._world._postgres"})
 
 __all__ = [
     "DEFAULT_PATTERNS",
@@ -122,6 +131,7 @@ __all__ = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PostgresWorldStore",
     "ResolutionStrategy",
     "ResourceRequirements",
     "RoleAgent",

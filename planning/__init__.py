@@ -29,8 +29,10 @@ from stratagem.planning._errors import (
     RefError,
     StepError,
     StepFailure,
+    StoreCorruptError,
     StoreError,
     StoreSchemaError,
+    StoreUnavailableError,
     TransientError,
     code_for_failure_class,
     failure_class_for_code,
@@ -65,8 +67,8 @@ from stratagem.planning._revisions import (
     replan_rationale,
     unchanged_steps,
 )
-from stratagem.planning._sqlite_store import SqliteStateStore
-from stratagem.planning._store import (
+from stratagem.planning._store._sqlite import SqliteStateStore
+from stratagem.planning._store._state import (
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -91,11 +93,11 @@ from stratagem.planning._validate import validate_plan
 from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from stratagem.planning._pg_store import PostgresStateStore
+    from stratagem.planning._store._postgres import PostgresStateStore
 
 # The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
 # so that the package works without it.
-__getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._pg_store"})
+__getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"})
 
 __all__ = [
     "FAILURE_CODES",
@@ -160,9 +162,11 @@ __all__ = [
     "StepResult",
     "StepState",
     "StepStatus",
+    "StoreCorruptError",
     "StoreError",
     "StoreSchemaError",
     "StoreStats",
+    "StoreUnavailableError",
     "ToolContext",
     "ToolRunner",
     "ToolStep",

@@ -11,11 +11,18 @@
     │   └── GateDecisionError      a gate decision is refused: unknown or closed gate, wrong
     │                              revision (.gate_id, .revision)
     ├── StoreError                 a state store failed to read or write; the run stops
-    │   └── StoreSchemaError       the store's schema is newer than this code, or a migration failed
+    │   ├── StoreSchemaError       the store's schema is newer than this code, or a migration failed
+    │   ├── StoreUnavailableError  the store's database cannot be opened, reached or locked
+    │   └── StoreCorruptError      the store's database is damaged
     └── StepError                  raised by a tool to fail its step with a class (.failure_class)
         ├── TransientError         retried: the world may change by itself
         ├── LogicError             not retried: the same input gives the same answer
         └── PolicyError            not retried: a rule forbids it
+
+The store errors are also ``protocol``'s storage errors: ``StoreError`` is a ``StorageError``,
+``StoreSchemaError`` a ``StorageSchemaError`` (and so a ``ProtocolUsageError``),
+``StoreUnavailableError`` a ``StorageUnavailableError`` and ``StoreCorruptError`` a
+``StorageCorruptError``, so one ``except StorageError`` catches what any store raises.
 
 ``StepError`` and its subclasses are the signals tools raise; the engine never lets them escape a
 run, it records a ``StepFailure`` instead. A protocol ``RemoteError`` out of a dispatcher is
@@ -37,7 +44,14 @@ from typing import ClassVar, Final
 from pydantic import ValidationError
 
 from stratagem.planning._plan import FailureClass
-from stratagem.protocol import Code
+from stratagem.protocol import (
+    Code,
+    StorageCorruptError,
+    StorageError,
+    StorageSchemaError,
+    StorageUnavailableError,
+)
+from stratagem.protocol._storage import StorageErrors
 
 __all__ = [
     "FAILURE_CODES",
@@ -51,8 +65,10 @@ __all__ = [
     "RefError",
     "StepError",
     "StepFailure",
+    "StoreCorruptError",
     "StoreError",
     "StoreSchemaError",
+    "StoreUnavailableError",
     "TransientError",
     "code_for_failure_class",
     "failure_class_for_code",
@@ -157,20 +173,20 @@ class GateDecisionError(PlanControlError):
         super().__init__(plan_id, message)
 
 
-class StoreError(PlanningError):
+class StoreError(PlanningError, StorageError):
     """A state store could not read or write; a run that needs it stops.
+
+    Also a ``protocol.StorageError``.
 
     Attributes:
         location: Where the store keeps its data (a path, or ``":memory:"``).
     """
 
-    def __init__(self, message: str, *, location: str = "") -> None:
-        self.location = location
-        super().__init__(message)
 
-
-class StoreSchemaError(StoreError):
+class StoreSchemaError(StoreError, StorageSchemaError):
     """The store's schema is newer than this code knows, or a migration failed.
+
+    Also a ``protocol.StorageSchemaError``.
 
     Attributes:
         location: The store's location.
@@ -178,10 +194,23 @@ class StoreSchemaError(StoreError):
         known: The newest schema version this code knows.
     """
 
-    def __init__(self, message: str, *, location: str, found: int, known: int) -> None:
-        self.found = found
-        self.known = known
-        super().__init__(message, location=location)
+
+class StoreUnavailableError(StoreError, StorageUnavailableError):
+    """The store's database cannot be opened or reached, or another writer held its lock past
+    the wait. Also a ``protocol.StorageUnavailableError``."""
+
+
+class StoreCorruptError(StoreError, StorageCorruptError):
+    """The store's database is damaged. Also a ``protocol.StorageCorruptError``."""
+
+
+STORE_ERRORS: Final = StorageErrors(
+    error=StoreError,
+    schema=StoreSchemaError,
+    unavailable=StoreUnavailableError,
+    corrupt=StoreCorruptError,
+)
+"""The classes the state stores raise, one per kind (``protocol``'s storage seam makes them)."""
 
 
 class StepError(PlanningError):

@@ -14,28 +14,24 @@ from stratagem.protocol._answers import (
     StoredAnswer,
 )
 from stratagem.protocol._audit import (
-    AuditLog,
-    AuditRecord,
-    ChainVerdict,
-    InMemoryAuditLog,
-    SqliteAuditLog,
-    digest,
-    verify_chain,
-)
-from stratagem.protocol._audit_archive import (
     ArchivedSegment,
     ArchiveError,
+    AuditLog,
+    AuditRecord,
+    AuditSealer,
+    ChainVerdict,
+    FileHeads,
+    HeadsStore,
+    InMemoryAuditLog,
+    MirroredHeads,
+    SignedHead,
+    SqliteAuditLog,
     all_records,
     archive_audit,
     archived_segments,
-)
-from stratagem.protocol._audit_seal import (
-    AuditSealer,
-    FileHeads,
-    HeadsStore,
-    MirroredHeads,
-    SignedHead,
+    digest,
     load_or_create_key,
+    verify_chain,
     verify_sealed,
 )
 from stratagem.protocol._capabilities import (
@@ -145,9 +141,16 @@ from stratagem.protocol._service import (
     encode_event,
     encode_plans,
 )
+from stratagem.protocol._storage import (
+    StorageCorruptError,
+    StorageError,
+    StorageSchemaError,
+    StorageUnavailableError,
+)
 
 if TYPE_CHECKING:
-    from stratagem.protocol._pg import PostgresAnswerStore, PostgresAuditHeads, PostgresAuditLog
+    from stratagem.protocol._answers._postgres import PostgresAnswerStore
+    from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
     from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
@@ -158,9 +161,9 @@ __getattr__ = lazy_exports(
         "TlsFiles": "._tls",
         "certificate_identity": "._tls",
         "init_certificates": "._tls",
-        "PostgresAnswerStore": "._pg",
-        "PostgresAuditHeads": "._pg",
-        "PostgresAuditLog": "._pg",
+        "PostgresAnswerStore": "._answers._postgres",
+        "PostgresAuditHeads": "._audit._postgres",
+        "PostgresAuditLog": "._audit._postgres",
     },
 )
 
@@ -250,6 +253,10 @@ __all__ = [
     "SpatialContext",
     "SqliteAnswerStore",
     "SqliteAuditLog",
+    "StorageCorruptError",
+    "StorageError",
+    "StorageSchemaError",
+    "StorageUnavailableError",
     "StoredAnswer",
     "SubmitGoalRequest",
     "SubmitGoalResponse",

@@ -4,6 +4,11 @@
 
     ProtocolError                      base of everything protocol/ raises
     ├── ProtocolUsageError             the caller misused the API (unknown capability, bad config)
+    ├── StorageError                   a store could not read or write its data (.location):
+    │   ├── StorageSchemaError         a schema version this code does not read, or a failed
+    │   │                              migration (.found, .known); also a ProtocolUsageError
+    │   ├── StorageUnavailableError    the database cannot be opened, reached or locked
+    │   └── StorageCorruptError        the database is damaged
     └── RemoteError                    a call ended with a non-OK status (.code, .message)
         ├── InvalidArgumentError       INVALID_ARGUMENT, with .violations (field, description)
         ├── UnauthenticatedError       UNAUTHENTICATED
@@ -16,9 +21,10 @@
         ├── CancelledError             CANCELLED
         └── InternalError              INTERNAL and UNKNOWN; never carries a stack trace
 
-Handlers raise the ``RemoteError`` subclasses to answer with that status; the client raises them
-when a call ends with it. ``Code`` names gRPC status codes without importing ``grpc``, so layers
-above ``protocol/`` can reason about them.
+The storage errors live in ``_storage._errors`` (every store raises them; planning's state-store
+errors derive from them). Handlers raise the ``RemoteError`` subclasses to answer with that status;
+the client raises them when a call ends with it. ``Code`` names gRPC status codes without importing
+``grpc``, so layers above ``protocol/`` can reason about them.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ def lazy_exports(package: str, homes: Mapping[str, str]) -> Callable[[str], Any]
 
     Args:
         package: The package's ``__name__``.
-        homes: Each lazy name and the module defining it, relative to ``package`` (``"._pg"``).
+        homes: Each lazy name and the module defining it, relative to ``package``
+            (``"._store._postgres"``).
 
     Returns:
         The function to bind as the package's ``__getattr__``: the first access to a name imports

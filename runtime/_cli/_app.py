@@ -66,6 +66,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ProtocolUsageError",
         "RemoteError",
         "RevisionsResponse",
+        "StorageCorruptError",
         "SubmitGoalRequest",
         "TokenSigner",
         "all_records",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
         ArchiveError,
         ClusterSecret,
         ProtocolUsageError,
+        StorageCorruptError,
         TokenSigner,
         archive_audit,
     )
@@ -163,10 +163,10 @@ def audit_verify(
             verdict, head = _verify_audit(settings, archive)
         except ArchiveError as exc:
             _fail(f"{exc} (keep it as evidence and restore a copy to verify)", 1)
-        except sqlite3.DatabaseError as exc:  # a damaged file: SQLite cannot read its pages
+        except StorageCorruptError as exc:  # a damaged file: SQLite cannot read its pages
             _fail(
-                f"audit log {settings.audit_path} cannot be read: {exc} (the file is damaged; "
-                "keep it as evidence and restore a copy to verify)",
+                f"audit log {settings.audit_path} cannot be read: {exc.__cause__ or exc} (the "
+                "file is damaged; keep it as evidence and restore a copy to verify)",
                 1,
             )
         if as_json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,3 +71,15 @@ def test_the_examples_generated_code_is_not_stale(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == (APPRAISAL / name).read_text(), (
             f"examples/extensions/appraisal/{name} is stale: regenerate it (see wire_values.py)"
         )
+
+
+def test_every_package_folder_is_installed() -> None:
+    # pyproject lists the packages one by one (each layer folder maps to stratagem.<layer>): a
+    # subpackage missing there imports from the editable checkout but not from a wheel.
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {
+        ".".join(("stratagem", *init.parent.relative_to(REPO).parts))
+        for layer in ("agents", "planning", "protocol", "runtime")
+        for init in (REPO / layer).rglob("__init__.py")
+    }
+    assert sorted(found) == sorted(config["packages"])

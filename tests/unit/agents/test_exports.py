@@ -44,6 +44,7 @@ EXPECTED = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PostgresWorldStore",
     "ResolutionStrategy",
     "ResourceRequirements",
     "RoleAgent",

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import stratagem.planning._pg_store as pg_store
-import stratagem.planning._sqlite_store as sqlite_store
+import stratagem.planning._store._postgres as pg_store
+import stratagem.planning._store._sqlite as sqlite_store
 from stratagem.planning import (
     BreakerState,
     CompensationRecord,

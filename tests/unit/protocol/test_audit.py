@@ -25,6 +25,7 @@ from stratagem.protocol import (
     PostgresAuditLog,
     ProtocolUsageError,
     SqliteAuditLog,
+    StorageError,
     digest,
     verify_chain,
 )
@@ -376,8 +377,9 @@ async def test_a_failed_group_commit_fails_its_callers(tmp_path: Path) -> None:
         )
         db.commit()
         db.close()
-        with pytest.raises(sqlite3.IntegrityError, match="disk says no"):
+        with pytest.raises(StorageError, match="disk says no") as info:
             await log.append_async(actor="mallory", action="call.accepted")
+        assert isinstance(info.value.__cause__, sqlite3.IntegrityError)
         record = await log.append_async(actor="operator", action="call.accepted")
         assert [r.seq for r in log.records()] == [record.seq] == [1]
 
@@ -433,7 +435,7 @@ async def test_a_busy_write_lock_sends_the_batch_to_the_writer_without_blocking_
 async def test_the_writer_checkpoints_the_loops_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stratagem.protocol import _audit
+    from stratagem.protocol._audit import _sqlite as _audit
 
     monkeypatch.setattr(_audit, "_CHECKPOINT_EVERY", 5)
     with SqliteAuditLog(tmp_path / "audit.db") as log:
@@ -622,8 +624,9 @@ async def test_postgres_failed_group_commit_fails_its_callers(postgres_url: str)
             "CREATE TRIGGER refuse BEFORE INSERT ON audit.audit "
             "FOR EACH ROW EXECUTE FUNCTION audit.refuse()",
         )
-        with pytest.raises(psycopg.errors.RaiseException, match="disk says no"):
+        with pytest.raises(StorageError, match="disk says no") as info:
             await log.append_async(actor="mallory", action="call.accepted")
+        assert isinstance(info.value.__cause__, psycopg.errors.RaiseException)
         record = await log.append_async(actor="operator", action="call.accepted")
         assert [r.seq for r in log.records()] == [record.seq] == [1]
 

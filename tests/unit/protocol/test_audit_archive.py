@@ -23,7 +23,7 @@ from stratagem.protocol import (
     verify_chain,
     verify_sealed,
 )
-from stratagem.protocol._audit_archive import _write_segment
+from stratagem.protocol._audit._archive import _write_segment
 from tests.unit.protocol.test_audit import _fill
 
 KEY = b"k" * 32

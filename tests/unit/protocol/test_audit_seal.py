@@ -22,13 +22,14 @@ from stratagem.protocol import (
     SqliteAuditLog,
     digest,
 )
-from stratagem.protocol._audit import GENESIS, verify_chain
-from stratagem.protocol._audit_seal import (
+from stratagem.protocol._audit import (
+    GENESIS,
     KEY_BYTES,
     AuditSealer,
     SealableAuditLog,
     SignedHead,
     load_or_create_key,
+    verify_chain,
     verify_sealed,
 )
 

@@ -25,7 +25,7 @@ async def test_the_world_survives_a_restart_on_another_node(
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from stratagem.runtime._world_pg import PostgresWorldStore
+    from stratagem.agents._world._postgres import PostgresWorldStore
 
     parts = conninfo_to_dict(postgres_url)
     url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
@@ -58,7 +58,7 @@ async def test_the_world_survives_a_restart_on_another_node(
 def test_a_lost_connection_is_reopened(postgres_url: str) -> None:
     import psycopg
 
-    from stratagem.runtime._world_pg import PostgresWorldStore
+    from stratagem.agents._world._postgres import PostgresWorldStore
 
     store = PostgresWorldStore(postgres_url, schema="stratagem_perception")
     store.save({"facts": [1]})

@@ -8,10 +8,9 @@ so what a power loss can take is work that was never acted on or never acknowled
 
 Calls run one after another, in call order, on the caller's thread by default: the engine batches
 each scheduler tick into one short transaction, which costs less than the round trip to another
-thread (measured: a side-effecting step 2x cheaper). With ``threaded=True`` they run instead on one
-thread the store owns, which takes jobs from a ``queue.SimpleQueue`` and hands each result back
-with ``call_soon_threadsafe``. The connection is opened on first use (or by ``start``) and closed
-by ``aclose``.
+thread (measured: a side-effecting step 2x cheaper). With ``threaded=True`` they run instead on the
+store's ``StoreWorker`` (``protocol._storage``: one thread that hands each result back to the
+caller's loop). The connection is opened on first use (or by ``start``) and closed by ``aclose``.
 
 Schema (version 3)::
 
@@ -30,18 +29,18 @@ Schema (version 3)::
                                                     stands for it)
     breakers(tool, failures, opened_at)             the engine's circuit breakers
 
-Migrations are an ordered list of functions; ``schema_version`` says how many have run, and
-opening a store whose version is newer than the list is a ``StoreSchemaError``.
+Migrations are an ordered list of functions (``MIGRATIONS``, component ``plans``); the shared
+runner (``protocol._storage``) runs them, ``schema_version`` says how many have run, and opening a
+store whose version is newer than the list is a ``StoreSchemaError``. The file, the transactions
+and the translation of ``sqlite3`` errors into the ``StoreError`` family are the shared SQLite
+seam's (``protocol._storage._sqlite``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from os import PathLike
@@ -50,18 +49,26 @@ from typing import Any, Final, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
-from stratagem.planning._errors import StoreError, StoreSchemaError
+from stratagem.planning._errors import STORE_ERRORS, StoreError
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import RevisionDiff, RevisionRecord
-from stratagem.planning._rows import compact_json, decode_record, encode_record
-from stratagem.planning._store import (
+from stratagem.planning._store._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store._state import (
     BreakerState,
     PlanState,
     PlanStatusRecord,
     Record,
     StoreStats,
     fold,
+)
+from stratagem.protocol._storage import StorageError, StoreWorker
+from stratagem.protocol._storage._sqlite import (
+    connect,
+    migrate_file,
+    read_version,
+    storage_error,
+    transaction,
 )
 
 __all__ = ["MIGRATIONS", "SqliteStateStore"]
@@ -196,10 +203,8 @@ class SqliteStateStore:
     ) -> None:
         self.path = Path(path)
         self._metrics = PlanningMetrics(meter_provider)
-        self._busy_timeout_ms = int(busy_timeout_s * 1000)
-        self._threaded = threaded
-        self._jobs: queue.SimpleQueue[_Job | None] | None = None
-        self._thread: threading.Thread | None = None
+        self._busy_timeout_s = busy_timeout_s
+        self._worker = StoreWorker("stratagem-store") if threaded else None
         self._conn: sqlite3.Connection | None = None
         self._rowids: dict[tuple[str, int], int] = {}
         self._seq = -1  # the last journal sequence number; read from the file on first commit
@@ -226,20 +231,18 @@ class SqliteStateStore:
         if self._closed:
             return
         self._closed = True
-        jobs = self._jobs
-        if jobs is None:
+        worker = self._worker
+        if worker is None or worker.thread is None:
             self._close_connection()
             return
         try:
-            await self._submit(jobs, self._close_connection)
+            await worker.call(self._close_connection)
         finally:
-            jobs.put(None)  # the thread ends after the jobs before it
-            self._jobs = None
-            self._thread = None
+            worker.stop(wait=False)  # the thread ends after the jobs before it
 
     async def schema_version(self) -> int:
         """The schema version of the open database."""
-        return await self._call(lambda: _read_version(self._connection()))
+        return await self._call(lambda: read_version(self._connection()))
 
     async def save_plan(self, plan: Plan) -> bool:
         """See ``StateStore.save_plan``."""
@@ -299,99 +302,45 @@ class SqliteStateStore:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
             raise StoreError("the state store is closed", location=str(self.path))
-        if not self._threaded:
+        if self._worker is None:
             return fn(*args)
-        jobs = self._jobs
-        if jobs is None:
-            jobs = self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(
-                target=_work, args=(jobs,), name="stratagem-store", daemon=True
-            )
-            self._thread.start()
-        return await self._submit(jobs, fn, *args)
-
-    async def _submit(
-        self, jobs: queue.SimpleQueue[_Job | None], fn: Callable[..., T], *args: Any
-    ) -> T:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        jobs.put((loop, future, fn, args))
-        return await future
+        return await self._worker.call(fn, *args)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
+        conn = connect(self.path, timeout_s=self._busy_timeout_s, errors=STORE_ERRORS)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open {self.path}: {exc}", location=str(self.path)) from exc
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
-            self._migrate(conn)
+            migrate_file(
+                conn,
+                "plans",
+                MIGRATIONS,
+                location=str(self.path),
+                what="state store",
+                errors=STORE_ERRORS,
+            )
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         return conn
 
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        location = str(self.path)
-        known = len(MIGRATIONS)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            found = _read_version(conn)
-            if found > known:
-                raise StoreSchemaError(
-                    f"the state store {location} has schema version {found}, newer than this "
-                    f"code knows ({known}); upgrade Stratagem or use another state directory",
-                    location=location,
-                    found=found,
-                    known=known,
-                )
-            for version in range(found, known):
-                MIGRATIONS[version](conn)
-                logger.info("state store %s: migrated to schema version %d", location, version + 1)
-            if found < known:
-                conn.execute("DELETE FROM schema_version")
-                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (known,))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            conn.rollback()
-            raise StoreSchemaError(
-                f"cannot migrate the state store {location}: {exc}",
-                location=location,
-                found=-1,
-                known=known,
-            ) from exc
-        except BaseException:
-            conn.rollback()
-            raise
-
     def _close_connection(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _error(self, action: str, exc: sqlite3.Error) -> StoreError:
-        return StoreError(f"cannot {action} in {self.path}: {exc}", location=str(self.path))
+    def _error(self, action: str, exc: sqlite3.Error) -> StorageError:
+        return storage_error(action, str(self.path), exc, STORE_ERRORS)
 
     def _save_plan(self, plan_id: str, revision: int, plan_type: str, plan_json: str) -> bool:
         conn = self._connection()
         now = time.time()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 saved = _insert_plan(
                     conn, plan_id, revision, plan_type, plan_json, PlanStatus.PENDING.value, now
                 )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.rollback()
-                raise
         except sqlite3.Error as exc:
             raise self._error(f"save plan {plan_id!r}", exc) from exc
         return saved
@@ -422,8 +371,7 @@ class SqliteStateStore:
         conn = self._connection()
         now = time.time()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 saved = _insert_plan(
                     conn,
                     plan.id,
@@ -454,13 +402,12 @@ class SqliteStateStore:
                     ),
                 )
                 self._append(conn, records)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.rollback()
-                self._seq = -1  # re-read: _append may have advanced it
-                raise
         except sqlite3.Error as exc:
+            self._seq = -1  # re-read: _append may have advanced it
             raise self._error(f"save revision {plan.revision} of plan {plan.id!r}", exc) from exc
+        except BaseException:
+            self._seq = -1
+            raise
 
     def _revisions(self, plan_id: str) -> list[RevisionRecord]:
         conn = self._connection()
@@ -550,13 +497,8 @@ class SqliteStateStore:
     def _commit(self, records: list[Record]) -> None:
         conn = self._connection()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 self._append(conn, records)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.rollback()
-                raise
         except sqlite3.Error as exc:
             raise self._error(f"commit {len(records)} record(s)", exc) from exc
 
@@ -640,16 +582,11 @@ class SqliteStateStore:
                 for (plan_id,) in ids
                 for r in conn.execute("SELECT id FROM plans WHERE plan_id = ?", (plan_id,))
             ]
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 conn.executemany("DELETE FROM events WHERE plan = ?", doomed)
                 conn.executemany("DELETE FROM plan_bodies WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM plans WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM revisions WHERE plan_id = ?", ids)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.rollback()
-                raise
         except sqlite3.Error as exc:
             raise self._error("prune plans", exc) from exc
         self._rowids.clear()
@@ -691,45 +628,3 @@ def _insert_plan(
         "INSERT INTO plan_bodies (id, plan_json) VALUES (?, ?)", (cursor.lastrowid, plan_json)
     )
     return True
-
-
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
-
-
-def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    """The store's thread: run jobs in order, hand each outcome back to its loop."""
-    while (job := jobs.get()) is not None:
-        loop, future, fn, args = job
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # handed to the caller, like run_in_executor does
-            _hand_back(loop, _set_exception, future, exc)
-        else:
-            _hand_back(loop, _set_result, future, result)
-
-
-def _hand_back(
-    loop: asyncio.AbstractEventLoop,
-    setter: Callable[[asyncio.Future[Any], Any], None],
-    future: asyncio.Future[Any],
-    value: Any,
-) -> None:
-    try:
-        loop.call_soon_threadsafe(setter, future, value)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        logger.debug("state store: a result arrived after its event loop closed")
-
-
-def _set_result(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
-
-
-def _read_version(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-    return 0 if row is None or row[0] is None else int(row[0])

@@ -47,10 +47,8 @@ Several processes may seal one log into one heads file: each line is written wit
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import hmac
-import itertools
 import json
 import logging
 import os
@@ -58,25 +56,26 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
-from stratagem.protocol._audit import GENESIS, AuditLog, AuditRecord, ChainVerdict, verify_chain
+from stratagem.protocol._audit._heads import HeadsStore, _heads_store
+from stratagem.protocol._audit._log import (
+    GENESIS,
+    AuditLog,
+    AuditRecord,
+)
 from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [
     "KEY_BYTES",
     "AuditSealer",
-    "FileHeads",
-    "HeadsStore",
-    "MirroredHeads",
     "SealableAuditLog",
     "SignedHead",
     "load_or_create_key",
-    "verify_sealed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,9 +87,6 @@ KEY_BYTES: Final = 32
 # tricked into vouching for a head by a MAC computed elsewhere, nor the other way round.
 _MAC_DOMAIN: Final = b"stratagem.audit.signed-head.v1\n"
 _MIN_KEY_BYTES: Final = 16
-# How far verification looks around a broken record to tell a moved record from an edited one,
-# and ahead of it to tell a deleted record from one that comes later.
-_DIAGNOSE_WINDOW: Final = 64
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -255,115 +251,6 @@ def _last_of(log: AuditLog) -> tuple[int, str]:
     return (record.seq, record.hash) if record is not None else (0, GENESIS)
 
 
-class HeadsStore(Protocol):
-    """Where signed heads are kept: appended to, read whole. A file (``FileHeads``) by default; a
-    table of the store's database (``PostgresAuditHeads``) where nodes share no file system."""
-
-    where: str
-    """Where the heads are, for people (a path, or a database without its password)."""
-
-    def append(self, line: bytes) -> None:
-        """Add one signed-head line (it ends with a newline)."""
-
-    def read(self) -> bytes | None:
-        """Every line, in the order appended; ``None`` when no heads were ever kept here."""
-
-    def tail(self) -> bytes:
-        """The last lines (a few KiB at most): where a restarted sealer finds its last head."""
-
-
-class FileHeads:
-    """Signed heads in an append-only file (mode 0600), the default beside a SQLite log.
-
-    Args:
-        path: The file; created when missing, only ever appended to.
-        fsync: Whether each append is fsynced.
-    """
-
-    def __init__(self, path: Path, *, fsync: bool = False) -> None:
-        self.path = Path(path)
-        self.where = str(self.path)
-        self._fsync = fsync
-
-    def append(self, line: bytes) -> None:
-        """Append ``line`` with one write on an O_APPEND descriptor (lines never interleave)."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
-            if self._fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def read(self) -> bytes | None:
-        """The file's bytes, or ``None`` when it is missing."""
-        try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def tail(self) -> bytes:
-        """The file's last 4 KiB (empty when missing)."""
-        try:
-            with self.path.open("rb") as file:
-                size = file.seek(0, os.SEEK_END)
-                file.seek(max(0, size - 4096))
-                return file.read()
-        except FileNotFoundError:
-            return b""
-
-
-class MirroredHeads:
-    """Signed heads kept in a primary store and copied to another (an external sink).
-
-    Every seal is appended to ``primary`` and then to ``copy``, say a file on another disk or a
-    mount that whoever can write the state directory cannot rewrite. Reading gives the primary's
-    lines followed by the copy's lines the primary lacks, so heads cut from the end of the primary
-    (which its own chain cannot show) still verify against the log, and a rewritten log fails
-    them. A copy that cannot be written is logged and sealing goes on (the primary has the head).
-
-    Args:
-        primary: Where heads are read first (the file beside the log, or the database table).
-        copy: The second place every head is appended to.
-    """
-
-    def __init__(self, primary: HeadsStore, copy: HeadsStore) -> None:
-        self.primary = primary
-        self.copy = copy
-        self.where = f"{primary.where} (copied to {copy.where})"
-
-    def append(self, line: bytes) -> None:
-        self.primary.append(line)
-        try:
-            self.copy.append(line)
-        except OSError as exc:
-            logger.warning("cannot copy a signed audit head to %s: %s", self.copy.where, exc)
-
-    def read(self) -> bytes | None:
-        first, second = self.primary.read(), self.copy.read()
-        if first is None and second is None:
-            return None
-        kept = (first or b"").splitlines(keepends=True)
-        if kept and not kept[-1].endswith(b"\n"):
-            kept[-1] += b"\n"
-        seen = set(kept)
-        extra = [line for line in (second or b"").splitlines(keepends=True) if line not in seen]
-        if extra and not extra[-1].endswith(b"\n"):
-            extra[-1] += b"\n"
-        return b"".join(kept + extra)
-
-    def tail(self) -> bytes:
-        return self.primary.tail()
-
-
-def _heads_store(heads: Path | HeadsStore, *, fsync: bool = False) -> HeadsStore:
-    if isinstance(heads, (str, os.PathLike)):
-        return FileHeads(Path(heads), fsync=fsync)
-    return heads
-
-
 class AuditSealer:
     """Signs the head of an audit log into an append-only heads file.
 
@@ -471,181 +358,3 @@ class AuditSealer:
                 or self._clock() - self._sealed_at >= self._every_s
             )
         return self.seal() if due else None
-
-
-def _read_heads(
-    heads_store: HeadsStore, key: bytes
-) -> tuple[list[tuple[int, SignedHead]], int | None] | None:
-    """The heads that verify, each with its line number, and the first line that does not.
-
-    ``None`` when no heads were ever kept there.
-    """
-    data = heads_store.read()
-    if data is None:
-        return None
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line
-    heads: list[tuple[int, SignedHead]] = []
-    bad: int | None = None
-    for number, line in enumerate(lines, start=1):
-        head = _parse_head(line)
-        if head is not None and head.verifies(key):
-            heads.append((number, head))
-        elif bad is None:
-            bad = number
-    return heads, bad
-
-
-class _Tap:
-    """Passes records to ``verify_chain`` and keeps what the signed heads need."""
-
-    def __init__(self, records: Iterable[AuditRecord], sealed_seqs: set[int]) -> None:
-        self._records = iter(records)
-        self._sealed_seqs = sealed_seqs
-        self.hashes: dict[int, str] = {}
-        self.previous: AuditRecord | None = None
-        self.current: AuditRecord | None = None
-
-    def __iter__(self) -> Iterator[AuditRecord]:
-        return self
-
-    def __next__(self) -> AuditRecord:
-        record = next(self._records)
-        self.previous, self.current = self.current, record
-        if record.seq in self._sealed_seqs:
-            self.hashes.setdefault(record.seq, record.hash)
-        return record
-
-    def ahead(self, count: int) -> list[AuditRecord]:
-        """Up to ``count`` records after the current one (read past where the chain broke)."""
-        return list(itertools.islice(self._records, count))
-
-
-def _diagnose(verdict: ChainVerdict, tap: _Tap) -> tuple[int, str]:
-    """Name the record behind a broken chain more precisely than ``verify_chain`` can alone."""
-    broken = tap.current
-    if broken is None or type(broken.seq) is not int or broken.seq != verdict.first_broken_seq:
-        return verdict.first_broken_seq or 0, verdict.reason
-    seq = broken.seq
-    prev_seq = tap.previous.seq if tap.previous is not None else 0
-    if broken.hash != broken.expected_hash():
-        # A record moved to another seq (rows swapped in the database) still matches its hash
-        # at the seq it was written with.
-        for written in range(max(1, seq - _DIAGNOSE_WINDOW), seq + _DIAGNOSE_WINDOW + 1):
-            if written != seq and dataclasses.replace(broken, seq=written).expected_hash() == (
-                broken.hash
-            ):
-                low, high = sorted((seq, written))
-                return seq, (
-                    f"record {seq} is the record written as seq {written}: records {low} and "
-                    f"{high} were reordered"
-                )
-        return seq, f"record {seq} was edited: its hash does not match its contents"
-    if seq > prev_seq + 1:
-        missing = range(prev_seq + 1, seq)
-        later = next((r.seq for r in tap.ahead(_DIAGNOSE_WINDOW) if r.seq in missing), None)
-        if later is not None:
-            return prev_seq + 1, (
-                f"record {later} comes after record {seq}: records were reordered"
-                f" (seq {seq} follows seq {prev_seq})"
-            )
-        named = (
-            f"record {missing[0]} is"
-            if len(missing) == 1
-            else (f"records {missing[0]}..{missing[-1]} are")
-        )
-        return prev_seq + 1, f"{named} missing: seq {seq} follows seq {prev_seq} (deleted)"
-    if seq <= prev_seq:
-        return seq, f"record {seq} comes after record {prev_seq}: records were reordered"
-    return seq, (
-        f"record {seq} does not link to record {prev_seq}: its prev_hash is not that record's "
-        "hash, so one of them was rewritten with a recomputed hash"
-    )
-
-
-def verify_sealed(
-    records: Iterable[AuditRecord], heads_path: Path | HeadsStore, key: bytes
-) -> ChainVerdict:
-    """Verify the hash chain, then every signed head in ``heads_path``, and name what changed.
-
-    Records are read once, in order (a log of any size streams through).
-
-    Args:
-        records: The records in ``seq`` order, e.g. ``log.records()``.
-        heads_path: The heads file an ``AuditSealer`` wrote, or its other ``HeadsStore``.
-        key: The key it signed with.
-
-    Returns:
-        The verdict; ``sealed`` counts the signed heads that verified (those before the break
-        when broken). The first problem in this order is reported: a broken chain (an edited,
-        deleted or reordered record), a heads-file line that does not verify (``heads_line``),
-        then, by ``seq``, a signed head whose record is missing (a truncated tail) or differs (a
-        rewritten chain). A missing heads file fails a non-empty log.
-
-    Raises:
-        ProtocolUsageError: When the key is too short.
-    """
-    _check_key(key)
-    heads_store = _heads_store(heads_path)
-    read = _read_heads(heads_store, key)
-    heads, bad_line = read if read is not None else ([], None)
-    tap = _Tap(records, {head.seq for _, head in heads})
-    chain = verify_chain(tap)
-
-    def matching(before: int | None) -> int:
-        return sum(
-            1
-            for _, head in heads
-            if (before is None or head.seq < before) and tap.hashes.get(head.seq) == head.hash
-        )
-
-    if not chain.ok:
-        seq, reason = _diagnose(chain, tap)
-        logger.warning("audit chain broken at seq %s: %s", seq, reason)
-        return ChainVerdict(
-            ok=False, count=chain.count, first_broken_seq=seq, reason=reason, sealed=matching(seq)
-        )
-    last_seq = tap.current.seq if tap.current is not None else 0
-    if bad_line is not None:
-        reason = f"signed head line {bad_line} does not verify: the heads file was edited"
-        logger.warning("audit heads %s: %s", heads_store.where, reason)
-        return ChainVerdict(
-            ok=False, count=chain.count, reason=reason, sealed=matching(None), heads_line=bad_line
-        )
-    if not heads and last_seq > 0:
-        what = "missing" if read is None else "empty"
-        reason = (
-            f"the heads file {heads_store.where} is {what}: no signed head vouches for records "
-            f"1..{last_seq} (the heads file was deleted or emptied, or the log was never sealed)"
-        )
-        return ChainVerdict(ok=False, count=chain.count, first_broken_seq=1, reason=reason)
-    vouched = 0  # the last seq a signed head confirmed so far
-    for sealed, (number, head) in enumerate(sorted(heads, key=lambda item: item[1].seq)):
-        found = tap.hashes.get(head.seq)
-        if found == head.hash:
-            vouched = head.seq
-            continue
-        if head.seq > last_seq:
-            reason = (
-                f"truncated: record {head.seq} (signed at {head.sealed_at}) is missing; the log "
-                f"ends at seq {last_seq}"
-            )
-            first = last_seq + 1
-        else:
-            # Two heads of one seq that disagree: the record changed after the first was signed.
-            first = min(vouched + 1, head.seq)
-            where = (
-                f"record {head.seq} itself"
-                if first == head.seq
-                else f"between records {first} and {head.seq}"
-            )
-            reason = (
-                f"the chain was rewritten: record {head.seq} (signed at {head.sealed_at}, heads "
-                f"line {number}) has another hash; the first changed record is {where}"
-            )
-        logger.warning("audit chain broken at seq %s: %s", first, reason)
-        return ChainVerdict(
-            ok=False, count=chain.count, first_broken_seq=first, reason=reason, sealed=sealed
-        )
-    return ChainVerdict(ok=True, count=chain.count, sealed=len(heads))

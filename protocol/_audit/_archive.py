@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from stratagem.protocol._audit import AuditLog, AuditRecord
+from stratagem.protocol._audit._log import AuditLog, AuditRecord
 from stratagem.protocol._errors import ProtocolUsageError
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Any, Final, assert_never
 
 from stratagem.planning._errors import StoreError
 from stratagem.planning._plan import FailureClass, PlanStatus, StepStatus
-from stratagem.planning._store import (
+from stratagem.planning._store._state import (
     BudgetRecord,
     CompensationRecord,
     CompensationStatus,

@@ -8,7 +8,16 @@ row, replaced in one transaction on every save, so a restarted agent on any node
 its predecessor saved before answering.
 
 ``save`` blocks until the transaction commits (the perception agent saves before a tool that
-changed the world returns, as with the file store). Requires the ``postgres`` extra.
+changed the world returns, as with the file store). Requires the ``postgres`` extra: ``agents``
+exports the class on first use.
+
+Schema (component ``world``, version 1, a row of the schema's ``schema_versions``)::
+
+    world(id, version, snapshot, saved_at)  one row (id 1); version is the snapshot's format
+
+The connection, the migrations (``MIGRATIONS``, run by the shared runner under the schema's lock)
+and the translation of ``psycopg`` errors into ``StorageError`` are the shared PostgreSQL seam's
+(``protocol._storage._postgres``).
 """
 
 from __future__ import annotations
@@ -16,14 +25,40 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 
-__all__ = ["PostgresWorldStore"]
+from stratagem.protocol._storage._postgres import (
+    Connection,
+    connect_blocking,
+    describe,
+    migrate_blocking,
+    q,
+    schema_identifier,
+    translated,
+)
+
+__all__ = ["MIGRATIONS", "PostgresWorldStore"]
 
 _VERSION = 1
+
+
+def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
+    # Idempotent: schemas made before the world had a version row hold the table already.
+    conn.execute(
+        q(
+            "CREATE TABLE IF NOT EXISTS {s}.world (id SMALLINT PRIMARY KEY "
+            "CHECK (id = 1), version INTEGER NOT NULL, snapshot TEXT NOT NULL, "
+            "saved_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            schema,
+        )
+    )
+
+
+MIGRATIONS: Final = [_migrate_v1]
+"""The world table's migrations, oldest first (component ``world``)."""
 
 
 class PostgresWorldStore:
@@ -35,34 +70,39 @@ class PostgresWorldStore:
         timeout_s: How long connecting may take.
 
     Raises:
-        psycopg.Error: When the server cannot be reached (at the first load or save).
+        StorageError: When the server cannot be reached (at the first load or save).
     """
 
     def __init__(self, url: str, *, schema: str, timeout_s: float = 30.0) -> None:
         self._url = url
-        self._schema = sql.Identifier(schema)
+        self._schema_name = schema
+        self._schema = schema_identifier(schema)
+        self.location = describe(url, schema)
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: Connection | None = None
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=int(self._timeout_s))
-            with conn.transaction():
-                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(self._schema))
-                conn.execute(
-                    sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {}.world (id SMALLINT PRIMARY KEY "
-                        "CHECK (id = 1), version INTEGER NOT NULL, snapshot TEXT NOT NULL, "
-                        "saved_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-                    ).format(self._schema)
+            conn = connect_blocking(self._url, timeout_s=self._timeout_s)
+            try:
+                migrate_blocking(
+                    conn,
+                    self._schema_name,
+                    "world",
+                    MIGRATIONS,
+                    location=self.location,
+                    what="world store",
                 )
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
 
-    def _run(self, statement: sql.Composed, params: tuple[Any, ...] = ()) -> Any:
+    def _run(self, action: str, statement: sql.Composed, params: tuple[Any, ...] = ()) -> Any:
         """Run one statement, reconnecting once when the connection was lost meanwhile."""
-        with self._lock:
+        with self._lock, translated(action, self.location):
             try:
                 return self._connection().execute(statement, params).fetchone()
             except psycopg.OperationalError:
@@ -74,7 +114,8 @@ class PostgresWorldStore:
     def load(self) -> dict[str, Any] | None:
         """The snapshot saved last, or ``None`` when none was."""
         row = self._run(
-            sql.SQL("SELECT version, snapshot FROM {}.world WHERE id = 1").format(self._schema)
+            "read the world",
+            q("SELECT version, snapshot FROM {s}.world WHERE id = 1", self._schema),
         )
         if row is None:
             return None
@@ -90,11 +131,13 @@ class PostgresWorldStore:
     def save(self, snapshot: Mapping[str, Any]) -> None:
         """Replace the snapshot; returns once the transaction has committed."""
         self._run(
-            sql.SQL(
-                "INSERT INTO {}.world (id, version, snapshot) VALUES (1, %s, %s) "
+            "save the world",
+            q(
+                "INSERT INTO {s}.world (id, version, snapshot) VALUES (1, %s, %s) "
                 "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, "
-                "snapshot = EXCLUDED.snapshot, saved_at = now() RETURNING id"
-            ).format(self._schema),
+                "snapshot = EXCLUDED.snapshot, saved_at = now() RETURNING id",
+                self._schema,
+            ),
             (_VERSION, json.dumps(snapshot)),
         )
 

@@ -17,10 +17,11 @@ Durability: a commit that returned is on the server's disk under PostgreSQL's de
 ``synchronous_commit=on`` (stronger than SQLite's ``synchronous=NORMAL``); the server, not the
 agent's node, holds the state, so a node that dies takes nothing with it.
 
-Connections come from an ``psycopg_pool.AsyncConnectionPool`` (checked before each use, so a
-restarted server costs one failed connection, not a broken store). Writes are serialised by the
-store (an ``asyncio.Lock``, first come first served) so commits are applied in call order; reads
-run beside them on other connections.
+Connections come from the shared ``PostgresPool`` (``protocol._storage._postgres``: a
+``psycopg_pool`` pool checked before each use, so a restarted server costs one failed connection,
+not a broken store; ``psycopg`` errors become the ``StoreError`` family there). Writes are
+serialised by the store (an ``asyncio.Lock``, first come first served) so commits are applied in
+call order; reads run beside them on other connections.
 
 Schema (version 1), in the store's schema::
 
@@ -42,9 +43,9 @@ Schema (version 1), in the store's schema::
 outlives its plan, and a commit for a plan pruned meanwhile fails instead of leaving orphans.
 
 Migrations are an ordered list of async functions (``MIGRATIONS``); the ``plans`` row of
-``schema_versions`` says how many have run. They run in one transaction under a transaction-level
-advisory lock keyed by the schema, so processes opening a store at once migrate it once; opening a
-store whose version is newer than the list is a ``StoreSchemaError``.
+``schema_versions`` says how many have run. The shared runner runs them in one transaction under a
+transaction-level advisory lock keyed by the schema, so processes opening a store at once migrate
+it once; opening a store whose version is newer than the list is a ``StoreSchemaError``.
 """
 
 from __future__ import annotations
@@ -56,24 +57,29 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
-import psycopg
 from opentelemetry.metrics import MeterProvider
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from stratagem.planning._errors import StoreError, StoreSchemaError
+from stratagem.planning._errors import STORE_ERRORS, StoreError
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import RevisionDiff, RevisionRecord
-from stratagem.planning._rows import compact_json, decode_record, encode_record
-from stratagem.planning._store import (
+from stratagem.planning._store._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store._state import (
     BreakerState,
     PlanState,
     PlanStatusRecord,
     Record,
     StoreStats,
     fold,
+)
+from stratagem.protocol._storage._postgres import (
+    AsyncConnection,
+    PostgresPool,
+    PostgresVersions,
+    migrate_schema,
+    q,
+    schema_identifier,
 )
 
 __all__ = ["MIGRATIONS", "PostgresStateStore"]
@@ -82,7 +88,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+Connection = AsyncConnection
 Migration = Callable[[Connection, sql.Identifier], Awaitable[None]]
 
 COMPONENT: Final = "plans"
@@ -92,14 +98,9 @@ _FINAL: Final = [status.value for status in PlanStatus if status.is_final]
 _TABLES: Final = ("plans", "plan_bodies", "events", "revisions", "breakers")
 
 
-def _q(text: str, schema: sql.Identifier) -> sql.Composed:
-    """``text`` with every ``{s}`` replaced by the quoted schema name."""
-    return sql.SQL(text).format(s=schema)
-
-
 async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
     await conn.execute(
-        _q(
+        q(
             """CREATE TABLE {s}.plans (
                 id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                 plan_id TEXT NOT NULL,
@@ -113,9 +114,9 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
             schema,
         )
     )
-    await conn.execute(_q("CREATE INDEX plans_by_status ON {s}.plans (status, updated)", schema))
+    await conn.execute(q("CREATE INDEX plans_by_status ON {s}.plans (status, updated)", schema))
     await conn.execute(
-        _q(
+        q(
             """CREATE TABLE {s}.plan_bodies (
                 id BIGINT PRIMARY KEY REFERENCES {s}.plans (id) ON DELETE CASCADE,
                 plan_json TEXT NOT NULL
@@ -125,7 +126,7 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
     )
     # Keyed by plan first: a plan's journal is one index range to read on load.
     await conn.execute(
-        _q(
+        q(
             """CREATE TABLE {s}.events (
                 plan BIGINT NOT NULL REFERENCES {s}.plans (id) ON DELETE CASCADE,
                 seq BIGINT GENERATED ALWAYS AS IDENTITY,
@@ -141,7 +142,7 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
         )
     )
     await conn.execute(
-        _q(
+        q(
             """CREATE TABLE {s}.revisions (
                 plan_id TEXT NOT NULL,
                 revision INTEGER NOT NULL,
@@ -157,7 +158,7 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
         )
     )
     await conn.execute(
-        _q(
+        q(
             """CREATE TABLE {s}.breakers (
                 tool TEXT PRIMARY KEY,
                 failures INTEGER NOT NULL,
@@ -170,63 +171,6 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
 
 MIGRATIONS: Final[list[Migration]] = [_migrate_v1]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
-
-
-async def _prepare_schema(conn: Connection, name: str) -> None:
-    """Inside the caller's transaction: lock the schema's migrations, create it and its versions.
-
-    The advisory lock is held until the transaction ends, so two processes opening stores on one
-    schema at once migrate it one after the other.
-    """
-    await conn.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-        (f"stratagem.schema:{name}",),
-    )
-    schema = sql.Identifier(name)
-    await conn.execute(_q("CREATE SCHEMA IF NOT EXISTS {s}", schema))
-    await conn.execute(
-        _q(
-            "CREATE TABLE IF NOT EXISTS {s}.schema_versions "
-            "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)",
-            schema,
-        )
-    )
-
-
-async def _read_version(conn: Connection, schema: sql.Identifier, component: str) -> int:
-    """The version of ``component`` in the schema (0 when it was never migrated)."""
-    cursor = await conn.execute(
-        _q("SELECT version FROM {s}.schema_versions WHERE component = %s", schema), (component,)
-    )
-    row = await cursor.fetchone()
-    return 0 if row is None else int(row[0])
-
-
-async def _write_version(
-    conn: Connection, schema: sql.Identifier, component: str, version: int
-) -> None:
-    """Record ``component``'s version, inside the caller's transaction."""
-    await conn.execute(
-        _q(
-            "INSERT INTO {s}.schema_versions (component, version) VALUES (%s, %s) "
-            "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
-            schema,
-        ),
-        (component, version),
-    )
-
-
-def _describe(url: str, schema: str) -> str:
-    """Where a store keeps its data, for messages: the server, database and schema, no password."""
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return f"postgresql (schema {schema})"
-    host = params.get("host") or "localhost"
-    port = params.get("port") or "5432"
-    user = params.get("user")
-    who = f"{user}@" if user else ""
-    return f"postgresql://{who}{host}:{port}/{params.get('dbname') or ''} (schema {schema})"
 
 
 class PostgresStateStore:
@@ -258,21 +202,24 @@ class PostgresStateStore:
         timeout_s: float = 30.0,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        if not schema or len(schema.encode()) > 63 or "\x00" in schema:
-            raise StoreError(f"invalid PostgreSQL schema name {schema!r} (1-63 bytes)")
+        self._ident = schema_identifier(schema, error=StoreError)
         self.schema = schema
-        self.location = _describe(url, schema)
+        self._pool = PostgresPool(
+            url,
+            schema=schema,
+            what="state store",
+            name=f"stratagem-store-{schema}",
+            prepare=self._migrate,
+            closed=lambda: StoreError("the state store is closed", location=self.location),
+            min_size=min_size,
+            max_size=max_size,
+            timeout_s=timeout_s,
+            errors=STORE_ERRORS,
+        )
+        self.location = self._pool.location
         self._metrics = PlanningMetrics(meter_provider)
-        self._url = url
-        self._ident = sql.Identifier(schema)
-        self._min_size = min_size
-        self._max_size = max_size
-        self._timeout_s = timeout_s
-        self._pool: AsyncConnectionPool[Connection] | None = None
-        self._opening = asyncio.Lock()
         self._writing = asyncio.Lock()
         self._rowids: dict[tuple[str, int], int] = {}
-        self._closed = False
 
     @classmethod
     async def open(cls, url: str, *, schema: str, **options: Any) -> PostgresStateStore:
@@ -300,23 +247,17 @@ class PostgresStateStore:
             StoreSchemaError: When the schema is newer than this code knows, or a migration fails.
             StoreError: When the server cannot be reached.
         """
-        await self._connections()
+        await self._pool.get()
 
     async def aclose(self) -> None:
         """Close the pool; further calls raise ``StoreError``."""
-        if self._closed:
-            return
-        self._closed = True
-        async with self._opening:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
+        await self._pool.aclose()
 
     async def schema_version(self) -> int:
         """The schema version of the open store."""
 
         async def read(conn: Connection) -> int:
-            return await _read_version(conn, self._ident, COMPONENT)
+            return await PostgresVersions(conn, self.schema, self.location).version(COMPONENT)
 
         return await self._read("read the schema version", read)
 
@@ -358,7 +299,7 @@ class PostgresStateStore:
                     location=self.location,
                 )
             await conn.execute(
-                _q(
+                q(
                     "INSERT INTO {s}.revisions "
                     "(plan_id, revision, parent, rationale, author, diff, carried, at) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -384,7 +325,7 @@ class PostgresStateStore:
 
         async def read(conn: Connection) -> PlanState | None:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT p.id, p.revision, b.plan_json FROM {s}.plans AS p "
                     "JOIN {s}.plan_bodies AS b ON b.id = p.id WHERE p.plan_id = %s "
                     "ORDER BY p.revision DESC LIMIT 1",
@@ -409,7 +350,7 @@ class PostgresStateStore:
         async def read(conn: Connection) -> list[Record]:
             if revision is None:
                 cursor = await conn.execute(
-                    _q(
+                    q(
                         "SELECT id, revision FROM {s}.plans WHERE plan_id = %s "
                         "ORDER BY revision DESC LIMIT 1",
                         self._ident,
@@ -418,7 +359,7 @@ class PostgresStateStore:
                 )
             else:
                 cursor = await conn.execute(
-                    _q(
+                    q(
                         "SELECT id, revision FROM {s}.plans WHERE plan_id = %s AND revision = %s",
                         self._ident,
                     ),
@@ -437,7 +378,7 @@ class PostgresStateStore:
 
         async def read(conn: Connection) -> list[RevisionRecord]:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT p.revision, p.created, r.parent, r.rationale, r.author, r.diff, "
                     "r.carried, r.at FROM {s}.plans AS p LEFT JOIN {s}.revisions AS r "
                     "ON r.plan_id = p.plan_id AND r.revision = p.revision "
@@ -481,7 +422,7 @@ class PostgresStateStore:
 
         async def read(conn: Connection) -> list[BreakerState]:
             cursor = await conn.execute(
-                _q("SELECT tool, failures, opened_at FROM {s}.breakers ORDER BY tool", self._ident)
+                q("SELECT tool, failures, opened_at FROM {s}.breakers ORDER BY tool", self._ident)
             )
             return [
                 BreakerState(str(r[0]), int(r[1]), None if r[2] is None else float(r[2]))
@@ -495,7 +436,7 @@ class PostgresStateStore:
 
         async def write(conn: Connection) -> None:
             await conn.execute(
-                _q(
+                q(
                     "INSERT INTO {s}.breakers (tool, failures, opened_at) VALUES (%s, %s, %s) "
                     "ON CONFLICT (tool) DO UPDATE SET failures = EXCLUDED.failures, "
                     "opened_at = EXCLUDED.opened_at",
@@ -511,7 +452,7 @@ class PostgresStateStore:
 
         async def read(conn: Connection) -> list[str]:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT plan_id FROM {s}.plans AS p WHERE status <> ALL (%s) AND revision = "
                     "(SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) "
                     "ORDER BY created, id",
@@ -528,7 +469,7 @@ class PostgresStateStore:
 
         async def write(conn: Connection) -> int:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT plan_id, updated FROM {s}.plans AS p WHERE status = ANY (%s) AND "
                     "revision = (SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) "
                     "ORDER BY updated DESC",
@@ -543,11 +484,11 @@ class PostgresStateStore:
                 return 0
             # The journals and bodies go with their plans rows (ON DELETE CASCADE).
             cursor = await conn.execute(
-                _q("DELETE FROM {s}.plans WHERE plan_id = ANY (%s)", self._ident), (ids,)
+                q("DELETE FROM {s}.plans WHERE plan_id = ANY (%s)", self._ident), (ids,)
             )
             deleted = cursor.rowcount
             await conn.execute(
-                _q("DELETE FROM {s}.revisions WHERE plan_id = ANY (%s)", self._ident), (ids,)
+                q("DELETE FROM {s}.revisions WHERE plan_id = ANY (%s)", self._ident), (ids,)
             )
             return deleted
 
@@ -562,7 +503,7 @@ class PostgresStateStore:
 
         async def read(conn: Connection) -> StoreStats:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT (SELECT count(*) FROM {s}.plans), (SELECT count(*) FROM {s}.events)",
                     self._ident,
                 )
@@ -584,96 +525,31 @@ class PostgresStateStore:
 
     # --- connections and transactions ----------------------------------------------------------
 
-    async def _connections(self) -> AsyncConnectionPool[Connection]:
-        if self._closed:
-            raise StoreError("the state store is closed", location=self.location)
-        pool = self._pool
-        if pool is not None:
-            return pool
-        async with self._opening:
-            if self._pool is not None:
-                return self._pool
-            if self._closed:
-                raise StoreError("the state store is closed", location=self.location)
-            pool = AsyncConnectionPool(
-                self._url,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                timeout=self._timeout_s,
-                kwargs={"autocommit": True},
-                check=AsyncConnectionPool.check_connection,
-                name=f"stratagem-store-{self.schema}",
-                open=False,
-            )
-            try:
-                await pool.open(wait=True, timeout=self._timeout_s)
-                async with pool.connection() as conn:
-                    await self._migrate(conn)
-            except (psycopg.Error, PoolTimeout) as exc:
-                await pool.close()
-                raise StoreError(
-                    f"cannot open the state store {self.location}: {exc}", location=self.location
-                ) from exc
-            except BaseException:
-                await pool.close()
-                raise
-            self._pool = pool
-            return pool
-
     async def _migrate(self, conn: Connection) -> None:
-        known = len(MIGRATIONS)
-        try:
-            async with conn.transaction():
-                await _prepare_schema(conn, self.schema)
-                found = await _read_version(conn, self._ident, COMPONENT)
-                if found > known:
-                    raise StoreSchemaError(
-                        f"the state store {self.location} has schema version {found}, newer "
-                        f"than this code knows ({known}); upgrade Stratagem or use another schema",
-                        location=self.location,
-                        found=found,
-                        known=known,
-                    )
-                for version in range(found, known):
-                    await MIGRATIONS[version](conn, self._ident)
-                    logger.info(
-                        "state store %s: migrated to schema version %d", self.location, version + 1
-                    )
-                if found < known:
-                    await _write_version(conn, self._ident, COMPONENT, known)
-        except psycopg.Error as exc:
-            raise StoreSchemaError(
-                f"cannot migrate the state store {self.location}: {exc}",
-                location=self.location,
-                found=-1,
-                known=known,
-            ) from exc
+        await migrate_schema(
+            conn,
+            self.schema,
+            COMPONENT,
+            MIGRATIONS,
+            location=self.location,
+            what="state store",
+            errors=STORE_ERRORS,
+        )
 
     async def _read(self, action: str, fn: Callable[[Connection], Awaitable[T]]) -> T:
-        pool = await self._connections()
-        try:
-            async with pool.connection() as conn:
-                return await fn(conn)
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise self._error(action, exc) from exc
+        async with self._pool.connection(action) as conn:
+            return await fn(conn)
 
     async def _write(self, action: str, fn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction, after the writes called before it."""
-        pool = await self._connections()
         async with self._writing:
             try:
-                async with pool.connection() as conn, conn.transaction():
+                async with self._pool.connection(action) as conn, conn.transaction():
                     return await fn(conn)
-            except (psycopg.Error, PoolTimeout) as exc:
+            except StoreError:
                 # A cached row id may belong to a plan deleted by another process.
                 self._rowids.clear()
-                raise self._error(action, exc) from exc
-            except StoreError:
-                self._rowids.clear()
                 raise
-
-    def _error(self, action: str, exc: Exception) -> StoreError:
-        return StoreError(f"cannot {action} in {self.location}: {exc}", location=self.location)
 
     # --- inside a transaction ------------------------------------------------------------------
 
@@ -683,7 +559,7 @@ class PostgresStateStore:
         """Insert a plan revision and its body; False when it is stored already."""
         now = time.time()
         cursor = await conn.execute(
-            _q(
+            q(
                 "INSERT INTO {s}.plans (plan_id, revision, plan_type, status, created, updated) "
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (plan_id, revision) DO NOTHING "
                 "RETURNING id",
@@ -695,7 +571,7 @@ class PostgresStateStore:
         if row is None:
             return False
         await conn.execute(
-            _q("INSERT INTO {s}.plan_bodies (id, plan_json) VALUES (%s, %s)", self._ident),
+            q("INSERT INTO {s}.plan_bodies (id, plan_json) VALUES (%s, %s)", self._ident),
             (row[0], plan_json),
         )
         return True
@@ -707,7 +583,7 @@ class PostgresStateStore:
         missing = [key for key in keys if key not in self._rowids]
         if missing:
             cursor = await conn.execute(
-                _q(
+                q(
                     "SELECT p.plan_id, p.revision, p.id FROM {s}.plans AS p "
                     "JOIN unnest(%s::text[], %s::integer[]) AS k (plan_id, revision) "
                     "ON p.plan_id = k.plan_id AND p.revision = k.revision",
@@ -740,7 +616,7 @@ class PostgresStateStore:
         # Row by row in one pipeline (one round trip): the identity column numbers them in order.
         async with conn.cursor() as cursor:
             await cursor.executemany(
-                _q(
+                q(
                     "INSERT INTO {s}.events (plan, kind, step_id, attempt, status, output, data) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s)",
                     self._ident,
@@ -749,7 +625,7 @@ class PostgresStateStore:
             )
         if statuses:
             await conn.execute(
-                _q(
+                q(
                     "UPDATE {s}.plans AS p SET status = u.status, updated = u.updated FROM "
                     "unnest(%s::bigint[], %s::text[], %s::double precision[]) AS u "
                     "(id, status, updated) WHERE p.id = u.id",
@@ -764,7 +640,7 @@ class PostgresStateStore:
 
     async def _events(self, conn: Connection, rowid: int) -> list[tuple[Any, ...]]:
         cursor = await conn.execute(
-            _q(
+            q(
                 "SELECT kind, step_id, attempt, status, output, data FROM {s}.events "
                 "WHERE plan = %s ORDER BY seq",
                 self._ident,

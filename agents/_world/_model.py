@@ -29,16 +29,13 @@ express.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 from stratagem.protocol import Action, Entity, FailedPreconditionError, Relation
 
-__all__ = ["FileWorldStore", "WorldModel", "WorldStore", "format_fact", "run_actions"]
+__all__ = ["WorldModel", "format_fact", "run_actions"]
 
 _LOCATION_PREDICATES = frozenset({"at", "in"})
 
@@ -299,48 +296,3 @@ def _superseded(facts: Mapping[Relation, None], new: Relation) -> list[Relation]
         if (fact.predicate in _LOCATION_PREDICATES and fact.subject == moved)
         or (fact.predicate == "has" and fact.object == moved)
     ]
-
-
-class WorldStore(Protocol):
-    """Where a world model is kept across restarts."""
-
-    def load(self) -> dict[str, Any] | None:
-        """The last snapshot saved, or ``None`` when none was."""
-
-    def save(self, snapshot: Mapping[str, Any]) -> None:
-        """Keep ``snapshot`` durably (it replaces the previous one); blocks until it is."""
-
-
-class FileWorldStore:
-    """A world snapshot in one JSON file, replaced atomically and fsynced on every save.
-
-    Args:
-        path: The file (its folder is created when missing).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def load(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        if not isinstance(data, dict):
-            raise ValueError(f"{self.path} does not hold a world snapshot")
-        return data
-
-    def save(self, snapshot: Mapping[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_suffix(".tmp")
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(snapshot, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(scratch, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power loss
-        finally:
-            os.close(dir_fd)

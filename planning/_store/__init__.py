@@ -1,0 +1,52 @@
+"""Durable plan state: the journal records, the ``StateStore`` protocol and its stores.
+
+``_state`` holds the records, the fold and the ``StateStore`` protocol with its in-memory store;
+``_sqlite`` and ``_postgres`` the two durable stores (the PostgreSQL one is imported on first use:
+the ``postgres`` extra); ``_rows`` the one row format of a journal record in both.
+"""
+
+from stratagem.planning._store._state import (
+    BreakerState,
+    BudgetRecord,
+    CompensationRecord,
+    CompensationState,
+    CompensationStatus,
+    ControlRecord,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    GateState,
+    InMemoryStateStore,
+    PlanState,
+    PlanStatusRecord,
+    Record,
+    StateStore,
+    StepIntent,
+    StepResult,
+    StepState,
+    StoreStats,
+    fold,
+)
+
+__all__ = [
+    "BreakerState",
+    "BudgetRecord",
+    "CompensationRecord",
+    "CompensationState",
+    "CompensationStatus",
+    "ControlRecord",
+    "GateDecision",
+    "GateKind",
+    "GateRecord",
+    "GateState",
+    "InMemoryStateStore",
+    "PlanState",
+    "PlanStatusRecord",
+    "Record",
+    "StateStore",
+    "StepIntent",
+    "StepResult",
+    "StepState",
+    "StoreStats",
+    "fold",
+]
