@@ -402,6 +402,7 @@ class AgentServer:
             set_status_on_exception=False,
         )
         token = otel_context.attach(trace.set_span_in_context(span))
+        ended = False
         try:
             try:
                 answer = await stage(exchange, request, context, span)
@@ -430,11 +431,17 @@ class AgentServer:
             if deadline_passed(context):
                 # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
                 raise asyncio.CancelledError
+            # Ended before the status leaves, as an answer's span is: whoever has the answer
+            # finds the server's span finished.
+            otel_context.detach(token)
+            span.end()
+            ended = True
             await context.abort_with_status(grpc_status(error))
             raise AssertionError("grpc's abort returned instead of raising")
         finally:
-            otel_context.detach(token)
-            span.end()
+            if not ended:
+                otel_context.detach(token)
+                span.end()
 
     async def _serve_rpc(
         self, spec: RpcSpec[Any, Any], exchange: Exchange, request: bytes, context: Any, span: Span
