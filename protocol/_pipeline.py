@@ -262,6 +262,9 @@ class Pipeline:
                 await outcome
         except Exception:
             exchange.outcome = None  # settle records the error instead
+            if isinstance(outcome, asyncio.Future):
+                # Its batch failed with the acceptance's: the error is the one raised here.
+                outcome.add_done_callback(_retrieved)
             self._audit_failed = True
             raise
 
@@ -392,6 +395,12 @@ def _appender(audit: AuditLog) -> Callable[..., Awaitable[AuditRecord]]:
         return await asyncio.shield(asyncio.to_thread(audit.append, **fields))
 
     return in_thread
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (asyncio logs one nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def plan_step(plan_id: str, step_id: str) -> str:
