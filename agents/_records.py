@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from stratagem.agents._wire import MESSAGE_LIMIT, plan_event
 from stratagem.planning import (
@@ -59,19 +59,33 @@ class PlanRecord:
         plan: The plan as it was submitted (its typed fields included).
         capability: The capability it served ("" for a plan submitted directly).
         status: Where the run is.
-        events: Every event of the run, in order.
         result: The run's result, once it finished.
         steps: Each step's latest status.
+        agent: The role of the agent that keeps the record (named in its events).
     """
 
     plan: Plan
     capability: str = ""
     status: PlanStatus = PlanStatus.PENDING
-    events: list[PlanEvent] = field(default_factory=list)
     result: PlanResult[Any] | None = None
     steps: dict[str, StepStatus] = field(default_factory=dict)
+    agent: str = ""
+    # The run's events as the engine reported them; each becomes a ``PlanEvent`` when first read
+    # (``events``) or sent to a watcher, so a plan nobody watches builds none.
+    _events: list[PlanEvent | StepEvent] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
     # The agent-wide sequence number of each event, so watchers merge several plans in order.
     _seqs: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def events(self) -> list[PlanEvent]:
+        """Every event of the run, in order."""
+        events = self._events
+        for index, event in enumerate(events):
+            if isinstance(event, StepEvent):
+                events[index] = plan_event(event, self.agent)
+        return cast("list[PlanEvent]", events)
 
     def snapshot(self, agent: str) -> PlanSnapshot:
         """The record as a ``PlanSnapshot``: the typed plan with its step statuses, as JSON."""
@@ -224,8 +238,9 @@ class PlanBook:
         previous = self._records.pop(plan_id, None)
         if previous is not None:
             # Keep the history of earlier revisions: watchers replay it in order.
-            record.events = previous.events + record.events
+            record._events = previous._events + record._events
             record._seqs = previous._seqs + record._seqs
+        record.agent = self.role
         self._records[plan_id] = record
         while len(self._records) > self._max_records:
             victim = next(
@@ -241,11 +256,17 @@ class PlanBook:
                 record.steps[event.step_id] = event.status
         elif isinstance(event.status, PlanStatus):
             record.status = event.status
-        self.publish(record, plan_event(event, self.role))
+        self.publish(record, event)
 
-    def publish(self, record: PlanRecord, event: PlanEvent) -> None:
+    def publish(self, record: PlanRecord, event: PlanEvent | StepEvent) -> None:
         seq = next(self._seq)
-        record.events.append(event)
+        if not self._watchers:
+            record._events.append(event)  # made a PlanEvent if it is ever read
+            record._seqs.append(seq)
+            return
+        if isinstance(event, StepEvent):
+            event = plan_event(event, self.role)
+        record._events.append(event)
         record._seqs.append(seq)
         for queue in list(self._watchers):
             if queue.full():  # a reader this far behind is told so and dropped, never waited for
