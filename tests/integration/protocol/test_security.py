@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -204,6 +206,30 @@ def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
         signer.verify(token)
     with pytest.raises(UnauthenticatedError, match="malformed"):
         signer.verify("Bearer nonsense")
+
+
+def test_a_token_minted_by_another_library_is_checked_for_audience_and_key_id(
+    secret: ClusterSecret,
+) -> None:
+    # The documented recipe, as another language's JWT library follows it: HS256 with the key
+    # HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"), claims sub/aud/iat/exp, header kid.
+    key = hmac.new(secret.reveal(), b"stratagem.jwt.hs256.v1", hashlib.sha256).digest()
+    now = int(time.time())
+    claims = {"sub": "operator", "aud": "stratagem", "iat": now, "exp": now + 60}
+    signer = TokenSigner(secret)
+
+    def mint(kid: str = secret.key_id, **changed: object) -> str:
+        return jwt.encode({**claims, **changed}, key, algorithm="HS256", headers={"kid": kid})
+
+    assert signer.verify(mint()) == ("operator", now + 60)
+    with pytest.raises(UnauthenticatedError, match="InvalidAudienceError"):
+        signer.verify(mint(aud="another-service"))
+    with pytest.raises(UnauthenticatedError, match="signed with key 'rotated-away'"):
+        signer.verify(mint(kid="rotated-away"))
+    with pytest.raises(UnauthenticatedError, match="MissingRequiredClaimError"):
+        signer.verify(
+            jwt.encode({"sub": "operator", "exp": now + 60}, key, headers={"kid": secret.key_id})
+        )
 
 
 def _with_claims(token: str, **claims: object) -> str:
