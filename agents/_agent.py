@@ -300,7 +300,8 @@ class Agent(PlanControl):
         spec, planner = handler
         request = coerce_request(spec, request)
         plan_id = self._plan_id_for(request, ctx)
-        request_digest = digest_of_request(capability, request)
+        # The digest ties a stored plan to the request it serves: without a store, nothing reads it.
+        request_digest = "" if self.store is None else digest_of_request(capability, request)
         if self.store is not None:
             state = await self._served_before(plan_id, capability, request_digest)
             if state is not None:
