@@ -97,7 +97,12 @@ def _rpc() -> dict[str, Any]:
     # The audit files go under .bench/: the file system the default state directory is on.
     rpc = run_rpc_benchmark(state_parent=RESULTS_PATH.parent)
     for target in rpc["targets"]:
-        logger.info("rpc: %s at %.2fx the echo's median", target["variant"], target["ratio"])
+        logger.info(
+            "rpc: %s at %.2fx the echo's %s",
+            target["variant"],
+            target["ratio"],
+            target.get("measure", "latency"),
+        )
     return rpc
 
 

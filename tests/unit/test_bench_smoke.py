@@ -43,11 +43,16 @@ from tests.bench.peers import PeersBenchConfig, summarize_peers
 from tests.bench.quality import load_suite, quality_section, run_quality_benchmark
 from tests.bench.report import (
     _durable_section,
+    _rpc_section,
+    _verdict_section,
     cli_section,
     cluster_section,
     peers_section,
     verdicts,
 )
+from tests.bench.rpc import VARIANTS as RPC_VARIANTS
+from tests.bench.rpc import RpcBenchConfig, _Samples, _summarize
+from tests.bench.stats import summarize
 
 
 def test_layered_plan_has_the_asked_shape() -> None:
@@ -96,7 +101,7 @@ def test_durable_benchmark_returns_well_formed_results(tmp_path: Path) -> None:
     assert all(math.isfinite(ratio) and ratio > 0 for ratio in result["ratios"].values())
     target = result["target"]
     assert target["baseline"] == NO_STORE
-    assert target["max_ratio"] == 3.0
+    assert target["max_ratio"] == 2.5
     assert set(target["variants"]) == {IDEMPOTENT, SIDE_EFFECTING}
     size = result["store_size"]
     assert (size["small"]["steps"], size["large"]["steps"]) == (20, 40)
@@ -220,3 +225,38 @@ def test_engine_scale_is_reported() -> None:
     assert (scale["small"]["steps"], scale["large"]["steps"]) == (20, 200)
     assert scale["ratio"] > 0
     assert scale["flat"] == (scale["ratio"] <= scale["max_ratio"])
+
+
+def test_rpc_targets_judge_latency_and_throughput_per_pipeline(tmp_path: Path) -> None:
+    # Latency in seconds and calls per wall second, as the load phases collect them: the constant
+    # pipeline at 1.2x the echo's latency and 0.5x its throughput, the agent at 2x and 0.7x.
+    samples = _Samples()
+    latency = {"echo": 1.0, "pipeline_constant": 1.2, "pipeline_agent": 2.0}
+    throughput = {"echo": 1000, "pipeline_constant": 500, "pipeline_agent": 700}
+    for name in RPC_VARIANTS:
+        samples.latency[name] = [latency.get(name, 1.5) * 1e-3] * 3
+        samples.loaded[name] = [1e-3] * 3
+        samples.calls[name], samples.wall_s[name] = throughput.get(name, 800), 1.0
+    cost = summarize([1e-5, 2e-5], scale=1e6)
+    audit = {"sqlite_append_us": cost, "thread_hop_us": cost, "memory_append_us": cost}
+    sizes = {"request_bytes": 68, "response_bytes": 56}
+    rpc = _summarize(RpcBenchConfig(), sizes, samples, audit, {})
+    judged = {(t["variant"], t["measure"]): (t["ratio"], t["met"]) for t in rpc["targets"]}
+    assert judged == {
+        ("pipeline_constant", "latency"): (1.2, True),
+        ("pipeline_constant", "throughput"): (0.5, False),
+        ("pipeline_agent", "latency"): (2.0, False),
+        ("pipeline_agent", "throughput"): (0.7, True),
+    }
+    shape = EngineBenchConfig(layers=2, width=2, fan_in=1, repeats=1, warmup=0)
+    durable = run_durable_benchmark(
+        DurableBenchConfig(plan=shape, small_layers=1, large_layers=2), folder=tmp_path
+    )
+    text = "\n".join(
+        _verdict_section(
+            verdicts(rpc, {"target": {"max_ratio": 4.0}, "ratios": {}}, durable), rpc, durable
+        )
+    )
+    assert "≥ 0.8x the bare echo's throughput at 32 in flight | 0.50x (500 vs 1,000 req/s)" in text
+    assert "≤ 1.6x the bare echo's median latency" in text
+    assert "target ≥ 0.6x: **met**" in "\n".join(_rpc_section(rpc))
