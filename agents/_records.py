@@ -260,12 +260,8 @@ class PlanBook:
 
     def publish(self, record: PlanRecord, event: PlanEvent | StepEvent) -> None:
         seq = next(self._seq)
-        if not self._watchers:
-            record._events.append(event)  # made a PlanEvent if it is ever read
-            record._seqs.append(seq)
-            return
-        if isinstance(event, StepEvent):
-            event = plan_event(event, self.role)
+        if self._watchers and isinstance(event, StepEvent):
+            event = plan_event(event, self.role)  # else made a PlanEvent if it is ever read
         record._events.append(event)
         record._seqs.append(seq)
         for queue in list(self._watchers):
