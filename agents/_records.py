@@ -260,16 +260,17 @@ class PlanBook:
 
     def publish(self, record: PlanRecord, event: PlanEvent | StepEvent) -> None:
         seq = next(self._seq)
-        if self._watchers and isinstance(event, StepEvent):
-            event = plan_event(event, self.role)  # else made a PlanEvent if it is ever read
-        record._events.append(event)
+        if self._watchers:
+            if isinstance(event, StepEvent):
+                event = plan_event(event, self.role)
+            for queue in list(self._watchers):
+                if queue.full():  # a reader this far behind is told so and dropped, never waited
+                    self._watchers.discard(queue)
+                    self._lagging.add(queue)
+                else:
+                    queue.put_nowait((seq, event))
+        record._events.append(event)  # a StepEvent becomes a PlanEvent if it is ever read
         record._seqs.append(seq)
-        for queue in list(self._watchers):
-            if queue.full():  # a reader this far behind is told so and dropped, never waited for
-                self._watchers.discard(queue)
-                self._lagging.add(queue)
-            else:
-                queue.put_nowait((seq, event))
 
     def _ends(self, event: PlanEvent, plan_id: str) -> bool:
         return (
