@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, Final
 from opentelemetry.trace import Span
 
 from stratagem.protocol._admission import Admission, Budget
-from stratagem.protocol._audit import AsyncAuditLog, AuditLog, AuditRecord, digest
+from stratagem.protocol._audit import (
+    AsyncAuditLog,
+    AuditLog,
+    AuditRecord,
+    HoldingAuditLog,
+    digest,
+)
 from stratagem.protocol._codec import decode_request
 from stratagem.protocol._errors import (
     Code,
@@ -110,6 +116,8 @@ class Pipeline:
         self.authenticator = authenticator
         self._policy = policy
         self._append = _appender(audit)
+        # A log that can hold a deferred acceptance back until the call's outcome commits.
+        self._append_held = audit.append_held if isinstance(audit, HoldingAuditLog) else None
         self._metrics = metrics
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests)
         self.refusals = RefusalLimiter(
@@ -206,21 +214,20 @@ class Pipeline:
         record is not served.
 
         With ``defer``, a log that commits records in groups on the event loop (``SqliteAuditLog``)
-        is not waited for here: the record is chained at once and committed in the same
-        transaction as the call's outcome, which ``confirm`` awaits before the answer leaves (one
-        commit per call instead of two). A log that stores a record on the spot, or in a thread,
-        is awaited here as without ``defer``, and so is every log once a deferred record failed.
+        is not waited for here: the record is held back (``append_held``) until the call's outcome
+        is appended, however long the handler awaits (up to the log's hold time), and the two
+        commit in one transaction, which ``confirm`` awaits before the answer leaves (one commit
+        per call instead of two). A log that stores a record on the spot is awaited here as
+        without ``defer``, and so is every log once a deferred record failed.
         """
         if exchange.delegation:
             via = f"on behalf of {' > '.join(exchange.delegation)}"
             detail = f"{detail} {via}" if detail else via
-        pending = self._record(exchange, "call.accepted", "", detail, exchange.request_digest)
-        if (
-            defer
-            and not self._audit_failed
-            and isinstance(pending, asyncio.Future)
-            and not pending.done()
-        ):
+        deferred = defer and not self._audit_failed
+        pending = self._record(
+            exchange, "call.accepted", "", detail, exchange.request_digest, hold=deferred
+        )
+        if deferred and isinstance(pending, asyncio.Future) and not pending.done():
             exchange.acceptance = pending
         else:
             # Fail closed: a call the audit log cannot record is not served.
@@ -343,9 +350,17 @@ class Pipeline:
         await self._record(exchange, action, code, detail, payload_digest)
 
     def _record(
-        self, exchange: Exchange, action: str, code: str, detail: str, payload_digest: str
+        self,
+        exchange: Exchange,
+        action: str,
+        code: str,
+        detail: str,
+        payload_digest: str,
+        *,
+        hold: bool = False,
     ) -> Awaitable[AuditRecord]:
-        return self._append(
+        append = self._append_held if hold and self._append_held is not None else self._append
+        return append(
             actor=exchange.caller,
             action=action,
             target=exchange.target or self.role,

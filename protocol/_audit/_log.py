@@ -33,6 +33,7 @@ __all__ = [
     "AsyncAuditLog",
     "AuditLog",
     "AuditRecord",
+    "HoldingAuditLog",
     "InMemoryAuditLog",
     "digest",
     "redact",
@@ -287,6 +288,28 @@ class AsyncAuditLog(AuditLog, Protocol):
         digest: str = "",
     ) -> Awaitable[AuditRecord]:
         """Append like ``append``; the await returns once the record is stored (durably)."""
+        ...
+
+
+@runtime_checkable
+class HoldingAuditLog(AsyncAuditLog, Protocol):
+    """An ``AsyncAuditLog`` that can hold a record back until the next commit another record
+    starts (``SqliteAuditLog``): the server hands it a ``Call``'s ``call.accepted`` so that it
+    commits with the call's ``call.outcome``, one transaction per call."""
+
+    def append_held(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> Awaitable[AuditRecord]:
+        """Append like ``append_async``, committed with the next record not held (or soon)."""
         ...
 
 

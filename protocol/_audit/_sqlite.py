@@ -75,7 +75,7 @@ from stratagem.protocol._storage._sqlite import (
     transaction,
 )
 
-__all__ = ["MIGRATIONS", "SqliteAuditLog", "Synchronous"]
+__all__ = ["HOLD_S", "MIGRATIONS", "SqliteAuditLog", "Synchronous"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,9 @@ _SYNCHRONOUS: Final[dict[str, Literal["NORMAL", "FULL"]]] = {"normal": "NORMAL",
 # Commits on the event loop's connection between two WAL checkpoints by the writer thread (a commit
 # adds a page or two to the WAL; SQLite's own automatic checkpoint is at 1,000 pages).
 _CHECKPOINT_EVERY: Final = 500
+HOLD_S: Final = 0.01
+"""The longest a record handed to ``SqliteAuditLog.append_held`` waits for another record's
+commit before it is committed on its own (seconds)."""
 
 
 class SqliteAuditLog(_GroupCommitLog):
@@ -168,6 +171,9 @@ class SqliteAuditLog(_GroupCommitLog):
             raise
         self._loop_lock = threading.Lock()
         self._batch: list[_Pending] = []
+        # A commit of the batch is scheduled after this turn; or, for held records only, a timer.
+        self._flush_scheduled = False
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._loop_commits = 0
 
     @property
@@ -233,15 +239,69 @@ class SqliteAuditLog(_GroupCommitLog):
                 detail=detail,
                 digest=digest,
             )
+        return self._enqueue(
+            _entry(actor, action, target, capability, request_id, code, detail, digest), hold=False
+        )
+
+    def append_held(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str = "",
+        capability: str = "",
+        request_id: str = "",
+        code: str = "",
+        detail: str = "",
+        digest: str = "",
+    ) -> asyncio.Future[AuditRecord]:
+        """``append_async`` for a record that need not start a commit of its own.
+
+        The record is chained in order with the others but waits for the next commit that
+        another record starts (a call's ``call.accepted`` waits for its ``call.outcome``), or
+        ``HOLD_S`` at most. A log that commits through its writer thread (``synchronous="full"``)
+        takes it as ``append_async`` does.
+
+        Returns:
+            As ``append_async``.
+
+        Raises:
+            ProtocolUsageError: When the log is closed.
+        """
+        if self._loop_db is None:
+            return super().append_async(
+                actor=actor,
+                action=action,
+                target=target,
+                capability=capability,
+                request_id=request_id,
+                code=code,
+                detail=detail,
+                digest=digest,
+            )
+        return self._enqueue(
+            _entry(actor, action, target, capability, request_id, code, detail, digest), hold=True
+        )
+
+    def _enqueue(self, entry: _Entry, *, hold: bool) -> asyncio.Future[AuditRecord]:
+        """Add ``entry`` to the loop's batch; a record not held schedules the batch's commit
+        right after this turn, a held one (when nothing is scheduled) within ``HOLD_S``."""
         if self._closed:
             raise ProtocolUsageError(f"the audit log {self._label} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AuditRecord] = loop.create_future()
-        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
         with self._loop_lock:
             self._batch.append(_Pending(entry, loop, future))
-            first = len(self._batch) == 1
-        if first:
+            if self._flush_scheduled:
+                return future
+            if not hold:
+                self._flush_scheduled = True
+                if self._hold_timer is not None:
+                    self._hold_timer.cancel()
+                    self._hold_timer = None
+            elif self._hold_timer is None:
+                self._hold_timer = loop.call_later(HOLD_S, self._flush)
+        if not hold:
             loop.call_soon(self._flush)
         return future
 
@@ -250,6 +310,10 @@ class SqliteAuditLog(_GroupCommitLog):
         is free at once, else through the writer thread."""
         with self._loop_lock:
             batch, self._batch = self._batch, []
+            self._flush_scheduled = False
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+                self._hold_timer = None
             if not batch:
                 return
             outcomes: list[AuditRecord] | BaseException

@@ -753,6 +753,33 @@ async def test_a_group_committed_acceptance_that_fails_answers_no_result_and_sto
         assert list(audit.records()) == []
 
 
+async def test_a_call_whose_handler_awaits_commits_its_two_records_in_one_transaction(
+    tmp_path: Path, backend: FakeBackend, connect: Connect
+) -> None:
+    # The acceptance is held until the outcome is appended, however many turns the handler
+    # takes (as a real agent's plan does): one transaction per call, acceptance first.
+    async def slow(request: WireModel, ctx: CallContext) -> WireModel:
+        for _ in range(3):
+            await asyncio.sleep(0.001)
+        return SAMPLES["ExtractEntities"][1]
+
+    backend.behaviour["ExtractEntities"] = slow
+    with SqliteAuditLog(tmp_path / "audit.db") as audit:
+        async with AgentServer(
+            backend,
+            policy=Policy.default(),
+            authenticator=CallerMetadataAuthenticator(),
+            audit=audit,
+        ) as server:
+            client = connect(server.endpoint)
+            for _ in range(3):
+                await client.call("perception", "ExtractEntities", EXTRACT)
+            assert audit._loop_commits == 3
+        records = list(audit.records())
+    assert [r.action for r in records] == ["call.accepted", "call.outcome"] * 3
+    assert verify_chain(records).ok
+
+
 class _BlockingOnlyAudit:
     """An ``AuditLog`` with only the blocking ``append``: the server calls it from a thread."""
 

@@ -409,6 +409,58 @@ async def test_a_loop_turns_records_commit_together_on_the_loop(tmp_path: Path) 
         assert verify_chain(log.records()).count == 100
 
 
+async def test_a_held_record_commits_with_the_next_record_not_held(tmp_path: Path) -> None:
+    with SqliteAuditLog(tmp_path / "audit.db") as log:
+        held = log.append_held(actor="loop", action="call.accepted", request_id="r1")
+        for _ in range(5):  # turns of the loop, well within the hold time: nothing commits
+            await asyncio.sleep(0)
+        assert not held.done()
+        assert log._loop_commits == 0
+        outcome = await log.append_async(actor="loop", action="call.outcome", request_id="r1")
+        assert held.done()
+        assert log._loop_commits == 1  # one transaction for both, in the order appended
+        assert ((await held).seq, outcome.seq) == (1, 2)
+        assert verify_chain(log.records()).count == 2
+
+
+async def test_a_held_record_alone_commits_within_the_hold_time(tmp_path: Path) -> None:
+    from stratagem.protocol._audit._sqlite import HOLD_S
+
+    with SqliteAuditLog(tmp_path / "audit.db") as log:
+        started = asyncio.get_running_loop().time()
+        record = await asyncio.wait_for(
+            log.append_held(actor="loop", action="call.accepted", request_id="long"), 5
+        )
+        assert asyncio.get_running_loop().time() - started >= HOLD_S * 0.9
+        assert (record.seq, log._loop_commits) == (1, 1)
+        # Held records appended while nothing else is, share the one timer and commit together.
+        pending = [
+            log.append_held(actor="loop", action="call.accepted", request_id=f"h{i}")
+            for i in range(3)
+        ]
+        assert [r.seq for r in await asyncio.gather(*pending)] == [2, 3, 4]
+        assert log._loop_commits == 2
+
+
+async def test_held_records_are_written_when_the_log_closes(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    log = SqliteAuditLog(path)
+    held = log.append_held(actor="loop", action="call.accepted", request_id="closing")
+    log.close()
+    assert (await held).request_id == "closing"
+    with SqliteAuditLog(path) as reopened:
+        assert [r.request_id for r in reopened.records()] == ["closing"]
+
+
+async def test_a_held_record_of_a_full_sync_log_goes_to_the_writer(tmp_path: Path) -> None:
+    with SqliteAuditLog(tmp_path / "audit.db", synchronous="full") as log:
+        record = await asyncio.wait_for(
+            log.append_held(actor="loop", action="call.accepted", request_id="fsynced"), 30
+        )
+        assert record.seq == 1
+        assert log._writer is not None
+
+
 async def test_a_busy_write_lock_sends_the_batch_to_the_writer_without_blocking_the_loop(
     tmp_path: Path,
 ) -> None:
