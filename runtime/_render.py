@@ -224,7 +224,7 @@ def span_tree(spans: Iterable[SpanRecord], *, bar_width: int = 32) -> Renderable
     for guide, r, _ in _span_rows(records):
         error = r.status == "ERROR"
         table.add_row(
-            Text.assemble((guide, "dim"), (r.name, "bold red" if error else "bold")),
+            Text.assemble((guide, "dim"), (_span_title(r), "bold red" if error else "bold")),
             r.service,
             f"+{(r.start - t0) / 1e6:.1f}ms",
             f"{r.duration_ms:.1f}ms",
@@ -233,6 +233,16 @@ def span_tree(spans: Iterable[SpanRecord], *, bar_width: int = 32) -> Renderable
             Text("✗ ERROR", style="bold red") if error else Text("✓ ok", style="green"),
         )
     return table
+
+
+def _span_title(record: SpanRecord) -> str:
+    """A span's name; a step whose attempt is a tool call names the tool too."""
+    attributes = record.attributes
+    if attributes.get("gen_ai.operation.name") == "execute_tool" and not record.name.startswith(
+        "execute_tool"
+    ):
+        return f"{record.name} · execute_tool {attributes.get('gen_ai.tool.name', '?')}"
+    return record.name
 
 
 def span_json(spans: Iterable[SpanRecord]) -> list[dict[str, Any]]:

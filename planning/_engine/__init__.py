@@ -9,11 +9,12 @@ Each attempt has a time limit (``step.timeout_s``, else ``EngineConfig.default_t
 runs out the attempt is cancelled and fails with class ``timeout``. The limits of one run share one
 event-loop timer (see ``_Watchdog``) with the semantics of ``asyncio.timeout``.
 
-Tracing: a span ``invoke_agent {agent}`` per run, ``step {id}`` per attempt and ``execute_tool
-{tool}`` per tool call; a cross-agent step dispatches inside its step span, so the client's span is
-its child. Retries, gate openings and decisions and compensations are events on the run span
-(``retry``, ``gate.blocked``, ``gate.decided``, ``compensation``). Step and tool spans and the
-events are made only when the run span is recording (``docs/telemetry.md`` has the whole model).
+Tracing: a span ``invoke_agent {agent}`` per run and ``step {id}`` per attempt (a tool step's
+attempt is its tool call: the span carries GenAI's ``execute_tool`` attributes); a cross-agent step
+dispatches inside its step span, so the client's span is its child. Retries, gate openings and
+decisions and compensations are events on the run span (``retry``, ``gate.blocked``,
+``gate.decided``, ``compensation``). Step spans and the events are made only when the run span is
+recording (``docs/telemetry.md`` has the whole model).
 
 Failure handling is fail-fast. When a step fails for good (its class is not retried, or it ran out
 of attempts), the engine starts nothing new and cancels the steps still running, so the plan ends

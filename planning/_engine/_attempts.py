@@ -10,7 +10,6 @@ from typing import Any, Protocol, TypeVar, assert_never
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 
 from stratagem.planning._dispatch import CrossAgentCall, step_run_id
@@ -123,14 +122,23 @@ class _Attempts(_Restore[P]):
         """One attempt, in its own span: (output, None, "") or (None, class, message)."""
         # start_span and attach/detach rather than start_as_current_span: the same span made
         # current the same way, without two generator context managers per span.
+        attributes: dict[str, str | int] = {
+            "stratagem.plan.id": self.plan.id,
+            "stratagem.step.id": step.id,
+            "stratagem.step.kind": step.kind,
+            "stratagem.step.attempt": attempt,
+        }
+        if isinstance(step, ToolStep):
+            # The attempt of a tool step is its tool call: one span, with GenAI's execute_tool
+            # attributes, rather than a step span and a tool span for the same stretch of time.
+            attributes["gen_ai.operation.name"] = "execute_tool"
+            attributes["gen_ai.tool.name"] = step.tool
+            attributes["gen_ai.tool.call.id"] = step_run_id(
+                self.plan.id, self.plan.revision, step.id
+            )
         span = self.tracer.start_span(
             f"step {step.id}",
-            attributes={
-                "stratagem.plan.id": self.plan.id,
-                "stratagem.step.id": step.id,
-                "stratagem.step.kind": step.kind,
-                "stratagem.step.attempt": attempt,
-            },
+            attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
         )
@@ -207,29 +215,13 @@ class _Attempts(_Restore[P]):
             if not isinstance(tool_input, dict):
                 raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
         ctx = ToolContext(self.plan.id, step.id, attempt, self.agent, self.plan.revision)
-        if not self.tracing:
+        try:
             output = await self._limited(self.tools.run_tool(step.tool, tool_input, ctx), limit_s)
-        else:
-            span = self.tracer.start_span(
-                f"execute_tool {step.tool}",
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": step.tool,
-                    "gen_ai.tool.call.id": ctx.call_id,
-                },
-            )
-            token = otel_context.attach(trace.set_span_in_context(span))
-            try:
-                output = await self._limited(
-                    self.tools.run_tool(step.tool, tool_input, ctx), limit_s
-                )
-            except Exception as exc:  # what start_as_current_span records (not cancellations)
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                raise
-            finally:
-                otel_context.detach(token)
-                span.end()
+        except Exception as exc:
+            if self.tracing:
+                # On the attempt's span (current here), as start_as_current_span would record it.
+                trace.get_current_span().record_exception(exc)
+            raise
         if not isinstance(output, dict):
             raise LogicError(f"tool {step.tool!r} returned {kind_of(output)}, not a dict")
         return output

@@ -751,7 +751,8 @@ def tracing_section(tracing: dict[str, Any] | None) -> list[str]:
             "",
             f"The engine's target is not met, and cannot be with every span kept: a no-op step "
             f"costs {engine['variants']['tracing_off']['median']:.0f} us untraced, and tracing "
-            f"adds {added:.0f} us per step, for its two spans (`step`, `execute_tool`): creating "
+            f"adds {added:.0f} us per step, for its one span (a tool step's attempt is its tool "
+            "call: one span, not a step span and a tool span as before): creating "
             "a span in the OpenTelemetry Python SDK takes some 15-20 us, and encoding it for OTLP "
             "some 35 us more in the exporter's thread, which holds the GIL against the engine "
             f"(and Phoenix shares the 2 cores). Beside a tool that works for 1 ms the same "

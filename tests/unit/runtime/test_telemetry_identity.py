@@ -100,8 +100,6 @@ async def test_the_engine_spans_carry_the_identity(
     assert result.status is PlanStatus.SUCCEEDED
     spans = exporter.get_finished_spans()
     assert sorted(s.name for s in spans) == [
-        "execute_tool noop",
-        "execute_tool noop",
         "invoke_agent tactical",
         "step a",
         "step b",
@@ -116,6 +114,9 @@ async def test_the_engine_spans_carry_the_identity(
         "stratagem.step.id": "a",
         "stratagem.step.kind": "tool",
         "stratagem.step.attempt": 1,
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "noop",
+        "gen_ai.tool.call.id": f"{result.submitted.id}@1:a",
         SERVICE_ATTR: "stratagem-test",
         INSTANCE_ATTR: "test-1",
         KIND_ATTR: "INTERNAL",

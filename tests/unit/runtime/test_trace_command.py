@@ -33,6 +33,7 @@ def span(
     status: str = "UNSET",
     trace_id: str = TRACE,
     events: list[dict[str, Any]] | None = None,
+    attributes: dict[str, Any] | None = None,
 ) -> SpanRecord:
     return SpanRecord(
         trace_id=trace_id,
@@ -45,6 +46,7 @@ def span(
         status=status,
         service=service,
         pid=1,
+        attributes=attributes or {},
         events=events or [],
     )
 
@@ -82,6 +84,8 @@ SPANS = [
         61,
         90,
         status="ERROR",
+        # A tool step: its attempt's span is the tool call.
+        attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "apply_actions"},
     ),
     span("00000000000000ff", "", "other goal", "stratagem-cli", 0, 10, trace_id=OTHER),
 ]
@@ -119,7 +123,7 @@ def test_the_waterfall_shows_the_tree_in_order_with_durations_and_errors(
     assert rows[1].lstrip().startswith("└─ invoke_agent orchestrator")
     assert "├─ step extract" in rows[2]
     assert "│  └─ stratagem.v1.AgentService/Call" in rows[3]
-    assert "└─ step broken" in rows[4]
+    assert "└─ step broken · execute_tool apply_actions" in rows[4]
     assert "+0.0ms" in rows[0]
     assert "100.0ms" in rows[0]
     assert "+10.0ms" in rows[3]
