@@ -151,9 +151,12 @@ def test_json_is_a_tree_and_a_prefix_is_enough(span_file: Path) -> None:
 
 
 def test_the_file_comes_from_the_environment(
-    span_file: Path, monkeypatch: pytest.MonkeyPatch
+    span_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("STRATAGEM_TRACE_FILE", str(span_file))
+    # A state directory of its own: a Phoenix the user runs (its state in the default state
+    # directory) would otherwise be asked first.
+    monkeypatch.setenv("STRATAGEM_STATE_DIR", str(tmp_path / "state"))
     result = runner.invoke(cli.app, ["trace", TRACE, "--json"])
     assert result.exit_code == 0, result.output
 
