@@ -241,7 +241,7 @@ def _span_title(record: SpanRecord) -> str:
     if attributes.get("gen_ai.operation.name") == "execute_tool" and not record.name.startswith(
         "execute_tool"
     ):
-        return f"{record.name} · execute_tool {attributes.get('gen_ai.tool.name', '?')}"
+        return f"{record.name} · tool {attributes.get('gen_ai.tool.name', '?')}"
     return record.name
 
 

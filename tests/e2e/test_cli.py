@@ -83,7 +83,8 @@ def test_the_demo_trace_prints_as_a_waterfall(tmp_path: Path) -> None:
     shown = run("trace", trace_id, "--file", spans_file, state_dir=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert f"trace {trace_id}" in shown.stdout
-    for name in ("invoke_agent orchestrator", "stratagem.v1.AgentService/Call", "execute_tool"):
+    # A tool step's span is its tool call: shown as "step {id} · tool {tool}".
+    for name in ("invoke_agent orchestrator", "stratagem.v1.AgentService/Call", "· tool "):
         assert name in shown.stdout
     as_json = run("trace", trace_id[:12], "--file", spans_file, "--json", state_dir=tmp_path)
     assert as_json.returncode == 0, as_json.stderr

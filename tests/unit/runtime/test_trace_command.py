@@ -123,7 +123,7 @@ def test_the_waterfall_shows_the_tree_in_order_with_durations_and_errors(
     assert rows[1].lstrip().startswith("└─ invoke_agent orchestrator")
     assert "├─ step extract" in rows[2]
     assert "│  └─ stratagem.v1.AgentService/Call" in rows[3]
-    assert "└─ step broken · execute_tool apply_actions" in rows[4]
+    assert "└─ step broken · tool apply_actions" in rows[4]
     assert "+0.0ms" in rows[0]
     assert "100.0ms" in rows[0]
     assert "+10.0ms" in rows[3]
