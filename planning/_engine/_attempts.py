@@ -206,7 +206,7 @@ class _Attempts(_Restore[P]):
                 task.uncancel()
             return result
         finally:
-            deadline.active = False
+            self.watchdog.disarm(deadline)
 
     async def _run_tool(self, step: ToolStep, attempt: int, limit_s: float) -> dict[str, Any]:
         tool_input = step.input

@@ -11,13 +11,18 @@ from typing import Any, Final
 _CLOCK_RESOLUTION: Final = time.get_clock_info("monotonic").resolution
 
 
+# Finished entries are dropped from the heap once they are at least this many and half of it.
+_COMPACT_AT: Final = 64
+
+
 class _Deadline:
-    """One attempt's deadline, as the watchdog and the attempt share it."""
+    """One attempt's deadline, as the watchdog and the attempt share it (``task`` is dropped
+    when the attempt ends: a finished entry waiting in the heap keeps nothing alive)."""
 
     __slots__ = ("active", "cancelling", "expired", "task")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
-        self.task = task
+        self.task: asyncio.Task[Any] | None = task
         self.cancelling = task.cancelling()
         self.active = True
         self.expired = False
@@ -29,8 +34,11 @@ class _Watchdog:
     ``asyncio.timeout`` costs a timer handle, a heap entry and a cancellation per attempt; on plans
     of short steps that was the largest part of the engine's per-step overhead. Here an attempt
     costs one entry in a heap of ``(when, seq, deadline)``; the timer is armed for the earliest
-    entry, and when it fires it cancels the tasks of the expired, still active attempts. Entries of
-    finished attempts stay in the heap until their time passes.
+    entry, and when it fires it cancels the tasks of the expired, still active attempts. An attempt
+    that ends ``disarm``s its entry, which lets go of its task; finished entries are dropped from
+    the heap once they are half of it, so a run of many short steps under long limits holds about
+    as many entries as attempts in flight, not one per attempt made (each with its task, coroutine
+    and result, for the garbage collector to scan on every full collection).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -39,6 +47,7 @@ class _Watchdog:
         self._seq = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        self._finished = 0  # entries in the heap whose attempt has ended
 
     def arm(self, task: asyncio.Task[Any], limit_s: float) -> _Deadline:
         """Cancel ``task`` in ``limit_s`` seconds unless the returned deadline is deactivated."""
@@ -50,6 +59,20 @@ class _Watchdog:
             self._schedule(when)
         return deadline
 
+    def disarm(self, deadline: _Deadline) -> None:
+        """The attempt ended: its entry lets go of the task and is dropped in time."""
+        deadline.active = False
+        deadline.task = None
+        if deadline.expired:
+            return  # popped when it fired
+        self._finished += 1
+        heap = self._heap
+        if self._finished >= _COMPACT_AT and 2 * self._finished >= len(heap):
+            # Rebuilt in place of the old list: O(heap) once every half a heap of attempts.
+            self._heap = [entry for entry in heap if entry[2].active]
+            heapq.heapify(self._heap)
+            self._finished = 0
+
     def close(self) -> None:
         """Stop the timer (at the end of the run)."""
         if self._timer is not None:
@@ -57,6 +80,7 @@ class _Watchdog:
             self._timer = None
         self._timer_at = math.inf
         self._heap.clear()
+        self._finished = 0
 
     def _schedule(self, when: float) -> None:
         if self._timer is not None:
@@ -71,8 +95,10 @@ class _Watchdog:
         heap = self._heap
         while heap and heap[0][0] <= now:
             deadline = heapq.heappop(heap)[2]
-            if deadline.active:
+            if deadline.active and deadline.task is not None:
                 deadline.expired = True
                 deadline.task.cancel()
+            else:
+                self._finished -= 1
         if heap:
             self._schedule(heap[0][0])

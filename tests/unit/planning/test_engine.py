@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -238,6 +239,51 @@ async def test_a_finished_attempt_is_not_cancelled_by_its_old_deadline() -> None
     result = await engine.run(plan)
     assert result.status is PlanStatus.SUCCEEDED
     assert result.outputs["after"] == {"slept": 0.08}
+
+
+async def test_a_finished_attempt_keeps_nothing_alive_under_a_long_limit() -> None:
+    # 300 steps in a chain under the default 30 s limit: every deadline is still ahead when its
+    # attempt ends. The watchdog must let go of the finished attempts' tasks (each with its
+    # coroutine and result) instead of keeping one per step until its deadline passes.
+    tasks: list[weakref.ref[asyncio.Task[Any]]] = []
+    alive_at_end: list[int] = []
+
+    async def track(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.append(weakref.ref(task))
+        if ctx.step_id == "s299":
+            alive_at_end.append(sum(1 for ref in tasks[:-1] if ref() is not None))
+        return {}
+
+    engine, _ = engine_for({"track": track})
+    steps = [tool_step("s0", tool="track")]
+    steps += [tool_step(f"s{i}", f"s{i - 1}", tool="track") for i in range(1, 300)]
+    result = await engine.run(make_plan(*steps))
+    assert result.status is PlanStatus.SUCCEEDED
+    assert len(tasks) == 300
+    # Before: all 299 earlier steps' tasks were alive, held by their deadlines' heap entries.
+    (alive,) = alive_at_end
+    assert alive <= 2
+
+
+async def test_the_watchdog_drops_finished_entries_and_still_fires_live_ones() -> None:
+    from stratagem.planning._engine._watchdog import _Watchdog
+
+    watchdog = _Watchdog(asyncio.get_running_loop())
+    sleeper = asyncio.create_task(asyncio.sleep(10))
+    live = watchdog.arm(sleeper, 0.05)
+    task = asyncio.current_task()
+    assert task is not None
+    for _ in range(1000):  # attempts that end long before their 30 s limit
+        watchdog.disarm(watchdog.arm(task, 30.0))
+    assert len(watchdog._heap) <= 2 * 64  # not a thousand entries
+    assert live.active
+    assert live.task is sleeper
+    with pytest.raises(asyncio.CancelledError):
+        await sleeper  # the live deadline still fires
+    assert live.expired
+    watchdog.close()
 
 
 async def test_a_tool_that_swallows_the_expiry_keeps_its_result() -> None:
