@@ -117,7 +117,9 @@ class Pipeline:
         self._policy = policy
         self._append = _appender(audit)
         # A log that can hold a deferred acceptance back until the call's outcome commits.
-        self._append_held = audit.append_held if isinstance(audit, HoldingAuditLog) else None
+        self._append_held = (
+            audit.append_held if isinstance(audit, HoldingAuditLog) else self._append
+        )
         self._metrics = metrics
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests)
         self.refusals = RefusalLimiter(
@@ -359,8 +361,7 @@ class Pipeline:
         *,
         hold: bool = False,
     ) -> Awaitable[AuditRecord]:
-        append = self._append_held if hold and self._append_held is not None else self._append
-        return append(
+        return (self._append_held if hold else self._append)(
             actor=exchange.caller,
             action=action,
             target=exchange.target or self.role,

@@ -19,13 +19,17 @@ class _Deadline:
     """One attempt's deadline, as the watchdog and the attempt share it (``task`` is dropped
     when the attempt ends: a finished entry waiting in the heap keeps nothing alive)."""
 
-    __slots__ = ("active", "cancelling", "expired", "task")
+    __slots__ = ("cancelling", "expired", "task")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task: asyncio.Task[Any] | None = task
         self.cancelling = task.cancelling()
-        self.active = True
         self.expired = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the attempt is still running (not ``disarm``ed)."""
+        return self.task is not None
 
 
 class _Watchdog:
@@ -61,7 +65,6 @@ class _Watchdog:
 
     def disarm(self, deadline: _Deadline) -> None:
         """The attempt ended: its entry lets go of the task and is dropped in time."""
-        deadline.active = False
         deadline.task = None
         if deadline.expired:
             return  # popped when it fired
@@ -69,7 +72,7 @@ class _Watchdog:
         heap = self._heap
         if self._finished >= _COMPACT_AT and 2 * self._finished >= len(heap):
             # Rebuilt in place of the old list: O(heap) once every half a heap of attempts.
-            self._heap = [entry for entry in heap if entry[2].active]
+            self._heap = [entry for entry in heap if entry[2].task is not None]
             heapq.heapify(self._heap)
             self._finished = 0
 
@@ -95,7 +98,7 @@ class _Watchdog:
         heap = self._heap
         while heap and heap[0][0] <= now:
             deadline = heapq.heappop(heap)[2]
-            if deadline.active and deadline.task is not None:
+            if deadline.task is not None:
                 deadline.expired = True
                 deadline.task.cancel()
             else:

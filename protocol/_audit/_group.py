@@ -111,11 +111,16 @@ class _GroupCommitLog(_ChainedLog):
         Raises:
             ProtocolUsageError: When the log is closed.
         """
+        return self._to_writer(
+            _entry(actor, action, target, capability, request_id, code, detail, digest)
+        )
+
+    def _to_writer(self, entry: _Entry) -> asyncio.Future[AuditRecord]:
+        """Hand ``entry`` to the writer thread; the future settles once it is committed."""
         if self._closed:
             raise ProtocolUsageError(f"the audit log {self._label} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AuditRecord] = loop.create_future()
-        entry = _entry(actor, action, target, capability, request_id, code, detail, digest)
         self._hand_to_writer(_Pending(entry, loop, future))
         return future
 

@@ -228,17 +228,6 @@ class SqliteAuditLog(_GroupCommitLog):
         Raises:
             ProtocolUsageError: When the log is closed.
         """
-        if self._loop_db is None:
-            return super().append_async(
-                actor=actor,
-                action=action,
-                target=target,
-                capability=capability,
-                request_id=request_id,
-                code=code,
-                detail=detail,
-                digest=digest,
-            )
         return self._enqueue(
             _entry(actor, action, target, capability, request_id, code, detail, digest), hold=False
         )
@@ -268,24 +257,16 @@ class SqliteAuditLog(_GroupCommitLog):
         Raises:
             ProtocolUsageError: When the log is closed.
         """
-        if self._loop_db is None:
-            return super().append_async(
-                actor=actor,
-                action=action,
-                target=target,
-                capability=capability,
-                request_id=request_id,
-                code=code,
-                detail=detail,
-                digest=digest,
-            )
         return self._enqueue(
             _entry(actor, action, target, capability, request_id, code, detail, digest), hold=True
         )
 
     def _enqueue(self, entry: _Entry, *, hold: bool) -> asyncio.Future[AuditRecord]:
         """Add ``entry`` to the loop's batch; a record not held schedules the batch's commit
-        right after this turn, a held one (when nothing is scheduled) within ``HOLD_S``."""
+        right after this turn, a held one (when nothing is scheduled) within ``HOLD_S``. With
+        ``synchronous="full"`` every record goes to the writer thread."""
+        if self._loop_db is None:
+            return self._to_writer(entry)
         if self._closed:
             raise ProtocolUsageError(f"the audit log {self._label} is closed")
         loop = asyncio.get_running_loop()
