@@ -190,7 +190,8 @@ class ToolStep(StepBase):
 
     Attributes:
         tool: The tool's name in the owning agent's registry.
-        input: The tool's input; values may be ``{"$ref": "STEP_ID.path"}`` references.
+        input: The tool's input; values may be ``{"$expr": "..."}`` expressions or
+            ``{"$ref": "STEP_ID.path"}`` references.
     """
 
     kind: Literal["tool"] = "tool"
@@ -334,6 +335,8 @@ class Plan(BaseModel):
         max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
         budget: What the plan may spend (wall time, tool calls, cost units); ``None``: no limit.
         provenance: Who made the plan, and the model calls behind it; ``None`` when not said.
+        inputs: Values the plan is run with, which expressions read as ``inputs``
+            (``{"$expr": "inputs.topic"}``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -346,6 +349,7 @@ class Plan(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
     budget: Budget | None = None
     provenance: Provenance | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

@@ -46,7 +46,7 @@ from stratagem.planning._plan import (
     Step,
     ToolStep,
 )
-from stratagem.planning._refs import has_refs, kind_of, resolve_refs
+from stratagem.planning._refs import EXPR_KEY, REF_KEY, has_refs, kind_of, resolve_refs
 from stratagem.planning._store import StepIntent
 from stratagem.protocol import RemoteError, capability_for
 
@@ -262,7 +262,7 @@ class _Attempts:
         plan = self.state.plan
         tool_input = step.input
         if has_refs(tool_input):
-            tool_input = resolve_refs(tool_input, self.state.outputs)
+            tool_input = resolve_refs(tool_input, self.state.outputs, plan.inputs)
             if not isinstance(tool_input, dict):
                 raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
         ctx = ToolContext(plan.id, step.id, attempt, self.agent, plan.revision)
@@ -287,7 +287,7 @@ class _Attempts:
         dispatcher = self.dispatcher
         if dispatcher is None:
             raise LogicError(f"the {self.agent} agent's engine has no dispatcher")
-        data = resolve_refs(step.request, self.state.outputs)
+        data = resolve_refs(step.request, self.state.outputs, plan.inputs)
         if not isinstance(data, dict):
             raise LogicError(f"the request resolves to {kind_of(data)}, not an object")
         try:
@@ -467,10 +467,11 @@ def _empty_refs(request: dict[str, Any], resolved: dict[str, Any]) -> dict[str, 
     model's length rule, since the cause is the step that gave nothing."""
     found: dict[str, str] = {}
     for name, value in request.items():
-        if (
-            isinstance(value, dict)
-            and set(value) == {"$ref"}
-            and resolved.get(name) in ([], "", {})
-        ):
-            found[name] = f"{name} is empty: nothing came from {value['$ref']}"
+        if not (isinstance(value, dict) and len(value) == 1):
+            continue
+        got = resolved.get(name)
+        if REF_KEY in value and got in ([], "", {}):
+            found[name] = f"{name} is empty: nothing came from {value[REF_KEY]}"
+        elif EXPR_KEY in value and got in ([], "", {}, None):  # an expression's "nothing" is null
+            found[name] = f"{name} is empty: nothing came from {value[EXPR_KEY]}"
     return found

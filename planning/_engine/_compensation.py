@@ -85,9 +85,9 @@ class _Compensation:
 
     def input(self, step: Step) -> dict[str, Any]:
         """The compensating tool's input for ``step``."""
-        outputs = self.state.outputs
+        outputs, inputs = self.state.outputs, self.state.plan.inputs
         if step.compensate_input is not None:
-            value = resolve_refs(step.compensate_input, outputs)
+            value = resolve_refs(step.compensate_input, outputs, inputs)
         else:
             match step:
                 case ToolStep():
@@ -98,7 +98,7 @@ class _Compensation:
                     base = {}
                 case _:
                     assert_never(step)
-            resolved = resolve_refs(base, outputs) if has_refs(base) else base
+            resolved = resolve_refs(base, outputs, inputs) if has_refs(base) else base
             if not isinstance(resolved, dict):
                 raise LogicError(f"the input resolves to {kind_of(resolved)}, not an object")
             value = {**resolved, "output": outputs.get(step.id)}
