@@ -45,7 +45,8 @@ def validate_plan(
     validates against the capability's request model (one with references has no unknown fields);
     every ``$ref`` parses and names a (transitive) dependency of its step, and every expression
     (``{"$expr": ...}``) parses, calls JMESPath's functions rightly and reads only (transitive)
-    dependencies of its step and the plan's inputs; a compensating tool is
+    dependencies of its step and the plan's inputs, and so does a step's condition (``when``); a
+    step that runs on failure depends on some step; a compensating tool is
     in the owner's registry, its input's references name the step itself or a (transitive)
     dependency, and a gate has no compensation.
 
@@ -87,6 +88,8 @@ def validate_plan(
             case _:
                 assert_never(step)
         problems.extend(_compensation_problems(plan, step, tool_names, deps))
+    for step in plan.steps:
+        problems.extend(_condition_problems(step, deps))
     if problems:
         logger.debug("plan %s@%d is invalid: %s", plan.id, plan.revision, problems)
         raise PlanValidationError(problems)
@@ -157,6 +160,26 @@ def _compensation_problems(
         for problem in _ref_problems(step, step.compensate_input, own, owner=""):
             problems.append(
                 problem.replace(f"step {step.id!r}", f"step {step.id!r} compensation", 1)
+            )
+    return problems
+
+
+def _condition_problems(step: Step, deps: Mapping[str, list[str]]) -> list[str]:
+    """Problems with a step's ``when`` and ``runs_on``."""
+    problems: list[str] = []
+    if step.runs_on == "failure" and not step.depends_on:
+        problems.append(
+            f"step {step.id!r} runs on failure but depends on no step: name the steps whose "
+            f"failure it handles in depends_on"
+        )
+    if step.when is not None:
+        found = _expression_steps(step, step.when, "condition")
+        if isinstance(found, list):
+            problems.extend(found)
+        else:
+            problems.extend(
+                p.replace(f"step {step.id!r}", f"step {step.id!r} condition", 1)
+                for p in _reading_problems(step, step.when, found, deps, step.id)
             )
     return problems
 

@@ -180,8 +180,13 @@ class _Gates:
         self.observer.gate_decided(gate_id, kind, approve, approver)
         if not approve:
             message = f"rejected by {approver}: {rationale}"
-            state.fail(gate_id, FailureClass.POLICY, message, attempt)
-            state.stop(f"the plan stopped after gate {gate_id!r} was rejected")
+            state.fail(
+                gate_id,
+                FailureClass.POLICY,
+                message,
+                attempt,
+                stop=f"the plan stopped after gate {gate_id!r} was rejected",
+            )
         elif kind is GateKind.GATE:
             gate_output = {"approved": True, "approver": approver, "rationale": rationale}
             state.succeed(gate_id, gate_output, attempt, json.dumps(gate_output))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Generic, TypeVar
 
+from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._policy import _Admission, step_is_idempotent
 from stratagem.planning._engine._state import _RunState
@@ -28,10 +29,16 @@ class _Restore(Generic[P]):
     ``load_*`` transitions and the gates."""
 
     def __init__(
-        self, state: _RunState[P], gates: _Gates, admission: _Admission, tools: ToolRunner
+        self,
+        state: _RunState[P],
+        gates: _Gates,
+        conditions: _Conditions,
+        admission: _Admission,
+        tools: ToolRunner,
     ) -> None:
         self.state = state
         self.gates = gates
+        self.conditions = conditions
         self.admission = admission
         self.tools = tools
 
@@ -40,7 +47,8 @@ class _Restore(Generic[P]):
         state, gates = self.state, self.gates
         self.admission.resume(recorded.started_at, recorded.spent_calls, recorded.spent_cost)
         stopping = recorded.cancel_requested or any(
-            s.status is StepStatus.FAILED for s in recorded.steps.values()
+            entry.status is StepStatus.FAILED and state.stops_on(step_id)
+            for step_id, entry in recorded.steps.items()
         )
         gates.recorded = {
             g.gate_id for g in recorded.gates.values() if g.decision is GateDecision.OPEN
@@ -66,6 +74,8 @@ class _Restore(Generic[P]):
                     )
                 case StepStatus.CANCELLED:
                     state.load_attempt(step_id, attempt, StepStatus.CANCELLED)
+                case StepStatus.SKIPPED:  # its condition was false, or what it needs failed
+                    state.load_skipped(step_id)
                 case StepStatus.RETRYING:  # its last attempt failed and was to be retried
                     state.load_attempt(step_id, attempt)
                     state.load_resumed_mid_way(step_id, attempt + 1)
@@ -87,6 +97,9 @@ class _Restore(Generic[P]):
         for compensation in recorded.compensations:
             if state.statuses.get(compensation.step_id) is StepStatus.SUCCEEDED:
                 state.load_compensation(compensation)
+        for condition in recorded.conditions.values():
+            if state.statuses.get(condition.step_id) is StepStatus.PENDING:
+                self.conditions.found(condition)
         state.load_ready()
 
     def _policy_gate(self, step: Step, message: str, recorded: PlanState) -> None:

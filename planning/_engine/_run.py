@@ -19,6 +19,7 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from stratagem.planning._engine._attempts import _Attempts, _StepRunner
 from stratagem.planning._engine._compensation import _Compensation
+from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._journal import _Journal
@@ -49,12 +50,13 @@ class _PlanRun(Generic[P]):
     - ``observer`` (``_Observer``): the plan, ``on_event`` and the metrics;
     - ``admission`` (``_Admission``): the budget, the breakers, the tools' costs, the clock;
     - ``gates`` (``_Gates``): the state and the observer;
+    - ``conditions`` (``_Conditions``): the state (conditions, routes on failure, skips);
     - ``attempts`` (``_Attempts``): the state, the observer, tools, dispatcher, tracer, sleep,
       failure policy; ``runner`` (``_StepRunner``) adds admission, breakers, seed and time limit;
     - ``compensation`` (``_Compensation``): the state and the attempt loop;
-    - ``scheduler`` (``_Scheduler``): the state, the gates, the step runner, admission, breakers,
-      failure policy and the in-flight bound;
-    - ``restorer`` (``_Restore``): the state, the gates, admission and the tools.
+    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner,
+      admission, breakers, failure policy and the in-flight bound;
+    - ``restorer`` (``_Restore``): the state, the gates, the conditions, admission and the tools.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class _PlanRun(Generic[P]):
         self.state: _RunState[P] = _RunState(plan, self.observer, deps.store)
         self.admission = _Admission(plan.budget, deps.breakers, deps.tools, deps.clock)
         self.gates = _Gates(self.state, self.observer)
+        self.conditions = _Conditions(self.state)
         self.attempts = _Attempts(
             self.state,
             self.observer,
@@ -91,13 +94,16 @@ class _PlanRun(Generic[P]):
         self.scheduler = _Scheduler(
             self.state,
             self.gates,
+            self.conditions,
             self.runner,
             self.admission,
             deps.breakers,
             deps.policy,
             plan.max_in_flight or config.max_in_flight,
         )
-        self.restorer = _Restore(self.state, self.gates, self.admission, deps.tools)
+        self.restorer = _Restore(
+            self.state, self.gates, self.conditions, self.admission, deps.tools
+        )
         self.restored = False
         self.links: list[Link] = []  # a resumed run's links to the runs it continues
         self.replans = 0

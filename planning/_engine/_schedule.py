@@ -13,11 +13,12 @@ import logging
 from typing import Any
 
 from stratagem.planning._engine._attempts import _Outcome, _StepRunner
+from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Step, StepStatus
+from stratagem.planning._plan import FailureClass, GateStep, Step
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ class _Scheduler:
         self,
         state: _RunState[Any],
         gates: _Gates,
+        conditions: _Conditions,
         runner: _StepRunner,
         admission: _Admission,
         breakers: _Breakers,
@@ -37,6 +39,7 @@ class _Scheduler:
     ) -> None:
         self.state = state
         self.gates = gates
+        self.conditions = conditions
         self.runner = runner
         self.admission = admission
         self.breakers = breakers
@@ -85,8 +88,12 @@ class _Scheduler:
         state = self.state
         ready, running, steps, runner = state.ready, state.running, state.steps, self.runner
         loop = state.loop
+        undecided, conditions = state.undecided, self.conditions
         while ready and not state.stop_reason and not state.paused:
             step = steps[ready[0]]
+            if undecided and step.id in undecided and not conditions.decide(step):
+                state.take_ready()  # skipped (or its condition failed): never starts
+                continue
             if isinstance(step, GateStep):
                 state.take_ready()
                 self.gates.reach(step)
@@ -118,12 +125,7 @@ class _Scheduler:
         if step_id is None:
             return
         try:
-            if self._settle(step_id, task):
-                pass
-            elif state.statuses[step_id] is StepStatus.BLOCKED:
-                pass  # held at a policy gate
-            elif not task.cancelled():
-                state.stop(f"the plan stopped after step {step_id!r} failed")
+            self._settle(step_id, task)
             self.start_ready()
         except Exception as exc:  # a bug here must not hang the run: hand it to run()
             if state.finished.done():
@@ -133,7 +135,8 @@ class _Scheduler:
         state.maybe_finish()
 
     def _settle(self, step_id: str, task: asyncio.Task[_Outcome]) -> bool:
-        """Record a finished step task; True when the step succeeded."""
+        """Record a finished step task; True when the step succeeded (a failure stops the plan,
+        unless it is routed or independent steps go on: ``_RunState.fail``)."""
         state = self.state
         attempts = state.attempts[step_id]
         exc = None if task.cancelled() else task.exception()
@@ -161,7 +164,13 @@ class _Scheduler:
         if outcome.action is Action.GATE:
             self.gates.hold(state.steps[step_id], outcome.attempts, outcome.message)
             return False
-        state.fail(step_id, outcome.failure_class, outcome.message, outcome.attempts)
+        state.fail(
+            step_id,
+            outcome.failure_class,
+            outcome.message,
+            outcome.attempts,
+            stop=f"the plan stopped after step {step_id!r} failed",
+        )
         return False
 
     def _deny(self, step: Step, attempts: int, message: str, exhausted: bool) -> None:
@@ -169,5 +178,10 @@ class _Scheduler:
         if self.policy.after_denial(step, exhausted) is Action.GATE:
             self.gates.hold(step, attempts, message)
             return
-        self.state.fail(step.id, FailureClass.POLICY, message, attempts)
-        self.state.stop(f"the plan stopped after step {step.id!r} failed")
+        self.state.fail(
+            step.id,
+            FailureClass.POLICY,
+            message,
+            attempts,
+            stop=f"the plan stopped after step {step.id!r} failed",
+        )

@@ -26,6 +26,7 @@ from stratagem.planning._store import (
     CompensationRecord,
     CompensationState,
     CompensationStatus,
+    ConditionRecord,
     GateDecision,
     GateKind,
     GateRecord,
@@ -65,6 +66,12 @@ class _RunState(Generic[P]):
         compensable: Succeeded steps with a compensation, in completion order.
         compensation: Step id -> where its compensation is.
         compensation_attempts: Step id -> its compensation's latest attempt.
+        continue_independent: The plan's ``on_failure`` lets independent steps go on.
+        routed: The steps whose failure is handled by a step that runs on failure.
+        handled: The failures of routed steps, in order (not the plan's failures).
+        undecided: Steps to decide before they start: a condition, a route on failure, or a
+            dependency that did not succeed (``_conditions._Conditions`` decides).
+        blocked_by: A pending step -> the first of its dependencies that did not succeed.
         finished: Done when the run has nothing more to do (or carries what broke it).
         journal: The run's journal (``None`` without a store).
     """
@@ -91,6 +98,11 @@ class _RunState(Generic[P]):
         self.compensable: list[str] = []
         self.compensation: dict[str, CompensationStatus] = {}
         self.compensation_attempts: dict[str, int] = {}
+        self.continue_independent = plan.on_failure == "continue_independent"
+        self.routed: set[str] = set()  # steps whose failure a "failure" route handles
+        self.handled: list[StepFailure] = []  # their failures (not the plan's)
+        self.undecided: set[str] = set()  # steps to decide (``_conditions``) before they start
+        self.blocked_by: dict[str, str] = {}  # a pending step -> a dependency that did not succeed
         self.loop = asyncio.get_running_loop()  # a run is made inside Engine.run
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
@@ -111,6 +123,10 @@ class _RunState(Generic[P]):
             if len(deps) > 1:
                 deps = list(dict.fromkeys(deps))  # a repeated dependency counts once
             waiting[step.id] = len(deps)
+            if step.when is not None or step.runs_on != "success":
+                self.undecided.add(step.id)
+                if step.runs_on == "failure":
+                    self.routed.update(deps)
             for dep in deps:
                 if dep not in dependents:
                     return False
@@ -315,10 +331,28 @@ class _RunState(Generic[P]):
             if waiting[dependent] == 0:
                 self.ready.append(dependent)
 
-    def fail(self, step_id: str, failure_class: FailureClass, message: str, attempts: int) -> None:
-        """``step_id`` failed for good."""
+    def stops_on(self, step_id: str) -> bool:
+        """Whether a failure of ``step_id`` stops the plan (fail-fast, and no route handles it)."""
+        return not self.continue_independent and step_id not in self.routed
+
+    def fail(
+        self,
+        step_id: str,
+        failure_class: FailureClass,
+        message: str,
+        attempts: int,
+        stop: str = "",
+    ) -> None:
+        """``step_id`` failed for good.
+
+        A failure that a route on failure handles is not the plan's: the route decides. Under
+        ``continue_independent`` the plan goes on with what does not depend on the step. Else
+        the plan stops with reason ``stop`` (when given).
+        """
         plan = self.plan
-        self.failures.append(StepFailure(step_id, failure_class, message, attempts))
+        failure = StepFailure(step_id, failure_class, message, attempts)
+        routed = step_id in self.routed
+        (self.handled if routed else self.failures).append(failure)
         self.statuses[step_id] = StepStatus.FAILED
         self.record(
             StepResult(
@@ -340,6 +374,41 @@ class _RunState(Generic[P]):
             message,
         )
         self.observer.emit(step_id, StepStatus.FAILED, attempts, failure_class, message)
+        if routed or self.continue_independent:
+            self._release_unsucceeded(step_id)
+        elif stop:
+            self.stop(stop)
+
+    def skip(self, step_id: str, reason: str) -> None:
+        """``step_id`` does not run (its condition is false, no dependency it routes failed, or
+        a dependency did not succeed): ``skipped``, and so, in turn, what needs it."""
+        plan = self.plan
+        self.statuses[step_id] = StepStatus.SKIPPED
+        self.undecided.discard(step_id)
+        self.record(
+            StepResult(plan.id, plan.revision, step_id, 0, StepStatus.SKIPPED, message=reason)
+        )
+        self.observer.emit(step_id, StepStatus.SKIPPED, 0, message=reason)
+        self._release_unsucceeded(step_id)
+
+    def condition(self, step_id: str, holds: bool, value_json: str) -> None:
+        """``step_id``'s condition was evaluated: journaled before the step starts or is skipped."""
+        plan = self.plan
+        self.record(ConditionRecord(plan.id, plan.revision, step_id, holds, value_json))
+
+    def decided(self, step_id: str) -> None:
+        """``step_id`` may start: its condition holds (or it has none) and its route applies."""
+        self.undecided.discard(step_id)
+
+    def _release_unsucceeded(self, step_id: str) -> None:
+        """``step_id`` settled without succeeding: its dependents are decided when they arrive."""
+        waiting = self.waiting
+        for dependent in self.dependents[step_id]:
+            self.blocked_by.setdefault(dependent, step_id)
+            self.undecided.add(dependent)
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                self.ready.append(dependent)
 
     def cancel_step(self, step_id: str, attempts: int) -> None:
         """``step_id``'s task was cancelled: the step ends ``cancelled``."""
@@ -548,12 +617,32 @@ class _RunState(Generic[P]):
             self.waiting[dependent] -= 1
 
     def load_failed(self, failure: StepFailure) -> None:
-        """``failure.step_id`` had failed: the run stops."""
-        self.attempts[failure.step_id] = failure.attempts
-        self.statuses[failure.step_id] = StepStatus.FAILED
-        self.failures.append(failure)
-        if not self.stop_reason:
-            self.stop_reason = f"the plan stopped after step {failure.step_id!r} failed"
+        """``failure.step_id`` had failed: the run stops, unless a route handles the failure or
+        independent steps go on."""
+        step_id = failure.step_id
+        self.attempts[step_id] = failure.attempts
+        self.statuses[step_id] = StepStatus.FAILED
+        if step_id in self.routed:
+            self.handled.append(failure)
+        else:
+            self.failures.append(failure)
+        if not self.stops_on(step_id):
+            self._load_unsucceeded(step_id)
+        elif not self.stop_reason:
+            self.stop_reason = f"the plan stopped after step {step_id!r} failed"
+
+    def load_skipped(self, step_id: str) -> None:
+        """``step_id`` had been skipped (its dependents' readiness is computed by
+        ``load_ready``)."""
+        self.statuses[step_id] = StepStatus.SKIPPED
+        self.undecided.discard(step_id)
+        self._load_unsucceeded(step_id)
+
+    def _load_unsucceeded(self, step_id: str) -> None:
+        for dependent in self.dependents[step_id]:
+            self.blocked_by.setdefault(dependent, step_id)
+            self.undecided.add(dependent)
+            self.waiting[dependent] -= 1
 
     def load_attempt(self, step_id: str, attempt: int, status: StepStatus | None = None) -> None:
         """``step_id``'s latest attempt was ``attempt`` (and its status ``status``, if given)."""
@@ -593,11 +682,14 @@ class _RunState(Generic[P]):
             self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
 
     def load_ready(self) -> None:
-        """The pending steps whose dependencies all succeeded are ready."""
+        """The pending steps whose dependencies have all settled are ready (once each)."""
+        queued = set(self.ready)
         self.ready.extend(
             step.id
             for step in self.plan.steps
-            if self.statuses[step.id] is StepStatus.PENDING and self.waiting[step.id] == 0
+            if self.statuses[step.id] is StepStatus.PENDING
+            and self.waiting[step.id] == 0
+            and step.id not in queued
         )
 
     def load_finished(

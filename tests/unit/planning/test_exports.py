@@ -14,6 +14,7 @@ EXPECTED = [
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
+    "ConditionRecord",
     "ControlRecord",
     "CrossAgentCall",
     "CrossAgentStep",
