@@ -19,8 +19,11 @@ from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
+    LoopStep,
+    MapStep,
     Step,
     StepStatus,
+    SubplanStep,
     ToolStep,
 )
 from stratagem.planning._store import GateDecision, GateKind, GateState
@@ -205,6 +208,8 @@ def _reconcile_prompt(step: Step) -> str:
             what = f"step {step.id!r} ({step.target}.{step.capability})"
         case GateStep():
             what = f"gate {step.id!r}"
+        case MapStep() | LoopStep() | SubplanStep():
+            what = f"step {step.id!r} ({step.kind})"
         case _:
             assert_never(step)
     return f"{what} was in flight when the plan stopped; approve to re-run it, reject to fail it"

@@ -23,6 +23,8 @@ from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._journal import _Journal
+from stratagem.planning._engine._map import _Maps
+from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._observe import _Observer, _resume_links, _traceparent
 from stratagem.planning._engine._policy import _Admission
 from stratagem.planning._engine._restore import _Restore
@@ -33,7 +35,7 @@ from stratagem.planning._engine._types import PlanResult, StepEvent
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import replan_rationale
-from stratagem.planning._store import GateKind, PlanState
+from stratagem.planning._store import CompensationStatus, GateKind, PlanState
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +55,14 @@ class _PlanRun(Generic[P]):
     - ``conditions`` (``_Conditions``): the state (conditions, routes on failure, skips);
     - ``attempts`` (``_Attempts``): the state, the observer, tools, dispatcher, tracer, sleep,
       failure policy; ``runner`` (``_StepRunner``) adds admission, breakers, seed and time limit;
-    - ``compensation`` (``_Compensation``): the state and the attempt loop;
-    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner,
-      admission, breakers, failure policy and the in-flight bound;
-    - ``restorer`` (``_Restore``): the state, the gates, the conditions, admission and the tools.
+    - ``maps`` (``_Maps``): the state, the attempt loop and the step runner (map items);
+    - ``nested`` (``_Nested``): the state, the engine's ``Children``, admission and the clock
+      (loops and sub-plans);
+    - ``compensation`` (``_Compensation``): the state, the attempt loop and the nested plans;
+    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner, the
+      maps, the nested plans, admission, breakers, failure policy and the in-flight bound;
+    - ``restorer`` (``_Restore``): the state, the gates, the conditions, the maps, admission and
+      the tools.
     """
 
     def __init__(
@@ -88,26 +94,35 @@ class _PlanRun(Generic[P]):
             seed=config.seed,
             default_timeout=config.default_timeout_s,
         )
+        self.maps = _Maps(self.state, self.attempts, self.runner)
+        self.nested = _Nested(self.state, deps.children, self.admission, deps.clock)
         self.compensation = _Compensation(
-            self.state, self.attempts, seed=config.seed, default_timeout=config.default_timeout_s
+            self.state,
+            self.attempts,
+            self.nested,
+            seed=config.seed,
+            default_timeout=config.default_timeout_s,
         )
         self.scheduler = _Scheduler(
             self.state,
             self.gates,
             self.conditions,
             self.runner,
+            self.maps,
+            self.nested,
             self.admission,
             deps.breakers,
             deps.policy,
             plan.max_in_flight or config.max_in_flight,
         )
         self.restorer = _Restore(
-            self.state, self.gates, self.conditions, self.admission, deps.tools
+            self.state, self.gates, self.conditions, self.maps, self.admission, deps.tools
         )
         self.restored = False
         self.links: list[Link] = []  # a resumed run's links to the runs it continues
         self.replans = 0
         self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
+        self.ended: PlanStatus | None = None  # how execute() ended (None: interrupted)
 
     @property
     def plan(self) -> P:
@@ -229,9 +244,26 @@ class _PlanRun(Generic[P]):
                 span.set_status(Status(StatusCode.ERROR, message or status.value))
             state.plan_event(status, message)
         deps.metrics.plan_ended(agent, status.value)
+        self.ended = status
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
         return state.result(status, duration)
+
+    async def undo(self, status: PlanStatus) -> str:
+        """Without a store: compensate this (nested) run's succeeded steps because its parent
+        ended ``status``; why a compensation failed, or "". A run that ended failed or
+        cancelled compensated itself already."""
+        state = self.state
+        if self.ended in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+            return ""
+        state.cancel()
+        await self.compensation.compensate(PlanStatus.CANCELLED)
+        self.ended = PlanStatus.CANCELLED
+        state.plan_event(PlanStatus.CANCELLED, f"the parent plan {status.value}")
+        failed = [
+            key for key, entry in state.compensation.items() if entry is CompensationStatus.FAILED
+        ]
+        return f"the compensation of {', '.join(failed)} failed" if failed else ""
 
     async def _replan(self) -> bool:
         """After a logic failure, ask the replanner for the next revision; True when it gave one.

@@ -1,7 +1,9 @@
 """The scheduler: starts ready steps under the in-flight bound and settles finished ones.
 
 Kahn's algorithm driven by completions: a step task's done-callback settles it (through the
-run's state), which makes its dependents ready, and starts what is ready at once.
+run's state), which makes its dependents ready, and starts what is ready at once. A map step's
+task runs its items (``_map``), a loop's or a sub-plan's its nested plans (``_nested``); each
+takes one slot of the in-flight bound and is settled like any step.
 """
 
 from __future__ import annotations
@@ -10,17 +12,22 @@ import asyncio
 import contextvars
 import json
 import logging
-from typing import Any
+from typing import Any, Final
 
 from stratagem.planning._engine._attempts import _Outcome, _StepRunner
 from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
+from stratagem.planning._engine._map import _Maps
+from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Step
+from stratagem.planning._plan import FailureClass, GateStep, LoopStep, MapStep, Step, SubplanStep
 
 logger = logging.getLogger(__name__)
+
+# The kinds of step that are expanded (into items, or nested plans) rather than attempted.
+_EXPANDED: Final = (MapStep, LoopStep, SubplanStep)
 
 
 class _Scheduler:
@@ -32,6 +39,8 @@ class _Scheduler:
         gates: _Gates,
         conditions: _Conditions,
         runner: _StepRunner,
+        maps: _Maps,
+        nested: _Nested,
         admission: _Admission,
         breakers: _Breakers,
         policy: FailurePolicy,
@@ -41,6 +50,8 @@ class _Scheduler:
         self.gates = gates
         self.conditions = conditions
         self.runner = runner
+        self.maps = maps
+        self.nested = nested
         self.admission = admission
         self.breakers = breakers
         self.policy = policy
@@ -100,6 +111,9 @@ class _Scheduler:
                 continue
             if len(running) >= self.bound:
                 break
+            if isinstance(step, _EXPANDED):
+                self._start_expanding(step)
+                continue
             step_id = state.take_ready()
             attempt = state.take_next_attempt(step_id)
             cost: float | None = None
@@ -117,6 +131,22 @@ class _Scheduler:
             task = loop.create_task(runner.run(step, attempt, durable))
             task.add_done_callback(self._on_done, context=self.callback_context)
             state.launched(task, step_id)
+
+    def _start_expanding(self, step: MapStep | LoopStep | SubplanStep) -> None:
+        """Start a step that is expanded rather than attempted: a map's items, a loop's or a
+        sub-plan's nested plans. Its own start is not an attempt: it reserves nothing (its items
+        and the nested plans' steps do) and journals no intent (its parts journal what it does)."""
+        state = self.state
+        step_id = state.take_ready()
+        attempt = state.take_next_attempt(step_id)
+        state.start(step_id, attempt)
+        if isinstance(step, MapStep):
+            work = self.maps.run(step, attempt)
+        else:
+            work = self.nested.run(step, attempt)
+        task = state.loop.create_task(work)
+        task.add_done_callback(self._on_done, context=self.callback_context)
+        state.launched(task, step_id)
 
     def _on_done(self, task: asyncio.Task[_Outcome]) -> None:
         """A step task finished: settle it, then start what it unblocked (a done-callback)."""
