@@ -32,10 +32,11 @@ situation                   raised
 ==========================  ========================================================================
 unknown capability          ``NotFoundError``
 request of the wrong model  ``InvalidArgumentError`` (with field violations)
-plan fails validation       ``FailedPreconditionError`` naming every problem (e.g. a step naming a
-                            tool outside this agent's registry). The request was well formed; the
-                            plan made for it (or submitted) cannot run here, so retrying the same
-                            request cannot help.
+plan fails validation       a planner's plan: ``FailedPreconditionError`` naming every problem
+                            (e.g. a step naming a tool outside this agent's registry): the request
+                            was well formed, the plan made for it cannot run here, so retrying the
+                            same request cannot help. A user's plan (``submit_plan``, ``RunPlan``):
+                            ``InvalidArgumentError``, the plan itself is the bad input.
 step failed: logic          ``FailedPreconditionError``
 step failed: policy         ``PermissionDeniedError``
 step failed: timeout        ``DeadlineExceededError``
@@ -106,6 +107,7 @@ from stratagem.protocol import (
     CapabilitySpec,
     FailedPreconditionError,
     InternalError,
+    InvalidArgumentError,
     NotFoundError,
     PlanEvent,
     PlanSnapshot,
@@ -405,9 +407,9 @@ class Agent(PlanControl):
             The run's result, whether it succeeded or failed.
 
         Raises:
-            protocol.InvalidArgumentError: A mapping that is not a valid plan of this type.
-            protocol.FailedPreconditionError: The plan fails validation (for example a step names
-                a tool outside this agent's registry); the message names every problem.
+            protocol.InvalidArgumentError: A mapping that is not a valid plan of this type, or a
+                plan that fails validation (for example a step names a tool outside this agent's
+                registry, a loop has no bound); the message names every problem.
         """
         if isinstance(plan, Plan):
             typed = plan
@@ -416,6 +418,12 @@ class Agent(PlanControl):
                 typed = self.plan_type.model_validate(plan)
             except ValidationError as exc:
                 raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
+        problems = self._problems(typed)
+        if problems:
+            # The plan is the caller's input: refused as such, before anything is stored or run.
+            message = one_line(f"plan {typed.id!r} refused: " + "; ".join(problems))
+            self._book.refuse(typed, "", message)
+            raise InvalidArgumentError(message)
         return await self._run(typed, "")
 
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
@@ -429,9 +437,9 @@ class Agent(PlanControl):
             The plan's final state when it succeeded.
 
         Raises:
-            protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type.
-            protocol.FailedPreconditionError: The plan fails validation (a cycle, a tool outside
-                this agent's registry, ...); the message names every problem.
+            protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type,
+                or the plan fails validation (a cycle, a tool outside this agent's registry, a
+                map over something that is not a list, ...); the message names every problem.
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
         raw = json_object(plan_json, "the plan")

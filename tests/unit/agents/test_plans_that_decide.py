@@ -11,7 +11,7 @@ import yaml
 
 from stratagem.agents import StrategicAgent
 from stratagem.planning import PlanStatus, StepStatus
-from stratagem.protocol import CallContext, FailedPreconditionError
+from stratagem.protocol import CallContext, InvalidArgumentError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "plans" / "decide.yaml"
 
@@ -62,7 +62,7 @@ async def test_bad_expressions_are_refused_before_anything_runs(
     plan["steps"][2] = {**plan["steps"][2], **change}
     agent = StrategicAgent()
     ctx = CallContext(caller="operator", target="strategic", capability="RunPlan", request_id="r")
-    with pytest.raises(FailedPreconditionError) as info:
+    with pytest.raises(InvalidArgumentError) as info:
         await agent.run_plan(json.dumps(plan), ctx)
     assert problem in str(info.value)
     # Refused before it ran: the agent remembers the refusal, with no step started.
