@@ -56,7 +56,7 @@ import importlib.metadata
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from opentelemetry.trace import TracerProvider
@@ -96,6 +96,7 @@ from stratagem.planning import (
     PlanValidationError,
     StateStore,
     StepError,
+    StepEvent,
     StepFailure,
     validate_plan,
 )
@@ -216,6 +217,7 @@ class Agent(PlanControl):
             tracer_provider=tracer_provider,
             store=store,
             replanner=_PlannerReplanner(self),
+            nested_events=self._nested_events,
         )
         self.store = store
         self._active: set[str] = set()
@@ -480,6 +482,15 @@ class Agent(PlanControl):
         return self._book.record(plan_id)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _nested_events(self, plan: Plan) -> Callable[[StepEvent], None]:
+        """The events of a nested plan (a sub-plan, a loop's iteration) go to a record of its
+        own, which ``plans`` and ``watch`` of its parent (``parent/...``) show."""
+        record = self._book.get(plan.id)
+        if record is None or record.plan.revision != plan.revision:
+            record = self._book.remember(PlanRecord(plan=plan))
+        book = self._book
+        return lambda event: book.observe(record, event)
 
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:

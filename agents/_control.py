@@ -455,9 +455,10 @@ class PlanControl:
             state = await self.store.load(plan_id)
             if state is None:
                 continue
-            self._book.recall(state.plan(self.plan_type), state)
-            if state.status is PlanStatus.PAUSED:
-                continue
+            plan = state.plan(self.plan_type)
+            self._book.recall(plan, state)
+            if state.status is PlanStatus.PAUSED or plan.parent is not None:
+                continue  # a nested plan is resumed by the step of its parent that runs it
             self._start_resume(plan_id)
             resumed.append(plan_id)
         if resumed:

@@ -467,7 +467,8 @@ async def replay(
         plan_id: The plan; it must be finished.
         tools: A tool runner **without side effects** to call for tool steps instead of serving
             the recorded outputs (e.g. a new version of the tools).
-        outputs: Step id -> an output to serve instead of the step's recorded one.
+        outputs: Step id -> an output to serve instead of the step's recorded one; a step of a
+            nested plan is named ``"{step}.{iteration}/{inner step}"`` (``.1`` for a sub-plan).
         plan_type: The class to load the stored plan as.
         timeout_s: The replay's limit; a replay that has not ended by then reports
             ``plan_status`` diverging as ``"stuck"``.
@@ -631,13 +632,18 @@ async def _load(
         if nested is None:
             continue
         nested_records = await store.journal(nested_id)
+        prefix = f"{record.step_id}.{record.iteration}/"
         await _load(
             store,
             nested.plan(Plan),
             nested_records,
             nested.status,
-            f"{label}{record.step_id}.{record.iteration}/",
-            {},
+            label + prefix,
+            {
+                key[len(prefix) :]: value
+                for key, value in overrides.items()
+                if key.startswith(prefix)
+            },
             tools,
             served,
             costs,

@@ -383,6 +383,12 @@ class Engine:
             rationale,
             author,
             spent=(state.spent_calls, state.spent_cost),
+            items={
+                key: entry.output
+                for key, entry in state.steps.items()
+                if "." in key and entry.status is StepStatus.SUCCEEDED
+            },
+            maps=state.maps,
             store=self.store,
             clock=self.clock,
         )

@@ -23,19 +23,19 @@ from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._journal import _Journal
-from stratagem.planning._engine._map import _Maps
+from stratagem.planning._engine._map import _Maps, list_digest
 from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._observe import _Observer, _resume_links, _traceparent
 from stratagem.planning._engine._policy import _Admission
 from stratagem.planning._engine._restore import _Restore
 from stratagem.planning._engine._revise import make_revision
 from stratagem.planning._engine._schedule import _Scheduler
-from stratagem.planning._engine._state import _RunState
+from stratagem.planning._engine._state import _RunState, expansion_key
 from stratagem.planning._engine._types import PlanResult, StepEvent
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import replan_rationale
-from stratagem.planning._store import CompensationStatus, GateKind, PlanState
+from stratagem.planning._store import CompensationStatus, GateKind, MapRecord, PlanState
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +306,21 @@ class _PlanRun(Generic[P]):
                 # A model's repair names the model (its provenance), else the agent's replanner.
                 new_plan.provenance.author if new_plan.provenance else f"replanner:{deps.agent}",
                 spent=(self.admission.spent_calls, self.admission.spent_cost),
+                items={
+                    expansion_key(step_id, index): output
+                    for step_id, expanded in state.expansions.items()
+                    for index, output in expanded.outputs.items()
+                },
+                maps={
+                    step_id: MapRecord(
+                        plan.id,
+                        plan.revision,
+                        step_id,
+                        len(expanded.values),
+                        list_digest(expanded.values),
+                    )
+                    for step_id, expanded in state.expansions.items()
+                },
                 store=deps.store,
                 clock=deps.clock,
             )

@@ -416,7 +416,9 @@ class _RunState(Generic[P]):
         """``step_id`` succeeded with ``output``: its dependents may become ready."""
         self.outputs[step_id] = output
         self.statuses[step_id] = StepStatus.SUCCEEDED
-        compensated = self.steps[step_id].compensate is not None
+        step = self.steps[step_id]
+        # A map's compensation undoes its items (each registered when it succeeded), not the map.
+        compensated = step.compensate is not None and step.kind != "map"
         if self.journal is not None and not self.interrupted:
             plan = self.plan
             result = StepResult(
