@@ -52,9 +52,10 @@ from stratagem.agents._model import ModelClient
 from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig
 from stratagem.agents._orchestrator import (
     BEAT_MAX_DEPTH,
-    Assignment,
     OrchestrationPlan,
     OrchestratorPlanner,
+    assignments,
+    extraction,
 )
 from stratagem.agents._perception import PerceptionPlan, PerceptionPlanner, StateUpdate
 from stratagem.agents._strategic import (
@@ -67,7 +68,7 @@ from stratagem.agents._strategic import (
     with_article,
 )
 from stratagem.agents._tactical import TacticalPlan, TacticalPlanner, TacticalStep, goals_of
-from stratagem.planning import Budget, CrossAgentStep, Plan, PlanResult, ToolStep, ref
+from stratagem.planning import Budget, CrossAgentStep, Plan, PlanResult, Step, ToolStep, ref
 from stratagem.protocol import (
     Action,
     Beat,
@@ -626,21 +627,16 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
     beat = Beat(
         id="beat_1", title=request.goal[:60] or "The goal", goals=goals, purpose="the goal itself"
     )
-    steps = [
-        CrossAgentStep(
-            id="extract",
-            title="extract entities and relations",
-            target="perception",
-            capability="ExtractEntities",
-            request={"text": request.passage},
-        ),
+    extract = extraction(request.passage)
+    steps: list[Step] = [
+        extract.step,
         CrossAgentStep(
             id="spatial",
             title="find the entities' spatial context",
             target="perception",
             capability="FindSpatialContext",
             depends_on=["extract"],
-            request={"entity_ids": ref("extract.entities[*].id")},
+            request={"entity_ids": extract.entity_ids},
         ),
         CrossAgentStep(
             id="beat_1",
@@ -668,13 +664,9 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
         id=plan_id,
         owner="orchestrator",
         goal=request.goal,
-        steps=list(steps),
-        assignments=[
-            Assignment(
-                step=step.id, agent=step.target, capability=step.capability, purpose=step.title
-            )
-            for step in steps
-        ],
+        steps=steps,
+        inputs=extract.inputs,
+        assignments=assignments(steps),
     )
 
 

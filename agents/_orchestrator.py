@@ -23,6 +23,11 @@ are always consistent.
 
 A goal that already holds in the passage yields an empty final sequence; ``apply`` then changes
 nothing and the goal succeeds with no actions.
+
+A passage of several paragraphs (separated by a blank line) is extracted paragraph by paragraph:
+``extract`` is then a map of ``ExtractEntities`` over the paragraphs (one at a time, so the world
+merges them in the passage's order, as it would one text), and the steps after it read the
+entities of every paragraph (``extract.items[].entities[]``).
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.planning import (
     CrossAgentStep,
+    MapStep,
     Plan,
     PlanResult,
+    Step,
+    expr,
     ref,
 )
 from stratagem.protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
@@ -49,6 +57,75 @@ __all__ = [
 
 BEAT_MAX_DEPTH = 16
 """The longest action sequence the tactical agent searches for, per beat."""
+
+
+MAX_PARAGRAPHS = 16
+"""The most paragraphs a passage is extracted in (the rest go with the last)."""
+
+
+class Extraction(BaseModel):
+    """How a goal's passage is extracted: the ``extract`` step and what later steps read of it.
+
+    Attributes:
+        step: ``extract``: one request, or a map over the paragraphs.
+        inputs: The plan's inputs the step reads (the paragraphs, for a map).
+        entities: The extracted entities, as a reference or an expression.
+        entity_ids: Their ids.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    step: CrossAgentStep | MapStep
+    inputs: dict[str, Any]
+    entities: dict[str, str]
+    entity_ids: dict[str, str]
+
+
+def extraction(passage: str) -> Extraction:
+    """The ``extract`` step of a goal's plan: the passage in one request, or, for a passage of
+    several paragraphs, a map over them (see the module docstring)."""
+    paragraphs = [" ".join(part.split()) for part in passage.split("\n\n") if part.strip()]
+    if len(paragraphs) > MAX_PARAGRAPHS:
+        paragraphs[MAX_PARAGRAPHS - 1 :] = [" ".join(paragraphs[MAX_PARAGRAPHS - 1 :])]
+    if len(paragraphs) <= 1:
+        return Extraction(
+            step=CrossAgentStep(
+                id="extract",
+                title="extract entities and relations",
+                target="perception",
+                capability="ExtractEntities",
+                request={"text": passage},
+            ),
+            inputs={},
+            entities=ref("extract.entities"),
+            entity_ids=ref("extract.entities[*].id"),
+        )
+    return Extraction(
+        step=MapStep(
+            id="extract",
+            title=f"extract entities and relations from {len(paragraphs)} paragraphs",
+            over="inputs.paragraphs",
+            max_items=MAX_PARAGRAPHS,
+            max_parallel=1,
+            target="perception",
+            capability="ExtractEntities",
+            request={"text": expr("item")},
+        ),
+        inputs={"paragraphs": paragraphs},
+        entities=expr("extract.items[].entities[]"),
+        entity_ids=expr("extract.items[].entities[].id"),
+    )
+
+
+def assignments(steps: list[Step]) -> list[Assignment]:
+    """Who does what: one assignment per step that asks an agent."""
+    return [
+        Assignment(step=step.id, agent=step.target, capability=step.capability, purpose=step.title)
+        for step in steps
+        if isinstance(step, CrossAgentStep | MapStep)
+        and step.target is not None
+        and step.capability is not None
+    ]
 
 
 class Assignment(BaseModel):
@@ -92,21 +169,16 @@ class OrchestratorPlanner:
             raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
         n = request.beats
         beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
-        steps: list[CrossAgentStep] = [
-            CrossAgentStep(
-                id="extract",
-                title="extract entities and relations",
-                target="perception",
-                capability="ExtractEntities",
-                request={"text": request.passage},
-            ),
+        extract = extraction(request.passage)
+        steps: list[Step] = [
+            extract.step,
             CrossAgentStep(
                 id="spatial",
                 title="find the entities' spatial context",
                 target="perception",
                 capability="FindSpatialContext",
                 depends_on=["extract"],
-                request={"entity_ids": ref("extract.entities[*].id")},
+                request={"entity_ids": extract.entity_ids},
             ),
             CrossAgentStep(
                 id="analyze",
@@ -114,7 +186,7 @@ class OrchestratorPlanner:
                 target="strategic",
                 capability="AnalyzeNarrative",
                 depends_on=["extract"],
-                request={"text": request.passage, "entities": ref("extract.entities")},
+                request={"text": request.passage, "entities": extract.entities},
             ),
             CrossAgentStep(
                 id="arc",
@@ -161,13 +233,9 @@ class OrchestratorPlanner:
             id=plan_id,
             owner="orchestrator",
             goal=request.goal,
-            steps=list(steps),
-            assignments=[
-                Assignment(
-                    step=step.id, agent=step.target, capability=step.capability, purpose=step.title
-                )
-                for step in steps
-            ],
+            steps=steps,
+            inputs=extract.inputs,
+            assignments=assignments(steps),
         )
 
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
