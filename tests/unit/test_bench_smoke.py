@@ -215,8 +215,12 @@ def test_quality_suite_and_deterministic_run_are_well_formed() -> None:
     assert summary["failures_named"] == summary["failures"] > 0
     assert summary["succeeded"] + summary["failures"] == summary["goals"]
     assert "skipped" in results["model"]
+    # The goals that need a map over a passage's paragraphs are planned with one.
+    assert summary["needing"] == sum(1 for g in suite if g.get("needs")) >= 3
+    assert summary["planned_with_it"] == summary["needing"]
     section = "\n".join(quality_section(results))
     assert f"| deterministic | {len(suite)} | {summary['succeeded']} |" in section
+    assert f"deterministic: {summary['needing']} of {summary['needing']} planned with it" in section
     assert "Model planners skipped" in section
 
 
