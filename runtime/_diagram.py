@@ -90,12 +90,12 @@ def _what(step: dict[str, Any]) -> str:
         bounds = f"at most {step.get('max_items', '?')}, {step.get('max_parallel', 4)} at once"
         what = f"map over {_short(str(step.get('over', '')))} ({bounds}) · {work}"
     elif kind == "loop":
-        bounds = []
+        limits = []
         if step.get("max_iterations") is not None:
-            bounds.append(f"at most {step['max_iterations']}")
+            limits.append(f"at most {step['max_iterations']}")
         if step.get("timebox_s") is not None:
-            bounds.append(f"timebox {step['timebox_s']:g}s")
-        what = f"loop ({', '.join(bounds)})"
+            limits.append(f"timebox {step['timebox_s']:g}s")
+        what = f"loop ({', '.join(limits)})"
     elif kind == "subplan":
         what = "sub-plan"
     else:
