@@ -173,8 +173,12 @@ class _Attempts:
             if stopped is not None:
                 return stopped
 
-    async def attempt(self, step: Step, attempt: int, limit_s: float) -> _Result:
-        """One attempt, in its own span: (output, None, "") or (None, class, message)."""
+    def attempt(self, step: Step, attempt: int, limit_s: float) -> Coroutine[Any, Any, _Result]:
+        """One attempt, in its own span: (output, None, "") or (None, class, message).
+
+        A plain function returning the coroutine ``spanned`` runs: one coroutine frame less per
+        attempt (the engine's per-step cost is measured).
+        """
         # start_span and attach/detach rather than start_as_current_span: the same span made
         # current the same way, without two generator context managers per span.
         plan = self.state.plan
@@ -190,7 +194,7 @@ class _Attempts:
             attributes["gen_ai.operation.name"] = "execute_tool"
             attributes["gen_ai.tool.name"] = step.tool
             attributes["gen_ai.tool.call.id"] = step_run_id(plan.id, plan.revision, step.id)
-        return await self.spanned(
+        return self.spanned(
             f"step {step.id}", attributes, self.attempt_body(step, attempt, limit_s)
         )
 
@@ -271,14 +275,18 @@ class _Attempts:
         finally:
             self.watchdog.disarm(deadline)
 
-    async def _run_tool(self, step: ToolStep, attempt: int, limit_s: float) -> dict[str, Any]:
+    def _run_tool(
+        self, step: ToolStep, attempt: int, limit_s: float
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        # A plain function returning ``call_tool``'s coroutine (no frame of its own); a reference
+        # that does not resolve raises here, inside ``attempt_body``'s handler all the same.
         plan = self.state.plan
         tool_input = step.input
         if has_refs(tool_input):
             tool_input = resolve_refs(tool_input, self.state.outputs, plan.inputs)
             if not isinstance(tool_input, dict):
                 raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
-        return await self.call_tool(step.id, step.tool, tool_input, attempt, limit_s)
+        return self.call_tool(step.id, step.tool, tool_input, attempt, limit_s)
 
     async def call_tool(
         self, key: str, tool: str, tool_input: dict[str, Any], attempt: int, limit_s: float
@@ -297,10 +305,10 @@ class _Attempts:
             raise LogicError(f"tool {tool!r} returned {kind_of(output)}, not a dict")
         return output
 
-    async def _run_cross_agent(
+    def _run_cross_agent(
         self, step: CrossAgentStep, attempt: int, limit_s: float
-    ) -> dict[str, Any]:
-        return await self.call_agent(
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        return self.call_agent(
             step.id, step.target, step.capability, step.request, attempt, limit_s
         )
 
