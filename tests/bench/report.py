@@ -1127,7 +1127,7 @@ def _workflow_section(workflow: dict[str, Any] | None) -> list[str]:
         f"{ratios['sqlite']:.2f}x with SQLite.",
         "",
     ]
-    return lines
+    return _wrapped(lines)
 
 
 def dynamic_section(dynamic: dict[str, Any] | None) -> list[str]:
@@ -1144,7 +1144,7 @@ def dynamic_section(dynamic: dict[str, Any] | None) -> list[str]:
         f"independent plain steps under the same bound, the same no-op tool, no store; "
         f"{config['warmup']} warm-up runs of each, then {config['repeats']} timed runs each, "
         "alternating, after a `gc.collect()`; cost = wall time / items (steps). Peak RSS: each "
-        "shape run once in a fresh process (`ru_maxrss`), beside one that only imported the "
+        "shape run once in a fresh process (`VmHWM`), beside one that only imported the "
         "engine.",
         "",
     ]
@@ -1180,7 +1180,7 @@ def dynamic_section(dynamic: dict[str, Any] | None) -> list[str]:
         f"{config['bound']}, not a task per item, and at most 100 items get a span).",
         "",
     ]
-    return lines
+    return _wrapped(lines)
 
 
 def cli_section(cli: dict[str, Any] | None) -> list[str]:
