@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -52,6 +52,18 @@ def list_digest(values: list[Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def item_outputs_problem(output: Mapping[str, Any]) -> str:
+    """What is wrong with a map's reconcile decision's ``output`` ("" when nothing is): it must
+    be ``{"items": {"INDEX": output, ...}}``, each output an object."""
+    items = output.get("items")
+    if set(output) != {"items"} or not isinstance(items, dict):
+        return 'a map\'s reconcile gate takes {"items": {"INDEX": output, ...}}'
+    for index, item in items.items():
+        if not (isinstance(index, str) and index.isdigit()) or not isinstance(item, dict):
+            return f"item {index!r}: give an item's index and its output (an object)"
+    return ""
+
+
 @dataclass(slots=True)
 class _Found:
     """What a resumed run found of a map that had started.
@@ -66,6 +78,7 @@ class _Found:
     record: MapRecord | None
     next_attempt: dict[int, int] = field(default_factory=dict)
     failed: tuple[int, _Outcome] | None = None
+    in_flight: frozenset[int] = frozenset()
 
 
 class _Maps:
@@ -85,9 +98,28 @@ class _Maps:
         record: MapRecord | None,
         next_attempt: dict[int, int],
         failed: tuple[int, _Outcome] | None,
+        in_flight: frozenset[int] = frozenset(),
     ) -> None:
-        """A resumed run finds map ``step_id`` started (its items' results are in the state)."""
-        self.found[step_id] = _Found(record, next_attempt, failed)
+        """A resumed run finds map ``step_id`` started (its items' results are in the state;
+        ``in_flight``: items whose attempt has no result)."""
+        self.found[step_id] = _Found(record, next_attempt, failed, in_flight)
+
+    def reconciled(self, step_id: str, output: Mapping[str, Any]) -> None:
+        """A reconcile decision on map ``step_id`` says which items in flight did happen, with
+        their outputs (``{"items": {"INDEX": output}}``): they are recorded done; the other items
+        in flight run again."""
+        found = self.found.get(step_id)
+        items = output.get("items")
+        if found is None or not isinstance(items, Mapping):
+            return
+        for key, item in items.items():
+            index = int(key) if isinstance(key, str) and key.isdigit() else -1
+            if index not in found.in_flight or not isinstance(item, dict):
+                continue  # only an item in flight is settled this way
+            attempt = found.next_attempt.pop(index, 2) - 1
+            text = json.dumps(item) if self.state.journal is not None else None
+            self.state.item_succeeded(step_id, index, item, attempt, text)
+        found.in_flight = frozenset(i for i in found.in_flight if i in found.next_attempt)
 
     async def run(self, step: MapStep, attempt: int) -> _Outcome:
         """Run map ``step``: its list, then its items; the outcome of the step as a whole."""

@@ -160,16 +160,30 @@ class _Restore(Generic[P]):
                 case _:  # retrying, or cancelled when another item failed or the plan stopped
                     state.load_item_attempt(step.id, index, entry.attempt)
                     next_attempt[index] = entry.attempt + 1
-        self.maps.found_map(step.id, recorded.maps.get(step.id), next_attempt, failed)
-        if in_flight and not stopping and not step_is_idempotent(step, self.tools):
-            keys = ", ".join(f"{step.id}.{index}" for index in in_flight[:5])
-            more = f" (and {len(in_flight) - 5} more)" if len(in_flight) > 5 else ""
-            prompt = (
-                f"map {step.id!r} (tool {step.tool!r}) had item(s) {keys}{more} in flight when "
-                f"the plan stopped; approve to re-run them, reject to fail the map"
+        self.maps.found_map(
+            step.id, recorded.maps.get(step.id), next_attempt, failed, frozenset(in_flight)
+        )
+        if not in_flight or stopping or step_is_idempotent(step, self.tools):
+            return
+        state.load_attempt(step.id, 0)
+        gate = recorded.gates.get(step.id)
+        if gate is not None and gate.decision is not GateDecision.OPEN:
+            # Decided while no engine ran: items it says did happen are done, the rest re-run.
+            approve = gate.decision is GateDecision.APPROVED
+            if approve and gate.output is not None:
+                self.maps.reconciled(step.id, gate.output)
+            self.gates.decide(
+                step.id, GateKind.RECONCILE, approve, gate.approver, gate.rationale, None
             )
-            state.load_attempt(step.id, 0)
-            self.gates.found_open(step.id, GateKind.RECONCILE, prompt)
+            return
+        keys = ", ".join(f"{step.id}.{index}" for index in in_flight[:5])
+        more = f" (and {len(in_flight) - 5} more)" if len(in_flight) > 5 else ""
+        prompt = (
+            f"map {step.id!r} (tool {step.tool!r}) had item(s) {keys}{more} in flight when the "
+            f"plan stopped; approve to run them again, or approve with the outputs of those "
+            f'that did happen ({{"items": {{"INDEX": output}}}}); reject to fail the map'
+        )
+        self.gates.found_open(step.id, GateKind.RECONCILE, prompt)
 
     def _policy_gate(self, step: Step, message: str, recorded: PlanState) -> None:
         gate = recorded.gates.get(step.id)

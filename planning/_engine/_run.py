@@ -23,7 +23,7 @@ from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._journal import _Journal
-from stratagem.planning._engine._map import _Maps, list_digest
+from stratagem.planning._engine._map import _Maps, item_outputs_problem, list_digest
 from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._observe import _Observer, _resume_links, _traceparent
 from stratagem.planning._engine._policy import _Admission
@@ -32,7 +32,12 @@ from stratagem.planning._engine._revise import make_revision
 from stratagem.planning._engine._schedule import _Scheduler
 from stratagem.planning._engine._state import _RunState, expansion_key
 from stratagem.planning._engine._types import PlanResult, StepEvent
-from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
+from stratagem.planning._errors import (
+    GateDecisionError,
+    PlanValidationError,
+    StepFailure,
+    StoreError,
+)
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import replan_rationale
 from stratagem.planning._store import CompensationStatus, GateKind, MapRecord, PlanState
@@ -151,8 +156,18 @@ class _PlanRun(Generic[P]):
     def check_decision(
         self, gate_id: str, revision: int, output: dict[str, Any] | None
     ) -> GateKind:
-        """The kind of gate a decision applies to; raises ``GateDecisionError`` when none."""
-        return self.gates.check_decision(gate_id, revision, output)
+        """The kind of gate a decision applies to; raises ``GateDecisionError`` when none.
+
+        A map's reconcile gate takes as ``output`` the outputs of items that were in flight and
+        did happen: ``{"items": {"INDEX": output, ...}}`` (the others run again).
+        """
+        kind = self.gates.check_decision(gate_id, revision, output)
+        if output is not None and kind is GateKind.RECONCILE and gate_id in self.state.expansions:
+            problem = item_outputs_problem(output)
+            if problem:
+                plan = self.state.plan
+                raise GateDecisionError(plan.id, gate_id, revision, problem)
+        return kind
 
     def apply_decision(
         self,
@@ -164,6 +179,15 @@ class _PlanRun(Generic[P]):
     ) -> None:
         """Act on a recorded decision (``Engine.decide``)."""
         try:
+            if (
+                output is not None
+                and approve
+                and self.state.gates.get(gate_id) is GateKind.RECONCILE
+                and gate_id in self.state.expansions
+            ):
+                # A map's items that did happen are recorded done; the map runs the others.
+                self.maps.reconciled(gate_id, output)
+                output = None
             closed = self.gates.apply_decision(gate_id, approve, approver, rationale, output)
         except Exception as exc:  # a bug here must not hang the run: hand it to run()
             self.state.crash(exc)

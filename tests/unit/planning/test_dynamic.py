@@ -24,6 +24,7 @@ from stratagem.planning import (
     CrossAgentCall,
     Engine,
     EngineConfig,
+    GateDecisionError,
     InMemoryDispatcher,
     InMemoryStateStore,
     IterationRecord,
@@ -596,8 +597,9 @@ async def test_a_resumed_map_runs_only_its_unfinished_items(tmp_path: Path) -> N
         assert not (await replay(store, "p")).diverged
 
 
+@pytest.mark.parametrize("happened", [False, True])
 async def test_a_non_idempotent_item_in_flight_holds_the_map_at_a_reconcile_gate(
-    tmp_path: Path,
+    tmp_path: Path, happened: bool
 ) -> None:
     started: list[str] = []
 
@@ -624,10 +626,69 @@ async def test_a_non_idempotent_item_in_flight_holds_the_map_at_a_reconcile_gate
         while (state := await store.load("p")) is None or "m" not in state.gates:  # noqa: ASYNC110 - polls the store
             await asyncio.sleep(0.001)
         assert "m.1" in state.gates["m"].prompt
-        await engine.decide("p", "m", approve=True, approver="ann", rationale="redo", revision=1)
+        # The operator checked the item's system of record: it happened (give its output), or
+        # it did not (approve a re-run).
+        output = {"items": {"1": {"n": 1}}} if happened else None
+        await engine.decide(
+            "p", "m", approve=True, approver="ann", rationale="checked", revision=1, output=output
+        )
         result = await resumed
     assert result.status is PlanStatus.SUCCEEDED
-    assert started == ["m.0", "m.1", "m.1", "m.2"]
+    assert result.outputs["m"]["items"] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert started == (["m.0", "m.1", "m.2"] if happened else ["m.0", "m.1", "m.1", "m.2"])
+
+
+async def test_a_map_reconcile_decision_given_while_no_engine_runs_is_applied_on_resume(
+    tmp_path: Path,
+) -> None:
+    started: list[str] = []
+
+    async def effect(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        started.append(ctx.step_id)
+        if ctx.step_id == "m.1" and ctx.attempt == 1:
+            await asyncio.Event().wait()
+        return {"n": input["n"]}
+
+    plan = plan_of(mapping(tool="effect", max_parallel=1), inputs={"ns": [0, 1, 2]})
+    path = tmp_path / "state.db"
+    async with SqliteStateStore(path) as store:
+        engine = Engine(tools=tools(effect=effect), agent="tactical", store=store)
+        running = asyncio.create_task(engine.run(plan))
+        while "m.1" not in started:  # noqa: ASYNC110 - waits for the item to start
+            await asyncio.sleep(0.001)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        # The agent is down: the decision goes to the store; a bad output is refused first.
+        with pytest.raises(GateDecisionError, match="no open gate"):
+            await engine.decide("p", "nope", approve=True, approver="a", rationale="", revision=1)
+    async with SqliteStateStore(path) as store:
+        engine = Engine(tools=tools(effect=effect), agent="tactical", store=store)
+        paused = asyncio.create_task(engine.resume("p"))
+        while (state := await store.load("p")) is None or "m" not in state.gates:  # noqa: ASYNC110 - polls the store
+            await asyncio.sleep(0.001)
+        with pytest.raises(GateDecisionError, match="reconcile gate takes"):
+            await engine.decide(
+                "p", "m", approve=True, approver="a", rationale="", revision=1, output={"n": 1}
+            )
+        paused.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await paused
+        await engine.decide(
+            "p",
+            "m",
+            approve=True,
+            approver="ann",
+            rationale="it happened",
+            revision=1,
+            output={"items": {"1": {"n": 1}}},
+        )
+    started.clear()
+    async with SqliteStateStore(path) as store:
+        result = await Engine(tools=tools(effect=effect), agent="tactical", store=store).resume("p")
+        assert result.status is PlanStatus.SUCCEEDED
+        assert started == ["m.2"]
+        assert not (await replay(store, "p")).diverged
 
 
 # --- revisions and validation ------------------------------------------------------------------
