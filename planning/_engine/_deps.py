@@ -28,8 +28,6 @@ class ChildResult:
         failures: Its failures.
         calls: Tool calls it reserved (charged to the parent's budget).
         cost: Cost units it reserved.
-        handle: Without a store: the nested run itself, to compensate it later (the store
-            keeps it otherwise).
     """
 
     status: PlanStatus
@@ -37,7 +35,6 @@ class ChildResult:
     failures: list[StepFailure] = field(default_factory=list)
     calls: int = 0
     cost: float = 0.0
-    handle: object | None = None
 
 
 class Children(Protocol):
@@ -45,9 +42,12 @@ class Children(Protocol):
     implements it): the same agent, tools, store and control (each nested plan is reachable by
     its own id while it runs)."""
 
-    async def run(self, plan: Plan) -> ChildResult:
+    async def run(
+        self, plan: Plan, started: Callable[[object], None] | None = None
+    ) -> ChildResult:
         """Run ``plan`` to its end; a plan already stored is resumed, or its recorded result
-        read back when it is finished."""
+        read back when it is finished. Without a store, ``started`` is given the nested run
+        before it starts (to undo it later, even if it is interrupted)."""
         ...
 
     async def outputs(self, plan_id: str) -> dict[str, Any] | None:

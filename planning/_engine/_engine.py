@@ -452,7 +452,9 @@ class _Children:
         hook = self.engine.nested_events
         return None if hook is None else hook(plan)
 
-    async def run(self, plan: Plan) -> ChildResult:
+    async def run(
+        self, plan: Plan, started: Callable[[object], None] | None = None
+    ) -> ChildResult:
         """See ``Children.run``."""
         engine = self.engine
         store = engine.store
@@ -480,6 +482,8 @@ class _Children:
         run = _PlanRun(engine._deps(nested=True), plan, self._events(plan))
         if not run.is_dag():
             raise PlanValidationError(structural_problems(plan.steps))
+        if store is None and started is not None:
+            started(run)
         return self._result(run, await self._follow(run))
 
     async def _follow(self, run: _PlanRun[Plan]) -> PlanResult[Plan]:
@@ -490,14 +494,12 @@ class _Children:
         return await engine._follow(run)
 
     def _result(self, run: _PlanRun[Plan], result: PlanResult[Plan]) -> ChildResult:
-        engine = self.engine
         return ChildResult(
             result.status,
             dict(result.outputs),
             list(result.failures),
             run.admission.spent_calls,
             run.admission.spent_cost,
-            handle=run if engine.store is None else None,
         )
 
     async def outputs(self, plan_id: str) -> dict[str, Any] | None:

@@ -194,13 +194,15 @@ class _Nested:
             )
         except ValidationError as exc:
             return _failed(f"its nested plan cannot be made: {exc.errors()[0]['msg']}")
+        key = expansion_key(step.id, iteration or 1)
+
+        def started(handle: object) -> None:
+            self.handles[key] = handle  # without a store: undone from memory, even if cut short
+
         try:
-            result = await self.children.run(nested)
+            return await self.children.run(nested, started)
         except PlanningError as exc:
             return _failed(f"its nested plan {nested.id!r} cannot run: {exc}")
-        if result.handle is not None:
-            self.handles[expansion_key(step.id, iteration or 1)] = result.handle
-        return result
 
     def _ended(
         self,

@@ -281,7 +281,10 @@ class _PlanRun(Generic[P]):
         if self.ended in (PlanStatus.FAILED, PlanStatus.CANCELLED):
             return ""
         state.cancel()
-        await self.compensation.compensate(PlanStatus.CANCELLED)
+        try:
+            await self.compensation.compensate(PlanStatus.CANCELLED)
+        finally:
+            self.attempts.watchdog.close()
         self.ended = PlanStatus.CANCELLED
         state.plan_event(PlanStatus.CANCELLED, f"the parent plan {status.value}")
         failed = [

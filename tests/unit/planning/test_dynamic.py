@@ -491,6 +491,46 @@ async def test_compensation_runs_in_reverse_order_across_items_and_iterations() 
     }
 
 
+@pytest.mark.parametrize("durable", [False, True])
+async def test_cancelling_a_plan_mid_iteration_undoes_what_the_iteration_did(
+    durable: bool,
+) -> None:
+    undone: list[str] = []
+    started = asyncio.Event()
+
+    async def undo(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        undone.append(f"{ctx.plan_id}:{ctx.step_id}")
+        return {}
+
+    async def stuck(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.Event().wait()
+        return {}
+
+    plan = plan_of(
+        counting_loop(
+            until=None,
+            max_iterations=2,
+            steps=[
+                {"kind": "tool", "id": "x", "tool": "noop", "compensate": "undo"},
+                {"kind": "tool", "id": "y", "tool": "stuck", "depends_on": ["x"]},
+            ],
+        )
+    )
+    store = InMemoryStateStore() if durable else None
+    engine = Engine(tools=tools(undo=undo, stuck=stuck), agent="tactical", store=store)
+    running = asyncio.create_task(engine.run(plan))
+    await started.wait()
+    await engine.cancel("p")
+    result = await running
+    assert result.status is PlanStatus.CANCELLED
+    assert undone == ["p/l.1:x"]
+    if store is not None:
+        nested = await store.load("p/l.1")
+        assert nested is not None
+        assert nested.status is PlanStatus.CANCELLED
+
+
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
@@ -519,7 +559,16 @@ async def test_a_span_per_item_bounded_and_one_per_iteration(
     assert map_span.attributes is not None
     assert map_span.attributes["stratagem.map.items"] == 150
     # One plan span per iteration (each a nested plan), under the parent's plan span.
-    assert names.count("invoke_agent tactical") == 1 + 3
+    runs = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent tactical"]
+    assert len(runs) == 1 + 3
+    [parent] = [s for s in runs if s.parent is None]
+    assert parent.context is not None
+    assert all(
+        s.parent is not None and s.parent.span_id == parent.context.span_id
+        for s in runs
+        if s is not parent
+    )
+    assert all(s.attributes and s.attributes["stratagem.plan.id"] for s in runs)
 
 
 # --- durable: journal, resume, replay ----------------------------------------------------------
