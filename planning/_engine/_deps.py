@@ -42,9 +42,7 @@ class Children(Protocol):
     implements it): the same agent, tools, store and control (each nested plan is reachable by
     its own id while it runs)."""
 
-    async def run(
-        self, plan: Plan, started: Callable[[object], None] | None = None
-    ) -> ChildResult:
+    async def run(self, plan: Plan, started: Callable[[object], None] | None = None) -> ChildResult:
         """Run ``plan`` to its end; a plan already stored is resumed, or its recorded result
         read back when it is finished. Without a store, ``started`` is given the nested run
         before it starts (to undo it later, even if it is interrupted)."""

@@ -452,9 +452,7 @@ class _Children:
         hook = self.engine.nested_events
         return None if hook is None else hook(plan)
 
-    async def run(
-        self, plan: Plan, started: Callable[[object], None] | None = None
-    ) -> ChildResult:
+    async def run(self, plan: Plan, started: Callable[[object], None] | None = None) -> ChildResult:
         """See ``Children.run``."""
         engine = self.engine
         store = engine.store
