@@ -506,11 +506,22 @@ class Operator:
         Raises:
             InputError: The plan is not one its owner would run (every problem named).
         """
-        owner, plan_json = _plan_json(plan, self.settings)
+        owner, plan_json = await self._checked_plan(plan)
         key = f"run-{uuid.uuid4().hex}"
         return await self._at(
             owner, lambda client: client.run_plan(plan_json, timeout=timeout, request_id=key)
         )
+
+    async def _checked_plan(self, plan: PlanSource, *, plan_id: str = "") -> tuple[str, str]:
+        """``plan`` checked as its owner will (``_plan_json``), with the tools the running owner
+        has beyond those built here: its MCP servers' (``server.tool``), which its Describe
+        lists."""
+        where, raw = _read_plan(plan, plan_id=plan_id)
+        owner = raw.get("owner")
+        served: list[str] = []
+        if isinstance(owner, str) and owner in self.roles:
+            served = (await self.describe(owner)).tools
+        return _plan_json(where, raw, self.settings, served=served)
 
     async def submit(
         self,
@@ -564,7 +575,7 @@ class Operator:
             PlanNotFoundError: No agent holds the plan.
             protocol.FailedPreconditionError: The action does not apply (a gate not open...).
         """
-        plan_json = "" if plan is None else _plan_json(plan, self.settings, plan_id=plan_id)[1]
+        plan_json = "" if plan is None else (await self._checked_plan(plan, plan_id=plan_id))[1]
         recorded = None if output is None else dict(output)
         try:
             ControlRequest(
@@ -660,15 +671,9 @@ class Operator:
         )
 
 
-def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:
-    """Check a plan the way its owner will: its owner and the plan as JSON of the owner's type.
-
-    ``plan_id``, when given, replaces the plan's id (a new revision of that plan). The agents and
-    the planning engine are imported here, not with the module: most calls need neither.
-    """
-    from stratagem.agents import ExtensionError, build_agent
-    from stratagem.planning import PlanValidationError, validate_plan
-
+def _read_plan(plan: PlanSource, *, plan_id: str = "") -> tuple[str, dict[str, Any]]:
+    """Where a plan comes from (for messages) and its mapping; ``plan_id``, when given, replaces
+    the plan's id (a new revision of that plan)."""
     where = str(plan) if isinstance(plan, Path) else "the mapping given"
     raw = (
         read_mapping(plan, "a plan's id, owner and steps") if isinstance(plan, Path) else dict(plan)
@@ -676,6 +681,21 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     check_plan_steps(where, raw)
     if plan_id:
         raw["id"] = plan_id
+    return where, raw
+
+
+def _plan_json(
+    where: str, raw: dict[str, Any], settings: Settings, *, served: Sequence[str] = ()
+) -> tuple[str, str]:
+    """Check a plan the way its owner will: its owner and the plan as JSON of the owner's type.
+
+    ``served`` are tools the owner has beyond those of an agent built here (its MCP servers').
+    The agents and the planning engine are imported here, not with the module: most calls need
+    neither.
+    """
+    from stratagem.agents import ExtensionError, build_agent
+    from stratagem.planning import PlanValidationError, validate_plan
+
     owner = raw.get("owner")
     roles = deployment_roles(settings.extensions)
     if owner not in roles:
@@ -689,7 +709,12 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
     try:
-        validate_plan(typed, tools=agent.registry, roles=roles, capabilities=CAPABILITIES)
+        validate_plan(
+            typed,
+            tools={*agent.registry.names(), *served},
+            roles=roles,
+            capabilities=CAPABILITIES,
+        )
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()
