@@ -33,16 +33,18 @@ import functools
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from stratagem.protocol import (
     CAPABILITIES,
+    MCP_SERVER_NAME_PATTERN,
     OPERATOR,
     ROLES,
     AgentCard,
@@ -78,6 +80,9 @@ from stratagem.runtime._local import LaunchError, published_endpoint
 from stratagem.runtime._security import credentials_for
 from stratagem.runtime._settings import Settings, load_settings
 
+if TYPE_CHECKING:
+    from stratagem.planning import Plan
+
 __all__ = [
     "Directory",
     "Operator",
@@ -94,6 +99,9 @@ T = TypeVar("T")
 
 PlanSource = Path | Mapping[str, Any]
 """A plan: a YAML or JSON file, or the mapping such a file holds (id, owner, goal, steps)."""
+
+_MCP_TOOL: Final = re.compile(rf"{MCP_SERVER_NAME_PATTERN}\..+")
+"""How an agent's registry names an MCP server's tool: ``<server>.<tool>``."""
 
 
 def operator_settings(
@@ -513,15 +521,23 @@ class Operator:
         )
 
     async def _checked_plan(self, plan: PlanSource, *, plan_id: str = "") -> tuple[str, str]:
-        """``plan`` checked as its owner will (``_plan_json``), with the tools the running owner
-        has beyond those built here: its MCP servers' (``server.tool``), which its Describe
-        lists."""
+        """``plan`` checked as its owner will check it: its owner and the plan as JSON.
+
+        Everything is checked here before any call but the tools an agent built here does not
+        have: those named as an MCP server's (``server.tool``), which only the running owner has,
+        are looked up in its Describe.
+        """
+        from stratagem.planning import ToolStep
+
         where, raw = _read_plan(plan, plan_id=plan_id)
-        owner = raw.get("owner")
+        owner, typed, local = _typed_plan(where, raw, self.settings)
+        named = {step.tool for step in typed.steps if isinstance(step, ToolStep)} | {
+            step.compensate for step in typed.steps if step.compensate is not None
+        }
         served: list[str] = []
-        if isinstance(owner, str) and owner in self.roles:
+        if any(_MCP_TOOL.fullmatch(name) for name in named - set(local)):
             served = (await self.describe(owner)).tools
-        return _plan_json(where, raw, self.settings, served=served)
+        return owner, _plan_json(where, typed, [*local, *served], self.settings)
 
     async def submit(
         self,
@@ -684,17 +700,13 @@ def _read_plan(plan: PlanSource, *, plan_id: str = "") -> tuple[str, dict[str, A
     return where, raw
 
 
-def _plan_json(
-    where: str, raw: dict[str, Any], settings: Settings, *, served: Sequence[str] = ()
-) -> tuple[str, str]:
-    """Check a plan the way its owner will: its owner and the plan as JSON of the owner's type.
+def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[str, Plan, list[str]]:
+    """A plan as its owner's type: its owner, the typed plan and the tools of an agent of that
+    role built here (without the MCP servers' tools, which only the running agent has).
 
-    ``served`` are tools the owner has beyond those of an agent built here (its MCP servers').
-    The agents and the planning engine are imported here, not with the module: most calls need
-    neither.
+    The agents are imported here, not with the module: most calls need none.
     """
     from stratagem.agents import ExtensionError, build_agent
-    from stratagem.planning import PlanValidationError, validate_plan
 
     owner = raw.get("owner")
     roles = deployment_roles(settings.extensions)
@@ -708,15 +720,18 @@ def _plan_json(
         typed = agent.plan_type.model_validate(raw)
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
+    return owner, typed, agent.registry.names()
+
+
+def _plan_json(where: str, typed: Plan, tools: Sequence[str], settings: Settings) -> str:
+    """Check a typed plan the way its owner will (``tools``: its owner's), as JSON."""
+    from stratagem.planning import PlanValidationError, validate_plan
+
+    roles = deployment_roles(settings.extensions)
     try:
-        validate_plan(
-            typed,
-            tools={*agent.registry.names(), *served},
-            roles=roles,
-            capabilities=CAPABILITIES,
-        )
+        validate_plan(typed, tools=tools, roles=roles, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()
     check_encoded_size(where, plan_json, settings.max_message_bytes)
-    return owner, plan_json
+    return plan_json
