@@ -68,7 +68,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -91,6 +91,7 @@ from stratagem.protocol._errors import (
     FieldViolation,
     InvalidArgumentError,
     ProtocolUsageError,
+    RemoteError,
     ResourceExhaustedError,
 )
 from stratagem.protocol._identity import Authenticator
@@ -110,12 +111,14 @@ from stratagem.protocol._rpc import (
 from stratagem.protocol._service import CALL, RPCS, AgentBackend, RpcSpec, Serving
 from stratagem.protocol._status import as_remote_error, grpc_status
 
-__all__ = ["AgentServer", "ServerConfig"]
+__all__ = ["AgentServer", "LocalCall", "ServerConfig"]
 
 logger = logging.getLogger(__name__)
 
 # How far above ``max_message_bytes`` the transport's own limits sit, so our check answers first.
 _TRANSPORT_HEADROOM: Final = 4
+# Messages of a stream served for another transport held while its reader catches up.
+_LOCAL_STREAM_BUFFER: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,46 @@ class ServerConfig:
             )
 
 
+@dataclass(slots=True)
+class LocalCall:
+    """A call another transport (A2A over HTTP) received, served through the gRPC stages.
+
+    It offers what the stages ask of grpc's servicer context: the metadata (the HTTP headers the
+    pipeline reads: ``authorization``, ``x-stratagem-*``, ``traceparent``), the time remaining,
+    the peer's address and, for a stream, where its messages go (bounded: a slow reader holds the
+    stream back rather than letting it queue without limit).
+
+    Attributes:
+        metadata: ``(key, value)`` pairs, keys in lower case.
+        deadline: When the call must end, on the ``time.monotonic()`` clock; ``None``: the
+            server's default deadline.
+        peer_address: The peer as gRPC names one (``ipv4:127.0.0.1:5555``).
+    """
+
+    metadata: tuple[tuple[str, str], ...]
+    deadline: float | None = None
+    peer_address: str = "unknown"
+    sink: asyncio.Queue[bytes] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    def time_remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def peer(self) -> str:
+        return self.peer_address
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}  # no TLS peer certificate: the mTLS authenticator refuses the call
+
+    async def write(self, message: bytes) -> None:
+        assert self.sink is not None  # set by AgentServer.stream_local
+        await self.sink.put(message)
+
+
 class AgentServer:
     """A ``grpc.aio`` server for one agent: ``AgentService`` plus the standard health service.
 
@@ -237,6 +280,10 @@ class AgentServer:
                 )
             ),
         )
+        self._stages: dict[str, Stage] = {
+            name: self._calls.serve if spec is CALL else partial(self._serve_rpc, spec)
+            for name, spec in RPCS.items()
+        }
         self._refusal_flusher: asyncio.Task[None] | None = None
         self._server: Any = None
         self._health: Any = None
@@ -364,12 +411,96 @@ class AgentServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    # --- another transport's way in ------------------------------------------------------------
+
+    async def serve_local(self, method: str, request: bytes, call: LocalCall) -> bytes:
+        """Serve one unary RPC of the table that another transport (A2A) received, through the
+        very stages a gRPC call goes through: authentication, authorization, admission, limits,
+        decoding, the audit records, the span and the metrics.
+
+        Args:
+            method: The RPC's name in the table (``Call``, ``Plans``, ``Control``, ...).
+            request: The request message's bytes, as a gRPC client would send them.
+            call: The call's metadata, deadline and peer.
+
+        Returns:
+            The answer's bytes.
+
+        Raises:
+            RemoteError: The refusal or failure, as the gRPC status would have carried it.
+        """
+        answer = await self._serve(method, request, call, self._stages[method])
+        assert answer is not None  # a unary RPC answers or raises
+        return answer
+
+    async def stream_local(
+        self, method: str, request: bytes, call: LocalCall
+    ) -> AsyncGenerator[bytes]:
+        """Serve one server-streaming RPC (``Watch``) that another transport received, through the
+        same stages as ``serve_local``; its messages' bytes as they come.
+
+        Raises:
+            RemoteError: The refusal or failure (before or while streaming).
+        """
+        messages: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_LOCAL_STREAM_BUFFER)
+        call.sink = messages
+        serving = asyncio.ensure_future(self._serve(method, request, call, self._stages[method]))
+        try:
+            while True:
+                if not messages.empty():
+                    yield messages.get_nowait()
+                    continue
+                if serving.done():
+                    break
+                getter = asyncio.ensure_future(messages.get())
+                await asyncio.wait((getter, serving), return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            serving.result()  # the error it ended with, if any
+        finally:
+            if not serving.done():
+                serving.cancel()
+                with contextlib.suppress(BaseException):
+                    await serving
+
+    async def refuse_local(self, error: RemoteError, call: LocalCall) -> None:
+        """Refuse a request another transport could not turn into a ``Call`` (a malformed A2A
+        message), after the authentication and authorization a ``Call`` of the capability its
+        metadata names gets, so it is refused, counted, traced and audited as a ``Call`` is.
+
+        Raises:
+            RemoteError: ``error``, or the refusal that came first (``UNAUTHENTICATED``,
+                ``PERMISSION_DENIED``).
+        """
+        await self._serve(CALL.name, b"", call, partial(self._refusing, error))
+
+    async def _refusing(
+        self, error: RemoteError, exchange: Exchange, request: bytes, context: Any, span: Span
+    ) -> bytes:
+        await self._pipeline.admit(exchange, request, context, span, read=None, queue=False)
+        raise error
+
+    def identify(self, call: LocalCall) -> str | None:
+        """Who the credentials of a call another transport received name (``None``: nobody
+        verified); the pipeline still authenticates the call itself."""
+        try:
+            return self._authenticator.authenticate(text_metadata(call.metadata), call)
+        except RemoteError:
+            return None
+
+    @property
+    def auth_mode(self) -> str:
+        """How callers are verified (``token``, ``mtls`` or ``none``)."""
+        return self._authenticator.mode
+
     # --- the RPCs of the table ----------------------------------------------------------------
 
     def _method_handler(self, spec: RpcSpec[Any, Any]) -> Any:
         """The grpc handler of one RPC: ``Call`` through its pipeline, the others through
         ``_serve_rpc``; unary or server-streaming as the table says."""
-        stage: Stage = self._calls.serve if spec is CALL else partial(self._serve_rpc, spec)
+        stage = self._stages[spec.name]
         name = spec.name
 
         if spec.streaming:
@@ -428,6 +559,11 @@ class AgentServer:
                 return answer
             pipeline.release(exchange)
             await pipeline.settle(exchange, span, error, None, began, context)
+            if isinstance(context, LocalCall):
+                otel_context.detach(token)
+                span.end()
+                ended = True
+                raise error  # another transport (A2A) answers it in its own terms
             if deadline_passed(context):
                 # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
                 raise asyncio.CancelledError
