@@ -1,4 +1,4 @@
-"""The agent actor: one role agent and its gRPC server in one Ray actor process.
+"""The agent actor: one role agent, its gRPC server and its A2A server in one Ray actor process.
 
 The actor is async: Ray runs its methods on the actor's event loop, the same loop that serves gRPC.
 Its constructor builds the agent and starts the server, so when Ray restarts a dead actor
@@ -13,6 +13,10 @@ chain's head (``protocol.AuditSealer``) with the key the launcher handed it; eve
 whenever asked for its ``info``) it also checks its stores (``runtime._health``) and reports
 ``NOT_SERVING`` on the gRPC health service, and the problem in ``info``, while one is broken.
 
+Beside its gRPC server the agent serves A2A (``protocol.A2AServer``: its card and JSON-RPC over
+HTTP, on loopback unless ``STRATAGEM_A2A_HOST`` says otherwise, each request served through the
+gRPC server's pipeline), except in ``mtls`` mode; ``info`` names its base URL (``a2a_url``).
+
 Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
 restarted actor continues where its predecessor died: completed steps are skipped, an in-flight
 step is re-run only when idempotent (otherwise its plan waits at a reconcile gate for
@@ -25,7 +29,7 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -55,6 +59,9 @@ from stratagem.runtime._stores import (
     open_world_store,
 )
 from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+
+if TYPE_CHECKING:
+    from stratagem.protocol import A2AServer
 
 __all__ = ["AgentActor", "load_policy"]
 
@@ -189,6 +196,21 @@ class AgentActor:
             answers=self._answers,
         )
         await self._server.start()
+        self._a2a: A2AServer | None = None
+        if settings.a2a and settings.auth != "mtls":
+            # Imported here: the A2A SDK, Starlette and uvicorn load only where A2A is served.
+            from stratagem.protocol import A2AConfig, A2AServer
+
+            self._a2a = A2AServer(
+                self._server,
+                self._agent,
+                A2AConfig(
+                    host=settings.a2a_host,
+                    port=settings.a2a_ports.get(role, 0),
+                    max_message_bytes=settings.max_message_bytes,
+                ),
+            )
+            await self._a2a.start()
         try:
             publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
@@ -227,6 +249,7 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "a2a_url": self._a2a.url if self._a2a is not None else "",
         }
 
     def _restart_count(self) -> int | None:
@@ -261,6 +284,8 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        if self._a2a is not None:
+            await self._a2a.aclose()
         await self._server.aclose()
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)

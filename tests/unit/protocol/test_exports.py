@@ -14,6 +14,8 @@ EXPECTED = [
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",

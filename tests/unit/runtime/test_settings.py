@@ -30,7 +30,7 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     from stratagem.runtime import Settings
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"`(STRATAGEM_[A-Z_]+)`", readme))
+    documented = set(re.findall(r"`(STRATAGEM_[A-Z0-9_]+)`", readme))
     settings = {f"STRATAGEM_{name.upper()}" for name in Settings.model_fields}
     assert settings <= documented, sorted(settings - documented)
 
