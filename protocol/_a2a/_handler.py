@@ -77,7 +77,7 @@ from stratagem.protocol._a2a._tasks import (
 )
 from stratagem.protocol._capabilities import CapabilitySpec, capability_for
 from stratagem.protocol._codec import decode_response, encode_call
-from stratagem.protocol._errors import InvalidArgumentError, RemoteError
+from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
 from stratagem.protocol._models import ControlRequest, PlanQuery, PlanSnapshot
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
 from stratagem.protocol._server import AgentServer, LocalCall
@@ -269,8 +269,10 @@ class StratagemRequestHandler(RequestHandler):
 
     async def _snapshot(self, task_id: str, context: ServerCallContext) -> PlanSnapshot:
         try:
+            if not task_id:
+                raise ProtocolUsageError("no task id")
             query = PLANS.build(plan_id=task_id, page_size=1)
-        except InvalidArgumentError:
+        except ProtocolUsageError:
             raise TaskNotFoundError(message=f"no task {task_id[:200]!r} on this agent") from None
         try:
             answer = await self._server.serve_local(
