@@ -15,8 +15,9 @@ limits, validation, audit records, span and metrics as the same call over gRPC.
 
 A message that cannot become a request (no usable part, a request breaking the capability's model,
 an unknown skill) is refused through the pipeline too (``AgentServer.refuse_local``), after the
-authentication and authorization a ``Call`` gets. Listing tasks and push notifications are not
-offered (``UnsupportedOperationError`` / ``PushNotificationNotSupportedError``).
+authentication and authorization a ``Call`` gets. Push notifications are not
+offered (``PushNotificationNotSupportedError``). ``ListTasks`` lists the caller's own tasks among
+those the agent answered over A2A lately (authorized and audited as ``Plans``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from stratagem.protocol._a2a._tasks import (
 from stratagem.protocol._capabilities import CapabilitySpec, capability_for
 from stratagem.protocol._codec import decode_response, encode_call
 from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
-from stratagem.protocol._models import ControlRequest, PlanQuery, PlanSnapshot
+from stratagem.protocol._models import MAX_PLANS_PAGE, ControlRequest, PlanQuery, PlanSnapshot
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
 from stratagem.protocol._server import AgentServer, LocalCall
 from stratagem.protocol._service import CONTROL, PLANS, WATCH
@@ -93,6 +94,7 @@ HTTP_STATUS_KEY: Final = "stratagem.a2a.http_status"
 # identity only matters when authentication is off (the tests' ``CallerMetadataAuthenticator``).
 _FORWARDED: Final = ("authorization", "traceparent", "tracestate", "x-stratagem-caller")
 _HTTP_STATUS: Final = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403}
+_LIST_LIMIT: Final = 100
 
 
 def call_of(state: Mapping[str, Any], routing: Mapping[str, str] | None = None) -> LocalCall:
@@ -155,7 +157,7 @@ class StratagemRequestHandler(RequestHandler):
                 result=decode_response(answer).body,
                 history=prepared.history,
             )
-        self._tasks.keep(task)
+        self._tasks.keep(task, prepared.caller)
         return task
 
     async def on_message_send_stream(
@@ -191,7 +193,7 @@ class StratagemRequestHandler(RequestHandler):
                     yield TaskArtifactUpdateEvent(
                         task_id=task_id, context_id=context_id, artifact=artifact, last_chunk=True
                     )
-            self._tasks.keep(task)
+            self._tasks.keep(task, prepared.caller)
             yield TaskStatusUpdateEvent(task_id=task_id, context_id=context_id, status=task.status)
         finally:
             if not calling.done():
@@ -334,7 +336,53 @@ class StratagemRequestHandler(RequestHandler):
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
-        raise UnsupportedOperationError(message="listing tasks is not offered; use GetTask")
+        """The caller's own A2A tasks the agent remembers, most recently updated first, a page at
+        a time; authorized (and audited) as ``Plans``, whose snapshots give their states."""
+        call = call_of(context.state)
+        try:
+            answer = await self._server.serve_local(
+                PLANS.name, PLANS.encode_request(PLANS.build(page_size=MAX_PLANS_PAGE)), call
+            )
+        except RemoteError as error:
+            _remember_status(context, error)
+            raise a2a_error(error) from None
+        states = {p.plan_id: state_of(p.status) for p in PLANS.decode_response(answer).plans}
+        tasks = []
+        for kept in self._tasks.owned_by(self._server.identify(call) or ""):
+            task = Task()
+            task.CopyFrom(kept)
+            if task.id in states and states[task.id] != task.status.state:
+                task.status.state = states[task.id]
+            tasks.append(task)
+        if params.context_id:
+            tasks = [task for task in tasks if task.context_id == params.context_id]
+        if params.status != TaskState.TASK_STATE_UNSPECIFIED:
+            tasks = [task for task in tasks if task.status.state == params.status]
+        if params.HasField("status_timestamp_after"):
+            after = params.status_timestamp_after.ToNanoseconds()
+            tasks = [task for task in tasks if task.status.timestamp.ToNanoseconds() > after]
+        if not params.page_token:
+            start = 0
+        elif params.page_token.isdigit() and int(params.page_token) <= len(tasks):
+            start = int(params.page_token)
+        else:
+            raise InvalidParamsError(message=f"invalid pageToken {params.page_token[:40]!r}")
+        size = params.page_size if params.HasField("page_size") and params.page_size > 0 else 50
+        if size > _LIST_LIMIT:
+            raise InvalidParamsError(message=f"pageSize is at most {_LIST_LIMIT}")
+        page = tasks[start : start + size]
+        for task in page:
+            if not params.include_artifacts:
+                del task.artifacts[:]
+            if params.HasField("history_length"):
+                del task.history[: max(0, len(task.history) - max(0, params.history_length))]
+        following = start + len(page)
+        return ListTasksResponse(
+            tasks=page,
+            next_page_token=str(following) if following < len(tasks) else "",
+            page_size=size,
+            total_size=len(tasks),
+        )
 
     # --- what is not offered ------------------------------------------------------------------
 
@@ -411,13 +459,15 @@ class StratagemRequestHandler(RequestHandler):
                 body=body,
             )
         # Without a verified caller the pipeline refuses the call before reading its body.
-        return _Prepared(spec, call, request, task_id, message.context_id or task_id, [message])
+        return _Prepared(
+            spec, call, request, task_id, message.context_id or task_id, [message], caller
+        )
 
 
 class _Prepared:
     """A message made into a ``Call``."""
 
-    __slots__ = ("call", "context_id", "history", "request", "spec", "task_id")
+    __slots__ = ("call", "caller", "context_id", "history", "request", "spec", "task_id")
 
     def __init__(
         self,
@@ -427,7 +477,9 @@ class _Prepared:
         task_id: str,
         context_id: str,
         history: list[Message],
+        caller: str,
     ) -> None:
+        self.caller = caller
         self.spec = spec
         self.call = call
         self.request = request

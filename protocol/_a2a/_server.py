@@ -5,7 +5,8 @@ The A2A SDK's Starlette routes serve the card at ``/.well-known/agent-card.json`
 uvicorn, on the agent's own event loop. Before the SDK parses a request, the route here bounds its
 body (``max_message_bytes``: a larger one is refused with JSON-RPC ``-32600`` and HTTP 413 without
 being read further) and notes the peer; every method then runs through the agent's gRPC pipeline
-(``_handler.py``). A refusal for want of credentials or rights is answered with its JSON-RPC error
+(``_handler.py``). A body that is not ``application/json`` is refused with ``-32005`` (HTTP 415).
+A refusal for want of credentials or rights is answered with its JSON-RPC error
 and HTTP 401 (``WWW-Authenticate: Bearer``) or 403.
 """
 
@@ -15,8 +16,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, Final
 
 import uvicorn
@@ -42,6 +45,9 @@ __all__ = ["A2AConfig", "A2AServer"]
 logger = logging.getLogger(__name__)
 
 _INVALID_REQUEST: Final = -32600
+_CONTENT_TYPE_NOT_SUPPORTED: Final = -32005
+# The card changes only when the agent restarts with other capabilities.
+_CARD_CACHING: Final = "public, max-age=300"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +197,13 @@ class A2AServer:
         limit = self._config.max_message_bytes
 
         async def jsonrpc(request: Request) -> Response:
+            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media and media != "application/json":
+                return _refused(
+                    _CONTENT_TYPE_NOT_SUPPORTED,
+                    f"JSON-RPC requests are application/json, not {media[:80]!r}",
+                    415,
+                )
             body = bytearray()
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:
@@ -216,9 +229,18 @@ class A2AServer:
                     response.headers["WWW-Authenticate"] = 'Bearer realm="stratagem"'
             return response
 
+        (card_route,) = create_agent_card_routes(self._card, cache_control=_CARD_CACHING)
+        card_endpoint = card_route.endpoint
+        modified = formatdate(time.time(), usegmt=True)
+
+        async def card(request: Request) -> Response:
+            response: Response = await card_endpoint(request)
+            response.headers["Last-Modified"] = modified  # the card is made once, at start
+            return response
+
         return Starlette(
             routes=[
-                *create_agent_card_routes(self._card),
+                Route(card_route.path, card, methods=["GET"]),
                 Route("/", jsonrpc, methods=["POST"]),
             ]
         )
@@ -248,14 +270,12 @@ class A2AServer:
 
 
 def _too_large(limit: int) -> Response:
+    return _refused(_INVALID_REQUEST, f"the request is larger than {limit} bytes", 413)
+
+
+def _refused(code: int, message: str, status: int) -> Response:
+    """A JSON-RPC error answered before the request is parsed (its id unknown)."""
     return JSONResponse(
-        {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {
-                "code": _INVALID_REQUEST,
-                "message": f"the request is larger than {limit} bytes",
-            },
-        },
-        status_code=413,
+        {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}},
+        status_code=status,
     )

@@ -182,6 +182,7 @@ def task_of(
 ) -> Task:
     """A task in ``state``, with its result as a data artifact when it has one."""
     status = TaskStatus(state=state)
+    status.timestamp.GetCurrentTime()
     if note:
         status.message.CopyFrom(
             Message(
@@ -265,19 +266,30 @@ def a2a_error(error: RemoteError, *, task_id: str = "") -> A2AError:
 
 
 class TaskBook:
-    """The latest tasks this agent answered over A2A, by id: their artifacts and history, which a
-    plan snapshot does not carry (``GetTask``). Bounded: the oldest are forgotten first; a
-    forgotten task is still found (from its plan), without its artifacts."""
+    """The latest tasks this agent answered over A2A, by id, with who asked: their artifacts and
+    history, which a plan snapshot does not carry (``GetTask``), and the list ``ListTasks`` shows
+    a caller (its own tasks only). Bounded: the oldest are forgotten first; a forgotten task is
+    still found by ``GetTask`` (from its plan), without its artifacts."""
 
     def __init__(self, limit: int = 1024) -> None:
         self._limit = limit
-        self._tasks: OrderedDict[str, Task] = OrderedDict()
+        self._tasks: OrderedDict[str, tuple[str, Task]] = OrderedDict()
 
-    def keep(self, task: Task) -> None:
-        self._tasks[task.id] = task
+    def keep(self, task: Task, owner: str | None = None) -> None:
+        """Remember ``task`` (``owner``: who asked; ``None`` keeps the one known)."""
+        known = self._tasks.get(task.id)
+        who = owner if owner is not None else (known[0] if known is not None else "")
+        self._tasks[task.id] = (who, task)
         self._tasks.move_to_end(task.id)
         while len(self._tasks) > self._limit:
             self._tasks.popitem(last=False)
 
     def get(self, task_id: str) -> Task | None:
-        return self._tasks.get(task_id)
+        kept = self._tasks.get(task_id)
+        return kept[1] if kept is not None else None
+
+    def owned_by(self, owner: str) -> list[Task]:
+        """``owner``'s tasks, the most recently updated first."""
+        mine = [task for who, task in self._tasks.values() if who == owner]
+        mine.sort(key=lambda task: task.status.timestamp.ToNanoseconds(), reverse=True)
+        return mine
