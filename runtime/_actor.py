@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from stratagem.agents import build_agent, extension_policy_rules
-from stratagem.planning import EngineConfig
+from stratagem.planning import Dispatcher, EngineConfig
 from stratagem.protocol import (
     AgentServer,
     AuditSealer,
@@ -103,6 +103,7 @@ class AgentActor:
         secret: ClusterSecret | None = None,
         audit_key: bytes | None = None,
         model_api_key: str = "",
+        a2a_tokens: dict[str, str] | None = None,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._settings_digest = settings_digest(settings_json)
@@ -149,9 +150,24 @@ class AgentActor:
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)
         )
+        self._audit = open_audit_log(settings)
+        policy = load_policy(settings)
+        dispatcher: Dispatcher = self._dispatcher
+        if settings.a2a_agents:
+            from stratagem.runtime._a2a import A2ADispatcher, peers_from
+
+            dispatcher = A2ADispatcher(
+                self._dispatcher,
+                caller=role,
+                peers=peers_from(settings.a2a_agents, a2a_tokens),
+                policy=policy,
+                audit=self._audit,
+                tracer_provider=self._tracer_provider,
+            )
+        self._outbound = dispatcher
         self._agent = build_agent(
             role,
-            dispatcher=self._dispatcher,
+            dispatcher=dispatcher,
             engine_config=EngineConfig(
                 max_in_flight=settings.max_in_flight,
                 seed=settings.seed,
@@ -168,7 +184,6 @@ class AgentActor:
             api_key=model_api_key,
             tracer_provider=self._tracer_provider,
         )
-        self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(
             self._audit,
             audit_key or load_or_create_key(settings.audit_key_path),
@@ -179,7 +194,7 @@ class AgentActor:
         host = settings.grpc_host or self._node_ip
         self._server = AgentServer(
             self._agent,
-            policy=load_policy(settings),
+            policy=policy,
             authenticator=authenticator_for(settings, role, secret),
             audit=self._audit,
             config=ServerConfig(
@@ -290,7 +305,11 @@ class AgentActor:
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
-        await self._dispatcher.aclose()
+        close = getattr(self._outbound, "aclose", None)
+        if close is not None:
+            await close()  # the A2A dispatcher closes the gRPC one it wraps
+        else:
+            await self._dispatcher.aclose()
         await self._answers.aclose()
         await self._store.aclose()
         await asyncio.to_thread(shutdown_telemetry)
