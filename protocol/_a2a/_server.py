@@ -152,7 +152,9 @@ class A2AServer:
         if self._uvicorn is not None:
             raise ProtocolUsageError("the A2A server is already started")
         family = socket.AF_INET6 if ":" in self._config.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are
+        # TCP, and without it every answer waits ~40 ms for the client's delayed ACK (Nagle).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self._config.host, self._config.port))

@@ -130,9 +130,9 @@ def main() -> None:
     if role == "serve":
         serve(int(where))
     elif role == "drive":
-        text, *counts = sys.argv[3:7]
+        text, *counts = sys.argv[3:8]
         warmup, latency, throughput, concurrency = (int(n) for n in counts)
-        rest = sys.argv[7:]
+        rest = sys.argv[8:]
         asking = (rest[0], rest[1], rest[2]) if len(rest) == 3 else None
         asyncio.run(drive(where, text, warmup, latency, throughput, concurrency, asking))
     else:

@@ -66,7 +66,7 @@ class EchoAgent:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
-        sock = socket.socket()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
         card = AgentCard(
