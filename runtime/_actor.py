@@ -47,6 +47,7 @@ from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, acto
 from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
@@ -178,6 +179,9 @@ class AgentActor:
             store=self._store,
             world_store=open_world_store(settings, role),
         )
+        # Before the model planner is made and before any plan resumes: the MCP tools are the
+        # agent's tools (in its answer schema too) from its first request on.
+        self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         attach_model_planner(
             self._agent,
             settings,
@@ -211,6 +215,7 @@ class AgentActor:
             answers=self._answers,
         )
         await self._server.start()
+        self._mcp_face = await start_mcp_face(self._server, settings, role)
         self._a2a: A2AServer | None = None
         if settings.a2a and settings.auth != "mtls":
             # Imported here: the A2A SDK, Starlette and uvicorn load only where A2A is served.
@@ -264,6 +269,7 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "mcp_url": self._mcp_face.url if self._mcp_face is not None else "",
             "a2a_url": self._a2a.url if self._a2a is not None else "",
         }
 
@@ -299,12 +305,16 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        if self._mcp_face is not None:
+            await self._mcp_face.aclose()
         if self._a2a is not None:
             await self._a2a.aclose()
         await self._server.aclose()
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
+        for toolset in self._mcp:
+            await toolset.aclose()
         close = getattr(self._outbound, "aclose", None)
         if close is not None:
             await close()  # the A2A dispatcher closes the gRPC one it wraps

@@ -136,6 +136,7 @@ class AgentInfo:
             otherwise): ``up`` compares it with the operator's secret.
         a2a_url: Its A2A base URL (card at ``.well-known/agent-card.json``, JSON-RPC at the URL);
             empty when it serves no A2A.
+        mcp_url: Its MCP face's URL (``mcp_ports``), or "" when it has none.
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
@@ -157,6 +158,7 @@ class AgentInfo:
     secret_id: str = ""
     problem: str = ""
     a2a_url: str = ""
+    mcp_url: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -133,6 +134,8 @@ class A2APeerConfig:
         token: A bearer token it accepts ("" for none): a secret, never logged.
         skill: The skill asked for when a step names none.
         timeout_s: The most one call may take.
+        max_answer_bytes: The largest HTTP answer read from it; a larger one fails the call
+            (``FAILED_PRECONDITION``) without being read further.
     """
 
     name: str
@@ -140,6 +143,7 @@ class A2APeerConfig:
     token: str = field(default="", repr=False)
     skill: str = ""
     timeout_s: float = 60.0
+    max_answer_bytes: int = 4 << 20
 
 
 _FAILED: Final = {
@@ -161,7 +165,11 @@ class A2AAgentClient:
     def __init__(self, peer: A2APeerConfig) -> None:
         self.peer = peer
         headers = {"Authorization": f"Bearer {peer.token}"} if peer.token else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=peer.timeout_s)
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=peer.timeout_s,
+            transport=_Bounded(httpx.AsyncHTTPTransport(), peer.max_answer_bytes),
+        )
         self._client: Any = None
         self._opening = asyncio.Lock()
 
@@ -206,6 +214,10 @@ class A2AAgentClient:
                 f"{self.peer.name} did not answer within {limit:g} s"
             ) from None
         except (A2AClientError, httpx.HTTPError) as exc:
+            if _caused_by(exc, _TooLarge):
+                raise FailedPreconditionError(
+                    f"{self.peer.name} answered more than {self.peer.max_answer_bytes} bytes"
+                ) from None
             raise _transport_error(self.peer.name, exc) from None
         except A2AError as exc:
             raise _refusal(self.peer.name, exc) from None
@@ -234,6 +246,60 @@ class A2AAgentClient:
             await self._client.close()
             self._client = None
         await self._http.aclose()
+
+
+class _TooLarge(httpx.TransportError):
+    """An answer past the peer's ``max_answer_bytes``."""
+
+
+class _Bounded(httpx.AsyncBaseTransport):
+    """A transport whose answers are cut off (``_TooLarge``) past ``limit`` bytes, so a peer
+    cannot make the agent hold an answer of any size."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            await response.aclose()
+            raise _TooLarge(f"the answer is {declared} bytes", request=request)
+        response.stream = _Capped(response.stream, self._limit, request)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Capped(httpx.AsyncByteStream):
+    def __init__(self, inner: Any, limit: int, request: httpx.Request) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for chunk in self._inner:
+            read += len(chunk)
+            if read > self._limit:
+                raise _TooLarge(f"the answer passed {self._limit} bytes", request=self._request)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _context(carrier: dict[str, str], timeout_s: float) -> ClientCallContext:

@@ -1,7 +1,7 @@
 """A2A's JSON-RPC methods answered by the agent's own RPCs, through the agent's gRPC pipeline.
 
 Each method becomes the RPC of the table it means, encoded as a gRPC client would encode it, and is
-served by ``AgentServer.serve_local`` / ``stream_local``: the same authentication (the HTTP
+served by ``AgentServer.serve_foreign`` / ``stream_foreign``: the same authentication (the HTTP
 ``Authorization`` header is the call's ``authorization`` metadata), authorization, admission,
 limits, validation, audit records, span and metrics as the same call over gRPC.
 
@@ -14,8 +14,8 @@ limits, validation, audit records, span and metrics as the same call over gRPC.
 | ``SubscribeToTask`` | ``Plans``, then ``Watch`` | ``Plans``, ``Watch`` |
 
 A message that cannot become a request (no usable part, a request breaking the capability's model,
-an unknown skill) is refused through the pipeline too (``AgentServer.refuse_local``), after the
-authentication and authorization a ``Call`` gets. Push notifications are not
+an unknown skill) is refused through the pipeline too (``AgentServer.serve_foreign`` with a
+``refusal``), after the authentication and authorization a ``Call`` gets. Push notifications are not
 offered (``PushNotificationNotSupportedError``). ``ListTasks`` lists the caller's own tasks among
 those the agent answered over A2A lately (authorized and audited as ``Plans``).
 """
@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from a2a.server.context import ServerCallContext
@@ -81,7 +82,7 @@ from stratagem.protocol._codec import decode_response, encode_call
 from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
 from stratagem.protocol._models import MAX_PLANS_PAGE, ControlRequest, PlanQuery, PlanSnapshot
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
-from stratagem.protocol._server import AgentServer, LocalCall
+from stratagem.protocol._server import AgentServer, HttpCall
 from stratagem.protocol._service import CONTROL, PLANS, WATCH
 
 __all__ = ["HTTP_STATUS_KEY", "StratagemRequestHandler", "call_of"]
@@ -97,13 +98,21 @@ _HTTP_STATUS: Final = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403}
 _LIST_LIMIT: Final = 100
 
 
-def call_of(state: Mapping[str, Any], routing: Mapping[str, str] | None = None) -> LocalCall:
-    """The ``LocalCall`` of a JSON-RPC request whose context state is ``state``, with the
-    routing metadata a gRPC client would send (``x-stratagem-target``, ...)."""
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A JSON-RPC request as the agent's RPCs see it: metadata and a transport context."""
+
+    metadata: dict[str, str]
+    context: HttpCall
+
+
+def call_of(state: Mapping[str, Any], routing: Mapping[str, str] | None = None) -> _Call:
+    """The call of a JSON-RPC request whose SDK context state is ``state``, with the routing
+    metadata a gRPC client would send (``x-stratagem-target``, ...)."""
     headers: Mapping[str, str] = state.get("headers", {})
-    metadata = [(key, str(headers[key])) for key in _FORWARDED if key in headers]
-    metadata += [(key, value) for key, value in (routing or {}).items() if value]
-    return LocalCall(tuple(metadata), None, str(state.get("peer", "unknown")))
+    metadata = {key: str(headers[key]) for key in _FORWARDED if key in headers}
+    metadata.update({key: value for key, value in (routing or {}).items() if value})
+    return _Call(metadata, HttpCall(str(state.get("peer", "unknown"))))
 
 
 class StratagemRequestHandler(RequestHandler):
@@ -142,7 +151,7 @@ class StratagemRequestHandler(RequestHandler):
 
     async def _finish(self, prepared: _Prepared, context: ServerCallContext) -> Task:
         try:
-            answer = await self._server.serve_local("Call", prepared.request, prepared.call)
+            answer = await self._call("Call", prepared.request, prepared.call)
         except RemoteError as error:
             if is_refusal(error):
                 _remember_status(context, error)
@@ -165,9 +174,7 @@ class StratagemRequestHandler(RequestHandler):
     ) -> AsyncGenerator[Event]:
         prepared = await self._prepare(params.message, context)
         task_id, context_id = prepared.task_id, prepared.context_id
-        calling = asyncio.ensure_future(
-            self._server.serve_local("Call", prepared.request, prepared.call)
-        )
+        calling = asyncio.ensure_future(self._call("Call", prepared.request, prepared.call))
         try:
             yield task_of(
                 task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=prepared.history
@@ -212,8 +219,11 @@ class StratagemRequestHandler(RequestHandler):
         """The plan's events as working-status updates (through ``Watch``), until the plan ends
         or ``until`` is done; a caller the policy denies ``Watch`` gets none."""
         call = call_of(context.state)
-        events = self._server.stream_local(
-            WATCH.name, WATCH.encode_request(PlanQuery(plan_id=task_id)), call
+        events = self._server.stream_foreign(
+            WATCH.name,
+            WATCH.encode_request(PlanQuery(plan_id=task_id)),
+            call.metadata,
+            call.context,
         )
         upcoming: asyncio.Future[bytes] | None = None
         try:
@@ -277,7 +287,7 @@ class StratagemRequestHandler(RequestHandler):
         except ProtocolUsageError:
             raise TaskNotFoundError(message=f"no task {task_id[:200]!r} on this agent") from None
         try:
-            answer = await self._server.serve_local(
+            answer = await self._call(
                 PLANS.name, PLANS.encode_request(query), call_of(context.state)
             )
         except RemoteError as error:
@@ -297,9 +307,7 @@ class StratagemRequestHandler(RequestHandler):
             raise TaskNotFoundError(message=f"no task {params.id[:200]!r} on this agent") from None
         call = call_of(context.state, {CAPABILITY_KEY: "Control.cancel"})
         try:
-            answer = await self._server.serve_local(
-                CONTROL.name, CONTROL.encode_request(control), call
-            )
+            answer = await self._call(CONTROL.name, CONTROL.encode_request(control), call)
         except RemoteError as error:
             _remember_status(context, error)
             raise a2a_error(error, task_id=params.id) from None
@@ -340,7 +348,7 @@ class StratagemRequestHandler(RequestHandler):
         a time; authorized (and audited) as ``Plans``, whose snapshots give their states."""
         call = call_of(context.state)
         try:
-            answer = await self._server.serve_local(
+            answer = await self._call(
                 PLANS.name, PLANS.encode_request(PLANS.build(page_size=MAX_PLANS_PAGE)), call
             )
         except RemoteError as error:
@@ -348,7 +356,7 @@ class StratagemRequestHandler(RequestHandler):
             raise a2a_error(error) from None
         states = {p.plan_id: state_of(p.status) for p in PLANS.decode_response(answer).plans}
         tasks = []
-        for kept in self._tasks.owned_by(self._server.identify(call) or ""):
+        for kept in self._tasks.owned_by(self._caller_of(call)):
             task = Task()
             task.CopyFrom(kept)
             if task.id in states and states[task.id] != task.status.state:
@@ -411,6 +419,19 @@ class StratagemRequestHandler(RequestHandler):
     ) -> A2ACard:
         raise ExtendedAgentCardNotConfiguredError
 
+    # --- through the agent's pipeline ---------------------------------------------------------
+
+    async def _call(self, method: str, request: bytes, call: _Call) -> bytes:
+        """One unary RPC of the agent's, through its gRPC server's stages."""
+        return await self._server.serve_foreign(method, request, call.metadata, call.context)
+
+    def _caller_of(self, call: _Call) -> str:
+        """Who the call's credentials name ("": nobody verified; the stages refuse it then)."""
+        try:
+            return self._server.authenticate(call.metadata, call.context)
+        except RemoteError:
+            return ""
+
     # --- a message becomes a Call ---------------------------------------------------------------
 
     async def _prepare(self, message: Message, context: ServerCallContext) -> _Prepared:
@@ -434,7 +455,13 @@ class StratagemRequestHandler(RequestHandler):
         except A2AError as refusal:
             call = call_of(context.state, {TARGET_KEY: self._role, CAPABILITY_KEY: skill})
             try:
-                await self._server.refuse_local(InvalidArgumentError(refusal.message), call)
+                await self._server.serve_foreign(
+                    "Call",
+                    b"",
+                    call.metadata,
+                    call.context,
+                    refusal=InvalidArgumentError(refusal.message),
+                )
             except RemoteError as error:
                 if not isinstance(error, InvalidArgumentError):
                     _remember_status(context, error)
@@ -445,7 +472,7 @@ class StratagemRequestHandler(RequestHandler):
             context.state,
             {TARGET_KEY: self._role, CAPABILITY_KEY: spec.name, REQUEST_ID_KEY: request_id},
         )
-        caller = self._server.identify(call) or ""
+        caller = self._caller_of(call)
         task_id = task_id_for(caller, message.message_id)
         request = b""
         if caller:
@@ -472,7 +499,7 @@ class _Prepared:
     def __init__(
         self,
         spec: CapabilitySpec,
-        call: LocalCall,
+        call: _Call,
         request: bytes,
         task_id: str,
         context_id: str,

@@ -210,3 +210,15 @@ async def test_a_stratagem_agent_over_a2a_answers_a_retried_step_once() -> None:
     assert {e["id"] for e in first.outputs["ask"]["data"]["entities"]} == {"mira", "courtyard"}
     actions = [r.action for r in remote_audit.records() if r.capability == "ExtractEntities"]
     assert actions == ["call.accepted", "call.outcome", "call.replayed"]
+
+
+async def test_an_answer_past_the_limit_is_not_read_and_fails_the_step(echo: EchoAgent) -> None:
+    peer = A2APeerConfig("echo", echo.url, max_answer_bytes=32 * 1024)
+    engine, dispatcher = _engine({"echo": peer}, InMemoryAuditLog())
+    try:
+        result = await engine.run(_plan({"agent": "echo", "text": "x" * 60_000}))
+    finally:
+        await dispatcher.aclose()
+    (failure,) = result.failures
+    assert failure.failure_class == "logic"
+    assert "answered more than 32768 bytes" in failure.message
