@@ -727,9 +727,14 @@ def _plan_json(where: str, typed: Plan, tools: Sequence[str], settings: Settings
     """Check a typed plan the way its owner will (``tools``: its owner's), as JSON."""
     from stratagem.planning import PlanValidationError, validate_plan
 
-    roles = deployment_roles(settings.extensions)
+    targets: tuple[str, ...] = deployment_roles(settings.extensions)
+    if settings.a2a_agents:
+        from stratagem.protocol._a2a._client import A2A_TARGET, register_a2a_capability
+
+        register_a2a_capability()  # a step may then send a message to an external A2A agent
+        targets = (*targets, A2A_TARGET)
     try:
-        validate_plan(typed, tools=tools, roles=roles, capabilities=CAPABILITIES)
+        validate_plan(typed, tools=tools, roles=targets, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()

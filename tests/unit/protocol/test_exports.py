@@ -16,6 +16,8 @@ EXPECTED = [
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",
