@@ -33,16 +33,18 @@ import functools
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from stratagem.protocol import (
     CAPABILITIES,
+    MCP_SERVER_NAME_PATTERN,
     OPERATOR,
     ROLES,
     AgentCard,
@@ -78,6 +80,9 @@ from stratagem.runtime._local import LaunchError, published_endpoint
 from stratagem.runtime._security import credentials_for
 from stratagem.runtime._settings import Settings, load_settings
 
+if TYPE_CHECKING:
+    from stratagem.planning import Plan
+
 __all__ = [
     "Directory",
     "Operator",
@@ -94,6 +99,9 @@ T = TypeVar("T")
 
 PlanSource = Path | Mapping[str, Any]
 """A plan: a YAML or JSON file, or the mapping such a file holds (id, owner, goal, steps)."""
+
+_MCP_TOOL: Final = re.compile(rf"{MCP_SERVER_NAME_PATTERN}\..+")
+"""How an agent's registry names an MCP server's tool: ``<server>.<tool>``."""
 
 
 def operator_settings(
@@ -506,11 +514,30 @@ class Operator:
         Raises:
             InputError: The plan is not one its owner would run (every problem named).
         """
-        owner, plan_json = _plan_json(plan, self.settings)
+        owner, plan_json = await self._checked_plan(plan)
         key = f"run-{uuid.uuid4().hex}"
         return await self._at(
             owner, lambda client: client.run_plan(plan_json, timeout=timeout, request_id=key)
         )
+
+    async def _checked_plan(self, plan: PlanSource, *, plan_id: str = "") -> tuple[str, str]:
+        """``plan`` checked as its owner will check it: its owner and the plan as JSON.
+
+        Everything is checked here before any call but the tools an agent built here does not
+        have: those named as an MCP server's (``server.tool``), which only the running owner has,
+        are looked up in its Describe.
+        """
+        from stratagem.planning import ToolStep
+
+        where, raw = _read_plan(plan, plan_id=plan_id)
+        owner, typed, local = _typed_plan(where, raw, self.settings)
+        named = {step.tool for step in typed.steps if isinstance(step, ToolStep)} | {
+            step.compensate for step in typed.steps if step.compensate is not None
+        }
+        served: list[str] = []
+        if any(_MCP_TOOL.fullmatch(name) for name in named - set(local)):
+            served = (await self.describe(owner)).tools
+        return owner, _plan_json(where, typed, [*local, *served], self.settings)
 
     async def submit(
         self,
@@ -564,7 +591,7 @@ class Operator:
             PlanNotFoundError: No agent holds the plan.
             protocol.FailedPreconditionError: The action does not apply (a gate not open...).
         """
-        plan_json = "" if plan is None else _plan_json(plan, self.settings, plan_id=plan_id)[1]
+        plan_json = "" if plan is None else (await self._checked_plan(plan, plan_id=plan_id))[1]
         recorded = None if output is None else dict(output)
         try:
             ControlRequest(
@@ -660,15 +687,9 @@ class Operator:
         )
 
 
-def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:
-    """Check a plan the way its owner will: its owner and the plan as JSON of the owner's type.
-
-    ``plan_id``, when given, replaces the plan's id (a new revision of that plan). The agents and
-    the planning engine are imported here, not with the module: most calls need neither.
-    """
-    from stratagem.agents import ExtensionError, build_agent
-    from stratagem.planning import PlanValidationError, validate_plan
-
+def _read_plan(plan: PlanSource, *, plan_id: str = "") -> tuple[str, dict[str, Any]]:
+    """Where a plan comes from (for messages) and its mapping; ``plan_id``, when given, replaces
+    the plan's id (a new revision of that plan)."""
     where = str(plan) if isinstance(plan, Path) else "the mapping given"
     raw = (
         read_mapping(plan, "a plan's id, owner and steps") if isinstance(plan, Path) else dict(plan)
@@ -676,6 +697,17 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     check_plan_steps(where, raw)
     if plan_id:
         raw["id"] = plan_id
+    return where, raw
+
+
+def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[str, Plan, list[str]]:
+    """A plan as its owner's type: its owner, the typed plan and the tools of an agent of that
+    role built here (without the MCP servers' tools, which only the running agent has).
+
+    The agents are imported here, not with the module: most calls need none.
+    """
+    from stratagem.agents import ExtensionError, build_agent
+
     owner = raw.get("owner")
     roles = deployment_roles(settings.extensions)
     if owner not in roles:
@@ -688,16 +720,23 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
         typed = agent.plan_type.model_validate(raw)
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
-    targets: tuple[str, ...] = roles
+    return owner, typed, agent.registry.names()
+
+
+def _plan_json(where: str, typed: Plan, tools: Sequence[str], settings: Settings) -> str:
+    """Check a typed plan the way its owner will (``tools``: its owner's), as JSON."""
+    from stratagem.planning import PlanValidationError, validate_plan
+
+    targets: tuple[str, ...] = deployment_roles(settings.extensions)
     if settings.a2a_agents:
         from stratagem.protocol._a2a._client import A2A_TARGET, register_a2a_capability
 
         register_a2a_capability()  # a step may then send a message to an external A2A agent
-        targets = (*roles, A2A_TARGET)
+        targets = (*targets, A2A_TARGET)
     try:
-        validate_plan(typed, tools=agent.registry, roles=targets, capabilities=CAPABILITIES)
+        validate_plan(typed, tools=tools, roles=targets, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()
     check_encoded_size(where, plan_json, settings.max_message_bytes)
-    return owner, plan_json
+    return plan_json

@@ -114,7 +114,7 @@ _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._directory": ("AgentInfo",),
-    "stratagem.runtime._launcher": ("Deployment",),
+    "stratagem.runtime._launcher": ("AgentStartError", "Deployment"),
 }
 
 
