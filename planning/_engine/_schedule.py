@@ -18,7 +18,7 @@ from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Step
+from stratagem.planning._plan import FailureClass, GateStep, Step, ToolStep
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,13 @@ class _Scheduler:
             if isinstance(step, GateStep):
                 state.take_ready()
                 self.gates.reach(step)
+                continue
+            if (
+                self.gates.approvals
+                and isinstance(step, ToolStep)
+                and self.gates.ask_approval(step)
+            ):
+                state.take_ready()  # waits at its tool gate
                 continue
             if len(running) >= self.bound:
                 break
