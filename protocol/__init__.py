@@ -160,16 +160,20 @@ from stratagem.protocol._storage import (
 )
 
 if TYPE_CHECKING:
+    from stratagem.protocol._a2a import A2AConfig, A2AServer
     from stratagem.protocol._answers._postgres import PostgresAnswerStore
     from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
     from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
     from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
-# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds.
+# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds; the A2A
+# face loads the A2A SDK, Starlette and uvicorn.
 __getattr__ = lazy_exports(
     __name__,
     {
+        "A2AConfig": "._a2a",
+        "A2AServer": "._a2a",
         "TlsFiles": "._tls",
         "certificate_identity": "._tls",
         "init_certificates": "._tls",
@@ -195,6 +199,8 @@ __all__ = [
     "ROLES",
     "ROLE_PATTERN",
     "ROLE_PREFIX",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",

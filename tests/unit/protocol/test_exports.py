@@ -17,6 +17,8 @@ EXPECTED = [
     "ROLES",
     "ROLE_PATTERN",
     "ROLE_PREFIX",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",
