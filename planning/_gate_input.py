@@ -3,9 +3,8 @@
 A gate that asks (``GateStep.input_schema`` or ``GateStep.choices``) takes a value with its
 approval. ``schema_problem`` checks the schema itself when the plan is validated (it must be a
 valid JSON Schema of the draft it names, 2020-12 by default); ``value_problem`` checks a value
-when a decision is given, in one line that names the field that does not fit, e.g.
-``value.amount: 'ten' is not of type 'number'`` or ``value: 'maybe' is not one of the choices
-'yes', 'no'``.
+when a decision is given: the field that does not fit and why, e.g. ``("value.amount", "'ten' is
+not of type 'number'")`` or ``("value", "'maybe' is not one of the choices 'yes', 'no'")``.
 """
 
 from __future__ import annotations
@@ -53,9 +52,9 @@ def choices_problem(choices: list[Any]) -> str | None:
     return None
 
 
-def value_problem(step: GateStep, value: Any, given: bool) -> str | None:
-    """What is wrong with ``value`` as the value of an approval of ``step``, in one line naming
-    the field (``None``: it fits).
+def value_problem(step: GateStep, value: Any, given: bool) -> tuple[str, str] | None:
+    """What is wrong with ``value`` as the value of an approval of ``step``: the field that does
+    not fit and why, in one line each (``None``: it fits).
 
     Args:
         step: The gate.
@@ -64,16 +63,16 @@ def value_problem(step: GateStep, value: Any, given: bool) -> str | None:
     """
     if not step.asks:
         if given:
-            return f"gate {step.id!r} asks no value: approve it without one"
+            return VALUE, f"gate {step.id!r} asks no value: approve it without one"
         return None
     if not given:
         what = "one of its choices" if step.choices is not None else "a value of its input_schema"
-        return f"gate {step.id!r} asks {what}: give it with the approval (value)"
+        return VALUE, f"gate {step.id!r} asks {what}: give it with the approval"
     if step.choices is not None:
         key = _canonical(value)
         if not any(_canonical(choice) == key for choice in step.choices):
             offered = ", ".join(_shown(choice) for choice in step.choices)
-            return f"{VALUE}: {_shown(value)} is not one of the choices {offered}"
+            return VALUE, f"{_shown(value)} is not one of the choices {offered}"
         return None
     assert step.input_schema is not None
     validator = _validator(_canonical(step.input_schema))
@@ -84,7 +83,7 @@ def value_problem(step: GateStep, value: Any, given: bool) -> str | None:
     )
     if error is None:
         return None
-    return f"{_path(error)}: {_one_line(error.message)}"
+    return _path(error), _one_line(error.message)
 
 
 @functools.lru_cache(maxsize=256)

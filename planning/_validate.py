@@ -204,9 +204,9 @@ def _gate_problems(step: GateStep) -> list[str]:
                 f"{gate} asks no value (no input_schema, no choices): use on_timeout 'approve'"
             )
         elif step.input_schema is None or schema_problem(step.input_schema) is None:
-            problem = value_problem(step, step.default, True)
-            if problem is not None:
-                problems.append(f"{gate} default does not fit the gate: {problem}")
+            unfit = value_problem(step, step.default, True)
+            if unfit is not None:
+                problems.append(f"{gate} default does not fit the gate: {': '.join(unfit)}")
     elif step.default is not None:
         problems.append(f"{gate} has a default value but on_timeout is not 'default'")
     escalates = step.escalate_after_s is not None or step.on_timeout == "escalate"

@@ -13,7 +13,7 @@ from typing import Any, Literal, assert_never
 
 from stratagem.planning._engine._types import ToolApproval, ToolRunner
 from stratagem.planning._errors import GateDecisionError, GateValueError
-from stratagem.planning._gate_input import VALUE, value_problem
+from stratagem.planning._gate_input import value_problem
 from stratagem.planning._plan import CrossAgentStep, GateStep, Step, ToolStep
 from stratagem.planning._store import GateKind, GateState
 
@@ -93,10 +93,7 @@ def check_decision_input(
     if kind is GateKind.GATE and isinstance(step, GateStep) and approve:
         problem = value_problem(step, value, has_value)
         if problem is not None:
-            field, _, reason = problem.partition(": ")
-            if not reason:
-                field, reason = VALUE, problem
-            raise GateValueError(plan_id, gate_id, revision, field, reason)
+            raise GateValueError(plan_id, gate_id, revision, *problem)
     elif has_value:
         raise GateDecisionError(
             plan_id,

@@ -367,9 +367,10 @@ class _Gates:
         self._spawn(self._tell(notice, committed))
 
     async def _expire(self, gate_id: str, gate: Open) -> None:
-        """The gate's deadline passed: what ``on_timeout`` says, committed, told, then done."""
+        """The gate's deadline passed: what ``on_timeout`` says, committed, told, then done
+        (unless the gate closed, or a person's decision is being committed, meanwhile)."""
         rule = gate.rule
-        if rule is None:
+        if rule is None or gate_id not in self.state.gates or gate_id in self.deciding:
             return
         waited = f"no decision within {rule.timeout_s:g}s"
         if rule.on_timeout == "escalate":

@@ -34,6 +34,7 @@ from stratagem.planning import (
     PlanState,
     PlanStatus,
     PlanValidationError,
+    Record,
     SqliteStateStore,
     StateStore,
     StepEvent,
@@ -157,8 +158,9 @@ async def test_a_typed_value_reaches_a_later_step() -> None:
             "g", "ask", approve=True, approver="ann", rationale="", revision=1, value={"count": "x"}
         )
     assert (info.value.field, info.value.reason) == ("value.count", "'x' is not of type 'integer'")
-    with pytest.raises(GateValueError, match="asks a value of its input_schema"):
+    with pytest.raises(GateValueError, match="asks a value of its input_schema") as info:
         await eng.decide("g", "ask", approve=True, approver="ann", rationale="", revision=1)
+    assert info.value.field == "value"
     state = await store.load("g")
     assert state is not None
     assert state.gates["ask"].decision is GateDecision.OPEN
@@ -415,6 +417,46 @@ async def test_a_timeout_decided_but_not_acted_on_before_a_restart_is_acted_on_o
     assert len([r for r in await _gate_records(path) if r.decision is not GateDecision.OPEN]) == 1
     assert notices.events() == ["timed_out"]  # told, since the run could not have been sure
     assert notices.told[0].deadline == opened.deadline
+
+
+class HeldDecisionStore(InMemoryStateStore):
+    """Holds the commit of a person's decision until released: the deadline passes meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def commit(self, records: Sequence[Record]) -> None:
+        if any(isinstance(r, GateRecord) and r.approver == "ann" for r in records):
+            self.holding.set()
+            await self.release.wait()
+        await super().commit(records)
+
+
+async def test_a_deadline_passing_while_a_decision_commits_does_not_decide_too() -> None:
+    runner = Effects()
+    store = HeldDecisionStore()
+    eng = engine(runner, store)
+    gate = GateStep(id="ok", prompt="Ship?", timeout_s=0.05, on_timeout="reject")
+    events: list[StepEvent] = []
+    task = asyncio.create_task(eng.run(plan(gate), on_event=events.append))
+    await until(events, PlanStatus.BLOCKED)
+    decided = asyncio.create_task(
+        eng.decide("g", "ok", approve=True, approver="ann", rationale="yes", revision=1)
+    )
+    await asyncio.wait_for(store.holding.wait(), 10)
+    await asyncio.sleep(0.2)  # the deadline passes while ann's decision is being committed
+    store.release.set()
+    await decided
+    result = await task
+    assert result.status is PlanStatus.SUCCEEDED
+    decisions = [
+        r
+        for r in await store.journal("g")
+        if isinstance(r, GateRecord) and r.decision is not GateDecision.OPEN
+    ]
+    assert [(r.decision, r.approver) for r in decisions] == [(GateDecision.APPROVED, "ann")]
 
 
 async def _gate_records(path: Path) -> list[GateRecord]:
