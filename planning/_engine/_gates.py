@@ -118,6 +118,7 @@ class _Gates:
         self.open: dict[str, Open] = {}
         self.deciding: set[str] = set()  # gates whose decision is being committed
         self.approved: set[str] = set()  # tool steps approved in this run
+        self.approved_notices: dict[str, GateNotice] = {}  # told by the step's next start
         self.revision: Edit | None = None  # an approval that edited a tool's arguments
         self.timers: dict[str, list[asyncio.TimerHandle]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -685,6 +686,7 @@ class _Gates:
                 state.revising(gate_id)
             else:
                 self.approved.add(gate_id)
+                self.approved_notices[gate_id] = notice
                 state.requeue(gate_id, attempt + 1)
         elif output is not None:
             state.succeed(gate_id, output, attempt, json.dumps(output), gate=notice)

@@ -117,7 +117,10 @@ class _Scheduler:
                     state.denied(step_id, attempt - 1)
                     self._deny(step, attempt - 1, denial, exhausted)
                     continue
-            state.start(step_id, attempt)
+            if self.gates.approved_notices:  # the step's tool gate was just approved
+                state.start(step_id, attempt, self.gates.approved_notices.pop(step_id, None))
+            else:
+                state.start(step_id, attempt)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
             durable = runner.intent(step, attempt, cost)

@@ -254,11 +254,11 @@ class _RunState(Generic[P]):
 
     # --- steps -------------------------------------------------------------------------------
 
-    def start(self, step_id: str, attempt: int) -> None:
-        """Attempt ``attempt`` of ``step_id`` starts."""
+    def start(self, step_id: str, attempt: int, gate: GateNotice | None = None) -> None:
+        """Attempt ``attempt`` of ``step_id`` starts (``gate``: the approval that let it)."""
         self.statuses[step_id] = StepStatus.RUNNING
         self.attempts[step_id] = attempt
-        self.observer.emit(step_id, StepStatus.RUNNING, attempt)
+        self.observer.emit(step_id, StepStatus.RUNNING, attempt, gate=gate)
 
     def denied(self, step_id: str, attempts: int) -> None:
         """Admission refused the attempt after ``attempts``: the step did not start."""

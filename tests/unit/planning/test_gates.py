@@ -659,6 +659,14 @@ async def test_per_tool_approval_approve_runs_and_reject_fails() -> None:
         assert runner.calls == []
         await eng.decide("g", "s", approve=approve, approver="ann", rationale="r", revision=1)
         result = await task
+        outcome = [e for e in events if e.step_id == "s" and e.gate is not None][-1]
+        assert outcome.gate is not None
+        assert (outcome.gate.event, outcome.gate.decision, outcome.gate.approver) == (
+            "decided",
+            "approved" if approve else "rejected",
+            "ann",
+        )
+        assert outcome.status is (StepStatus.RUNNING if approve else StepStatus.FAILED)
         assert result.status is (PlanStatus.SUCCEEDED if approve else PlanStatus.FAILED)
         assert len(runner.calls) == (1 if approve else 0)
         assert result.submitted.revision == 1
