@@ -76,6 +76,7 @@ from stratagem.protocol._codec import (
     encode_response,
     from_message,
     json_object,
+    json_value,
     to_message,
     violations_from,
 )
@@ -120,6 +121,7 @@ from stratagem.protocol._models import (
     CapabilityCard,
     ControlAction,
     ControlRequest,
+    GateInfo,
     PlanEvent,
     PlanRevision,
     PlanSnapshot,
@@ -131,7 +133,15 @@ from stratagem.protocol._models import (
     RevisionStepChange,
     control_capability,
 )
-from stratagem.protocol._policy import MCP_TARGET_PREFIX, OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._policy import (
+    MCP_TARGET_PREFIX,
+    OPERATOR,
+    READ_RPCS,
+    ROLE_PREFIX,
+    ApprovalRule,
+    Policy,
+    PolicyRule,
+)
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -188,6 +198,7 @@ __all__ = [
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
+    "ROLE_PREFIX",
     "A2AConfig",
     "A2AServer",
     "Action",
@@ -199,6 +210,7 @@ __all__ = [
     "AnalyzeNarrativeResponse",
     "AnswerRetention",
     "AnswerStore",
+    "ApprovalRule",
     "ArchiveError",
     "ArchivedSegment",
     "AuditLog",
@@ -227,6 +239,7 @@ __all__ = [
     "FileHeads",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "GateInfo",
     "HeadsStore",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
@@ -309,6 +322,7 @@ __all__ = [
     "from_message",
     "init_certificates",
     "json_object",
+    "json_value",
     "load_or_create_key",
     "register_capability",
     "register_role",

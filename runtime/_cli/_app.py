@@ -59,6 +59,8 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ChainVerdict",
         "ClusterSecret",
         "ControlAction",
+        "FailedPreconditionError",
+        "InvalidArgumentError",
         "MissingSecretError",
         "OPERATOR",
         "PlanSnapshot",
@@ -90,6 +92,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._render": (
         "Progress",
         "action_text",
+        "gate_text",
         "plan_forest",
         "relation_text",
         "span_json",
