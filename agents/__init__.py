@@ -84,6 +84,7 @@ from stratagem.agents._tactical import (
     TacticalStep,
 )
 from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
+from stratagem.agents._wire import gate_info
 from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
 from stratagem.protocol._lazy import lazy_exports
 
@@ -187,6 +188,7 @@ __all__ = [
     "define_agent",
     "defined_agents",
     "extension_policy_rules",
+    "gate_info",
     "import_extensions",
     "in_thread",
     "json_schema_model",

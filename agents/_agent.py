@@ -6,8 +6,8 @@ runs it with the engine, and turns the result into the capability's response. It
 its recent plans and their events, which ``watch`` streams and ``plans`` snapshots.
 
 Given a ``planning.StateStore``, the agent's engine keeps every plan durably, and the agent can be
-steered and restarted: ``decide_gate``, ``pause``, ``cancel`` and ``resume`` act on one plan
-(``control`` serves them over the wire, with the verified caller as the approver), and
+steered and restarted: ``decide_gate``, ``pause``, ``cancel``, ``resume`` and ``fork`` act on one
+plan (``control`` serves them over the wire, with the verified caller as the approver), and
 ``resume_unfinished`` reloads every unfinished plan from the store after a restart and continues
 each in a background task (a plan waiting at a gate waits again; a paused plan stays paused). A
 request whose plan id names an unfinished stored plan (a caller retrying after this agent
@@ -85,6 +85,8 @@ from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
+    ExpressionError,
+    GateNotifier,
     Handler,
     InMemoryDispatcher,
     Plan,
@@ -98,6 +100,8 @@ from stratagem.planning import (
     StepError,
     StepEvent,
     StepFailure,
+    ToolApproval,
+    expression,
     validate_plan,
 )
 from stratagem.protocol import (
@@ -112,6 +116,7 @@ from stratagem.protocol import (
     NotFoundError,
     PlanEvent,
     PlanSnapshot,
+    Policy,
     WireModel,
     current_call,
     json_object,
@@ -225,6 +230,7 @@ class Agent(PlanControl):
         self._started: dict[str, asyncio.Event] = {}
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._book = PlanBook(role, max_records)
+        self._policy: Policy | None = None
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -247,6 +253,50 @@ class Agent(PlanControl):
             if current is self.planner:
                 self._handlers[name] = (spec, planner)
         self.planner = planner
+
+    def use_policy(self, policy: Policy) -> None:
+        """Take up what the authorization policy says about this agent's gates: who may decide
+        them (its roles; the deciders of gates that name none) and which of its tools need an
+        approval before each call (``[[approval]]``, held at a tool gate by the engine). The
+        server authorizes the calls themselves; runs started from now on take the approvals.
+
+        Raises:
+            ValueError: An approval's ``when`` is not a valid expression (one line naming it).
+        """
+        approvals = []
+        for rule in policy.approvals(self.role):
+            if rule.when is not None:
+                try:
+                    expression(rule.when)
+                except ExpressionError as exc:
+                    raise ValueError(
+                        f"the policy's approval of tool {rule.tool!r}: invalid when: {exc}"
+                    ) from None
+            if rule.tool not in self.registry:
+                logger.warning(
+                    "the policy asks approval of tool %r, which the %s agent does not have",
+                    rule.tool,
+                    self.role,
+                )
+            approvals.append(
+                ToolApproval(
+                    tool=rule.tool,
+                    when=rule.when,
+                    prompt=rule.prompt,
+                    deciders=rule.deciders,
+                    timeout_s=rule.timeout_s,
+                    on_timeout=rule.on_timeout,
+                    escalate_after_s=rule.escalate_after_s,
+                    escalate_to=rule.escalate_to,
+                )
+            )
+        self._policy = policy
+        self._engine.approvals = tuple(approvals)
+
+    def use_notifier(self, notifier: GateNotifier | None) -> None:
+        """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
+        (runs started from now on)."""
+        self._engine.notifier = notifier
 
     def add_capability(self, spec: CapabilitySpec, planner: Planner) -> None:
         """Serve another capability (an extension's), planned by ``planner``.
@@ -284,7 +334,8 @@ class Agent(PlanControl):
         """Serve one capability request: plan, validate, run, respond.
 
         The plan's id is ``"<caller plan>/<caller step>"`` when the caller runs a plan, else the
-        request's own ``plan_id`` field when it has a non-empty one, else ``"<role>-<random>"``.
+        plan id the call names without a step (an A2A task's id), else the request's own
+        ``plan_id`` field when it has a non-empty one, else ``"<role>-<random>"``.
 
         Args:
             capability: The capability's name.
@@ -495,6 +546,9 @@ class Agent(PlanControl):
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:
             return f"{ctx.plan_id}/{ctx.step_id}"
+        if ctx.plan_id and ctx.capability in self._handlers:
+            # A caller naming a plan but no step of its own (an A2A task): the plan is that task.
+            return ctx.plan_id
         own = getattr(request, "plan_id", "")
         if isinstance(own, str) and own:
             return own

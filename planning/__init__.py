@@ -12,15 +12,21 @@ from stratagem.planning._engine import (
     CircuitBreakerConfig,
     Engine,
     EngineConfig,
+    GateNotice,
+    GateNotifier,
     PlanResult,
     StepEvent,
+    ToolApproval,
     ToolContext,
     ToolRunner,
 )
 from stratagem.planning._errors import (
     FAILURE_CODES,
     ExpressionError,
+    ForkError,
+    GateDeciderError,
     GateDecisionError,
+    GateValueError,
     LogicError,
     PlanControlError,
     PlanFailedError,
@@ -41,10 +47,12 @@ from stratagem.planning._errors import (
 from stratagem.planning._expr import Expression, expression
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import (
+    DECIDER_PATTERN,
     STEP_ID_PATTERN,
     Budget,
     CrossAgentStep,
     FailureClass,
+    Fork,
     GateStep,
     LoopStep,
     MapStep,
@@ -74,6 +82,7 @@ from stratagem.planning._revisions import (
 )
 from stratagem.planning._store._sqlite import SqliteStateStore
 from stratagem.planning._store._state import (
+    TIMEOUT_APPROVER,
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -108,8 +117,10 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"})
 
 __all__ = [
+    "DECIDER_PATTERN",
     "FAILURE_CODES",
     "STEP_ID_PATTERN",
+    "TIMEOUT_APPROVER",
     "BreakerState",
     "Budget",
     "BudgetRecord",
@@ -128,12 +139,18 @@ __all__ = [
     "Expression",
     "ExpressionError",
     "FailureClass",
+    "Fork",
+    "ForkError",
+    "GateDeciderError",
     "GateDecision",
     "GateDecisionError",
     "GateKind",
+    "GateNotice",
+    "GateNotifier",
     "GateRecord",
     "GateState",
     "GateStep",
+    "GateValueError",
     "Handler",
     "InMemoryDispatcher",
     "InMemoryStateStore",
@@ -183,6 +200,7 @@ __all__ = [
     "StoreStats",
     "StoreUnavailableError",
     "SubplanStep",
+    "ToolApproval",
     "ToolContext",
     "ToolRunner",
     "ToolStep",

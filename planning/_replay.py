@@ -94,6 +94,8 @@ __all__ = ["Divergence", "ReplayReport", "replay"]
 logger = logging.getLogger(__name__)
 
 _GATED: Final = "gated"
+_CARRIED_GATE: Final = "(a carried gate)"
+"""The tool a replay serves a carried gate's recorded result as."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +434,11 @@ class _Observer:
             return
         gate = queue.popleft()
         output = None if gate.output_json is None else json.loads(gate.output_json)
+        given: dict[str, Any] = {}
+        if gate.value_json is not None:
+            given["value"] = json.loads(gate.value_json)
+        if gate.arguments_json is not None:
+            given["arguments"] = json.loads(gate.arguments_json)
         self.tasks.append(
             asyncio.get_running_loop().create_task(
                 self.engine.decide(
@@ -442,6 +449,7 @@ class _Observer:
                     rationale=gate.rationale,
                     revision=revision,
                     output=output,
+                    **given,
                 )
             )
         )
@@ -495,11 +503,32 @@ async def replay(
     plans: dict[str, _Replayed] = {}
     await _load(store, plan, records, state.status, "", outputs or {}, tools, served, costs, plans)
     main = plans[plan.id]
+    # A gate's result carried into this revision (a replan's, a fork's) was decided elsewhere:
+    # it is served like a tool's, as recorded (``_load`` serves it).
+    carried = _carried_gates(plan, records)
+    if carried:
+        plan = plan.model_copy(
+            update={
+                "steps": [
+                    ToolStep(
+                        id=step.id,
+                        tool=_CARRIED_GATE,
+                        depends_on=step.depends_on,
+                        when=step.when,
+                        runs_on=step.runs_on,
+                    )
+                    if step.id in carried
+                    else step
+                    for step in plan.steps
+                ]
+            }
+        )
     engine = Engine(
         EngineConfig(
             max_in_flight=plan.max_in_flight or 4,
             default_timeout_s=timeout_s,
             circuit_breaker=None,
+            gate_deadlines=False,  # the recorded decisions are given instead
         ),
         tools=_RecordingTools(served, tools, costs),
         dispatcher=_RecordingDispatcher(served),
@@ -604,11 +633,15 @@ async def _load(
 ) -> None:
     """Read what the replay of ``plan`` serves and compares, and so for its nested plans."""
     steps = {step.id: step for step in plan.steps}
-    # Gates are decided, not served; maps, loops and sub-plans are expanded (their items and
-    # nested plans are served); with ``tools``, tool steps and maps' tool items call them.
+    # Gates are decided, not served (but for a gate's result carried from another revision or
+    # plan, served as recorded); maps, loops and sub-plans are expanded (their items and nested
+    # plans are served); with ``tools``, tool steps and maps' tool items call them.
+    carried = _carried_gates(plan, records)
 
     def unserved(key: str) -> bool:
         step = steps.get(key_owner(key))
+        if isinstance(step, GateStep) and key in carried:
+            return False
         if step is None or isinstance(step, GateStep | LoopStep | SubplanStep):
             return True
         if isinstance(step, MapStep):
@@ -649,6 +682,25 @@ async def _load(
             costs,
             plans,
         )
+
+
+def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
+    """The gate steps whose success the journal records without a decision of its own (their
+    result was carried from another revision or plan)."""
+    gates = {step.id for step in plan.steps if isinstance(step, GateStep)}
+    decided = {
+        r.gate_id
+        for r in records
+        if isinstance(r, GateRecord) and r.decision is not GateDecision.OPEN
+    }
+    return {
+        r.step_id
+        for r in records
+        if isinstance(r, StepResult)
+        and r.status is StepStatus.SUCCEEDED
+        and r.step_id in gates
+        and r.step_id not in decided
+    }
 
 
 async def _cancel_when_stuck(

@@ -76,6 +76,7 @@ from stratagem.protocol._codec import (
     encode_response,
     from_message,
     json_object,
+    json_value,
     to_message,
     violations_from,
 )
@@ -120,6 +121,7 @@ from stratagem.protocol._models import (
     CapabilityCard,
     ControlAction,
     ControlRequest,
+    GateInfo,
     PlanEvent,
     PlanRevision,
     PlanSnapshot,
@@ -131,7 +133,15 @@ from stratagem.protocol._models import (
     RevisionStepChange,
     control_capability,
 )
-from stratagem.protocol._policy import MCP_TARGET_PREFIX, OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._policy import (
+    MCP_TARGET_PREFIX,
+    OPERATOR,
+    READ_RPCS,
+    ROLE_PREFIX,
+    ApprovalRule,
+    Policy,
+    PolicyRule,
+)
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -150,16 +160,20 @@ from stratagem.protocol._storage import (
 )
 
 if TYPE_CHECKING:
+    from stratagem.protocol._a2a import A2AConfig, A2AServer
     from stratagem.protocol._answers._postgres import PostgresAnswerStore
     from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
     from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
     from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
-# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds.
+# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds; the A2A
+# face loads the A2A SDK, Starlette and uvicorn.
 __getattr__ = lazy_exports(
     __name__,
     {
+        "A2AConfig": "._a2a",
+        "A2AServer": "._a2a",
         "TlsFiles": "._tls",
         "certificate_identity": "._tls",
         "init_certificates": "._tls",
@@ -184,6 +198,9 @@ __all__ = [
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
+    "ROLE_PREFIX",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",
@@ -193,6 +210,7 @@ __all__ = [
     "AnalyzeNarrativeResponse",
     "AnswerRetention",
     "AnswerStore",
+    "ApprovalRule",
     "ArchiveError",
     "ArchivedSegment",
     "AuditLog",
@@ -221,6 +239,7 @@ __all__ = [
     "FileHeads",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "GateInfo",
     "HeadsStore",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
@@ -303,6 +322,7 @@ __all__ = [
     "from_message",
     "init_certificates",
     "json_object",
+    "json_value",
     "load_or_create_key",
     "register_capability",
     "register_role",

@@ -68,7 +68,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -110,12 +110,14 @@ from stratagem.protocol._rpc import (
 from stratagem.protocol._service import CALL, RPCS, AgentBackend, RpcSpec, Serving
 from stratagem.protocol._status import as_remote_error, grpc_status
 
-__all__ = ["AgentServer", "ServerConfig"]
+__all__ = ["AgentServer", "HttpCall", "ServerConfig"]
 
 logger = logging.getLogger(__name__)
 
 # How far above ``max_message_bytes`` the transport's own limits sit, so our check answers first.
 _TRANSPORT_HEADROOM: Final = 4
+# Messages of a stream served for another transport held while its reader catches up.
+_FOREIGN_STREAM_BUFFER: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,49 @@ class ServerConfig:
                 "ServerConfig.max_concurrent_requests, max_delegation_hops and max_watch_streams "
                 "must be >= 1"
             )
+
+
+class HttpCall:
+    """A call another transport (the A2A and MCP faces, over HTTP) received: what
+    ``AgentServer.serve_foreign`` asks of grpc's servicer context.
+
+    Args:
+        peer: The peer as gRPC names one (``ipv4:127.0.0.1:5555``).
+    """
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def time_remaining(self) -> float | None:
+        return None  # the server's default deadline
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}  # no TLS peer certificate: the mTLS authenticator refuses the call
+
+
+class _StreamSink:
+    """A foreign transport's context for a stream: its deadline and peer, and a bounded queue
+    where the stream's messages go (what ``_stream`` asks of grpc's servicer context)."""
+
+    def __init__(self, context: Any, messages: asyncio.Queue[bytes]) -> None:
+        self._context = context
+        self._messages = messages
+
+    def time_remaining(self) -> float | None:
+        remaining: float | None = self._context.time_remaining()
+        return remaining
+
+    def peer(self) -> str:
+        return str(self._context.peer())
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}  # no TLS peer certificate: the mTLS authenticator refuses the call
+
+    async def write(self, message: bytes) -> None:
+        await self._messages.put(message)
 
 
 class AgentServer:
@@ -454,6 +499,50 @@ class AgentServer:
             raise error
         assert answer is not None  # unary
         return answer
+
+    async def stream_foreign(
+        self, method: str, request: bytes, metadata: Mapping[str, str], context: Any
+    ) -> AsyncGenerator[bytes]:
+        """Serve a server-streaming RPC (``Watch``) that arrived by another transport (the A2A
+        face's SSE streams), through the stages ``serve_foreign`` runs; its messages' bytes as they
+        come. At most ``_FOREIGN_STREAM_BUFFER`` wait for the reader: a slow one holds the stream
+        back rather than letting it queue without limit.
+
+        Raises:
+            RemoteError: The refusal or failure, before or while streaming, already audited.
+        """
+        spec = RPCS[method]
+        messages: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_FOREIGN_STREAM_BUFFER)
+        sink = _StreamSink(context, messages)
+        serving = asyncio.ensure_future(
+            self._run(method, dict(metadata), request, sink, partial(self._serve_rpc, spec))
+        )
+        try:
+            while True:
+                if not messages.empty():
+                    yield messages.get_nowait()
+                    continue
+                if serving.done():
+                    break
+                getter = asyncio.ensure_future(messages.get())
+                await asyncio.wait((getter, serving), return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            _, error = serving.result()
+            if error is not None:
+                raise error
+        finally:
+            if not serving.done():
+                serving.cancel()
+                with contextlib.suppress(BaseException):
+                    await serving
+
+    @property
+    def auth_mode(self) -> str:
+        """How callers are verified (``token``, ``mtls`` or ``none``)."""
+        return self._authenticator.mode
 
     async def _run(
         self, method: str, metadata: dict[str, str], request: bytes, context: Any, stage: Stage

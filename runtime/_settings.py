@@ -70,6 +70,25 @@ class RolePlacement(BaseModel):
         return value
 
 
+class A2APeer(BaseModel):
+    """An external A2A agent plans may call.
+
+    Attributes:
+        url: Its A2A base URL (where its card's ``/.well-known/agent-card.json`` is).
+        token: A bearer token it accepts; ``None``: none sent. A secret: never logged.
+        skill: The skill a step's message names when the step gives none.
+        timeout_s: The most one call may take (a step's own deadline may be shorter).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^https?://[^\s]+$", max_length=2000)
+    # Passed to the agents apart from the settings they are given (as the model's key is).
+    token: SecretStr | None = Field(default=None, exclude=True)
+    skill: str = Field(default="", max_length=200)
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
 class Settings(BaseSettings):
     """Runtime settings. Each field maps to ``STRATAGEM_<FIELD>`` in the environment.
 
@@ -138,6 +157,15 @@ class Settings(BaseSettings):
         ports: Per role, a fixed port its gRPC server binds (JSON in ``STRATAGEM_PORTS``, e.g.
             ``{"perception": 50051}``: for firewalls and Kubernetes Services); a role not named
             gets a free port.
+        a2a: Whether every agent also serves A2A (its card and JSON-RPC over HTTP, beside its
+            gRPC server; not in ``mtls`` mode, whose identities are certificates).
+        a2a_host: The address agents bind their A2A servers to: loopback unless set.
+        a2a_ports: Per role, a fixed port its A2A server binds (JSON in ``STRATAGEM_A2A_PORTS``, as
+            ``ports``); a role not named gets a free port.
+        a2a_agents: External A2A agents plans may call, by the name a cross-agent step's
+            ``agent`` gives them (JSON in ``STRATAGEM_A2A_AGENTS``, e.g.
+            ``{"echo": {"url": "http://127.0.0.1:9999/", "token": "..."}}``); each may be named
+            in a step as ``a2a:NAME``. The token is a secret (never logged, traced or audited).
         planner: How every agent plans: ``deterministic`` (its own rules) or ``model`` (a
             language model, checked by its rules; see ``agents.ModelPlanner``).
         planners: Per role, a choice other than ``planner`` (JSON in ``STRATAGEM_PLANNERS``, e.g.
@@ -168,6 +196,14 @@ class Settings(BaseSettings):
             ``STRATAGEM_MCP_PORTS``, e.g. ``{"tactical": 0}``).
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
+        gate_webhook_url: Where each agent POSTs a notice when a gate of its plans opens,
+            escalates or times out (``http://`` or ``https://``; unset: no webhook). The body is
+            signed (HMAC-SHA256, docs/gates.md); notices wait in the agent's outbox
+            (``STATE_DIR/<role>.notices.sqlite3``) until delivered, across restarts.
+        gate_webhook_key_file: The webhook's signing key (else ``STATE_DIR/gate-webhook.key``,
+            made on first use, mode 0600); the receiver checks signatures with it.
+        gate_webhook_attempts: Deliveries tried per notice before it is given up (logged).
+        gate_webhook_timeout_s: How long one delivery may take.
     """
 
     # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
@@ -207,6 +243,10 @@ class Settings(BaseSettings):
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
     ports: dict[str, int] = Field(default_factory=dict)
+    a2a: bool = True
+    a2a_host: str = "127.0.0.1"
+    a2a_ports: dict[str, int] = Field(default_factory=dict)
+    a2a_agents: dict[str, A2APeer] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
     model_url: str | None = None
@@ -231,6 +271,19 @@ class Settings(BaseSettings):
     allow_unauthenticated_ray: bool = False
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     mcp_ports: dict[str, int] = Field(default_factory=dict)
+    gate_webhook_url: str | None = None
+    gate_webhook_key_file: Path | None = None
+    gate_webhook_attempts: int = Field(default=20, ge=1, le=1000)
+    gate_webhook_timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+    @field_validator("gate_webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -240,7 +293,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("ports")
+    @field_validator("ports", "a2a_ports")
     @classmethod
     def _port_roles(cls, value: dict[str, int]) -> dict[str, int]:
         _role_names(value)
@@ -315,6 +368,7 @@ class Settings(BaseSettings):
             (setting, role)
             for setting, value in (
                 ("ports", self.ports),
+                ("a2a_ports", self.a2a_ports),
                 ("planners", self.planners),
                 ("placement", self.placement),
                 ("mcp_ports", self.mcp_ports),
@@ -347,6 +401,7 @@ class Settings(BaseSettings):
         "secret_file",
         "audit_key_file",
         "audit_heads_copy",
+        "gate_webhook_key_file",
     )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
@@ -381,6 +436,16 @@ class Settings(BaseSettings):
     def audit_heads_path(self) -> Path:
         """The append-only file of the audit chain's signed heads."""
         return self.state_dir / "audit.heads"
+
+    def notices_path(self, role: str) -> Path:
+        """The outbox of ``role``'s agent: its gate notices until the webhook took them."""
+        return self.state_dir / f"{role}.notices.sqlite3"
+
+    @property
+    def gate_webhook_key_path(self) -> Path:
+        """The key that signs gate webhooks: ``gate_webhook_key_file``, else
+        ``STATE_DIR/gate-webhook.key`` (made on first use, mode 0600)."""
+        return self.gate_webhook_key_file or self.state_dir / "gate-webhook.key"
 
     def restarts_path(self, role: str) -> Path:
         """Where ``role``'s agent counts its recent restarts (``runtime._restarts``)."""

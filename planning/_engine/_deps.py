@@ -10,7 +10,7 @@ from opentelemetry.trace import Tracer
 
 from stratagem.planning._dispatch import Dispatcher
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
-from stratagem.planning._engine._types import EngineConfig, ToolRunner
+from stratagem.planning._engine._types import EngineConfig, GateNotifier, ToolApproval, ToolRunner
 from stratagem.planning._errors import StepFailure
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus
@@ -81,6 +81,8 @@ class RunDeps:
         policy: What follows a failure.
         breakers: The engine's per-tool circuit breakers, shared by its runs.
         children: Runs the nested plans of sub-plan and loop steps.
+        notifier: Told when a gate opens, escalates or times out (``None``: no one).
+        approvals: The policy's tool approvals (``Engine.approvals``).
     """
 
     config: EngineConfig
@@ -97,3 +99,5 @@ class RunDeps:
     policy: FailurePolicy
     breakers: _Breakers
     children: Children
+    notifier: GateNotifier | None = None
+    approvals: tuple[ToolApproval, ...] = ()

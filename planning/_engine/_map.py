@@ -70,13 +70,13 @@ class _Found:
 
     Attributes:
         record: Its journaled list (``None`` when the crash came before it was committed).
-        next_attempt: Item index -> the attempt it continues at (a retried, interrupted or
+        resume_at: Item index -> the attempt it continues at (a retried, interrupted or
             cancelled item).
         failed: An item that had failed for good: ``(index, outcome)``.
     """
 
     record: MapRecord | None
-    next_attempt: dict[int, int] = field(default_factory=dict)
+    resume_at: dict[int, int] = field(default_factory=dict)
     failed: tuple[int, _Outcome] | None = None
     in_flight: frozenset[int] = frozenset()
 
@@ -96,13 +96,13 @@ class _Maps:
         self,
         step_id: str,
         record: MapRecord | None,
-        next_attempt: dict[int, int],
+        resume_at: dict[int, int],
         failed: tuple[int, _Outcome] | None,
         in_flight: frozenset[int] = frozenset(),
     ) -> None:
         """A resumed run finds map ``step_id`` started (its items' results are in the state;
         ``in_flight``: items whose attempt has no result)."""
-        self.found[step_id] = _Found(record, next_attempt, failed, in_flight)
+        self.found[step_id] = _Found(record, resume_at, failed, in_flight)
 
     def reconciled(self, step_id: str, output: Mapping[str, Any]) -> None:
         """A reconcile decision on map ``step_id`` says which items in flight did happen, with
@@ -116,10 +116,10 @@ class _Maps:
             index = int(key) if isinstance(key, str) and key.isdigit() else -1
             if index not in found.in_flight or not isinstance(item, dict):
                 continue  # only an item in flight is settled this way
-            attempt = found.next_attempt.pop(index, 2) - 1
+            attempt = found.resume_at.pop(index, 2) - 1
             text = json.dumps(item) if self.state.journal is not None else None
             self.state.item_succeeded(step_id, index, item, attempt, text)
-        found.in_flight = frozenset(i for i in found.in_flight if i in found.next_attempt)
+        found.in_flight = frozenset(i for i in found.in_flight if i in found.resume_at)
 
     async def run(self, step: MapStep, attempt: int) -> _Outcome:
         """Run map ``step``: its list, then its items; the outcome of the step as a whole."""
@@ -150,7 +150,7 @@ class _Maps:
         if found is not None and found.failed is not None:
             index, outcome = found.failed
             return _item_failure(index, outcome)
-        next_attempt = {} if found is None else found.next_attempt
+        resume_at = {} if found is None else found.resume_at
         done = items.outputs
         todo = [index for index in range(len(values)) if index not in done]
         if todo:
@@ -173,7 +173,7 @@ class _Maps:
                 )
                 token = otel_context.attach(trace.set_span_in_context(span))
             try:
-                failure = await self._items(step, values, iter(todo), next_attempt)
+                failure = await self._items(step, values, iter(todo), resume_at)
             finally:
                 if token is not None:
                     otel_context.detach(token)
@@ -190,7 +190,7 @@ class _Maps:
         step: MapStep,
         values: list[Any],
         todo: Iterator[int],
-        next_attempt: dict[int, int],
+        resume_at: dict[int, int],
     ) -> _Outcome | None:
         """Run the items ``todo`` names with ``max_parallel`` workers; the first failure, if any
         (the other items are then cancelled)."""
@@ -203,7 +203,7 @@ class _Maps:
                 if failures:
                     return
                 tries = _ItemTries(self, step, index, values[index], templated)
-                outcome = await tries.run(next_attempt.get(index, 1))
+                outcome = await tries.run(resume_at.get(index, 1))
                 if outcome.failure_class is not None:
                     if not failures:
                         failures.append(_item_failure(index, outcome))

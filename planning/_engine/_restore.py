@@ -84,6 +84,7 @@ class _Restore(Generic[P]):
                         state.load_iteration(record)
                 continue
             step_id, attempt = step.id, entry.attempt
+            gates.found_started(step_id)
             match entry.status:
                 case StepStatus.SUCCEEDED:
                     state.load_succeeded(step_id, entry.output, attempt)
@@ -112,11 +113,16 @@ class _Restore(Generic[P]):
                 case _:
                     state.load_attempt(step_id, attempt)
         for gate in recorded.gates.values():
-            if (
-                gate.kind is GateKind.GATE
-                and gate.decision is not GateDecision.OPEN
-                and state.statuses.get(gate.gate_id) is StepStatus.PENDING
+            if gate.kind is GateKind.TOOL:
+                gates.found_tool(gate)
+            elif (
+                gate.kind is not GateKind.GATE
+                or state.statuses.get(gate.gate_id) is not StepStatus.PENDING
             ):
+                continue
+            elif gate.decision is GateDecision.OPEN:
+                gates.found_waiting(gate)  # opened again when reached, as it was recorded
+            else:
                 gates.found_decided(gate)
         for compensation in recorded.compensations:
             status = state.statuses.get(compensation.step_id)
@@ -139,7 +145,7 @@ class _Restore(Generic[P]):
         """A map that had started: its items' results; one in flight is re-run when its work is
         idempotent, or else holds the map at a reconcile gate (unless the plan is ending)."""
         state = self.state
-        next_attempt: dict[int, int] = {}
+        resume_at: dict[int, int] = {}
         in_flight: list[int] = []
         failed: tuple[int, _Outcome] | None = None
         for index in sorted(items):
@@ -156,17 +162,19 @@ class _Restore(Generic[P]):
                 case StepStatus.RUNNING:
                     state.load_item_attempt(step.id, index, entry.attempt)
                     in_flight.append(index)
-                    next_attempt[index] = entry.attempt + 1
+                    resume_at[index] = entry.attempt + 1
                 case _:  # retrying, or cancelled when another item failed or the plan stopped
                     state.load_item_attempt(step.id, index, entry.attempt)
-                    next_attempt[index] = entry.attempt + 1
+                    resume_at[index] = entry.attempt + 1
         self.maps.found_map(
-            step.id, recorded.maps.get(step.id), next_attempt, failed, frozenset(in_flight)
+            step.id, recorded.maps.get(step.id), resume_at, failed, frozenset(in_flight)
         )
         if not in_flight or stopping or step_is_idempotent(step, self.tools):
             return
         state.load_attempt(step.id, 0)
         gate = recorded.gates.get(step.id)
+        if gate is not None and gate.kind is not GateKind.RECONCILE:
+            gate = None
         if gate is not None and gate.decision is not GateDecision.OPEN:
             # Decided while no engine ran: items it says did happen are done, the rest re-run.
             approve = gate.decision is GateDecision.APPROVED
@@ -183,19 +191,16 @@ class _Restore(Generic[P]):
             f"plan stopped; approve to run them again, or approve with the outputs of those "
             f'that did happen ({{"items": {{"INDEX": output}}}}); reject to fail the map'
         )
-        self.gates.found_open(step.id, GateKind.RECONCILE, prompt)
+        self.gates.found_policy_prompt(step.id, prompt)  # the prompt of this gate, too
+        self.gates.found_open(step.id, GateKind.RECONCILE, gate)
 
     def _policy_gate(self, step: Step, message: str, recorded: PlanState) -> None:
         gate = recorded.gates.get(step.id)
         if gate is not None and gate.decision is not GateDecision.OPEN:
-            approve = gate.decision is GateDecision.APPROVED
-            self.gates.decide(
-                step.id, GateKind.POLICY, approve, gate.approver, gate.rationale, gate.output
-            )
+            self.gates.decide_recorded(gate, GateKind.POLICY)
             return
-        self.gates.found_open(
-            step.id, GateKind.POLICY, gate.prompt if gate is not None else message
-        )
+        self.gates.found_policy_prompt(step.id, gate.prompt if gate is not None else message)
+        self.gates.found_open(step.id, GateKind.POLICY, gate)
 
     def _in_flight(self, step: Step, attempt: int, recorded: PlanState, stopping: bool) -> None:
         """A step was in flight when the plan stopped: re-run, reconcile, or mark it cancelled."""
@@ -214,13 +219,12 @@ class _Restore(Generic[P]):
             state.load_resumed_mid_way(step_id, attempt + 1)
             return
         gate = recorded.gates.get(step_id)
+        if gate is not None and gate.kind is not GateKind.RECONCILE:
+            gate = None  # the step's tool gate, decided before it ran: not this gate
         if gate is None or gate.decision is GateDecision.OPEN:
-            self.gates.found_open(step_id, GateKind.RECONCILE)
+            self.gates.found_open(step_id, GateKind.RECONCILE, gate)
             return
-        approve = gate.decision is GateDecision.APPROVED
-        self.gates.decide(
-            step_id, GateKind.RECONCILE, approve, gate.approver, gate.rationale, gate.output
-        )
+        self.gates.decide_recorded(gate, GateKind.RECONCILE)
 
     def recorded_result(self, recorded: PlanState) -> PlanResult[P]:
         """The result of a finished plan, from its journal (nothing runs)."""

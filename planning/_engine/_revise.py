@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stratagem.planning._dag import structural_problems
@@ -37,9 +37,11 @@ async def make_revision(
     maps: Mapping[str, MapRecord] | None = None,
     store: StateStore | None,
     clock: Callable[[], float],
+    more: Sequence[Record] = (),
 ) -> tuple[Revision, PlanState]:
     """Make (and store, with a store) the revision after ``old``; its state holds the carried
-    results and what earlier revisions spent of the plan's budget.
+    results and what earlier revisions spent of the plan's budget (and ``more``: first records
+    of the new revision, e.g. an approval it carries).
 
     ``items`` (map item key -> output, for the items that succeeded) and ``maps`` (the maps'
     recorded lists) let an unchanged map that had not finished carry its succeeded items.
@@ -122,6 +124,7 @@ async def make_revision(
                 records.append(
                     CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED)
                 )
+    records.extend(more)
     record = RevisionRecord(
         plan.id,
         plan.revision,

@@ -22,7 +22,15 @@ from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, LoopStep, MapStep, Step, SubplanStep
+from stratagem.planning._plan import (
+    FailureClass,
+    GateStep,
+    LoopStep,
+    MapStep,
+    Step,
+    SubplanStep,
+    ToolStep,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +117,13 @@ class _Scheduler:
                 state.take_ready()
                 self.gates.reach(step)
                 continue
+            if (
+                self.gates.approvals
+                and isinstance(step, ToolStep)
+                and self.gates.ask_approval(step)
+            ):
+                state.take_ready()  # waits at its tool gate
+                continue
             if len(running) >= self.bound:
                 break
             if isinstance(step, _EXPANDED):
@@ -124,7 +139,10 @@ class _Scheduler:
                     state.denied(step_id, attempt - 1)
                     self._deny(step, attempt - 1, denial, exhausted)
                     continue
-            state.start(step_id, attempt)
+            if self.gates.approved_notices:  # the step's tool gate was just approved
+                state.start(step_id, attempt, self.gates.approved_notices.pop(step_id, None))
+            else:
+                state.start(step_id, attempt)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
             durable = runner.intent(step, attempt, cost)
@@ -139,6 +157,20 @@ class _Scheduler:
         state = self.state
         step_id = state.take_ready()
         attempt = state.take_next_attempt(step_id)
+        if isinstance(step, MapStep) and any(
+            rule.tool == step.tool for rule in self.gates.approvals
+        ):
+            # The policy asks an approval per call of this tool: no map runs it unasked (fail
+            # closed), and none asks once for all its items.
+            state.fail(
+                step_id,
+                FailureClass.POLICY,
+                f"tool {step.tool!r} needs an approval per call (the policy's tool approvals); "
+                f"a map does not run it: call it from tool steps",
+                0,
+                stop=f"the plan stopped after step {step_id!r} failed",
+            )
+            return
         state.start(step_id, attempt)
         if isinstance(step, MapStep):
             work = self.maps.run(step, attempt)

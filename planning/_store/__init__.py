@@ -6,6 +6,7 @@ the ``postgres`` extra); ``_rows`` the one row format of a journal record in bot
 """
 
 from stratagem.planning._store._state import (
+    TIMEOUT_APPROVER,
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -32,6 +33,7 @@ from stratagem.planning._store._state import (
 )
 
 __all__ = [
+    "TIMEOUT_APPROVER",
     "BreakerState",
     "BudgetRecord",
     "CompensationRecord",

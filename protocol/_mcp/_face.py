@@ -48,7 +48,7 @@ from stratagem.protocol._errors import (
 from stratagem.protocol._identity import AUTHORIZATION_KEY
 from stratagem.protocol._models import NoQuery
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
-from stratagem.protocol._server import AgentServer
+from stratagem.protocol._server import AgentServer, HttpCall
 from stratagem.protocol._service import DESCRIBE, decode_card
 
 __all__ = ["McpFace", "McpFaceConfig"]
@@ -81,22 +81,6 @@ class McpFaceConfig:
             raise ProtocolUsageError(f"McpFaceConfig.port must be in 0..65535, not {self.port}")
         if not self.path.startswith("/"):
             raise ProtocolUsageError("McpFaceConfig.path must start with '/'")
-
-
-class _HttpCall:
-    """What ``AgentServer.serve_foreign`` asks of a call's transport context."""
-
-    def __init__(self, peer: str) -> None:
-        self._peer = peer
-
-    def time_remaining(self) -> float | None:
-        return None  # the server's default deadline
-
-    def peer(self) -> str:
-        return self._peer
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return {}
 
 
 def _peer(scope: _Scope) -> str:
@@ -234,7 +218,7 @@ class McpFace:
         headers = _headers(scope)
         try:
             scope.setdefault("state", {})["stratagem.caller"] = self._server.authenticate(
-                {AUTHORIZATION_KEY: headers.get(AUTHORIZATION_KEY, "")}, _HttpCall(_peer(scope))
+                {AUTHORIZATION_KEY: headers.get(AUTHORIZATION_KEY, "")}, HttpCall(_peer(scope))
             )
         except UnauthenticatedError:
             # Refused by the pipeline's first stage, so the refusal is audited as a gRPC one.
@@ -243,7 +227,7 @@ class McpFace:
                     DESCRIBE.name,
                     DESCRIBE.encode_request(NoQuery()),
                     {AUTHORIZATION_KEY: headers.get(AUTHORIZATION_KEY, "")},
-                    _HttpCall(_peer(scope)),
+                    HttpCall(_peer(scope)),
                 )
             await _unauthorized(send)
             return
@@ -317,7 +301,7 @@ class McpFace:
             structured_content=structured,
         )
 
-    def _metadata(self, ctx: Any) -> tuple[dict[str, str], _HttpCall, str]:
+    def _metadata(self, ctx: Any) -> tuple[dict[str, str], HttpCall, str]:
         """The call's metadata (its credentials, its trace context), its transport context and
         the caller the HTTP layer authenticated."""
         request = getattr(ctx, "request", None)
@@ -328,7 +312,7 @@ class McpFace:
         if traceparent:
             metadata["traceparent"] = traceparent
         caller = str(scope.get("state", {}).get("stratagem.caller", ""))
-        return metadata, _HttpCall(_peer(scope)), caller
+        return metadata, HttpCall(_peer(scope)), caller
 
 
 def _request_id(ctx: Any) -> str:

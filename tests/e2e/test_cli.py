@@ -422,7 +422,7 @@ def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None
         else:
             pytest.fail("the plan never blocked at its gate")
         wrong = run("reject", "cli-gated", "nope", "--rationale", "x", state_dir=deployed)
-        assert wrong.returncode == 1
+        assert wrong.returncode == 2  # a decision that does not apply is bad input
         assert "FAILED_PRECONDITION" in wrong.stderr
         approved = run(
             "approve", "cli-gated", "ok", "--rationale", "looks right", "--json", state_dir=deployed
@@ -485,6 +485,142 @@ def test_approve_after_a_plans_run_deadline_carries_the_plan_on(
             break
     else:
         pytest.fail(f"the approved plan did not go on: {shown.stdout[-500:]}")
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_gate_that_asks_and_a_fork_from_the_cli(deployed: Path, tmp_path: Path) -> None:
+    plan = {
+        "id": "cli-asks",
+        "owner": "strategic",
+        "goal": "ask who leads, then read the answer",
+        "steps": [
+            {"kind": "gate", "id": "pick", "prompt": "Who leads?", "choices": ["Mira", "Tomas"]},
+            {
+                "kind": "tool",
+                "id": "protagonist",
+                "tool": "find_protagonist",
+                "input": {
+                    "text": {"$expr": "join(' ', [pick.value, 'wants the silver crown.'])"},
+                    "entities": [],
+                },
+                "depends_on": ["pick"],
+            },
+        ],
+    }
+    path = tmp_path / "asks.json"
+    path.write_text(json.dumps(plan))
+    env = dict(os.environ, STRATAGEM_STATE_DIR=str(deployed))
+    env.pop("RAY_ADDRESS", None)
+    running = subprocess.Popen(
+        [STRATAGEM, "plans", "run", str(path), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        for _ in range(100):
+            shown = run("plans", "show", "cli-asks", "--json", state_dir=deployed)
+            if shown.returncode == 0 and json.loads(shown.stdout)[0]["status"] == "blocked":
+                break
+        else:
+            pytest.fail("the plan never blocked at its gate")
+        [gate] = json.loads(shown.stdout)[0]["gates"]
+        assert json.loads(gate["choices_json"]) == ["Mira", "Tomas"]
+        not_offered = run(
+            "approve",
+            "cli-asks",
+            "pick",
+            "--rationale",
+            "r",
+            "--value",
+            '"Ana"',
+            state_dir=deployed,
+        )
+        _one_line(not_offered, 2, "value: 'Ana' is not one of the choices 'Mira', 'Tomas'")
+        approved = run(
+            "approve",
+            "cli-asks",
+            "pick",
+            "--rationale",
+            "she does",
+            "--value",
+            '"Mira"',
+            state_dir=deployed,
+        )
+        assert approved.returncode == 0, approved.stderr
+        out, err = running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert running.returncode == 0, err[-2000:]
+    assert json.loads(out)["status"] == "succeeded"
+    closed = run(
+        "approve",
+        "cli-asks",
+        "pick",
+        "--rationale",
+        "again",
+        "--value",
+        '"Mira"',
+        state_dir=deployed,
+    )
+    _one_line(closed, 2, "FAILED_PRECONDITION")
+    shown = run("plans", "show", "cli-asks", state_dir=deployed)
+    assert 'approved by operator with "Mira"' in shown.stdout
+    _one_line(run("plans", "fork", "cli-asks", "--at", "nope", state_dir=deployed), 2, "at_step")
+    _one_line(
+        run(
+            "plans",
+            "fork",
+            "cli-asks",
+            "--at",
+            "protagonist",
+            "--set",
+            'protagonist.output={"x": 1}',
+            state_dir=deployed,
+        ),
+        2,
+        "step 'protagonist' is not before the fork point",
+    )
+    _one_line(
+        run("plans", "fork", "cli-asks", "--set", "pick=1", state_dir=deployed),
+        2,
+        "expected STEP.output=JSON",
+    )
+    forked = run(
+        "plans",
+        "fork",
+        "cli-asks",
+        "--at",
+        "protagonist",
+        "--id",
+        "cli-asks-2",
+        "--set",
+        'pick.output={"approved": true, "approver": "operator", "rationale": "", "value": "Tomas"}',
+        "--json",
+        state_dir=deployed,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert json.loads(forked.stdout)["plan_id"] == "cli-asks-2"
+    for _ in range(100):
+        shown = run("plans", "show", "cli-asks-2", state_dir=deployed)
+        if shown.returncode == 0 and "succeeded" in shown.stdout.splitlines()[1]:
+            break
+    else:
+        pytest.fail(f"the fork did not finish: {shown.stdout[-500:]}")
+    assert "forked from plan cli-asks revision 1 at step protagonist" in shown.stdout
+    replayed = run("replay", "cli-asks-2", state_dir=deployed)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
 
 def _who_leads(tmp_path: Path, plan_id: str, text: str | None = None) -> Path:
@@ -652,6 +788,42 @@ def _probe(*args: str, state_dir: Path) -> tuple[str, str]:
     )
     status = next(line for line in result.stderr.splitlines() if line.startswith("RAY="))
     return status, result.stdout
+
+
+def test_every_agent_serves_a2a_at_the_url_status_gives(deployed: Path) -> None:
+    import httpx
+
+    from stratagem.protocol import ClusterSecret, TokenSigner
+
+    agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]
+    urls = {a["role"]: a["a2a_url"] for a in agents}
+    assert set(urls) == {"orchestrator", "perception", "strategic", "tactical"}
+    for url in urls.values():
+        assert url.startswith("http://127.0.0.1:")  # loopback by default
+    token = TokenSigner(ClusterSecret.load(deployed / "cluster.secret")).issue("operator", 600)
+    with httpx.Client(timeout=30) as http:
+        card = http.get(urls["perception"] + ".well-known/agent-card.json").json()
+        assert card["supportedInterfaces"][0]["url"] == urls["perception"]
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {
+                    "messageId": "e2e-1",
+                    "role": "ROLE_USER",
+                    "parts": [{"text": "Mira is a knight. Mira is in the courtyard."}],
+                }
+            },
+        }
+        headers = {"A2A-Version": "1.0"}
+        refused = http.post(urls["perception"], json=body, headers=headers)
+        assert refused.status_code == 401
+        headers["Authorization"] = f"Bearer {token}"
+        task = http.post(urls["perception"], json=body, headers=headers).json()["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    entities = task["artifacts"][0]["parts"][0]["data"]["entities"]
+    assert {"mira", "courtyard"} <= {e["id"] for e in entities}
 
 
 def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Path) -> None:

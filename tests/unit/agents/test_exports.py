@@ -75,6 +75,7 @@ EXPECTED = [
     "define_agent",
     "defined_agents",
     "extension_policy_rules",
+    "gate_info",
     "import_extensions",
     "in_thread",
     "json_schema_model",

@@ -36,6 +36,7 @@ from stratagem.planning import (
     SqliteStateStore,
     StepEvent,
     StepStatus,
+    ToolApproval,
     ToolContext,
     diff_plans,
     replay,
@@ -986,3 +987,16 @@ async def test_a_crash_anywhere_in_maps_and_loops_then_resume_applies_each_effec
     assert set(ledger.applied) == set(reference_ledger.applied)
     assert set(ledger.applied.values()) == {1}
     assert not report.diverged, report.divergences
+
+
+async def test_a_map_of_a_tool_that_needs_an_approval_per_call_does_not_run_it() -> None:
+    runner = tools()
+    engine = Engine(
+        tools=runner, agent="tactical", approvals=[ToolApproval(tool="double", when=None)]
+    )
+    result = await engine.run(plan_of(mapping(), inputs={"ns": [1, 2]}))
+    assert result.status is PlanStatus.FAILED
+    [failure] = result.failures
+    assert failure.failure_class.value == "policy"
+    assert "needs an approval per call" in failure.message
+    assert runner.calls == []  # fail closed: no item ran unasked
