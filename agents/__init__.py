@@ -39,6 +39,13 @@ from stratagem.agents._model import (
     parse_json_answer,
     response_format,
 )
+from stratagem.agents._model_limit import (
+    LocalModelLimiter,
+    ModelLimiter,
+    ModelTurn,
+    TurnTimeoutError,
+    shared_limiter,
+)
 from stratagem.agents._model_planner import (
     ModelPlanner,
     ModelPlanningConfig,
@@ -113,11 +120,14 @@ __all__ = [
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "LocalModelLimiter",
     "Mention",
     "ModelClient",
     "ModelConfig",
+    "ModelLimiter",
     "ModelPlanner",
     "ModelPlanningConfig",
+    "ModelTurn",
     "NarrativeGoal",
     "OpenAIModelClient",
     "OrchestrationPlan",
@@ -151,6 +161,7 @@ __all__ = [
     "Tool",
     "ToolRegistry",
     "TracedModelClient",
+    "TurnTimeoutError",
     "WorldModel",
     "WorldStore",
     "build_agent",
@@ -167,6 +178,7 @@ __all__ = [
     "rederive",
     "response_format",
     "serve_in_memory",
+    "shared_limiter",
     "slugify",
     "tool",
 ]

@@ -5,7 +5,8 @@ from the agent's plan and registry: a step's ``tool`` is one of *this agent's* t
 ``input`` that tool's input schema (``plan_answer_schema``). Whatever comes back is untrusted
 input and passes what a hand-written plan passes, and more:
 
-1. JSON, not cut at the token limit (``parse_json_answer``);
+1. JSON, not cut at the token limit, nested at most ``MAX_ANSWER_DEPTH`` deep, with a token
+   count that is not negative (``parse_json_answer``);
 2. the plan type's model (pydantic), with the planner's own ``id``, ``owner`` and ``provenance``;
 3. ``planning.validate_plan`` against the registry: a foreign tool, a cycle, a bad ``$ref``;
 4. each tool step's input against that tool's input model (when it holds no reference);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -75,6 +77,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _RESPONSE_LIMIT: Final = 65536
+INVALID_USAGE: Final = "invalid_usage"
+"""The finish reason journaled for an answer whose server reported a negative token count."""
 _TRANSIENT_DELAYS_S: Final = (0.5, 1.0, 2.0)
 # A rough count of the prompt's tokens (reserved before a call): four characters a token.
 _CHARS_PER_TOKEN: Final = 4
@@ -334,6 +338,11 @@ class ModelPlanner:
                     "%s planner: %s; retrying in %.1f s", self.role, exc, delays[attempt]
                 )
                 await asyncio.sleep(delays[attempt])
+        if min(response.input_tokens, response.output_tokens) < 0:
+            # The server's count is nonsense: recorded as such (so replay refuses it again).
+            response = dataclasses.replace(
+                response, finish_reason=INVALID_USAGE, input_tokens=0, output_tokens=0
+            )
         attempts.spent += response.input_tokens + response.output_tokens
         call = ModelCall(
             model=response.model[:200] or self.client.model[:200],
@@ -388,6 +397,8 @@ class ModelPlanner:
         that refuse it."""
         if len(response.content) > _RESPONSE_LIMIT:
             return None, [f"the answer is longer than {_RESPONSE_LIMIT} characters"]
+        if response.finish_reason == INVALID_USAGE:
+            return None, ["the server reported a negative token count for the answer: not used"]
         try:
             answer = parse_json_answer(response)
         except LogicError as exc:

@@ -5,7 +5,8 @@ when set, else the embedded server ``make model-server`` started (its state file
 ``STATE_DIR/model-server/server.json`` names its URL and model, and that it takes a JSON Schema
 as llama.cpp's Python server does). A deployment with a ``model`` planner and neither is refused
 in one line. ``attach_model_planner`` then builds, inside an agent's process, the model client
-(OpenAI-compatible, traced per the GenAI conventions) and the role's model planner.
+(OpenAI-compatible, traced per the GenAI conventions, taking its turns at the server in the one
+queue every agent of the node shares: ``FileModelLimiter``) and the role's model planner.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def attach_model_planner(
         model_planner,
     )
     from stratagem.planning import Budget
+    from stratagem.runtime._model_slots import FileModelLimiter, slots_folder
 
+    limit = settings.model_max_concurrent or 4
     client = TracedModelClient(
         OpenAIModelClient(
             ModelConfig(
@@ -107,8 +110,10 @@ def attach_model_planner(
                 api_key=api_key,
                 timeout_s=settings.model_timeout_s,
                 schema_style=settings.model_schema_style,
-                max_concurrent=settings.model_max_concurrent or 4,
-            )
+                max_concurrent=limit,
+            ),
+            # One queue per server for every agent of this node (each is its own process).
+            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
         ),
         tracer_provider=tracer_provider,
         capture_content=settings.genai_capture_content,
