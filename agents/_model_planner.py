@@ -64,7 +64,7 @@ from stratagem.planning import (
     TransientError,
     validate_plan,
 )
-from stratagem.protocol import CAPABILITIES, WireModel
+from stratagem.protocol import CAPABILITIES, WireModel, remaining_time
 
 __all__ = [
     "ModelPlanner",
@@ -220,6 +220,10 @@ def _has_ref(value: Any) -> bool:
     return False
 
 
+def _words(text: str) -> list[str]:
+    return text.lower().split()
+
+
 def _one_line(text: str, limit: int = 600) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -290,8 +294,9 @@ class ModelPlanner:
             f"- {name}: {self.registry.get(name).description}" for name in self.registry.names()
         )
         return (
-            f"You plan for the {self.role} agent. Answer with one JSON object: a short goal and "
-            f"at most {self.config.max_steps} steps. Each step calls one of these tools with its "
+            f"You plan for the {self.role} agent. Answer with one JSON object: a short goal (the "
+            f"request's own goal, word for word, when it has one) and at most "
+            f"{self.config.max_steps} steps. Each step calls one of these tools with its "
             f"input, and may depend on earlier steps by id:\n{tools}\n{self.instructions}"
         ).strip()
 
@@ -330,7 +335,8 @@ class ModelPlanner:
                 response = await self.client.chat(request)
                 break
             except TransientError as exc:
-                if attempt == len(delays):
+                left = remaining_time()
+                if attempt == len(delays) or (left is not None and left <= delays[attempt]):
                     raise TransientError(
                         f"{exc} (tried {attempt + 1} times while planning {self.role})"
                     ) from exc
@@ -375,6 +381,16 @@ class ModelPlanner:
         unknown = sorted(set(answer) - {"goal", "steps"})
         if unknown:
             return None, [f"the answer has fields a plan does not: {', '.join(unknown)}"]
+        users = getattr(request, "goal", None)
+        if isinstance(users, str) and users.strip():
+            # The goal is the user's: a model proposes how to reach it, never what it is.
+            proposed = fields.get("goal")
+            if not isinstance(proposed, str) or _words(proposed) != _words(users):
+                return None, [
+                    f"the plan's goal {proposed!r} is not the user's goal {users!r}: a plan may "
+                    "choose how to reach the goal, not what it is"
+                ]
+            fields["goal"] = users
         steps = fields.get("steps")
         if isinstance(steps, list):
             kinds = {s.get("kind", "tool") for s in steps if isinstance(s, dict)}

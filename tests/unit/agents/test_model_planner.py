@@ -418,3 +418,22 @@ async def test_deep_and_negative_answers_reach_the_caller_as_the_fallback_not_in
     assert record.plan.provenance is not None
     assert record.plan.provenance.author == "planner:perception"
     assert answer is not None
+
+
+async def test_a_plan_whose_goal_is_not_the_users_is_a_critique() -> None:
+    from stratagem.protocol import PlanNarrativeArcRequest
+
+    request = PlanNarrativeArcRequest(goal="Mira recovers the crown", protagonist="mira", beats=1)
+    steps = {"id": "split", "tool": "split_words", "input": {"text": "Mira"}}
+    rewritten = _answer(steps, goal="Old Tom goes to the garden")
+    kept = _answer(steps, goal="mira  recovers the Crown")
+    planner, _ = _planner([rewritten, kept])
+    plan = await planner.plan("PlanNarrativeArc", request, plan_id="goal-1")
+    assert plan.goal == "Mira recovers the crown"
+    assert plan.provenance is not None
+    first, second = plan.provenance.calls
+    assert first.outcome == (
+        "the plan's goal 'Old Tom goes to the garden' is not the user's goal "
+        "'Mira recovers the crown': a plan may choose how to reach the goal, not what it is"
+    )
+    assert second.outcome == "accepted"
