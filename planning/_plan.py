@@ -334,6 +334,9 @@ class Plan(BaseModel):
         max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
         budget: What the plan may spend (wall time, tool calls, cost units); ``None``: no limit.
         provenance: Who made the plan, and the model calls behind it; ``None`` when not said.
+        deadline: When the caller the plan answers stops waiting (seconds since the epoch);
+            ``None``: no caller set one. The engine ignores it; an agent cancels, rather than
+            resumes, a plan whose caller's deadline passed (``docs/durability.md``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -346,6 +349,7 @@ class Plan(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
     budget: Budget | None = None
     provenance: Provenance | None = None
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

@@ -301,7 +301,7 @@ class _StepTries:
     def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
         step, breakers = self.step, self.run.breakers
         if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
-            return breakers.record(step.tool, failure_class)
+            return breakers.record(step.tool, failure_class, resumed=self.run.restored)
         return None
 
     def retrying(
