@@ -95,10 +95,35 @@ from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
 from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from stratagem.agents._mcp import (
+        JsonSchemaModel,
+        McpLoadError,
+        McpResult,
+        McpToolset,
+        json_schema_model,
+        tool_effects,
+    )
     from stratagem.agents._world._postgres import PostgresWorldStore
 
-# The PostgreSQL world store needs psycopg (the `postgres` extra): imported on first use.
-__getattr__ = lazy_exports(__name__, {"PostgresWorldStore": "._world._postgres"})
+# Imported on first use: the PostgreSQL world store needs psycopg (the `postgres` extra); the MCP
+# client needs the mcp SDK, httpx2 and jsonschema, which only an agent with MCP servers uses.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresWorldStore": "._world._postgres",
+        **dict.fromkeys(
+            (
+                "JsonSchemaModel",
+                "McpLoadError",
+                "McpResult",
+                "McpToolset",
+                "json_schema_model",
+                "tool_effects",
+            ),
+            "._mcp",
+        ),
+    },
+)
 
 __all__ = [
     "DEFAULT_PATTERNS",
@@ -120,7 +145,11 @@ __all__ = [
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "JsonSchemaModel",
     "LocalModelLimiter",
+    "McpLoadError",
+    "McpResult",
+    "McpToolset",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -171,6 +200,7 @@ __all__ = [
     "extension_policy_rules",
     "import_extensions",
     "in_thread",
+    "json_schema_model",
     "load_extensions",
     "model_planner",
     "parse_json_answer",
@@ -181,4 +211,5 @@ __all__ = [
     "shared_limiter",
     "slugify",
     "tool",
+    "tool_effects",
 ]

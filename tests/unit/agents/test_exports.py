@@ -26,7 +26,11 @@ EXPECTED = [
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "JsonSchemaModel",
     "LocalModelLimiter",
+    "McpLoadError",
+    "McpResult",
+    "McpToolset",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -77,6 +81,7 @@ EXPECTED = [
     "extension_policy_rules",
     "import_extensions",
     "in_thread",
+    "json_schema_model",
     "load_extensions",
     "model_planner",
     "parse_json_answer",
@@ -87,6 +92,7 @@ EXPECTED = [
     "shared_limiter",
     "slugify",
     "tool",
+    "tool_effects",
 ]
 
 
