@@ -416,6 +416,9 @@ class Plan(BaseModel):
             are skipped). Either way the plan ends ``failed`` and compensates.
         forked_from: For a plan made by ``Engine.fork``: the plan, revision and step it was
             forked from (``None`` otherwise).
+        deadline: When the caller the plan answers stops waiting (seconds since the epoch);
+            ``None``: no caller set one. The engine ignores it; an agent cancels, rather than
+            resumes, a plan whose caller's deadline passed (``docs/durability.md``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -431,6 +434,7 @@ class Plan(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict)
     on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
     forked_from: Fork | None = None
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

@@ -109,6 +109,7 @@ class AgentActor:
         audit_key: bytes | None = None,
         model_api_key: str = "",
         a2a_tokens: dict[str, str] | None = None,
+        resume: bool = True,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._settings_digest = settings_digest(settings_json)
@@ -255,7 +256,9 @@ class AgentActor:
             publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
-        resumed = await self._agent.resume_unfinished()
+        # A restart resumes the plans that still have callers; a first start after `secret
+        # rotate` (resume=False) resumes none: their callers went with the agents it replaced.
+        resumed = await self._agent.resume_unfinished(resume=resume or self._restarted)
         logger.info(
             "agent %s serving on %s (restarted=%s, resumed %d plans)",
             role,
@@ -325,6 +328,7 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        self._agent.closing()  # calls cut by the stop interrupt their plans, resumed at restart
         if self._mcp_face is not None:
             await self._mcp_face.aclose()
         if self._a2a is not None:

@@ -216,7 +216,12 @@ class Deployment:
             return None
 
     def deploy(
-        self, *, detached: bool, replace: bool = False, create_secret: bool = True
+        self,
+        *,
+        detached: bool,
+        replace: bool = False,
+        create_secret: bool = True,
+        resume: bool = True,
     ) -> list[AgentInfo]:
         """Create the agent actors that are missing (all of them with ``replace``) and wait until
         every agent serves.
@@ -228,6 +233,9 @@ class Deployment:
             replace: Redeploy running agents.
             create_secret: Make a cluster secret when there is none (token mode); otherwise its
                 absence is a ``MissingSecretError``.
+            resume: Whether the agents created now resume their stores' unfinished plans when
+                they first start (``False``: they cancel the running ones; a later restart of an
+                agent resumes as always).
 
         Raises:
             LaunchError: Agents did not start, or running agents hold another cluster secret
@@ -282,7 +290,7 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings_json, secret, audit_key, api_key, a2a_tokens
+                role, settings_json, secret, audit_key, api_key, a2a_tokens, resume
             )
         try:
             infos = self._ready(timeout_s=self.settings.deploy_timeout_s)

@@ -56,6 +56,7 @@ from stratagem.protocol import (
     Credentials,
     PlanEvent,
     PlanSnapshot,
+    ProtocolError,
     ProtocolUsageError,
     ReplayResult,
     RevisionsResponse,
@@ -65,7 +66,7 @@ from stratagem.protocol import (
     capability_for,
 )
 from stratagem.runtime._extensions import deployment_roles
-from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._goal import GoalOutcome, goal_deadline_s, run_goal
 from stratagem.runtime._input import (
     InputError,
     PlanNotFoundError,
@@ -261,6 +262,7 @@ class Operator:
         self._config = ClientConfig(
             default_timeout_s=check_timeout(timeout_s) or settings.request_timeout_s
         )
+        self._timeout_given = timeout_s is not None
         self._fixed = dict(endpoints) if endpoints is not None else None
         self._directory = directory or RayDirectory(settings)
         self._from_directory = False  # once asked, the directory answers for every later call
@@ -554,8 +556,14 @@ class Operator:
 
         Args:
             goal: The goal, or the mapping a goal file holds.
-            timeout: The whole goal's deadline.
-            on_event: Called with every plan event of every agent while the goal runs.
+            timeout: The whole goal's deadline; by default (and when the operator was made
+                without ``timeout_s``) one that fits the deployment's planners:
+                ``STRATAGEM_REQUEST_TIMEOUT_S`` plus the planning limits each agent's card states
+                for the requests a goal makes it plan (``goal_deadline_s``).
+
+        Raises:
+            protocol.DeadlineExceededError: The deadline passed; the message says where the goal
+                was waiting and how to give it longer.
         """
         if not isinstance(goal, SubmitGoalRequest):
             try:
@@ -563,13 +571,31 @@ class Operator:
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
         endpoints = await self.endpoints()
+        timeout_s = check_timeout(timeout)
+        if timeout_s is None and not self._timeout_given:
+            timeout_s = goal_deadline_s(
+                self.settings.request_timeout_s, await self._cards(endpoints), goal
+            )
         return await run_goal(
             endpoints,
             goal,
-            timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
+            timeout_s=timeout_s or self._config.default_timeout_s,
             on_event=on_event,
             credentials=self._caller_credentials(),
         )
+
+    async def _cards(self, endpoints: Mapping[str, str]) -> dict[str, AgentCard]:
+        """Each agent's card, as far as it answers within a few seconds (a goal's deadline then
+        follows how the agents plan)."""
+
+        async def card(role: str) -> tuple[str, AgentCard | None]:
+            try:
+                return role, await self._client(endpoints[role]).describe(timeout=5.0)
+            except ProtocolError:
+                return role, None
+
+        found = await asyncio.gather(*(card(role) for role in endpoints))
+        return {role: got for role, got in found if got is not None}
 
     # -- control ---------------------------------------------------------------------------------
 

@@ -175,7 +175,8 @@ class Settings(BaseSettings):
         model: The model's name at that server.
         model_api_key: The key for that server: a secret (never logged, traced or audited; it
             reaches the agents as a constructor argument, not in the settings they are given).
-        model_timeout_s: How long one model call may take.
+        model_timeout_s: How long one model call may take once sent, first byte to last (its
+            wait for a turn at the server is bounded by the caller's deadline instead).
         model_max_repairs: New attempts after a model's plan is refused (or fails while running).
         model_max_tokens: The most tokens one model answer may have.
         model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
@@ -184,7 +185,8 @@ class Settings(BaseSettings):
         step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
             request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
             model on a CPU takes tens of seconds a call).
-        model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
+        model_max_concurrent: Model calls the server is given at once by all the agents of a
+            node together (one queue per server, in the state directory); ``None``: 1 for the
             embedded server (a CPU answers one at a time), 4 otherwise.
         mcp_servers: MCP servers whose tools become tools of an agent, by server name (JSON in
             ``STRATAGEM_MCP_SERVERS``, or ``[default.mcp_servers.NAME]`` tables in the config
