@@ -22,6 +22,7 @@ step is re-run only when idempotent (otherwise its plan waits at a reconcile gat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -54,7 +55,12 @@ from stratagem.runtime._stores import (
     open_state_store,
     open_world_store,
 )
-from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+from stratagem.runtime._telemetry import (
+    export_stats,
+    flush_spans,
+    setup_telemetry,
+    shutdown_telemetry,
+)
 
 __all__ = ["AgentActor", "load_policy"]
 
@@ -123,6 +129,7 @@ class AgentActor:
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
             trace_file=settings.trace_file,
+            state_dir=settings.state_dir,
             instance_id=f"{role}-{os.getpid()}",
             extra_resource={"stratagem.ray.node_id": self._node_id},
         )
@@ -210,7 +217,8 @@ class AgentActor:
         return problems
 
     async def info(self) -> dict[str, Any]:
-        """Role, endpoint, node, process, how many plans are running, and any store problem."""
+        """Role, endpoint, node, process, how many plans are running, any store problem, and what
+        its trace exporter did (``runtime._export``)."""
         problems = await self._problems()
         return {
             "health": "not serving" if problems else "serving",
@@ -227,6 +235,7 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "traces": {} if (stats := export_stats()) is None else dataclasses.asdict(stats),
         }
 
     def _restart_count(self) -> int | None:
@@ -239,7 +248,7 @@ class AgentActor:
     async def flush(self) -> None:
         """Export every finished span now and sign the audit chain's head (the CLI calls this
         before it prints a trace and verifies the audit log)."""
-        await asyncio.to_thread(self._tracer_provider.force_flush, 5_000)
+        await asyncio.to_thread(flush_spans)
         await asyncio.to_thread(self._sealer.seal)
 
     async def _seal_periodically(self) -> None:

@@ -137,6 +137,9 @@ class AgentInfo:
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
+        traces: What its OTLP trace exporter did (``runtime._export.ExportStats``: spans
+            ``exported`` and ``skipped``, exports ``failed``, the ``endpoint``); empty when it
+            exports to no backend.
     """
 
     role: str
@@ -154,6 +157,7 @@ class AgentInfo:
     settings_digest: str = ""
     secret_id: str = ""
     problem: str = ""
+    traces: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -57,7 +57,9 @@ def request(
         raw = parse_json_object(payload, "--json")
         # One request id whichever way the call goes: a repeat gets the stored answer.
         request_id = f"cli-{uuid.uuid4().hex}"
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        setup_telemetry(
+            "stratagem-cli", trace_file=settings.trace_file, state_dir=settings.state_dir
+        )
         try:
             answer = _operate(
                 settings,

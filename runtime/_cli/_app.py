@@ -75,7 +75,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "verify_chain",
         "verify_sealed",
     ),
-    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend", "use_backend"),
+    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend"),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime._extensions": ("deployment_roles",),
     "stratagem.runtime._goal": ("GoalOutcome",),

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from stratagem.agents import DEMO_GOAL
     from stratagem.protocol import SubmitGoalRequest
-    from stratagem.runtime._backend import use_backend
+    from stratagem.runtime._backend import find_backend
     from stratagem.runtime._goal import GoalOutcome
     from stratagem.runtime._render import (
         Progress,
@@ -70,11 +70,12 @@ def _execute_goal(
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
-    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured.
-    backend = use_backend(settings.state_dir)
+    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
+    # process finds it through the state directory (runtime._export).
+    backend = find_backend(settings.state_dir)
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
-    provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
+    setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
     if timeout is None and settings.plans_with_a_model:
         # A goal waits on several model calls (tens of seconds each on a CPU): a longer default.
         timeout = max(settings.request_timeout_s, 3 * settings.effective_step_timeout_s)
@@ -109,7 +110,6 @@ def _execute_goal(
                         endpoints=endpoints,
                     )
             dep.flush_telemetry()
-        provider.force_flush()
         shutdown_telemetry("stratagem-cli")
         head = _audit_head(settings)
         spans = read_spans(trace_file, outcome.trace_id)

@@ -73,7 +73,9 @@ def plans_run(
     """Have the plan's owner validate and run a plan you wrote."""
     with _errors():
         settings = _settings(address, state_dir)
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        setup_telemetry(
+            "stratagem-cli", trace_file=settings.trace_file, state_dir=settings.state_dir
+        )
         try:
             snapshot = _operate(
                 settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
