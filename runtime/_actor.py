@@ -74,7 +74,7 @@ def load_policy(settings: Settings) -> Policy:
     An extension's entries name only calls to and from its own agent; they are added to a policy
     file of one's own too, since the extension's code runs in every agent anyway.
     """
-    import_agent_extensions(settings.extensions)
+    import_agent_extensions(settings.extensions, settings.extension_paths)
     base = Policy.load(settings.policy_file) if settings.policy_file else Policy.default()
     added = extension_policy_rules()
     if not added:
@@ -236,6 +236,7 @@ class AgentActor:
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
             "traces": {} if (stats := export_stats()) is None else dataclasses.asdict(stats),
+            "extensions": list(self._settings.extensions),
         }
 
     def _restart_count(self) -> int | None:

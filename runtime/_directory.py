@@ -140,6 +140,8 @@ class AgentInfo:
         traces: What its OTLP trace exporter did (``runtime._export.ExportStats``: spans
             ``exported`` and ``skipped``, exports ``failed``, the ``endpoint``); empty when it
             exports to no backend.
+        extensions: The extensions it loaded (``None`` from an agent of a build that did not
+            say).
     """
 
     role: str
@@ -158,6 +160,7 @@ class AgentInfo:
     secret_id: str = ""
     problem: str = ""
     traces: dict[str, Any] = field(default_factory=dict)
+    extensions: list[str] | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

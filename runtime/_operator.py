@@ -144,7 +144,7 @@ def capability_spec(settings: Settings, agent: str, capability: str) -> Capabili
     Raises:
         InputError: An unknown agent or capability, or an extension that does not load.
     """
-    check_role(agent, deployment_roles(settings.extensions))
+    check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
     spec = capability_for(agent, capability)
     if spec is None:
         served = [name for name, item in CAPABILITIES.items() if item.role == agent]
@@ -281,7 +281,7 @@ class Operator:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions)
+        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
 
     def _check_role(self, agent: str) -> None:
         check_role(agent, self.roles)
@@ -677,7 +677,7 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     if plan_id:
         raw["id"] = plan_id
     owner = raw.get("owner")
-    roles = deployment_roles(settings.extensions)
+    roles = deployment_roles(settings.extensions, settings.extension_paths)
     if owner not in roles:
         raise InputError(f"{where}: owner must be one of {', '.join(roles)}, not {owner!r}")
     try:

@@ -466,8 +466,9 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
 
     The profile is ``profile``, else ``STRATAGEM_PROFILE``; the config file's ``[default]`` table
     applies with or without one. The state directory, when nothing names it, is
-    :func:`default_state_dir`. ``RAY_ADDRESS`` is honoured when neither an argument nor
-    ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
+    :func:`default_state_dir`. The extensions, when nothing names them, are those ``stratagem up``
+    recorded in the state directory (``runtime._deployed``). ``RAY_ADDRESS`` is honoured when
+    neither an argument nor ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
 
     Raises:
         pydantic.ValidationError: A value is outside its constraints.
@@ -485,10 +486,28 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     if "state_dir" not in settings.model_fields_set and "state_dir" not in from_file:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
+    if "extensions" not in settings.model_fields_set:
+        settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
     _check_roles(settings)
     return settings
+
+
+def _with_recorded_extensions(
+    settings: Settings, given: dict[str, Any], from_file: dict[str, Any]
+) -> Settings:
+    """``settings`` with the extensions ``stratagem up`` recorded in their state directory (and
+    the folders they come from) when nothing else named any (``runtime._deployed``)."""
+    from stratagem.runtime._deployed import read_record
+
+    record = read_record(settings.state_dir)
+    if record is None or not record.extensions:
+        return settings
+    paths = [*settings.extension_paths]
+    paths += [path for path in record.extension_paths if path not in paths]
+    values = {**given, **from_file, "extensions": list(record.extensions), "extension_paths": paths}
+    return Settings(**values)
 
 
 def _check_roles(settings: Settings) -> None:
@@ -507,7 +526,7 @@ def _check_roles(settings: Settings) -> None:
     from stratagem.runtime._input import InputError
 
     try:
-        known = deployment_roles(settings.extensions)
+        known = deployment_roles(settings.extensions, settings.extension_paths)
     except InputError as exc:
         raise SettingsError(str(exc)) from exc
     unknown = settings.unknown_roles(known)

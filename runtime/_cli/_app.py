@@ -76,6 +76,13 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "verify_sealed",
     ),
     "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend"),
+    "stratagem.runtime._deployed": (
+        "DeploymentRecord",
+        "absolute_extensions",
+        "read_record",
+        "remove_record",
+        "write_record",
+    ),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime._extensions": ("deployment_roles",),
     "stratagem.runtime._goal": ("GoalOutcome",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -28,8 +29,16 @@ from stratagem.runtime._cli._app import (
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from stratagem.runtime._deployed import (
+        DeploymentRecord,
+        absolute_extensions,
+        read_record,
+        remove_record,
+        write_record,
+    )
     from stratagem.runtime._directory import AgentInfo
     from stratagem.runtime._local import LaunchError, LocalCluster
+    from stratagem.runtime._settings import Settings
 
 __all__: list[str] = []
 
@@ -83,6 +92,19 @@ def _infos_json(infos: list[AgentInfo], mode: str | None) -> dict[str, Any]:
     return {"mode": mode, "agents": [dataclasses.asdict(info) for info in infos]}
 
 
+def _record_for(settings: Settings) -> DeploymentRecord:
+    """What ``up`` deploys and records: the extensions (file paths made absolute) and the folders
+    they come from, this one added when the set is named here rather than taken from the record
+    (agents on this machine import extension modules from where the user launched ``up``)."""
+    extensions = absolute_extensions(settings.extensions, Path.cwd())
+    paths = list(settings.extension_paths)
+    recorded = read_record(settings.state_dir)
+    named_here = recorded is None or recorded.extensions != extensions
+    if extensions and named_here and Path.cwd() not in paths:
+        paths.append(Path.cwd())
+    return DeploymentRecord(extensions=extensions, extension_paths=tuple(paths))
+
+
 @app.command()
 def up(
     address: AddressOpt = None,
@@ -96,13 +118,44 @@ def up(
             "the agents).",
         ),
     ] = None,
+    extensions: Annotated[
+        str | None,
+        typer.Option(
+            "--extensions",
+            help="Extensions to load, comma-separated ('' for none; else STRATAGEM_EXTENSIONS, "
+            "else the set the running deployment has). Every later command uses them.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Deploy the agents (the four built-in ones and those extensions define) as detached actors
-    (starting a local Ray head when no address)."""
+    (starting a local Ray head when no address).
+
+    Running agents are kept; with another set of extensions, the agents that load another set
+    are redeployed and those no extension defines any more are removed. The set is recorded in
+    the state directory: every command, from any shell, uses it.
+
+    Examples:
+
+      stratagem up
+
+      stratagem up --extensions examples.extensions.critic
+
+      stratagem up --replace
+    """
     with _errors():
+        more: dict[str, Any] = {}
+        if extensions is not None:
+            more["extensions"] = [name for name in extensions.split(",") if name.strip()]
         settings = _settings(
-            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None
+            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None, **more
+        )
+        record = _record_for(settings)
+        settings = settings.model_copy(
+            update={
+                "extensions": list(record.extensions),
+                "extension_paths": list(record.extension_paths),
+            }
         )
         # Agents also append their spans to a file in the state directory (on their own node),
         # so `stratagem trace` works without a backend on one machine.
@@ -121,10 +174,33 @@ def up(
             err_console.print(f"[dim]deploying the agents: {', '.join(roles)}…[/]", highlight=False)
         with _running(deployment):
             infos = deployment.deploy(detached=True, replace=replace)
+        write_record(settings.state_dir, record)
+        if deployment.replaced and not as_json:
+            err_console.print(
+                f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other "
+                "extensions[/]",
+                soft_wrap=True,
+                highlight=False,
+            )
+        if deployment.removed and not as_json:
+            err_console.print(
+                f"[dim]removed {', '.join(deployment.removed)}: no extension defines "
+                f"{'it' if len(deployment.removed) == 1 else 'them'} now[/]",
+                soft_wrap=True,
+                highlight=False,
+            )
         for warning in deployment.warnings:
             err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
         if as_json:
-            _print_json({**_infos_json(infos, deployment.mode), "stale": deployment.stale})
+            _print_json(
+                {
+                    **_infos_json(infos, deployment.mode),
+                    "stale": deployment.stale,
+                    "replaced": deployment.replaced,
+                    "removed": deployment.removed,
+                    "extensions": list(record.extensions),
+                }
+            )
             return
         console.print(_agents_table(infos, deployment.mode))
         if deployment.stale:
@@ -205,6 +281,8 @@ def down(
             settings.ray_token_path.unlink(missing_ok=True)
         elif recorded is not None:  # the head died: clean up after it
             cleaned = recorded.clean_up(settings)
+        if removed or local is not None or recorded is not None:
+            remove_record(settings.state_dir)
         if as_json:
             _print_json(
                 {"removed": removed, "stopped_local_ray": local is not None, "cleaned": cleaned}

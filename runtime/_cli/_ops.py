@@ -327,7 +327,10 @@ def certs_init(
     with _errors():
         settings = _settings(None, state_dir)
         folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
-        names = identities or [*deployment_roles(settings.extensions), OPERATOR]
+        names = identities or [
+            *deployment_roles(settings.extensions, settings.extension_paths),
+            OPERATOR,
+        ]
         from stratagem.protocol import init_certificates
 
         written = init_certificates(folder, names, overwrite=force)
