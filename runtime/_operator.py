@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ from stratagem.protocol import (
     CAPABILITIES,
     OPERATOR,
     ROLES,
+    WORLD_PATTERN,
     AgentCard,
     AgentClient,
     CapabilitySpec,
@@ -52,11 +54,14 @@ from stratagem.protocol import (
     ControlAction,
     ControlRequest,
     Credentials,
+    ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
     ProtocolUsageError,
     ReplayResult,
+    ResetWorldResponse,
     RevisionsResponse,
+    ShowWorldResponse,
     SubmitGoalRequest,
     UnavailableError,
     WireModel,
@@ -540,6 +545,56 @@ class Operator:
             on_event=on_event,
             credentials=self._caller_credentials(),
         )
+
+    # -- worlds ----------------------------------------------------------------------------------
+
+    async def worlds(self, *, prefix: str = "") -> ListWorldsResponse:
+        """The perception agent's worlds (those whose name starts with ``prefix``), by name, with
+        their versions and sizes."""
+        answer = await self.call("perception", "ListWorlds", {"prefix": prefix})
+        assert isinstance(answer, ListWorldsResponse)
+        return answer
+
+    async def _known_world(self, world: str) -> None:
+        """Raises ``InputError`` unless ``world`` is a world's name and that world exists."""
+        if not re.fullmatch(WORLD_PATTERN, world):
+            raise InputError(
+                f"world name {world!r} is not valid: a lowercase letter or digit, then up to 63 "
+                "lowercase letters, digits, '_', '.' or '-'"
+            )
+        listed = await self.worlds(prefix=world)
+        if all(summary.name != world for summary in listed.worlds):
+            everyone = await self.worlds()
+            names = [summary.name for summary in everyone.worlds][:10]
+            more = everyone.total - len(names)
+            raise InputError(
+                f"no world {world!r}; worlds: {', '.join(names) or 'none yet'}"
+                + (f" and {more} more" if more > 0 else "")
+                + " ('stratagem world list')"
+            )
+
+    async def world(self, world: str) -> ShowWorldResponse:
+        """Every entity and fact of ``world``.
+
+        Raises:
+            InputError: A malformed name, or no world of that name (the worlds there are named).
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ShowWorld", {"world": world})
+        assert isinstance(answer, ShowWorldResponse)
+        return answer
+
+    async def reset_world(self, world: str) -> ResetWorldResponse:
+        """Empty ``world`` (no entity, no fact; saved before this returns). Goals that name it
+        start from nothing again.
+
+        Raises:
+            InputError: A malformed name, or no world of that name.
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ResetWorld", {"world": world})
+        assert isinstance(answer, ResetWorldResponse)
+        return answer
 
     # -- control ---------------------------------------------------------------------------------
 
