@@ -43,7 +43,7 @@ from stratagem.protocol import (
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
-from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._local import own_log_files, publish_endpoint
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
@@ -83,6 +83,22 @@ def load_policy(settings: Settings) -> Policy:
     return Policy([*base.rules, *added])
 
 
+class _AgentLog(logging.StreamHandler):  # type: ignore[type-arg]
+    """Stratagem's records, to the agent process's standard error."""
+
+
+def _log_to_stderr(level: str) -> None:
+    """Stratagem's loggers write to this process's standard error (a Ray worker's ``.err`` log:
+    ``stratagem logs AGENT``) from ``level`` up."""
+    root = logging.getLogger("stratagem")
+    if not any(isinstance(handler, _AgentLog) for handler in root.handlers):
+        handler = _AgentLog(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level)
+
+
 def _restarts() -> int | None:
     """How often Ray restarted this actor (``None`` if unknown): the runtime context says only
     whether it was restarted; the count is in the GCS actor table."""
@@ -104,6 +120,7 @@ class AgentActor:
         model_api_key: str = "",
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
+        _log_to_stderr(settings.log_level or "INFO")
         self._settings_digest = settings_digest(settings_json)
         self._role = role
         self._settings = settings
@@ -197,7 +214,9 @@ class AgentActor:
         )
         await self._server.start()
         try:
-            publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
+            publish_endpoint(
+                settings.state_dir, role, self._server.endpoint, os.getpid(), own_log_files()
+            )
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
         resumed = await self._agent.resume_unfinished()

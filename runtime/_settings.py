@@ -159,6 +159,9 @@ class Settings(BaseSettings):
             embedded server (a CPU answers one at a time), 4 otherwise.
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
+        log_level: How much Stratagem logs: an agent (``None``: ``INFO``, to its Ray worker log,
+            which ``stratagem logs AGENT`` prints) and the CLI (``None``: ``ERROR``; the CLI
+            reads ``STRATAGEM_LOG_LEVEL`` itself, before any setting).
     """
 
     # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
@@ -220,6 +223,12 @@ class Settings(BaseSettings):
     )
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     allow_unauthenticated_ray: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod

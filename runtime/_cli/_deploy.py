@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
@@ -37,7 +39,9 @@ if TYPE_CHECKING:
         write_record,
     )
     from stratagem.runtime._directory import AgentInfo
-    from stratagem.runtime._local import LaunchError, LocalCluster
+    from stratagem.runtime._extensions import deployment_roles
+    from stratagem.runtime._local import LaunchError, LocalCluster, read_published
+    from stratagem.runtime._operator import check_role
     from stratagem.runtime._settings import Settings
 
 __all__: list[str] = []
@@ -49,30 +53,36 @@ lazy_scope(globals())
 # -- deployment ----------------------------------------------------------------------------------
 
 
-def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
-    table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
-    for column in (
-        "agent",
-        "health",
-        "endpoint",
-        "node",
-        "pid",
-        "restarts",
-        "plans running",
-        "blocked",
-    ):
-        table.add_column(column)
+def _agents_table(infos: list[AgentInfo], mode: str | None, width: int | None = None) -> Table:
+    """The agents as a table that fits ``width`` columns (the console's): below 100, no box, and
+    the node column only when the agents run on more than one node or on labelled nodes."""
+    narrow = (width or console.width) < 100
+    nodes = {info.node_id for info in infos} | {"" for info in infos if info.node_labels}
+    show_node = not narrow or len(nodes) > 1
+    table = Table(
+        title=f"Stratagem agents ({mode} Ray)",
+        title_justify="left",
+        box=None if narrow else box.HEAVY_HEAD,
+        pad_edge=not narrow,
+    )
+    columns = ["agent", "health", "endpoint", *(["node"] if show_node else [])]
+    columns += ["pid", "restarts", "running" if narrow else "plans running", "blocked"]
+    for column in columns:
+        table.add_column(column, overflow="fold")
     for info in infos:
         health = {"serving": "[green]serving[/]", "unreachable": "[red]unreachable[/]"}.get(
             info.health, f"[yellow]{info.health} ({info.state.lower()})[/]"
         )
         if info.problem:
             health += f" [red]{escape(info.problem)}[/]"
+        node = " ".join(
+            [info.node_id[:8] or "-", *(f"{k}={v}" for k, v in info.node_labels.items())]
+        )
         table.add_row(
             info.role,
             health,
             info.endpoint or "-",
-            " ".join([info.node_id[:8] or "-", *(f"{k}={v}" for k, v in info.node_labels.items())]),
+            *([node] if show_node else []),
             str(info.pid or "-"),
             "?" if info.restarts is None else str(info.restarts),
             str(info.plans_running),
@@ -217,7 +227,14 @@ def status(
 ) -> None:
     """Show each agent's health, node, gRPC endpoint, process, restarts and running plans.
 
-    Exits 1 when an agent is not serving (a readiness check for scripts)."""
+    Exits 1 when an agent is not serving (a readiness check for scripts).
+
+    Examples:
+
+      stratagem status
+
+      stratagem status --json | jq '.agents[] | {role, health, traces}'
+    """
     with _errors():
         deployment = _deployment(_settings(address, state_dir))
         with _running(deployment):
@@ -263,7 +280,15 @@ def secret_rotate(
 def down(
     address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Remove the agents (and the local Ray head that 'up' started, if any)."""
+    """Remove the agents (and the local Ray head that 'up' started, if any).
+
+    The plans, answers, worlds and audit log stay in the state directory: the next 'up' goes on
+    from them.
+
+    Examples:
+
+      stratagem down
+    """
     with _errors():
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)
@@ -301,3 +326,97 @@ def down(
                 f"removed agents: {', '.join(removed) or 'none'}"
                 + ("; stopped the local Ray head" if local is not None else "")
             )
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+_TAIL_LIMIT = 8 << 20
+"""The most bytes ``logs`` reads from the end of a log file."""
+
+
+def _tail(path: Path, lines: int) -> tuple[bytes, int]:
+    """The last ``lines`` lines of ``path`` (reading at most ``_TAIL_LIMIT`` bytes from its end)
+    and the file's size then."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, 2)
+        if lines == 0:
+            return b"", size
+        start = size
+        chunk = b""
+        while start > 0 and chunk.count(b"\n") <= lines and size - start < _TAIL_LIMIT:
+            step = min(64 << 10, start)
+            start -= step
+            handle.seek(start)
+            chunk = handle.read(step) + chunk
+        kept = chunk.splitlines(keepends=True)[-lines:]
+        return b"".join(kept), size
+
+
+@app.command()
+def logs(
+    agent: Annotated[str, typer.Argument(help="An agent's role, e.g. perception.")],
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", min=0, max=100_000, help="How many lines to print.")
+    ] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing what it logs (Ctrl-C stops).")
+    ] = False,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Print the end of an agent's log: what its process wrote (a Ray worker's .out and .err).
+
+    The agent says where its log is when it starts (an agent of this machine's deployment); an
+    agent restarted by Ray logs to new files, which this then reads.
+
+    Examples:
+
+      stratagem logs perception
+
+      stratagem logs orchestrator -n 200
+
+      stratagem logs critic --follow
+    """
+    with _errors():
+        settings = _settings(None, state_dir)
+        check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
+        published = read_published(settings.state_dir, agent)
+        if published is None:
+            raise LaunchError(
+                f"agent {agent} has not said where it logs in {settings.state_dir}: it is not "
+                "deployed, or runs on another machine (its log is then with Ray's worker logs "
+                "on its node; 'stratagem status' says which)"
+            )
+        files = [path for path in published.logs if path.is_file()]
+        if not files:
+            raise LaunchError(
+                f"agent {agent} (pid {published.pid}) named no log file this machine has "
+                "(its log is with Ray's worker logs on its node)"
+            )
+        if not published.alive:
+            err_console.print(
+                f"[yellow]agent {agent}'s process {published.pid} has ended; its last log:[/]",
+                highlight=False,
+            )
+        out = console.file
+        sizes: dict[Path, int] = {}
+        for path in files:
+            if len(files) > 1:
+                err_console.print(f"[dim]==> {path} <==[/]", highlight=False)
+            text, sizes[path] = _tail(path, lines)
+            out.write(text.decode("utf-8", "replace"))
+            out.flush()
+        if not follow:
+            return
+        try:
+            while True:
+                time.sleep(0.5)
+                for path in files:
+                    with path.open("rb") as handle:
+                        handle.seek(sizes[path])
+                        more = handle.read(1 << 20)
+                    if more:
+                        sizes[path] += len(more)
+                        out.write(more.decode("utf-8", "replace"))
+                        out.flush()
+        except KeyboardInterrupt:
+            return

@@ -70,7 +70,14 @@ def plans_run(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Have the plan's owner validate and run a plan you wrote."""
+    """Have the plan's owner validate and run a plan you wrote.
+
+    Examples:
+
+      stratagem plans run examples/plans/who-leads.yaml
+
+      stratagem plans run my-plan.yaml --json
+    """
     with _errors():
         settings = _settings(address, state_dir)
         setup_telemetry(
@@ -103,7 +110,14 @@ def plans_show(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a plan and every sub-plan it caused, from a running deployment."""
+    """Show a plan and every sub-plan it caused, from a running deployment.
+
+    Examples:
+
+      stratagem plans show who-leads
+
+      stratagem plans show who-leads --format mermaid
+    """
     with _errors():
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
             raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
@@ -132,7 +146,14 @@ def plans_list(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the plans the agents hold: id, agent, revision, status."""
+    """List the plans the agents hold: id, agent, revision, status.
+
+    Examples:
+
+      stratagem plans list --status blocked
+
+      stratagem plans list --agent strategic --json
+    """
     with _errors():
         if status is not None:
             check_status(status)
@@ -250,7 +271,7 @@ def replay(
         raise typer.Exit(1)
 
 
-PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
+PlanArg = Annotated[str, typer.Argument(help="The plan's id ('stratagem plans list' lists them).")]
 GateArg = Annotated[
     str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
 ]
