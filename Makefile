@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml $(RUN_STAMP)
 
 demo: $(RUN_STAMP)
 	$(BIN)/stratagem demo
-	@echo "The stratagem command is $(BIN)/stratagem (or: source $(BIN)/activate, then stratagem --help)."
+	@echo "Next: source $(BIN)/activate, then stratagem --help (README: Quick start)."
 
 # Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
 # `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).

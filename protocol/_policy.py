@@ -15,8 +15,9 @@ pseudo-capability names the RPC table declares (``protocol._service``): the read
 (``READ_RPCS``: ``"Describe"``, ``"Watch"``, ``"Plans"``, ``"Revisions"``) and ``"RunPlan"``,
 ``"Replay"`` and ``"Control.<action>"``.
 
-The caller is the identity the server authenticated (today the ``x-stratagem-caller`` metadata
-value, trusted; see the README); ``OPERATOR`` is the identity of the CLI's user.
+The caller is the identity the server authenticated (a signed token's subject, a certificate's
+identity, or with ``STRATAGEM_AUTH=none`` the trusted ``x-stratagem-caller`` metadata value; see
+``docs/security.md``); ``OPERATOR`` is the identity of the CLI's user.
 """
 
 from __future__ import annotations

@@ -95,11 +95,14 @@ class Progress:
         return table
 
 
-def _step_label(step: dict[str, Any]) -> Text:
+def _step_label(step: dict[str, Any], *, compact: bool = False) -> Text:
     kind = step.get("kind", "")
     status = str(step.get("status", "pending"))
     label = Text()
-    label.append_text(_status(status))
+    if compact:  # the mark alone: its colour and shape say the status
+        label.append(_STATUS_MARK.get(status, "?"), style=_STATUS_STYLE.get(status, ""))
+    else:
+        label.append_text(_status(status))
     label.append(f"  {step.get('id', '?')}", style="bold")
     if kind == "tool":
         label.append(f"  tool {step.get('tool', '')}", style="cyan")
@@ -113,9 +116,13 @@ def _step_label(step: dict[str, Any]) -> Text:
     return label
 
 
-def plan_forest(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> Tree:
+def plan_forest(
+    snapshots: Sequence[PlanSnapshot], root_plan_id: str, *, width: int | None = None
+) -> Tree:
     """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused
-    (named by its id's tail under the root's, ``…/extract``; a revision only past the first)."""
+    (named by its id's tail under the root's, ``…/extract``; a revision only past the first).
+    Below 100 columns (``width``) a step's status is its mark alone (``✓``, ``✗``, ``⏸``…)."""
+    compact = width is not None and width < 100
     by_id = {snap.plan_id: snap for snap in snapshots}
     root = Tree(Text(root_plan_id, style="bold"))
 
@@ -133,7 +140,7 @@ def plan_forest(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> Tree:
             )
         )
         for step in plan.get("steps", []):
-            child = node.add(_step_label(step))
+            child = node.add(_step_label(step, compact=compact))
             sub = by_id.get(f"{snap.plan_id}/{step.get('id')}")
             if sub is not None:
                 add_plan(child, sub)

@@ -136,7 +136,7 @@ def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any])
     console.rule(f"[bold]goal {outcome.plan_id}: {resp.status.replace('_', ' ')}")
     if resp.note:
         console.print(f"[bold yellow]{resp.status.replace('_', ' ')}:[/] {resp.note}")
-    console.print(plan_forest(outcome.plans, outcome.plan_id))
+    console.print(plan_forest(outcome.plans, outcome.plan_id, width=console.width))
     beats = Table(title="Arc", title_justify="left")
     beats.add_column("beat")
     beats.add_column("title")

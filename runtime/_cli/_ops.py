@@ -203,9 +203,10 @@ def audit_verify(
                 if sealed
                 else f" (no signing key at {settings.audit_key_path}: chain only)"
             )
+            # Wrapped at the terminal's width (between words: the head's hex stays whole).
             console.print(
                 f"audit chain verified: {verdict.count} records{signed}, head {head}",
-                soft_wrap=True,
+                highlight=False,
             )
         else:
             if verdict.first_broken_seq is not None:

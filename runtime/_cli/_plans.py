@@ -92,7 +92,7 @@ def plans_run(
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:
-            console.print(plan_forest([snapshot], snapshot.plan_id))
+            console.print(plan_forest([snapshot], snapshot.plan_id, width=console.width))
 
 
 @plans_app.command("show")
@@ -131,7 +131,7 @@ def plans_show(
         elif as_json:
             _print_json([json.loads(s.model_dump_json()) for s in snapshots])
         else:
-            console.print(plan_forest(snapshots, plan_id))
+            console.print(plan_forest(snapshots, plan_id, width=console.width))
 
 
 @plans_app.command("list")

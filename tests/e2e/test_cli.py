@@ -698,10 +698,9 @@ def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
 
 
 def _readme_python_examples() -> list[str]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Python API") :]
-    section = section[: section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    """The examples of the Python API's page (the README links to it)."""
+    page = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", page, re.S)
 
 
 def test_the_readme_python_api_runs_against_the_deployment(deployed: Path) -> None:
