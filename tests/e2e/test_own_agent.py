@@ -305,7 +305,8 @@ def test_the_readme_commands_run_against_the_deployment(deployed: Path) -> None:
     assert "critic" in outputs["status"]
     assert "ReviewPlan" in outputs["describe critic"]
     assert json.loads(outputs["request critic"])["verdict"] == "unsound"
-    assert "critic-review/review" in outputs["plans show"]
+    # The critic's sub-plan critic-review/review, named by its tail under the plan's own id.
+    assert "critic plan …/review" in outputs["plans show"]
 
 
 # Last of the deployment's tests: every call above is in the chain.
