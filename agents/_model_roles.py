@@ -644,7 +644,7 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
             title="extract entities and relations",
             target="perception",
             capability="ExtractEntities",
-            request={"text": request.passage, "world": world},
+            request={"text": request.passage, "world": world, "require_facts": True},
         ),
         CrossAgentStep(
             id="spatial",

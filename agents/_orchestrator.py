@@ -158,7 +158,7 @@ class OrchestratorPlanner:
                 title="extract entities and relations",
                 target="perception",
                 capability="ExtractEntities",
-                request={"text": request.passage, "world": world},
+                request={"text": request.passage, "world": world, "require_facts": True},
             ),
             CrossAgentStep(
                 id="spatial",

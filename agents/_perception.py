@@ -6,8 +6,9 @@ Its tools act on text and on the agent's own :class:`~agents.WorldModel` s, one 
 
 - ``ExtractEntities``: ``split`` (split_sentences) -> ``match`` (match_patterns, with the plan's
   extraction patterns) -> ``resolve`` (resolve_entities, with the plan's resolution strategy) ->
-  ``merge`` (merge_world, a side effect). A passage in which no sentence reads as a fact fails at
-  ``match``, naming the sentence forms the patterns read and how to attach a model instead.
+  ``merge`` (merge_world, a side effect). With ``require_facts`` (a goal's extraction), a passage
+  in which no sentence reads as a fact fails at ``match``, naming the sentence forms the patterns
+  read and how to attach a model instead; without it, the answer holds nothing.
 - ``FindSpatialContext``: ``locate`` (locate_entities) and ``facts`` (world_facts: the facts
   linked to the requested entities), in parallel.
 - ``UpdateWorldState``: ``check`` (check_actions, a dry run) -> ``apply`` (apply_actions, a side
@@ -280,15 +281,18 @@ def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
         return Sentences(sentences=split_sentences(text))
 
     @tool
-    async def match_patterns(sentences: list[str], patterns: list[ExtractionPattern]) -> Mentions:
-        """Match each sentence against the extraction patterns (first match wins); a passage in
-        which no sentence matches fails, naming the forms the patterns read."""
+    async def match_patterns(
+        sentences: list[str], patterns: list[ExtractionPattern], required: bool = False
+    ) -> Mentions:
+        """Match each sentence against the extraction patterns (first match wins); with
+        ``required``, a passage in which no sentence matches fails, naming the forms the patterns
+        read."""
         found = [
             mention
             for index, sentence in enumerate(sentences)
             if (mention := match_sentence(index, sentence, patterns)) is not None
         ]
-        if not found:
+        if required and not found:
             raise LogicError(nothing_read(patterns))
         return Mentions(mentions=found)
 
@@ -460,7 +464,11 @@ class PerceptionPlanner:
                         id="match",
                         tool="match_patterns",
                         depends_on=["split"],
-                        input={"sentences": ref("split.sentences"), "patterns": patterns},
+                        input={
+                            "sentences": ref("split.sentences"),
+                            "patterns": patterns,
+                            **({"required": True} if request.require_facts else {}),
+                        },
                     ),
                     ToolStep(
                         id="resolve",

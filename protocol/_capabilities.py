@@ -144,6 +144,7 @@ class ExtractEntitiesRequest(WireModel):
 
     text: Text
     world: OptionalWorldName = ""
+    require_facts: bool = False
 
 
 class ExtractEntitiesResponse(WireModel):

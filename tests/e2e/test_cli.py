@@ -548,7 +548,10 @@ def test_describe_lists_capabilities_and_shows_one_schema(deployed: Path) -> Non
     assert "text" in card["capabilities"][0]["request_schema"]["properties"]
     unknown = run("describe", "perception", "PlanNarrativeArc", state_dir=deployed)
     assert unknown.returncode == 2
-    assert "valid: ExtractEntities, FindSpatialContext, UpdateWorldState" in unknown.stderr
+    assert (
+        "valid: ExtractEntities, FindSpatialContext, ListWorlds, ResetWorld, ShowWorld, "
+        "UpdateWorldState" in unknown.stderr
+    )
 
 
 def test_plans_list_show_as_a_picture_and_watch(deployed: Path) -> None:

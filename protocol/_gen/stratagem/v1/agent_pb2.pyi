@@ -170,18 +170,24 @@ class ExtractEntitiesRequest(_message.Message):
 
     TEXT_FIELD_NUMBER: _builtins.int
     WORLD_FIELD_NUMBER: _builtins.int
+    REQUIRE_FACTS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     world: _builtins.str
     """the world the facts are merged into ("" : "default")"""
+    require_facts: _builtins.bool
+    """Fail (FAILED_PRECONDITION, naming the sentence forms the extractor reads and how to attach a
+    model) when no sentence states a fact, instead of answering with nothing (a goal asks this).
+    """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         world: _builtins.str = ...,
+        require_facts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["require_facts", b"require_facts", "text", b"text", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
