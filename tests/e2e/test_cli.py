@@ -661,7 +661,10 @@ def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Pa
     published = json.loads((deployed / "endpoints" / "perception.json").read_text())
     agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]
     perception = next(a for a in agents if a["role"] == "perception")
+    logs = published.pop("logs")
     assert published == {"endpoint": perception["endpoint"], "pid": perception["pid"]}
+    # Its Ray worker's .out and .err, for `stratagem logs perception`.
+    assert sorted(Path(path).suffix for path in logs) == [".err", ".out"]
 
     payload = json.dumps({"text": "Mira waits in the courtyard."})
     status, out = _probe(
