@@ -122,6 +122,7 @@ from stratagem.protocol._identity import (
     TokenSigner,
 )
 from stratagem.protocol._lazy import lazy_exports
+from stratagem.protocol._mcp import MCP_SERVER_NAME_PATTERN, McpServerConfig
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._models import (
     CONTROL_ACTIONS,
@@ -140,7 +141,7 @@ from stratagem.protocol._models import (
     RevisionStepChange,
     control_capability,
 )
-from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._policy import MCP_TARGET_PREFIX, OPERATOR, READ_RPCS, Policy, PolicyRule
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -159,21 +160,29 @@ from stratagem.protocol._storage import (
 )
 
 if TYPE_CHECKING:
+    from stratagem.protocol._a2a import A2AConfig, A2AServer
     from stratagem.protocol._answers._postgres import PostgresAnswerStore
     from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
+    from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
     from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
-# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds.
+# TLS needs cryptography's X.509 code, which costs every importer tens of milliseconds; the A2A
+# face loads the A2A SDK, Starlette and uvicorn.
 __getattr__ = lazy_exports(
     __name__,
     {
+        "A2AConfig": "._a2a",
+        "A2AServer": "._a2a",
         "TlsFiles": "._tls",
         "certificate_identity": "._tls",
         "init_certificates": "._tls",
         "PostgresAnswerStore": "._answers._postgres",
         "PostgresAuditHeads": "._audit._postgres",
         "PostgresAuditLog": "._audit._postgres",
+        # The MCP face needs the mcp SDK's server, Starlette and uvicorn: loaded by who serves it.
+        "McpFace": "._mcp._face",
+        "McpFaceConfig": "._mcp._face",
     },
 )
 
@@ -185,11 +194,15 @@ __all__ = [
     "DEFAULT_WORLD",
     "EXTENSION_FIELD",
     "MAX_JSON_DEPTH",
+    "MCP_SERVER_NAME_PATTERN",
+    "MCP_TARGET_PREFIX",
     "OPERATOR",
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
     "WORLD_PATTERN",
+    "A2AConfig",
+    "A2AServer",
     "Action",
     "AgentBackend",
     "AgentCard",
@@ -234,6 +247,9 @@ __all__ = [
     "InvalidArgumentError",
     "ListWorldsRequest",
     "ListWorldsResponse",
+    "McpFace",
+    "McpFaceConfig",
+    "McpServerConfig",
     "MirroredHeads",
     "MissingSecretError",
     "NotFoundError",

@@ -329,4 +329,4 @@ async def test_a_passage_read_as_nothing_is_an_empty_answer_unless_facts_are_req
     assert "step 'match' failed (logic): no sentence of the passage states a fact" in message
     for form in ("'Mira waits in the courtyard.'", "'The vault is locked.'", "docs/goals.md"):
         assert form in message
-    assert "STRATAGEM_PLANNERS='{\"perception\": \"model\"}'" in message
+    assert 'STRATAGEM_PLANNERS=\'{"perception": "model"}\'' in message
