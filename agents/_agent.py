@@ -71,6 +71,7 @@ from stratagem.agents._records import (
 )
 from stratagem.agents._tool import ToolRegistry
 from stratagem.agents._wire import (
+    caller_deadline,
     coerce_request,
     digest_of_request,
     failure_error,
@@ -228,6 +229,11 @@ class Agent(PlanControl):
         self._active: set[str] = set()
         self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
         self._started: dict[str, asyncio.Event] = {}
+        self._closing = False
+        self.planning_timeout_s = 0.0
+        """The longest planning one request may take (its model's limits; 0: no model plans):
+        what its card tells a client setting a goal's deadline (``runtime`` sets it with the
+        model planner)."""
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._book = PlanBook(role, max_records)
         self._policy: Policy | None = None
@@ -320,12 +326,15 @@ class Agent(PlanControl):
         self._handlers[spec.name] = (spec, planner)
 
     def card(self) -> AgentCard:
-        """The agent's card: role, version, capabilities with their JSON Schemas, tool names."""
+        """The agent's card: role, version, capabilities with their JSON Schemas, tool names, and
+        how it plans (``planner``, ``planning_timeout_s``)."""
         return AgentCard(
             role=self.role,
             version=self.version,
             capabilities=[CapabilityCard.from_spec(spec) for spec, _ in self._handlers.values()],
             tools=self.registry.names(),
+            planner="model" if self.planning_timeout_s > 0 else "deterministic",
+            planning_timeout_s=self.planning_timeout_s,
         )
 
     # --- serving requests ----------------------------------------------------------------------
@@ -376,7 +385,7 @@ class Agent(PlanControl):
             raise FailedPreconditionError(message) from exc
         if self.store is not None:
             plan = plan.model_copy(update={"goal": goal_marked(plan.goal, request_digest)})
-        result = await self._run(plan, capability)
+        result = await self._run(plan, capability, caller_deadline(ctx))
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
         return self._respond(planner, capability, request, result)
@@ -471,13 +480,17 @@ class Agent(PlanControl):
                 typed = self.plan_type.model_validate(plan)
             except ValidationError as exc:
                 raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
-        problems = self._problems(typed)
-        if problems:
-            # The plan is the caller's input: refused as such, before anything is stored or run.
-            message = one_line(f"plan {typed.id!r} refused: " + "; ".join(problems))
-            self._book.refuse(typed, "", message)
-            raise InvalidArgumentError(message)
+        self._check_users_plan(typed)
         return await self._run(typed, "")
+
+    def _check_users_plan(self, plan: Plan) -> None:
+        """A user's plan that this agent may not run is the caller's bad input: refused as such
+        (``InvalidArgumentError`` naming every problem), before anything is stored or run."""
+        problems = self._problems(plan)
+        if problems:
+            message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            self._book.refuse(plan, "", message)
+            raise InvalidArgumentError(message)
 
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
         """Serve ``RunPlan``: validate a user's plan against this agent's registry and run it.
@@ -496,7 +509,12 @@ class Agent(PlanControl):
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
         raw = json_object(plan_json, "the plan")
-        result = await self.submit_plan(raw)
+        try:
+            typed = self.plan_type.model_validate(raw)
+        except ValidationError as exc:
+            raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
+        self._check_users_plan(typed)
+        result = await self._run(typed, "", caller_deadline(ctx))
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
         return self._book.record(result.plan.id).snapshot(self.role)
@@ -554,7 +572,17 @@ class Agent(PlanControl):
             return own
         return f"{self.role}-{uuid.uuid4().hex[:12]}"
 
-    async def _run(self, plan: Plan, capability: str) -> PlanResult[Any]:
+    async def _run(
+        self, plan: Plan, capability: str, deadline: float | None = None
+    ) -> PlanResult[Any]:
+        """Run ``plan`` (or join its run) for a caller waiting until ``deadline`` (wall clock).
+
+        When the caller goes away first (its deadline passed, it cancelled), the plan is cancelled
+        for good, not left ``running`` in the store: nobody waits for its answer. Only when the
+        agent itself is closing is it an interruption, resumed at the next start.
+        """
+        if deadline is not None:
+            plan = plan.model_copy(update={"deadline": deadline})
         latest = 0
         previous = self._book.get(plan.id)
         if previous is not None:
@@ -581,14 +609,46 @@ class Agent(PlanControl):
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
+        run = asyncio.ensure_future(
+            self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
+        )
         try:
-            result = await self._engine.run(
-                plan, on_event=lambda event: self._book.observe(record, event)
-            )
+            result = await asyncio.shield(run)
         except PlanControlError as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
+        except asyncio.CancelledError:
+            self._caller_gone(plan.id, run, record)
+            raise
         finally:
             self._active.discard(plan.id)
+        follow_revision(record, result)
+        return result
+
+    def _caller_gone(
+        self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
+    ) -> None:
+        """The caller of a running plan went away: cancel the plan for good in the background
+        (recorded, compensated). Interrupt it instead (resumable) while the agent closes, and
+        when it waits at a gate: a person's decision takes it up again."""
+        if run.done():
+            return
+        if self._closing or self.store is None or record.status is PlanStatus.BLOCKED:
+            run.cancel()
+            return
+        logger.info("agent %s cancels plan %s: its caller is gone", self.role, plan_id)
+        self._start_settling(plan_id, self._cancel_abandoned(plan_id, run, record))
+
+    async def _cancel_abandoned(
+        self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
+    ) -> PlanResult[Any]:
+        try:
+            await self._engine.cancel(plan_id)
+        except PlanControlError:
+            pass  # it finished meanwhile
+        except BaseException:
+            run.cancel()
+            raise
+        result = await run
         follow_revision(record, result)
         return result
 

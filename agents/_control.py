@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, assert_never
 
 from pydantic import ValidationError
@@ -95,6 +96,9 @@ class PlanControl:
     # Set once a background resumption's run is live in the engine (its first event) or over,
     # so a control call never races the engine's own load of the plan.
     _started: dict[str, asyncio.Event]
+    # Set while the agent stops: a call cancelled under a running plan then interrupts it
+    # (resumable) instead of cancelling it (its caller is not gone; the agent is).
+    _closing: bool
     _problems: Callable[[Plan], list[str]]
     # Who may decide gates (roles, an agent's default deciders); ``None``: anyone allowed to
     # call Control.approve.
@@ -573,11 +577,20 @@ class PlanControl:
         await self._ready(plan_id)
         return await self._settled(plan_id)
 
-    async def resume_unfinished(self) -> list[str]:
-        """Reload every unfinished plan from the store and resume each in a background task.
+    async def resume_unfinished(self, *, resume: bool = True) -> list[str]:
+        """Take up the unfinished plans of the store, each in a background task: those that still
+        have a reason to run are resumed, the others cancelled for good.
 
         Called when the agent starts (for an actor, after every restart). A plan that waits at a
-        gate waits again for its decision; a paused plan is remembered but stays paused.
+        gate waits again for its decision; a paused plan is remembered but stays paused. A plan
+        whose caller's deadline (``Plan.deadline``) passed has no one to answer: it is cancelled
+        (recorded ``cancelled``, its completed steps compensated), not run again.
+
+        Args:
+            resume: ``False`` resumes nothing (``stratagem secret rotate`` redeploys the agents:
+                the callers of every plan that was running went with the old ones): running plans
+                are cancelled, paused and gated ones stay stored as they are (a gate's decision
+                takes the plan up again).
 
         Returns:
             The ids of the plans resumed.
@@ -585,6 +598,8 @@ class PlanControl:
         if self.store is None:
             return []
         resumed: list[str] = []
+        cancelled: list[str] = []
+        now = time.time()
         for plan_id in await self.store.unfinished():
             if self._is_active(plan_id):
                 continue
@@ -595,14 +610,54 @@ class PlanControl:
             self._book.recall(plan, state)
             if state.status is PlanStatus.PAUSED or plan.parent is not None:
                 continue  # a nested plan is resumed by the step of its parent that runs it
+            if state.status is PlanStatus.BLOCKED and not resume:
+                continue
+            if not resume or (plan.deadline is not None and plan.deadline <= now):
+                self._start_settling(plan_id, self._cancel_stored(plan_id))
+                cancelled.append(plan_id)
+                continue
             self._start_resume(plan_id)
             resumed.append(plan_id)
         if resumed:
             logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
+        if cancelled:
+            logger.info(
+                "agent %s cancelled %d unfinished plans whose callers are gone (%s)",
+                self.role,
+                len(cancelled),
+                "its agents were redeployed" if not resume else "their deadlines passed",
+            )
         return resumed
+
+    async def _cancel_stored(self, plan_id: str) -> PlanResult[Any]:
+        """Cancel a stored plan no run carries (recorded, compensated), and its final state."""
+        assert self.store is not None
+        await self._engine.cancel(plan_id)
+        state = await self.store.load(plan_id)
+        if state is not None:
+            self._book.recall(state.plan(self.plan_type), state)
+        return await self._engine.resume(plan_id, plan_type=self.plan_type)
+
+    def _start_settling(
+        self, plan_id: str, settling: Coroutine[Any, Any, PlanResult[Any]]
+    ) -> asyncio.Task[PlanResult[Any]]:
+        """Run ``settling`` (a plan being cancelled) as the plan's background task, so that a
+        call for the plan meanwhile joins it instead of running it again."""
+        task = asyncio.get_running_loop().create_task(settling, name=f"cancel {plan_id}")
+        self._tasks[plan_id] = task
+        started = self._started[plan_id] = asyncio.Event()
+        started.set()
+        task.add_done_callback(self._resumed)
+        return task
+
+    def closing(self) -> None:
+        """The agent is stopping: a plan whose call is cancelled from now on is interrupted (and
+        resumed at the next start), not cancelled as one whose caller went away."""
+        self._closing = True
 
     async def aclose(self) -> None:
         """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
+        self._closing = True
         tasks = [task for task in self._tasks.values() if not task.done()]
         for task in tasks:
             task.cancel()

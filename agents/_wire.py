@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ from stratagem.planning import (
     code_for_failure_class,
 )
 from stratagem.protocol import (
+    CallContext,
     CancelledError,
     CapabilitySpec,
     FieldViolation,
@@ -46,6 +48,7 @@ from stratagem.protocol import (
 
 __all__ = [
     "MESSAGE_LIMIT",
+    "caller_deadline",
     "coerce_request",
     "digest_of_request",
     "failure_error",
@@ -234,6 +237,12 @@ def recorded_digest(plan_json: str) -> str | None:
         return None
     found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
     return found.group(1) if found else None
+
+
+def caller_deadline(ctx: CallContext) -> float | None:
+    """When the caller of ``ctx`` stops waiting, on the wall clock (``None``: no deadline)."""
+    left = ctx.remaining()
+    return None if left is None else time.time() + left
 
 
 def one_line(text: str) -> str:

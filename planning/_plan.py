@@ -552,6 +552,9 @@ class Plan(BaseModel):
         parent: For a nested plan the engine runs (a sub-plan, a loop's iteration): the run id
             of the step that runs it (``f"{plan_id}@{revision}:{step_id}"``); ``None`` otherwise.
             The parent resumes it: an agent does not resume it on its own.
+        deadline: When the caller the plan answers stops waiting (seconds since the epoch);
+            ``None``: no caller set one. The engine ignores it; an agent cancels, rather than
+            resumes, a plan whose caller's deadline passed (``docs/durability.md``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -568,6 +571,7 @@ class Plan(BaseModel):
     on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
     forked_from: Fork | None = None
     parent: str | None = Field(default=None, max_length=500)
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

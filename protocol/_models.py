@@ -171,12 +171,17 @@ class CapabilityCard(WireModel):
 
 
 class AgentCard(WireModel):
-    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``)."""
+    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``),
+    and how it plans: ``planner`` (``deterministic`` or ``model``; "" from an older agent) and
+    ``planning_timeout_s``, the longest planning one request may take (its model's limits; 0
+    when no model plans), from which a client sets a goal's default deadline."""
 
     role: Identity
     version: str = Field(max_length=64)
     capabilities: list[CapabilityCard] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
+    planner: str = Field(default="", max_length=32)
+    planning_timeout_s: float = Field(default=0.0, ge=0.0, le=86400.0, allow_inf_nan=False)
 
 
 class GateInfo(WireModel):

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from stratagem.protocol import (
     OPERATOR,
+    AgentCard,
     AgentClient,
     ClientConfig,
     Credentials,
+    DeadlineExceededError,
     PlanEvent,
     PlanSnapshot,
     ProtocolError,
@@ -24,7 +29,23 @@ from stratagem.protocol import (
     SubmitGoalResponse,
 )
 
-__all__ = ["GoalOutcome", "run_goal"]
+__all__ = ["GoalOutcome", "goal_deadline_s", "run_goal", "where_the_time_went"]
+
+_LOOK_S = 5.0
+"""How long, after a goal's deadline passed, the agents are asked where it was."""
+
+
+def goal_deadline_s(base_s: float, cards: dict[str, AgentCard], goal: SubmitGoalRequest) -> float:
+    """A goal's default deadline that fits the deployment's planners: ``base_s``
+    (``STRATAGEM_REQUEST_TIMEOUT_S``) plus, for each agent that plans with a model, its card's
+    ``planning_timeout_s`` for every request a goal makes it plan (one per beat for the tactical
+    agent, one for each other agent): a model-planned deployment gets the model's limits."""
+    extra = sum(
+        card.planning_timeout_s * (goal.beats if role == "tactical" else 1)
+        for role, card in cards.items()
+    )
+    return base_s + extra
+
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +115,18 @@ async def run_goal(
                 # Give the streams a moment to open so the first transitions are not missed;
                 # Watch replays stored events anyway, so this is only about latency.
                 await asyncio.sleep(0.05)
+            started = time.monotonic()
             try:
                 response = await clients["orchestrator"].call(
                     "orchestrator", "SubmitGoal", request, timeout=timeout_s
                 )
+            except DeadlineExceededError as exc:
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                if time.monotonic() - started < timeout_s * 0.99:
+                    raise  # an agent's own limit, named by the agent
+                raise DeadlineExceededError(
+                    await where_the_time_went(clients, plan_id, timeout_s)
+                ) from exc
             except ProtocolError as exc:
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 raise
@@ -114,3 +143,76 @@ async def run_goal(
                 await task
         for client in clients.values():
             await client.aclose()
+
+
+async def where_the_time_went(
+    clients: Mapping[str, AgentClient], plan_id: str, timeout_s: float
+) -> str:
+    """One line saying where a goal was when its ``timeout_s`` deadline passed: which agent and
+    step was waiting, on what, and which flag or setting gives it longer (asked of the agents
+    with a short deadline of its own; what they cannot tell is left out)."""
+
+    async def ask(role: str, client: AgentClient) -> tuple[str, list[PlanSnapshot], str]:
+        try:
+            async with asyncio.timeout(_LOOK_S):
+                plans = await client.plans(plan_id, timeout=_LOOK_S)
+                card = await client.describe(timeout=_LOOK_S)
+            return role, plans, card.planner
+        except (ProtocolError, TimeoutError):
+            return role, [], ""
+
+    found = await asyncio.gather(*(ask(role, c) for role, c in clients.items()))
+    plans = {s.plan_id: s for _, got, _ in found for s in got}
+    planners = {role: planner for role, _, planner in found}
+    where = _waiting(plan_id, "orchestrator", plans, planners)
+    advice = (
+        "give it longer with --timeout SECONDS (Python: timeout=); the default is "
+        "STRATAGEM_REQUEST_TIMEOUT_S plus each model planner's limits (STRATAGEM_MODEL_TIMEOUT_S "
+        "x (1 + STRATAGEM_MODEL_MAX_REPAIRS))"
+    )
+    return f"goal {plan_id}: the {timeout_s:g} s deadline passed while {where}; {advice}"
+
+
+def _waiting(
+    plan_id: str, role: str, plans: dict[str, PlanSnapshot], planners: dict[str, str]
+) -> str:
+    """Where ``plan_id`` (``role``'s) was waiting: down the running cross-agent steps to the
+    deepest agent that was still planning or running a step."""
+    snapshot = plans.get(plan_id)
+    if snapshot is None:
+        how = (
+            " with its model (waiting on the model server)" if planners.get(role) == "model" else ""
+        )
+        return f"the {role} agent was still planning {plan_id}{how}"
+    running = _running_steps(snapshot)
+    if not running:
+        return f"the {role} agent's plan {plan_id} was {snapshot.status}"
+    places = []
+    for step in running[:2]:
+        target = step.get("target")
+        if step.get("kind") == "cross_agent" and isinstance(target, str):
+            places.append(
+                f"step '{step['id']}' of {plan_id} waited on {target}.{step.get('capability')}: "
+                + _waiting(f"{plan_id}/{step['id']}", target, plans, planners)
+            )
+        else:
+            places.append(
+                f"the {role} agent's step '{step['id']}' of {plan_id} was running"
+                + (f" tool {step['tool']}" if step.get("tool") else "")
+            )
+    return "; ".join(places)
+
+
+def _running_steps(snapshot: PlanSnapshot) -> list[dict[str, Any]]:
+    try:
+        steps = json.loads(snapshot.plan_json).get("steps", [])
+    except (ValueError, AttributeError):
+        return []
+    # "cancelled": started, then cut when the goal's caller went away (the plan is cancelled at
+    # the same deadline); "skipped" steps never started.
+    return [
+        s
+        for s in steps
+        if isinstance(s, dict)
+        and s.get("status") in ("running", "retrying", "blocked", "cancelled")
+    ]

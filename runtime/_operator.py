@@ -47,6 +47,7 @@ from stratagem.protocol import (
     MCP_SERVER_NAME_PATTERN,
     OPERATOR,
     ROLES,
+    WORLD_PATTERN,
     AgentCard,
     AgentClient,
     CapabilitySpec,
@@ -54,18 +55,22 @@ from stratagem.protocol import (
     ControlAction,
     ControlRequest,
     Credentials,
+    ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
+    ProtocolError,
     ProtocolUsageError,
     ReplayResult,
+    ResetWorldResponse,
     RevisionsResponse,
+    ShowWorldResponse,
     SubmitGoalRequest,
     UnavailableError,
     WireModel,
     capability_for,
 )
 from stratagem.runtime._extensions import deployment_roles
-from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._goal import GoalOutcome, goal_deadline_s, run_goal
 from stratagem.runtime._input import (
     InputError,
     PlanNotFoundError,
@@ -155,7 +160,7 @@ def capability_spec(settings: Settings, agent: str, capability: str) -> Capabili
     Raises:
         InputError: An unknown agent or capability, or an extension that does not load.
     """
-    check_role(agent, deployment_roles(settings.extensions))
+    check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
     spec = capability_for(agent, capability)
     if spec is None:
         served = [name for name, item in CAPABILITIES.items() if item.role == agent]
@@ -261,6 +266,7 @@ class Operator:
         self._config = ClientConfig(
             default_timeout_s=check_timeout(timeout_s) or settings.request_timeout_s
         )
+        self._timeout_given = timeout_s is not None
         self._fixed = dict(endpoints) if endpoints is not None else None
         self._directory = directory or RayDirectory(settings)
         self._from_directory = False  # once asked, the directory answers for every later call
@@ -292,7 +298,7 @@ class Operator:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions)
+        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
 
     def _check_role(self, agent: str) -> None:
         check_role(agent, self.roles)
@@ -554,8 +560,14 @@ class Operator:
 
         Args:
             goal: The goal, or the mapping a goal file holds.
-            timeout: The whole goal's deadline.
-            on_event: Called with every plan event of every agent while the goal runs.
+            timeout: The whole goal's deadline; by default (and when the operator was made
+                without ``timeout_s``) one that fits the deployment's planners:
+                ``STRATAGEM_REQUEST_TIMEOUT_S`` plus the planning limits each agent's card states
+                for the requests a goal makes it plan (``goal_deadline_s``).
+
+        Raises:
+            protocol.DeadlineExceededError: The deadline passed; the message says where the goal
+                was waiting and how to give it longer.
         """
         if not isinstance(goal, SubmitGoalRequest):
             try:
@@ -563,13 +575,81 @@ class Operator:
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
         endpoints = await self.endpoints()
+        timeout_s = check_timeout(timeout)
+        if timeout_s is None and not self._timeout_given:
+            timeout_s = goal_deadline_s(
+                self.settings.request_timeout_s, await self._cards(endpoints), goal
+            )
         return await run_goal(
             endpoints,
             goal,
-            timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
+            timeout_s=timeout_s or self._config.default_timeout_s,
             on_event=on_event,
             credentials=self._caller_credentials(),
         )
+
+    async def _cards(self, endpoints: Mapping[str, str]) -> dict[str, AgentCard]:
+        """Each agent's card, as far as it answers within a few seconds (a goal's deadline then
+        follows how the agents plan)."""
+
+        async def card(role: str) -> tuple[str, AgentCard | None]:
+            try:
+                return role, await self._client(endpoints[role]).describe(timeout=5.0)
+            except ProtocolError:
+                return role, None
+
+        found = await asyncio.gather(*(card(role) for role in endpoints))
+        return {role: got for role, got in found if got is not None}
+
+    # -- worlds ----------------------------------------------------------------------------------
+
+    async def worlds(self, *, prefix: str = "") -> ListWorldsResponse:
+        """The perception agent's worlds (those whose name starts with ``prefix``), by name, with
+        their versions and sizes."""
+        answer = await self.call("perception", "ListWorlds", {"prefix": prefix})
+        assert isinstance(answer, ListWorldsResponse)
+        return answer
+
+    async def _known_world(self, world: str) -> None:
+        """Raises ``InputError`` unless ``world`` is a world's name and that world exists."""
+        if not re.fullmatch(WORLD_PATTERN, world):
+            raise InputError(
+                f"world name {world!r} is not valid: a lowercase letter or digit, then up to 63 "
+                "lowercase letters, digits, '_', '.' or '-'"
+            )
+        listed = await self.worlds(prefix=world)
+        if all(summary.name != world for summary in listed.worlds):
+            everyone = await self.worlds()
+            names = [summary.name for summary in everyone.worlds][:10]
+            more = everyone.total - len(names)
+            raise InputError(
+                f"no world {world!r}; worlds: {', '.join(names) or 'none yet'}"
+                + (f" and {more} more" if more > 0 else "")
+                + " ('stratagem world list')"
+            )
+
+    async def world(self, world: str) -> ShowWorldResponse:
+        """Every entity and fact of ``world``.
+
+        Raises:
+            InputError: A malformed name, or no world of that name (the worlds there are named).
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ShowWorld", {"world": world})
+        assert isinstance(answer, ShowWorldResponse)
+        return answer
+
+    async def reset_world(self, world: str) -> ResetWorldResponse:
+        """Empty ``world`` (no entity, no fact; saved before this returns). Goals that name it
+        start from nothing again.
+
+        Raises:
+            InputError: A malformed name, or no world of that name.
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ResetWorld", {"world": world})
+        assert isinstance(answer, ResetWorldResponse)
+        return answer
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -777,7 +857,7 @@ def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[st
     from stratagem.agents import ExtensionError, build_agent
 
     owner = raw.get("owner")
-    roles = deployment_roles(settings.extensions)
+    roles = deployment_roles(settings.extensions, settings.extension_paths)
     if owner not in roles:
         raise InputError(f"{where}: owner must be one of {', '.join(roles)}, not {owner!r}")
     try:

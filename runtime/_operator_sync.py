@@ -16,10 +16,13 @@ from stratagem.protocol import (
     OPERATOR,
     AgentCard,
     ControlAction,
+    ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
     ReplayResult,
+    ResetWorldResponse,
     RevisionsResponse,
+    ShowWorldResponse,
     SubmitGoalRequest,
     WireModel,
 )
@@ -155,6 +158,18 @@ class SyncOperator:
     ) -> GoalOutcome:
         """See ``Operator.submit``."""
         return self._runner.run(self._operator.submit(goal, timeout=timeout, on_event=on_event))
+
+    def worlds(self, *, prefix: str = "") -> ListWorldsResponse:
+        """See ``Operator.worlds``."""
+        return self._runner.run(self._operator.worlds(prefix=prefix))
+
+    def world(self, world: str) -> ShowWorldResponse:
+        """See ``Operator.world``."""
+        return self._runner.run(self._operator.world(world))
+
+    def reset_world(self, world: str) -> ResetWorldResponse:
+        """See ``Operator.reset_world``."""
+        return self._runner.run(self._operator.reset_world(world))
 
     def control(
         self,

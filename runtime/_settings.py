@@ -175,7 +175,8 @@ class Settings(BaseSettings):
         model: The model's name at that server.
         model_api_key: The key for that server: a secret (never logged, traced or audited; it
             reaches the agents as a constructor argument, not in the settings they are given).
-        model_timeout_s: How long one model call may take.
+        model_timeout_s: How long one model call may take once sent, first byte to last (its
+            wait for a turn at the server is bounded by the caller's deadline instead).
         model_max_repairs: New attempts after a model's plan is refused (or fails while running).
         model_max_tokens: The most tokens one model answer may have.
         model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
@@ -184,7 +185,8 @@ class Settings(BaseSettings):
         step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
             request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
             model on a CPU takes tens of seconds a call).
-        model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
+        model_max_concurrent: Model calls the server is given at once by all the agents of a
+            node together (one queue per server, in the state directory); ``None``: 1 for the
             embedded server (a CPU answers one at a time), 4 otherwise.
         mcp_servers: MCP servers whose tools become tools of an agent, by server name (JSON in
             ``STRATAGEM_MCP_SERVERS``, or ``[default.mcp_servers.NAME]`` tables in the config
@@ -204,6 +206,9 @@ class Settings(BaseSettings):
             made on first use, mode 0600); the receiver checks signatures with it.
         gate_webhook_attempts: Deliveries tried per notice before it is given up (logged).
         gate_webhook_timeout_s: How long one delivery may take.
+        log_level: How much Stratagem logs: an agent (``None``: ``INFO``, to its Ray worker log,
+            which ``stratagem logs AGENT`` prints) and the CLI (``None``: ``ERROR``; the CLI
+            reads ``STRATAGEM_LOG_LEVEL`` itself, before any setting).
     """
 
     # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
@@ -284,6 +289,13 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -563,8 +575,9 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
 
     The profile is ``profile``, else ``STRATAGEM_PROFILE``; the config file's ``[default]`` table
     applies with or without one. The state directory, when nothing names it, is
-    :func:`default_state_dir`. ``RAY_ADDRESS`` is honoured when neither an argument nor
-    ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
+    :func:`default_state_dir`. The extensions, when nothing names them, are those ``stratagem up``
+    recorded in the state directory (``runtime._deployed``). ``RAY_ADDRESS`` is honoured when
+    neither an argument nor ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
 
     Raises:
         pydantic.ValidationError: A value is outside its constraints.
@@ -582,10 +595,28 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     if "state_dir" not in settings.model_fields_set and "state_dir" not in from_file:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
+    if "extensions" not in settings.model_fields_set:
+        settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
     _check_roles(settings)
     return settings
+
+
+def _with_recorded_extensions(
+    settings: Settings, given: dict[str, Any], from_file: dict[str, Any]
+) -> Settings:
+    """``settings`` with the extensions ``stratagem up`` recorded in their state directory (and
+    the folders they come from) when nothing else named any (``runtime._deployed``)."""
+    from stratagem.runtime._deployed import read_record
+
+    record = read_record(settings.state_dir)
+    if record is None or not record.extensions:
+        return settings
+    paths = [*settings.extension_paths]
+    paths += [path for path in record.extension_paths if path not in paths]
+    values = {**given, **from_file, "extensions": list(record.extensions), "extension_paths": paths}
+    return Settings(**values)
 
 
 def _check_roles(settings: Settings) -> None:
@@ -604,7 +635,7 @@ def _check_roles(settings: Settings) -> None:
     from stratagem.runtime._input import InputError
 
     try:
-        known = deployment_roles(settings.extensions)
+        known = deployment_roles(settings.extensions, settings.extension_paths)
     except InputError as exc:
         raise SettingsError(str(exc)) from exc
     unknown = settings.unknown_roles(known)

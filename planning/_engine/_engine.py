@@ -214,6 +214,7 @@ class Engine:
             return run.recorded_result(state)
         logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
         run.restore(state)
+        run.runner.resumed = True  # its failures never open a breaker (``_Breakers.record``)
         await self._breakers.load()
         return await self._follow(run)
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from stratagem.agents import DEMO_GOAL
     from stratagem.protocol import SubmitGoalRequest
-    from stratagem.runtime._backend import use_backend
+    from stratagem.runtime._backend import find_backend
     from stratagem.runtime._goal import GoalOutcome
     from stratagem.runtime._render import (
         Progress,
@@ -70,14 +70,12 @@ def _execute_goal(
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
-    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured.
-    backend = use_backend(settings.state_dir)
+    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
+    # process finds it through the state directory (runtime._export).
+    backend = find_backend(settings.state_dir)
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
-    provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
-    if timeout is None and settings.plans_with_a_model:
-        # A goal waits on several model calls (tens of seconds each on a CPU): a longer default.
-        timeout = max(settings.request_timeout_s, 3 * settings.effective_step_timeout_s)
+    setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
     deployment = _deployment(settings)
     progress = Progress()
     with _errors():
@@ -109,7 +107,6 @@ def _execute_goal(
                         endpoints=endpoints,
                     )
             dep.flush_telemetry()
-        provider.force_flush()
         shutdown_telemetry("stratagem-cli")
         head = _audit_head(settings)
         spans = read_spans(trace_file, outcome.trace_id)
@@ -117,6 +114,8 @@ def _execute_goal(
             _print_json(
                 {
                     "plan_id": outcome.plan_id,
+                    "status": outcome.response.status,
+                    "world": outcome.response.world,
                     "trace_id": outcome.trace_id,
                     "response": outcome.response.model_dump(mode="json"),
                     "plans": [json.loads(p.model_dump_json()) for p in outcome.plans],
@@ -131,8 +130,10 @@ def _execute_goal(
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
     resp = outcome.response
-    console.rule(f"[bold]goal {outcome.plan_id}: {resp.status}")
-    console.print(plan_forest(outcome.plans, outcome.plan_id))
+    console.rule(f"[bold]goal {outcome.plan_id}: {resp.status.replace('_', ' ')}")
+    if resp.note:
+        console.print(f"[bold yellow]{resp.status.replace('_', ' ')}:[/] {resp.note}")
+    console.print(plan_forest(outcome.plans, outcome.plan_id, width=console.width))
     beats = Table(title="Arc", title_justify="left")
     beats.add_column("beat")
     beats.add_column("title")
@@ -158,12 +159,34 @@ def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any])
     console.print(
         f"[bold]trace[/] {outcome.trace_id} · {len(spans)} spans from {len(services)} services"
     )
-    console.print(span_tree(spans))
+    console.print(span_tree(spans, width=console.width))
     console.print(
         f"[bold]audit[/] {head['records']} records · chain "
         + ("[green]verified[/]" if head["ok"] else "[red]BROKEN[/]")
         + f" · head {head['head'][:16]}"
     )
+    console.print(
+        f"[bold]world[/] {resp.world} ('stratagem world show {resp.world}')", highlight=False
+    )
+
+
+WorldOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--world",
+        help="The world the goal reads and changes (else the goal file's 'world:', else a fresh "
+        "one named after the goal's plan id); see 'stratagem world list'.",
+    ),
+]
+
+
+def _in_world(request: SubmitGoalRequest, world: str | None) -> SubmitGoalRequest:
+    if world is None:
+        return request
+    try:
+        return SubmitGoalRequest.model_validate({**request.model_dump(), "world": world})
+    except ValidationError as exc:
+        raise InputError(validation_line("--world", exc)) from exc
 
 
 @app.command()
@@ -173,25 +196,48 @@ def demo(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
+    world: WorldOpt = None,
 ) -> None:
-    """Start a local Ray, launch the four agents and pursue the built-in story goal."""
+    """Pursue the built-in story goal across the four agents (a local Ray for the one command
+    when no deployment runs).
+
+    Examples:
+
+      stratagem demo
+
+      stratagem demo --json | jq -r .trace_id
+    """
+    _load_agents()
     with _errors():
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
-    _load_agents()
-    _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
+        request = _in_world(DEMO_GOAL, world)
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
 
 
 @app.command()
 def submit(
-    goal_file: Annotated[Path, typer.Argument(help="YAML file with goal, passage and beats.")],
+    goal_file: Annotated[
+        Path, typer.Argument(help="YAML file with goal, passage, beats and world (optional).")
+    ],
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
+    world: WorldOpt = None,
 ) -> None:
-    """Pursue the goal in GOAL_FILE across all agents."""
+    """Pursue the goal in GOAL_FILE across all agents, in its world.
+
+    A goal file holds goal, passage, beats (1-8, default 3), and optionally world and plan_id
+    (docs/goals.md).
+
+    Examples:
+
+      stratagem submit examples/lighthouse.yaml
+
+      stratagem submit examples/lighthouse.yaml --world lab --json
+    """
     with _errors():
-        request = _load_goal(goal_file)
+        request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
     _execute_goal(request, settings, as_json=as_json, timeout=timeout)

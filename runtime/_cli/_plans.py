@@ -83,10 +83,19 @@ def plans_run(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Have the plan's owner validate and run a plan you wrote."""
+    """Have the plan's owner validate and run a plan you wrote.
+
+    Examples:
+
+      stratagem plans run examples/plans/who-leads.yaml
+
+      stratagem plans run my-plan.yaml --json
+    """
     with _errors():
         settings = _settings(address, state_dir)
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        setup_telemetry(
+            "stratagem-cli", trace_file=settings.trace_file, state_dir=settings.state_dir
+        )
         try:
             snapshot = _operate(
                 settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
@@ -96,7 +105,7 @@ def plans_run(
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
         else:
-            console.print(plan_forest([snapshot], snapshot.plan_id))
+            console.print(plan_forest([snapshot], snapshot.plan_id, width=console.width))
 
 
 @plans_app.command("show")
@@ -114,7 +123,14 @@ def plans_show(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a plan and every sub-plan it caused, from a running deployment."""
+    """Show a plan and every sub-plan it caused, from a running deployment.
+
+    Examples:
+
+      stratagem plans show who-leads
+
+      stratagem plans show who-leads --format mermaid
+    """
     with _errors():
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
             raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
@@ -128,7 +144,7 @@ def plans_show(
         elif as_json:
             _print_json([json.loads(s.model_dump_json()) for s in snapshots])
         else:
-            console.print(plan_forest(snapshots, plan_id))
+            console.print(plan_forest(snapshots, plan_id, width=console.width))
 
 
 @plans_app.command("list")
@@ -143,7 +159,14 @@ def plans_list(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the plans the agents hold: id, agent, revision, status."""
+    """List the plans the agents hold: id, agent, revision, status.
+
+    Examples:
+
+      stratagem plans list --status blocked
+
+      stratagem plans list --agent strategic --json
+    """
     with _errors():
         if status is not None:
             check_status(status)
@@ -262,7 +285,7 @@ def replay(
         raise typer.Exit(1)
 
 
-PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
+PlanArg = Annotated[str, typer.Argument(help="The plan's id ('stratagem plans list' lists them).")]
 GateArg = Annotated[
     str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
 ]

@@ -14,6 +14,8 @@ from stratagem.protocol import (
     PlanEvent,
     SubmitGoalRequest,
     SubmitGoalResponse,
+    UpdateWorldStateRequest,
+    WireModel,
 )
 from tests.unit.agents.conftest import EXAMPLE_NAMES, call, load_goal
 
@@ -45,22 +47,30 @@ async def test_every_example_goal_is_reached(name: str, cluster: Cluster) -> Non
     assert answer.status == "succeeded"
     assert [b.id for b in answer.beats] == [f"beat_{i}" for i in range(1, goal.beats + 1)]
     assert answer.actions
+    # A goal naming no world gets a fresh one, named after its plan; the default one is untouched.
+    assert answer.world == f"goal-{name}"
+    world = perception.worlds.get(answer.world)
+    assert perception.world.facts() == []
     # The sequence re-simulates cleanly from the facts the passage stated ...
-    opening = [*answer.removed, *(f for f in perception.world.facts() if f not in answer.added)]
+    opening = [*answer.removed, *(f for f in world.facts() if f not in answer.added)]
     every_goal = [g for beat in answer.beats for g in beat.goals]
     assert simulate(opening, answer.actions, every_goal).ok
     # ... and every beat's goals hold in the world the perception agent now has.
     for fact in every_goal:
-        assert perception.world.holds(fact), fact
+        assert world.holds(fact), fact
     for fact in answer.added:
-        assert perception.world.holds(fact)
+        assert world.holds(fact)
     for fact in answer.removed:
-        assert not perception.world.holds(fact)
+        assert not world.holds(fact)
 
     # Who was asked what, in an order the dependencies allow.
     asked = [(c.target, c.capability, c.step_id) for c in dispatcher.calls]
     assert asked[0] == ("perception", "ExtractEntities", "extract")
-    assert asked[-1] == ("perception", "UpdateWorldState", "apply")
+    # The world changed, then read back to confirm the goal holds (checked, not assumed).
+    assert asked[-2:] == [
+        ("perception", "UpdateWorldState", "apply"),
+        ("perception", "FindSpatialContext", "observe"),
+    ]
     assert {c.caller for c in dispatcher.calls} == {"orchestrator"}
     assert sum(1 for t, _, _ in asked if t == "tactical") == goal.beats
 
@@ -88,14 +98,19 @@ async def test_every_plan_names_only_its_own_agents_tools(name: str, cluster: Cl
                     assert not tools & set(other.registry), (role, other_role)
     orchestration = agents["orchestrator"].plans(goal.plan_id)
     [plan] = [OrchestrationPlan.model_validate_json(s.plan_json) for s in orchestration]
-    assert all(isinstance(s, CrossAgentStep) for s in plan.steps)
+    # Cross-agent steps, and one tool of its own that only reads: the confirmation.
+    assert [s.id for s in plan.steps if not isinstance(s, CrossAgentStep)] == ["confirm"]
     assert [(a.step, a.agent) for a in plan.assignments][:4] == [
         ("extract", "perception"),
         ("spatial", "perception"),
         ("analyze", "strategic"),
         ("arc", "strategic"),
     ]
-    assert len(agents["orchestrator"].registry) == 0
+    assert [(a.step, a.agent) for a in plan.assignments][-2:] == [
+        ("observe", "perception"),
+        ("confirm", "orchestrator"),
+    ]
+    assert agents["orchestrator"].registry.names() == ["confirm_goal"]
 
 
 async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:
@@ -125,6 +140,7 @@ async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:
         "goal-watched/extract",
         "goal-watched/spatial",
         "goal-watched/apply",
+        "goal-watched/observe",
     }
     for role in ("perception", "strategic", "tactical"):
         assert not watchers[role].done()
@@ -169,7 +185,7 @@ async def test_an_unreachable_key_fails_the_first_beat_and_changes_nothing(
         await submit(agents, goal)
     assert "step 'beat_1' failed (logic)" in info.value.message
     assert "no action sequence reaches has(mira, iron_key)" in info.value.message
-    version = perception.world.version
+    version = perception.worlds.get("goal-stuck").version
     assert version == 1  # only the extraction merged; nothing was applied
     statuses = {s.plan_id: s.status for s in perception.plans("goal-stuck")}
     assert "goal-stuck/apply" not in statuses
@@ -185,8 +201,11 @@ async def test_a_passage_that_yields_no_entity_fails_in_words(cluster: Cluster) 
     with pytest.raises(FailedPreconditionError) as caught:
         await submit(agents, goal)
     message = str(caught.value)
-    assert "step 'spatial' failed (logic)" in message
-    assert "entity_ids is empty: nothing came from extract.entities[*].id" in message
+    assert "step 'extract' failed (logic)" in message
+    # The sentence forms the deterministic extractor reads, and how to attach a model instead.
+    assert "no sentence of the passage states a fact the extractor reads" in message
+    assert "'Mira waits in the courtyard.'" in message
+    assert 'STRATAGEM_PLANNERS=\'{"perception": "model"}\'' in message
     assert "List should have at least 1 item" not in message
 
 
@@ -206,10 +225,40 @@ async def test_a_passage_of_several_paragraphs_is_extracted_by_a_map(cluster: Cl
     extract = plan.step("extract")
     assert extract.kind == "map"
     assert plan.inputs["paragraphs"] == [" ".join(p.split()) for p in passage.split("\n\n")]
-    assert [a.step for a in plan.assignments][:3] == ["extract", "spatial", "analyze"]
-    validate_plan(plan, tools=set())
-    # Each paragraph was a request of its own (and a plan of the perception agent's).
+    assert [(a.step, a.agent) for a in plan.assignments][:3] == [
+        ("extract", "perception"),
+        ("spatial", "perception"),
+        ("analyze", "strategic"),
+    ]
+    validate_plan(plan, tools=agents["orchestrator"].registry)
+    # Each paragraph was a request of its own (and a plan of the perception agent's), merged
+    # into the goal's world; the goal was confirmed there.
     extracted = [s.plan_id for s in perception.plans("goal-paragraphs") if "extract." in s.plan_id]
     assert len(extracted) == len(plan.inputs["paragraphs"]) > 1
+    world = perception.worlds.get(answer.world)
     for fact in (g for beat in answer.beats for g in beat.goals):
-        assert perception.world.holds(fact), fact
+        assert world.holds(fact), fact
+
+
+async def test_a_goal_succeeds_only_when_it_holds_in_the_world_afterwards(
+    cluster: Cluster,
+) -> None:
+    agents, dispatcher = cluster
+    perception = agents["perception"]
+
+    async def applies_nothing(request: WireModel) -> WireModel:
+        # A perception agent that answers as if it applied the actions, and changes nothing.
+        assert isinstance(request, UpdateWorldStateRequest)
+        dry = request.model_copy(update={"dry_run": True})
+        return await perception.handle("UpdateWorldState", dry, call("UpdateWorldState", "x"))
+
+    dispatcher.register("perception", "UpdateWorldState", applies_nothing)
+    goal = DEMO_GOAL.model_copy(update={"plan_id": "goal-unconfirmed"})
+    with pytest.raises(FailedPreconditionError) as info:
+        await submit(agents, goal)
+    message = info.value.message
+    assert message.startswith("plan 'goal-unconfirmed' step 'confirm' failed (logic):")
+    assert "has(mira, silver_crown)" in message
+    assert "the goal does not hold in the world afterwards" in message
+    [snapshot] = agents["orchestrator"].plans("goal-unconfirmed")
+    assert snapshot.status == "failed"
