@@ -64,6 +64,11 @@ class _Scheduler:
         self.breakers = breakers
         self.policy = policy
         self.bound = bound
+        # The steps expanded rather than attempted (maps, loops, sub-plans): a plan without any
+        # pays one truthiness test per step started.
+        self.expanded = frozenset(
+            step.id for step in state.plan.steps if isinstance(step, _EXPANDED)
+        )
         # The context the done-callbacks run in (set inside the plan span when the run starts).
         self.callback_context = contextvars.copy_context()
 
@@ -108,6 +113,7 @@ class _Scheduler:
         ready, running, steps, runner = state.ready, state.running, state.steps, self.runner
         loop = state.loop
         undecided, conditions = state.undecided, self.conditions
+        expanded = self.expanded
         while ready and not state.stop_reason and not state.paused:
             step = steps[ready[0]]
             if undecided and step.id in undecided and not conditions.decide(step):
@@ -126,7 +132,8 @@ class _Scheduler:
                 continue
             if len(running) >= self.bound:
                 break
-            if isinstance(step, _EXPANDED):
+            if expanded and step.id in expanded:
+                assert isinstance(step, _EXPANDED)
                 self._start_expanding(step)
                 continue
             step_id = state.take_ready()
