@@ -32,10 +32,11 @@ situation                   raised
 ==========================  ========================================================================
 unknown capability          ``NotFoundError``
 request of the wrong model  ``InvalidArgumentError`` (with field violations)
-plan fails validation       ``FailedPreconditionError`` naming every problem (e.g. a step naming a
-                            tool outside this agent's registry). The request was well formed; the
-                            plan made for it (or submitted) cannot run here, so retrying the same
-                            request cannot help.
+plan fails validation       a planner's plan: ``FailedPreconditionError`` naming every problem
+                            (e.g. a step naming a tool outside this agent's registry): the request
+                            was well formed, the plan made for it cannot run here, so retrying the
+                            same request cannot help. A user's plan (``submit_plan``, ``RunPlan``):
+                            ``InvalidArgumentError``, the plan itself is the bad input.
 step failed: logic          ``FailedPreconditionError``
 step failed: policy         ``PermissionDeniedError``
 step failed: timeout        ``DeadlineExceededError``
@@ -55,7 +56,7 @@ import importlib.metadata
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from opentelemetry.trace import TracerProvider
@@ -98,6 +99,7 @@ from stratagem.planning import (
     PlanValidationError,
     StateStore,
     StepError,
+    StepEvent,
     StepFailure,
     ToolApproval,
     expression,
@@ -111,6 +113,7 @@ from stratagem.protocol import (
     CapabilitySpec,
     FailedPreconditionError,
     InternalError,
+    InvalidArgumentError,
     NotFoundError,
     PlanEvent,
     PlanSnapshot,
@@ -220,6 +223,7 @@ class Agent(PlanControl):
             tracer_provider=tracer_provider,
             store=store,
             replanner=_PlannerReplanner(self),
+            nested_events=self._nested_events,
         )
         self.store = store
         self._active: set[str] = set()
@@ -465,9 +469,9 @@ class Agent(PlanControl):
             The run's result, whether it succeeded or failed.
 
         Raises:
-            protocol.InvalidArgumentError: A mapping that is not a valid plan of this type.
-            protocol.FailedPreconditionError: The plan fails validation (for example a step names
-                a tool outside this agent's registry); the message names every problem.
+            protocol.InvalidArgumentError: A mapping that is not a valid plan of this type, or a
+                plan that fails validation (for example a step names a tool outside this agent's
+                registry, a loop has no bound); the message names every problem.
         """
         if isinstance(plan, Plan):
             typed = plan
@@ -476,7 +480,17 @@ class Agent(PlanControl):
                 typed = self.plan_type.model_validate(plan)
             except ValidationError as exc:
                 raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
+        self._check_users_plan(typed)
         return await self._run(typed, "")
+
+    def _check_users_plan(self, plan: Plan) -> None:
+        """A user's plan that this agent may not run is the caller's bad input: refused as such
+        (``InvalidArgumentError`` naming every problem), before anything is stored or run."""
+        problems = self._problems(plan)
+        if problems:
+            message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            self._book.refuse(plan, "", message)
+            raise InvalidArgumentError(message)
 
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
         """Serve ``RunPlan``: validate a user's plan against this agent's registry and run it.
@@ -489,9 +503,9 @@ class Agent(PlanControl):
             The plan's final state when it succeeded.
 
         Raises:
-            protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type.
-            protocol.FailedPreconditionError: The plan fails validation (a cycle, a tool outside
-                this agent's registry, ...); the message names every problem.
+            protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type,
+                or the plan fails validation (a cycle, a tool outside this agent's registry, a
+                map over something that is not a list, ...); the message names every problem.
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
         raw = json_object(plan_json, "the plan")
@@ -499,6 +513,7 @@ class Agent(PlanControl):
             typed = self.plan_type.model_validate(raw)
         except ValidationError as exc:
             raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
+        self._check_users_plan(typed)
         result = await self._run(typed, "", caller_deadline(ctx))
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
@@ -536,6 +551,15 @@ class Agent(PlanControl):
         return self._book.record(plan_id)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _nested_events(self, plan: Plan) -> Callable[[StepEvent], None]:
+        """The events of a nested plan (a sub-plan, a loop's iteration) go to a record of its
+        own, which ``plans`` and ``watch`` of its parent (``parent/...``) show."""
+        record = self._book.get(plan.id)
+        if record is None or record.plan.revision != plan.revision:
+            record = self._book.remember(PlanRecord(plan=plan))
+        book = self._book
+        return lambda event: book.observe(record, event)
 
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:

@@ -608,8 +608,8 @@ class PlanControl:
                 continue
             plan = state.plan(self.plan_type)
             self._book.recall(plan, state)
-            if state.status is PlanStatus.PAUSED:
-                continue
+            if state.status is PlanStatus.PAUSED or plan.parent is not None:
+                continue  # a nested plan is resumed by the step of its parent that runs it
             if state.status is PlanStatus.BLOCKED and not resume:
                 continue
             if not resume or (plan.deadline is not None and plan.deadline <= now):

@@ -146,54 +146,148 @@ def _hoist(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[st
     return rewrite(schema)  # type: ignore[no-any-return]
 
 
-def plan_answer_schema(registry: ToolRegistry, *, max_steps: int = 8) -> dict[str, Any]:
-    """The JSON Schema a model's plan must follow: a goal and steps, each step calling one tool
-    of ``registry`` with that tool's input (arrays and strings bounded, as small models need).
+_EXPRESSION: Final = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["$expr"],
+    "properties": {"$expr": {"type": "string", "minLength": 1, "maxLength": 300}},
+}
+"""A value written as an expression (``{"$expr": "search.hits[0]"}``), in place of a literal."""
+
+_INPUT_VALUE: Final = {
+    "anyOf": [
+        {"type": "string", "maxLength": 2000},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "array", "maxItems": 20, "items": {"type": "string", "maxLength": 2000}},
+    ]
+}
+
+
+def plan_answer_schema(
+    registry: ToolRegistry,
+    *,
+    max_steps: int = 8,
+    max_items: int = 50,
+    max_iterations: int = 5,
+    max_body_steps: int = 4,
+) -> dict[str, Any]:
+    """The JSON Schema a model's plan must follow: a goal, optional plan inputs and failure
+    mode, and steps (arrays and strings bounded, as small models need).
+
+    A step calls one tool of ``registry`` with that tool's input, each field a literal or an
+    expression (``{"$expr": ...}``); it may depend on earlier steps, run only ``when`` a condition
+    holds, run on a dependency's failure (``runs_on``) and have a ``priority``. A ``map`` step
+    runs one tool per item of a list (``over``; its input reads ``item``), at most ``max_items``
+    items; a ``loop`` repeats a body of at most ``max_body_steps`` tool steps ``until`` a
+    condition holds, at most ``max_iterations`` times (required); a ``subplan`` runs such a body
+    once. Bodies hold tool steps only: nothing nests further.
 
     Raises:
         ValueError: The registry has no tool (a model could write no step).
     """
     if not registry.names():
         raise ValueError(f"the {registry.agent} agent has no tool a model's plan could call")
-    defs: dict[str, Any] = {}
-    variants = []
+    defs: dict[str, Any] = {"expr": _EXPRESSION}
+    step_id = {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$", "maxLength": 64}
+    flow: dict[str, Any] = {
+        "depends_on": {"type": "array", "items": step_id, "maxItems": max_steps},
+        "when": {"type": "string", "minLength": 1, "maxLength": 300},
+        "runs_on": {"type": "string", "enum": ["success", "failure"]},
+        "priority": {"type": "integer", "minimum": -10, "maximum": 10},
+    }
+    tools: list[dict[str, Any]] = []
+    maps: list[dict[str, Any]] = []
     for name in registry.names():
         item = registry.get(name)
         tool_input = _hoist(item.input_model.model_json_schema(), f"{name}__", defs)
         tool_input.pop("title", None)
-        variants.append(
+        for key, value in list(tool_input.get("properties", {}).items()):
+            tool_input["properties"][key] = {"anyOf": [value, {"$ref": "#/$defs/expr"}]}
+        defs[f"input__{name}"] = tool_input
+        defs[f"tool__{name}"] = {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["id", "tool", "input"],
+            "properties": {
+                "id": step_id,
+                "tool": {"type": "string", "enum": [name]},
+                "input": {"$ref": f"#/$defs/input__{name}"},
+                **flow,
+            },
+        }
+        tools.append({"$ref": f"#/$defs/tool__{name}"})
+        maps.append(
             {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["id", "tool", "input"],
+                "required": ["kind", "id", "over", "max_items", "tool", "input"],
                 "properties": {
-                    "id": {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$", "maxLength": 64},
+                    "kind": {"type": "string", "enum": ["map"]},
+                    "id": step_id,
+                    "over": {"type": "string", "minLength": 1, "maxLength": 300},
+                    "max_items": {"type": "integer", "minimum": 1, "maximum": max_items},
+                    "max_parallel": {"type": "integer", "minimum": 1, "maximum": 8},
                     "tool": {"type": "string", "enum": [name]},
-                    "depends_on": {
-                        "type": "array",
-                        "items": {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$"},
-                        "maxItems": max_steps,
-                    },
-                    "input": tool_input,
+                    "input": {"$ref": f"#/$defs/input__{name}"},
+                    **flow,
                 },
             }
         )
+    body = {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": max_body_steps,
+        "items": {"anyOf": tools} if len(tools) > 1 else tools[0],
+    }
+    inputs = {"type": "object", "maxProperties": 8, "additionalProperties": _INPUT_VALUE}
+    nested: dict[str, dict[str, Any]] = {
+        "loop": {
+            "required": ["kind", "id", "steps", "max_iterations"],
+            "properties": {
+                "until": {"type": "string", "minLength": 1, "maxLength": 300},
+                "max_iterations": {"type": "integer", "minimum": 1, "maximum": max_iterations},
+            },
+        },
+        "subplan": {"required": ["kind", "id", "steps"], "properties": {}},
+    }
+    composites = [
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": shape["required"],
+            "properties": {
+                "kind": {"type": "string", "enum": [kind]},
+                "id": step_id,
+                "steps": body,
+                "inputs": {
+                    "type": "object",
+                    "maxProperties": 8,
+                    "additionalProperties": {"$ref": "#/$defs/expr"},
+                },
+                **shape["properties"],
+                **flow,
+            },
+        }
+        for kind, shape in nested.items()
+    ]
     schema: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
         "required": ["goal", "steps"],
         "properties": {
             "goal": {"type": "string", "minLength": 1, "maxLength": 300},
+            "inputs": inputs,
+            "on_failure": {"type": "string", "enum": ["fail_fast", "continue_independent"]},
             "steps": {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": max_steps,
-                "items": {"anyOf": variants} if len(variants) > 1 else variants[0],
+                "items": {"anyOf": [*tools, *maps, *composites]},
             },
         },
+        "$defs": defs,
     }
-    if defs:
-        schema["$defs"] = defs
     return schema
 
 
@@ -211,10 +305,37 @@ def _digest(request: ChatRequest) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+_ANSWER_FIELDS: Final = frozenset({"goal", "steps", "inputs", "on_failure"})
+_ANSWER_KINDS: Final = frozenset({"tool", "map", "loop", "subplan"})
+
+
+def _kinds(steps: list[Any]) -> set[str]:
+    """The kinds of the steps (a step without one is a tool step), bodies included."""
+    found: set[str] = set()
+    for step in steps:
+        if isinstance(step, dict):
+            found.add(str(step.get("kind", "tool")))
+            if isinstance(step.get("steps"), list):
+                found |= _kinds(step["steps"])
+    return found
+
+
+def _with_kinds(steps: list[Any]) -> list[Any]:
+    """The steps with ``kind: tool`` given to those without a kind (the answer leaves it out)."""
+    shaped: list[Any] = []
+    for step in steps:
+        if isinstance(step, dict):
+            step = {"kind": "tool", **step}
+            if isinstance(step.get("steps"), list):
+                step["steps"] = _with_kinds(step["steps"])
+        shaped.append(step)
+    return shaped
+
+
 def _has_ref(value: Any) -> bool:
-    """Whether ``value`` holds a ``{"$ref": ...}`` reference anywhere."""
+    """Whether ``value`` holds a ``{"$ref": ...}`` reference or an ``{"$expr": ...}`` anywhere."""
     if isinstance(value, dict):
-        return "$ref" in value or any(_has_ref(v) for v in value.values())
+        return "$ref" in value or "$expr" in value or any(_has_ref(v) for v in value.values())
     if isinstance(value, list):
         return any(_has_ref(v) for v in value)
     return False
@@ -297,7 +418,10 @@ class ModelPlanner:
             f"You plan for the {self.role} agent. Answer with one JSON object: a short goal (the "
             f"request's own goal, word for word, when it has one) and at most "
             f"{self.config.max_steps} steps. Each step calls one of these tools with its "
-            f"input, and may depend on earlier steps by id:\n{tools}\n{self.instructions}"
+            f"input, and may depend on earlier steps by id:\n{tools}\n"
+            f'Inputs may be expressions, {{"$expr": "step.field"}}; a step may have "when" '
+            f'or "runs_on": "failure"; a "map" runs its tool per item of "over" (its input '
+            f'reads "item"); a "loop" repeats until "until".\n{self.instructions}'
         ).strip()
 
     def ask(self, capability: str, request: WireModel) -> str:
@@ -377,8 +501,8 @@ class ModelPlanner:
         steps), or the problems that refuse it."""
         if not isinstance(answer, dict):
             return None, ["the answer is not a JSON object with a goal and steps"]
-        fields = {k: v for k, v in answer.items() if k in ("goal", "steps")}
-        unknown = sorted(set(answer) - {"goal", "steps"})
+        fields = {k: v for k, v in answer.items() if k in _ANSWER_FIELDS}
+        unknown = sorted(set(answer) - _ANSWER_FIELDS)
         if unknown:
             return None, [f"the answer has fields a plan does not: {', '.join(unknown)}"]
         users = getattr(request, "goal", None)
@@ -393,10 +517,13 @@ class ModelPlanner:
             fields["goal"] = users
         steps = fields.get("steps")
         if isinstance(steps, list):
-            kinds = {s.get("kind", "tool") for s in steps if isinstance(s, dict)}
-            if kinds - {"tool"}:
-                return None, [f"the plan may only call tools, not have {sorted(kinds - {'tool'})}"]
-            fields["steps"] = [{**s, "kind": "tool"} if isinstance(s, dict) else s for s in steps]
+            found = _kinds(steps)
+            if found - _ANSWER_KINDS:
+                return None, [
+                    f"the plan may only have tool, map, loop and subplan steps, not "
+                    f"{sorted(found - _ANSWER_KINDS)}"
+                ]
+            fields["steps"] = _with_kinds(steps)
         try:
             plan = self.plan_type.model_validate({**fields, "id": plan_id, "owner": self.role})
         except ValidationError as exc:

@@ -56,6 +56,7 @@ from stratagem.agents._orchestrator import (
     OrchestratorPlanner,
     assignments_of,
     confirmation_steps,
+    extraction,
     goal_response,
     goal_world,
 )
@@ -686,21 +687,16 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
     beat = Beat(
         id="beat_1", title=request.goal[:60] or "The goal", goals=goals, purpose="the goal itself"
     )
+    extract = extraction(request.passage, world)
     steps: list[Step] = [
-        CrossAgentStep(
-            id="extract",
-            title="extract entities and relations",
-            target="perception",
-            capability="ExtractEntities",
-            request={"text": request.passage, "world": world, "require_facts": True},
-        ),
+        extract.step,
         CrossAgentStep(
             id="spatial",
             title="find the entities' spatial context",
             target="perception",
             capability="FindSpatialContext",
             depends_on=["extract"],
-            request={"entity_ids": ref("extract.entities[*].id"), "world": world},
+            request={"entity_ids": extract.entity_ids, "world": world},
         ),
         CrossAgentStep(
             id="beat_1",
@@ -724,12 +720,13 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
             request={"actions": ref("beat_1.actions"), "world": world},
         ),
     ]
-    steps += confirmation_steps("apply", [beat.model_dump(mode="json")], world)
+    steps += confirmation_steps("apply", [beat.model_dump(mode="json")], world, extract.entity_ids)
     return OrchestrationPlan(
         id=plan_id,
         owner="orchestrator",
         goal=request.goal,
         steps=steps,
+        inputs=extract.inputs,
         assignments=assignments_of(steps),
     )
 

@@ -38,6 +38,11 @@ the goal's world back from the perception agent once ``apply`` changed it, and `
 every beat's goal facts against what it read (checked, not assumed: a sequence applied to a world
 that changed meanwhile, or an arc that missed the goal, fails the plan with class ``logic`` naming
 the facts that do not hold).
+
+A passage of several paragraphs (separated by a blank line) is extracted paragraph by paragraph:
+``extract`` is then a map of ``ExtractEntities`` over the paragraphs (one at a time, so the world
+merges them in the passage's order, as it would one text), and the steps after it read the
+entities of every paragraph (``extract.items[].entities[]``).
 """
 
 from __future__ import annotations
@@ -52,10 +57,12 @@ from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
     CrossAgentStep,
     LogicError,
+    MapStep,
     Plan,
     PlanResult,
     Step,
     ToolStep,
+    expr,
     ref,
 )
 from stratagem.protocol import (
@@ -127,6 +134,65 @@ def goal_response(
     )
 
 
+MAX_PARAGRAPHS = 16
+"""The most paragraphs a passage is extracted in (the rest go with the last)."""
+
+
+class Extraction(BaseModel):
+    """How a goal's passage is extracted: the ``extract`` step and what later steps read of it.
+
+    Attributes:
+        step: ``extract``: one request, or a map over the paragraphs.
+        inputs: The plan's inputs the step reads (the paragraphs, for a map).
+        entities: The extracted entities, as a reference or an expression.
+        entity_ids: Their ids.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    step: CrossAgentStep | MapStep
+    inputs: dict[str, Any]
+    entities: dict[str, str]
+    entity_ids: dict[str, str]
+
+
+def extraction(passage: str, world: str) -> Extraction:
+    """The ``extract`` step of a goal's plan (in ``world``): the passage in one request (whose
+    sentences must read as facts), or, for a passage of several paragraphs, a map over them (a
+    paragraph may hold none; ``spatial`` then needs some entity of any)."""
+    paragraphs = [" ".join(part.split()) for part in passage.split("\n\n") if part.strip()]
+    if len(paragraphs) > MAX_PARAGRAPHS:
+        paragraphs[MAX_PARAGRAPHS - 1 :] = [" ".join(paragraphs[MAX_PARAGRAPHS - 1 :])]
+    if len(paragraphs) <= 1:
+        return Extraction(
+            step=CrossAgentStep(
+                id="extract",
+                title="extract entities and relations",
+                target="perception",
+                capability="ExtractEntities",
+                request={"text": passage, "world": world, "require_facts": True},
+            ),
+            inputs={},
+            entities=ref("extract.entities"),
+            entity_ids=ref("extract.entities[*].id"),
+        )
+    return Extraction(
+        step=MapStep(
+            id="extract",
+            title=f"extract entities and relations from {len(paragraphs)} paragraphs",
+            over="inputs.paragraphs",
+            max_items=MAX_PARAGRAPHS,
+            max_parallel=1,
+            target="perception",
+            capability="ExtractEntities",
+            request={"text": expr("item"), "world": world},
+        ),
+        inputs={"paragraphs": paragraphs},
+        entities=expr("extract.items[].entities[]"),
+        entity_ids=expr("extract.items[].entities[].id"),
+    )
+
+
 class Assignment(BaseModel):
     """Which agent does what, in which step.
 
@@ -189,9 +255,13 @@ def orchestrator_tools() -> list[Tool[Any, Any]]:
     return [confirm_goal]
 
 
-def confirmation_steps(after: str, beats: Any, world: str) -> list[Step]:
+def confirmation_steps(
+    after: str, beats: Any, world: str, entity_ids: dict[str, str] | None = None
+) -> list[Step]:
     """``observe`` (the goal's ``world`` read back from the perception agent, once ``after`` ran)
-    and ``confirm`` (``beats``' goal facts checked against it): the end of every goal's plan."""
+    and ``confirm`` (``beats``' goal facts checked against it): the end of every goal's plan.
+    ``entity_ids``: what ``extract`` found (``Extraction.entity_ids``; one request's by default).
+    """
     return [
         CrossAgentStep(
             id="observe",
@@ -199,7 +269,10 @@ def confirmation_steps(after: str, beats: Any, world: str) -> list[Step]:
             target="perception",
             capability="FindSpatialContext",
             depends_on=[after],
-            request={"entity_ids": ref("extract.entities[*].id"), "world": world},
+            request={
+                "entity_ids": entity_ids or ref("extract.entities[*].id"),
+                "world": world,
+            },
         ),
         ToolStep(
             id="confirm",
@@ -212,10 +285,12 @@ def confirmation_steps(after: str, beats: Any, world: str) -> list[Step]:
 
 
 def assignments_of(steps: list[Step]) -> list[Assignment]:
-    """Who does each step: a cross-agent step's target, or the orchestrator itself."""
+    """Who does each step: a cross-agent step's (or a map's) target, or the orchestrator."""
     return [
         Assignment(step=step.id, agent=step.target, capability=step.capability, purpose=step.title)
-        if isinstance(step, CrossAgentStep)
+        if isinstance(step, CrossAgentStep | MapStep)
+        and step.target is not None
+        and step.capability is not None
         else Assignment(
             step=step.id, agent="orchestrator", capability="confirm_goal", purpose=step.title
         )
@@ -237,21 +312,16 @@ class OrchestratorPlanner:
         n = request.beats
         world = goal_world(request, plan_id)
         beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
+        extract = extraction(request.passage, world)
         steps: list[Step] = [
-            CrossAgentStep(
-                id="extract",
-                title="extract entities and relations",
-                target="perception",
-                capability="ExtractEntities",
-                request={"text": request.passage, "world": world, "require_facts": True},
-            ),
+            extract.step,
             CrossAgentStep(
                 id="spatial",
                 title="find the entities' spatial context",
                 target="perception",
                 capability="FindSpatialContext",
                 depends_on=["extract"],
-                request={"entity_ids": ref("extract.entities[*].id"), "world": world},
+                request={"entity_ids": extract.entity_ids, "world": world},
             ),
             CrossAgentStep(
                 id="analyze",
@@ -259,7 +329,7 @@ class OrchestratorPlanner:
                 target="strategic",
                 capability="AnalyzeNarrative",
                 depends_on=["extract"],
-                request={"text": request.passage, "entities": ref("extract.entities")},
+                request={"text": request.passage, "entities": extract.entities},
             ),
             CrossAgentStep(
                 id="arc",
@@ -302,12 +372,13 @@ class OrchestratorPlanner:
                 request={"actions": ref(f"{beat_ids[-1]}.actions"), "world": world},
             )
         )
-        steps += confirmation_steps("apply", ref("arc.beats"), world)
+        steps += confirmation_steps("apply", ref("arc.beats"), world, extract.entity_ids)
         return OrchestrationPlan(
             id=plan_id,
             owner="orchestrator",
             goal=request.goal,
             steps=steps,
+            inputs=extract.inputs,
             assignments=assignments_of(steps),
         )
 
@@ -328,7 +399,7 @@ class OrchestratorPlanner:
 def _world_of(result: PlanResult[Any], request: SubmitGoalRequest) -> str:
     """The world the plan's perception steps named (its plan id decided a fresh one)."""
     for step in result.submitted.steps:
-        if isinstance(step, CrossAgentStep) and step.target == "perception":
+        if isinstance(step, CrossAgentStep | MapStep) and step.target == "perception":
             world = step.request.get("world")
             if isinstance(world, str) and world:
                 return world

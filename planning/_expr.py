@@ -34,7 +34,7 @@ from jmespath.parser import ParsedResult
 
 from stratagem.planning._errors import ExpressionError
 
-__all__ = ["INPUTS", "Expression", "expression", "truthy"]
+__all__ = ["INPUTS", "Expression", "expression", "list_kind", "truthy"]
 
 INPUTS: Final = "inputs"
 """The top-level name under which an expression reads the plan's inputs."""
@@ -62,8 +62,16 @@ class Expression:
     reads_inputs: bool
     _parsed: ParsedResult
 
-    def evaluate(self, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None) -> Any:
+    def evaluate(
+        self,
+        outputs: Mapping[str, Any],
+        inputs: Mapping[str, Any] | None,
+        bound: Mapping[str, Any] | None = None,
+    ) -> Any:
         """The expression's value over the succeeded steps' ``outputs`` and the plan's ``inputs``.
+
+        ``bound`` names values that are not steps' outputs (a map's ``item`` and ``index``); a
+        bound name hides a step of the same id.
 
         Raises:
             ExpressionError: When evaluating fails (a function given the wrong type, ...).
@@ -73,6 +81,8 @@ class Expression:
         }
         if self.reads_inputs:
             document[INPUTS] = dict(inputs or {})
+        if bound:
+            document.update((name, value) for name, value in bound.items() if name in self.steps)
         try:
             return self._parsed.search(document)
         except jmespath_errors.JMESPathError as exc:
@@ -157,6 +167,68 @@ def _check(node: Any, at_root: bool, names: set[str]) -> Iterator[str]:
         return
     for child in children:  # comparators, and/or/not, multi-selects, flatten, literals, ...
         yield from _check(child, at_root, names)
+
+
+# What a function gives, for the functions whose value is never a list (JMESPath's table says what
+# they take, not what they give).
+_SCALAR_FUNCTIONS: Final = {
+    "abs": "a number",
+    "avg": "a number",
+    "ceil": "a number",
+    "floor": "a number",
+    "length": "a number",
+    "sum": "a number",
+    "to_number": "a number",
+    "contains": "a boolean",
+    "ends_with": "a boolean",
+    "starts_with": "a boolean",
+    "join": "a string",
+    "to_string": "a string",
+    "type": "a string",
+    "merge": "an object",
+}
+
+
+def list_kind(text: str) -> str | None:
+    """What expression ``text`` gives when that is certainly not a list (``"a number"``, ...), as
+    far as its form shows; ``None`` when it may give a list.
+
+    Raises:
+        ExpressionError: When ``text`` is not a valid expression.
+    """
+    node: Any = expression(text)._parsed.parsed
+    while isinstance(node, dict) and node.get("type") == "pipe":  # a pipe gives its right side
+        node = node["children"][-1]
+    if not isinstance(node, dict):
+        return None
+    kind = node.get("type")
+    if kind == "comparator" or kind in ("and_expression", "or_expression", "not_expression"):
+        return "a boolean"
+    if kind == "multi_select_dict":
+        return "an object"
+    if kind == "literal":
+        value = node.get("value")
+        return None if isinstance(value, list) else kind_of(value)
+    if kind == "function_expression":
+        return _SCALAR_FUNCTIONS.get(node["value"])
+    return None
+
+
+def kind_of(value: Any) -> str:
+    """A JSON-ish name for the type of ``value`` (``an object``, ``a list``, ...), for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
 
 
 def truthy(value: Any) -> bool:

@@ -1,11 +1,13 @@
 """Plan models: steps, retry policies, statuses and failure classes.
 
-A ``Plan`` is an immutable, validated description of work: a DAG of steps, each either a
-``ToolStep`` (a tool of the owning agent), a ``CrossAgentStep`` (a typed request to another
-agent) or a ``GateStep`` (the plan waits there for a person's approval). Steps form a
-discriminated union on ``kind``; a new kind is one more ``StepBase`` subclass added to the ``Step``
-union, and the exhaustive ``match`` statements on the step type (engine, validation) point at every
-place that must learn about it.
+A ``Plan`` is an immutable, validated description of work: a DAG of steps, each a ``ToolStep`` (a
+tool of the owning agent), a ``CrossAgentStep`` (a typed request to another agent), a ``GateStep``
+(the plan waits there for a person's approval), a ``MapStep`` (a tool or a request once per item
+of a list known at run time), a ``LoopStep`` (a group of steps repeated until an expression
+holds, bounded) or a ``SubplanStep`` (a nested plan of the same agent, which the step waits
+for). Steps form a discriminated union on ``kind``; a new kind is one more ``StepBase`` subclass
+added to the ``Step`` union, and the exhaustive ``match`` statements on the step type (engine,
+validation) point at every place that must learn about it.
 
 Role plan types (``StrategicPlan`` and friends, in ``agents/``) subclass ``Plan`` to add typed
 fields.
@@ -27,6 +29,8 @@ __all__ = [
     "FailureClass",
     "Fork",
     "GateStep",
+    "LoopStep",
+    "MapStep",
     "ModelCall",
     "Plan",
     "PlanStatus",
@@ -35,6 +39,7 @@ __all__ = [
     "Step",
     "StepBase",
     "StepStatus",
+    "SubplanStep",
     "ToolStep",
 ]
 
@@ -52,6 +57,14 @@ StepId = Annotated[str, StringConstraints(pattern=rf"^{STEP_ID_PATTERN}$")]
 Decider = Annotated[str, StringConstraints(pattern=rf"^{DECIDER_PATTERN}$")]
 RoleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+ExpressionText = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
+
+MAX_MAP_ITEMS: Final = 100_000
+"""The most items a map's ``max_items`` may allow."""
+MAX_ITERATIONS: Final = 1000
+"""The most iterations a loop's ``max_iterations`` may allow."""
+MAX_BODY_STEPS: Final = 1000
+"""The most steps a loop's or a sub-plan's body may have."""
 
 
 class StepStatus(StrEnum):
@@ -184,6 +197,8 @@ class StepBase(BaseModel):
             route on failure: at least one dependency failed for good, the others settled; the
             step is ``skipped`` when none failed). A failure that a ``"failure"`` step depends on
             is handled: it does not stop the plan nor fail it.
+        priority: Among the steps ready at once, those of higher priority start first when the
+            plan's in-flight bound leaves fewer slots than ready steps (ties: plan order).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -200,6 +215,7 @@ class StepBase(BaseModel):
     on_policy_failure: Literal["abort", "gate"] = "abort"
     when: str | None = Field(default=None, min_length=1, max_length=2000)
     runs_on: Literal["success", "failure"] = "success"
+    priority: int = Field(default=0, ge=-1000, le=1000)
 
 
 class ToolStep(StepBase):
@@ -279,8 +295,125 @@ class GateStep(StepBase):
         return self.input_schema is not None or self.choices is not None
 
 
-Step = Annotated[ToolStep | CrossAgentStep | GateStep, Field(discriminator="kind")]
+class MapStep(StepBase):
+    """Run one of the owning agent's tools, or send one cross-agent request, once per item of a
+    list known only at run time; the outputs are collected in item order.
+
+    The list is the value of ``over`` (an expression over the step's dependencies and the plan's
+    inputs), evaluated when the step starts. Each item is one unit of work with its own attempts
+    (``retry``, ``timeout_s``), its own idempotency key (``f"{plan_id}@{revision}:{id}.{index}"``)
+    and its own journal records; at most ``max_parallel`` run at once. In ``input`` (or
+    ``request``), expressions read the item as ``item`` and its position as ``index``:
+    ``{"$expr": "item.url"}``. The step's output is ``{"items": [output, ...]}`` in item order (a
+    cross-agent item's output is its response as JSON). The first item that fails for good fails
+    the step (the items still running are cancelled); ``compensate`` undoes each item that
+    succeeded, newest first, its default input being the item's input plus ``"output"``.
+
+    Attributes:
+        over: The expression giving the list.
+        max_items: The most items the list may have: a longer list fails the step before any item
+            starts (checked before the plan runs when ``over`` reads only the plan's inputs).
+        max_parallel: Items running at once.
+        tool: The tool run per item (a tool of the owner's registry); or ``target`` and
+            ``capability`` for a cross-agent request per item.
+        input: The tool's input per item.
+        target: The role whose ``capability`` each item asks.
+        capability: The capability asked per item.
+        request: The request per item.
+    """
+
+    kind: Literal["map"] = "map"
+    over: ExpressionText
+    max_items: int = Field(ge=1, le=MAX_MAP_ITEMS)
+    max_parallel: int = Field(default=4, ge=1, le=1000)
+    tool: Name | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    target: RoleName | None = None
+    capability: Name | None = None
+    request: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_kind_of_work(self) -> MapStep:
+        if self.tool is not None:
+            if self.target is not None or self.capability is not None or self.request:
+                raise ValueError("a map runs a tool or sends a request per item, not both")
+        elif self.target is None or self.capability is None:
+            raise ValueError("a map needs a tool, or a target and a capability")
+        elif self.input:
+            raise ValueError("a map that sends a request per item has a request, not an input")
+        return self
+
+
+class LoopStep(StepBase):
+    """Repeat a group of steps (the body, a nested plan of the same agent) until ``until`` holds.
+
+    Each iteration runs the body as a plan of its own (id ``f"{plan_id}/{id}.{n}"``, with its own
+    journal and events); the step waits for it, then evaluates ``until`` over the iteration's
+    outputs (the body's step ids) and its ``inputs``. The body reads the values of ``inputs``
+    (expressions over the loop's dependencies and the plan's inputs, resolved once) plus
+    ``inputs.iteration`` (1, 2, ...) and ``inputs.last`` (the previous iteration's outputs by step
+    id; ``null`` in the first). A loop needs a bound: ``max_iterations``, ``timebox_s`` (checked
+    before each iteration starts, from the loop's first start) or both. An iteration that fails
+    fails the loop. The step's output is ``{"iterations": n, "done": bool, "last": {...}}``.
+
+    Attributes:
+        steps: The body: steps of the same agent, as in a plan (their own ids).
+        until: When the loop is done: an expression over the iteration's outputs and ``inputs``;
+            ``None`` repeats up to the bound.
+        max_iterations: The most iterations.
+        timebox_s: No iteration starts this many seconds after the first one started.
+        on_exhausted: What reaching the bound before ``until`` held does: ``"fail"`` the step
+            (class ``logic``) or ``"succeed"`` with ``done: false``. A loop without ``until``
+            always succeeds at its bound.
+        inputs: The body's inputs; values may be expressions (``{"$expr": ...}``).
+        max_in_flight: The body's in-flight bound (``None``: the engine's).
+        on_failure: The body's failure mode.
+    """
+
+    kind: Literal["loop"] = "loop"
+    steps: list[Step] = Field(min_length=1, max_length=MAX_BODY_STEPS)
+    until: ExpressionText | None = None
+    max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
+    timebox_s: float | None = Field(default=None, gt=0.0, le=7 * 86400.0)
+    on_exhausted: Literal["fail", "succeed"] = "fail"
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
+    on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
+
+
+class SubplanStep(StepBase):
+    """Run a nested plan of the same agent and wait for it.
+
+    The nested plan (id ``f"{plan_id}/{id}"``) has its own steps, journal and events; its steps
+    use only the owner's tools. It reads the values of ``inputs`` (expressions over this step's
+    dependencies and the plan's inputs) as its plan inputs. The step succeeds with the nested
+    plan's outputs by step id, and fails when the nested plan fails (with its first failure's
+    class).
+
+    Attributes:
+        steps: The nested plan's steps.
+        inputs: The nested plan's inputs; values may be expressions.
+        max_in_flight: The nested plan's in-flight bound (``None``: the engine's).
+        on_failure: The nested plan's failure mode.
+    """
+
+    kind: Literal["subplan"] = "subplan"
+    steps: list[Step] = Field(min_length=1, max_length=MAX_BODY_STEPS)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
+    on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
+
+
+Step = Annotated[
+    ToolStep | CrossAgentStep | GateStep | MapStep | LoopStep | SubplanStep,
+    Field(discriminator="kind"),
+]
 """Any step: a union discriminated on ``kind``."""
+
+LOOP_ITERATION: Final = "iteration"
+"""The input a loop's body reads its iteration's number from (``inputs.iteration``, from 1)."""
+LOOP_LAST: Final = "last"
+"""The input a loop's body reads the previous iteration's outputs from (``inputs.last``)."""
 
 
 class Budget(BaseModel):
@@ -416,6 +549,9 @@ class Plan(BaseModel):
             are skipped). Either way the plan ends ``failed`` and compensates.
         forked_from: For a plan made by ``Engine.fork``: the plan, revision and step it was
             forked from (``None`` otherwise).
+        parent: For a nested plan the engine runs (a sub-plan, a loop's iteration): the run id
+            of the step that runs it (``f"{plan_id}@{revision}:{step_id}"``); ``None`` otherwise.
+            The parent resumes it: an agent does not resume it on its own.
         deadline: When the caller the plan answers stops waiting (seconds since the epoch);
             ``None``: no caller set one. The engine ignores it; an agent cancels, rather than
             resumes, a plan whose caller's deadline passed (``docs/durability.md``).
@@ -434,6 +570,7 @@ class Plan(BaseModel):
     inputs: dict[str, Any] = Field(default_factory=dict)
     on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
     forked_from: Fork | None = None
+    parent: str | None = Field(default=None, max_length=500)
     deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def step(self, step_id: str) -> Step:
@@ -446,3 +583,7 @@ class Plan(BaseModel):
             if step.id == step_id:
                 return step
         raise KeyError(step_id)
+
+
+LoopStep.model_rebuild()
+SubplanStep.model_rebuild()

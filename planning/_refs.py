@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
 from stratagem.planning._errors import ExpressionError, RefError
-from stratagem.planning._expr import expression
+from stratagem.planning._expr import expression, kind_of
 from stratagem.planning._plan import STEP_ID_PATTERN
 
 __all__ = ["EXPR_KEY", "REF_KEY", "Ref", "expr", "ref", "refs_in", "resolve_refs"]
@@ -150,23 +150,6 @@ class Ref:
 
     def _fail(self, reason: str) -> NoReturn:
         raise RefError(self.text, reason, step_id=self.step_id)
-
-
-def kind_of(value: Any) -> str:
-    """A JSON-ish name for the type of ``value`` (``an object``, ``a list``, ...), for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return f"a {type(value).__name__}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -316,7 +299,10 @@ def refs_in(value: Any) -> set[str]:
 
 
 def resolve_refs(
-    value: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None
+    value: Any,
+    outputs: Mapping[str, Any],
+    inputs: Mapping[str, Any] | None = None,
+    bound: Mapping[str, Any] | None = None,
 ) -> Any:
     """``value`` with every ``{"$ref": ...}`` and ``{"$expr": ...}`` replaced by its value.
 
@@ -327,6 +313,7 @@ def resolve_refs(
         value: A JSON-like value (mappings, lists, scalars).
         outputs: Step id -> that step's JSON-like output (e.g. ``model.model_dump()``).
         inputs: The plan's inputs, which expressions read as ``inputs``.
+        bound: Other names expressions read (a map's ``item`` and ``index``).
 
     Returns:
         The resolved value.
@@ -343,12 +330,12 @@ def resolve_refs(
             return _parse(text).resolve(outputs)
         source = _expr_text(value)
         if source is not None:
-            return expression(source).evaluate(outputs, inputs)
-        resolved = {key: resolve_refs(item, outputs, inputs) for key, item in value.items()}
+            return expression(source).evaluate(outputs, inputs, bound)
+        resolved = {key: resolve_refs(item, outputs, inputs, bound) for key, item in value.items()}
         changed = any(resolved[key] is not item for key, item in value.items())
         return resolved if changed else value
     if isinstance(value, list):
-        items = [resolve_refs(item, outputs, inputs) for item in value]
+        items = [resolve_refs(item, outputs, inputs, bound) for item in value]
         changed = any(new is not old for new, old in zip(items, value, strict=True))
         return items if changed else value
     return value

@@ -22,10 +22,19 @@ The **decisions** compared, per step, in plan order:
 - ``condition``: for a step with a ``when``, whether it held (``true``/``false``): recorded in the
   journal (``ConditionRecord``), re-evaluated by the replay over the served outputs;
 
-and for the plan, ``plan_status``. Backoff delays, timings and wall-time budgets are not
-decisions (they depend on the clock); neither is the interleaving of independent steps. A tool's
-call costs the cost units its recorded intents reserved, so a ``cost_units`` budget runs out where
-it did.
+- ``expansion``: for a map step, how many items its list had (``MapRecord``), re-evaluated by the
+  replay over the served outputs; its items' attempts are served like steps' (by item key);
+- ``iterations``: for a loop step, each iteration's outcome (``until`` held, did not, or the
+  iteration failed: ``IterationRecord``), re-evaluated by the replay over the iterations' served
+  outputs;
+
+and for the plan, ``plan_status``. The nested plans of loop and sub-plan steps replay with their
+parent, served from their own journals; their steps' decisions are compared too, each named
+``"{step}.{iteration}/{inner step}"`` (``"{step}.1/..."`` for a sub-plan), outputs aside (they
+show in the decisions of the step that reads them). Backoff delays, timings and wall-time
+budgets are not decisions (they depend on the clock); neither is the interleaving of
+independent steps. A tool's call costs the cost units its recorded intents reserved, so a
+``cost_units`` budget runs out where it did.
 
 The recorders release outcomes in the journal's order, so the engine (deterministic given the
 order of completions) reproduces the recorded interleaving, including which independent steps
@@ -44,19 +53,34 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from stratagem.planning._dispatch import CrossAgentCall
 from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolContext, ToolRunner
+from stratagem.planning._engine._nested import child_id
+from stratagem.planning._engine._state import key_owner
 from stratagem.planning._errors import PlanControlError, StepError
-from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus, ToolStep
+from stratagem.planning._plan import (
+    FailureClass,
+    GateStep,
+    LoopStep,
+    MapStep,
+    Plan,
+    PlanStatus,
+    StepStatus,
+    SubplanStep,
+    ToolStep,
+)
 from stratagem.planning._store import (
     ConditionRecord,
     GateDecision,
     GateRecord,
+    IterationRecord,
+    MapRecord,
     Record,
     StateStore,
     StepIntent,
@@ -123,6 +147,21 @@ class _Decisions:
     output: str = ""
     order: str = "after its dependencies"
     condition: str = ""  # a condition's decision: "true", "false" ("" when none was decided)
+    expansion: str = ""  # a map's: "N items"
+    iterations: list[str] = field(default_factory=list)  # a loop's: each iteration's outcome
+
+
+_DECISIONS: Final = (
+    "order",
+    "outcomes",
+    "status",
+    "output",
+    "condition",
+    "expansion",
+    "iterations",
+)
+_MAP_EVENT: Final = re.compile(r"map over (\d+) item")
+_ITERATION_EVENT: Final = re.compile(r"iteration \d+ ended \((\w+)\)")
 
 
 class _Served:
@@ -135,7 +174,10 @@ class _Served:
     """
 
     def __init__(
-        self, records: list[Record], overrides: Mapping[str, dict[str, Any]], unserved: set[str]
+        self,
+        records: list[Record],
+        overrides: Mapping[str, dict[str, Any]],
+        unserved: Callable[[str], bool],
     ) -> None:
         self.order: list[StepResult] = []
         self.queues: dict[str, deque[int]] = defaultdict(deque)
@@ -150,9 +192,8 @@ class _Served:
                 if record.step_id in decided:
                     decided.discard(record.step_id)
                     continue
-                if (
-                    record.status in (StepStatus.CANCELLED, StepStatus.SKIPPED)
-                    or record.step_id in unserved
+                if record.status in (StepStatus.CANCELLED, StepStatus.SKIPPED) or unserved(
+                    record.step_id
                 ):
                     continue
                 self.queues[record.step_id].append(len(self.order))
@@ -194,11 +235,34 @@ class _Served:
             waiter.set_result(None)
 
 
+class _AllServed:
+    """The served outcomes of a plan and of its nested plans, each in its own journal's order."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, _Served] = {}
+
+    @property
+    def stuck(self) -> bool:
+        return any(served.stuck for served in self.plans.values())
+
+    @stuck.setter
+    def stuck(self, value: bool) -> None:
+        for served in self.plans.values():
+            served.stuck = value
+
+    async def serve(self, plan_id: str, step_id: str) -> dict[str, Any]:
+        served = self.plans.get(plan_id)
+        while served is None:  # a nested plan the original never ran: wait to be cancelled
+            self.stuck = True
+            await asyncio.get_running_loop().create_future()
+        return await served.serve(step_id)
+
+
 class _RecordingTools:
     """Serves the recorded outcomes (or calls ``tools``); a tool costs what its intents reserved."""
 
     def __init__(
-        self, served: _Served, tools: ToolRunner | None, costs: Mapping[str, float]
+        self, served: _AllServed, tools: ToolRunner | None, costs: Mapping[str, float]
     ) -> None:
         self.served = served
         self.tools = tools
@@ -207,7 +271,7 @@ class _RecordingTools:
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if self.tools is not None:
             return await self.tools.run_tool(name, input, ctx)
-        return await self.served.serve(ctx.step_id)
+        return await self.served.serve(ctx.plan_id, ctx.step_id)
 
     def is_idempotent(self, name: str) -> bool:
         return self.tools is not None and self.tools.is_idempotent(name)
@@ -219,21 +283,28 @@ class _RecordingTools:
 
 
 def _recorded_costs(plan: Plan, records: list[Record]) -> dict[str, float]:
-    """Tool name -> the cost units its calls reserved, from the intents of the plan's tool steps."""
-    tools = {step.id: step.tool for step in plan.steps if isinstance(step, ToolStep)}
+    """Tool name -> the cost units its calls reserved, from the intents of the plan's tool steps
+    (and maps' items)."""
+    tools = {
+        step.id: step.tool
+        for step in plan.steps
+        if isinstance(step, ToolStep | MapStep) and step.tool is not None
+    }
     return {
-        tools[record.step_id]: record.cost
+        tools[key_owner(record.step_id)]: record.cost
         for record in records
-        if isinstance(record, StepIntent) and record.cost is not None and record.step_id in tools
+        if isinstance(record, StepIntent)
+        and record.cost is not None
+        and key_owner(record.step_id) in tools
     }
 
 
 class _RecordingDispatcher:
-    def __init__(self, served: _Served) -> None:
+    def __init__(self, served: _AllServed) -> None:
         self.served = served
 
     async def dispatch(self, call: CrossAgentCall) -> Any:
-        output = await self.served.serve(call.step_id)
+        output = await self.served.serve(call.plan_id, call.step_id)
         spec = capability_for(call.target, call.capability)
         assert spec is not None  # the engine checked it before dispatching
         return spec.response.model_validate(output)
@@ -246,6 +317,7 @@ def _digest(output: Any) -> str:
 
 def _recorded(plan: Plan, records: list[Record]) -> dict[str, _Decisions]:
     decisions = {step.id: _Decisions() for step in plan.steps}
+    loops = {step.id: isinstance(step, LoopStep) for step in plan.steps}
     deps = {step.id: step.depends_on for step in plan.steps}
     succeeded: set[str] = set()
     started: set[str] = set()
@@ -263,6 +335,13 @@ def _recorded(plan: Plan, records: list[Record]) -> dict[str, _Decisions]:
             start(record.step_id)
         elif isinstance(record, ConditionRecord) and record.step_id in decisions:
             decisions[record.step_id].condition = "true" if record.holds else "false"
+        elif isinstance(record, MapRecord) and record.step_id in decisions:
+            decisions[record.step_id].expansion = f"{record.items} items"
+        elif isinstance(record, IterationRecord) and record.step_id in decisions:
+            if record.outcome == "started":
+                start(record.step_id)
+            elif loops.get(record.step_id, False):
+                decisions[record.step_id].iterations.append(record.outcome)
         elif isinstance(record, StepResult) and record.status is StepStatus.SKIPPED:
             if record.step_id in decisions:
                 decisions[record.step_id].status = record.status.value
@@ -288,7 +367,7 @@ def _recorded(plan: Plan, records: list[Record]) -> dict[str, _Decisions]:
 class _Observer:
     """Collects the replay's decisions from its events and answers its gates."""
 
-    def __init__(self, plan: Plan, records: list[Record], served: _Served) -> None:
+    def __init__(self, plan: Plan, records: list[Record], served: _AllServed) -> None:
         self.served = served
         self.decisions = {step.id: _Decisions() for step in plan.steps}
         self.deps = {step.id: step.depends_on for step in plan.steps}
@@ -301,10 +380,15 @@ class _Observer:
         self.gate_steps = {step.id for step in plan.steps if isinstance(step, GateStep)}
         self.conditional = {step.id for step in plan.steps if step.when is not None}
         self.engine: Engine | None = None
+        self.plan_status = ""  # the final status the replay reached
         self.tasks: list[asyncio.Task[None]] = []
 
     def __call__(self, event: StepEvent) -> None:
-        if not event.step_id or event.step_id not in self.decisions:
+        if not event.step_id:
+            if isinstance(event.status, PlanStatus) and event.status.is_final:
+                self.plan_status = event.status.value
+            return
+        if event.step_id not in self.decisions:
             return
         step_id, entry = event.step_id, self.decisions[event.step_id]
         status = event.status
@@ -327,6 +411,13 @@ class _Observer:
             self.succeeded.add(step_id)
         elif status is StepStatus.SKIPPED and event.message.startswith("condition "):
             entry.condition = "false"
+        elif status is StepStatus.RUNNING and event.message:
+            found = _MAP_EVENT.match(event.message)
+            if found is not None:
+                entry.expansion = f"{found[1]} items"
+            found = _ITERATION_EVENT.match(event.message)
+            if found is not None:
+                entry.iterations.append(found[1])
         if isinstance(status, StepStatus) and status in (
             StepStatus.SUCCEEDED,
             StepStatus.FAILED,
@@ -384,7 +475,8 @@ async def replay(
         plan_id: The plan; it must be finished.
         tools: A tool runner **without side effects** to call for tool steps instead of serving
             the recorded outputs (e.g. a new version of the tools).
-        outputs: Step id -> an output to serve instead of the step's recorded one.
+        outputs: Step id -> an output to serve instead of the step's recorded one; a step of a
+            nested plan is named ``"{step}.{iteration}/{inner step}"`` (``.1`` for a sub-plan).
         plan_type: The class to load the stored plan as.
         timeout_s: The replay's limit; a replay that has not ended by then reports
             ``plan_status`` diverging as ``"stuck"``.
@@ -406,19 +498,14 @@ async def replay(
         )
     plan = state.plan(plan_type)
     state = fold(plan_id, state.revision, state.plan_json, records)
-    recorded = _recorded(plan, records)
+    served = _AllServed()
+    costs: dict[str, float] = {}
+    plans: dict[str, _Replayed] = {}
+    await _load(store, plan, records, state.status, "", outputs or {}, tools, served, costs, plans)
+    main = plans[plan.id]
     # A gate's result carried into this revision (a replan's, a fork's) was decided elsewhere:
-    # it is served like a tool's, as recorded. Other gates are decided, not served; with
-    # ``tools``, tool steps call them instead.
+    # it is served like a tool's, as recorded (``_load`` serves it).
     carried = _carried_gates(plan, records)
-    unserved = {
-        step.id
-        for step in plan.steps
-        if (isinstance(step, GateStep) and step.id not in carried)
-        or (tools is not None and isinstance(step, ToolStep))
-    }
-    served = _Served(records, outputs or {}, unserved)
-    observer = _Observer(plan, records, served)
     if carried:
         plan = plan.model_copy(
             update={
@@ -443,16 +530,18 @@ async def replay(
             circuit_breaker=None,
             gate_deadlines=False,  # the recorded decisions are given instead
         ),
-        tools=_RecordingTools(served, tools, _recorded_costs(plan, records)),
+        tools=_RecordingTools(served, tools, costs),
         dispatcher=_RecordingDispatcher(served),
         agent=plan.owner,
         sleep=_no_sleep,
+        nested_events=lambda nested: plans[nested.id].observer if nested.id in plans else None,
     )
-    observer.engine = engine
+    for entry in plans.values():
+        entry.observer.engine = engine
     replayed_status: PlanStatus | None = None
     replayed: dict[str, StepStatus] = {}
     replayed_outputs: dict[str, Any] = {}
-    run = asyncio.ensure_future(engine.run(plan, on_event=observer))
+    run = asyncio.ensure_future(engine.run(plan, on_event=main.observer))
     try:
         if state.status is PlanStatus.CANCELLED:
             await _cancel_when_stuck(engine, plan_id, served, run)
@@ -460,26 +549,41 @@ async def replay(
         replayed_status, replayed, replayed_outputs = result.status, result.statuses, result.outputs
     except TimeoutError:
         logger.warning("replay of plan %s did not end within %gs", plan_id, timeout_s)
-    if observer.tasks:
-        await asyncio.gather(*observer.tasks, return_exceptions=True)
+    tasks = [task for entry in plans.values() for task in entry.observer.tasks]
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
     divergences: list[Divergence] = []
-    for step in plan.steps:
-        mine, theirs = recorded[step.id], observer.decisions[step.id]
-        if step.id in replayed:
-            theirs.status = replayed[step.id].value
-            if replayed[step.id] is StepStatus.SUCCEEDED:
-                theirs.output = _digest(replayed_outputs.get(step.id))
-        for name in ("order", "outcomes", "status", "output", "condition"):
-            a, b = getattr(mine, name), getattr(theirs, name)
-            if a != b:
-                divergences.append(
-                    Divergence(
-                        step.id,
-                        name,
-                        ", ".join(a) if isinstance(a, list) else a,
-                        ", ".join(b) if isinstance(b, list) else b,
+    for entry in plans.values():
+        theirs_all = entry.observer.decisions
+        for step in entry.plan.steps:
+            mine, theirs = entry.recorded[step.id], theirs_all[step.id]
+            if entry is main and step.id in replayed:
+                theirs.status = replayed[step.id].value
+                if replayed[step.id] is StepStatus.SUCCEEDED:
+                    theirs.output = _digest(replayed_outputs.get(step.id))
+            elif entry is not main:
+                theirs.output = mine.output  # a nested plan's outputs are compared through its
+                # parent's decisions (its until, the sub-plan's output)
+            for name in _DECISIONS:
+                a, b = getattr(mine, name), getattr(theirs, name)
+                if a != b:
+                    divergences.append(
+                        Divergence(
+                            entry.label + step.id,
+                            name,
+                            ", ".join(a) if isinstance(a, list) else a,
+                            ", ".join(b) if isinstance(b, list) else b,
+                        )
                     )
+        if entry is not main and entry.observer.plan_status != entry.status.value:
+            divergences.append(
+                Divergence(
+                    entry.label.rstrip("/"),
+                    "plan_status",
+                    entry.status.value,
+                    entry.observer.plan_status or "not run",
                 )
+            )
     if replayed_status is not state.status:
         shown = "stuck" if replayed_status is None else replayed_status.value
         divergences.append(Divergence("", "plan_status", state.status.value, shown))
@@ -493,6 +597,91 @@ async def replay(
             divergence.replayed,
         )
     return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+
+
+@dataclass(slots=True)
+class _Replayed:
+    """One plan of a replay (the plan replayed, or one of its nested plans).
+
+    Attributes:
+        plan: The plan.
+        label: What its steps' divergences are prefixed with ("" for the plan replayed,
+            ``"loop.2/"`` for a nested plan).
+        status: Its recorded final status.
+        recorded: Its recorded decisions by step.
+        observer: Collects its replayed decisions.
+    """
+
+    plan: Plan
+    label: str
+    status: PlanStatus
+    recorded: dict[str, _Decisions]
+    observer: _Observer
+
+
+async def _load(
+    store: StateStore,
+    plan: Plan,
+    records: list[Record],
+    status: PlanStatus,
+    label: str,
+    overrides: Mapping[str, dict[str, Any]],
+    tools: ToolRunner | None,
+    served: _AllServed,
+    costs: dict[str, float],
+    plans: dict[str, _Replayed],
+) -> None:
+    """Read what the replay of ``plan`` serves and compares, and so for its nested plans."""
+    steps = {step.id: step for step in plan.steps}
+    # Gates are decided, not served (but for a gate's result carried from another revision or
+    # plan, served as recorded); maps, loops and sub-plans are expanded (their items and nested
+    # plans are served); with ``tools``, tool steps and maps' tool items call them.
+    carried = _carried_gates(plan, records)
+
+    def unserved(key: str) -> bool:
+        step = steps.get(key_owner(key))
+        if isinstance(step, GateStep) and key in carried:
+            return False
+        if step is None or isinstance(step, GateStep | LoopStep | SubplanStep):
+            return True
+        if isinstance(step, MapStep):
+            return key == step.id or (tools is not None and step.tool is not None)
+        return tools is not None and isinstance(step, ToolStep)
+
+    served.plans[plan.id] = _Served(records, overrides, unserved)
+    costs.update(_recorded_costs(plan, records))
+    plans[plan.id] = _Replayed(
+        plan, label, status, _recorded(plan, records), _Observer(plan, records, served)
+    )
+    seen: set[tuple[str, int]] = set()
+    for record in records:
+        if not isinstance(record, IterationRecord) or (record.step_id, record.iteration) in seen:
+            continue
+        seen.add((record.step_id, record.iteration))
+        step = steps.get(record.step_id)
+        iteration = None if isinstance(step, SubplanStep) else record.iteration
+        nested_id = child_id(plan, record.step_id, iteration)
+        nested = await store.load(nested_id)
+        if nested is None:
+            continue
+        nested_records = await store.journal(nested_id)
+        prefix = f"{record.step_id}.{record.iteration}/"
+        await _load(
+            store,
+            nested.plan(Plan),
+            nested_records,
+            nested.status,
+            label + prefix,
+            {
+                key[len(prefix) :]: value
+                for key, value in overrides.items()
+                if key.startswith(prefix)
+            },
+            tools,
+            served,
+            costs,
+            plans,
+        )
 
 
 def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
@@ -515,7 +704,7 @@ def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
 
 
 async def _cancel_when_stuck(
-    engine: Engine, plan_id: str, served: _Served, run: asyncio.Future[Any]
+    engine: Engine, plan_id: str, served: _AllServed, run: asyncio.Future[Any]
 ) -> None:
     """The original was cancelled from outside: cancel once the replay runs out of outcomes."""
     for _ in range(10_000):

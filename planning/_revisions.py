@@ -8,7 +8,11 @@ depends_on) is equal in both revisions, and every one of its dependencies is unc
 step downstream of a changed step runs again even when its own definition is the same).
 
 A step is *changed* in the diff when any of its fields (``status`` aside) differs, so a new title,
-timeout or retry policy shows in the diff but does not stop its result from carrying over.
+timeout or retry policy shows in the diff but does not stop its result from carrying over. A loop's
+or a sub-plan's body is diffed step by step: its changes show as fields ``steps/ID.FIELD``,
+``steps/+ID`` (added) and ``steps/-ID`` (removed) beside ``steps``. A map whose definition is
+unchanged carries the results of the items that had succeeded (``carried`` lists their keys,
+``f"{step_id}.{index}"``), so a new revision runs only the rest of its items.
 """
 
 from __future__ import annotations
@@ -35,8 +39,25 @@ __all__ = [
 ]
 
 # The fields that define what a step does; equal definitions (and unchanged dependencies) let a
-# completed step's result carry over to a new revision.
-_DEFINITION: Final = ("kind", "tool", "target", "capability", "input", "request", "depends_on")
+# completed step's result carry over to a new revision (a map's list and work, a loop's or a
+# sub-plan's body, inputs and bounds included).
+_DEFINITION: Final = (
+    "kind",
+    "tool",
+    "target",
+    "capability",
+    "input",
+    "request",
+    "depends_on",
+    "over",
+    "steps",
+    "until",
+    "inputs",
+    "max_iterations",
+    "timebox_s",
+    "on_exhausted",
+    "on_failure",
+)
 _IGNORED: Final = frozenset({"status"})
 
 
@@ -196,9 +217,33 @@ def diff_plans(old: Plan, new: Plan) -> RevisionDiff:
             continue
         a, b = _fields(before), _fields(step)
         differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if "steps" in differing:
+            differing.extend(_body_changes(a.get("steps") or [], b.get("steps") or [], "steps/"))
         if differing:
             changed.append(StepChange(step.id, differing))
     return RevisionDiff(added, removed, changed)
+
+
+def _body_changes(old: list[Any], new: list[Any], prefix: str) -> list[str]:
+    """How a nested body changed, as diff fields (``steps/ID.FIELD``, ``steps/+ID``,
+    ``steps/-ID``), nested bodies included."""
+    before = {step["id"]: step for step in old}
+    after = {step["id"]: step for step in new}
+    found = [f"{prefix}+{step_id}" for step_id in after if step_id not in before]
+    found += [f"{prefix}-{step_id}" for step_id in before if step_id not in after]
+    for step_id, step in after.items():
+        previous = before.get(step_id)
+        if previous is None:
+            continue
+        for name in sorted(previous.keys() | step.keys()):
+            if name == "status" or previous.get(name) == step.get(name):
+                continue
+            found.append(f"{prefix}{step_id}.{name}")
+            if name == "steps":
+                found += _body_changes(
+                    previous.get(name) or [], step.get(name) or [], f"{prefix}{step_id}/steps/"
+                )
+    return found
 
 
 def unchanged_steps(old: Plan, new: Plan) -> set[str]:

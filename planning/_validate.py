@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
-from typing import Any, assert_never
+from dataclasses import dataclass
+from typing import Any, Final, assert_never
 
 from pydantic import ValidationError
 
@@ -19,9 +20,21 @@ from stratagem.planning._errors import (
     RefError,
     field_problems,
 )
-from stratagem.planning._expr import expression
+from stratagem.planning._expr import expression, kind_of, list_kind
 from stratagem.planning._gate_input import choices_problem, schema_problem, value_problem
-from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, RetryPolicy, Step, ToolStep
+from stratagem.planning._plan import (
+    LOOP_ITERATION,
+    LOOP_LAST,
+    CrossAgentStep,
+    GateStep,
+    LoopStep,
+    MapStep,
+    Plan,
+    RetryPolicy,
+    Step,
+    SubplanStep,
+    ToolStep,
+)
 from stratagem.planning._refs import REF_KEY, Ref, iter_markers
 from stratagem.protocol import CAPABILITIES, CapabilitySpec
 from stratagem.protocol import roles as registered_roles
@@ -53,6 +66,14 @@ def validate_plan(
     Schema or distinct choices (not both), and its ``on_timeout``, ``default`` and escalation
     fit together (a default fits what the gate asks; whoever it escalates to is named).
 
+    Dynamic steps too, expansions included: a map's tool (or request) passes the rules of a tool
+    (or cross-agent) step, its expressions may also read ``item`` and ``index``, its list
+    (``over``) must be able to give a list (a comparison, a number, ... cannot) and, when it
+    reads only the plan's inputs, is evaluated: a list longer than ``max_items`` is refused. A
+    loop needs a bound (``max_iterations`` or ``timebox_s``) and its ``until`` reads only its
+    body's steps and inputs; the body of a loop or a sub-plan passes every rule as a plan of the
+    same owner (nested at most ``MAX_DEPTH`` deep), its ``inputs`` read the step's dependencies.
+
     Args:
         plan: The plan.
         tools: The names of the tools in the owning agent's registry.
@@ -70,66 +91,231 @@ def validate_plan(
         if roles is not None
         else {*registered_roles(), *(spec.role for spec in caps.values())}
     )
-    tool_names = set(tools)
-    problems = structural_problems(plan.steps)
-    deps = {step.id: step.depends_on for step in plan.steps}
-    for step in plan.steps:
-        match step:
-            case ToolStep():
-                if step.tool not in tool_names:
-                    problems.append(
-                        f"step {step.id!r} uses tool {step.tool!r}, which is not in the "
-                        f"{plan.owner} agent's registry"
-                    )
-                problems.extend(_ref_problems(step, step.input, deps))
-            case CrossAgentStep():
-                problems.extend(_cross_agent_problems(plan, step, known_roles, caps, deps))
-            case GateStep():
-                if step.compensate is not None or step.compensate_input is not None:
-                    problems.append(f"gate {step.id!r} cannot have a compensation")
-                problems.extend(_gate_problems(step))
-                continue
-            case _:
-                assert_never(step)
-        problems.extend(_compensation_problems(plan, step, tool_names, deps))
-    for step in plan.steps:
-        problems.extend(_condition_problems(step, deps))
+    rules = _Rules(plan.owner, set(tools), known_roles, caps)
+    problems = _steps_problems(rules, plan.steps, plan.inputs, 0)
     if problems:
         logger.debug("plan %s@%d is invalid: %s", plan.id, plan.revision, problems)
         raise PlanValidationError(problems)
 
 
-def _cross_agent_problems(
-    plan: Plan,
-    step: CrossAgentStep,
-    roles: Collection[str],
-    caps: Mapping[str, CapabilitySpec],
+MAX_DEPTH: Final = 3
+"""How deep loops and sub-plans may nest (a body's loop is one level deeper)."""
+
+_BOUND: Final = frozenset({"item", "index"})  # what a map's expressions read besides steps
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What a plan is checked against: its owner and the owner's tools, the roles, capabilities."""
+
+    owner: str
+    tools: Collection[str]
+    roles: Collection[str]
+    caps: Mapping[str, CapabilitySpec]
+
+
+def _steps_problems(
+    rules: _Rules, steps: list[Step], inputs: Mapping[str, Any] | None, depth: int
+) -> list[str]:
+    """The problems of a plan's steps (or a body's); ``inputs``: the plan's inputs when known."""
+    problems = structural_problems(steps)
+    deps = {step.id: step.depends_on for step in steps}
+    ids = set(deps)
+    for step in steps:
+        match step:
+            case ToolStep():
+                problems.extend(_tool_problems(rules, step, step.tool))
+                problems.extend(_ref_problems(step, step.input, deps))
+            case CrossAgentStep():
+                problems.extend(
+                    _cross_agent_problems(
+                        rules, step, step.target, step.capability, step.request, deps
+                    )
+                )
+            case GateStep():
+                if step.compensate is not None or step.compensate_input is not None:
+                    problems.append(f"gate {step.id!r} cannot have a compensation")
+                problems.extend(_gate_problems(step))
+                continue
+            case MapStep():
+                problems.extend(_map_problems(rules, step, deps, ids, inputs))
+            case LoopStep() | SubplanStep():
+                problems.extend(_nested_problems(rules, step, deps, depth))
+                continue
+            case _:
+                assert_never(step)
+        problems.extend(_compensation_problems(rules, step, deps))
+    for step in steps:
+        problems.extend(_condition_problems(step, deps))
+    return problems
+
+
+def _tool_problems(rules: _Rules, step: Step, tool: str) -> list[str]:
+    if tool in rules.tools:
+        return []
+    return [
+        f"step {step.id!r} uses tool {tool!r}, which is not in the {rules.owner} agent's registry"
+    ]
+
+
+def _map_problems(
+    rules: _Rules,
+    step: MapStep,
     deps: Mapping[str, list[str]],
+    ids: Collection[str],
+    inputs: Mapping[str, Any] | None,
+) -> list[str]:
+    """Problems with a map: its list, its work per item (its expansion), its bounds."""
+    problems: list[str] = []
+    found = _expression_steps(step, step.over, "list ('over')")
+    if isinstance(found, list):
+        problems.extend(found)
+    else:
+        problems.extend(
+            p.replace(f"step {step.id!r}", f"step {step.id!r} list", 1)
+            for p in _reading_problems(step, step.over, found, deps, step.id)
+        )
+        kind = list_kind(step.over)
+        if kind is not None:
+            problems.append(
+                f"step {step.id!r} maps over {kind}, not a list ('over': {step.over!r})"
+            )
+        elif not found and inputs is not None:  # it reads only the plan's inputs: known now
+            try:
+                values = expression(step.over).evaluate({}, inputs)
+            except ExpressionError as exc:
+                problems.append(f"step {step.id!r} has an invalid list ('over'): {exc}")
+            else:
+                if not isinstance(values, list):
+                    problems.append(
+                        f"step {step.id!r} maps over {kind_of(values)}, not a list "
+                        f"('over': {step.over!r})"
+                    )
+                elif len(values) > step.max_items:
+                    problems.append(
+                        f"step {step.id!r} maps over {len(values)} items, more than its "
+                        f"max_items {step.max_items}"
+                    )
+    if step.tool is not None:
+        problems.extend(_tool_problems(rules, step, step.tool))
+        problems.extend(_ref_problems(step, step.input, deps, bound=_BOUND))
+        template: Any = step.input
+    elif step.target is not None and step.capability is not None:
+        problems.extend(
+            _cross_agent_problems(
+                rules, step, step.target, step.capability, step.request, deps, bound=_BOUND
+            )
+        )
+        template = step.request
+    shadowed = sorted(_reads(template) & _BOUND & set(ids))
+    if shadowed:
+        problems.append(
+            f"step {step.id!r} reads {shadowed[0]!r}, which is its item here, not the step "
+            f"{shadowed[0]!r}: rename that step"
+        )
+    if step.on_policy_failure == "gate":
+        problems.append(
+            f"step {step.id!r} is a map: on_policy_failure 'gate' is for tool and cross-agent steps"
+        )
+    return problems
+
+
+def _nested_problems(
+    rules: _Rules, step: LoopStep | SubplanStep, deps: Mapping[str, list[str]], depth: int
+) -> list[str]:
+    """Problems with a loop or a sub-plan: its bound, ``until``, inputs and body."""
+    problems: list[str] = []
+    what = "a loop" if isinstance(step, LoopStep) else "a sub-plan"
+    if depth + 1 > MAX_DEPTH:
+        problems.append(f"step {step.id!r} nests plans more than {MAX_DEPTH} levels deep")
+    if step.compensate is not None or step.compensate_input is not None:
+        problems.append(
+            f"step {step.id!r} is {what}: it cannot have a compensation (its body's steps have "
+            f"their own)"
+        )
+    if step.on_policy_failure == "gate":
+        problems.append(
+            f"step {step.id!r} is {what}: on_policy_failure 'gate' is for tool and cross-agent "
+            f"steps"
+        )
+    problems.extend(_ref_problems(step, step.inputs, deps))
+    body = {inner.id for inner in step.steps}
+    if isinstance(step, LoopStep):
+        if step.max_iterations is None and step.timebox_s is None:
+            problems.append(
+                f"step {step.id!r} is a loop without a bound: give max_iterations, timebox_s "
+                f"or both"
+            )
+        reserved = sorted({LOOP_ITERATION, LOOP_LAST} & set(step.inputs))
+        if reserved:
+            problems.append(
+                f"step {step.id!r} has an input {reserved[0]!r}, which the loop sets itself "
+                f"(inputs.{LOOP_ITERATION}, inputs.{LOOP_LAST})"
+            )
+        if step.until is not None:
+            found = _expression_steps(step, step.until, "condition ('until')")
+            if isinstance(found, list):
+                problems.extend(found)
+            else:
+                problems.extend(
+                    f"step {step.id!r} until reads {name!r}, which is not a step of its body "
+                    f"({', '.join(sorted(body))})"
+                    for name in sorted(found - body)
+                )
+    prefix = f"step {step.id!r} body: "
+    if depth + 1 <= MAX_DEPTH:
+        problems.extend(prefix + p for p in _steps_problems(rules, step.steps, None, depth + 1))
+    return problems
+
+
+def _reads(value: Any) -> set[str]:
+    """The top-level names the expressions in ``value`` read (nothing when one is invalid)."""
+    names: set[str] = set()
+    try:
+        for key, text in iter_markers(value):
+            if key != REF_KEY:
+                names |= expression(text).steps
+    except (ExpressionError, RefError):
+        return set()
+    return names
+
+
+def _cross_agent_problems(
+    rules: _Rules,
+    step: Step,
+    target: str,
+    capability: str,
+    request: dict[str, Any],
+    deps: Mapping[str, list[str]],
+    *,
+    bound: frozenset[str] = frozenset(),
 ) -> list[str]:
     problems: list[str] = []
-    ref_problems = _ref_problems(step, step.request, deps)
+    ref_problems = _ref_problems(step, request, deps, bound=bound)
     spec: CapabilitySpec | None = None
-    if step.target == plan.owner:
+    caps = rules.caps
+    if target == rules.owner:
         problems.append(
-            f"step {step.id!r} targets its own agent ({plan.owner!r}); use one of its tools instead"
+            f"step {step.id!r} targets its own agent ({rules.owner!r}); use one of its tools "
+            f"instead"
         )
-    elif step.target not in roles:
-        problems.append(f"step {step.id!r} targets unknown role {step.target!r}")
+    elif target not in rules.roles:
+        problems.append(f"step {step.id!r} targets unknown role {target!r}")
     else:
-        spec = caps.get(step.capability)
-        if spec is None or spec.role != step.target:
-            served = sorted(name for name, s in caps.items() if s.role == step.target)
+        spec = caps.get(capability)
+        if spec is None or spec.role != target:
+            served = sorted(name for name, s in caps.items() if s.role == target)
             problems.append(
-                f"step {step.id!r} asks the {step.target} agent for capability "
-                f"{step.capability!r}, which that role does not serve "
+                f"step {step.id!r} asks the {target} agent for capability "
+                f"{capability!r}, which that role does not serve "
                 f"(it serves: {', '.join(served) or 'nothing'})"
             )
             spec = None
     if spec is not None:
-        has_refs = _has_refs(step.request)
+        has_refs = _has_refs(request)
         if not has_refs:
             try:
-                spec.request.model_validate(step.request)
+                spec.request.model_validate(request)
             except ValidationError as exc:
                 problems.extend(
                     f"step {step.id!r} request for {spec.name}: {problem}"
@@ -139,29 +325,29 @@ def _cross_agent_problems(
             known = spec.request.model_fields
             problems.extend(
                 f"step {step.id!r} request for {spec.name}: {key}: Extra inputs are not permitted"
-                for key in step.request
+                for key in request
                 if key not in known
             )
     return problems + ref_problems
 
 
-def _compensation_problems(
-    plan: Plan, step: Step, tools: Collection[str], deps: Mapping[str, list[str]]
-) -> list[str]:
+def _compensation_problems(rules: _Rules, step: Step, deps: Mapping[str, list[str]]) -> list[str]:
     problems: list[str] = []
     if step.compensate is None:
         if step.compensate_input is not None:
             problems.append(f"step {step.id!r} has compensate_input but no compensate tool")
         return problems
-    if step.compensate not in tools:
+    if step.compensate not in rules.tools:
         problems.append(
             f"step {step.id!r} is compensated by tool {step.compensate!r}, which is not in the "
-            f"{plan.owner} agent's registry"
+            f"{rules.owner} agent's registry"
         )
     if step.compensate_input is not None:
-        # The compensation runs after the step, so it may also reference the step's own output.
+        # The compensation runs after the step, so it may also reference the step's own output
+        # (a map's item: its item and index).
         own = {**deps, "": [step.id, *deps.get(step.id, [])]}
-        for problem in _ref_problems(step, step.compensate_input, own, owner=""):
+        bound = _BOUND if isinstance(step, MapStep) else frozenset()
+        for problem in _ref_problems(step, step.compensate_input, own, owner="", bound=bound):
             problems.append(
                 problem.replace(f"step {step.id!r}", f"step {step.id!r} compensation", 1)
             )
@@ -257,10 +443,15 @@ def _has_refs(value: Any) -> bool:
 
 
 def _ref_problems(
-    step: Step, value: Any, deps: Mapping[str, list[str]], *, owner: str | None = None
+    step: Step,
+    value: Any,
+    deps: Mapping[str, list[str]],
+    *,
+    owner: str | None = None,
+    bound: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Problems with the references and expressions in ``value``; they must read only
-    dependencies of ``owner``.
+    dependencies of ``owner`` (and the names ``bound``: a map's ``item`` and ``index``).
 
     ``owner`` defaults to the step's id.
     """
@@ -284,7 +475,7 @@ def _ref_problems(
             if isinstance(found, list):
                 problems.extend(found)
                 continue
-            targets = found
+            targets = found - bound
         problems.extend(_reading_problems(step, text, targets, deps, owner))
     return problems
 

@@ -16,6 +16,11 @@ decisions and compensations are events on the run span (``retry``, ``gate.blocke
 ``gate.decided``, ``compensation``). Step spans and the events are made only when the run span is
 recording (``docs/telemetry.md`` has the whole model).
 
+Dynamic steps: a map step runs its tool (or request) once per item of a list evaluated when it
+starts, a loop step its body (a nested plan) until ``until`` holds or a bound is reached, a
+sub-plan step a nested plan once (``docs/plans.md`` has the grammar). A step's ``priority``
+orders the ready steps under the in-flight bound.
+
 Failure handling is fail-fast. When a step fails for good (its class is not retried, or it ran out
 of attempts), the engine starts nothing new and cancels the steps still running, so the plan ends
 promptly; compensation of what already succeeded is a separate concern. At the end:
@@ -74,7 +79,12 @@ never its own attributes). A run is parts composed around one state object (STYL
 - ``_attempts``: ``_Attempts``, the one attempt loop (``retry``), spans, time limits and the
   classification of exceptions; ``_StepRunner``/``_StepTries``, what is recorded around a step's
   attempts;
-- ``_compensation``: ``_Compensation``, compensations through the same loop;
+- ``_map``: ``_Maps``, a map step's list and its items (attempts of their own, through the same
+  loop, bounded by ``max_parallel``), the fan-in in item order;
+- ``_nested``: ``_Nested``, loop and sub-plan steps: each iteration a nested plan the engine runs
+  (``RunDeps.children``), ``until`` and the bounds;
+- ``_compensation``: ``_Compensation``, compensations through the same loop (a map's items and
+  nested plans included, newest first);
 - ``_schedule``: ``_Scheduler``, start ready steps, settle finished ones;
 - ``_run``: ``_PlanRun``, builds the parts (each with the state and only the services it uses)
   and runs them: the plan span, the end of the run, replanning (``_revise``).

@@ -39,14 +39,18 @@ from stratagem.planning._errors import (
     failure_class_for_code,
     field_problems,
 )
+from stratagem.planning._expr import kind_of
 from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
+    LoopStep,
+    MapStep,
     Step,
+    SubplanStep,
     ToolStep,
 )
-from stratagem.planning._refs import EXPR_KEY, REF_KEY, has_refs, kind_of, resolve_refs
+from stratagem.planning._refs import EXPR_KEY, REF_KEY, has_refs, resolve_refs
 from stratagem.planning._store import StepIntent
 from stratagem.protocol import RemoteError, capability_for
 
@@ -169,8 +173,12 @@ class _Attempts:
             if stopped is not None:
                 return stopped
 
-    async def attempt(self, step: Step, attempt: int, limit_s: float) -> _Result:
-        """One attempt, in its own span: (output, None, "") or (None, class, message)."""
+    def attempt(self, step: Step, attempt: int, limit_s: float) -> Coroutine[Any, Any, _Result]:
+        """One attempt, in its own span: (output, None, "") or (None, class, message).
+
+        A plain function returning the coroutine ``spanned`` runs: one coroutine frame less per
+        attempt (the engine's per-step cost is measured).
+        """
         # start_span and attach/detach rather than start_as_current_span: the same span made
         # current the same way, without two generator context managers per span.
         plan = self.state.plan
@@ -186,15 +194,23 @@ class _Attempts:
             attributes["gen_ai.operation.name"] = "execute_tool"
             attributes["gen_ai.tool.name"] = step.tool
             attributes["gen_ai.tool.call.id"] = step_run_id(plan.id, plan.revision, step.id)
+        return self.spanned(
+            f"step {step.id}", attributes, self.attempt_body(step, attempt, limit_s)
+        )
+
+    async def spanned(
+        self, name: str, attributes: dict[str, str | int], work: Coroutine[Any, Any, _Result]
+    ) -> _Result:
+        """Await ``work`` (one attempt) in a span of its own, made current meanwhile."""
         span = self.tracer.start_span(
-            f"step {step.id}",
+            name,
             attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
         )
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            output, failure_class, message = await self.attempt_body(step, attempt, limit_s)
+            output, failure_class, message = await work
             if failure_class is not None:
                 _fail_span(span, failure_class, message)
             return output, failure_class, message
@@ -213,13 +229,14 @@ class _Attempts:
                     return await self._run_tool(step, attempt, limit_s), None, ""
                 case CrossAgentStep():
                     return await self._run_cross_agent(step, attempt, limit_s), None, ""
-                case GateStep():  # gates are decided, never run; the scheduler keeps them apart
-                    raise LogicError(f"gate {step.id!r} cannot be run as a task")
+                case GateStep() | MapStep() | LoopStep() | SubplanStep():
+                    # Gates are decided and the others expanded, never attempted: the scheduler
+                    # hands them to their parts.
+                    raise LogicError(f"step {step.id!r} ({step.kind}) cannot be attempted")
                 case _:
                     assert_never(step)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
+            if cancelled_here():
                 raise
             # Cancelled work this task did not ask to stop (e.g. a future cancelled elsewhere).
             failure_class, message = FailureClass.CANCELLED, "the step's work was cancelled"
@@ -258,52 +275,79 @@ class _Attempts:
         finally:
             self.watchdog.disarm(deadline)
 
-    async def _run_tool(self, step: ToolStep, attempt: int, limit_s: float) -> dict[str, Any]:
+    def _run_tool(
+        self, step: ToolStep, attempt: int, limit_s: float
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        # A plain function returning ``call_tool``'s coroutine (no frame of its own); a reference
+        # that does not resolve raises here, inside ``attempt_body``'s handler all the same.
         plan = self.state.plan
         tool_input = step.input
         if has_refs(tool_input):
             tool_input = resolve_refs(tool_input, self.state.outputs, plan.inputs)
             if not isinstance(tool_input, dict):
                 raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
-        ctx = ToolContext(plan.id, step.id, attempt, self.agent, plan.revision)
+        return self.call_tool(step.id, step.tool, tool_input, attempt, limit_s)
+
+    async def call_tool(
+        self, key: str, tool: str, tool_input: dict[str, Any], attempt: int, limit_s: float
+    ) -> dict[str, Any]:
+        """Call ``tool`` for the step (or map item) ``key``, under ``limit_s``."""
+        plan = self.state.plan
+        ctx = ToolContext(plan.id, key, attempt, self.agent, plan.revision)
         try:
-            output = await self.limited(self.tools.run_tool(step.tool, tool_input, ctx), limit_s)
+            output = await self.limited(self.tools.run_tool(tool, tool_input, ctx), limit_s)
         except Exception as exc:
             if self.observer.tracing:
                 # On the attempt's span (current here), as start_as_current_span would record it.
                 trace.get_current_span().record_exception(exc)
             raise
         if not isinstance(output, dict):
-            raise LogicError(f"tool {step.tool!r} returned {kind_of(output)}, not a dict")
+            raise LogicError(f"tool {tool!r} returned {kind_of(output)}, not a dict")
         return output
 
-    async def _run_cross_agent(
+    def _run_cross_agent(
         self, step: CrossAgentStep, attempt: int, limit_s: float
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        return self.call_agent(
+            step.id, step.target, step.capability, step.request, attempt, limit_s
+        )
+
+    async def call_agent(
+        self,
+        key: str,
+        target: str,
+        capability: str,
+        template: dict[str, Any],
+        attempt: int,
+        limit_s: float,
+        bound: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Send the request ``template`` resolves to (``bound``: a map's item) to ``target``'s
+        ``capability`` for the step (or map item) ``key``, under ``limit_s``."""
         plan = self.state.plan
-        spec = capability_for(step.target, step.capability)
+        spec = capability_for(target, capability)
         if spec is None:
-            raise LogicError(f"the {step.target} agent does not serve {step.capability!r}")
+            raise LogicError(f"the {target} agent does not serve {capability!r}")
         dispatcher = self.dispatcher
         if dispatcher is None:
             raise LogicError(f"the {self.agent} agent's engine has no dispatcher")
-        data = resolve_refs(step.request, self.state.outputs, plan.inputs)
+        data = resolve_refs(template, self.state.outputs, plan.inputs, bound)
         if not isinstance(data, dict):
             raise LogicError(f"the request resolves to {kind_of(data)}, not an object")
         try:
             request = spec.request.model_validate(data)
         except ValidationError as exc:
-            empty = _empty_refs(step.request, data)
+            empty = _empty_refs(template, data)
             rest = [p for p in field_problems(exc) if p.split(":")[0].split(".")[0] not in empty]
             problems = "; ".join([*empty.values(), *rest])
             raise LogicError(f"invalid {spec.name} request: {problems}") from exc
         call = CrossAgentCall(
-            target=step.target,
-            capability=step.capability,
+            target=target,
+            capability=capability,
             request=request,
             plan_id=plan.id,
-            step_id=step.id,
-            request_id=step_run_id(plan.id, plan.revision, step.id),
+            step_id=key,
+            request_id=step_run_id(plan.id, plan.revision, key),
             timeout_s=limit_s,
             attempt=attempt,
             caller=self.agent,
@@ -311,7 +355,7 @@ class _Attempts:
         response = await self.limited(dispatcher.dispatch(call), limit_s)
         if not isinstance(response, spec.response):
             raise LogicError(
-                f"the {step.target} agent answered {spec.name} with "
+                f"the {target} agent answered {spec.name} with "
                 f"{type(response).__name__}, not {spec.response.__name__}"
             )
         return response.model_dump(mode="json")
@@ -358,19 +402,23 @@ class _StepRunner:
         """
         if self.admission.budget is not None:
             return True
-        key = step.tool if isinstance(step, ToolStep) else ""  # "": not a tool (names are not "")
+        # "": not a tool (tool names are not "")
+        key = step.tool if isinstance(step, ToolStep | MapStep) and step.tool else ""
         waits = self.intent_waits.get(key)
         if waits is None:
             waits = self.intent_waits[key] = not step_is_idempotent(step, self.tools)
         return waits
 
-    def intent(self, step: Step, attempt: int, cost: float | None) -> asyncio.Future[None] | None:
-        """Journal the intent of attempt ``attempt``: what to await before it starts."""
+    def intent(
+        self, step: Step, attempt: int, cost: float | None, key: str = ""
+    ) -> asyncio.Future[None] | None:
+        """Journal the intent of attempt ``attempt`` (of ``step``, or of its map item ``key``):
+        what to await before it starts."""
         journal = self.state.journal
         if journal is None:
             return None
         plan = self.state.plan
-        durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
+        durable = journal.add(StepIntent(plan.id, plan.revision, key or step.id, attempt, cost))
         if not self.needs_durable_intent(step):
             return self.no_wait
         return durable
@@ -443,6 +491,13 @@ class _StepTries:
     def seed(self) -> str:
         plan = self.runner.state.plan
         return f"{self.runner.seed}:{step_run_id(plan.id, plan.revision, self.step.id)}"
+
+
+def cancelled_here() -> bool:
+    """In an ``except CancelledError``: whether the current task was asked to stop (re-raise
+    then); otherwise work it awaited was cancelled elsewhere (a failure of class cancelled)."""
+    task = asyncio.current_task()
+    return task is None or bool(task.cancelling())
 
 
 def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:

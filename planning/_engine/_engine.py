@@ -15,7 +15,7 @@ from opentelemetry.trace import TracerProvider
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._dispatch import Dispatcher
-from stratagem.planning._engine._deps import RunDeps
+from stratagem.planning._engine._deps import ChildResult, RunDeps
 from stratagem.planning._engine._fork import make_fork
 from stratagem.planning._engine._gate_model import check_decision_input
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
@@ -45,6 +45,7 @@ from stratagem.planning._store import (
     GateRecord,
     PlanState,
     PlanStatusRecord,
+    Record,
     StateStore,
 )
 
@@ -86,6 +87,9 @@ class Engine:
         approvals: The policy's tool approvals (``ToolApproval``): a tool step of such a tool
             waits at a tool gate until approved. ``approvals`` may be set again later; a run
             takes the rules of when it starts.
+        nested_events: For the nested plans of sub-plan and loop steps (each a plan of its own):
+            given such a plan when it starts, the callback for its events (``None``: none). The
+            parent's ``on_event`` gets only the parent's events.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class Engine:
         meter_provider: MeterProvider | None = None,
         notifier: GateNotifier | None = None,
         approvals: Sequence[ToolApproval] = (),
+        nested_events: Callable[[Plan], Callable[[StepEvent], None] | None] | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
@@ -121,6 +126,8 @@ class Engine:
         self._runs: dict[str, _PlanRun[Any]] = {}
         self._policy = FailurePolicy()
         self._breakers = _Breakers(self.config.circuit_breaker, self._policy, store, clock)
+        self.nested_events = nested_events
+        self._children = _Children(self)
 
     async def run(
         self, plan: P, *, on_event: Callable[[StepEvent], None] | None = None
@@ -422,6 +429,12 @@ class Engine:
             rationale,
             author,
             spent=(state.spent_calls, state.spent_cost),
+            items={
+                key: entry.output
+                for key, entry in state.steps.items()
+                if "." in key and entry.status is StepStatus.SUCCEEDED
+            },
+            maps=state.maps,
             store=self.store,
             clock=self.clock,
         )
@@ -484,8 +497,9 @@ class Engine:
             clock=self.clock,
         )
 
-    def _deps(self) -> RunDeps:
-        """What a new run is given: the engine's services and settings as they are now."""
+    def _deps(self, nested: bool = False) -> RunDeps:
+        """What a new run is given: the engine's services and settings as they are now (a
+        nested plan is not replanned: its parent's step fails instead)."""
         return RunDeps(
             notifier=self.notifier,
             approvals=self.approvals,
@@ -499,9 +513,10 @@ class Engine:
             sleep=self._sleep,
             clock=self.clock,
             store=self.store,
-            replanner=self.replanner,
+            replanner=None if nested else self.replanner,
             policy=self._policy,
             breakers=self._breakers,
+            children=self._children,
         )
 
     def _require_store(self, plan_id: str, action: str) -> StateStore:
@@ -526,6 +541,108 @@ class Engine:
             if run.replacement is None:
                 return result
             run = run.replacement  # a replan: continue with the new revision
+
+
+class _Children:
+    """Runs the nested plans of an engine's runs (``RunDeps.children``): with the engine itself,
+    so a nested plan is stored, journaled, controlled and resumed like any plan of the agent."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def _events(self, plan: Plan) -> Callable[[StepEvent], None] | None:
+        hook = self.engine.nested_events
+        return None if hook is None else hook(plan)
+
+    async def run(self, plan: Plan, started: Callable[[object], None] | None = None) -> ChildResult:
+        """See ``Children.run``."""
+        engine = self.engine
+        store = engine.store
+        if store is not None:
+            state = await store.load(plan.id)
+            if state is None:
+                if not await store.save_plan(plan):
+                    raise PlanControlError(plan.id, f"plan {plan.id!r} could not be stored")
+            else:
+                stored = state.plan(Plan)
+                run = _PlanRun(engine._deps(nested=True), stored, self._events(stored))
+                if not run.is_dag():
+                    raise PlanValidationError(structural_problems(stored.steps))
+                if state.status.is_final:
+                    result = run.recorded_result(state)
+                    return ChildResult(
+                        result.status,
+                        dict(result.outputs),
+                        list(result.failures),
+                        state.spent_calls,
+                        state.spent_cost,
+                    )
+                run.restore(state)
+                return self._result(run, await self._follow(run))
+        run = _PlanRun(engine._deps(nested=True), plan, self._events(plan))
+        if not run.is_dag():
+            raise PlanValidationError(structural_problems(plan.steps))
+        if store is None and started is not None:
+            started(run)
+        return self._result(run, await self._follow(run))
+
+    async def _follow(self, run: _PlanRun[Plan]) -> PlanResult[Plan]:
+        engine = self.engine
+        if run.plan.id in engine._runs:
+            raise PlanControlError(run.plan.id, f"plan {run.plan.id!r} is already running")
+        await engine._breakers.load()
+        return await engine._follow(run)
+
+    def _result(self, run: _PlanRun[Plan], result: PlanResult[Plan]) -> ChildResult:
+        return ChildResult(
+            result.status,
+            dict(result.outputs),
+            list(result.failures),
+            run.admission.spent_calls,
+            run.admission.spent_cost,
+        )
+
+    async def outputs(self, plan_id: str) -> dict[str, Any] | None:
+        """See ``Children.outputs``."""
+        store = self.engine.store
+        if store is None:
+            return None
+        state = await store.load(plan_id)
+        return None if state is None else state.outputs
+
+    async def compensate(self, plan_id: str, handle: object | None, status: PlanStatus) -> str:
+        """See ``Children.compensate``."""
+        engine = self.engine
+        store = engine.store
+        if store is None:
+            return await handle.undo(status) if isinstance(handle, _PlanRun) else ""
+        state = await store.load(plan_id)
+        if state is None or state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+            return ""  # it never started, or compensated itself when it ended
+        records: list[Record] = []
+        if not state.cancel_requested:
+            records.append(ControlRecord(plan_id, state.revision))
+        if state.status is PlanStatus.SUCCEEDED:  # reopened to undo what it did
+            records.append(
+                PlanStatusRecord(
+                    plan_id,
+                    state.revision,
+                    PlanStatus.COMPENSATING,
+                    f"its parent plan {status.value}: undoing it",
+                )
+            )
+        if records:
+            await store.commit(records)
+        stored = state.plan(Plan)
+        run = _PlanRun(engine._deps(nested=True), stored, self._events(stored))
+        if not run.is_dag():
+            raise PlanValidationError(structural_problems(stored.steps))
+        run.restore(await store.load(plan_id) or state)
+        result = await self._follow(run)
+        failed = [k for k, v in result.statuses.items() if v is StepStatus.COMPENSATION_FAILED]
+        if failed:
+            return f"the compensation of {', '.join(failed)} in {plan_id!r} failed"
+        return ""
 
 
 def _check_stored_decision(

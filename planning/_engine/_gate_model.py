@@ -14,7 +14,15 @@ from typing import Any, Literal, assert_never
 from stratagem.planning._engine._types import ToolApproval, ToolRunner
 from stratagem.planning._errors import GateDecisionError, GateValueError
 from stratagem.planning._gate_input import value_problem
-from stratagem.planning._plan import CrossAgentStep, GateStep, Step, ToolStep
+from stratagem.planning._plan import (
+    CrossAgentStep,
+    GateStep,
+    LoopStep,
+    MapStep,
+    Step,
+    SubplanStep,
+    ToolStep,
+)
 from stratagem.planning._store import GateKind, GateState
 
 # The longest arguments shown in a tool gate's prompt.
@@ -178,6 +186,8 @@ def reconcile_prompt(step: Step) -> str:
             what = f"step {step.id!r} ({step.target}.{step.capability})"
         case GateStep():
             what = f"gate {step.id!r}"
+        case MapStep() | LoopStep() | SubplanStep():
+            what = f"step {step.id!r} ({step.kind})"
         case _:
             assert_never(step)
     return f"{what} was in flight when the plan stopped; approve to re-run it, reject to fail it"

@@ -26,8 +26,11 @@ from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
+    LoopStep,
+    MapStep,
     RetryPolicy,
     Step,
+    SubplanStep,
     ToolStep,
 )
 from stratagem.planning._store import BreakerState, StateStore
@@ -100,8 +103,10 @@ def step_is_idempotent(step: Step, tools: ToolRunner) -> bool:
             return True  # the target answers a repeated request id from its store
         case ToolStep():
             return tools.is_idempotent(step.tool)
-        case GateStep():
-            return True
+        case MapStep():  # of one item: a request per item is answered once, like a step's
+            return step.tool is None or tools.is_idempotent(step.tool)
+        case GateStep() | LoopStep() | SubplanStep():
+            return True  # decided, or a nested plan that resumes from its own journal
         case _:
             assert_never(step)
 
@@ -228,8 +233,9 @@ class _Admission:
             self.started_at = now
         return now
 
-    def admit(self, step: Step) -> tuple[str, bool, float | None]:
-        """Check the breaker and reserve the budget for one attempt of ``step``.
+    def admit(self, step: Step, key: str = "") -> tuple[str, bool, float | None]:
+        """Check the breaker and reserve the budget for one attempt of ``step`` (of its item
+        ``key``, for a map).
 
         Returns:
             ``("", False, cost)`` when the attempt may start (``cost``: the cost units reserved,
@@ -237,39 +243,65 @@ class _Admission:
             True for a budget that ran out.
         """
         breakers = self.breakers
-        if isinstance(step, ToolStep) and breakers.states:
-            denial = breakers.denial(step.tool)
+        tool = step.tool if isinstance(step, ToolStep | MapStep) else None
+        if tool is not None and breakers.states:
+            denial = breakers.denial(tool)
             if denial:
                 return denial, False, None
         budget = self.budget
         if budget is None:
             return "", False, None
         cost = 1.0
-        if isinstance(step, ToolStep):
-            cost = float(self.tools.cost(step.tool))
+        if tool is not None:
+            cost = float(self.tools.cost(tool))
+        key = key or step.id
         if budget.wall_time_s is not None and self.started_at is not None:
             used = self.clock() - self.started_at
             if used >= budget.wall_time_s:
                 return (
                     f"budget exhausted: wall time {used:.1f}s/{budget.wall_time_s:g}s used; "
-                    f"step {step.id!r} not started",
+                    f"step {key!r} not started",
                     True,
                     None,
                 )
         if budget.tool_calls is not None and self.spent_calls + 1 > budget.tool_calls:
             return (
                 f"budget exhausted: tool_calls {self.spent_calls}/{budget.tool_calls} used; "
-                f"step {step.id!r} needs 1 more",
+                f"step {key!r} needs 1 more",
                 True,
                 None,
             )
         if budget.cost_units is not None and self.spent_cost + cost > budget.cost_units + 1e-9:
             return (
                 f"budget exhausted: cost_units {self.spent_cost:g}/{budget.cost_units:g} used; "
-                f"step {step.id!r} needs {cost:g} more",
+                f"step {key!r} needs {cost:g} more",
                 True,
                 None,
             )
         self.spent_calls += 1
         self.spent_cost += cost
         return "", False, cost
+
+    def remaining(self) -> Budget | None:
+        """What is left of the budget (for a nested plan, which spends from it); ``None``
+        without a budget."""
+        budget = self.budget
+        if budget is None:
+            return None
+        wall = budget.wall_time_s
+        if wall is not None and self.started_at is not None:
+            wall = max(wall - (self.clock() - self.started_at), 1e-3)
+        return Budget(
+            wall_time_s=wall,
+            tool_calls=None
+            if budget.tool_calls is None
+            else max(budget.tool_calls - self.spent_calls, 0),
+            cost_units=None
+            if budget.cost_units is None
+            else max(budget.cost_units - self.spent_cost, 0.0),
+        )
+
+    def charge(self, calls: int, cost: float) -> None:
+        """Add what a nested plan spent to this plan's account."""
+        self.spent_calls += calls
+        self.spent_cost += cost

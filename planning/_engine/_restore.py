@@ -1,22 +1,38 @@
-"""Restore: a resumed run takes its recorded state; a finished plan's result is read back."""
+"""Restore: a resumed run takes its recorded state; a finished plan's result is read back.
+
+A map that had started finds its items' results (its done items are not run again; one in
+flight whose tool is not idempotent holds the map at a reconcile gate named after it); a loop or a
+sub-plan finds its iterations (the nested plans resume from their own journals).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any, Generic, TypeVar
 
+from stratagem.planning._engine._attempts import _Outcome
 from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
+from stratagem.planning._engine._map import _Maps
 from stratagem.planning._engine._policy import _Admission, step_is_idempotent
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import PlanResult, ToolRunner
 from stratagem.planning._errors import StepFailure
-from stratagem.planning._plan import FailureClass, Plan, Step, StepStatus
+from stratagem.planning._plan import (
+    FailureClass,
+    LoopStep,
+    MapStep,
+    Plan,
+    Step,
+    StepStatus,
+    SubplanStep,
+)
 from stratagem.planning._store import (
     CompensationStatus,
     GateDecision,
     GateKind,
     PlanState,
+    StepState,
 )
 
 logger = logging.getLogger(__name__)
@@ -33,12 +49,14 @@ class _Restore(Generic[P]):
         state: _RunState[P],
         gates: _Gates,
         conditions: _Conditions,
+        maps: _Maps,
         admission: _Admission,
         tools: ToolRunner,
     ) -> None:
         self.state = state
         self.gates = gates
         self.conditions = conditions
+        self.maps = maps
         self.admission = admission
         self.tools = tools
 
@@ -55,9 +73,15 @@ class _Restore(Generic[P]):
         }
         if recorded.cancel_requested:
             state.load_cancel_request()
+        items = _items_by_map(recorded)
         for step in state.plan.steps:
             entry = recorded.steps.get(step.id)
             if entry is None:
+                if isinstance(step, MapStep) and (step.id in recorded.maps or step.id in items):
+                    self._map(step, recorded, items.get(step.id, {}), stopping)
+                elif isinstance(step, LoopStep | SubplanStep):
+                    for record in recorded.iterations.get(step.id, ()):
+                        state.load_iteration(record)
                 continue
             step_id, attempt = step.id, entry.attempt
             gates.found_started(step_id)
@@ -101,12 +125,74 @@ class _Restore(Generic[P]):
             else:
                 gates.found_decided(gate)
         for compensation in recorded.compensations:
-            if state.statuses.get(compensation.step_id) is StepStatus.SUCCEEDED:
+            status = state.statuses.get(compensation.step_id)
+            if status is StepStatus.SUCCEEDED or (
+                status is None and _expanded(compensation.step_id, recorded)
+            ):
                 state.load_compensation(compensation)
+                item = recorded.steps.get(compensation.step_id)
+                if status is None and item is not None:  # a map's item: its output is undone
+                    owner, _, index = compensation.step_id.partition(".")
+                    state.load_item(owner, int(index), item.output, item.attempt)
         for condition in recorded.conditions.values():
             if state.statuses.get(condition.step_id) is StepStatus.PENDING:
                 self.conditions.found(condition)
         state.load_ready()
+
+    def _map(
+        self, step: MapStep, recorded: PlanState, items: dict[int, StepState], stopping: bool
+    ) -> None:
+        """A map that had started: its items' results; one in flight is re-run when its work is
+        idempotent, or else holds the map at a reconcile gate (unless the plan is ending)."""
+        state = self.state
+        resume_at: dict[int, int] = {}
+        in_flight: list[int] = []
+        failed: tuple[int, _Outcome] | None = None
+        for index in sorted(items):
+            entry = items[index]
+            match entry.status:
+                case StepStatus.SUCCEEDED:
+                    state.load_item(step.id, index, entry.output, entry.attempt)
+                case StepStatus.FAILED:
+                    state.load_item_attempt(step.id, index, entry.attempt)
+                    if failed is None:
+                        failure_class = entry.failure_class or FailureClass.LOGIC
+                        outcome = _Outcome(None, failure_class, entry.message, entry.attempt)
+                        failed = (index, outcome)
+                case StepStatus.RUNNING:
+                    state.load_item_attempt(step.id, index, entry.attempt)
+                    in_flight.append(index)
+                    resume_at[index] = entry.attempt + 1
+                case _:  # retrying, or cancelled when another item failed or the plan stopped
+                    state.load_item_attempt(step.id, index, entry.attempt)
+                    resume_at[index] = entry.attempt + 1
+        self.maps.found_map(
+            step.id, recorded.maps.get(step.id), resume_at, failed, frozenset(in_flight)
+        )
+        if not in_flight or stopping or step_is_idempotent(step, self.tools):
+            return
+        state.load_attempt(step.id, 0)
+        gate = recorded.gates.get(step.id)
+        if gate is not None and gate.kind is not GateKind.RECONCILE:
+            gate = None
+        if gate is not None and gate.decision is not GateDecision.OPEN:
+            # Decided while no engine ran: items it says did happen are done, the rest re-run.
+            approve = gate.decision is GateDecision.APPROVED
+            if approve and gate.output is not None:
+                self.maps.reconciled(step.id, gate.output)
+            self.gates.decide(
+                step.id, GateKind.RECONCILE, approve, gate.approver, gate.rationale, None
+            )
+            return
+        keys = ", ".join(f"{step.id}.{index}" for index in in_flight[:5])
+        more = f" (and {len(in_flight) - 5} more)" if len(in_flight) > 5 else ""
+        prompt = (
+            f"map {step.id!r} (tool {step.tool!r}) had item(s) {keys}{more} in flight when the "
+            f"plan stopped; approve to run them again, or approve with the outputs of those "
+            f'that did happen ({{"items": {{"INDEX": output}}}}); reject to fail the map'
+        )
+        self.gates.found_policy_prompt(step.id, prompt)  # the prompt of this gate, too
+        self.gates.found_open(step.id, GateKind.RECONCILE, gate)
 
     def _policy_gate(self, step: Step, message: str, recorded: PlanState) -> None:
         gate = recorded.gates.get(step.id)
@@ -166,3 +252,20 @@ class _Restore(Generic[P]):
         self.state.load_finished(statuses, outputs, failures)
         self.state.plan_event(recorded.status, recorded.message)
         return self.state.result(recorded.status, 0.0)
+
+
+def _items_by_map(recorded: PlanState) -> dict[str, dict[int, StepState]]:
+    """The recorded states of map items, by map step id and item index."""
+    found: dict[str, dict[int, StepState]] = {}
+    for key, entry in recorded.steps.items():
+        owner, dot, index = key.partition(".")
+        if dot and index.isdigit():
+            found.setdefault(owner, {})[int(index)] = entry
+    return found
+
+
+def _expanded(key: str, recorded: PlanState) -> bool:
+    """Whether ``key`` (a compensation entry that is no step) is a map's succeeded item or a
+    nested plan's iteration, which stay to be undone whatever their step's status."""
+    entry = recorded.steps.get(key)
+    return entry is None or entry.status is StepStatus.SUCCEEDED

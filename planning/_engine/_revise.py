@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._errors import PlanValidationError
-from stratagem.planning._plan import Plan, StepStatus
+from stratagem.planning._plan import MapStep, Plan, StepStatus
 from stratagem.planning._revisions import Revision, RevisionRecord, diff_plans, unchanged_steps
 from stratagem.planning._store import (
     BudgetRecord,
     CompensationRecord,
     CompensationStatus,
+    MapRecord,
     PlanState,
     Record,
     StateStore,
@@ -32,6 +33,8 @@ async def make_revision(
     author: str,
     *,
     spent: tuple[int, float] = (0, 0.0),
+    items: Mapping[str, Any] | None = None,
+    maps: Mapping[str, MapRecord] | None = None,
     store: StateStore | None,
     clock: Callable[[], float],
     more: Sequence[Record] = (),
@@ -39,6 +42,9 @@ async def make_revision(
     """Make (and store, with a store) the revision after ``old``; its state holds the carried
     results and what earlier revisions spent of the plan's budget (and ``more``: first records
     of the new revision, e.g. an approval it carries).
+
+    ``items`` (map item key -> output, for the items that succeeded) and ``maps`` (the maps'
+    recorded lists) let an unchanged map that had not finished carry its succeeded items.
 
     Raises:
         PlanValidationError: When the new steps do not form a DAG.
@@ -82,6 +88,42 @@ async def make_revision(
             records.append(
                 CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
             )
+    for step in plan.steps:
+        record_of_map = (maps or {}).get(step.id)
+        if (
+            not isinstance(step, MapStep)
+            or step.id not in same
+            or step.id in outputs
+            or record_of_map is None
+        ):
+            continue
+        records.append(
+            MapRecord(plan.id, plan.revision, step.id, record_of_map.items, record_of_map.digest)
+        )
+        prefix = f"{step.id}."
+        for key, output in (items or {}).items():
+            if not key.startswith(prefix):
+                continue
+            carried.append(key)
+            records.append(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    key,
+                    attempts.get(key, 1),
+                    StepStatus.SUCCEEDED,
+                    json.dumps(output),
+                    message=message,
+                )
+            )
+            if step.compensate is not None and compensations.get(key) in (
+                None,
+                CompensationStatus.NEEDED,
+                CompensationStatus.RUNNING,
+            ):
+                records.append(
+                    CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED)
+                )
     records.extend(more)
     record = RevisionRecord(
         plan.id,

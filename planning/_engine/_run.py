@@ -23,17 +23,31 @@ from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._journal import _Journal
+from stratagem.planning._engine._map import _Maps, item_outputs_problem, list_digest
+from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._observe import _Observer, _resume_links, _traceparent
 from stratagem.planning._engine._policy import _Admission
 from stratagem.planning._engine._restore import _Restore
 from stratagem.planning._engine._revise import make_revision
 from stratagem.planning._engine._schedule import _Scheduler
-from stratagem.planning._engine._state import _RunState
+from stratagem.planning._engine._state import _RunState, expansion_key
 from stratagem.planning._engine._types import PlanResult, StepEvent
-from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
+from stratagem.planning._errors import (
+    GateDecisionError,
+    PlanValidationError,
+    StepFailure,
+    StoreError,
+)
 from stratagem.planning._plan import Plan, PlanStatus, ToolStep
 from stratagem.planning._revisions import replan_rationale
-from stratagem.planning._store import GateDecision, GateKind, GateRecord, PlanState
+from stratagem.planning._store import (
+    CompensationStatus,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    MapRecord,
+    PlanState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +68,14 @@ class _PlanRun(Generic[P]):
     - ``conditions`` (``_Conditions``): the state (conditions, routes on failure, skips);
     - ``attempts`` (``_Attempts``): the state, the observer, tools, dispatcher, tracer, sleep,
       failure policy; ``runner`` (``_StepRunner``) adds admission, breakers, seed and time limit;
-    - ``compensation`` (``_Compensation``): the state and the attempt loop;
-    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner,
-      admission, breakers, failure policy and the in-flight bound;
-    - ``restorer`` (``_Restore``): the state, the gates, the conditions, admission and the tools.
+    - ``maps`` (``_Maps``): the state, the attempt loop and the step runner (map items);
+    - ``nested`` (``_Nested``): the state, the engine's ``Children``, admission and the clock
+      (loops and sub-plans);
+    - ``compensation`` (``_Compensation``): the state, the attempt loop and the nested plans;
+    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner, the
+      maps, the nested plans, admission, breakers, failure policy and the in-flight bound;
+    - ``restorer`` (``_Restore``): the state, the gates, the conditions, the maps, admission and
+      the tools.
     """
 
     def __init__(
@@ -99,26 +117,35 @@ class _PlanRun(Generic[P]):
             seed=config.seed,
             default_timeout=config.default_timeout_s,
         )
+        self.maps = _Maps(self.state, self.attempts, self.runner)
+        self.nested = _Nested(self.state, deps.children, self.admission, deps.clock)
         self.compensation = _Compensation(
-            self.state, self.attempts, seed=config.seed, default_timeout=config.default_timeout_s
+            self.state,
+            self.attempts,
+            self.nested,
+            seed=config.seed,
+            default_timeout=config.default_timeout_s,
         )
         self.scheduler = _Scheduler(
             self.state,
             self.gates,
             self.conditions,
             self.runner,
+            self.maps,
+            self.nested,
             self.admission,
             deps.breakers,
             deps.policy,
             plan.max_in_flight or config.max_in_flight,
         )
         self.restorer = _Restore(
-            self.state, self.gates, self.conditions, self.admission, deps.tools
+            self.state, self.gates, self.conditions, self.maps, self.admission, deps.tools
         )
         self.restored = False
         self.links: list[Link] = []  # a resumed run's links to the runs it continues
         self.replans = 0
         self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
+        self.ended: PlanStatus | None = None  # how execute() ended (None: interrupted)
 
     @property
     def plan(self) -> P:
@@ -153,7 +180,16 @@ class _PlanRun(Generic[P]):
     ) -> GateKind:
         """The kind of gate a decision applies to (``_Gates.check_decision``: ``given`` is
         what the decision carries and who may give it); raises ``GateDecisionError`` when none.
-        The gate is being decided until ``apply_decision`` or ``release_decision``."""
+        The gate is being decided until ``apply_decision`` or ``release_decision``.
+
+        A map's reconcile gate takes as ``output`` the outputs of items that were in flight and
+        did happen: ``{"items": {"INDEX": output, ...}}`` (the others run again).
+        """
+        if output is not None and gate_id in self.state.expansions:
+            problem = item_outputs_problem(output)
+            if problem and self.state.gates.get(gate_id) is GateKind.RECONCILE:
+                plan = self.state.plan
+                raise GateDecisionError(plan.id, gate_id, revision, problem)
         return self.gates.check_decision(gate_id, revision, output, **given)
 
     def release_decision(self, gate_id: str) -> None:
@@ -173,6 +209,15 @@ class _PlanRun(Generic[P]):
     ) -> None:
         """Act on a recorded decision (``Engine.decide``)."""
         try:
+            if (
+                output is not None
+                and approve
+                and self.state.gates.get(gate_id) is GateKind.RECONCILE
+                and gate_id in self.state.expansions
+            ):
+                # A map's items that did happen are recorded done; the map runs the others.
+                self.maps.reconciled(gate_id, output)
+                output = None
             closed = self.gates.apply_decision(
                 gate_id, approve, approver, rationale, output, value, has_value, arguments
             )
@@ -260,9 +305,29 @@ class _PlanRun(Generic[P]):
                 span.set_status(Status(StatusCode.ERROR, message or status.value))
             state.plan_event(status, message)
         deps.metrics.plan_ended(agent, status.value)
+        self.ended = status
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
         return state.result(status, duration)
+
+    async def undo(self, status: PlanStatus) -> str:
+        """Without a store: compensate this (nested) run's succeeded steps because its parent
+        ended ``status``; why a compensation failed, or "". A run that ended failed or
+        cancelled compensated itself already."""
+        state = self.state
+        if self.ended in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+            return ""
+        state.cancel()
+        try:
+            await self.compensation.compensate(PlanStatus.CANCELLED)
+        finally:
+            self.attempts.watchdog.close()
+        self.ended = PlanStatus.CANCELLED
+        state.plan_event(PlanStatus.CANCELLED, f"the parent plan {status.value}")
+        failed = [
+            key for key, entry in state.compensation.items() if entry is CompensationStatus.FAILED
+        ]
+        return f"the compensation of {', '.join(failed)} failed" if failed else ""
 
     async def _edited(self) -> bool:
         """After an approval that edited a tool step's arguments: the plan's next revision,
@@ -369,6 +434,21 @@ class _PlanRun(Generic[P]):
                 # A model's repair names the model (its provenance), else the agent's replanner.
                 new_plan.provenance.author if new_plan.provenance else f"replanner:{deps.agent}",
                 spent=(self.admission.spent_calls, self.admission.spent_cost),
+                items={
+                    expansion_key(step_id, index): output
+                    for step_id, expanded in state.expansions.items()
+                    for index, output in expanded.outputs.items()
+                },
+                maps={
+                    step_id: MapRecord(
+                        plan.id,
+                        plan.revision,
+                        step_id,
+                        len(expanded.values),
+                        list_digest(expanded.values),
+                    )
+                    for step_id, expanded in state.expansions.items()
+                },
                 store=deps.store,
                 clock=deps.clock,
             )

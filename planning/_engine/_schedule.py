@@ -1,7 +1,9 @@
 """The scheduler: starts ready steps under the in-flight bound and settles finished ones.
 
 Kahn's algorithm driven by completions: a step task's done-callback settles it (through the
-run's state), which makes its dependents ready, and starts what is ready at once.
+run's state), which makes its dependents ready, and starts what is ready at once. A map step's
+task runs its items (``_map``), a loop's or a sub-plan's its nested plans (``_nested``); each
+takes one slot of the in-flight bound and is settled like any step.
 """
 
 from __future__ import annotations
@@ -10,17 +12,30 @@ import asyncio
 import contextvars
 import json
 import logging
-from typing import Any
+from typing import Any, Final
 
 from stratagem.planning._engine._attempts import _Outcome, _StepRunner
 from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
+from stratagem.planning._engine._map import _Maps
+from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Step, ToolStep
+from stratagem.planning._plan import (
+    FailureClass,
+    GateStep,
+    LoopStep,
+    MapStep,
+    Step,
+    SubplanStep,
+    ToolStep,
+)
 
 logger = logging.getLogger(__name__)
+
+# The kinds of step that are expanded (into items, or nested plans) rather than attempted.
+_EXPANDED: Final = (MapStep, LoopStep, SubplanStep)
 
 
 class _Scheduler:
@@ -32,6 +47,8 @@ class _Scheduler:
         gates: _Gates,
         conditions: _Conditions,
         runner: _StepRunner,
+        maps: _Maps,
+        nested: _Nested,
         admission: _Admission,
         breakers: _Breakers,
         policy: FailurePolicy,
@@ -41,10 +58,17 @@ class _Scheduler:
         self.gates = gates
         self.conditions = conditions
         self.runner = runner
+        self.maps = maps
+        self.nested = nested
         self.admission = admission
         self.breakers = breakers
         self.policy = policy
         self.bound = bound
+        # The steps expanded rather than attempted (maps, loops, sub-plans): a plan without any
+        # pays one truthiness test per step started.
+        self.expanded = frozenset(
+            step.id for step in state.plan.steps if isinstance(step, _EXPANDED)
+        )
         # The context the done-callbacks run in (set inside the plan span when the run starts).
         self.callback_context = contextvars.copy_context()
 
@@ -89,6 +113,7 @@ class _Scheduler:
         ready, running, steps, runner = state.ready, state.running, state.steps, self.runner
         loop = state.loop
         undecided, conditions = state.undecided, self.conditions
+        expanded = self.expanded
         while ready and not state.stop_reason and not state.paused:
             step = steps[ready[0]]
             if undecided and step.id in undecided and not conditions.decide(step):
@@ -107,6 +132,10 @@ class _Scheduler:
                 continue
             if len(running) >= self.bound:
                 break
+            if expanded and step.id in expanded:
+                assert isinstance(step, _EXPANDED)
+                self._start_expanding(step)
+                continue
             step_id = state.take_ready()
             attempt = state.take_next_attempt(step_id)
             cost: float | None = None
@@ -127,6 +156,36 @@ class _Scheduler:
             task = loop.create_task(runner.run(step, attempt, durable))
             task.add_done_callback(self._on_done, context=self.callback_context)
             state.launched(task, step_id)
+
+    def _start_expanding(self, step: MapStep | LoopStep | SubplanStep) -> None:
+        """Start a step that is expanded rather than attempted: a map's items, a loop's or a
+        sub-plan's nested plans. Its own start is not an attempt: it reserves nothing (its items
+        and the nested plans' steps do) and journals no intent (its parts journal what it does)."""
+        state = self.state
+        step_id = state.take_ready()
+        attempt = state.take_next_attempt(step_id)
+        if isinstance(step, MapStep) and any(
+            rule.tool == step.tool for rule in self.gates.approvals
+        ):
+            # The policy asks an approval per call of this tool: no map runs it unasked (fail
+            # closed), and none asks once for all its items.
+            state.fail(
+                step_id,
+                FailureClass.POLICY,
+                f"tool {step.tool!r} needs an approval per call (the policy's tool approvals); "
+                f"a map does not run it: call it from tool steps",
+                0,
+                stop=f"the plan stopped after step {step_id!r} failed",
+            )
+            return
+        state.start(step_id, attempt)
+        if isinstance(step, MapStep):
+            work = self.maps.run(step, attempt)
+        else:
+            work = self.nested.run(step, attempt)
+        task = state.loop.create_task(work)
+        task.add_done_callback(self._on_done, context=self.callback_context)
+        state.launched(task, step_id)
 
     def _on_done(self, task: asyncio.Task[_Outcome]) -> None:
         """A step task finished: settle it, then start what it unblocked (a done-callback)."""

@@ -12,9 +12,11 @@ engine assigns them.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from stratagem.planning._engine._journal import _Journal
@@ -23,21 +25,118 @@ from stratagem.planning._engine._types import GateNotice, PlanResult
 from stratagem.planning._errors import StepFailure
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, Step, StepStatus
 from stratagem.planning._store import (
+    BudgetRecord,
     CompensationRecord,
     CompensationState,
     CompensationStatus,
     ConditionRecord,
     GateKind,
     GateRecord,
+    IterationRecord,
+    MapRecord,
     PlanStatusRecord,
     Record,
     StateStore,
     StepResult,
 )
+from stratagem.planning._store._state import IterationOutcome
 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=Plan)
+
+
+def expansion_key(step_id: str, index: int) -> str:
+    """The key of a map's item (from 0) or a loop's iteration (from 1): ``f"{step_id}.{index}"``.
+
+    Step ids have no dots, so a key never names a step; it keys the item's (or the iteration's)
+    journal records and compensation, and makes the item's idempotency key.
+    """
+    return f"{step_id}.{index}"
+
+
+def key_owner(key: str) -> str:
+    """The step an expansion key belongs to (the key itself when it is a step id)."""
+    return key.partition(".")[0]
+
+
+@dataclass(slots=True)
+class _Items:
+    """A map step's items: the list it maps and the outputs of the items that succeeded.
+
+    Attributes:
+        values: The items.
+        outputs: Item index -> output, for the items that succeeded.
+        attempts: Item index -> its latest attempt.
+    """
+
+    values: list[Any]
+    outputs: dict[int, Any] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Iterations:
+    """A loop step's (or a sub-plan step's) iterations.
+
+    Attributes:
+        started_at: When the first iteration started (``time.time()``), for the timebox.
+        current: The latest iteration started (0 before the first).
+        ended: The latest iteration that ended (0 before the first ended).
+        last: The outputs of the latest iteration that ended, by step id.
+        holds: Whether ``until`` held after the latest iteration that ended.
+        failed: Whether the latest iteration that ended failed.
+    """
+
+    started_at: float | None = None
+    current: int = 0
+    ended: int = 0
+    last: dict[str, Any] | None = None
+    holds: bool = False
+    failed: bool = False
+
+
+class _Ready:
+    """The ready queue of a plan whose steps have priorities: higher first, then plan order.
+
+    The same operations as the ``deque`` the other plans use.
+    """
+
+    __slots__ = ("_first", "_heap", "_order", "_priority")
+
+    def __init__(self, plan: Plan) -> None:
+        self._priority = {step.id: -step.priority for step in plan.steps}
+        self._order = {step.id: n for n, step in enumerate(plan.steps)}
+        self._heap: list[tuple[int, int, str]] = []
+        self._first = 0  # ``appendleft`` puts a step before every other of its priority
+
+    def append(self, step_id: str) -> None:
+        heapq.heappush(self._heap, (self._priority[step_id], self._order[step_id], step_id))
+
+    def extend(self, step_ids: Iterable[str]) -> None:
+        for step_id in step_ids:
+            self.append(step_id)
+
+    def appendleft(self, step_id: str) -> None:
+        self._first -= 1
+        heapq.heappush(self._heap, (self._priority[step_id], self._first, step_id))
+
+    def popleft(self) -> str:
+        return heapq.heappop(self._heap)[2]
+
+    def __getitem__(self, index: int) -> str:
+        if index != 0:
+            raise IndexError("only the first ready step can be read")
+        return self._heap[0][2]
+
+    def __iter__(self) -> Iterator[str]:
+        return (entry[2] for entry in self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
 
 
 class _RunState(Generic[P]):
@@ -71,6 +170,8 @@ class _RunState(Generic[P]):
         undecided: Steps to decide before they start: a condition, a route on failure, or a
             dependency that did not succeed (``_conditions._Conditions`` decides).
         blocked_by: A pending step -> the first of its dependencies that did not succeed.
+        expansions: Map step id -> its items (``_Items``), once its list is evaluated.
+        iterations: Loop (or sub-plan) step id -> its iterations (``_Iterations``).
         finished: Done when the run has nothing more to do (or carries what broke it).
         journal: The run's journal (``None`` without a store).
     """
@@ -91,7 +192,7 @@ class _RunState(Generic[P]):
         self.gates: dict[str, GateKind] = {}
         self.waiting: dict[str, int] = {}
         self.dependents: dict[str, list[str]] = {step.id: [] for step in plan.steps}
-        self.ready: deque[str] = deque()
+        self.ready: deque[str] | _Ready = deque()
         self.next_attempt: dict[str, int] = {}
         self.running: dict[asyncio.Task[Any], str] = {}
         self.compensable: list[str] = []
@@ -102,6 +203,8 @@ class _RunState(Generic[P]):
         self.handled: list[StepFailure] = []  # their failures (not the plan's)
         self.undecided: set[str] = set()  # steps to decide (``_conditions``) before they start
         self.blocked_by: dict[str, str] = {}  # a pending step -> a dependency that did not succeed
+        self.expansions: dict[str, _Items] = {}
+        self.iterations: dict[str, _Iterations] = {}
         self.loop = asyncio.get_running_loop()  # a run is made inside Engine.run
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
@@ -117,7 +220,10 @@ class _RunState(Generic[P]):
         plan, waiting, dependents = self.plan, self.waiting, self.dependents
         if len(self.steps) != len(plan.steps):
             return False
+        prioritized = False
         for step in plan.steps:
+            if step.priority:
+                prioritized = True
             deps = step.depends_on
             if len(deps) > 1:
                 deps = list(dict.fromkeys(deps))  # a repeated dependency counts once
@@ -130,6 +236,8 @@ class _RunState(Generic[P]):
                 if dep not in dependents:
                     return False
                 dependents[dep].append(step.id)
+        if prioritized and not self.ready:
+            self.ready = _Ready(plan)
         left = dict(waiting)
         queue = [step_id for step_id, count in left.items() if count == 0]
         reached = 0
@@ -315,7 +423,9 @@ class _RunState(Generic[P]):
         decision that made it succeed, carried by its event)."""
         self.outputs[step_id] = output
         self.statuses[step_id] = StepStatus.SUCCEEDED
-        compensated = self.steps[step_id].compensate is not None
+        step = self.steps[step_id]
+        # A map's compensation undoes its items (each registered when it succeeded), not the map.
+        compensated = step.compensate is not None and step.kind != "map"
         if self.journal is not None and not self.interrupted:
             plan = self.plan
             result = StepResult(
@@ -466,6 +576,184 @@ class _RunState(Generic[P]):
         self.next_attempt[step_id] = attempt
         self.ready.appendleft(step_id)
 
+    # --- a map's items (``_map``) ------------------------------------------------------------
+
+    def expanded(self, step_id: str, values: list[Any], digest: str, recorded: bool) -> _Items:
+        """Map step ``step_id``'s list was evaluated: its items (the decision journaled unless
+        ``recorded`` already, before any item starts)."""
+        items = self.expansions.get(step_id)
+        if items is None:
+            items = self.expansions[step_id] = _Items(values)
+        else:  # a resumed run: the items' results were loaded first
+            items.values = values
+        if not recorded:
+            plan = self.plan
+            self.record(MapRecord(plan.id, plan.revision, step_id, len(values), digest))
+        self.observer.emit(
+            step_id,
+            StepStatus.RUNNING,
+            self.attempts.get(step_id, 1),
+            message=f"map over {len(values)} item(s)",
+        )
+        return items
+
+    def item_started(self, step_id: str, index: int, attempt: int) -> None:
+        """Attempt ``attempt`` of item ``index`` of map ``step_id`` starts."""
+        self.expansions[step_id].attempts[index] = attempt
+
+    def item_retrying(
+        self, step_id: str, index: int, attempt: int, failure_class: FailureClass, message: str
+    ) -> None:
+        """An attempt of an item failed and is retried."""
+        plan = self.plan
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                expansion_key(step_id, index),
+                attempt,
+                StepStatus.RETRYING,
+                failure_class=failure_class,
+                message=message,
+            )
+        )
+
+    def item_succeeded(
+        self, step_id: str, index: int, output: Any, attempt: int, output_json: str | None
+    ) -> None:
+        """Item ``index`` of map ``step_id`` succeeded (and is to be compensated if the map is)."""
+        self.expansions[step_id].outputs[index] = output
+        key = expansion_key(step_id, index)
+        compensated = self.steps[step_id].compensate is not None
+        if self.journal is not None and not self.interrupted:
+            plan = self.plan
+            result = StepResult(
+                plan.id, plan.revision, key, attempt, StepStatus.SUCCEEDED, output_json
+            )
+            if not compensated:
+                self.journal.add(result)
+            else:
+                self.journal.add(
+                    result,
+                    CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED),
+                )
+        if compensated:
+            self.compensable.append(key)
+            self.compensation[key] = CompensationStatus.NEEDED
+
+    def item_ended(
+        self,
+        step_id: str,
+        index: int,
+        attempt: int,
+        status: StepStatus,
+        failure_class: FailureClass,
+        message: str,
+    ) -> None:
+        """Item ``index`` of map ``step_id`` ended ``failed`` or ``cancelled`` (recorded only:
+        the map step's own outcome is settled by the scheduler)."""
+        plan = self.plan
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                expansion_key(step_id, index),
+                attempt,
+                status,
+                failure_class=failure_class,
+                message=message,
+            )
+        )
+
+    def load_item(self, step_id: str, index: int, output: Any, attempt: int) -> None:
+        """A resumed run finds item ``index`` of map ``step_id`` succeeded."""
+        items = self.expansions.get(step_id)
+        if items is None:
+            items = self.expansions[step_id] = _Items([])
+        items.outputs[index] = output
+        items.attempts[index] = attempt
+
+    def load_item_attempt(self, step_id: str, index: int, attempt: int) -> None:
+        """A resumed run finds item ``index`` of map ``step_id`` at attempt ``attempt``."""
+        items = self.expansions.get(step_id)
+        if items is None:
+            items = self.expansions[step_id] = _Items([])
+        items.attempts[index] = attempt
+
+    # --- a loop's iterations and a sub-plan's run (``_nested``) ------------------------------
+
+    def iteration_started(self, step_id: str, iteration: int, at: float, recorded: bool) -> None:
+        """Iteration ``iteration`` of loop (or sub-plan) ``step_id`` starts its nested plan (the
+        start journaled unless ``recorded``); the nested plan is to be compensated (or
+        cancelled) if this plan fails or is cancelled."""
+        loop = self.iterations.get(step_id)
+        if loop is None:
+            loop = self.iterations[step_id] = _Iterations()
+        if loop.started_at is None:
+            loop.started_at = at
+        loop.current = iteration
+        key = expansion_key(step_id, iteration)
+        new = key not in self.compensation
+        if new:
+            self.compensable.append(key)
+            self.compensation[key] = CompensationStatus.NEEDED
+        if recorded:
+            return
+        plan = self.plan
+        records: list[Record] = [
+            IterationRecord(plan.id, plan.revision, step_id, iteration, "started", at=at)
+        ]
+        if new:
+            records.append(
+                CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED)
+            )
+        self.record(*records)
+
+    def iteration_ended(
+        self,
+        step_id: str,
+        iteration: int,
+        outcome: IterationOutcome,
+        value_json: str,
+        outputs: dict[str, Any],
+        spent: tuple[int, float],
+        message: str,
+    ) -> None:
+        """Iteration ``iteration`` of ``step_id`` ended with ``outcome``; what its nested plan
+        spent is charged to this plan's budget, in the same commit as the outcome."""
+        loop = self.iterations[step_id]
+        loop.ended = iteration
+        loop.last = outputs
+        loop.holds = outcome == "held"
+        loop.failed = outcome == "failed"
+        plan = self.plan
+        records: list[Record] = [
+            IterationRecord(plan.id, plan.revision, step_id, iteration, outcome, value_json)
+        ]
+        if spent != (0, 0.0):
+            records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
+        self.record(*records)
+        if message:
+            self.observer.emit(step_id, StepStatus.RUNNING, iteration, message=message)
+
+    def load_iteration(self, record: IterationRecord) -> None:
+        """A resumed run finds an iteration record of a loop (or sub-plan) it has not finished."""
+        loop = self.iterations.get(record.step_id)
+        if loop is None:
+            loop = self.iterations[record.step_id] = _Iterations()
+        if record.outcome == "started":
+            if loop.started_at is None:
+                loop.started_at = record.at
+            loop.current = record.iteration
+        else:
+            loop.ended = record.iteration
+            loop.holds = record.outcome == "held"
+            loop.failed = record.outcome == "failed"
+
+    def load_iteration_outputs(self, step_id: str, outputs: dict[str, Any] | None) -> None:
+        """The outputs of the latest ended iteration of ``step_id``, read from its nested plan."""
+        self.iterations[step_id].last = outputs
+
     # --- gates -------------------------------------------------------------------------------
 
     def hold(self, step_id: str, attempts: int, message: str) -> None:
@@ -613,7 +901,8 @@ class _RunState(Generic[P]):
         """Attempt ``attempt`` of ``step_id``'s compensation starts; returns the commit of its
         ``running`` record to await before the tool is called (``None`` without a store)."""
         self.compensation_attempts[step_id] = attempt
-        self.statuses[step_id] = StepStatus.COMPENSATING
+        if step_id in self.statuses:  # not a map's item or an iteration
+            self.statuses[step_id] = StepStatus.COMPENSATING
         self.observer.emit(step_id, StepStatus.COMPENSATING, attempt)
         if self.journal is None:
             return None
@@ -644,7 +933,8 @@ class _RunState(Generic[P]):
         """``step_id``'s compensation succeeded."""
         plan = self.plan
         self.compensation[step_id] = CompensationStatus.COMPENSATED
-        self.statuses[step_id] = StepStatus.COMPENSATED
+        if step_id in self.statuses:
+            self.statuses[step_id] = StepStatus.COMPENSATED
         self.record(
             CompensationRecord(
                 plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
@@ -658,7 +948,8 @@ class _RunState(Generic[P]):
         """``step_id``'s compensation failed for good."""
         plan = self.plan
         self.compensation[step_id] = CompensationStatus.FAILED
-        self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+        if step_id in self.statuses:
+            self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
         self.record(
             CompensationRecord(
                 plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
@@ -741,6 +1032,8 @@ class _RunState(Generic[P]):
         self.compensable.append(step_id)
         self.compensation[step_id] = entry.status
         self.compensation_attempts[step_id] = entry.attempt
+        if step_id not in self.statuses:  # a map's item or an iteration
+            return
         if entry.status is CompensationStatus.COMPENSATED:
             self.statuses[step_id] = StepStatus.COMPENSATED
         elif entry.status is CompensationStatus.FAILED:

@@ -22,6 +22,8 @@ from stratagem.planning._store._state import (
     GateDecision,
     GateKind,
     GateRecord,
+    IterationRecord,
+    MapRecord,
     PlanStatusRecord,
     Record,
     StepIntent,
@@ -39,6 +41,8 @@ _COMPENSATION: Final = 5
 _CONTROL: Final = 6
 _BUDGET: Final = 7
 _CONDITION: Final = 8
+_MAP: Final = 9
+_ITERATION: Final = 10
 
 Row = tuple[int, str | None, int | None, str | None, str | None, str | None]
 
@@ -106,6 +110,17 @@ def encode_record(record: Record) -> Row:
         case ConditionRecord():
             status = "held" if record.holds else "not_held"
             return _CONDITION, record.step_id, None, status, record.value_json, None
+        case MapRecord():
+            return _MAP, record.step_id, record.items, None, None, record.digest
+        case IterationRecord():
+            return (
+                _ITERATION,
+                record.step_id,
+                record.iteration,
+                record.outcome,
+                record.value_json,
+                compact_json([record.at]),
+            )
         case _:
             assert_never(record)
 
@@ -166,6 +181,13 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
             return BudgetRecord(plan_id, revision, attempt, float(data))
         case 8:
             return ConditionRecord(plan_id, revision, step_id, status == "held", output or "null")
+        case 9:
+            return MapRecord(plan_id, revision, step_id, attempt, data)
+        case 10:
+            (at,) = json.loads(data)
+            return IterationRecord(
+                plan_id, revision, step_id, attempt, status, output or "null", at
+            )
         case _:
             raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
 

@@ -18,6 +18,11 @@ Records (all frozen dataclasses; ``Record`` is their union):
 - ``CompensationRecord``: the compensation journal: ``needed`` (committed with the step's success),
   ``running`` (an attempt's intent), ``compensated`` or ``failed``.
 - ``ControlRecord``: a ``cancel`` was requested (so a resume honours it).
+- ``ConditionRecord``: a step's condition (``when``) was evaluated.
+- ``MapRecord``: a map step's list was evaluated (how many items, and its digest); each item's
+  attempts are ``StepIntent``/``StepResult`` records under the key ``f"{step_id}.{index}"``.
+- ``IterationRecord``: an iteration of a loop (or a sub-plan's one run) started or ended; the
+  nested plan keeps its own journal.
 
 Beside the journals a store keeps each plan's revision history (``RevisionRecord``, written with
 the new revision's plan row and its carried-over results in one transaction) and the engine's
@@ -53,6 +58,8 @@ __all__ = [
     "GateRecord",
     "GateState",
     "InMemoryStateStore",
+    "IterationRecord",
+    "MapRecord",
     "PlanState",
     "PlanStatusRecord",
     "Record",
@@ -295,6 +302,54 @@ class ConditionRecord:
     value_json: str = "null"
 
 
+@dataclass(frozen=True, slots=True)
+class MapRecord:
+    """A map step's list, evaluated when the step starts: journaled before any item starts, so a
+    resumed run checks that it maps the same list and a replay compares the expansion.
+
+    Attributes:
+        plan_id: The plan.
+        revision: Its revision.
+        step_id: The map step.
+        items: How many items the list has.
+        digest: sha256 of the list's canonical JSON (16 hex digits).
+    """
+
+    plan_id: str
+    revision: int
+    step_id: str
+    items: int
+    digest: str
+
+
+IterationOutcome = Literal["started", "held", "not_held", "failed"]
+"""Where an iteration is: ``started``, or ended with its loop's ``until`` holding (``held``), not
+holding (``not_held``), or with its nested plan failed (``failed``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IterationRecord:
+    """An iteration of a loop step (or the one run of a sub-plan step) started or ended.
+
+    Attributes:
+        plan_id: The plan.
+        revision: Its revision.
+        step_id: The loop (or sub-plan) step.
+        iteration: The iteration, from 1.
+        outcome: ``started``, ``held``, ``not_held`` or ``failed``.
+        value_json: For an ended loop iteration: the value of ``until``, as JSON.
+        at: Wall-clock time (``time.time()``); a loop's timebox counts from its first start.
+    """
+
+    plan_id: str
+    revision: int
+    step_id: str
+    iteration: int
+    outcome: IterationOutcome
+    value_json: str = "null"
+    at: float = field(default_factory=time.time)
+
+
 Record = (
     PlanStatusRecord
     | StepIntent
@@ -304,6 +359,8 @@ Record = (
     | ControlRecord
     | BudgetRecord
     | ConditionRecord
+    | MapRecord
+    | IterationRecord
 )
 """Any journal record."""
 
@@ -414,7 +471,8 @@ class PlanState:
         plan_json: The plan as written by ``StateStore.save_plan``.
         status: The last recorded plan status (``pending`` before the first).
         message: The last status record's message.
-        steps: Step id -> last recorded state, for steps with any record.
+        steps: Step id -> last recorded state, for steps with any record (a map's items under
+            ``f"{step_id}.{index}"``).
         gates: Gate id -> state.
         compensations: The compensation journal, in the order the steps succeeded.
         cancel_requested: Whether a ``cancel`` was recorded.
@@ -425,6 +483,8 @@ class PlanState:
         trace_contexts: The W3C ``traceparent`` of each traced run of the revision, oldest first
             (the first is the original run's; a resumed run links to it and to the last).
         conditions: Step id -> its evaluated condition, for the steps whose ``when`` was decided.
+        maps: Map step id -> its evaluated list (``MapRecord``).
+        iterations: Loop (or sub-plan) step id -> its iteration records, in order.
     """
 
     plan_id: str
@@ -442,6 +502,8 @@ class PlanState:
     spent_cost: float = 0.0
     trace_contexts: list[str] = field(default_factory=list)
     conditions: dict[str, ConditionRecord] = field(default_factory=dict)
+    maps: dict[str, MapRecord] = field(default_factory=dict)
+    iterations: dict[str, list[IterationRecord]] = field(default_factory=dict)
 
     @property
     def outputs(self) -> dict[str, Any]:
@@ -449,7 +511,7 @@ class PlanState:
         return {
             step_id: state.output
             for step_id, state in self.steps.items()
-            if state.status is StepStatus.SUCCEEDED
+            if state.status is StepStatus.SUCCEEDED and "." not in step_id  # not a map's item
         }
 
     def plan(self, plan_type: type[P]) -> P:
@@ -516,6 +578,10 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 state.cancel_requested = True
             case ConditionRecord():
                 state.conditions[record.step_id] = record
+            case MapRecord():
+                state.maps[record.step_id] = record
+            case IterationRecord():
+                state.iterations.setdefault(record.step_id, []).append(record)
             case _:  # pragma: no cover - the union is closed
                 raise StoreError(f"unknown record {record!r}")
     return state

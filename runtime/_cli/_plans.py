@@ -371,7 +371,8 @@ def approve(
         typer.Option(
             "--output",
             help="For a reconcile gate: the step's output (a JSON object) to record instead of "
-            "re-running it, when you found its effect done.",
+            "re-running it, when you found its effect done (a map's gate: "
+            '{"items": {"INDEX": output}} for the items that did happen; the others re-run).',
         ),
     ] = None,
     value: Annotated[

@@ -23,6 +23,7 @@ from tests.bench.auth import run_auth_benchmark
 from tests.bench.cli import run_cli_benchmark
 from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
+from tests.bench.dynamic import run_map_benchmark, run_workflow_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.model_load import model_load_section, run_model_load_benchmark
 from tests.bench.peers import run_peers_benchmark
@@ -33,6 +34,7 @@ from tests.bench.report import (
     auth_section,
     cli_section,
     cluster_section,
+    dynamic_section,
     machine_facts,
     peers_section,
     rpc_section,
@@ -162,6 +164,7 @@ def _peers() -> dict[str, Any]:
     """Stratagem's pipelines beside AutoGen's gRPC runtime and the A2A SDK, one harness."""
     logger.info("peers: echo, Stratagem's pipelines, AutoGen's runtime and A2A, same harness")
     peers = run_peers_benchmark(folder=RESULTS_PATH.parent / "peers")
+    peers["workflow"] = _section("workflow", _workflow)
     if "skipped" in peers:
         logger.info("peers: %s", peers["skipped"])
         return peers
@@ -173,6 +176,48 @@ def _peers() -> dict[str, Any]:
             ratio["throughput"],
         )
     return peers
+
+
+def _dynamic() -> dict[str, Any]:
+    """A map over 10,000 items: per-item cost against a plain step, peak RSS."""
+    logger.info("dynamic: a map over 10,000 items vs 10,000 plain steps; peak RSS")
+    dynamic = run_map_benchmark()
+    logger.info(
+        "dynamic: %.2f us/item vs %.2f us/step (%.2fx); peak RSS %.1f MiB",
+        dynamic["per_item_us"]["map"]["median"],
+        dynamic["per_item_us"]["plain"]["median"],
+        dynamic["ratio"],
+        dynamic["peak_rss_mib"]["map"],
+    )
+    return dynamic
+
+
+def _only_dynamic() -> int:
+    """``python -m tests.bench dynamic``: this section alone, merged into the last results."""
+    return _only_section("dynamic", _dynamic, "## Dynamic steps", dynamic_section)
+
+
+def _workflow() -> dict[str, Any]:
+    """The branch-and-map workflow beside LangGraph's, each without and with SQLite."""
+    logger.info("workflow: a branch-and-map plan beside the same LangGraph graph")
+    workflow = run_workflow_benchmark(folder=RESULTS_PATH.parent / "peers")
+    if "ratios" in workflow:
+        logger.info("workflow: Stratagem over LangGraph %s", workflow["ratios"])
+    return workflow
+
+
+def _only_workflow() -> int:
+    """``python -m tests.bench workflow``: the peers section's workflow part alone, merged into
+    the last results (the RPC peers as their own run wrote them)."""
+    results: dict[str, Any] = (
+        json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {"benchmarks": {}}
+    )
+    peers = dict(results["benchmarks"].get("peers") or {})
+
+    def measure() -> dict[str, Any]:
+        return {**peers, "workflow": _workflow()}
+
+    return _only_section("peers", measure, "## Peers", peers_section)
 
 
 def _cli() -> dict[str, Any]:
@@ -270,6 +315,10 @@ def main() -> int:
         return _only_cli()
     if sys.argv[1:] == ["quality"]:
         return _only_quality()
+    if sys.argv[1:] == ["dynamic"]:
+        return _only_dynamic()
+    if sys.argv[1:] == ["workflow"]:
+        return _only_workflow()
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
     _log_to_stderr()
@@ -304,6 +353,7 @@ def main() -> int:
         size["large"]["steps"],
         size["growth"]["bytes"],
     )
+    dynamic = _section("dynamic", _dynamic)
     rpc = _rpc()
     auth = _section("auth", _auth)
     cluster = _section("cluster", _cluster)
@@ -322,6 +372,7 @@ def main() -> int:
     }
     results["benchmarks"]["auth"] = auth
     results["benchmarks"]["cluster"] = cluster
+    results["benchmarks"]["dynamic"] = dynamic
     results["benchmarks"]["peers"] = peers
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["quality"] = quality

@@ -72,7 +72,8 @@ ROLES: Final = ("perception", "strategic", "tactical", "orchestrator")
 
 
 def load_suite(path: Path = GOALS_PATH) -> list[dict[str, Any]]:
-    """The goal suite: ``id``, ``kind``, ``goal``, ``passage``, ``beats``, ``expect`` (facts)."""
+    """The goal suite: ``id``, ``kind``, ``goal``, ``passage``, ``beats``, ``expect`` (facts),
+    ``needs`` (the plan form a goal needs, if any)."""
     goals: list[dict[str, Any]] = yaml.safe_load(path.read_text(encoding="utf-8"))
     for goal in goals:
         goal["expect"] = [_fact(text) for text in goal.get("expect") or []]
@@ -148,10 +149,25 @@ async def _one_goal(goal: dict[str, Any], model: dict[str, str] | None) -> dict[
         outcome["actions"] = [f"{a.name}({','.join(a.args)})" for a in answer.actions]
     outcome["meant"] = bool(goal["expect"]) and all(world.holds(f) for f in goal["expect"])
     outcome["agents"], outcome["invalid_plans"] = _agent_figures(agents)
+    outcome["needs"] = goal.get("needs", "")
+    outcome["forms"] = _forms(agents["orchestrator"], request.plan_id)
     outcome["model_s"] = sum(
         call for figures in outcome["agents"].values() for call in figures["latencies_s"]
     )
     return outcome
+
+
+def _forms(orchestrator: Agent, plan_id: str) -> list[str]:
+    """The dynamic forms the goal's plan has: ``map``, ``loop``, ``subplan``, ``branch`` (a
+    condition or a route on failure)."""
+    try:
+        plan = orchestrator.record(plan_id).plan
+    except RemoteError:
+        return []
+    forms = {step.kind for step in plan.steps if step.kind in ("map", "loop", "subplan")}
+    if any(step.when is not None or step.runs_on == "failure" for step in plan.steps):
+        forms.add("branch")
+    return sorted(forms)
 
 
 def _agent_figures(agents: dict[str, Agent]) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -226,6 +242,9 @@ def _summary(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         "model_s": round(model, 1),
         "overhead_share": round((wall - model) / wall, 4) if model and wall else None,
         "by_agent": by_agent,
+        # Goals that need a form (a map over paragraphs, ...), and those planned with it.
+        "needing": sum(1 for o in outcomes if o.get("needs")),
+        "planned_with_it": sum(1 for o in outcomes if o.get("needs") in o.get("forms", [])),
     }
 
 
@@ -397,6 +416,22 @@ def quality_section(quality: dict[str, Any] | None) -> list[str]:
             f"{s['meant']} of {s['with_expectation']} | {s['failures_named']} of {s['failures']} | "
             f"{len(s['invalid_plans'])} | {s['wall_s']} | {s['model_s']} | {share} |"
         )
+    needing = [
+        (name, part["summary"])
+        for name in ("deterministic", "model")
+        if (part := quality.get(name) or {}).get("summary", {}).get("needing")
+    ]
+    if needing:
+        lines += [
+            "",
+            "Goals that need a dynamic form (`needs` in the suite: a passage of several "
+            "paragraphs, which the orchestrator extracts with a map over them): "
+            + "; ".join(
+                f"{name}: {s['planned_with_it']} of {s['needing']} planned with it"
+                for name, s in needing
+            )
+            + ".",
+        ]
     model = quality.get("model") or {}
     summary = model.get("summary")
     if summary:

@@ -699,6 +699,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_durable_section(durable),
         *auth_section(benchmarks.get("auth")),
         *cluster_section(benchmarks.get("cluster")),
+        *dynamic_section(benchmarks.get("dynamic")),
         *peers_section(benchmarks.get("peers")),
         *cli_section(benchmarks.get("cli")),
         *quality_section(benchmarks.get("quality")),
@@ -1024,12 +1025,16 @@ _PEER_NOTES: Final = {
 
 
 def peers_section(peers: dict[str, Any] | None) -> list[str]:
-    """Stratagem's request path beside AutoGen's runtime and the A2A SDK, same harness, same run."""
+    """Stratagem's request path beside AutoGen's runtime and the A2A SDK, same harness, same run;
+    and a branch-and-map workflow beside LangGraph's."""
     lines = ["## Peers: AutoGen's gRPC runtime and the A2A SDK beside Stratagem", ""]
     if not peers:
         return [*lines, "Not measured in this run.", ""]
+    workflow = _workflow_section(peers.get("workflow"))
     if "skipped" in peers:
-        return [*lines, f"Skipped: {peers['skipped']}.", ""]
+        return [*lines, f"Skipped: {peers['skipped']}.", "", *workflow]
+    if "variants" not in peers:
+        return [*lines, "Not measured in this run.", "", *workflow]
     config, variants, ratios = peers["config"], peers["variants"], peers["ratios"]
     lines += [
         "How it was measured (`tests/bench/peers.py`): every variant in one harness, in this run, "
@@ -1084,7 +1089,108 @@ def peers_section(peers: dict[str, Any] | None) -> list[str]:
             f"- `{variant}` beats AutoGen's runtime on median latency: "
             f"{_verdict(target['latency'])}; on throughput: {_verdict(target['throughput'])}."
         )
-    return _wrapped([*lines, ""])
+    return _wrapped([*lines, "", *workflow])
+
+
+_WORKFLOW_NOTES: Final = {
+    "stratagem_memory": "Stratagem plan: a map step, two steps with `when`; no store",
+    "stratagem_sqlite": "the same, `SqliteStateStore` (every item's intent and result journaled)",
+    "langgraph_memory": "LangGraph graph: `Send` per item, a conditional edge; no checkpointer",
+    "langgraph_sqlite": "the same, `AsyncSqliteSaver` (a thread per run)",
+}
+
+
+def _workflow_section(workflow: dict[str, Any] | None) -> list[str]:
+    """The branch-and-map workflow beside LangGraph's (``tests/bench/dynamic.py``)."""
+    lines = ["### A branch-and-map workflow beside LangGraph", ""]
+    if not workflow:
+        return []
+    if "skipped" in workflow:
+        return [*lines, f"Skipped: {workflow['skipped']}.", ""]
+    config = workflow["config"]
+    lines += [
+        "How it was measured (`tests/bench/dynamic.py`, `tests/bench/peer_langgraph.py`): one "
+        f"workflow, a map over {config['items']} numbers (a tool doubles each, 16 at once), the "
+        "fan-in in item order and a branch on its sum, written as a Stratagem plan and as a "
+        f"LangGraph graph ({', '.join(workflow['peer'])}, from a venv of its own under "
+        "`.bench/peers/`); each without and with SQLite persistence, in-process, no network. "
+        f"{config['repeats']} timed runs of each variant after warm-up runs, in three rounds "
+        "alternating the two harnesses; the table gives the run's wall time.",
+        "",
+    ]
+    rows = [
+        (
+            f"`{name}`",
+            _WORKFLOW_NOTES.get(name, ""),
+            f"{item['run_ms']['median']:.2f}",
+            f"{item['run_ms']['p99']:.2f}",
+            f"{item['per_item_us']:.1f}",
+        )
+        for name, item in workflow["variants"].items()
+    ]
+    lines += _table(
+        ("variant", "what", "median ms / run", "p99 ms", "µs / item"), rows, text_columns=2
+    )
+    ratios = workflow["ratios"]
+    lines += [
+        f"- Stratagem over LangGraph, median run: {ratios['memory']:.2f}x without persistence, "
+        f"{ratios['sqlite']:.2f}x with SQLite.",
+        "",
+    ]
+    return _wrapped(lines)
+
+
+def dynamic_section(dynamic: dict[str, Any] | None) -> list[str]:
+    """A map over many items: its cost per item against a plain step's, and its memory."""
+    lines = ["## Dynamic steps: a map over 10,000 items", ""]
+    if not dynamic:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in dynamic:
+        return [*lines, f"Skipped: {dynamic['skipped']}.", ""]
+    config, per_item, rss = dynamic["config"], dynamic["per_item_us"], dynamic["peak_rss_mib"]
+    lines += [
+        "How it was measured (`tests/bench/dynamic.py`): one map step over "
+        f"{config['items']:,} items, {config['bound']} at once, and a plan of {config['items']:,} "
+        f"independent plain steps under the same bound, the same no-op tool, no store; "
+        f"{config['warmup']} warm-up runs of each, then {config['repeats']} timed runs each, "
+        "alternating, after a `gc.collect()`; cost = wall time / items (steps). Peak RSS: each "
+        "shape run once in a fresh process (`VmHWM`), beside one that only imported the "
+        "engine.",
+        "",
+    ]
+    lines += _table(
+        ("shape", "median µs / item", "min", "max", "peak RSS MiB"),
+        [
+            (
+                f"map of {config['items']:,} items",
+                _us(per_item["map"]["median"]),
+                _us(per_item["map"]["min"]),
+                _us(per_item["map"]["max"]),
+                f"{rss['map']:.1f}",
+            ),
+            (
+                f"{config['items']:,} plain steps",
+                _us(per_item["plain"]["median"]),
+                _us(per_item["plain"]["min"]),
+                _us(per_item["plain"]["max"]),
+                f"{rss['plain']:.1f}",
+            ),
+        ],
+        text_columns=1,
+    )
+    target = dynamic["target"]
+    lines += [
+        f"- A map's item costs {dynamic['ratio']:.2f}x a plain step; target ≤ "
+        f"{target['max_ratio']:g}x: {_verdict(target['met'])}.",
+        f"- Peak RSS: {rss['baseline']:.1f} MiB after importing the engine, "
+        f"{rss['map_small']:.1f} MiB for a map of {config['small_items']:,} items, "
+        f"{rss['map']:.1f} MiB for {config['items']:,} "
+        f"(~{dynamic['map_bytes_per_item']:,} bytes an item over the baseline: the items' outputs, "
+        "kept for the fan-in; the workers are a pool of "
+        f"{config['bound']}, not a task per item, and at most 100 items get a span).",
+        "",
+    ]
+    return _wrapped(lines)
 
 
 def cli_section(cli: dict[str, Any] | None) -> list[str]:

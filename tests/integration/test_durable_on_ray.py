@@ -41,7 +41,14 @@ from tests.integration._agents import (
     pid_endpoint,
 )
 from tests.integration._auth import credentials
-from tests.integration._ledger import drive, ledger_lines, ledger_plan, next_stop, plan_snapshot
+from tests.integration._ledger import (
+    FINAL,
+    drive,
+    ledger_lines,
+    ledger_plan,
+    next_stop,
+    plan_snapshot,
+)
 from tests.integration.ledger_extension import (
     RECORD_ENTRY,
     RecordEntryRequest,
@@ -142,6 +149,106 @@ async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
         f"{len(SEEDS)} kills, {resumed} plans held by the restarted agent, "
         f"{sum(map(len, reconciled.values()))} reconcile gates decided"
     )
+    assert_audit_ok(durable)
+
+
+ITEMS = 30
+MAP_SEEDS = range(6)
+
+
+def _map_plan(plan_id: str, ledger: Path) -> str:
+    """A map of ``ledger_append`` over ``ITEMS`` items, three at a time (not idempotent)."""
+    return json.dumps(
+        {
+            "id": plan_id,
+            "owner": "tactical",
+            "goal": "crash me mid-map",
+            "inputs": {"items": list(range(ITEMS))},
+            "steps": [
+                {
+                    "kind": "map",
+                    "id": "m",
+                    "over": "inputs.items",
+                    "max_items": ITEMS,
+                    "max_parallel": 3,
+                    "tool": "ledger_append",
+                    "input": {"ledger": str(ledger), "pause_s": 0.01},
+                },
+                {
+                    "kind": "tool",
+                    "id": "after",
+                    "tool": "ledger_append",
+                    "input": {"ledger": str(ledger)},
+                    "depends_on": ["m"],
+                    "when": f"length(m.items) == `{ITEMS}`",
+                },
+            ],
+        }
+    )
+
+
+async def _drive_map(endpoint: str, plan_id: str, ledger: Path, decided: set[str]) -> str | None:
+    """Follow a resumed map plan to its end; the map's reconcile gate (its items in flight at the
+    kill) is decided from the ledger: the items whose line is there did happen (their outputs
+    given), the others run again."""
+    async with AgentClient(endpoint, credentials=credentials()) as client:
+        while True:
+            snapshot = await plan_snapshot(client, plan_id)
+            if snapshot is None or snapshot.status in FINAL:
+                return None if snapshot is None else snapshot.status
+            steps = json.loads(snapshot.plan_json)["steps"]
+            blocked = [step["id"] for step in steps if step.get("status") == "blocked"]
+            if "m" in blocked and "m" not in decided:
+                decided.add("m")
+                lines = ledger_lines(ledger)
+                happened = {
+                    str(i): {"line": f"{plan_id} m.{i}"}
+                    for i in range(ITEMS)
+                    if lines[f"{plan_id} m.{i}"] > 0
+                }
+                await client.control(
+                    plan_id,
+                    "approve",
+                    gate_id="m",
+                    rationale="the ledger says which items happened",
+                    output={"items": happened},
+                )
+                continue
+            await next_stop(client, plan_id)
+
+
+async def test_a_map_killed_mid_way_resumes_and_runs_each_item_once(durable: Deployment) -> None:
+    ledger = _ledger(durable)
+    held = gates = 0
+    for seed in MAP_SEEDS:
+        rng = random.Random(seed)
+        plan_id = f"map-crash-{seed}"
+        pid, endpoint = pid_endpoint(durable)
+        async with AgentClient(endpoint, credentials=credentials()) as client:
+            run = asyncio.create_task(
+                client.run_plan(_map_plan(plan_id, ledger), timeout=60, request_id=plan_id)
+            )
+            # Where the kill lands, seeded: after this many of the map's items, a moment later.
+            effects = rng.randrange(1, ITEMS)
+            await asyncio.to_thread(_wait_for_effects, ledger, plan_id, effects, run)
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            endpoint = await asyncio.to_thread(kill_and_wait, durable, pid)
+            with contextlib.suppress(RemoteError):
+                await run
+        decided: set[str] = set()
+        status = await _drive_map(endpoint, plan_id, ledger, decided)
+        if status is None:
+            status = await _stored_status(durable, plan_id)
+        else:
+            held += 1
+        gates += len(decided)
+        assert status == "succeeded", (seed, status)
+    counts = ledger_lines(ledger)
+    for seed in MAP_SEEDS:
+        for i in range(ITEMS):
+            assert counts[f"map-crash-{seed} m.{i}"] == 1, (seed, i)
+        assert counts[f"map-crash-{seed} after"] == 1, seed
+    print(f"{len(MAP_SEEDS)} kills mid-map, {held} maps resumed, {gates} reconcile gates decided")
     assert_audit_ok(durable)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 from stratagem.agents import DEMO_GOAL, build_in_memory
@@ -29,6 +30,7 @@ from tests.bench.durable import (
     DurableBenchConfig,
     run_durable_benchmark,
 )
+from tests.bench.dynamic import DynamicBenchConfig, _map_walls, workflow_plan
 from tests.bench.engine import (
     BARE,
     ENGINE_NOOP,
@@ -47,6 +49,7 @@ from tests.bench.report import (
     _verdict_section,
     cli_section,
     cluster_section,
+    dynamic_section,
     peers_section,
     verdicts,
 )
@@ -217,8 +220,12 @@ def test_quality_suite_and_deterministic_run_are_well_formed() -> None:
     assert summary["failures_named"] == summary["failures"] > 0
     assert summary["succeeded"] + summary["failures"] == summary["goals"]
     assert "skipped" in results["model"]
+    # The goals that need a map over a passage's paragraphs are planned with one.
+    assert summary["needing"] == sum(1 for g in suite if g.get("needs")) >= 3
+    assert summary["planned_with_it"] == summary["needing"]
     section = "\n".join(quality_section(results))
     assert f"| deterministic | {len(suite)} | {summary['succeeded']} |" in section
+    assert f"deterministic: {summary['needing']} of {summary['needing']} planned with it" in section
     assert "Model planners skipped" in section
 
 
@@ -262,6 +269,44 @@ def test_rpc_targets_judge_latency_and_throughput_per_pipeline(tmp_path: Path) -
     assert "≥ 0.8x the bare echo's throughput at 32 in flight | 0.50x (500 vs 1,000 req/s)" in text
     assert "≤ 1.6x the bare echo's median latency" in text
     assert "target ≥ 0.6x: **met**" in "\n".join(_rpc_section(rpc))
+
+
+def test_the_dynamic_sections_measure_and_render() -> None:
+    config = DynamicBenchConfig(items=200, repeats=2, warmup=1)
+    walls = asyncio.run(_map_walls(config))
+    assert set(walls) == {"map", "plain"}
+    assert all(len(samples) == 2 for samples in walls.values())
+    per_item = {name: summarize(samples, scale=1e6) for name, samples in walls.items()}
+    dynamic = {
+        "config": asdict(config),
+        "per_item_us": per_item,
+        "ratio": 0.5,
+        "target": {"max_ratio": 1.5, "met": True},
+        "peak_rss_mib": {"baseline": 60.0, "plain": 70.0, "map": 61.0, "map_small": 60.5},
+        "map_bytes_per_item": 170,
+    }
+    text = "\n".join(dynamic_section(dynamic))
+    assert "A map's item costs 0.50x a plain step; target ≤ 1.5x: **met**" in text
+    # The workflow the LangGraph peer also runs: a map, then one branch of two.
+    plan = workflow_plan(5)
+    assert [step.kind for step in plan.steps] == ["map", "tool", "tool"]
+    workflow = {
+        "config": {"items": 5, "repeats": 3, "max_parallel": 16},
+        "peer": ["langgraph==1.2.24"],
+        "variants": {
+            name: {"run_ms": summarize([0.001, 0.002], scale=1e3), "per_item_us": 1.0}
+            for name in (
+                "stratagem_memory",
+                "stratagem_sqlite",
+                "langgraph_memory",
+                "langgraph_sqlite",
+            )
+        },
+        "ratios": {"memory": 0.5, "sqlite": 0.25},
+    }
+    section = "\n".join(peers_section({"workflow": workflow}))
+    assert "### A branch-and-map workflow beside LangGraph" in section
+    assert "0.50x without persistence, 0.25x with SQLite" in section
 
 
 def test_the_model_load_figures_and_section_have_their_shape() -> None:

@@ -213,11 +213,11 @@ async def test_run_plan_is_served_audited_and_refusals_keep_their_code(
     )
     [(name, _, ctx)] = backend.calls
     assert (name, ctx.caller, ctx.capability) == ("RunPlan", "operator", "RunPlan")
-    with pytest.raises(FailedPreconditionError, match="cycle: a -> b -> a"):
+    with pytest.raises(InvalidArgumentError, match="cycle: a -> b -> a"):
         await client.run_plan('{"id": "cycle"}', request_id="run-2")
     outcomes = {r.request_id: r.code for r in audit.records() if r.action == "call.outcome"}
     assert outcomes["run-1"] == "OK"
-    assert outcomes["run-2"] == "FAILED_PRECONDITION"
+    assert outcomes["run-2"] == "INVALID_ARGUMENT"
     # Running plans is not for agents: the default policy grants it to the operator only.
     with pytest.raises(PermissionDeniedError, match="'RunPlan'"):
         await connect(server.endpoint, caller="orchestrator").run_plan('{"id": "x"}')

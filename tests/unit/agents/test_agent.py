@@ -188,7 +188,8 @@ async def test_a_plan_naming_another_agents_tool_is_refused() -> None:
         goal="change the world from the wrong agent",
         steps=[ToolStep(id="apply", tool="apply_actions", input={"actions": []})],
     )
-    with pytest.raises(FailedPreconditionError) as info:
+    # A user's plan that does not validate is bad input (INVALID_ARGUMENT over the wire).
+    with pytest.raises(InvalidArgumentError) as info:
         await agent.submit_plan(plan)
     assert info.value.message == (
         "plan 'sneaky' refused: step 'apply' uses tool 'apply_actions', which is not in the "
@@ -210,7 +211,7 @@ async def test_a_planner_that_names_a_foreign_tool_is_refused_too() -> None:
 
 async def test_plans_owned_by_another_role_or_of_another_type_are_refused() -> None:
     agent = StrategicAgent()
-    with pytest.raises(FailedPreconditionError, match="owned by 'tactical'"):
+    with pytest.raises(InvalidArgumentError, match="owned by 'tactical'"):
         await agent.submit_plan({"id": "p", "owner": "tactical", "goal": "g"})
     with pytest.raises(InvalidArgumentError) as info:
         await agent.submit_plan({"id": "p", "owner": "strategic"})
@@ -368,7 +369,7 @@ async def test_run_plan_runs_a_users_plan_and_refuses_a_cycle_or_bad_json() -> N
         dict(good["steps"][0], id="a", depends_on=["b"]),
         dict(good["steps"][0], id="b", depends_on=["a"]),
     ]
-    with pytest.raises(FailedPreconditionError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
+    with pytest.raises(InvalidArgumentError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
         await agent.run_plan(json.dumps(cyclic), ctx)
     with pytest.raises(InvalidArgumentError, match="not valid JSON"):
         await agent.run_plan("{nope", ctx)

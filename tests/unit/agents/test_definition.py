@@ -39,7 +39,7 @@ from stratagem.protocol import (
     CAPABILITIES,
     EXTENSION_FIELD,
     CapabilitySpec,
-    FailedPreconditionError,
+    InvalidArgumentError,
     Policy,
     WireModel,
     roles,
@@ -169,7 +169,7 @@ async def test_the_critic_plan_type_admits_only_the_critics_tools() -> None:
         goal="borrow a tool",
         steps=[ToolStep(id="a", tool="score_themes", input={"text": "x"})],
     )
-    with pytest.raises(FailedPreconditionError, match="not in the critic agent's registry"):
+    with pytest.raises(InvalidArgumentError, match="not in the critic agent's registry"):
         await critic.submit_plan(plan)
 
 

@@ -86,10 +86,14 @@ def test_the_model_planners_answer_schema_carries_an_mcp_tools_schema() -> None:
     registry = ToolRegistry("tactical")
     registry.register(_schema_tool("files.read"))
     schema = plan_answer_schema(registry)
-    step = schema["properties"]["steps"]["items"]
+    step = schema["$defs"]["tool__files.read"]
     assert step["properties"]["tool"] == {"type": "string", "enum": ["files.read"]}
-    assert step["properties"]["input"]["properties"] == SCHEMA["properties"]
-    assert step["properties"]["input"]["required"] == ["path"]
+    tool_input = schema["$defs"]["input__files.read"]
+    # each field: the tool's own schema, or an expression
+    assert {name: field["anyOf"][0] for name, field in tool_input["properties"].items()} == SCHEMA[
+        "properties"
+    ]
+    assert tool_input["required"] == ["path"]
 
 
 async def test_the_registry_refuses_input_that_breaks_the_schema_in_one_line() -> None:

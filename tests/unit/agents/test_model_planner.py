@@ -25,12 +25,15 @@ from stratagem.agents._model_planner import (
 from stratagem.agents._model_trace import TracedModelClient
 from stratagem.planning import (
     Budget,
+    Engine,
     FailureClass,
     InMemoryStateStore,
     LogicError,
     Plan,
+    PlanStatus,
     PolicyError,
     StepFailure,
+    StepStatus,
     ToolStep,
     TransientError,
     failure_repaired,
@@ -127,8 +130,8 @@ def test_the_schema_names_only_the_agents_tools_with_their_inputs_and_bounds() -
     schema = plan_answer_schema(_registry(), max_steps=5)
     steps = schema["properties"]["steps"]
     assert steps["maxItems"] == 5
-    tools = sorted(v["properties"]["tool"]["enum"][0] for v in steps["items"]["anyOf"])
-    assert tools == ["count_words", "split_words"]
+    tool_steps = [v["$ref"].rpartition("/")[2] for v in steps["items"]["anyOf"] if "$ref" in v]
+    assert sorted(tool_steps) == ["tool__count_words", "tool__split_words"]
     jsonschema.Draft202012Validator.check_schema(schema)
     literal = json.loads(GOOD)
     literal["steps"][1]["input"]["words"] = ["Lena", "Park"]
@@ -369,6 +372,94 @@ async def test_replay_rederives_a_repair_the_model_made_while_the_plan_ran() -> 
     differences = await planner.rederive(forged, [failure])
     assert differences is not None
     assert "steps differs" in differences
+
+
+# --- the dynamic forms in the answer --------------------------------------------------------------
+
+
+def _deciding_answer(**loop: Any) -> dict[str, Any]:
+    return {
+        "goal": "count the words of each passage, then again until there are enough",
+        "inputs": {"passages": ["Lena Park waits", "Park runs"]},
+        "on_failure": "continue_independent",
+        "steps": [
+            {
+                "kind": "map",
+                "id": "each",
+                "over": "inputs.passages",
+                "max_items": 10,
+                "tool": "split_words",
+                "input": {"text": {"$expr": "item"}},
+            },
+            {
+                "id": "count",
+                "tool": "count_words",
+                "depends_on": ["each"],
+                "when": "length(each.items) > `1`",
+                "input": {"words": {"$expr": "each.items[0].words"}},
+            },
+            {
+                "id": "fallback",
+                "tool": "count_words",
+                "depends_on": ["count"],
+                "runs_on": "failure",
+                "priority": 3,
+                "input": {"words": ["none"]},
+            },
+            {
+                "kind": "loop",
+                "id": "again",
+                "depends_on": ["count"],
+                "max_iterations": 3,
+                "until": "split.words[0] == 'x'",
+                "steps": [{"id": "split", "tool": "split_words", "input": {"text": "x y"}}],
+                **loop,
+            },
+        ],
+    }
+
+
+def test_the_schema_admits_conditions_routes_maps_and_bounded_loops() -> None:
+    schema = plan_answer_schema(_registry(), max_steps=5)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(_deciding_answer(), schema)
+    for unbounded in (
+        {"max_iterations": 9},  # past the bound
+        {"max_iterations": None},  # no bound
+        {"steps": [_deciding_answer()["steps"][0]]},  # a map inside a loop: nothing nests
+    ):
+        answer = _deciding_answer(**unbounded)
+        if unbounded.get("max_iterations", 0) is None:
+            del answer["steps"][3]["max_iterations"]
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(answer, schema)
+    too_many = _deciding_answer()
+    too_many["steps"][0]["max_items"] = 500
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(too_many, schema)
+
+
+async def test_a_models_plan_with_a_map_a_branch_and_a_loop_is_accepted_and_runs() -> None:
+    planner, _ = _planner([json.dumps(_deciding_answer())])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    assert plan.provenance.author == "model:tiny"
+    assert [step.kind for step in plan.steps] == ["map", "tool", "tool", "loop"]
+    assert plan.on_failure == "continue_independent"
+    result = await Engine(tools=_registry(), agent="perception").run(plan)
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    assert result.statuses["fallback"] is StepStatus.SKIPPED
+    assert result.outputs["again"]["iterations"] == 1
+
+
+async def test_a_models_map_over_what_is_not_a_list_is_refused_and_critiqued() -> None:
+    bad = _deciding_answer()
+    bad["steps"][0]["over"] = "length(inputs.passages)"
+    planner, client = _planner([json.dumps(bad), json.dumps(_deciding_answer())])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    assert [call.outcome for call in plan.provenance.calls][1] == "accepted"
+    assert "step 'each' maps over a number, not a list" in client.requests[1].messages[-1].content
 
 
 async def test_a_10000_deep_answer_is_a_critique_not_a_crash() -> None:

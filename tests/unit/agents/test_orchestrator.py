@@ -209,6 +209,37 @@ async def test_a_passage_that_yields_no_entity_fails_in_words(cluster: Cluster) 
     assert "List should have at least 1 item" not in message
 
 
+async def test_a_passage_of_several_paragraphs_is_extracted_by_a_map(cluster: Cluster) -> None:
+    agents, _ = cluster
+    perception = agents["perception"]
+    assert isinstance(perception, PerceptionAgent)
+    crown = load_goal("crown")
+    sentences = crown.passage.split(". ")
+    # The same story, one paragraph a few sentences long each.
+    passage = "\n\n".join(". ".join(sentences[i : i + 3]) for i in range(0, len(sentences), 3))
+    goal = crown.model_copy(update={"plan_id": "goal-paragraphs", "passage": passage})
+    answer = await submit(agents, goal)
+    assert answer.status == "succeeded"
+    plan = agents["orchestrator"].record("goal-paragraphs").plan
+    assert isinstance(plan, OrchestrationPlan)
+    extract = plan.step("extract")
+    assert extract.kind == "map"
+    assert plan.inputs["paragraphs"] == [" ".join(p.split()) for p in passage.split("\n\n")]
+    assert [(a.step, a.agent) for a in plan.assignments][:3] == [
+        ("extract", "perception"),
+        ("spatial", "perception"),
+        ("analyze", "strategic"),
+    ]
+    validate_plan(plan, tools=agents["orchestrator"].registry)
+    # Each paragraph was a request of its own (and a plan of the perception agent's), merged
+    # into the goal's world; the goal was confirmed there.
+    extracted = [s.plan_id for s in perception.plans("goal-paragraphs") if "extract." in s.plan_id]
+    assert len(extracted) == len(plan.inputs["paragraphs"]) > 1
+    world = perception.worlds.get(answer.world)
+    for fact in (g for beat in answer.beats for g in beat.goals):
+        assert world.holds(fact), fact
+
+
 async def test_a_goal_succeeds_only_when_it_holds_in_the_world_afterwards(
     cluster: Cluster,
 ) -> None:

@@ -18,12 +18,15 @@ from stratagem.planning import (
     BreakerState,
     CompensationRecord,
     CompensationStatus,
+    ConditionRecord,
     ControlRecord,
     FailureClass,
     GateDecision,
     GateKind,
     GateRecord,
     InMemoryStateStore,
+    IterationRecord,
+    MapRecord,
     Plan,
     PlanStatus,
     PlanStatusRecord,
@@ -120,6 +123,39 @@ async def test_round_trip_folds_the_journal(store: StateStore) -> None:
     ]
     assert state.cancel_requested is True
     assert await store.load("nope") is None
+
+
+async def test_the_records_of_dynamic_steps_round_trip(store: StateStore) -> None:
+    # A map's list and its items (keyed STEP.INDEX), a loop's iterations, a condition: every
+    # store keeps them as written, and the fold gives each its place.
+    plan = three_steps()
+    pid = plan.id
+    written: list[Record] = [
+        ConditionRecord(pid, 1, "a", True, "true"),
+        MapRecord(pid, 1, "m", 3, "0123456789abcdef"),
+        StepIntent(pid, 1, "m.0", 1),
+        StepResult(pid, 1, "m.0", 1, StepStatus.SUCCEEDED, '{"n": 0}'),
+        StepIntent(pid, 1, "m.1", 1),
+        IterationRecord(pid, 1, "l", 1, "started", at=1000.0),
+        IterationRecord(pid, 1, "l", 1, "not_held", '{"v": false}', at=1001.0),
+        IterationRecord(pid, 1, "l", 2, "started", at=1002.0),
+    ]
+    await store.save_plan(plan)
+    await store.commit(written)
+    assert await store.journal(pid) == written
+    state = await store.load(pid)
+    assert state is not None
+    assert state.maps["m"] == written[1]
+    assert state.steps["m.0"].output == {"n": 0}
+    assert state.steps["m.1"].in_flight
+    assert state.outputs == {}  # items are not steps' outputs
+    assert [(r.iteration, r.outcome) for r in state.iterations["l"]] == [
+        (1, "started"),
+        (1, "not_held"),
+        (2, "started"),
+    ]
+    assert state.conditions["a"].holds is True
+    assert state.spent_calls == 2
 
 
 async def test_a_role_plan_loads_as_the_base_plan(store: StateStore) -> None:

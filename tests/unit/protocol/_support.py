@@ -24,9 +24,9 @@ from stratagem.protocol import (
     Entity,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
-    FailedPreconditionError,
     FindSpatialContextRequest,
     FindSpatialContextResponse,
+    InvalidArgumentError,
     ListWorldsRequest,
     ListWorldsResponse,
     NotFoundError,
@@ -182,7 +182,7 @@ class FakeBackend:
     async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
         self.calls.append(("RunPlan", PlanSnapshot(plan_id="p", agent="x", status="x"), ctx))
         if "cycle" in plan_json:
-            raise FailedPreconditionError("plan 'p' refused: cycle: a -> b -> a")
+            raise InvalidArgumentError("plan 'p' refused: cycle: a -> b -> a")
         return PlanSnapshot(
             plan_id="user-plan",
             agent=self._role,

@@ -121,3 +121,116 @@ def test_an_unknown_command_is_refused_with_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["describ"])
     assert result.exit_code == 2
     assert "No such command" in result.output
+
+
+# --- branches, maps, loops and sub-plans -------------------------------------------------------
+
+DECIDING = PlanSnapshot(
+    plan_id="d",
+    agent="strategic",
+    revision=1,
+    status="succeeded",
+    plan_json=_plan(
+        "d",
+        "strategic",
+        [
+            {"kind": "tool", "id": "search", "tool": "find", "status": "failed"},
+            {
+                "kind": "tool",
+                "id": "read",
+                "tool": "read",
+                "depends_on": ["search"],
+                "when": "length(search.hits) > `0`",
+                "status": "skipped",
+            },
+            {
+                "kind": "gate",
+                "id": "ask",
+                "prompt": "?",
+                "depends_on": ["search"],
+                "runs_on": "failure",
+                "status": "succeeded",
+            },
+            {
+                "kind": "map",
+                "id": "each",
+                "over": "inputs.passages",
+                "max_items": 50,
+                "max_parallel": 3,
+                "tool": "measure",
+                "priority": 2,
+                "status": "succeeded",
+            },
+            {
+                "kind": "loop",
+                "id": "grow",
+                "max_iterations": 4,
+                "until": "check.ok",
+                "depends_on": ["each"],
+                "status": "succeeded",
+                "steps": [
+                    {"kind": "tool", "id": "draft", "tool": "draft"},
+                    {"kind": "tool", "id": "check", "tool": "check", "depends_on": ["draft"]},
+                ],
+            },
+            {
+                "kind": "subplan",
+                "id": "sub",
+                "status": "succeeded",
+                "steps": [{"kind": "tool", "id": "inner", "tool": "x"}],
+            },
+        ],
+    ),
+)
+ITERATION = PlanSnapshot(
+    plan_id="d/grow.2",
+    agent="strategic",
+    revision=1,
+    status="succeeded",
+    plan_json=_plan("d/grow.2", "strategic", [{"kind": "tool", "id": "draft", "tool": "draft"}]),
+)
+NESTED = PlanSnapshot(
+    plan_id="d/sub",
+    agent="strategic",
+    revision=1,
+    status="succeeded",
+    plan_json=_plan("d/sub", "strategic", [{"kind": "tool", "id": "inner", "tool": "x"}]),
+)
+
+
+def test_mermaid_draws_conditions_routes_maps_loops_and_sub_plans() -> None:
+    text = plan_diagram([DECIDING, ITERATION, NESTED], "d", "mermaid")
+    lines = text.splitlines()
+    # A condition labels the edge into its step; a route on failure is dotted and says so.
+    assert '  p0s0 -->|"when length(search.hits) #gt; `0`"| p0s1' in lines
+    assert '  p0s0 -.->|"on failure"| p0s2' in lines
+    # A map is a node of its own shape, with its list, bounds, work and priority.
+    assert (
+        '    p0s3[["each · map over inputs.passages (at most 50, 3 at once) · tool measure · '
+        'priority 2 (succeeded)"]]:::succeeded'
+    ) in lines
+    # A loop repeats (an edge back to itself) and its body is a cluster beside it.
+    assert '    p0s4{{"grow · loop (at most 4) (succeeded)"}}:::succeeded' in lines
+    assert '  p0s4 -->|"repeat until check.ok"| p0s4' in lines
+    assert '    subgraph p0s4b["body of grow (one plan per iteration)"]' in lines
+    assert "  p0s4bs0 --> p0s4bs1" in lines
+    # Each nested plan it ran points back at it; so does a sub-plan's.
+    cluster = {
+        snap: line.split()[1].split("[")[0]
+        for snap in ("d/grow.2", "d/sub")
+        for line in lines
+        if line.strip().startswith("subgraph p") and snap in line
+    }
+    assert f"  p0s4 -.-> {cluster['d/grow.2']}" in lines
+    assert f"  p0s5 -.-> {cluster['d/sub']}" in lines
+
+
+def test_dot_draws_conditions_routes_maps_and_loops() -> None:
+    text = plan_diagram([DECIDING, ITERATION], "d", "dot")
+    assert 'p0s0 -> p0s1 [label="when length(search.hits) > `0`"];' in text
+    assert 'p0s0 -> p0s2 [label="on failure", style=dotted, color="#c62828"];' in text
+    assert "shape=box3d" in text  # the map
+    assert 'p0s4 -> p0s4 [label="repeat until check.ok"];' in text
+    assert "subgraph cluster_p0s4b {" in text
+    assert "p0s4 -> p0s4bs0 [style=dashed, lhead=cluster_p0s4b];" in text
+    assert text.count("{") == text.count("}")

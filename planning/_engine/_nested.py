@@ -1,0 +1,278 @@
+"""Loops and sub-plans: a step that runs a nested plan of the same agent and waits for it.
+
+``_Nested`` runs a sub-plan step's nested plan once, and a loop step's body once per iteration
+until ``until`` holds or a bound is reached. Each nested plan is a plan of its own (its steps,
+journal, events, control), run by the engine that runs this one (``Children``); the state journals
+each iteration's start and end here (``IterationRecord``: the decision of ``until`` and what the
+nested plan spent, charged to this plan's budget in the same commit). A resumed run continues an
+iteration that had started (its nested plan resumes from its own journal) and never repeats one
+that had ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from stratagem.planning._dispatch import step_run_id
+from stratagem.planning._engine._attempts import _Outcome
+from stratagem.planning._engine._deps import Children, ChildResult
+from stratagem.planning._engine._policy import _Admission
+from stratagem.planning._engine._state import _RunState, expansion_key, key_owner
+from stratagem.planning._errors import PlanningError
+from stratagem.planning._expr import expression, truthy
+from stratagem.planning._plan import (
+    LOOP_ITERATION,
+    LOOP_LAST,
+    FailureClass,
+    LoopStep,
+    Plan,
+    PlanStatus,
+    SubplanStep,
+)
+from stratagem.planning._refs import resolve_refs
+from stratagem.planning._store._state import IterationOutcome
+
+logger = logging.getLogger(__name__)
+
+# The longest value of ``until`` quoted in an iteration's event.
+_SHOWN: Final = 200
+
+
+def child_id(plan: Plan, step_id: str, iteration: int | None) -> str:
+    """The id of the nested plan of ``step_id`` (its ``iteration``, for a loop) in ``plan``:
+    ``f"{plan.id}/{step_id}"`` (``.r{revision}`` after the first revision; ``.{iteration}``)."""
+    base = f"{plan.id}/{step_id}"
+    if plan.revision != 1:
+        base += f".r{plan.revision}"
+    return base if iteration is None else f"{base}.{iteration}"
+
+
+class _Nested:
+    """Runs loop and sub-plan steps through the engine's ``Children``."""
+
+    def __init__(
+        self,
+        state: _RunState[Any],
+        children: Children,
+        admission: _Admission,
+        clock: Callable[[], float],
+    ) -> None:
+        self.state = state
+        self.children = children
+        self.admission = admission
+        self.clock = clock
+        self.handles: dict[str, object] = {}  # without a store: key -> the nested run
+
+    def nested_id(self, key: str) -> str:
+        """The id of the nested plan an expansion key (``f"{step_id}.{iteration}"``) names."""
+        step = self.state.steps[key_owner(key)]
+        iteration = None if isinstance(step, SubplanStep) else int(key.rpartition(".")[2])
+        return child_id(self.state.plan, step.id, iteration)
+
+    async def compensate(self, key: str, status: PlanStatus) -> str:
+        """Undo the nested plan ``key`` names (this plan ended ``status``); why it failed, or ""."""
+        return await self.children.compensate(self.nested_id(key), self.handles.get(key), status)
+
+    async def resume_outputs(self, step_id: str, iteration: int) -> None:
+        """A resumed run reads the outputs of the latest ended iteration of loop ``step_id``."""
+        step = self.state.steps[step_id]
+        index = None if isinstance(step, SubplanStep) else iteration
+        outputs = await self.children.outputs(child_id(self.state.plan, step_id, index))
+        self.state.load_iteration_outputs(step_id, outputs)
+
+    async def run(self, step: LoopStep | SubplanStep, attempt: int) -> _Outcome:
+        """Run ``step``'s nested plan (each iteration, for a loop); the step's outcome."""
+        state = self.state
+        plan = state.plan
+        try:
+            inputs = resolve_refs(step.inputs, state.outputs, plan.inputs)
+        except PlanningError as exc:
+            return _failed(f"its inputs cannot be resolved: {exc}")
+        if not isinstance(inputs, dict):
+            return _failed("its inputs do not resolve to an object")
+        if isinstance(step, SubplanStep):
+            return await self._subplan(step, inputs)
+        return await self._loop(step, inputs)
+
+    async def _subplan(self, step: SubplanStep, inputs: dict[str, Any]) -> _Outcome:
+        found = self.state.iterations.get(step.id)
+        ended = found is not None and found.ended == 1  # charged already: read it back
+        if not ended:
+            resumed = found is not None and found.current == 1
+            self.state.iteration_started(step.id, 1, self.clock(), recorded=resumed)
+        result = await self._child(step, None, inputs)
+        if isinstance(result, _Outcome):
+            return result
+        if result.status is not PlanStatus.SUCCEEDED:
+            return self._child_failed(step, 1, result, charge=not ended)
+        if not ended:
+            self._ended(step, 1, "held", "null", result)
+        return _Outcome(dict(result.outputs), None, "", 1)
+
+    async def _loop(self, step: LoopStep, inputs: dict[str, Any]) -> _Outcome:
+        state = self.state
+        found = state.iterations.get(step.id)
+        iteration, last, started_at = 1, None, None
+        resuming = False
+        if found is not None:
+            if found.ended and found.last is None:
+                await self.resume_outputs(step.id, found.ended)
+            if found.ended and found.holds:
+                return _done(found.ended, True, found.last)
+            if found.failed:  # it failed before the step's failure was recorded: read it back
+                ended = await self._child(
+                    step, found.ended, {**inputs, LOOP_ITERATION: found.ended, LOOP_LAST: None}
+                )
+                if isinstance(ended, _Outcome):
+                    return ended
+                return self._child_failed(step, found.ended, ended, charge=False)
+            started_at = found.started_at
+            last = found.last
+            resuming = found.current > found.ended
+            iteration = found.current if resuming else found.ended + 1
+        until = None if step.until is None else expression(step.until)
+        while True:
+            if not resuming:
+                if step.max_iterations is not None and iteration > step.max_iterations:
+                    return self._exhausted(step, iteration - 1, last, "max_iterations")
+                if (
+                    step.timebox_s is not None
+                    and started_at is not None
+                    and self.clock() - started_at >= step.timebox_s
+                ):
+                    return self._exhausted(step, iteration - 1, last, "timebox_s")
+            now = self.clock()
+            state.iteration_started(step.id, iteration, now, recorded=resuming)
+            resuming = False
+            if started_at is None:
+                started_at = now
+            body_inputs = {**inputs, LOOP_ITERATION: iteration, LOOP_LAST: last}
+            result = await self._child(step, iteration, body_inputs)
+            if isinstance(result, _Outcome):
+                return result
+            if result.status is not PlanStatus.SUCCEEDED:
+                return self._child_failed(step, iteration, result)
+            holds, value_json = False, "null"
+            if until is not None:
+                try:
+                    value = until.evaluate(result.outputs, body_inputs)
+                except PlanningError as exc:
+                    self._ended(step, iteration, "failed", "null", result)
+                    return _failed(f"its condition 'until' cannot be evaluated: {exc}")
+                holds = truthy(value)
+                value_json = json.dumps(value, separators=(",", ":"), default=str)
+            outcome: IterationOutcome = "held" if holds else "not_held"
+            self._ended(step, iteration, outcome, value_json, result)
+            last = dict(result.outputs)
+            if holds:
+                return _done(iteration, True, last)
+            iteration += 1
+
+    async def _child(
+        self, step: LoopStep | SubplanStep, iteration: int | None, inputs: dict[str, Any]
+    ) -> ChildResult | _Outcome:
+        """Run the nested plan of ``step`` (its ``iteration``)."""
+        state = self.state
+        plan = state.plan
+        kind = "sub-plan" if iteration is None else f"iteration {iteration}"
+        try:
+            nested = Plan(
+                id=child_id(plan, step.id, iteration),
+                owner=plan.owner,
+                goal=f"{kind} of step {step.id!r} of plan {plan.id!r}",
+                steps=step.steps,
+                inputs=inputs,
+                max_in_flight=step.max_in_flight,
+                on_failure=step.on_failure,
+                budget=self.admission.remaining(),
+                parent=step_run_id(plan.id, plan.revision, step.id),
+            )
+        except ValidationError as exc:
+            return _failed(f"its nested plan cannot be made: {exc.errors()[0]['msg']}")
+        key = expansion_key(step.id, iteration or 1)
+
+        def started(handle: object) -> None:
+            self.handles[key] = handle  # without a store: undone from memory, even if cut short
+
+        try:
+            return await self.children.run(nested, started)
+        except PlanningError as exc:
+            return _failed(f"its nested plan {nested.id!r} cannot run: {exc}")
+
+    def _ended(
+        self,
+        step: LoopStep | SubplanStep,
+        iteration: int,
+        outcome: IterationOutcome,
+        value_json: str,
+        result: ChildResult,
+    ) -> None:
+        """Iteration ``iteration`` ended with ``outcome``: recorded, charged, and (a loop's) told
+        in an event whose message starts ``"iteration N ended (OUTCOME)"`` (replay reads it)."""
+        message = ""
+        if isinstance(step, LoopStep):
+            message = f"iteration {iteration} ended ({outcome})"
+            if step.until is not None and outcome != "failed":
+                shown = value_json if len(value_json) <= _SHOWN else value_json[:_SHOWN] + "..."
+                message += f": until {step.until!r} gave {shown}"
+        self.admission.charge(result.calls, result.cost)
+        self.state.iteration_ended(
+            step.id,
+            iteration,
+            outcome,
+            value_json,
+            dict(result.outputs),
+            (result.calls, result.cost),
+            message,
+        )
+
+    def _child_failed(
+        self,
+        step: LoopStep | SubplanStep,
+        iteration: int,
+        result: ChildResult,
+        charge: bool = True,
+    ) -> _Outcome:
+        if charge:
+            self._ended(step, iteration, "failed", "null", result)
+        nested = child_id(
+            self.state.plan, step.id, None if isinstance(step, SubplanStep) else iteration
+        )
+        what = "its nested plan" if isinstance(step, SubplanStep) else f"iteration {iteration}"
+        if result.failures:
+            first = result.failures[0]
+            return _Outcome(
+                None,
+                first.failure_class,
+                f"{what} ({nested}) {result.status.value}: step {first.step_id!r} failed "
+                f"({first.failure_class.value}): {first.message}",
+                1,
+            )
+        failure_class = (
+            FailureClass.CANCELLED if result.status is PlanStatus.CANCELLED else FailureClass.LOGIC
+        )
+        return _Outcome(None, failure_class, f"{what} ({nested}) ended {result.status.value}", 1)
+
+    def _exhausted(
+        self, step: LoopStep, iterations: int, last: dict[str, Any] | None, bound: str
+    ) -> _Outcome:
+        if step.until is None or step.on_exhausted == "succeed":
+            return _done(iterations, False, last)
+        limit = step.max_iterations if bound == "max_iterations" else f"{step.timebox_s:g}s"
+        return _failed(
+            f"it reached its bound ({bound} {limit}) after {iterations} iteration(s) without "
+            f"'until' ({step.until}) holding"
+        )
+
+
+def _done(iterations: int, done: bool, last: dict[str, Any] | None) -> _Outcome:
+    return _Outcome({"iterations": iterations, "done": done, "last": last or {}}, None, "", 1)
+
+
+def _failed(reason: str) -> _Outcome:
+    return _Outcome(None, FailureClass.LOGIC, reason, 1)
