@@ -23,6 +23,7 @@ from stratagem.protocol import (
     ROLES,
     AgentServer,
     ClusterSecret,
+    DeadlineExceededError,
     FailedPreconditionError,
     InMemoryAuditLog,
     Policy,
@@ -80,9 +81,9 @@ async def echo() -> AsyncIterator[EchoAgent]:
 
 @pytest.fixture
 async def deployed(tmp_path: Path, echo: EchoAgent) -> AsyncIterator[Deployment]:
-    """The four agents over gRPC; the orchestrator knows three external agents, all the echo
-    agent: ``reviewer`` (its ``echo`` skill), ``failing`` (``fail``) and ``slow`` (``hang``, half
-    a second a call)."""
+    """The four agents over gRPC; the orchestrator knows four external agents, all the echo
+    agent: ``reviewer`` (its ``echo`` skill), ``failing`` (``fail``), ``slow`` (``hang``, half
+    a second a call) and ``stuck`` (``hang``, a minute a call)."""
     settings = settings_for(tmp_path / "state")
     settings.state_dir.mkdir(parents=True)
     secret = ClusterSecret.load_or_create(settings.secret_path)
@@ -91,6 +92,7 @@ async def deployed(tmp_path: Path, echo: EchoAgent) -> AsyncIterator[Deployment]
         "reviewer": A2APeerConfig("reviewer", echo.url, skill="echo"),
         "failing": A2APeerConfig("failing", echo.url, skill="fail"),
         "slow": A2APeerConfig("slow", echo.url, skill="hang", timeout_s=0.5),
+        "stuck": A2APeerConfig("stuck", echo.url, skill="hang", timeout_s=60),
     }
     directory = _Directory()
     audit = InMemoryAuditLog()
@@ -225,7 +227,19 @@ async def test_an_unknown_agent_is_refused_in_one_line_before_anything_runs(
         await deployed.operator.submit(request, timeout=60)
     assert str(refused.value) == (
         "goal refused: the goal consults 'oracle': not an external A2A agent of the "
-        "orchestrator (configured in STRATAGEM_A2A_AGENTS: failing, reviewer, slow)"
+        "orchestrator (configured in STRATAGEM_A2A_AGENTS: failing, reviewer, slow, stuck)"
     )
     assert echo.seen.message_ids == []
     assert deployed.agents["perception"].plans("goal-unknown") == []
+
+
+async def test_a_goal_out_of_time_names_the_consultation_it_waited_on(
+    deployed: Deployment,
+) -> None:
+    request = CROWN.model_copy(update={"consult": ["stuck"], "plan_id": "goal-stuck"})
+    with pytest.raises(DeadlineExceededError) as caught:
+        await deployed.operator.submit(request, timeout=8)
+    assert (
+        "step 'consult_stuck' of goal-stuck waited on the external A2A agent 'stuck' (its "
+        "timeout_s in STRATAGEM_A2A_AGENTS bounds each attempt)"
+    ) in caught.value.message
