@@ -546,7 +546,6 @@ class OrchestratorModelPlanner(ModelPlanner):
             "additionalProperties": False,
             "required": ["shape", "goals"] + (["consult"] if consult else []),
             "properties": {
-                **({"consult": consult} if consult else {}),
                 "shape": {"type": "string", "enum": ["arc", "direct"]},
                 "goals": {
                     "type": "array",
@@ -562,6 +561,8 @@ class OrchestratorModelPlanner(ModelPlanner):
                         },
                     },
                 },
+                # Last: the model decides the shape before whom to consult.
+                **({"consult": consult} if consult else {}),
             },
         }
 
