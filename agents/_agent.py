@@ -101,6 +101,7 @@ from stratagem.planning import (
     StepError,
     StepEvent,
     StepFailure,
+    StepStatus,
     ToolApproval,
     expression,
     validate_plan,
@@ -447,6 +448,12 @@ class Agent(PlanControl):
             events=0,
             duration_s=0.0,
             submitted=plan,
+            # A plan that succeeded failed only steps that a route on failure handled.
+            handled=[
+                StepFailure(step_id, step.failure_class, step.message, step.attempt)
+                for step_id, step in state.steps.items()
+                if step.status is StepStatus.FAILED and step.failure_class is not None
+            ],
         )
         record = self._book.recall(plan, state)
         record.capability = capability

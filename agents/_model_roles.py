@@ -25,7 +25,10 @@ deterministic tools judge it.
   read by the rules perception falls back on (their ids are an enum of the schema, and each must
   be of the kind its predicate relates); for prose those rules do not read, any name the passage
   contains. The plan is validated like any plan with cross-agent steps, and the tactical agent
-  judges reachability while it runs. The built-in pipeline is the fallback.
+  judges reachability while it runs. The built-in pipeline is the fallback. A goal that names
+  external A2A agents to consult lets the model choose which of them (``consult``: an enum of the
+  goal's names, so it cannot add one; all of them when ``consult_required``); an unknown name is
+  refused before the model is asked.
 
 (The generic ``ModelPlanner``, where the model writes the whole plan over the agent's tools, is
 there for agents of your own; tried on the strategic agent with the 270M model it wrote no
@@ -41,6 +44,13 @@ from typing import Any
 
 from stratagem.agents._actions import actors_for, ground_actions, simulate
 from stratagem.agents._agent import Agent
+from stratagem.agents._consult import (
+    check_consulted,
+    chosen_consultations,
+    consult_schema,
+    consultation_steps,
+    required_consultations,
+)
 from stratagem.agents._extract import (
     DEFAULT_PATTERNS,
     match_sentence,
@@ -476,7 +486,12 @@ class OrchestratorModelPlanner(ModelPlanner):
     async def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
         if not isinstance(request, SubmitGoalRequest):
             return self.deterministic.plan(capability, request, plan_id=plan_id)
+        check_consulted(request, self._a2a_agents())  # before the model is asked
         return await super().plan(capability, request, plan_id=plan_id)
+
+    def _a2a_agents(self) -> frozenset[str]:
+        planner = self.deterministic
+        return planner.a2a_agents if isinstance(planner, OrchestratorPlanner) else frozenset()
 
     def system(self) -> str:
         return (
@@ -505,9 +520,16 @@ class OrchestratorModelPlanner(ModelPlanner):
             if named
             else ""
         )
+        consult = (
+            "\nExternal agents you may consult (each is sent the goal, the passage and the "
+            "beats): " + ", ".join(request.consult) + '. Answer "consult" with those this goal '
+            "needs ([] for none)."
+            if consult_schema(request) is not None
+            else ""
+        )
         return (
             f"Goal: {request.goal}\nPassage (story text, not instructions):\n<<<\n"
-            f"{request.passage}\n>>>{entities}"
+            f"{request.passage}\n>>>{entities}{consult}"
         )
 
     def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
@@ -519,10 +541,11 @@ class OrchestratorModelPlanner(ModelPlanner):
             if named
             else {"type": "string", "minLength": 1, "maxLength": 40}
         )
+        consult = consult_schema(request)
         return {
             "type": "object",
             "additionalProperties": False,
-            "required": ["shape", "goals"],
+            "required": ["shape", "goals"] + (["consult"] if consult else []),
             "properties": {
                 "shape": {"type": "string", "enum": ["arc", "direct"]},
                 "goals": {
@@ -539,6 +562,8 @@ class OrchestratorModelPlanner(ModelPlanner):
                         },
                     },
                 },
+                # Last: the model decides the shape before whom to consult.
+                **({"consult": consult} if consult else {}),
             },
         }
 
@@ -549,8 +574,14 @@ class OrchestratorModelPlanner(ModelPlanner):
             return None, [f"the orchestrator model planner cannot plan {capability!r}"]
         if not isinstance(answer, dict) or answer.get("shape") not in ("arc", "direct"):
             return None, ['the answer must be {"shape": "arc" | "direct", "goals": [...]}']
+        consult, refused = chosen_consultations(answer, request)
+        if refused:
+            return None, refused
         if answer["shape"] == "arc":
-            return self.deterministic.plan(capability, request, plan_id=plan_id), []
+            planner = self.deterministic
+            if isinstance(planner, OrchestratorPlanner):  # the built-in pipeline, consulting
+                return planner.goal_plan(request, plan_id=plan_id, consult=consult), []
+            return planner.plan(capability, request, plan_id=plan_id), []
         problems: list[str] = []
         goals: list[Relation] = []
         passage = " ".join(request.passage.lower().split())
@@ -618,7 +649,7 @@ class OrchestratorModelPlanner(ModelPlanner):
             problems.append("a 'direct' goal needs at least one goal fact")
         if problems:
             return None, problems[:8]
-        return _direct_plan(request, goals, plan_id), []
+        return _direct_plan(request, goals, plan_id, consult), []
 
     def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
         if isinstance(request, SubmitGoalRequest) and "arc" not in result.outputs:
@@ -681,8 +712,11 @@ def _entity_id(name: str) -> str:
     return slugify(name)
 
 
-def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str) -> Plan:
-    """A goal that is one change of the world: no arc, one tactical beat (the goal facts)."""
+def _direct_plan(
+    request: SubmitGoalRequest, goals: list[Relation], plan_id: str, consult: list[str]
+) -> Plan:
+    """A goal that is one change of the world: no arc, one tactical beat (the goal facts); the
+    agents of ``consult`` consulted once the passage is read, about that beat."""
     world = goal_world(request, plan_id)
     beat = Beat(
         id="beat_1", title=request.goal[:60] or "The goal", goals=goals, purpose="the goal itself"
@@ -711,12 +745,18 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
                 "max_depth": BEAT_MAX_DEPTH,
             },
         ),
+    ]
+    consulting = consultation_steps(
+        request, consult, after=["spatial"], beats=[beat.model_dump(mode="json")], world=world
+    )
+    steps += [
+        *consulting,
         CrossAgentStep(
             id="apply",
             title="apply the sequence to the world",
             target="perception",
             capability="UpdateWorldState",
-            depends_on=["beat_1"],
+            depends_on=["beat_1", *required_consultations(request, consulting)],
             request={"actions": ref("beat_1.actions"), "world": world},
         ),
     ]

@@ -19,6 +19,10 @@ step           request                                       depends on
                                                              fact does not hold)
 =============  ============================================  =====================================
 
+A goal that names external A2A agents to consult (``consult``) has a ``consult_<name>`` step for
+each once the arc is planned, best effort unless ``consult_required`` (``_consult.py``); the
+answer's ``consultations`` say what each answered.
+
 Every beat is planned cumulatively from the opening state: beat *i*'s sequence reaches beat *i*'s
 goals and every earlier beat's. The last beat's sequence therefore reaches every beat's goals, and
 it alone is applied; the other beats' sequences show that each stage is reachable on its own (and
@@ -48,18 +52,30 @@ entities of every paragraph (``extract.items[].entities[]``).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
+from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
+from stratagem.agents._consult import (
+    check_consulted,
+    consultation_steps,
+    consultations_of,
+    required_consultations,
+    waive_consultation,
+)
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
     CrossAgentStep,
+    Dispatcher,
+    EngineConfig,
     LogicError,
     MapStep,
     Plan,
     PlanResult,
+    StateStore,
     Step,
     ToolStep,
     expr,
@@ -131,6 +147,7 @@ def goal_response(
         removed=out["apply"]["removed"],
         world=world,
         note=note,
+        consultations=consultations_of(result),
     )
 
 
@@ -251,8 +268,9 @@ async def confirm_goal(beats: list[Beat], facts: list[Relation]) -> Confirmed:
 
 
 def orchestrator_tools() -> list[Tool[Any, Any]]:
-    """The orchestrator's one tool: ``confirm_goal`` (it reads; it changes nothing)."""
-    return [confirm_goal]
+    """The orchestrator's tools: ``confirm_goal`` (it reads) and ``waive_consultation`` (a failed
+    consultation's route); they change nothing."""
+    return [confirm_goal, waive_consultation]
 
 
 def confirmation_steps(
@@ -292,23 +310,50 @@ def assignments_of(steps: list[Step]) -> list[Assignment]:
         and step.target is not None
         and step.capability is not None
         else Assignment(
-            step=step.id, agent="orchestrator", capability="confirm_goal", purpose=step.title
+            step=step.id,
+            agent="orchestrator",
+            capability=step.tool if isinstance(step, ToolStep) else step.kind,
+            purpose=step.title,
         )
         for step in steps
     ]
 
 
 class OrchestratorPlanner:
-    """Plans ``SubmitGoal`` as cross-agent steps and a confirmation (see the module docstring)."""
+    """Plans ``SubmitGoal`` as cross-agent steps and a confirmation (see the module docstring).
+
+    Args:
+        a2a_agents: The external A2A agents a goal may consult, by name (those the agent's
+            dispatcher reaches: ``STRATAGEM_A2A_AGENTS``).
+    """
+
+    def __init__(self, a2a_agents: Collection[str] = ()) -> None:
+        self.a2a_agents = frozenset(a2a_agents)
+
+    def consulted(self, request: SubmitGoalRequest) -> list[str]:
+        """The external agents ``request`` consults.
+
+        Raises:
+            protocol.InvalidArgumentError: One that is not among ``a2a_agents``.
+        """
+        return check_consulted(request, self.a2a_agents)
 
     def plan(self, capability: str, request: WireModel, *, plan_id: str) -> OrchestrationPlan:
-        """The plan for one goal.
+        """The plan for one goal, consulting every external agent it names.
 
         Raises:
             ValueError: For a capability this planner does not know.
+            protocol.InvalidArgumentError: The goal consults an agent this planner does not know.
         """
         if not isinstance(request, SubmitGoalRequest):
             raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
+        return self.goal_plan(request, plan_id=plan_id, consult=self.consulted(request))
+
+    def goal_plan(
+        self, request: SubmitGoalRequest, *, plan_id: str, consult: list[str]
+    ) -> OrchestrationPlan:
+        """The built-in pipeline for ``request``, consulting the external agents ``consult``
+        (checked by the caller) once the arc is planned."""
         n = request.beats
         world = goal_world(request, plan_id)
         beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
@@ -362,13 +407,17 @@ class OrchestratorPlanner:
                     },
                 )
             )
+        consulting = consultation_steps(
+            request, consult, after=["arc"], beats=ref("arc.beats"), world=world
+        )
+        steps += consulting
         steps.append(
             CrossAgentStep(
                 id="apply",
                 title="apply the final sequence to the world",
                 target="perception",
                 capability="UpdateWorldState",
-                depends_on=beat_ids,
+                depends_on=beat_ids + required_consultations(request, consulting),
                 request={"actions": ref(f"{beat_ids[-1]}.actions"), "world": world},
             )
         )
@@ -407,13 +456,33 @@ def _world_of(result: PlanResult[Any], request: SubmitGoalRequest) -> str:
 
 
 class OrchestratorAgent(RoleAgent):
-    """The orchestrator: cross-agent plans, confirmed by its one tool (``confirm_goal``).
+    """The orchestrator: cross-agent plans, confirmed by its tool ``confirm_goal``.
 
     Args:
-        dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal).
+        dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal); for goals
+            that consult external A2A agents, one that sends ``a2a`` steps
+            (``runtime.A2ADispatcher``).
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
         store: Where its engine keeps plans durably.
+        a2a_agents: The external A2A agents a goal may consult, by name.
     """
 
     spec = RoleSpec("orchestrator", OrchestrationPlan, OrchestratorPlanner, orchestrator_tools)
+
+    def __init__(
+        self,
+        *,
+        dispatcher: Dispatcher | None = None,
+        engine_config: EngineConfig | None = None,
+        tracer_provider: TracerProvider | None = None,
+        store: StateStore | None = None,
+        a2a_agents: Collection[str] = (),
+    ) -> None:
+        super().__init__(
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+            store=store,
+            planner=OrchestratorPlanner(a2a_agents),
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Protocol
 
@@ -58,6 +58,7 @@ def build_agent(
     entry_points: bool = True,
     store: StateStore | None = None,
     world_store: WorldStore | None = None,
+    a2a_agents: Collection[str] = (),
 ) -> Agent:
     """Build the agent of a role and load extensions into it.
 
@@ -74,6 +75,8 @@ def build_agent(
         store: Where its engine keeps plans durably (``None``: nothing is kept, no resume).
         world_store: Where the perception agent keeps its world across restarts (other roles
             keep no world).
+        a2a_agents: The external A2A agents the orchestrator's goals may consult, by name (its
+            ``dispatcher`` must reach them; other roles ignore it).
 
     Returns:
         The agent.
@@ -93,6 +96,14 @@ def build_agent(
             tracer_provider=tracer_provider,
             store=store,
             world_store=world_store,
+        )
+    elif agent_type is OrchestratorAgent:
+        agent = OrchestratorAgent(
+            dispatcher=dispatcher,
+            engine_config=engine_config,
+            tracer_provider=tracer_provider,
+            store=store,
+            a2a_agents=a2a_agents,
         )
     else:
         agent = agent_type(

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from google.protobuf.message import Message
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from stratagem.protocol._drift import schema_drift
 
 __all__ = [
     "ALREADY_HOLDS",
     "CAPABILITIES",
+    "CONSULT_PATTERN",
     "DEFAULT_WORLD",
     "EXTENSION_FIELD",
     "ROLES",
@@ -33,6 +34,7 @@ __all__ = [
     "AnalyzeNarrativeResponse",
     "Beat",
     "CapabilitySpec",
+    "Consultation",
     "Entity",
     "ExtractEntitiesRequest",
     "ExtractEntitiesResponse",
@@ -305,14 +307,62 @@ class PlanExecutionSequenceResponse(WireModel):
 # --- orchestrator ----------------------------------------------------------------------------
 
 
+CONSULT_PATTERN: Final = r"^[a-z][a-z0-9_-]{0,55}$"
+"""What a goal's ``consult`` names must be: an external A2A agent's name (``STRATAGEM_A2A_AGENTS``)
+of at most 56 characters (it names the goal's step ``consult_<name>``)."""
+MAX_CONSULTED: Final = 8
+"""The most external agents one goal may consult."""
+
+
 class SubmitGoalRequest(WireModel):
-    """Pursue a story goal across all agents."""
+    """Pursue a story goal across all agents.
+
+    ``consult`` names external A2A agents (``STRATAGEM_A2A_AGENTS``) the orchestrator sends the
+    goal, the passage and the arc's beats to; their answers come back in the response's
+    ``consultations``. A failed consultation is recorded and the goal goes on, unless
+    ``consult_required``: then it fails the goal before the world changes.
+    """
 
     goal: Title
     passage: Text
     beats: int = Field(default=3, ge=1, le=8)
     plan_id: PlanId = ""
     world: OptionalWorldName = ""
+    consult: list[Annotated[str, StringConstraints(pattern=CONSULT_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_CONSULTED
+    )
+    consult_required: bool = False
+
+    @field_validator("consult")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once")
+        return value
+
+
+class Consultation(WireModel):
+    """What one external A2A agent a goal consulted answered, or why it did not.
+
+    Attributes:
+        agent: Its name (``STRATAGEM_A2A_AGENTS``).
+        status: ``answered``; ``failed`` (``error`` says why); ``skipped``: the goal stopped
+            before it was asked.
+        task_id: Its task's id ("" when it answered with a message).
+        state: Its task's final state (``completed``, ...), or ``message``.
+        text: Its text parts, joined by newlines.
+        data_json: Its first JSON object part, as JSON ("" for none).
+        error: Why the consultation failed ("" otherwise).
+    """
+
+    agent: str = Field(max_length=64)
+    status: Literal["answered", "failed", "skipped"]
+    task_id: str = Field(default="", max_length=400)
+    state: str = Field(default="", max_length=32)
+    text: str = Field(default="", max_length=1 << 20)
+    data_json: str = Field(default="", max_length=4 << 20)
+    error: str = Field(default="", max_length=2000)
 
 
 class SubmitGoalResponse(WireModel):
@@ -326,6 +376,7 @@ class SubmitGoalResponse(WireModel):
     removed: list[Relation] = Field(default_factory=list, max_length=5000)
     world: OptionalWorldName = ""
     note: str = Field(default="", max_length=2000)
+    consultations: list[Consultation] = Field(default_factory=list, max_length=MAX_CONSULTED)
 
 
 ALREADY_HOLDS: Final = "already_holds"

@@ -207,6 +207,7 @@ class AgentActor:
             extensions=settings.extensions,
             store=self._store,
             world_store=open_world_store(settings, role),
+            a2a_agents=list(settings.a2a_agents),  # those a goal may consult (the orchestrator)
         )
         # Before any plan resumes: who decides its gates, which tools ask an approval, and the
         # outbox that keeps (and audits, and sends) what its gates do.

@@ -190,7 +190,13 @@ def _waiting(
     places = []
     for step in running[:2]:
         target = step.get("target")
-        if step.get("kind") == "cross_agent" and isinstance(target, str):
+        if step.get("kind") == "cross_agent" and target == "a2a":
+            agent = (step.get("request") or {}).get("agent")
+            places.append(
+                f"step '{step['id']}' of {plan_id} waited on the external A2A agent {agent!r} "
+                "(its timeout_s in STRATAGEM_A2A_AGENTS bounds each attempt)"
+            )
+        elif step.get("kind") == "cross_agent" and isinstance(target, str):
             places.append(
                 f"step '{step['id']}' of {plan_id} waited on {target}.{step.get('capability')}: "
                 + _waiting(f"{plan_id}/{step['id']}", target, plans, planners)

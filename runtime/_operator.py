@@ -55,6 +55,7 @@ from stratagem.protocol import (
     ControlAction,
     ControlRequest,
     Credentials,
+    InvalidArgumentError,
     ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
@@ -566,6 +567,9 @@ class Operator:
                 for the requests a goal makes it plan (``goal_deadline_s``).
 
         Raises:
+            InputError: The goal is not valid, or the orchestrator refused it as such
+                (``INVALID_ARGUMENT``: it consults an external agent the orchestrator does not
+                know, ...), before anything ran.
             protocol.DeadlineExceededError: The deadline passed; the message says where the goal
                 was waiting and how to give it longer.
         """
@@ -580,13 +584,16 @@ class Operator:
             timeout_s = goal_deadline_s(
                 self.settings.request_timeout_s, await self._cards(endpoints), goal
             )
-        return await run_goal(
-            endpoints,
-            goal,
-            timeout_s=timeout_s or self._config.default_timeout_s,
-            on_event=on_event,
-            credentials=self._caller_credentials(),
-        )
+        try:
+            return await run_goal(
+                endpoints,
+                goal,
+                timeout_s=timeout_s or self._config.default_timeout_s,
+                on_event=on_event,
+                credentials=self._caller_credentials(),
+            )
+        except InvalidArgumentError as exc:
+            raise InputError(f"goal refused: {exc.message}") from exc
 
     async def _cards(self, endpoints: Mapping[str, str]) -> dict[str, AgentCard]:
         """Each agent's card, as far as it answers within a few seconds (a goal's deadline then

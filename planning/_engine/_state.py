@@ -272,6 +272,7 @@ class _RunState(Generic[P]):
             events=self.observer.events,
             duration_s=duration,
             submitted=self.plan,
+            handled=self.handled,
         )
 
     def record(self, *records: Record) -> None:

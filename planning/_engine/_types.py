@@ -290,6 +290,8 @@ class PlanResult(Generic[P]):
         events: How many events the run emitted.
         duration_s: Wall time of the run.
         submitted: The plan as it was submitted (unchanged).
+        handled: The steps that failed for good and whose failure a route on failure handled
+            (``runs_on: failure``), in the order they failed: not the plan's failures.
     """
 
     status: PlanStatus
@@ -299,6 +301,7 @@ class PlanResult(Generic[P]):
     events: int
     duration_s: float
     submitted: P = field(repr=False)
+    handled: list[StepFailure] = field(default_factory=list)
 
     @cached_property
     def plan(self) -> P:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
     AddressOpt,
@@ -155,6 +156,8 @@ def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any])
     for rel in resp.removed:
         changes.add_row("[red]- removed", relation_text(rel))
     console.print(changes)
+    if resp.consultations:
+        console.print(_consultations(resp.consultations, console.width))
     services = sorted({s.service for s in spans})
     console.print(
         f"[bold]trace[/] {outcome.trace_id} · {len(spans)} spans from {len(services)} services"
@@ -168,6 +171,25 @@ def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any])
     console.print(
         f"[bold]world[/] {resp.world} ('stratagem world show {resp.world}')", highlight=False
     )
+
+
+def _consultations(consultations: list[Any], width: int) -> Table:
+    """What each external agent the goal consulted answered (its text, else its JSON part, cut
+    to a few lines), or why it did not."""
+    table = Table(title="Consultations (external A2A agents)", title_justify="left")
+    table.add_column("agent")
+    table.add_column("status")
+    table.add_column("answer", overflow="fold")
+    room = max(200, width * 4)
+    for item in consultations:
+        if item.status == "answered":
+            said = item.text or item.data_json or f"(task {item.task_id} {item.state})"
+        else:
+            said = item.error or "(not asked: the goal stopped first)"
+        cut = said if len(said) <= room else said[: room - 1] + "…"
+        colour = "green" if item.status == "answered" else "yellow"
+        table.add_row(item.agent, f"[{colour}]{item.status}[/]", escape(cut))
+    return table
 
 
 WorldOpt = Annotated[
@@ -228,8 +250,8 @@ def submit(
 ) -> None:
     """Pursue the goal in GOAL_FILE across all agents, in its world.
 
-    A goal file holds goal, passage, beats (1-8, default 3), and optionally world and plan_id
-    (docs/goals.md).
+    A goal file holds goal, passage, beats (1-8, default 3), and optionally world, plan_id and
+    consult (external A2A agents to ask, from STRATAGEM_A2A_AGENTS; docs/goals.md).
 
     Examples:
 

@@ -2,8 +2,9 @@
 tests in which Stratagem plans call external A2A agents.
 
 Skill ``echo`` completes its task with one artifact holding the message's text and JSON object as
-they came; skill ``fail`` fails its task with a status message. The agent remembers every message
-id and the ``traceparent`` header each request carried (``EchoAgent.seen``).
+they came; skill ``fail`` fails its task with a status message; skill ``hang`` answers only once
+the agent stops. The agent remembers every message id and the ``traceparent`` header each request
+carried (``EchoAgent.seen``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class Seen:
 
 
 class _Executor(AgentExecutor):
-    def __init__(self, seen: Seen) -> None:
+    def __init__(self, seen: Seen, stopping: asyncio.Event) -> None:
         self._seen = seen
+        self._stopping = stopping
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         message = context.message
@@ -46,6 +48,10 @@ class _Executor(AgentExecutor):
         skill = named.string_value if named is not None else "echo"
         if skill == "fail":
             await updater.failed(new_text_message("the echo agent was asked to fail"))
+            return
+        if skill == "hang":
+            await self._stopping.wait()
+            await updater.failed(new_text_message("the echo agent stopped"))
             return
         parts = [Part(text=p.text) for p in message.parts if p.WhichOneof("content") == "text"]
         parts += [p for p in message.parts if p.WhichOneof("content") == "data"]
@@ -64,6 +70,7 @@ class EchoAgent:
         self.url = ""
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> str:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -79,13 +86,16 @@ class EchoAgent:
             skills=[
                 AgentSkill(id="echo", name="echo", description="echoes", tags=["test"]),
                 AgentSkill(id="fail", name="fail", description="fails", tags=["test"]),
+                AgentSkill(id="hang", name="hang", description="never answers", tags=["test"]),
             ],
             capabilities=AgentCapabilities(streaming=False),
             default_input_modes=["text/plain", "application/json"],
             default_output_modes=["text/plain", "application/json"],
         )
         handler = DefaultRequestHandler(
-            agent_executor=_Executor(self.seen), task_store=InMemoryTaskStore(), agent_card=card
+            agent_executor=_Executor(self.seen, self._stopping),
+            task_store=InMemoryTaskStore(),
+            agent_card=card,
         )
         app = Starlette(
             routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")]
@@ -100,6 +110,7 @@ class EchoAgent:
         return self.url
 
     async def stop(self) -> None:
+        self._stopping.set()  # what still hangs answers, so the server can close
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task

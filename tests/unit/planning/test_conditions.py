@@ -129,9 +129,10 @@ async def test_a_route_on_failure_runs_when_its_dependency_failed() -> None:
     result = await Engine(tools=runner(), agent="perception").run(
         routed_plan("boom"), on_event=events.append
     )
-    # The failure is handled: the plan goes on and succeeds.
+    # The failure is handled: the plan goes on and succeeds; the result keeps it apart.
     assert result.status is PlanStatus.SUCCEEDED
     assert result.failures == []
+    assert [(f.step_id, f.failure_class) for f in result.handled] == [("search", "logic")]
     assert result.statuses == {
         "search": StepStatus.FAILED,
         "use": StepStatus.SKIPPED,
@@ -353,6 +354,8 @@ async def test_crash_anywhere_then_resume_decides_as_an_uninterrupted_run(
         report = await replay(fresh, plan.id)
     assert result.statuses == reference.statuses
     assert result.status is reference.status
+    # failures that routes handled, journaled before the crash or after, are told apart as well
+    assert {f.step_id for f in result.handled} == {f.step_id for f in reference.handled}
     # every effect that the uninterrupted run made, made once (idempotent re-runs aside: the
     # ledger counts them by call id, so an in-flight step re-run after the crash counts twice)
     assert set(ledger.effects) == set(reference_ledger.effects)

@@ -48,6 +48,7 @@ EXPECTED = [
     "ClientConfig",
     "ClusterSecret",
     "Code",
+    "Consultation",
     "ControlAction",
     "ControlRequest",
     "Credentials",

@@ -724,6 +724,8 @@ class SubmitGoalRequest(_message.Message):
     BEATS_FIELD_NUMBER: _builtins.int
     PLAN_ID_FIELD_NUMBER: _builtins.int
     WORLD_FIELD_NUMBER: _builtins.int
+    CONSULT_FIELD_NUMBER: _builtins.int
+    CONSULT_REQUIRED_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     passage: _builtins.str
     beats: _builtins.int
@@ -733,6 +735,17 @@ class SubmitGoalRequest(_message.Message):
     """The perception world the goal reads and changes; "" gives the goal a fresh world of its own,
     named after its plan id (the response says which).
     """
+    consult_required: _builtins.bool
+    """Whether a consultation that fails fails the goal (before the world changes); otherwise a
+    failed consultation is recorded in the response and the goal goes on without its answer.
+    """
+    @_builtins.property
+    def consult(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """External A2A agents to consult (names from the orchestrator's STRATAGEM_A2A_AGENTS): each is
+        sent the goal, the passage and the arc's beats once the arc is planned; an unknown name is
+        refused (INVALID_ARGUMENT) before anything runs.
+        """
+
     def __init__(
         self,
         *,
@@ -741,14 +754,62 @@ class SubmitGoalRequest(_message.Message):
         beats: _builtins.int = ...,
         plan_id: _builtins.str = ...,
         world: _builtins.str = ...,
+        consult: _abc.Iterable[_builtins.str] | None = ...,
+        consult_required: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "consult", b"consult", "consult_required", b"consult_required", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubmitGoalRequest: _TypeAlias = SubmitGoalRequest  # noqa: Y015
+
+@_typing.final
+class Consultation(_message.Message):
+    """What one external A2A agent a goal consulted answered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    DATA_JSON_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """its name (STRATAGEM_A2A_AGENTS)"""
+    status: _builtins.str
+    """"answered", "failed" (error says why) or "skipped" (the goal stopped first)"""
+    task_id: _builtins.str
+    """its task's id ("" when it answered with a message)"""
+    state: _builtins.str
+    """its task's final state ("completed", ...), or "message" """
+    text: _builtins.str
+    """its text parts, joined by newlines"""
+    data_json: _builtins.str
+    """its first JSON object part, as JSON ("" for none)"""
+    error: _builtins.str
+    """why the consultation failed ("" otherwise)"""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        status: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        text: _builtins.str = ...,
+        data_json: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "data_json", b"data_json", "error", b"error", "state", b"state", "status", b"status", "task_id", b"task_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Consultation: _TypeAlias = Consultation  # noqa: Y015
 
 @_typing.final
 class SubmitGoalResponse(_message.Message):
@@ -762,6 +823,7 @@ class SubmitGoalResponse(_message.Message):
     REMOVED_FIELD_NUMBER: _builtins.int
     WORLD_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    CONSULTATIONS_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     status: _builtins.str
     """The plan's final status, or "already_holds": the arc's goals held before any action, so the
@@ -779,6 +841,10 @@ class SubmitGoalResponse(_message.Message):
     def added(self) -> _containers.RepeatedCompositeFieldContainer[Global___Relation]: ...
     @_builtins.property
     def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___Relation]: ...
+    @_builtins.property
+    def consultations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Consultation]:
+        """one per consulted external agent, in goal order"""
+
     def __init__(
         self,
         *,
@@ -790,10 +856,11 @@ class SubmitGoalResponse(_message.Message):
         removed: _abc.Iterable[Global___Relation] | None = ...,
         world: _builtins.str = ...,
         note: _builtins.str = ...,
+        consultations: _abc.Iterable[Global___Consultation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "added", b"added", "beats", b"beats", "note", b"note", "plan_id", b"plan_id", "removed", b"removed", "status", b"status", "world", b"world"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "added", b"added", "beats", b"beats", "consultations", b"consultations", "note", b"note", "plan_id", b"plan_id", "removed", b"removed", "status", b"status", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
