@@ -27,7 +27,7 @@ def _facts(state_dir: Path) -> set[tuple[str, str, str]]:
         "perception",
         "FindSpatialContext",
         "--json",
-        json.dumps({"entity_ids": ["mira", "silver_crown", "vault"]}),
+        json.dumps({"entity_ids": ["mira", "silver_crown", "vault"], "world": "faults"}),
         state_dir=state_dir,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -40,7 +40,15 @@ def test_an_unreachable_model_fails_the_goal_in_one_line_audited_and_applies_not
     up = run("up", "--json", state_dir=tmp_path, **UNREACHABLE)
     assert up.returncode == 0, up.stderr[-2000:]
     try:
-        submit = run("submit", str(EXAMPLES / "crown.yaml"), state_dir=tmp_path, **UNREACHABLE)
+        # The goal runs in a world of its own name, read back below.
+        submit = run(
+            "submit",
+            str(EXAMPLES / "crown.yaml"),
+            "--world",
+            "faults",
+            state_dir=tmp_path,
+            **UNREACHABLE,
+        )
         # One error line (after the progress lines), naming the model server that could not be
         # reached and the step it stopped; no traceback.
         assert submit.returncode == 1, submit.stdout[-2000:]

@@ -52,7 +52,14 @@ async def test_capabilities_are_tools_and_a_call_is_served_and_audited(face: Any
     async with client(mcp_face.url, signer.issue("operator", 60)) as mcp:
         listed = await mcp.list_tools()
         tools = {tool.name: tool for tool in listed.tools}
-        assert set(tools) == {"ExtractEntities", "FindSpatialContext", "UpdateWorldState"}
+        assert set(tools) == {
+            "ExtractEntities",
+            "FindSpatialContext",
+            "UpdateWorldState",
+            "ListWorlds",
+            "ShowWorld",
+            "ResetWorld",
+        }
         assert "text" in tools["ExtractEntities"].input_schema["properties"]
         result = await mcp.call_tool("ExtractEntities", {"text": "Mira waits in the courtyard."})
     assert not result.is_error

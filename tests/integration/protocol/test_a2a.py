@@ -114,6 +114,9 @@ async def test_the_card_is_made_from_describe(served: Served) -> None:
         "ExtractEntities",
         "FindSpatialContext",
         "UpdateWorldState",
+        "ListWorlds",
+        "ShowWorld",
+        "ResetWorld",
     ]
     assert card["supportedInterfaces"] == [
         {"url": served.url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}

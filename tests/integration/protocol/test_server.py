@@ -155,6 +155,9 @@ async def test_health_describe_and_plans(
         "ExtractEntities",
         "FindSpatialContext",
         "UpdateWorldState",
+        "ListWorlds",
+        "ShowWorld",
+        "ResetWorld",
     }
     assert await client.plans("goal-2") == backend.snapshots[1:]
     assert await client.plans() == backend.snapshots

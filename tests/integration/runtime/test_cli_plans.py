@@ -93,7 +93,8 @@ def test_the_control_verbs_answer_the_same_under_plans(served: Served) -> None:
             else:
                 pytest.fail("the plan never blocked at its gate")
         wrong = stratagem(served, "plans", "reject", "held", "nope", "--rationale", "x")
-        assert wrong.exit_code == 1
+        # A decision the agent refuses as such (no open gate of that id) is bad input: exit 2.
+        assert wrong.exit_code == 2
         assert "FAILED_PRECONDITION" in wrong.stderr
         for verb in (("pause",), ("plans", "pause")):
             result = stratagem(served, *verb, "held", "--json")
