@@ -104,6 +104,7 @@ from stratagem.protocol._identity import (
     CallerMetadataAuthenticator,
     ClusterSecret,
     Credentials,
+    IdentityKey,
     MissingSecretError,
     TlsAuthenticator,
     TlsCredentials,
@@ -131,6 +132,7 @@ from stratagem.protocol._models import (
     control_capability,
 )
 from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._proof import UntrustedEndpointError, prove_endpoint
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -215,6 +217,7 @@ __all__ = [
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
     "HeadsStore",
+    "IdentityKey",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
     "InternalError",
@@ -268,6 +271,7 @@ __all__ = [
     "TokenSigner",
     "UnauthenticatedError",
     "UnavailableError",
+    "UntrustedEndpointError",
     "UpdateWorldStateRequest",
     "UpdateWorldStateResponse",
     "WireModel",
@@ -294,6 +298,7 @@ __all__ = [
     "init_certificates",
     "json_object",
     "load_or_create_key",
+    "prove_endpoint",
     "register_capability",
     "register_role",
     "remaining_time",
