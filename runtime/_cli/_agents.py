@@ -12,6 +12,7 @@ import typer
 from stratagem.runtime._cli._app import (
     _OPERATOR,
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
@@ -44,11 +45,16 @@ def request(
     payload: Annotated[str, typer.Option("--json", help="The request as a JSON object.")] = "{}",
     caller: Annotated[
         str,
-        typer.Option("--as", help="Caller identity (trusted until identity authentication lands)."),
+        typer.Option(
+            "--as",
+            help="Who the request is from: the operator (default), or an identity its "
+            "credentials cover; never an agent.",
+        ),
     ] = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
     """Send one cross-agent request and print the answer as JSON."""
     with _errors():
@@ -64,7 +70,7 @@ def request(
                 lambda op: op.call(agent, capability, raw, request_id=request_id),
                 timeout=timeout,
                 caller=caller,
-                embedded=True,
+                embedded=embedded,
             )
         finally:
             shutdown_telemetry("stratagem-cli")

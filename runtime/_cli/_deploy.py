@@ -192,7 +192,8 @@ def down(
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)
         recorded = None if settings.address else LocalCluster.recorded(settings.local_cluster_file)
-        local = recorded if recorded is not None and recorded.alive else None
+        # Only a head proven to be the one 'up' started is joined or signalled.
+        local = recorded if recorded is not None and recorded.proven else None
         removed: list[str] = []
         cleaned: list[str] = []
         if settings.address or (local is not None and settings.ray_token_path.is_file()):
@@ -203,7 +204,7 @@ def down(
             local.stop()
             settings.local_cluster_file.unlink(missing_ok=True)
             settings.ray_token_path.unlink(missing_ok=True)
-        elif recorded is not None:  # the head died: clean up after it
+        elif recorded is not None:  # the head died (or the record proves nothing): clean up
             cleaned = recorded.clean_up(settings)
         if as_json:
             _print_json(
@@ -211,8 +212,14 @@ def down(
             )
         elif recorded is not None and local is None:
             console.print(
-                f"the local Ray head (pid {recorded.pid}) was already gone; cleaned up: "
-                + (", ".join(cleaned) or "nothing was left"),
+                f"the local Ray head recorded (pid {recorded.pid}) {recorded.unproven()}; "
+                "cleaned up: "
+                + (", ".join(cleaned) or "nothing was left")
+                + (
+                    f" (pid {recorded.pid} runs but is not proven the head: not signalled)"
+                    if recorded.alive
+                    else ""
+                ),
                 soft_wrap=True,
                 highlight=False,
             )

@@ -1,11 +1,13 @@
-"""``demo`` and ``submit``: a goal pursued across all agents on an embedded (or running)
-deployment, shown live, with its trace and audit head."""
+"""``demo`` and ``submit``: a goal pursued across all agents of the running deployment (or, when
+asked, of an embedded one of the command's own), shown live, with its trace and audit head."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +15,7 @@ import typer
 
 from stratagem.runtime._cli._app import (
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     PlannerOpt,
     StateDirOpt,
@@ -23,6 +26,7 @@ from stratagem.runtime._cli._app import (
     _load_agents,
     _operate,
     _print_json,
+    _running,
     _settings,
     app,
     console,
@@ -37,9 +41,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import SubmitGoalRequest
+    from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest
     from stratagem.runtime._backend import use_backend
     from stratagem.runtime._goal import GoalOutcome
+    from stratagem.runtime._local import LocalCluster
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -65,8 +70,17 @@ def _load_goal(path: Path) -> SubmitGoalRequest:
 
 
 def _execute_goal(
-    request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
+    request: SubmitGoalRequest,
+    settings: Settings,
+    *,
+    as_json: bool,
+    timeout: float | None,
+    embedded: bool | None,
 ) -> None:
+    """Pursue ``request``: on the running deployment (never changed: a missing agent is named and
+    nothing runs), or, with ``embedded`` (``None``: only when no deployment runs), on agents of
+    this command's own on an embedded Ray, removed after."""
+    started = time.monotonic()
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
@@ -78,22 +92,41 @@ def _execute_goal(
     if timeout is None and settings.plans_with_a_model:
         # A goal waits on several model calls (tens of seconds each on a CPU): a longer default.
         timeout = max(settings.request_timeout_s, 3 * settings.effective_step_timeout_s)
+    limit = timeout or settings.request_timeout_s
     deployment = _deployment(settings)
     progress = Progress()
     with _errors():
+        _ = deployment.roles  # an extension that does not load stops here, before Ray
+        if embedded is None:
+            embedded = _nothing_runs(settings)
         if not as_json:
-            err_console.print("[dim]starting agents…[/]")
-        with deployment.embedded() as dep:
-            endpoints = {info.role: info.endpoint for info in dep.status()}
+            err_console.print(
+                "[dim]starting agents of this command's own…[/]"
+                if embedded
+                else "[dim]finding the deployment's agents…[/]"
+            )
+        with contextlib.ExitStack() as stack:
+            if embedded:
+                dep = stack.enter_context(deployment.embedded())
+            else:
+                dep = stack.enter_context(_running(deployment, embedded_hint=True))
+            endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
             if not as_json:
                 err_console.print(
                     f"[dim]{dep.mode} Ray · agents: "
                     + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
                     + "[/]"
                 )
+            # The goal's deadline counts from the command's start: finding the agents included.
+            remaining = limit if embedded else limit - (time.monotonic() - started)
+            if remaining <= 0:
+                raise DeadlineExceededError(
+                    f"the command did not finish within {limit:g} s (finding the agents took "
+                    "it all): raise --timeout"
+                )
             if as_json or not console.is_terminal:
                 outcome = _operate(
-                    settings, lambda op: op.submit(request), timeout=timeout, endpoints=endpoints
+                    settings, lambda op: op.submit(request), timeout=remaining, endpoints=endpoints
                 )
             else:
                 with Live(progress.render(), console=console, refresh_per_second=8) as live:
@@ -105,7 +138,7 @@ def _execute_goal(
                     outcome = _operate(
                         settings,
                         lambda op: op.submit(request, on_event=on_event),
-                        timeout=timeout,
+                        timeout=remaining,
                         endpoints=endpoints,
                     )
             dep.flush_telemetry()
@@ -127,6 +160,14 @@ def _execute_goal(
             )
             return
         _print_outcome(outcome, spans, head)
+
+
+def _nothing_runs(settings: Settings) -> bool:
+    """Whether no deployment runs for these settings (no address, no live local head)."""
+    if settings.address is not None:
+        return False
+    recorded = LocalCluster.recorded(settings.local_cluster_file)
+    return recorded is None or not recorded.alive
 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
@@ -174,11 +215,12 @@ def demo(
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
 ) -> None:
-    """Start a local Ray, launch the four agents and pursue the built-in story goal."""
+    """Pursue the built-in story goal: on the running deployment, else on agents of its own on
+    an embedded Ray (started and removed here)."""
     with _errors():
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
     _load_agents()
-    _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
+    _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout, embedded=None)
 
 
 @app.command()
@@ -189,9 +231,11 @@ def submit(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
-    """Pursue the goal in GOAL_FILE across all agents."""
+    """Pursue the goal in GOAL_FILE across the running deployment's agents (it is not changed:
+    a missing agent is named and nothing runs); --embedded runs it on agents of its own."""
     with _errors():
         request = _load_goal(goal_file)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
-    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=embedded)

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
@@ -69,6 +70,7 @@ def plans_run(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
     """Have the plan's owner validate and run a plan you wrote."""
     with _errors():
@@ -76,7 +78,7 @@ def plans_run(
         setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
         try:
             snapshot = _operate(
-                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
+                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=embedded
             )
         finally:
             shutdown_telemetry("stratagem-cli")
@@ -182,7 +184,7 @@ def plans_watch(
                     )
             return seen
 
-        seen = _operate(settings, follow)
+        seen = _operate(settings, follow, bounded=False)
         if not as_json:
             console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
 
