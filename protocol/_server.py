@@ -143,8 +143,9 @@ class ServerConfig:
             (``protocol._refusals``).
         refusal_audit_window_s: That window, seconds.
         refusal_audit_total: Refusals before authentication recorded one by one per window from
-            all addresses together; further ones are counted into one agent-wide aggregate record
-            (a flood from many addresses costs no more).
+            all addresses together (``None``: 4 x ``refusal_audit_burst``, 40 by default);
+            further ones are counted into one agent-wide aggregate record (a flood from many
+            addresses costs no more).
     """
 
     host: str = "127.0.0.1"
@@ -160,7 +161,7 @@ class ServerConfig:
     max_watch_streams: int = 1024
     refusal_audit_burst: int = 10
     refusal_audit_window_s: float = 10.0
-    refusal_audit_total: int = 40
+    refusal_audit_total: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -173,7 +174,7 @@ class ServerConfig:
                 "ServerConfig.answer_cache_size, grace_s and max_queued_requests must be >= 0"
             )
         if (
-            min(self.refusal_audit_burst, self.refusal_audit_total) < 0
+            min(self.refusal_audit_burst, self.refusal_audit_total or 0) < 0
             or self.refusal_audit_window_s <= 0
         ):
             raise ProtocolUsageError(

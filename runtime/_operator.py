@@ -370,7 +370,8 @@ class Operator:
             UnavailableError: An agent does not answer there (stopped, or its loop blocked).
         """
         credentials = self._caller_credentials()
-        timeout = min(_PROOF_TIMEOUT_S, self._config.default_timeout_s)
+        # Half the call's deadline at most: a stopped agent is named before the deadline passes.
+        timeout = min(_PROOF_TIMEOUT_S, self._config.default_timeout_s / 2)
         for role, endpoint in endpoints.items():
             if (role, endpoint) in self._proven:
                 continue

@@ -74,7 +74,12 @@ def operator_key(settings: Settings) -> IdentityKey:
         return IdentityKey.load(settings.operator_key_path)
     except MissingSecretError:
         if not settings.secret_path.exists():
-            raise
+            raise MissingSecretError(
+                f"no operator key at {settings.operator_key_path} (nor a cluster secret at "
+                f"{settings.secret_path} to derive it from): 'stratagem up' (or 'demo') writes "
+                "both in the deployment's state directory; copy its operator.key here with mode "
+                "600, or point STRATAGEM_OPERATOR_KEY_FILE at a copy"
+            ) from None
     return IdentityKey.derive(ClusterSecret.load(settings.secret_path), OPERATOR)
 
 

@@ -240,21 +240,39 @@ def test_a_bad_setting_is_one_line_and_exit_2_for_every_command(
     assert not (tmp_path / "local-ray.json").exists()  # nothing started
 
 
-def test_denied_caller_gets_permission_denied(deployed: Path) -> None:
+@pytest.mark.parametrize(
+    ("caller", "refusal"),
+    [
+        (
+            "perception",
+            "the operator cannot act as 'perception': it is one of the deployment's agents, "
+            "which sign with keys the operator does not hold",
+        ),
+        (
+            "orchestrator",
+            "the operator cannot act as 'orchestrator': it is one of the deployment's agents, "
+            "which sign with keys the operator does not hold",
+        ),
+        ("Bad Name", "'Bad Name' is not an identity (lowercase, ^[a-z][a-z0-9_-]{0,63}$)"),
+        ("auditor", "the operator's key signs only as 'operator', not as 'auditor'"),
+    ],
+)
+def test_the_operator_cannot_pose_as_an_agent_or_another_identity(
+    deployed: Path, caller: str, refusal: str
+) -> None:
     payload = json.dumps({"text": "Mira waits in the courtyard."})
     result = run(
         "request",
         "strategic",
         "AnalyzeNarrative",
         "--as",
-        "perception",
+        caller,
         "--json",
         payload,
         state_dir=deployed,
     )
-    assert result.returncode == 1
-    assert "PERMISSION_DENIED" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [f"error: {refusal}"]
     verify = run("audit", "verify", "--json", state_dir=deployed)
     assert verify.returncode == 0, verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
