@@ -569,7 +569,8 @@ def _silent_agent(role: str, handle: Any, gave_up: str = "") -> AgentInfo:
         plans_running=0,
         restarts=int(record["NumRestarts"]) if "NumRestarts" in record else None,
         state=str(record.get("State", "UNKNOWN")),
-        health="not answering",
+        # Dead, its name not freed yet: gone as surely as one Ray no longer lists.
+        health="not deployed" if record.get("State") == "DEAD" else "not answering",
         problem=(gave_up if record.get("State") == "DEAD" else "") or death_cause(record),
     )
 

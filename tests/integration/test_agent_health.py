@@ -190,7 +190,8 @@ def test_restarts_are_budgeted_per_window_and_status_says_the_agent_gave_up(
             own.serving_endpoints(timeout_s=10)
         assert str(refused.value).startswith(f"agents not deployed: perception ({expected}")
         assert "nothing was changed" in str(refused.value)
-        assert own._handle("perception") is None
+        [after] = [info for info in own.status(timeout_s=10) if info.role == "perception"]
+        assert after.health == "not deployed"  # not redeployed in its place
         assert "gave up" in own.settings.restarts_path("perception").read_text()
     finally:
         own.teardown()
