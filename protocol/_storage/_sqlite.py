@@ -87,8 +87,14 @@ def storage_error(
 
 def _private_file(path: Path) -> None:
     """Create ``path`` with mode 0600 when missing; narrow it and its WAL files to 0600 when they
-    are this user's and looser."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    are this user's and looser.
+
+    An existing database is never opened here: closing any descriptor of a database file drops
+    every POSIX lock this process holds on it, those of its open SQLite connections included.
+    """
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(OSError):
             status = os.stat(f"{path}{suffix}")
