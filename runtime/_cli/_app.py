@@ -70,6 +70,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "StorageCorruptError",
         "SubmitGoalRequest",
         "TokenSigner",
+        "UnavailableError",
         "all_records",
         "archive_audit",
         "load_or_create_key",

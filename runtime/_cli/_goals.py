@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest
+    from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest, UnavailableError
     from stratagem.runtime._backend import use_backend
     from stratagem.runtime._goal import GoalOutcome
     from stratagem.runtime._local import LocalCluster
@@ -110,7 +110,15 @@ def _execute_goal(
                 dep = stack.enter_context(deployment.embedded())
             else:
                 dep = stack.enter_context(_running(deployment, embedded_hint=True))
-            endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
+            try:
+                endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
+            except UnavailableError as exc:
+                if time.monotonic() - started < limit:
+                    raise  # agents that did not answer within the time they were given
+                raise DeadlineExceededError(
+                    f"the command's deadline ({limit:g} s) passed while finding the agents "
+                    f"({exc.message}): raise --timeout"
+                ) from exc
             if not as_json:
                 err_console.print(
                     f"[dim]{dep.mode} Ray · agents: "
