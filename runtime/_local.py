@@ -119,8 +119,9 @@ class LocalCluster:
         why = cluster.unproven()
         if why:
             raise LaunchError(
-                f"the local Ray head 'stratagem up' recorded in {path} (pid {cluster.pid}, "
-                f"{cluster.address}) {why}: run 'stratagem down', then 'stratagem up'"
+                f"the local Ray head 'stratagem up' started (pid {cluster.pid}, "
+                f"{cluster.address}, recorded in {path}) {why}: run 'stratagem down', then "
+                "'stratagem up'"
             )
         return cluster
 

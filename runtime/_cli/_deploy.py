@@ -212,14 +212,14 @@ def down(
             )
         elif recorded is not None and local is None:
             console.print(
-                f"the local Ray head recorded (pid {recorded.pid}) {recorded.unproven()}; "
-                "cleaned up: "
-                + (", ".join(cleaned) or "nothing was left")
-                + (
-                    f" (pid {recorded.pid} runs but is not proven the head: not signalled)"
+                (
+                    f"the local Ray head recorded (pid {recorded.pid}) {recorded.unproven()}: "
+                    f"pid {recorded.pid} runs but is not proven the head, so it was not "
+                    "signalled; cleaned up: "
                     if recorded.alive
-                    else ""
-                ),
+                    else f"the local Ray head (pid {recorded.pid}) was already gone; cleaned up: "
+                )
+                + (", ".join(cleaned) or "nothing was left"),
                 soft_wrap=True,
                 highlight=False,
             )

@@ -168,7 +168,7 @@ def test_down_never_signals_a_process_a_forged_record_names(
     time.sleep(0.5)  # a SIGTERM would have ended it by now
     assert unrelated.poll() is None, "down signalled a process that is not the deployment's"
     assert code == 0, lines
-    assert "not proven the head: not signalled" in " ".join(lines)
+    assert "runs but is not proven the head, so it was not signalled" in " ".join(lines)
     assert not (tmp_path / "local-ray.json").exists()
     # The older record format (no proof at all) is not followed either.
     (tmp_path / "local-ray.json").write_text(
