@@ -151,6 +151,24 @@ def test_a_command_without_a_deployment_says_so_and_starts_none(tmp_path: Path) 
         "(--embedded runs agents of this command's own)"
     ]
     assert not (tmp_path / "audit.sqlite3").exists()  # no agent ran
+    # Asked for, agents of the command's own answer it, and are gone after.
+    embedded = run(
+        "request", "perception", "ExtractEntities", "--json", EXTRACT, "--embedded",
+        STRATAGEM_STATE_DIR=str(tmp_path), timeout=240,
+    )  # fmt: skip
+    assert embedded.returncode == 0, embedded.stderr[-2000:]
+    assert "mira" in {entity["id"] for entity in json.loads(embedded.stdout)["entities"]}
+    assert not (tmp_path / "local-ray.json").exists()
+
+
+def test_an_embedded_run_is_refused_where_a_deployment_runs(deployed: Path) -> None:
+    result = run(
+        "submit", CROWN, "--json", "--embedded", STRATAGEM_STATE_DIR=str(deployed), timeout=120
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    [line] = _lines(result.stderr)
+    assert line.startswith(f"error: a deployment runs on the state directory {deployed} (local")
+    assert line.endswith("use it without --embedded, or give the embedded run another --state-dir")
 
 
 def test_a_stopped_agent_is_unavailable_by_name_within_the_timeout(deployed: Path) -> None:
