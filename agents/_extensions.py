@@ -56,6 +56,10 @@ ENTRY_POINT_GROUP: Final = "stratagem.extensions"
 Setup = Callable[["Agent"], None]
 """What an extension does to each agent."""
 
+# What an extension's import or setup may raise that is its failure, not the process's: a
+# ``SystemExit`` from an extension's code would otherwise end the command silently (exit 0).
+_IMPORT_FAILURES: Final = (Exception, SystemExit)
+
 
 @runtime_checkable
 class Extension(Protocol):
@@ -89,7 +93,7 @@ def _import_file(name: str, path: Path) -> ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except _IMPORT_FAILURES as exc:
         del sys.modules[module_name]
         raise _failed(name, f"importing {path}", exc) from exc
     return module
@@ -106,10 +110,10 @@ def _import_module(name: str, module_name: str) -> ModuleType:
         sys.path.append(cwd)
         try:
             return importlib.import_module(module_name)
-        except Exception as retry:
+        except _IMPORT_FAILURES as retry:
             sys.path.remove(cwd)
             raise _failed(name, f"importing module {module_name!r}", retry) from retry
-    except Exception as exc:
+    except _IMPORT_FAILURES as exc:
         raise _failed(name, f"importing module {module_name!r}", exc) from exc
 
 
@@ -161,7 +165,7 @@ def _entry_points() -> list[tuple[str, Setup]]:
         label = f"entry point {point.name} ({point.value})"
         try:
             loaded = point.load()
-        except Exception as exc:
+        except _IMPORT_FAILURES as exc:
             raise _failed(label, "loading", exc) from exc
         if isinstance(loaded, ModuleType) or (
             isinstance(loaded, Extension) and not callable(loaded)
@@ -214,7 +218,7 @@ def set_up(agent: Agent, setups: Sequence[tuple[str, Setup]]) -> list[str]:
             setup(agent)
         except ExtensionError:
             raise
-        except Exception as exc:
+        except _IMPORT_FAILURES as exc:
             raise ExtensionError(
                 name, f"setup failed on the {agent.role} agent: {type(exc).__name__}: {exc}"
             ) from exc

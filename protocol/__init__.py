@@ -116,6 +116,7 @@ from stratagem.protocol._identity import (
     CallerMetadataAuthenticator,
     ClusterSecret,
     Credentials,
+    IdentityKey,
     MissingSecretError,
     TlsAuthenticator,
     TlsCredentials,
@@ -153,6 +154,7 @@ from stratagem.protocol._policy import (
     Policy,
     PolicyRule,
 )
+from stratagem.protocol._proof import UntrustedEndpointError, prove_endpoint
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -256,6 +258,7 @@ __all__ = [
     "FindSpatialContextResponse",
     "GateInfo",
     "HeadsStore",
+    "IdentityKey",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
     "InternalError",
@@ -318,6 +321,7 @@ __all__ = [
     "TokenSigner",
     "UnauthenticatedError",
     "UnavailableError",
+    "UntrustedEndpointError",
     "UpdateWorldStateRequest",
     "UpdateWorldStateResponse",
     "WireModel",
@@ -346,6 +350,7 @@ __all__ = [
     "json_object",
     "json_value",
     "load_or_create_key",
+    "prove_endpoint",
     "register_capability",
     "register_role",
     "remaining_time",

@@ -15,18 +15,30 @@ Three authenticators:
   and for measuring what authentication costs, never for a deployment.
 
 The cluster secret is the trust root of token mode: whoever can read it can mint a token for any
-identity, so it is created once with mode 0600 and handed only to the processes of the deployment
-(the agents and the operator's CLI). Per-identity isolation, where one compromised agent cannot
-speak as another, is what mutual TLS with a private key per identity gives.
+identity, so it is created once with mode 0600 and handed only to what deploys the agents and to
+the agents themselves. The operator's commands hold only the operator's own key, derived from it
+(``IdentityKey``): they cannot sign as an agent. Isolation between agents, where one compromised
+agent cannot speak as another, is what mutual TLS with a private key per identity gives.
 
 A token is a standard JWT (RFC 7519) signed with HS256 through PyJWT, so any language's JWT
 library mints and checks it: header ``{"alg": "HS256", "typ": "JWT", "kid": <key id>}``, claims
-``sub`` (the identity), ``aud`` (``"stratagem"``), ``iat`` and ``exp`` (whole Unix seconds). The
-HMAC key is not the cluster secret itself but HMAC-SHA256(secret, ``"stratagem.jwt.hs256.v1"``),
-so a key shared with another purpose cannot vouch for a token; ``kid`` is the secret's key id
+``sub`` (the identity), ``aud`` (``"stratagem"``), ``iat`` and ``exp`` (whole Unix seconds),
+optionally ``nbf``. Each identity signs with a key of its own, derived from the cluster secret:
+HMAC-SHA256(secret, ``"stratagem.jwt.hs256.v2"`` + a zero byte + the identity)
+(``IdentityKey.derive``). A verifier holding the secret derives the key of the token's ``sub``; a
+process holding only one identity's key (the operator's ``operator.key``) signs only as that
+identity, so the operator's credential never acts as an agent. ``kid`` is the secret's key id
 (``ClusterSecret.key_id``), so a token signed with a rotated-away secret is named as such. The
-signature segment must be the canonical encoding (no stray padding bits). Tokens never appear in
-logs, spans, errors or audit records: ``redact`` masks them wherever free text is recorded.
+signature segment must be the canonical encoding (no stray padding bits). ``iat`` and ``nbf`` may
+lie at most ``clock_skew_s`` (300 s) ahead of the verifier's clock, ``exp`` at most the maximum
+lifetime plus that skew. Tokens never appear in logs, spans, errors or audit records: ``redact``
+masks them wherever free text is recorded.
+
+Before a client sends a token to an endpoint it read from a file, the agent there proves that it
+holds the deployment's secret (``EndpointService.Prove``, ``protocol._proof``): it answers a nonce
+with HMAC-SHA256(HMAC-SHA256(K(identity), ``"stratagem.endpoint.proof.v1"``), nonce + 0 + role +
+0 + endpoint), which only a holder of the client's own key or of the secret can make, and which
+names the endpoint the agent serves on, so a relay at another address cannot pass it on.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import re
 import stat
@@ -59,6 +72,7 @@ __all__ = [
     "CallerMetadataAuthenticator",
     "ClusterSecret",
     "Credentials",
+    "IdentityKey",
     "MissingSecretError",
     "TlsAuthenticator",
     "TlsCredentials",
@@ -72,7 +86,8 @@ AUTHORIZATION_KEY: Final = "authorization"
 
 AUDIENCE: Final = "stratagem"
 """The ``aud`` claim of every token."""
-_JWT_DOMAIN: Final = b"stratagem.jwt.hs256.v1"
+_JWT_DOMAIN: Final = b"stratagem.jwt.hs256.v2\0"
+_PROOF_DOMAIN: Final = b"stratagem.endpoint.proof.v1"
 _MAX_TOKEN_CHARS: Final = 4096
 _BEARER: Final = "Bearer "
 _SECRET_BYTES: Final = 32
@@ -82,6 +97,8 @@ TOKEN_PATTERN: Final = r"eyJ[A-Za-z0-9_-]{1,1024}\.eyJ[A-Za-z0-9_-]{1,2048}\.[A-
 _TOKEN: Final = re.compile(TOKEN_PATTERN)
 # Verified tokens kept at most; a full cache is cleared (tokens are re-verified, never trusted).
 _CACHE_LIMIT: Final = 4096
+# Derived identity keys kept at most by a signer holding the cluster secret.
+_KEY_CACHE_LIMIT: Final = 256
 
 
 class MissingSecretError(ProtocolUsageError):
@@ -216,6 +233,113 @@ class ClusterSecret:
         return cls(value)
 
 
+def _derive(secret: bytes, identity: str) -> bytes:
+    """The token key of ``identity``: HMAC-SHA256(secret, domain + identity)."""
+    return hmac.new(secret, _JWT_DOMAIN + identity.encode("ascii"), hashlib.sha256).digest()
+
+
+class IdentityKey:
+    """One identity's token key, derived from the cluster secret: it signs as that identity and
+    no other (``TokenSigner(key)``), and proves nothing about the secret it came from.
+
+    ``stratagem up`` writes the operator's as ``STATE_DIR/operator.key`` (mode 0600): a JSON
+    object ``{"identity": ..., "key_id": ..., "key": <base64 of the 32 key bytes>}``. The operator's
+    commands sign with it; another language's client signs HS256 with the decoded ``key`` and
+    ``kid`` = ``key_id``.
+    """
+
+    __slots__ = ("_key", "identity", "key_id")
+
+    def __init__(self, identity: str, key_id: str, key: bytes) -> None:
+        if not _IDENTITY.fullmatch(identity):
+            raise ProtocolUsageError(f"{identity!r} is not an identity ({IDENTITY_PATTERN})")
+        if len(key) != 32 or not re.fullmatch(r"[0-9a-f]{16}", key_id):
+            raise ProtocolUsageError("an identity key has 32 bytes and a 16-hex-digit key id")
+        self.identity = identity
+        self.key_id = key_id
+        self._key = key
+
+    def __repr__(self) -> str:
+        return f"IdentityKey({self.identity!r}, key_id={self.key_id!r}, <redacted>)"
+
+    __str__ = __repr__
+
+    @classmethod
+    def derive(cls, secret: ClusterSecret, identity: str) -> IdentityKey:
+        """``identity``'s key under ``secret``."""
+        return cls(identity, secret.key_id, _derive(secret.reveal(), identity))
+
+    def reveal(self) -> bytes:
+        """The key's bytes."""
+        return self._key
+
+    def save(self, path: Path) -> None:
+        """Write the key to ``path`` (mode 0600), replacing what was there in one step.
+
+        Raises:
+            ProtocolUsageError: When the file cannot be written.
+        """
+        text = json.dumps(
+            {"identity": self.identity, "key_id": self.key_id, "key": _b64_std(self._key)}
+        )
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            temporary.unlink(missing_ok=True)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(text + "\n")
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise ProtocolUsageError(f"cannot write the identity key {path}: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: Path) -> IdentityKey:
+        """Read a key written by ``save``.
+
+        Raises:
+            MissingSecretError: There is no file at ``path``.
+            ProtocolUsageError: It is readable by others, damaged or unreadable.
+        """
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if mode & 0o077:
+                raise ProtocolUsageError(
+                    f"the identity key {path} is readable by others (mode {mode:o}); chmod 600 it"
+                )
+            raw = json.loads(path.read_bytes()[:4096])
+            return cls(
+                str(raw["identity"]),
+                str(raw["key_id"]),
+                base64.b64decode(raw["key"], validate=True),
+            )
+        except FileNotFoundError:
+            raise MissingSecretError(
+                f"no operator key at {path}: 'stratagem up' (or 'demo') writes it in the "
+                "deployment's state directory; copy that operator.key here with mode 600, or "
+                "point STRATAGEM_OPERATOR_KEY_FILE at a copy"
+            ) from None
+        except OSError as exc:
+            raise ProtocolUsageError(f"cannot read the identity key {path}: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolUsageError(
+                f"the identity key {path} is damaged; 'stratagem up' writes it again"
+            ) from exc
+
+
+def _b64_std(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def endpoint_proof(key: bytes, *, nonce: bytes, role: str, endpoint: str) -> bytes:
+    """What an agent answers a client's nonce with (see the module docstring): made with the
+    client identity's token ``key``, over the nonce, the agent's role and its endpoint."""
+    proof_key = hmac.new(key, _PROOF_DOMAIN, hashlib.sha256).digest()
+    message = nonce + b"\0" + role.encode() + b"\0" + endpoint.encode()
+    return hmac.new(proof_key, message, hashlib.sha256).digest()
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
@@ -227,14 +351,16 @@ TOKEN_CLOCK_SKEW_S = 300.0
 
 
 class TokenSigner:
-    """Issues and verifies tokens made with one cluster secret.
+    """Issues and verifies tokens: with the cluster secret for any identity (each with its own
+    derived key), with an ``IdentityKey`` for that one identity only.
 
     A token whose expiry lies further ahead than ``max_ttl_s`` plus ``clock_skew_s`` is refused
     even when its MAC holds: no signer of the deployment issues one, so it was made with a leaked
-    secret or a misconfigured client, and accepting it would let it outlive a secret rotation.
+    secret or a misconfigured client, and accepting it would let it outlive a secret rotation. So
+    is one issued (``iat``) or valid from (``nbf``) further ahead than ``clock_skew_s``.
 
     Args:
-        secret: The cluster secret.
+        secret: The cluster secret, or one identity's key.
         clock: Seconds since the epoch (tests pass their own).
         max_ttl_s: The longest lifetime a token may have (issued or verified).
         clock_skew_s: How far another host's clock may run ahead of this one's.
@@ -242,24 +368,43 @@ class TokenSigner:
 
     def __init__(
         self,
-        secret: ClusterSecret,
+        secret: ClusterSecret | IdentityKey,
         *,
         clock: Callable[[], float] = time.time,
         max_ttl_s: float = MAX_TOKEN_TTL_S,
         clock_skew_s: float = TOKEN_CLOCK_SKEW_S,
     ) -> None:
-        self._key = hmac.new(secret.reveal(), _JWT_DOMAIN, hashlib.sha256).digest()
+        self._root = secret.reveal() if isinstance(secret, ClusterSecret) else None
+        self._own = secret if isinstance(secret, IdentityKey) else None
+        self._keys: dict[str, bytes] = {}
+        if self._own is not None:
+            self._keys[self._own.identity] = self._own.reveal()
         self._kid = secret.key_id
         self._clock = clock
         self._max_ttl_s = max_ttl_s
         self._clock_skew_s = clock_skew_s
 
+    @property
+    def identity(self) -> str | None:
+        """The one identity this signer signs as (``None``: any, it holds the cluster secret)."""
+        return None if self._own is None else self._own.identity
+
+    def _key(self, identity: str) -> bytes | None:
+        """``identity``'s token key, when this signer may sign or verify as it."""
+        key = self._keys.get(identity)
+        if key is None and self._root is not None:
+            key = _derive(self._root, identity)
+            if len(self._keys) >= _KEY_CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[identity] = key
+        return key
+
     def issue(self, identity: str, ttl_s: float) -> str:
         """A token for ``identity`` valid for ``ttl_s`` seconds from now.
 
         Raises:
-            ProtocolUsageError: For a malformed identity, or a ``ttl_s`` not positive or past
-                ``max_ttl_s``.
+            ProtocolUsageError: For a malformed identity, one this signer may not sign as, or a
+                ``ttl_s`` not positive or past ``max_ttl_s``.
         """
         if not _IDENTITY.fullmatch(identity):
             raise ProtocolUsageError(f"{identity!r} is not an identity ({IDENTITY_PATTERN})")
@@ -267,22 +412,39 @@ class TokenSigner:
             raise ProtocolUsageError(f"ttl_s must be positive, not {ttl_s}")
         if ttl_s > self._max_ttl_s:
             raise ProtocolUsageError(f"ttl_s must be at most {self._max_ttl_s:g}, not {ttl_s:g}")
+        key = self._key(identity)
+        if key is None:
+            raise ProtocolUsageError(
+                f"this key signs only as {self.identity!r}, not as {identity!r}"
+            )
         now = self._clock()
         expiry = int(now + ttl_s)
         claims = {"sub": identity, "aud": AUDIENCE, "iat": int(now), "exp": expiry}
-        return jwt.encode(claims, self._key, algorithm="HS256", headers={"kid": self._kid})
+        return jwt.encode(claims, key, algorithm="HS256", headers={"kid": self._kid})
+
+    def prove(self, identity: str, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        """The proof an agent at ``endpoint`` serving ``role`` gives ``identity``'s client for
+        ``nonce`` (``None`` when this signer does not hold that identity's key)."""
+        if not _IDENTITY.fullmatch(identity):
+            return None
+        key = self._key(identity)
+        if key is None:
+            return None
+        return endpoint_proof(key, nonce=nonce, role=role, endpoint=endpoint)
 
     def verify(self, token: str) -> tuple[str, int]:
-        """The identity a token names and its expiry, when its MAC holds and it has not expired.
+        """The identity a token names and its expiry, when its MAC holds under that identity's
+        key and its times are acceptable.
 
         Raises:
-            UnauthenticatedError: A malformed, forged or expired token; the message never repeats
-                the token.
+            UnauthenticatedError: A malformed, forged, expired or not yet valid token; the message
+                never repeats the token.
         """
         if len(token) > _MAX_TOKEN_CHARS or _TOKEN.fullmatch(token) is None:
             raise UnauthenticatedError("malformed token")
         try:
             kid = jwt.get_unverified_header(token).get("kid")
+            claimed = jwt.decode(token, options={"verify_signature": False}).get("sub")
         except jwt.InvalidTokenError:
             raise UnauthenticatedError("malformed token") from None
         if kid != self._kid:
@@ -290,34 +452,56 @@ class TokenSigner:
                 "invalid token: its signature does not verify (signed with key "
                 f"{str(kid)[:16]!r}; this deployment's is {self._kid!r})"
             )
+        if not isinstance(claimed, str) or not _IDENTITY.fullmatch(claimed):
+            raise UnauthenticatedError("invalid token: its sub is not an identity")
+        key = self._key(claimed)
+        if key is None:
+            raise UnauthenticatedError("invalid token: its signature does not verify")
         signature = token.rsplit(".", 1)[1]
         if _b64(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))) != signature:
             raise UnauthenticatedError("invalid token: its signature does not verify")
         try:
             claims = jwt.decode(
                 token,
-                self._key,
+                key,
                 algorithms=["HS256"],
                 audience=AUDIENCE,
-                # exp and iat are judged below on this signer's clock, with its skew.
+                # exp, iat and nbf are judged below on this signer's clock, with its skew.
                 options={
-                    "require": ["sub", "aud", "exp"],
+                    "require": ["sub", "aud", "exp", "iat"],
                     "verify_exp": False,
                     "verify_iat": False,
+                    "verify_nbf": False,
                 },
             )
         except jwt.InvalidSignatureError:
             raise UnauthenticatedError("invalid token: its signature does not verify") from None
         except jwt.InvalidTokenError as exc:
             raise UnauthenticatedError(f"invalid token: {type(exc).__name__}") from None
-        identity, expiry = claims["sub"], claims["exp"]
-        if not isinstance(identity, str) or not _IDENTITY.fullmatch(identity):
-            raise UnauthenticatedError("invalid token: its sub is not an identity")
+        identity, expiry, issued = claims["sub"], claims["exp"], claims["iat"]
+        if identity != claimed:
+            raise UnauthenticatedError("invalid token: its signature does not verify")
         if type(expiry) is not int:
             raise UnauthenticatedError("invalid token: its exp is not whole seconds")
+        if type(issued) is not int:
+            raise UnauthenticatedError("invalid token: its iat is not whole seconds")
         now = self._clock()
         if expiry <= now:
             raise UnauthenticatedError(f"expired token for {identity!r}")
+        if issued > now + self._clock_skew_s:
+            raise UnauthenticatedError(
+                f"token for {identity!r} refused: issued in the future (iat more than "
+                f"{self._clock_skew_s:g} s ahead of this agent's clock)"
+            )
+        not_before = claims.get("nbf")
+        if not_before is not None:
+            if type(not_before) is not int:
+                raise UnauthenticatedError("invalid token: its nbf is not whole seconds")
+            if not_before > now + self._clock_skew_s:
+                raise UnauthenticatedError(
+                    f"token for {identity!r} refused: not valid yet (nbf more than "
+                    f"{self._clock_skew_s:g} s ahead of this agent's clock)"
+                )
         if expiry > now + self._max_ttl_s + self._clock_skew_s:
             raise UnauthenticatedError(
                 f"token for {identity!r} refused: its expiry is further ahead than the maximum "
@@ -350,6 +534,11 @@ class Authenticator(Protocol):
         """``grpc.ServerCredentials`` to listen with, or ``None`` for a plaintext port."""
         ...
 
+    def prove(self, identity: str, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        """This agent's proof, for ``identity``'s client, that it holds the deployment's key
+        (``None`` when this mode has none: TLS proves the server itself)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class CallerMetadataAuthenticator:
@@ -368,6 +557,9 @@ class CallerMetadataAuthenticator:
         return caller
 
     def server_credentials(self) -> Any:
+        return None
+
+    def prove(self, identity: str, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
         return None
 
 
@@ -412,6 +604,9 @@ class TokenAuthenticator:
     def server_credentials(self) -> Any:
         return None
 
+    def prove(self, identity: str, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        return self._signer.prove(identity, nonce=nonce, role=role, endpoint=endpoint)
+
 
 class Credentials(Protocol):
     """What a client proves itself with: call metadata and/or a TLS channel."""
@@ -433,12 +628,17 @@ class Credentials(Protocol):
         """Extra channel options (a TLS server name override)."""
         ...
 
+    def expected_proof(self, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        """The proof an agent holding the deployment's key answers ``nonce`` with at
+        ``endpoint`` (``None``: nothing to check, the TLS channel proves the server)."""
+        ...
+
 
 class TokenCredentials:
     """A client's token for one identity, renewed when half of its lifetime has passed.
 
     Args:
-        signer: Made with the cluster secret.
+        signer: Made with the cluster secret, or with this identity's ``IdentityKey``.
         identity: Who this client is.
         ttl_s: Each token's lifetime.
     """
@@ -485,6 +685,9 @@ class TokenCredentials:
     def channel_options(self) -> Sequence[tuple[str, Any]]:
         return ()
 
+    def expected_proof(self, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        return self._signer.prove(self._identity, nonce=nonce, role=role, endpoint=endpoint)
+
 
 class TlsAuthenticator:
     """Mutual TLS: the transport verified the peer's certificate against the cluster's CA; the
@@ -514,6 +717,9 @@ class TlsAuthenticator:
 
     def server_credentials(self) -> Any:
         return self._credentials
+
+    def prove(self, identity: str, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        return None
 
 
 class TlsCredentials:
@@ -545,3 +751,6 @@ class TlsCredentials:
 
     def channel_options(self) -> Sequence[tuple[str, Any]]:
         return self._options
+
+    def expected_proof(self, *, nonce: bytes, role: str, endpoint: str) -> bytes | None:
+        return None

@@ -28,9 +28,11 @@ from stratagem.protocol._audit import (
     HoldingAuditLog,
     digest,
 )
+from stratagem.protocol._capabilities import roles
 from stratagem.protocol._codec import decode_request
 from stratagem.protocol._errors import (
     Code,
+    FailedPreconditionError,
     InvalidArgumentError,
     PermissionDeniedError,
     RemoteError,
@@ -39,7 +41,7 @@ from stratagem.protocol._errors import (
 from stratagem.protocol._identity import Authenticator
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._models import IDENTITY_PATTERN, RequestEnvelope
-from stratagem.protocol._policy import Policy
+from stratagem.protocol._policy import OPERATOR, Policy
 from stratagem.protocol._refusals import RefusalLimiter, peer_address
 from stratagem.protocol._rpc import (
     CALLER_KEY,
@@ -99,6 +101,8 @@ class Pipeline:
         authenticator: How callers are verified.
         audit: Where every accepted, refused and finished call is recorded.
         metrics: The server's RPC metrics.
+        refusal: Why the agent takes no work now (``""`` when it does), asked before each write
+            RPC once it is authorized: a non-empty answer is ``FAILED_PRECONDITION``.
     """
 
     def __init__(
@@ -110,8 +114,10 @@ class Pipeline:
         authenticator: Authenticator,
         audit: AuditLog,
         metrics: RpcMetrics,
+        refusal: Callable[[], str] | None = None,
     ) -> None:
         self.role = role
+        self._refusal = refusal
         self.config = config
         self.authenticator = authenticator
         self._policy = policy
@@ -123,7 +129,9 @@ class Pipeline:
         self._metrics = metrics
         self.admission = Admission(config.max_concurrent_requests, config.max_queued_requests)
         self.refusals = RefusalLimiter(
-            burst=config.refusal_audit_burst, window_s=config.refusal_audit_window_s
+            burst=config.refusal_audit_burst,
+            window_s=config.refusal_audit_window_s,
+            total=config.refusal_audit_total,
         )
         # Set when a deferred record failed to commit: acceptances are awaited again until one
         # commits, so a broken log serves no more calls.
@@ -140,9 +148,11 @@ class Pipeline:
         read: str | None,
         *,
         queue: bool = True,
+        writes: bool = True,
     ) -> None:
         """Authenticate, authorize and take a slot (``queue``); a read RPC, RunPlan or Control is
-        its own (pseudo-)capability and targets this agent."""
+        its own (pseudo-)capability and targets this agent. A call that ``writes`` is refused
+        (``FAILED_PRECONDITION``) while the agent takes no work (see ``refusal``)."""
         exchange.request_digest = digest(request)
         exchange.target = exchange.metadata.get(TARGET_KEY, "") or (self.role if read else "")
         exchange.capability = read or exchange.metadata.get(CAPABILITY_KEY, "")
@@ -175,12 +185,17 @@ class Pipeline:
                 f"{exchange.caller!r} may not call {exchange.capability!r} on {exchange.target!r}"
             )
         exchange.delegation = self._delegation(exchange)
+        if writes and self._refusal is not None:
+            problem = self._refusal()
+            if problem:
+                raise FailedPreconditionError(problem)
         if queue:
             await self.admission.acquire(self.role)
             exchange.slot = True
 
     def _delegation(self, exchange: Exchange) -> tuple[str, ...]:
-        """The call's delegation chain from its metadata: bounded and free of cycles."""
+        """The call's delegation chain from its metadata: bounded, free of cycles, and naming
+        only identities the deployment knows."""
         text = exchange.metadata.get(DELEGATION_KEY, "")
         chain = tuple(text.split(",")) if text else ()
         if DELEGATION_KEY not in exchange.metadata and exchange.envelope is not None:
@@ -193,6 +208,14 @@ class Pipeline:
         for identity in chain:
             if not _IDENTITY.fullmatch(identity):
                 raise InvalidArgumentError(f"malformed identity in {DELEGATION_KEY}")
+        if chain:
+            known = {OPERATOR, *roles(), *self._policy.callers}
+            strangers = [identity for identity in chain if identity not in known]
+            if strangers:
+                raise PermissionDeniedError(
+                    f"the delegation chain names {strangers[0]!r}, an identity this deployment "
+                    "does not know (its agents, the operator and the policy's callers)"
+                )
         path = (*chain, exchange.caller, exchange.target)
         if len(set(path)) < len(path):
             raise PermissionDeniedError(f"delegation cycle: {' > '.join(path)}")

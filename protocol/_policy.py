@@ -229,6 +229,11 @@ class Policy:
         """The allow rules, in file order."""
         return self._rules
 
+    @property
+    def callers(self) -> frozenset[str]:
+        """The identities the rules name as callers (the wildcard aside)."""
+        return frozenset(rule.caller for rule in self._rules if rule.caller != ANY)
+
     def allows(self, caller: str, target: str, capability: str) -> bool:
         """Whether any rule allows ``caller`` to call ``capability`` on ``target``.
 

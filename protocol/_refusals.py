@@ -9,8 +9,14 @@ ends the server writes one aggregate record naming the peer, the count and the c
 bytes an unauthenticated flood costs are bounded per peer and window, whatever its rate, and no
 refusal goes uncounted.
 
-At most ``max_peers`` addresses are tracked at once; refusals from further addresses (a flood
-from many addresses) share one ``*`` bucket with the same bound.
+At most ``max_peers`` addresses are tracked at once; refusals from further addresses share one
+``*`` bucket with the same bound. Per address is not enough: a flood from many addresses (every
+127.x.y.z is loopback) would still get ``burst`` records from each. So the agent as a whole lets
+at most ``total`` refusals per window have records of their own, whichever addresses they come
+from; past that every refusal is counted into one agent-wide aggregate record per window. An
+unauthenticated flood thus costs the audit log at most ``total`` individual records, the
+aggregates of the few addresses that used up their own burst within them (``total / burst``),
+and one agent-wide aggregate, per window.
 
 Calls that authenticated are never limited here: a denied caller with valid credentials is
 accountable, and each of its refusals keeps its own record.
@@ -28,6 +34,8 @@ __all__ = ["RefusalLimiter", "RefusalSummary", "peer_address"]
 
 OTHER_PEERS: Final = "*"
 """The bucket of refusals from addresses beyond ``max_peers``."""
+ALL_PEERS: Final = "any address, past the agent's limit,"
+"""The agent-wide bucket of refusals past ``total`` individual records in a window."""
 
 
 def peer_address(peer: str) -> str:
@@ -88,6 +96,7 @@ class RefusalLimiter:
         burst: Individual records per peer and window.
         window_s: The window's length, seconds.
         max_peers: Peers tracked at once; further ones share the ``*`` bucket.
+        total: Individual records per window for all peers together (``None``: 4 x ``burst``).
         clock: Monotonic seconds (a test passes its own).
     """
 
@@ -97,15 +106,19 @@ class RefusalLimiter:
         burst: int,
         window_s: float,
         max_peers: int = 1024,
+        total: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if burst < 0 or window_s <= 0 or max_peers < 1:
-            raise ValueError("burst must be >= 0, window_s > 0 and max_peers >= 1")
+        total = 4 * burst if total is None else total
+        if burst < 0 or window_s <= 0 or max_peers < 1 or total < 0:
+            raise ValueError("burst and total must be >= 0, window_s > 0 and max_peers >= 1")
         self._burst = burst
+        self._total = total
         self._window_s = window_s
         self._max_peers = max_peers
         self._clock = clock
         self._windows: dict[str, _Window] = {}
+        self._overall: _Window | None = None
         self._ended: list[RefusalSummary] = []
 
     @property
@@ -116,6 +129,12 @@ class RefusalLimiter:
     def admit(self, peer: str, code: str) -> bool:
         """Whether this refusal from ``peer`` gets its own record (else it is counted)."""
         now = self._clock()
+        overall = self._overall
+        if overall is not None and now - overall.started >= self._window_s:
+            self._close_overall(overall, now)
+            overall = None
+        if overall is None:
+            overall = self._overall = _Window(started=now)
         window = self._windows.get(peer)
         if window is None and len(self._windows) >= self._max_peers:
             peer = OTHER_PEERS
@@ -126,7 +145,11 @@ class RefusalLimiter:
         if window is None:
             window = self._windows[peer] = _Window(started=now)
         if window.recorded < self._burst:
+            if overall.recorded >= self._total:
+                overall.suppressed[code] += 1  # the agent's budget is spent: one count for all
+                return False
             window.recorded += 1
+            overall.recorded += 1
             return True
         window.suppressed[code] += 1
         return False
@@ -137,11 +160,21 @@ class RefusalLimiter:
         for peer, window in list(self._windows.items()):
             if everything or now - window.started >= self._window_s:
                 self._close(peer, window, now)
+        overall = self._overall
+        if overall is not None and (everything or now - overall.started >= self._window_s):
+            self._close_overall(overall, now)
         ended, self._ended = self._ended, []
         return ended
 
+    def _close_overall(self, window: _Window, now: float) -> None:
+        self._overall = None
+        self._summarise(ALL_PEERS, window, now)
+
     def _close(self, peer: str, window: _Window, now: float) -> None:
         del self._windows[peer]
+        self._summarise(peer, window, now)
+
+    def _summarise(self, peer: str, window: _Window, now: float) -> None:
         if window.suppressed:
             self._ended.append(
                 RefusalSummary(

@@ -98,6 +98,7 @@ from stratagem.protocol._identity import Authenticator
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._pipeline import Exchange, Pipeline, Stage
 from stratagem.protocol._policy import Policy
+from stratagem.protocol._proof import PROOF_SERVICE, prove_handler
 from stratagem.protocol._rpc import (
     CAPABILITY_KEY,
     SERVER_KEEPALIVE_OPTIONS,
@@ -143,6 +144,10 @@ class ServerConfig:
             and window; further ones are counted into one aggregate record per window
             (``protocol._refusals``).
         refusal_audit_window_s: That window, seconds.
+        refusal_audit_total: Refusals before authentication recorded one by one per window from
+            all addresses together (``None``: 4 x ``refusal_audit_burst``, 40 by default);
+            further ones are counted into one agent-wide aggregate record (a flood from many
+            addresses costs no more).
     """
 
     host: str = "127.0.0.1"
@@ -158,6 +163,7 @@ class ServerConfig:
     max_watch_streams: int = 1024
     refusal_audit_burst: int = 10
     refusal_audit_window_s: float = 10.0
+    refusal_audit_total: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -169,9 +175,13 @@ class ServerConfig:
             raise ProtocolUsageError(
                 "ServerConfig.answer_cache_size, grace_s and max_queued_requests must be >= 0"
             )
-        if self.refusal_audit_burst < 0 or self.refusal_audit_window_s <= 0:
+        if (
+            min(self.refusal_audit_burst, self.refusal_audit_total or 0) < 0
+            or self.refusal_audit_window_s <= 0
+        ):
             raise ProtocolUsageError(
-                "ServerConfig.refusal_audit_burst must be >= 0 and refusal_audit_window_s positive"
+                "ServerConfig.refusal_audit_burst and refusal_audit_total must be >= 0 and "
+                "refusal_audit_window_s positive"
             )
         if min(self.max_concurrent_requests, self.max_delegation_hops, self.max_watch_streams) < 1:
             raise ProtocolUsageError(
@@ -240,6 +250,10 @@ class AgentServer:
             ``InMemoryAnswerStore`` bounded by the config's ``answer_cache_*`` by default. A
             ``SqliteAnswerStore`` keeps them across restarts of this server (the server does not
             close a store it was given).
+        refusal: Why the agent takes no work now (``""`` when it does): asked before every write
+            RPC (``Call``, ``RunPlan``, ``Control``, ``Replay``) once the caller is authorized; a
+            reason refuses the call with ``FAILED_PRECONDITION`` naming it (the host's plan store
+            is gone, say).
 
     Use ``await server.start()`` and ``await server.aclose()``, or ``async with``.
     """
@@ -255,6 +269,7 @@ class AgentServer:
         tracer_provider: TracerProvider | None = None,
         answers: AnswerStore | None = None,
         meter_provider: MeterProvider | None = None,
+        refusal: Callable[[], str] | None = None,
     ) -> None:
         self._backend = backend
         self._role = backend.role
@@ -270,6 +285,7 @@ class AgentServer:
             authenticator=authenticator,
             audit=audit,
             metrics=self._metrics,
+            refusal=refusal,
         )
         self._calls = CallPipeline(
             self._pipeline,
@@ -301,7 +317,11 @@ class AgentServer:
         if self._server is not None:
             raise ProtocolUsageError("the server is already started")
         limit = _TRANSPORT_HEADROOM * self._config.max_message_bytes
-        admissible = self._config.max_concurrent_requests + self._config.max_queued_requests
+        admissible = (
+            self._config.max_concurrent_requests
+            + self._config.max_queued_requests
+            + self._config.max_watch_streams
+        )
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
@@ -320,13 +340,18 @@ class AgentServer:
                 ),
             )
         )
+        # Proof of this agent's key for a client that read its endpoint from a file, before the
+        # client sends credentials (``protocol._proof``): no credentials, no audit, like health.
+        server.add_generic_rpc_handlers(
+            (prove_handler(self._authenticator, lambda: (self._role, self.endpoint)),)
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         # Server reflection: tools (grpcurl, Postman, grpcui) list and describe the services from
         # the agent itself. It tells what the public .proto tells, nothing more, so it needs no
         # credentials; every AgentService call still does.
         reflection.enable_server_reflection(
-            (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (SERVICE, PROOF_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         address = f"{self._config.host}:{self._config.port}"
         credentials = self._authenticator.server_credentials()
@@ -619,7 +644,15 @@ class AgentServer:
                 raise InvalidArgumentError(
                     f"a {spec.name} call needs {CAPABILITY_KEY} metadata '{prefix}<{spec.action}>'"
                 )
-        await pipeline.admit(exchange, request, context, span, read=capability, queue=spec.queued)
+        await pipeline.admit(
+            exchange,
+            request,
+            context,
+            span,
+            read=capability,
+            queue=spec.queued,
+            writes=spec.access == "write",
+        )
         pipeline.limit(len(request), "request")
         body = decoded or spec.decode_request(request)
         if spec.action and spec.authorization(body) != capability:

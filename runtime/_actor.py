@@ -57,6 +57,7 @@ from stratagem.runtime._notify import GateOutbox
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
+from stratagem.runtime._statedir import private_dir
 from stratagem.runtime._stores import (
     open_answer_store,
     open_audit_heads,
@@ -147,7 +148,7 @@ class AgentActor:
         }
         self._restarted = bool(context.was_current_actor_reconstructed)
         self._restarts: int | None = None
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
         budget = RestartBudget(
             settings.restarts_path(role), settings.max_restarts, settings.restart_window_s
         )
@@ -164,7 +165,7 @@ class AgentActor:
             instance_id=f"{role}-{os.getpid()}",
             extra_resource={"stratagem.ray.node_id": self._node_id},
         )
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
         for folder in map(str, settings.extension_paths):
             if folder not in sys.path:
                 sys.path.append(folder)
@@ -259,6 +260,9 @@ class AgentActor:
             ),
             tracer_provider=self._tracer_provider,
             answers=self._answers,
+            # A plan store deleted under the agent stops it taking work, instead of plans written
+            # to a file no restart reads.
+            refusal=self._watch.refusal,
         )
         await self._server.start()
         self._mcp_face = await start_mcp_face(self._server, settings, role)

@@ -1,7 +1,9 @@
 """What an agent checks about its own storage, so that ``status`` reports a broken store instead
 of an agent that says it serves while its plans are gone or every write fails.
 
-Three problems are looked for, when the agent starts and each time it is asked for its ``info``:
+Three problems are looked for, when the agent starts and each time it is asked for its ``info``
+(and the first before every write RPC: an agent whose plan store is gone accepts no work,
+``refusal``):
 
 - its SQLite plan store is missing, or is not the file it opened (the file's device and inode);
 - after a restart, the plan store is not the one the agent used before: the store carries an id
@@ -28,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from stratagem.runtime._settings import Settings
+from stratagem.runtime._statedir import write_private
 
 __all__ = ["StoreWatch"]
 
@@ -97,6 +100,21 @@ class StoreWatch:
                 source.rename(moved.with_name(moved.name + suffix))
         self._world_lost += f"; its stored answers were set aside to {moved.name}"
 
+    def refusal(self) -> str:
+        """Why the agent must accept no work now (``""`` when it may): the plan store it opened
+        was deleted or replaced, so a plan written now would go to a file no restart reads (one
+        stat; the server asks before every write RPC)."""
+        if self._plans is None or self._identity is None:
+            return ""
+        now = _identity(self._plans)
+        if now == self._identity:
+            return ""
+        what = "deleted" if now is None else "replaced"
+        return (
+            f"the plan store {self._plans} was {what} while the agent ran: it accepts no work "
+            "until it is redeployed ('stratagem up --replace'), so that no plan is lost"
+        )
+
     def problems(self, plans_written: int) -> list[str]:
         """What is wrong with the agent's storage now, one line each (empty: nothing).
 
@@ -128,14 +146,12 @@ class StoreWatch:
         return found
 
     def _write_marker(self, plans: int) -> None:
-        temporary = self._marker.with_name(f".{self._marker.name}.{os.getpid()}")
         try:
             world = self._world_saved or (self._world is not None and self._world.exists())
-            temporary.write_text(
+            write_private(
+                self._marker,
                 json.dumps({"store": self._store_id, "plans": plans, "world": world}),
-                encoding="utf-8",
             )
-            os.replace(temporary, self._marker)
         except OSError:
             return  # reported by the state dir probe
         self._known = plans

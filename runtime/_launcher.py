@@ -6,7 +6,12 @@ Where the agents run is decided in this order:
 2. the local Ray head that ``stratagem up`` started and recorded in the state directory (joined
    with its token; when that head is dead the command fails instead of starting another Ray on the
    deployment's state directory: ``stratagem down`` cleans up, ``stratagem up`` starts again);
-3. otherwise an embedded Ray started in this process, which lives as long as the command.
+3. otherwise, and only when asked (``embedded``: ``stratagem demo``, ``--embedded``), an embedded
+   Ray started in this process with agents of its own, which live as long as the command.
+
+A command never changes a deployment it did not start: against a running one it uses the agents
+deployed (``serving_endpoints`` names an agent that is missing, and why, instead of deploying
+it), and an embedded run removes only the agents it created.
 
 See ``runtime._rayauth`` for why Ray is part of the trust boundary.
 """
@@ -26,7 +31,7 @@ from typing import Any, Literal
 
 import ray
 
-from stratagem.protocol import ROLES, load_or_create_key
+from stratagem.protocol import ROLES, UnavailableError, load_or_create_key
 from stratagem.runtime._actor import AgentActor
 from stratagem.runtime._directory import (
     AgentInfo,
@@ -47,8 +52,9 @@ from stratagem.runtime._rayauth import (
     probe_auth,
 )
 from stratagem.runtime._restarts import gave_up_reason
-from stratagem.runtime._security import cluster_secret
+from stratagem.runtime._security import cluster_secret, save_operator_key
 from stratagem.runtime._settings import Settings, settings_digest
+from stratagem.runtime._statedir import private_dir
 
 __all__ = ["AgentStartError", "Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
@@ -81,7 +87,7 @@ class Deployment:
     ``roles``); an extension that does not load fails the first use of ``roles`` (``deploy``,
     ``status``...), before anything is deployed.
 
-    Use as a context manager for an embedded, short-lived deployment::
+    Use as a context manager for an embedded, short-lived deployment of this process's own::
 
         with Deployment(settings).embedded() as deployment:
             endpoint = deployment.endpoint("orchestrator")
@@ -103,16 +109,35 @@ class Deployment:
 
     # -- connection -----------------------------------------------------------------------------
 
-    def connect(self, *, allow_embedded: bool = True) -> None:
-        """Connect this process to Ray (see the module docstring for the order of choices)."""
+    def connect(
+        self,
+        *,
+        allow_embedded: bool = True,
+        only_embedded: bool = False,
+        embedded_hint: bool = False,
+    ) -> None:
+        """Connect this process to Ray (see the module docstring for the order of choices).
+
+        Args:
+            allow_embedded: Start an embedded Ray when no deployment is found (else
+                ``LaunchError``).
+            only_embedded: Start an embedded Ray, and refuse (``LaunchError``) when this state
+                directory's local head runs or an address is named: agents of this process's own
+                must not share the stores of a running deployment.
+            embedded_hint: Name ``--embedded`` in the error when no deployment is found.
+        """
         if ray.is_initialized():
             return
         address = self.settings.address
         mode: Literal["cluster", "local", "embedded"] = "cluster"
-        if address is None:
+        if only_embedded:
+            _refuse_embedded_beside(self.settings)
+            mode = "embedded"
+        elif address is None:
             local = LocalCluster.find(self.settings.local_cluster_file)
             if local is not None:
                 address, mode = local.address, "local"
+                local.check_listener()  # never hand this user's Ray token to a planted address
                 try:
                     join_local_head(self.settings.ray_token_path)
                 except OSError as exc:
@@ -123,6 +148,7 @@ class Deployment:
             elif not allow_embedded:
                 raise LaunchError(
                     "no Stratagem deployment found: run 'stratagem up' or pass --address"
+                    + (" (--embedded runs agents of this command's own)" if embedded_hint else "")
                 )
             else:
                 mode = "embedded"
@@ -151,26 +177,22 @@ class Deployment:
 
     @contextlib.contextmanager
     def embedded(self) -> Iterator[Deployment]:
-        """Connect (embedded unless an address or a local head is known), deploy, and clean up.
+        """Start a Ray of this process's own, deploy the agents in it, and stop both on exit.
 
-        Agents this context deployed are removed on exit; a deployment that was already running
-        (``stratagem up``) is left as it was. An extension that does not load stops it before Ray.
+        Refused (``LaunchError``) while this state directory's local head runs or an address is
+        named: a running deployment is used, never added to, and its agents are never removed by
+        a command that did not start them. An extension that does not load stops it before Ray.
         """
         _ = self.roles
-        self.connect()
-        created = False
+        self.connect(only_embedded=True)
+        created: list[str] = []
         try:
-            created = not self.deployed()
-            if created:
-                # Only a Ray of its own may get a new secret; agents put on a recorded or named
-                # cluster use that deployment's secret, which must be here already.
-                self.deploy(detached=False, create_secret=self.mode == "embedded")
+            created = list(self.roles)
+            self.deploy(detached=False, create_secret=True)
             yield self
         finally:
-            if created and self.mode != "embedded":
-                self.teardown()
-            elif created:
-                self._stop_agents(kill=False)
+            if created:
+                self._stop_agents(kill=False, roles=created)
             self.disconnect()
 
     # -- agents ---------------------------------------------------------------------------------
@@ -182,7 +204,11 @@ class Deployment:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
+        return deployment_roles(
+            self.settings.extensions,
+            self.settings.extension_paths,
+            timeout_s=self.settings.extension_import_timeout_s,
+        )
 
     def _found_roles(self) -> list[str]:
         """The role of every agent actor in the namespace, ours first: an agent whose extension
@@ -288,7 +314,9 @@ class Deployment:
             if key.startswith(_FORWARDED_PREFIXES) and key not in _NOT_FORWARDED
         }
         secret = cluster_secret(self.settings, create=create_secret)
-        self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        if secret is not None:
+            save_operator_key(self.settings, secret)
+        private_dir(self.settings.state_dir)
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
         settings_json = settings.model_dump_json()
@@ -372,17 +400,58 @@ class Deployment:
         handles: dict[str, Any] = {role: self._handle(role) for role in roles}
         missing = [role for role, handle in handles.items() if handle is None]
         if missing:
-            # A dead agent's name is free again; Ray's table still says why it died.
-            why = {
-                role: gave_up_reason(self.settings.restarts_path(role))
-                or death_cause(dead_actor_record(actor_name(role)))
-                for role in missing
-            }
             raise LaunchError(
                 "agents not deployed: "
-                + ", ".join(f"{role} ({why[role]})" if why[role] else role for role in missing)
+                + ", ".join(f"{role} ({self._missing_reason(role)})" for role in missing)
             )
         return handles
+
+    def _missing_reason(self, role: str) -> str:
+        """Why ``role``'s agent is not deployed: it gave up restarting, Ray's cause of its death
+        (a dead agent's name is free again, Ray's table still says why it died), or never
+        deployed."""
+        why = gave_up_reason(self.settings.restarts_path(role)) or death_cause(
+            dead_actor_record(actor_name(role))
+        )
+        if why:
+            return why
+        if role not in ROLES:
+            return (
+                "not deployed: its extension is named here but was not when the deployment was "
+                "made ('stratagem up' deploys it)"
+            )
+        return "not deployed"
+
+    def serving_endpoints(self, timeout_s: float = 10.0) -> dict[str, str]:
+        """Every agent's endpoint, when each of ``roles`` is deployed and answers (a goal needs
+        them all); nothing is deployed or changed here.
+
+        Raises:
+            LaunchError: An agent is not deployed (each named, with why).
+            UnavailableError: An agent is deployed but does not answer within ``timeout_s``, or
+                its endpoint refuses connections from here (each named).
+        """
+        infos = self.status(timeout_s=timeout_s)
+        missing = [i for i in infos if i.health == "not deployed" and i.role in self.roles]
+        if missing:
+            raise LaunchError(
+                "agents not deployed: "
+                + "; ".join(f"{info.role} ({info.problem})" for info in missing)
+                + "; nothing was changed (this command deploys no agent into a deployment it did"
+                " not start)"
+            )
+        silent = [i for i in infos if i.role in self.roles and i.health != "serving"]
+        if silent:
+            raise UnavailableError(
+                "not answering: "
+                + "; ".join(
+                    f"{info.role} ({info.health}, Ray: {info.state.lower()}"
+                    + (f", {info.problem}" if info.problem else "")
+                    + ")"
+                    for info in silent
+                )
+            )
+        return {info.role: info.endpoint for info in infos if info.health == "serving"}
 
     def _ready(self, timeout_s: float) -> list[AgentInfo]:
         """Wait until every agent answers (it answers once its gRPC server serves).
@@ -429,17 +498,25 @@ class Deployment:
         return [AgentInfo.from_dict(answers[role]) for role in handles]
 
     def status(self, timeout_s: float = 10.0) -> list[AgentInfo]:
-        """Each deployed agent's node, endpoint, health, restarts and running plans.
+        """Each agent's node, endpoint, health, restarts and running plans (``roles``, then any
+        other agent actor found).
 
         An agent that does not answer within ``timeout_s`` (restarting, or waiting for a node its
-        placement allows) is listed with Ray's state of its actor instead of failing the call.
+        placement allows) is listed with Ray's state of its actor instead of failing the call; one
+        that is not deployed (it gave up restarting, or was never deployed) with health ``not
+        deployed`` and why.
         """
-        handles = self._handles_or_fail()
-        refs = {role: handle.info.remote() for role, handle in handles.items()}
+        roles = [*self.roles, *(r for r in self._found_roles() if r not in self.roles)]
+        handles = {role: self._handle(role) for role in roles}
+        refs = {role: handle.info.remote() for role, handle in handles.items() if handle}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         done = set(ready)
         infos: list[AgentInfo] = []
-        for role, ref in refs.items():
+        for role in roles:
+            ref = refs.get(role)
+            if ref is None:
+                infos.append(_missing_agent(role, self._missing_reason(role)))
+                continue
             raw: dict[str, Any] | None = None
             if ref in done:
                 with contextlib.suppress(ray.exceptions.RayError):
@@ -552,6 +629,39 @@ def _accepts_connections(endpoint: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _missing_agent(role: str, why: str) -> AgentInfo:
+    """An agent of the deployment that is not deployed (it gave up, died, or never was)."""
+    return AgentInfo(
+        role=role,
+        endpoint="",
+        node_id="",
+        node_ip="",
+        pid=0,
+        restarted=False,
+        plans_running=0,
+        restarts=None,
+        state="DEAD" if why.startswith(("gave up", "died")) else "MISSING",
+        health="not deployed",
+        problem=why,
+    )
+
+
+def _refuse_embedded_beside(settings: Settings) -> None:
+    """Refuse an embedded run where a deployment runs: its agents would share that deployment's
+    state directory (stores, restart counts) and its Ray."""
+    if settings.address is not None:
+        raise LaunchError(
+            f"an embedded run starts a Ray of its own: not with an address ({settings.address})"
+        )
+    recorded = LocalCluster.recorded(settings.local_cluster_file)
+    if recorded is not None and recorded.alive:
+        raise LaunchError(
+            f"a deployment runs on the state directory {settings.state_dir} (local Ray head pid "
+            f"{recorded.pid}): use it without --embedded, or give the embedded run another "
+            "--state-dir"
+        )
+
+
 def _silent_agent(role: str, handle: Any, gave_up: str = "") -> AgentInfo:
     """What Ray's actor table says about an agent that did not answer (``gave_up``: why a dead
     agent stopped restarting, when it said so)."""
@@ -567,7 +677,8 @@ def _silent_agent(role: str, handle: Any, gave_up: str = "") -> AgentInfo:
         plans_running=0,
         restarts=int(record["NumRestarts"]) if "NumRestarts" in record else None,
         state=str(record.get("State", "UNKNOWN")),
-        health="not answering",
+        # Dead, its name not freed yet: gone as surely as one Ray no longer lists.
+        health="not deployed" if record.get("State") == "DEAD" else "not answering",
         problem=(gave_up if record.get("State") == "DEAD" else "") or death_cause(record),
     )
 

@@ -1,18 +1,27 @@
 """What the command line knows of a local deployment without joining Ray (no Ray import here).
 
-* ``LocalCluster``: the Ray head ``stratagem up`` started, recorded in the state directory;
+* ``LocalCluster``: the Ray head ``stratagem up`` started, recorded in the state directory
+  (``local-ray.json``, mode 0600) with what proves its processes: the head's start time and an id
+  in the environment of every process it starts. A record that is not this user's alone is
+  refused; ``down`` signals only processes proven this head's, and nothing joins the recorded
+  address before a process of this head is proven to listen there (``check_listener``);
 * published endpoints: each agent writes ``STATE_DIR/endpoints/<role>.json`` (its gRPC endpoint,
-  its process id) once it serves, so a command on the same machine reaches it over gRPC without
-  becoming a Ray driver. An entry is used only while its process lives; anything else (another
-  machine, a restarted agent not yet published, a stale file) falls back to Ray's directory, which
-  stays the source of truth.
+  its process id; mode 0600) once it serves, so a command on the same machine reaches it over gRPC
+  without becoming a Ray driver. An entry is used only when it is this user's alone and while its
+  process lives, and the agent must prove it holds the deployment's key before a token is sent
+  there (``protocol.prove_endpoint``); anything else (another machine, a restarted agent not yet
+  published, a stale file) falls back to Ray's directory, which stays the source of truth.
+
+Proving a process needs Linux's ``/proc``; elsewhere the record's pid is taken at its word.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -22,9 +31,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from stratagem.runtime._rayauth import LOOPBACK, create_token, head_environment
 from stratagem.runtime._settings import Settings
+from stratagem.runtime._statedir import (
+    StateDirError,
+    open_private,
+    private_dir,
+    read_private,
+    write_private,
+)
 
 __all__ = [
     "LaunchError",
@@ -38,6 +55,8 @@ __all__ = [
     "read_published",
 ]
 
+logger = logging.getLogger(__name__)
+
 _HEAD_START_TIMEOUT_S = 60.0
 ENDPOINTS_DIR = "endpoints"
 
@@ -48,18 +67,39 @@ class LaunchError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class LocalCluster:
-    """A local Ray head started by ``stratagem up``, owned by the process ``pid``."""
+    """A local Ray head started by ``stratagem up``, owned by the process ``pid``.
+
+    ``started`` (the process's start time, in clock ticks since boot) and ``head_id`` (a random
+    id put in the environment of the head, which every Ray process it starts inherits) let this
+    machine prove that a process is this deployment's before anything signals it or joins the
+    address: a recorded pid that was reused, or a planted record, proves nothing (see
+    ``proven``). Records from before these fields prove nothing either.
+    """
 
     address: str
     pid: int
+    started: int = 0
+    head_id: str = ""
 
     @classmethod
     def recorded(cls, path: Path) -> LocalCluster | None:
-        """The head recorded in the state directory, alive or not (``None`` when none is)."""
+        """The head recorded in the state directory, alive or not (``None`` when none is).
+
+        Raises:
+            LaunchError: The record is not a file of this user's that nobody else may read or
+                write (a planted record is never followed).
+        """
         try:
-            raw = json.loads(path.read_text())
-            return cls(address=str(raw["address"]), pid=int(raw["pid"]))
-        except (OSError, ValueError, KeyError, TypeError):
+            raw = json.loads(read_private(path))
+            return cls(
+                address=str(raw["address"]),
+                pid=int(raw["pid"]),
+                started=int(raw.get("started", 0)),
+                head_id=str(raw.get("head_id", "")),
+            )
+        except StateDirError as exc:
+            raise LaunchError(f"{exc}; delete it if 'stratagem up' did not write it") from exc
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     @classmethod
@@ -70,28 +110,80 @@ class LocalCluster:
 
     @classmethod
     def find(cls, path: Path) -> LocalCluster | None:
-        """The recorded head when it runs, ``None`` when none is recorded.
+        """The recorded head when it runs and is proven this deployment's, ``None`` when none is
+        recorded.
 
         Raises:
-            LaunchError: A head is recorded but its process is gone (one line naming the fix).
+            LaunchError: A head is recorded but its process is gone, or is not provably the head
+                ``up`` started (one line naming the fix).
         """
         cluster = cls.recorded(path)
-        if cluster is not None and not cluster.alive:
+        if cluster is None:
+            return None
+        why = cluster.unproven()
+        if why:
             raise LaunchError(
-                f"the local Ray head 'stratagem up' started (pid {cluster.pid}, {cluster.address})"
-                " is gone: run 'stratagem down', then 'stratagem up'"
+                f"the local Ray head 'stratagem up' started (pid {cluster.pid}, "
+                f"{cluster.address}, recorded in {path}) {why}: run 'stratagem down', then "
+                "'stratagem up'"
             )
         return cluster
 
     @property
     def alive(self) -> bool:
-        """Whether the head's process runs."""
+        """Whether the recorded process runs (whichever process it is: see ``proven``)."""
         return alive(self.pid)
 
+    @property
+    def proven(self) -> bool:
+        """Whether the recorded process runs and is the head ``up`` started (see ``unproven``)."""
+        return not self.unproven()
+
+    def unproven(self) -> str:
+        """Why the recorded process cannot be taken for the head ``up`` started (``""`` when it
+        can): it is gone, it started at another time, or it does not carry the head's id."""
+        if not self.alive:
+            return "is gone"
+        if not _PROC.is_dir():
+            return ""  # no way to tell here: the record's word, as on every platform before
+        if not self.head_id or not self.started:
+            return "was recorded without the proof of its process (an older record)"
+        if _start_ticks(self.pid) != self.started or _environ_value(self.pid, HEAD_ID) != (
+            self.head_id
+        ):
+            return f"is gone (pid {self.pid} is now another process)"
+        return ""
+
+    def check_listener(self) -> None:
+        """Prove that what listens on the recorded address is a process of this head, before
+        anything joins it (a planted or stale address never gets this user's Ray token).
+
+        Raises:
+            LaunchError: Nothing of this head listens there.
+        """
+        why = self.unproven()
+        if why:
+            raise LaunchError(f"the local Ray head (pid {self.pid}) {why}")
+        if not _PROC.is_dir():
+            return
+        port = int(self.address.rpartition(":")[2])
+        listeners = _listening_inodes(port)
+        ours = {inode for pid in _members(self.head_id) for inode in _socket_inodes(pid)}
+        if not listeners & ours:
+            raise LaunchError(
+                f"nothing of the local Ray head (pid {self.pid}) listens on {self.address}: "
+                "refusing to join it; run 'stratagem down', then 'stratagem up'"
+            )
+
     def write(self, path: Path) -> None:
-        """Record the head in the state directory."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"address": self.address, "pid": self.pid}))
+        """Record the head in the state directory (mode 0600)."""
+        record = {
+            "address": self.address,
+            "pid": self.pid,
+            "started": self.started,
+            "head_id": self.head_id,
+        }
+        write_private(path, json.dumps(record))
 
     @classmethod
     def start(cls, settings: Settings) -> LocalCluster:
@@ -101,10 +193,14 @@ class LocalCluster:
             raise LaunchError("the 'ray' command is not installed next to this Python")
         port = _free_port()
         log_path = settings.state_dir / "local-ray.log"
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
         # The head asks every caller for this token, and binds its ports to loopback only.
         create_token(settings.ray_token_path)
-        with log_path.open("wb") as log:
+        head_id = secrets.token_hex(16)
+        env = head_environment(settings.ray_token_path)
+        env[HEAD_ID] = head_id
+        log = os.fdopen(open_private(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+        with log:
             proc = subprocess.Popen(
                 [
                     ray_cli,
@@ -121,9 +217,14 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env=head_environment(settings.ray_token_path),
+                env=env,
             )
-        cluster = cls(address=f"{LOOPBACK}:{port}", pid=proc.pid)
+        cluster = cls(
+            address=f"{LOOPBACK}:{port}",
+            pid=proc.pid,
+            started=_start_ticks(proc.pid) or 0,
+            head_id=head_id,
+        )
         deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -135,41 +236,49 @@ class LocalCluster:
         cluster.stop()
         raise LaunchError(f"the local Ray head did not start within {_HEAD_START_TIMEOUT_S:.0f}s")
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the head (SIGTERM to the process we started; it stops its Ray processes).
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """Stop the head (SIGTERM to the process we started; it stops its Ray processes), when it
+        is proven this deployment's (see ``unproven``); returns whether it was signalled.
 
         Ray drains a node for up to 30 s before it stops the processes on it, so the timeout is
         longer than that; only then is the process killed.
         """
+        if not self.proven:
+            return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if alive(self.pid):
+        if alive(self.pid) and self.proven:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+        return True
 
     def clean_up(self, settings: Settings, timeout_s: float = 10.0) -> list[str]:
         """After the head's process died: stop what is left of its Ray processes and remove the
         files ``up`` recorded; returns what was cleaned.
 
-        The head was started in a session of its own (process group ``pid``), so whatever of it
-        survives (Ray's agents outlive a killed ``ray start``) is found by that group.
+        Only processes that carry the head's id in their environment are signalled (Ray's agents
+        outlive a killed ``ray start``, and inherit its environment); a record without that id, or
+        a pid now used by another process, signals nothing.
 
         Raises:
             LaunchError: When a leftover process or file could not be removed.
         """
         cleaned: list[str] = []
-        if _group_alive(self.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
+        leftovers = _members(self.head_id) if self.head_id else []
+        if leftovers:
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while _group_alive(self.pid) and time.monotonic() < deadline:
+            while time.monotonic() < deadline and any(alive(pid) for pid in leftovers):
                 time.sleep(0.2)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-            cleaned.append(f"the dead head's leftover Ray processes (group {self.pid})")
+            for pid in _members(self.head_id):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            cleaned.append(f"the dead head's {len(leftovers)} leftover Ray processes")
         for path in (settings.local_cluster_file, settings.ray_token_path):
             try:
                 path.unlink()
@@ -181,26 +290,86 @@ class LocalCluster:
         return cleaned
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` runs (zombies waiting to be reaped do not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+_PROC: Final = Path("/proc")
+HEAD_ID: Final = "STRATAGEM_RAY_HEAD_ID"
+"""The environment variable that marks every process of the local head ``up`` started."""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), ``None`` when unknown."""
+    try:
+        fields = (_PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _environ_value(pid: int, name: str) -> str | None:
+    """The value of ``name`` in process ``pid``'s initial environment (``None``: unset or not
+    readable, as another user's process is)."""
+    try:
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def _members(head_id: str) -> list[int]:
+    """The live processes of this user's whose environment carries ``head_id`` (zombies aside)."""
+    if not head_id or not _PROC.is_dir():
+        return []
+    uid = os.geteuid()
+    found: list[int] = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
+            if entry.stat().st_uid != uid:
+                continue
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        pid = int(entry.name)
+        if state != "Z" and pid != os.getpid() and _environ_value(pid, HEAD_ID) == head_id:
+            found.append(pid)
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    inodes: set[int] = set()
+    try:
+        entries = list((_PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return inodes
+    for fd in entries:
+        with contextlib.suppress(OSError, ValueError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _listening_inodes(port: int) -> set[int]:
+    """The inodes of the TCP sockets listening on ``port`` (IPv4 and IPv6)."""
+    inodes: set[int] = set()
+    for table in ("tcp", "tcp6"):
         try:
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ")".
-            fields = stat.read_text().rpartition(")")[2].split()
+            lines = (_PROC / "net" / table).read_text().splitlines()[1:]
         except OSError:
             continue
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ... inode: "0100007F:1F90" ... "0A" (LISTEN)
+            if len(fields) > 9 and fields[3] == "0A":
+                with contextlib.suppress(ValueError):
+                    if int(fields[1].rpartition(":")[2], 16) == port:
+                        inodes.add(int(fields[9]))
+    return inodes
 
 
 def alive(pid: int) -> bool:
@@ -233,14 +402,10 @@ def published_path(state_dir: Path, role: str) -> Path:
 def publish_endpoint(
     state_dir: Path, role: str, endpoint: str, pid: int, logs: Sequence[str] = ()
 ) -> None:
-    """Record ``role``'s endpoint, process and log files (atomically: a reader sees the old or the
-    new)."""
-    path = published_path(state_dir, role)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(f".{pid}.tmp")
+    """Record ``role``'s endpoint, process and log files (mode 0600, atomically: a reader sees
+    the old or the new)."""
     record = {"endpoint": endpoint, "pid": pid, "logs": list(logs)}
-    scratch.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(scratch, path)
+    write_private(published_path(state_dir, role), json.dumps(record))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,13 +425,13 @@ class PublishedAgent:
 def read_published(state_dir: Path, role: str) -> PublishedAgent | None:
     """What ``role``'s agent published here, its process alive or not (``None``: nothing)."""
     try:
-        raw = json.loads(published_path(state_dir, role).read_text(encoding="utf-8"))
+        raw = json.loads(read_private(published_path(state_dir, role)))
         return PublishedAgent(
             endpoint=str(raw["endpoint"]),
             pid=int(raw["pid"]),
             logs=tuple(Path(str(p)) for p in raw.get("logs", [])),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, StateDirError):
         return None
 
 
@@ -286,12 +451,22 @@ def own_log_files() -> list[str]:
 
 def published_endpoint(settings: Settings, role: str) -> str | None:
     """``role``'s endpoint as its agent published it, when this machine's local deployment (the
-    head ``stratagem up`` started) runs it in a live process; else ``None`` (ask Ray)."""
-    if settings.address is not None or LocalCluster.read(settings.local_cluster_file) is None:
+    head ``stratagem up`` started) runs it in a live process; else ``None`` (ask Ray).
+
+    Only a record of this user's that nobody else may read or write is used; the caller must
+    still have the agent there prove that it holds the deployment's key before it sends a token
+    (``protocol.prove_endpoint``).
+    """
+    if settings.address is not None:
         return None
     try:
-        raw = json.loads(published_path(settings.state_dir, role).read_text(encoding="utf-8"))
+        if LocalCluster.read(settings.local_cluster_file) is None:
+            return None
+        raw = json.loads(read_private(published_path(settings.state_dir, role)))
         endpoint, pid = str(raw["endpoint"]), int(raw["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (LaunchError, StateDirError) as exc:
+        logger.warning("not using %s's published endpoint: %s", role, exc)
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return endpoint if alive(pid) else None

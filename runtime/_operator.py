@@ -9,19 +9,22 @@ Where the agents are, in this order:
 
 1. ``endpoints`` given to the constructor: those, and nothing else;
 2. the endpoints the agents published in ``STATE_DIR/endpoints/<role>.json``, when this machine
-   runs the deployment (``stratagem up`` without an address: see ``runtime._local``). The caller
-   does not join Ray;
+   runs the deployment (``stratagem up`` without an address: see ``runtime._local``), each used
+   only once the agent there proved it holds the deployment's key (``protocol.prove_endpoint``;
+   before that nothing but a nonce is sent). The caller does not join Ray;
 3. otherwise, or when an agent does not answer at its published endpoint, the ``Directory``: by
    default Ray's (``RayDirectory``), which makes this process a Ray driver until ``aclose``.
 
 Errors (what the CLI maps to its exit codes):
 
 * ``InputError`` (exit 2): an unknown agent, capability or plan status, a payload or plan the
-  models refuse, a settings value out of range; ``PlanNotFoundError`` when no agent holds a plan;
+  models refuse, a settings value out of range, a ``caller`` the operator may not be (an agent's
+  identity: see ``runtime._security``); ``PlanNotFoundError`` when no agent holds a plan;
 * ``protocol.MissingSecretError`` (exit 2): token mode and no cluster secret at its path;
 * ``protocol.RemoteError`` subclasses (exit 1): the agent refused or failed (``PERMISSION_DENIED``,
   ``FAILED_PRECONDITION``, ``DEADLINE_EXCEEDED``...);
 * ``LaunchError`` (exit 1): no deployment found, or an agent not answering;
+* ``protocol.UnavailableError`` (exit 1): an agent at its published endpoint does not answer;
 * other ``protocol.ProtocolError`` (exit 1).
 """
 
@@ -67,10 +70,12 @@ from stratagem.protocol import (
     ShowWorldResponse,
     SubmitGoalRequest,
     UnavailableError,
+    UntrustedEndpointError,
     WireModel,
     capability_for,
+    prove_endpoint,
 )
-from stratagem.runtime._extensions import deployment_roles
+from stratagem.runtime._extensions import settings_roles
 from stratagem.runtime._goal import GoalOutcome, goal_deadline_s, run_goal
 from stratagem.runtime._input import (
     InputError,
@@ -83,8 +88,13 @@ from stratagem.runtime._input import (
     validation_line,
 )
 from stratagem.runtime._local import LaunchError, published_endpoint
-from stratagem.runtime._security import credentials_for
+from stratagem.runtime._security import (
+    IdentityRefusedError,
+    check_operator_identity,
+    credentials_for,
+)
 from stratagem.runtime._settings import Settings, load_settings
+from stratagem.runtime._statedir import StateDirError
 
 if TYPE_CHECKING:
     from stratagem.planning import Plan
@@ -105,6 +115,9 @@ T = TypeVar("T")
 
 _NO_VALUE: Any = object()
 """``approve``'s ``value`` when none is given (``None`` is JSON's null)."""
+_PROOF_TIMEOUT_S = 10.0
+"""The longest an agent at a published endpoint is given to prove its key (it answers in
+milliseconds unless stopped)."""
 
 PlanSource = Path | Mapping[str, Any]
 """A plan: a YAML or JSON file, or the mapping such a file holds (id, owner, goal, steps)."""
@@ -123,7 +136,8 @@ def operator_settings(
     """The deployment's settings as the CLI reads them (argument > environment > profile).
 
     Raises:
-        InputError: A value is out of range, or a ``STRATAGEM_*`` value is not the JSON it must be.
+        InputError: A value is out of range, a ``STRATAGEM_*`` value is not the JSON it must be,
+            or the state directory is not this user's alone.
     """
     try:
         return load_settings(
@@ -134,6 +148,8 @@ def operator_settings(
         )
     except ValidationError as exc:
         raise InputError(validation_line("settings", exc)) from exc
+    except StateDirError as exc:
+        raise InputError(str(exc)) from exc
     except SettingsError as exc:
         raise InputError(f"invalid settings: {exc}") from exc
 
@@ -161,7 +177,7 @@ def capability_spec(settings: Settings, agent: str, capability: str) -> Capabili
     Raises:
         InputError: An unknown agent or capability, or an extension that does not load.
     """
-    check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
+    check_role(agent, settings_roles(settings))
     spec = capability_for(agent, capability)
     if spec is None:
         served = [name for name, item in CAPABILITIES.items() if item.role == agent]
@@ -194,14 +210,25 @@ class RayDirectory:
 
     Args:
         settings: The deployment's settings (its address, namespace and state directory).
-        embedded: Start an embedded Ray with the four agents when no deployment runs (what
-            ``stratagem request`` and ``plans run`` do); they stop at ``aclose``. Otherwise no
-            deployment is ``LaunchError``.
+        embedded: Start an embedded Ray with agents of its own (refused where a deployment runs:
+            see ``Deployment.embedded``); they stop at ``aclose``. Otherwise no deployment is
+            ``LaunchError``, which names ``--embedded`` when ``embedded_hint``.
+        timeout_s: How long agents are given to answer Ray's ``info`` (a stopped agent is then
+            listed without an endpoint).
     """
 
-    def __init__(self, settings: Settings, *, embedded: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        embedded: bool = False,
+        embedded_hint: bool = False,
+        timeout_s: float = 10.0,
+    ) -> None:
         self._settings = settings
         self._embedded = embedded
+        self._embedded_hint = embedded_hint
+        self._timeout_s = timeout_s
         self._found: dict[str, str] | None = None
         self._stack = contextlib.ExitStack()
 
@@ -214,9 +241,13 @@ class RayDirectory:
             if self._embedded:
                 self._stack.enter_context(deployment.embedded())
             else:
-                deployment.connect(allow_embedded=False)
+                deployment.connect(allow_embedded=False, embedded_hint=self._embedded_hint)
                 self._stack.callback(deployment.disconnect)
-            self._found = {info.role: info.endpoint for info in deployment.status()}
+            self._found = {
+                info.role: info.endpoint
+                for info in deployment.status(timeout_s=self._timeout_s)
+                if info.health != "not deployed"
+            }
         return self._found
 
     async def aclose(self) -> None:
@@ -264,6 +295,11 @@ class Operator:
         """The deployment's settings."""
         self.caller = caller
         """The identity calls are made as."""
+        if caller != OPERATOR:
+            try:
+                check_operator_identity(settings, caller, self.roles)
+            except IdentityRefusedError as exc:
+                raise InputError(str(exc)) from exc
         self._config = ClientConfig(
             default_timeout_s=check_timeout(timeout_s) or settings.request_timeout_s
         )
@@ -275,6 +311,7 @@ class Operator:
         self._credentials_made = False  # on first use: a bad secret fails the call, not the setup
         self._clients: dict[str, AgentClient] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._proven: set[tuple[str, str]] = set()  # (role, endpoint) that proved the key
 
     async def __aenter__(self) -> Operator:
         return self
@@ -299,7 +336,7 @@ class Operator:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
+        return settings_roles(self.settings)
 
     def _check_role(self, agent: str) -> None:
         check_role(agent, self.roles)
@@ -322,7 +359,9 @@ class Operator:
         if published and not self._from_directory:
             found = {role: published_endpoint(self.settings, role) for role in roles}
             if all(found.values()):
-                return {role: str(endpoint) for role, endpoint in found.items()}, True
+                chosen = {role: str(endpoint) for role, endpoint in found.items()}
+                if await self._proved(chosen):
+                    return chosen, True
         self._from_directory = True
         everyone = await self._directory.endpoints()
         missing = [role for role in roles if role not in everyone]
@@ -334,6 +373,27 @@ class Operator:
                 f"not answering: {', '.join(silent)} (see 'stratagem status' for why)"
             )
         return {role: everyone[role] for role in roles}, False
+
+    async def _proved(self, endpoints: Mapping[str, str]) -> bool:
+        """Whether every agent at a published endpoint proved it holds the deployment's key
+        (checked once per endpoint); one that cannot is logged and the directory asked instead.
+
+        Raises:
+            UnavailableError: An agent does not answer there (stopped, or its loop blocked).
+        """
+        credentials = self._caller_credentials()
+        # Half the call's deadline at most: a stopped agent is named before the deadline passes.
+        timeout = min(_PROOF_TIMEOUT_S, self._config.default_timeout_s / 2)
+        for role, endpoint in endpoints.items():
+            if (role, endpoint) in self._proven:
+                continue
+            try:
+                await prove_endpoint(endpoint, role, credentials, timeout_s=timeout)
+            except UntrustedEndpointError as exc:
+                logger.warning("%s; asking the directory", exc)
+                return False
+            self._proven.add((role, endpoint))
+        return True
 
     def _caller_credentials(self) -> Credentials | None:
         if not self._credentials_made:
@@ -864,7 +924,7 @@ def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[st
     from stratagem.agents import ExtensionError, build_agent
 
     owner = raw.get("owner")
-    roles = deployment_roles(settings.extensions, settings.extension_paths)
+    roles = settings_roles(settings)
     if owner not in roles:
         raise InputError(f"{where}: owner must be one of {', '.join(roles)}, not {owner!r}")
     try:
@@ -882,7 +942,7 @@ def _plan_json(where: str, typed: Plan, tools: Sequence[str], settings: Settings
     """Check a typed plan the way its owner will (``tools``: its owner's), as JSON."""
     from stratagem.planning import PlanValidationError, validate_plan
 
-    targets: tuple[str, ...] = deployment_roles(settings.extensions)
+    targets: tuple[str, ...] = settings_roles(settings)
     if settings.a2a_agents:
         from stratagem.protocol._a2a._client import A2A_TARGET, register_a2a_capability
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from stratagem.runtime._statedir import write_private
 
 __all__ = ["RestartBudget", "gave_up_reason"]
 
@@ -74,12 +75,9 @@ class RestartBudget:
         return {"restarts": times}
 
     def _write(self, data: dict[str, object]) -> None:
-        partial = self.path.with_name(f".{self.path.name}.partial")
-        try:
-            partial.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(partial, self.path)
-        except OSError:
-            pass  # an unwritable state dir is reported by the agent's health checks
+        # An unwritable state dir is reported by the agent's health checks.
+        with contextlib.suppress(OSError):
+            write_private(self.path, json.dumps(data))
 
 
 def gave_up_reason(path: Path) -> str:

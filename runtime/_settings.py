@@ -19,6 +19,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, fiel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stratagem.protocol import MCP_SERVER_NAME_PATTERN, ROLE_PATTERN, McpServerConfig, roles
+from stratagem.runtime._statedir import check_state_dir
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -110,6 +111,9 @@ class Settings(BaseSettings):
         seed: Seed of the engines' retry jitter.
         extensions: User modules (``module`` or ``module:function``) loaded into every agent;
             a module may define agents of its own (``agents.define_agent``).
+        extension_import_timeout_s: How long a command may take to import the extensions (it
+            imports them before anything starts); one whose import takes longer is refused in
+            one line naming it.
         extension_paths: Folders agents add to ``sys.path`` before loading extensions; a local
             deployment adds the folder it was launched from.
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
@@ -133,8 +137,11 @@ class Settings(BaseSettings):
             mount): whoever can write both can rewrite the chain and sign it again.
         audit_heads_copy: A second append-only file every signed head is also written to (on
             another disk, or a mount the state dir's writers cannot rewrite); ``None``: none.
-        secret_file: The cluster secret that signs tokens; ``None`` for
-            ``state_dir/cluster.secret``. An operator on another machine points it at a copy.
+        secret_file: The cluster secret every identity's token key is derived from; ``None``
+            for ``state_dir/cluster.secret``.
+        operator_key_file: The operator's own token key (``protocol.IdentityKey``), which signs
+            only as the operator; ``None`` for ``state_dir/operator.key``. An operator on another
+            machine points it at a copy.
         token_ttl_s: How long a signed token is valid; clients renew theirs before it expires.
         tls_dir: Where ``stratagem certs init`` writes the CA, certificates and keys for ``mtls``;
             ``None`` for ``state_dir/tls``.
@@ -229,6 +236,7 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(default=4, ge=1, le=256)
     seed: int = 0
     extensions: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    extension_import_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     extension_paths: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     trace_file: Path | None = None
     actor_cpus: float = Field(default=0.0, ge=0)
@@ -240,6 +248,7 @@ class Settings(BaseSettings):
     audit_key_file: Path | None = None
     audit_heads_copy: Path | None = None
     secret_file: Path | None = None
+    operator_key_file: Path | None = None
     token_ttl_s: float = Field(default=3600.0, ge=10, le=30 * 24 * 3600)
     tls_dir: Path | None = None
     max_concurrent_requests: int = Field(default=64, ge=1, le=100_000)
@@ -411,6 +420,7 @@ class Settings(BaseSettings):
         "trace_file",
         "tls_dir",
         "secret_file",
+        "operator_key_file",
         "audit_key_file",
         "audit_heads_copy",
         "gate_webhook_key_file",
@@ -471,6 +481,11 @@ class Settings(BaseSettings):
     def secret_path(self) -> Path:
         """The cluster secret that signs tokens (created on first start, mode 0600)."""
         return self.secret_file or self.state_dir / "cluster.secret"
+
+    @property
+    def operator_key_path(self) -> Path:
+        """The operator's token key (written by what deploys, mode 0600)."""
+        return self.operator_key_file or self.state_dir / "operator.key"
 
     @property
     def tls_path(self) -> Path:
@@ -583,6 +598,7 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
         pydantic.ValidationError: A value is outside its constraints.
         SettingsError: A ``STRATAGEM_*`` value is not the JSON it must be, or the config file is
             wrong (see :func:`profile_values`).
+        StateDirError: The state directory is not this user's alone (``runtime._statedir``).
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     settings = Settings(**given)
@@ -595,6 +611,7 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     if "state_dir" not in settings.model_fields_set and "state_dir" not in from_file:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
+    check_state_dir(settings.state_dir)  # before any file in it is read
     if "extensions" not in settings.model_fields_set:
         settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
@@ -631,11 +648,11 @@ def _check_roles(settings: Settings) -> None:
     """
     if not settings.unknown_roles(roles()):
         return
-    from stratagem.runtime._extensions import deployment_roles
+    from stratagem.runtime._extensions import settings_roles
     from stratagem.runtime._input import InputError
 
     try:
-        known = deployment_roles(settings.extensions, settings.extension_paths)
+        known = settings_roles(settings)
     except InputError as exc:
         raise SettingsError(str(exc)) from exc
     unknown = settings.unknown_roles(known)

@@ -45,6 +45,8 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from stratagem.runtime._statedir import open_private
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricExporter
@@ -155,7 +157,7 @@ class JsonLinesSpanExporter(SpanExporter):
             json.dumps(_span_to_dict(span), separators=(",", ":")) + "\n" for span in spans
         )
         try:
-            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = open_private(self._path)
             try:
                 os.write(fd, lines.encode())
             finally:

@@ -18,8 +18,10 @@ allowed) from a real failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import stat
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from os import PathLike
@@ -83,13 +85,30 @@ def storage_error(
     return errors.of(classify(exc), f"cannot {action} in {location}: {exc}", location)
 
 
+def _private_file(path: Path) -> None:
+    """Create ``path`` with mode 0600 when missing; narrow it and its WAL files to 0600 when they
+    are this user's and looser.
+
+    An existing database is never opened here: closing any descriptor of a database file drops
+    every POSIX lock this process holds on it, those of its open SQLite connections included.
+    """
+    if not path.exists():
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            status = os.stat(f"{path}{suffix}")
+            if status.st_uid == os.geteuid() and stat.S_IMODE(status.st_mode) & 0o077:
+                os.chmod(f"{path}{suffix}", 0o600)
+
+
 def connect(
     path: str | PathLike[str],
     *,
     timeout_s: float,
     synchronous: Synchronous = "NORMAL",
     checkpoints: bool = True,
-    private: bool = False,
+    private: bool = True,
     errors: StorageErrors = PROTOCOL_ERRORS,
 ) -> sqlite3.Connection:
     """Open a store's file in WAL mode (its folder created when missing), in autocommit mode.
@@ -102,7 +121,8 @@ def connect(
         checkpoints: Whether this connection checkpoints the WAL when it grows (``False`` for a
             connection used on an event loop: its store checkpoints on its own thread).
         private: Create the file with mode 0600 first (SQLite gives its -wal and -shm files the
-            database's mode).
+            database's mode), and narrow a file of this user's that an older version left looser
+            (the default: every store file in a state directory is its user's alone).
         errors: The classes to raise.
 
     Raises:
@@ -113,7 +133,7 @@ def connect(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if private:
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            _private_file(path)
         conn = sqlite3.connect(
             path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

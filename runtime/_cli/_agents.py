@@ -12,6 +12,7 @@ import typer
 from stratagem.runtime._cli._app import (
     _OPERATOR,
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
@@ -46,14 +47,14 @@ def request(
         str,
         typer.Option(
             "--as",
-            help="The identity to call as (its credentials as STRATAGEM_AUTH says: a token "
-            "signed with the cluster secret, or its certificate); the policy decides what it "
-            "may ask.",
+            help="Who the request is from: the operator (default), or an identity its "
+            "credentials cover; never an agent.",
         ),
     ] = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
     """Send one cross-agent request and print the answer as JSON.
 
@@ -78,7 +79,7 @@ def request(
                 lambda op: op.call(agent, capability, raw, request_id=request_id),
                 timeout=timeout,
                 caller=caller,
-                embedded=True,
+                embedded=embedded,
             )
         finally:
             shutdown_telemetry("stratagem-cli")

@@ -33,6 +33,7 @@ from stratagem.runtime._input import InputError, check_timeout
 if TYPE_CHECKING:
     from stratagem.protocol import (
         ChainVerdict,
+        DeadlineExceededError,
         MissingSecretError,
         ProtocolError,
         RemoteError,
@@ -57,10 +58,10 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.protocol": (
         "ArchiveError",
         "ChainVerdict",
-        "ClusterSecret",
         "ControlAction",
         "FailedPreconditionError",
         "InvalidArgumentError",
+        "DeadlineExceededError",
         "MissingSecretError",
         "OPERATOR",
         "PlanSnapshot",
@@ -71,6 +72,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "StorageCorruptError",
         "SubmitGoalRequest",
         "TokenSigner",
+        "UnavailableError",
         "all_records",
         "archive_audit",
         "load_or_create_key",
@@ -86,7 +88,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "write_record",
     ),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
-    "stratagem.runtime._extensions": ("deployment_roles",),
+    "stratagem.runtime._extensions": ("settings_roles",),
     "stratagem.runtime._goal": ("GoalOutcome",),
     "stratagem.runtime._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime._operator": (
@@ -106,6 +108,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "span_json",
         "span_tree",
     ),
+    "stratagem.runtime._security": ("check_operator_identity", "operator_key"),
     "stratagem.runtime._settings": ("Settings",),
     "stratagem.runtime._stores": ("open_audit_heads", "open_audit_log"),
     "stratagem.runtime._telemetry": (
@@ -313,6 +316,14 @@ PlannerOpt = Annotated[
         callback=_planner_choice,
     ),
 ]
+EmbeddedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--embedded",
+        help="Run on agents of this command's own, on an embedded Ray started and removed here "
+        "(refused where a deployment runs: it is used as it is, never changed).",
+    ),
+]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", help="Deadline in seconds.", callback=_timeout_in_range),
@@ -404,6 +415,24 @@ def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[Chai
                         "the key (or STRATAGEM_STATE_DIR's audit.key) and verify again"
                     ),
                 )
+        copy = settings.audit_heads_copy
+        if (
+            verdict.ok
+            and copy is not None
+            and not copy.exists()
+            and (verdict.sealed or heads.read())
+        ):
+            # Every seal is also appended to the copy: a copy gone while heads exist was deleted
+            # (or its mount is missing), and heads cut from the primary would then go unnoticed.
+            verdict = dataclasses.replace(
+                verdict,
+                ok=False,
+                reason=(
+                    f"the audit heads copy {copy} (STRATAGEM_AUDIT_HEADS_COPY) is missing while "
+                    "signed heads exist: it was deleted or its volume is not mounted; restore it "
+                    "(or unset STRATAGEM_AUDIT_HEADS_COPY) and verify again"
+                ),
+            )
         return verdict, log.head()
     finally:
         log.close()
@@ -415,20 +444,29 @@ def _operate(
     *,
     timeout: float | None = None,
     caller: str = _OPERATOR,
-    embedded: bool = False,
+    embedded: bool | None = None,
     endpoints: dict[str, str] | None = None,
+    bounded: bool = True,
 ) -> T:
-    """Run ``use`` with an ``Operator`` of the deployment, closed after.
+    """Run ``use`` with an ``Operator`` of the deployment, closed after, all within ``timeout``
+    (finding the agents included).
 
     Args:
         settings: The deployment's settings.
         use: What to do with it.
-        timeout: The calls' deadline (``request_timeout_s`` when ``None``).
+        timeout: The command's deadline (``request_timeout_s`` when ``None``).
         caller: The identity the calls are made as.
-        embedded: When no deployment runs, start an embedded one for the call (see
-            ``RayDirectory``); otherwise that is ``LaunchError``.
+        embedded: ``True``: agents of the command's own on an embedded Ray (``--embedded``; see
+            ``RayDirectory``); ``False``: a running deployment, and the error when there is none
+            names ``--embedded``; ``None``: a running deployment (the command has no such flag).
         endpoints: The agents' endpoints when known (no published files, no Ray).
+        bounded: Whether ``timeout`` bounds the whole of ``use`` (not for ``watch``, which
+            follows a plan until it ends).
+
+    Raises:
+        DeadlineExceededError: ``timeout`` passed (the message says so, and what to raise).
     """
+    limit = timeout or settings.request_timeout_s
 
     async def run() -> T:
         async with Operator(
@@ -436,17 +474,30 @@ def _operate(
             caller=caller,
             timeout_s=timeout,
             endpoints=endpoints,
-            directory=RayDirectory(settings, embedded=embedded),
+            directory=RayDirectory(
+                settings,
+                embedded=bool(embedded),
+                embedded_hint=embedded is False,
+                timeout_s=min(10.0, limit),
+            ),
         ) as operator:
-            return await use(operator)
+            try:
+                async with asyncio.timeout(limit if bounded else None):
+                    return await use(operator)
+            except TimeoutError:
+                raise DeadlineExceededError(
+                    f"the command did not finish within {limit:g} s (finding the agents "
+                    "included): raise --timeout (or STRATAGEM_REQUEST_TIMEOUT_S)"
+                ) from None
 
     return asyncio.run(run())
 
 
 @contextmanager
-def _running(deployment: Deployment) -> Iterator[Deployment]:
-    """Connected to a running deployment (never an embedded one) for the block's duration."""
-    deployment.connect(allow_embedded=False)
+def _running(deployment: Deployment, *, embedded_hint: bool = False) -> Iterator[Deployment]:
+    """Connected to a running deployment (never an embedded one) for the block's duration
+    (``embedded_hint``: the error when there is none names ``--embedded``)."""
+    deployment.connect(allow_embedded=False, embedded_hint=embedded_hint)
     try:
         yield deployment
     finally:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         write_record,
     )
     from stratagem.runtime._directory import AgentInfo
-    from stratagem.runtime._extensions import deployment_roles
+    from stratagem.runtime._extensions import settings_roles
     from stratagem.runtime._launcher import AgentStartError
     from stratagem.runtime._local import LaunchError, LocalCluster, read_published
     from stratagem.runtime._operator import check_role
@@ -304,7 +304,8 @@ def down(
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)
         recorded = None if settings.address else LocalCluster.recorded(settings.local_cluster_file)
-        local = recorded if recorded is not None and recorded.alive else None
+        # Only a head proven to be the one 'up' started is joined or signalled.
+        local = recorded if recorded is not None and recorded.proven else None
         removed: list[str] = []
         cleaned: list[str] = []
         if settings.address or (local is not None and settings.ray_token_path.is_file()):
@@ -315,7 +316,7 @@ def down(
             local.stop()
             settings.local_cluster_file.unlink(missing_ok=True)
             settings.ray_token_path.unlink(missing_ok=True)
-        elif recorded is not None:  # the head died: clean up after it
+        elif recorded is not None:  # the head died (or the record proves nothing): clean up
             cleaned = recorded.clean_up(settings)
         if removed or local is not None or recorded is not None:
             remove_record(settings.state_dir)
@@ -325,7 +326,13 @@ def down(
             )
         elif recorded is not None and local is None:
             console.print(
-                f"the local Ray head (pid {recorded.pid}) was already gone; cleaned up: "
+                (
+                    f"the local Ray head recorded (pid {recorded.pid}) {recorded.unproven()}: "
+                    f"pid {recorded.pid} runs but is not proven the head, so it was not "
+                    "signalled; cleaned up: "
+                    if recorded.alive
+                    else f"the local Ray head (pid {recorded.pid}) was already gone; cleaned up: "
+                )
                 + (", ".join(cleaned) or "nothing was left"),
                 soft_wrap=True,
                 highlight=False,
@@ -389,7 +396,7 @@ def logs(
     """
     with _errors():
         settings = _settings(None, state_dir)
-        check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
+        check_role(agent, settings_roles(settings))
         published = read_published(settings.state_dir, agent)
         if published is None:
             raise LaunchError(

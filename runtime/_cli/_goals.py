@@ -1,11 +1,13 @@
-"""``demo`` and ``submit``: a goal pursued across all agents on an embedded (or running)
-deployment, shown live, with its trace and audit head."""
+"""``demo`` and ``submit``: a goal pursued across all agents of the running deployment (or, when
+asked, of an embedded one of the command's own), shown live, with its trace and audit head."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,6 +16,7 @@ from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     PlannerOpt,
     StateDirOpt,
@@ -24,6 +27,7 @@ from stratagem.runtime._cli._app import (
     _load_agents,
     _operate,
     _print_json,
+    _running,
     _settings,
     app,
     console,
@@ -38,9 +42,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import SubmitGoalRequest
+    from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest, UnavailableError
     from stratagem.runtime._backend import find_backend
     from stratagem.runtime._goal import GoalOutcome
+    from stratagem.runtime._local import LocalCluster
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -66,8 +71,17 @@ def _load_goal(path: Path) -> SubmitGoalRequest:
 
 
 def _execute_goal(
-    request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
+    request: SubmitGoalRequest,
+    settings: Settings,
+    *,
+    as_json: bool,
+    timeout: float | None,
+    embedded: bool | None,
 ) -> None:
+    """Pursue ``request``: on the running deployment (never changed: a missing agent is named and
+    nothing runs), or, with ``embedded`` (``None``: only when no deployment runs), on agents of
+    this command's own on an embedded Ray, removed after."""
+    started = time.monotonic()
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
@@ -77,22 +91,57 @@ def _execute_goal(
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
     setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
+    # Without --timeout the goal's deadline is the one its agents' cards give (Operator.submit:
+    # model planners get longer); finding the agents is bounded by the request timeout.
+    limit = timeout or settings.request_timeout_s
     deployment = _deployment(settings)
     progress = Progress()
     with _errors():
+        _ = deployment.roles  # an extension that does not load stops here, before Ray
+        if embedded is None:
+            embedded = _nothing_runs(settings)
         if not as_json:
-            err_console.print("[dim]starting agents…[/]")
-        with deployment.embedded() as dep:
-            endpoints = {info.role: info.endpoint for info in dep.status()}
+            err_console.print(
+                "[dim]starting agents of this command's own…[/]"
+                if embedded
+                else "[dim]finding the deployment's agents…[/]"
+            )
+        with contextlib.ExitStack() as stack:
+            if embedded:
+                dep = stack.enter_context(deployment.embedded())
+            else:
+                dep = stack.enter_context(_running(deployment, embedded_hint=True))
+            try:
+                endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
+            except UnavailableError as exc:
+                if time.monotonic() - started < limit:
+                    raise  # agents that did not answer within the time they were given
+                raise DeadlineExceededError(
+                    f"the command's deadline ({limit:g} s) passed while finding the agents "
+                    f"({exc.message}): raise --timeout"
+                ) from exc
             if not as_json:
                 err_console.print(
                     f"[dim]{dep.mode} Ray · agents: "
                     + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
                     + "[/]"
                 )
+            # The goal's deadline counts from the command's start: finding the agents included.
+            remaining: float | None = None
+            if timeout is not None:
+                remaining = timeout if embedded else timeout - (time.monotonic() - started)
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceededError(
+                    f"the command did not finish within {limit:g} s (finding the agents took "
+                    "it all): raise --timeout"
+                )
             if as_json or not console.is_terminal:
                 outcome = _operate(
-                    settings, lambda op: op.submit(request), timeout=timeout, endpoints=endpoints
+                    settings,
+                    lambda op: op.submit(request),
+                    timeout=remaining,
+                    endpoints=endpoints,
+                    bounded=remaining is not None,
                 )
             else:
                 with Live(progress.render(), console=console, refresh_per_second=8) as live:
@@ -104,8 +153,9 @@ def _execute_goal(
                     outcome = _operate(
                         settings,
                         lambda op: op.submit(request, on_event=on_event),
-                        timeout=timeout,
+                        timeout=remaining,
                         endpoints=endpoints,
+                        bounded=remaining is not None,
                     )
             dep.flush_telemetry()
         shutdown_telemetry("stratagem-cli")
@@ -127,6 +177,14 @@ def _execute_goal(
             )
             return
         _print_outcome(outcome, spans, head)
+
+
+def _nothing_runs(settings: Settings) -> bool:
+    """Whether no deployment runs for these settings (no address, no live local head)."""
+    if settings.address is not None:
+        return False
+    recorded = LocalCluster.recorded(settings.local_cluster_file)
+    return recorded is None or not recorded.alive
 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
@@ -220,8 +278,8 @@ def demo(
     planner: PlannerOpt = None,
     world: WorldOpt = None,
 ) -> None:
-    """Pursue the built-in story goal across the four agents (a local Ray for the one command
-    when no deployment runs).
+    """Pursue the built-in story goal: on the running deployment, else on agents of its own on
+    an embedded Ray (started and removed here).
 
     Examples:
 
@@ -229,11 +287,11 @@ def demo(
 
       stratagem demo --json | jq -r .trace_id
     """
-    _load_agents()
     with _errors():
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
         request = _in_world(DEMO_GOAL, world)
-    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
+    _load_agents()
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=None)
 
 
 @app.command()
@@ -247,8 +305,11 @@ def submit(
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
     world: WorldOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
-    """Pursue the goal in GOAL_FILE across all agents, in its world.
+    """Pursue the goal in GOAL_FILE across the running deployment's agents, in its world (the
+    deployment is not changed: a missing agent is named and nothing runs); --embedded runs it on
+    agents of its own.
 
     A goal file holds goal, passage, beats (1-8, default 3), and optionally world, plan_id and
     consult (external A2A agents to ask, from STRATAGEM_A2A_AGENTS; docs/goals.md).
@@ -262,4 +323,4 @@ def submit(
     with _errors():
         request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
-    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=embedded)

@@ -33,15 +33,15 @@ if TYPE_CHECKING:
     from stratagem.protocol import (
         OPERATOR,
         ArchiveError,
-        ClusterSecret,
         ProtocolUsageError,
         StorageCorruptError,
         TokenSigner,
         archive_audit,
     )
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
-    from stratagem.runtime._extensions import deployment_roles
+    from stratagem.runtime._extensions import settings_roles
     from stratagem.runtime._render import span_json, span_tree
+    from stratagem.runtime._security import check_operator_identity, operator_key
     from stratagem.runtime._stores import open_audit_log
     from stratagem.runtime._telemetry import SpanRecord, read_spans
 
@@ -294,8 +294,8 @@ def token(
     ] = 600.0,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Print a bearer token (a JWT signed with the deployment's cluster secret) for a client of
-    your own: send it as 'authorization: Bearer <token>'."""
+    """Print a bearer token (a JWT signed with the operator's key) for a client of your own: send
+    it as 'authorization: Bearer <token>'. It speaks as the operator, never as an agent."""
     with _errors():
         settings = _settings(None, state_dir)
         if settings.auth != "token":
@@ -306,10 +306,9 @@ def token(
             raise InputError(
                 f"--ttl {ttl:g} is longer than STRATAGEM_TOKEN_TTL_S ({settings.token_ttl_s:g})"
             )
-        signer = TokenSigner(
-            ClusterSecret.load(settings.secret_path), max_ttl_s=settings.token_ttl_s
-        )
         try:
+            check_operator_identity(settings, identity, settings_roles(settings))
+            signer = TokenSigner(operator_key(settings), max_ttl_s=settings.token_ttl_s)
             issued = signer.issue(identity, ttl)
         except ProtocolUsageError as exc:
             raise InputError(str(exc)) from None
@@ -345,7 +344,7 @@ def certs_init(
         settings = _settings(None, state_dir)
         folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
         names = identities or [
-            *deployment_roles(settings.extensions, settings.extension_paths),
+            *settings_roles(settings),
             OPERATOR,
         ]
         from stratagem.protocol import init_certificates

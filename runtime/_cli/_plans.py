@@ -17,6 +17,7 @@ from rich.markup import escape
 from stratagem.runtime._cli._app import (
     _OPERATOR,
     AddressOpt,
+    EmbeddedOpt,
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
@@ -82,6 +83,7 @@ def plans_run(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    embedded: EmbeddedOpt = False,
 ) -> None:
     """Have the plan's owner validate and run a plan you wrote.
 
@@ -98,7 +100,7 @@ def plans_run(
         )
         try:
             snapshot = _operate(
-                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
+                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=embedded
             )
         finally:
             shutdown_telemetry("stratagem-cli")
@@ -219,7 +221,7 @@ def plans_watch(
                     )
             return seen
 
-        seen = _operate(settings, follow)
+        seen = _operate(settings, follow, bounded=False)
         if not as_json:
             console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
 

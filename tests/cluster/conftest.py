@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from stratagem.protocol import OPERATOR, Credentials
+from stratagem.protocol import OPERATOR, ClusterSecret, Credentials
 from stratagem.runtime import credentials_for, load_settings
 from tests.cluster._nodes import RayNodes
 
@@ -99,7 +99,10 @@ class Stratagem:
         settings = load_settings(
             state_dir=self.state_dir, secret_file=self.state_dir / "cluster.secret", auth="token"
         )
-        return credentials_for(settings, identity)
+        if identity == OPERATOR:
+            return credentials_for(settings, identity)
+        # Speaking as an agent takes the cluster secret, as the agents hold it.
+        return credentials_for(settings, identity, ClusterSecret.load(settings.secret_path))
 
 
 def stratagem_on(ray_nodes: RayNodes, folder: Path, namespace: str, **settings: Any) -> Stratagem:

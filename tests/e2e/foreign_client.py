@@ -1,21 +1,20 @@
-"""A client that knows only ``proto/`` and the documented token format (docs/security.md).
+"""A client that knows only ``proto/`` and the documented token format (docs/security-tls.md,
+"Tokens from another language").
 
 Run as a script by ``tests/e2e/test_foreign_client.py``, in a process of its own::
 
-    python foreign_client.py GENERATED_DIR SECRET_FILE ENDPOINTS_JSON
+    python foreign_client.py GENERATED_DIR OPERATOR_KEY_FILE ENDPOINTS_JSON
 
 ``GENERATED_DIR`` holds the Python code ``grpc_tools.protoc`` generated from ``proto/`` alone.
-This file imports no Stratagem module: it mints the JWT with PyJWT from the secret's bytes as
-docs/security.md says, calls ``Describe`` on every agent in ``ENDPOINTS_JSON``
-(``{role: "host:port"}``) and one capability on each built-in agent, and prints what it got as one
-JSON object.
+This file imports no Stratagem module: it mints the JWT with PyJWT from the operator's key file
+(``STATE_DIR/operator.key``) as the docs say, calls ``Describe`` on every agent in
+``ENDPOINTS_JSON`` (``{role: "host:port"}``) and one capability on each built-in agent, and prints
+what it got as one JSON object.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import sys
 import time
@@ -23,19 +22,19 @@ from pathlib import Path
 from typing import Any
 
 
-def _token(secret: bytes, identity: str) -> str:
+def _token(key_file: Path) -> str:
     import jwt
 
-    # docs/security.md: the HMAC key is HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"); kid is the
-    # first 16 hex characters of SHA-256("stratagem cluster secret id\0" + secret).
-    key = hmac.new(secret, b"stratagem.jwt.hs256.v1", hashlib.sha256).digest()
-    kid = hashlib.sha256(b"stratagem cluster secret id\0" + secret).hexdigest()[:16]
+    # The docs: operator.key is a JSON object {"identity", "key_id", "key"}; sign HS256 with the
+    # base64-decoded key, header kid = key_id, claims sub = identity, aud = "stratagem", iat, exp.
+    stored = json.loads(key_file.read_text())
+    key = base64.b64decode(stored["key"])
     now = int(time.time())
-    claims = {"sub": identity, "aud": "stratagem", "iat": now, "exp": now + 300}
-    return jwt.encode(claims, key, algorithm="HS256", headers={"kid": kid})
+    claims = {"sub": stored["identity"], "aud": "stratagem", "iat": now, "exp": now + 300}
+    return jwt.encode(claims, key, algorithm="HS256", headers={"kid": stored["key_id"]})
 
 
-def main(generated: Path, secret_file: Path, endpoints: dict[str, str]) -> dict[str, Any]:
+def main(generated: Path, key_file: Path, endpoints: dict[str, str]) -> dict[str, Any]:
     sys.path.insert(0, str(generated))
     import grpc
     from google.protobuf import json_format
@@ -43,9 +42,7 @@ def main(generated: Path, secret_file: Path, endpoints: dict[str, str]) -> dict[
     from stratagem.v1 import agent_pb2 as pb
 
     assert Path(pb.__file__).resolve().is_relative_to(generated.resolve()), pb.__file__
-    # docs/security.md: cluster.secret holds the secret's bytes in base64 on one line.
-    secret = base64.b64decode(secret_file.read_bytes())
-    metadata = (("authorization", f"Bearer {_token(secret, 'operator')}"),)
+    metadata = (("authorization", f"Bearer {_token(key_file)}"),)
     requests = {
         "perception": pb.AgentRequest(
             extract_entities=pb.ExtractEntitiesRequest(text="Mira waits in the courtyard.")
@@ -187,5 +184,5 @@ def _wire_values(
 
 
 if __name__ == "__main__":
-    generated_dir, secret, endpoint_file = (Path(a) for a in sys.argv[1:4])
-    print(json.dumps(main(generated_dir, secret, json.loads(endpoint_file.read_text()))))
+    generated_dir, key_file, endpoint_file = (Path(a) for a in sys.argv[1:4])
+    print(json.dumps(main(generated_dir, key_file, json.loads(endpoint_file.read_text()))))

@@ -159,23 +159,28 @@ def test_request_against_the_deployment(deployed: Path) -> None:
 def test_an_operator_without_the_secret_is_told_where_it_comes_from(
     deployed: Path, tmp_path: Path
 ) -> None:
+    payload = '{"text": "Mira waits."}'
     missing = tmp_path / "elsewhere" / "cluster.secret"
+    # An operator machine needs only the operator's key, not the cluster secret.
+    keyed = run(
+        "request", "perception", "ExtractEntities", "--json", payload,
+        state_dir=deployed, STRATAGEM_SECRET_FILE=str(missing),
+    )  # fmt: skip
+    assert keyed.returncode == 0, keyed.stderr[-2000:]
+    no_key = tmp_path / "elsewhere" / "operator.key"
     result = run(
-        "request",
-        "perception",
-        "ExtractEntities",
-        "--json",
-        '{"text": "Mira waits."}',
-        state_dir=deployed,
-        STRATAGEM_SECRET_FILE=str(missing),
-    )
+        "request", "perception", "ExtractEntities", "--json", payload,
+        state_dir=deployed, STRATAGEM_SECRET_FILE=str(missing),
+        STRATAGEM_OPERATOR_KEY_FILE=str(no_key),
+    )  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert f"no cluster secret at {missing}" in lines[0]
+    assert f"no operator key at {no_key} (nor a cluster secret at {missing}" in lines[0]
     assert "copy" in lines[0]
-    # No new secret was made: one would match no agent.
+    # No new secret or key was made: one would match no agent.
     assert not missing.exists()
+    assert not no_key.exists()
 
 
 @pytest.mark.parametrize(
@@ -240,21 +245,39 @@ def test_a_bad_setting_is_one_line_and_exit_2_for_every_command(
     assert not (tmp_path / "local-ray.json").exists()  # nothing started
 
 
-def test_denied_caller_gets_permission_denied(deployed: Path) -> None:
+@pytest.mark.parametrize(
+    ("caller", "refusal"),
+    [
+        (
+            "perception",
+            "the operator cannot act as 'perception': it is one of the deployment's agents, "
+            "which sign with keys the operator does not hold",
+        ),
+        (
+            "orchestrator",
+            "the operator cannot act as 'orchestrator': it is one of the deployment's agents, "
+            "which sign with keys the operator does not hold",
+        ),
+        ("Bad Name", "'Bad Name' is not an identity (lowercase, ^[a-z][a-z0-9_-]{0,63}$)"),
+        ("auditor", "the operator's key signs only as 'operator', not as 'auditor'"),
+    ],
+)
+def test_the_operator_cannot_pose_as_an_agent_or_another_identity(
+    deployed: Path, caller: str, refusal: str
+) -> None:
     payload = json.dumps({"text": "Mira waits in the courtyard."})
     result = run(
         "request",
         "strategic",
         "AnalyzeNarrative",
         "--as",
-        "perception",
+        caller,
         "--json",
         payload,
         state_dir=deployed,
     )
-    assert result.returncode == 1
-    assert "PERMISSION_DENIED" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [f"error: {refusal}"]
     verify = run("audit", "verify", "--json", state_dir=deployed)
     assert verify.returncode == 0, verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
@@ -918,6 +941,9 @@ def test_a_deleted_secret_is_noticed_by_up_and_mended_by_rotate(
     old = tmp_path / "old.secret"
     old.write_bytes(secret.read_bytes())
     old.chmod(0o600)
+    old_key = tmp_path / "old-operator.key"
+    old_key.write_bytes((deployed / "operator.key").read_bytes())
+    old_key.chmod(0o600)
     secret.unlink()
     up = run("up", "--json", state_dir=deployed)
     assert up.returncode == 1, up.stderr[-2000:]
@@ -940,17 +966,20 @@ def test_a_deleted_secret_is_noticed_by_up_and_mended_by_rotate(
     payload = '{"text": "Mira waits."}'
     fresh = run("request", "perception", "ExtractEntities", "--json", payload, state_dir=deployed)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
-    stale = run(
-        "request",
-        "perception",
-        "ExtractEntities",
-        "--json",
-        payload,
-        state_dir=deployed,
-        STRATAGEM_SECRET_FILE=str(old),
-    )
-    assert stale.returncode == 1
-    assert "UNAUTHENTICATED" in stale.stderr
+    # Another operator machine's copy of the old operator key (or of the old secret) is refused.
+    for copy in (
+        {"STRATAGEM_OPERATOR_KEY_FILE": str(old_key)},
+        {
+            "STRATAGEM_OPERATOR_KEY_FILE": str(tmp_path / "none.key"),
+            "STRATAGEM_SECRET_FILE": str(old),
+        },
+    ):
+        stale = run(
+            "request", "perception", "ExtractEntities", "--json", payload,
+            state_dir=deployed, **copy,
+        )  # fmt: skip
+        assert stale.returncode == 1, stale.stderr[-2000:]
+        assert "UNAUTHENTICATED" in stale.stderr
 
 
 # After the secret test: it leaves the shared deployment's strategic agent without its store.

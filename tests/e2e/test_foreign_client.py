@@ -80,7 +80,7 @@ def test_a_client_from_proto_alone_describes_every_agent_and_calls_each_built_in
 
     client = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("foreign_client.py")), str(generated),
-         str(deployed / "cluster.secret"), str(endpoint_file)],
+         str(deployed / "operator.key"), str(endpoint_file)],
         capture_output=True, text=True, check=False, timeout=300, cwd=tmp_path,
     )  # fmt: skip
 

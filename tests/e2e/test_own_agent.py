@@ -4,6 +4,7 @@ definition refused before anything starts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -126,7 +127,8 @@ def test_request_critic_review_plan(deployed: Path) -> None:
 
 def test_a_caller_the_critic_does_not_name_is_denied(deployed: Path) -> None:
     payload = json.dumps({"plan": BORROWING})
-    result = run(
+    # The operator may not pose as an agent: refused before anything is sent.
+    posing = run(
         "request",
         "critic",
         "ReviewPlan",
@@ -136,9 +138,40 @@ def test_a_caller_the_critic_does_not_name_is_denied(deployed: Path) -> None:
         "strategic",
         state_dir=deployed,
     )
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert "PERMISSION_DENIED" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert posing.returncode == 2, posing.stderr[-2000:]
+    assert posing.stderr.strip().splitlines() == [
+        "error: the operator cannot act as 'strategic': it is one of the deployment's agents, "
+        "which sign with keys the operator does not hold"
+    ]
+    # With the strategic agent's own credentials (made from the cluster secret, as the agents'
+    # are), the critic's policy entry refuses it.
+    from stratagem.protocol import (
+        AgentClient,
+        ClusterSecret,
+        PermissionDeniedError,
+        TokenCredentials,
+        TokenSigner,
+        capability_for,
+    )
+    from stratagem.runtime import deployment_roles
+
+    deployment_roles([CRITIC])
+    spec = capability_for("critic", "ReviewPlan")
+    assert spec is not None
+    status = json.loads(run("status", "--json", state_dir=deployed).stdout)
+    [endpoint] = [a["endpoint"] for a in status["agents"] if a["role"] == "critic"]
+    strategic = TokenCredentials(
+        TokenSigner(ClusterSecret.load(deployed / "cluster.secret")), "strategic"
+    )
+
+    async def as_strategic() -> None:
+        async with AgentClient(endpoint, credentials=strategic) as client:
+            await client.call(
+                "critic", "ReviewPlan", spec.request.model_validate({"plan": BORROWING})
+            )
+
+    with pytest.raises(PermissionDeniedError, match="'strategic' may not call 'ReviewPlan'"):
+        asyncio.run(as_strategic())
 
 
 def test_the_cli_knows_the_critic_only_with_its_extension(deployed: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import ray
 from ray.core.generated import common_pb2
 
-from stratagem.protocol import OPERATOR, AgentClient
+from stratagem.protocol import OPERATOR, AgentClient, AnalyzeNarrativeRequest, RemoteError
 from stratagem.runtime import Deployment, LaunchError, Settings
 from stratagem.runtime._directory import actor_name, death_cause
 from tests.integration._auth import credentials
@@ -54,9 +54,17 @@ def test_status_says_why_a_dead_agent_is_gone(
         own.deploy(detached=False)
         handle = ray.get_actor(actor_name("perception"), namespace=own.settings.namespace)
         ray.kill(handle, no_restart=True)
-        # A dead actor's name is free again: status says it is gone, and why.
+        # A dead actor's name is free again: status still lists it, says it is gone, and why.
+        [gone] = [info for info in own.status(timeout_s=5) if info.role == "perception"]
+        assert (gone.health, gone.state, gone.problem) == (
+            "not deployed",
+            "DEAD",
+            "died: killed (ray.kill)",
+        )
+        # What needs every agent (a goal) stops there, naming it, and deploys nothing.
         with pytest.raises(LaunchError, match=r"perception \(died: killed \(ray\.kill\)\)"):
-            own.status(timeout_s=5)
+            own.serving_endpoints(timeout_s=5)
+        assert own._handle("perception") is None
     finally:
         own.teardown()
 
@@ -64,6 +72,19 @@ def test_status_says_why_a_dead_agent_is_gone(
 async def _health(endpoint: str) -> str:
     async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials()) as client:
         return await client.health()
+
+
+async def _work_and_read(endpoint: str) -> tuple[str, int]:
+    """What a call that writes (a plan) and one that reads get from the agent at ``endpoint``."""
+    async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials()) as client:
+        try:
+            await client.call(
+                "strategic", "AnalyzeNarrative", AnalyzeNarrativeRequest(text="Mira waits.")
+            )
+            written = "OK"
+        except RemoteError as exc:
+            written = f"{exc.code}: {exc.message}"
+        return written, len(await client.plans(""))
 
 
 def test_status_reports_a_deleted_plan_store(
@@ -77,7 +98,17 @@ def test_status_reports_a_deleted_plan_store(
     try:
         assert all(info.health == "serving" for info in own.deploy(detached=False))
         plans = own.settings.plans_path("strategic")
+        served = {info.role: info for info in own.status()}
+        assert asyncio.run(_work_and_read(served["strategic"].endpoint))[0] == "OK"
         plans.unlink()
+        # No more work is accepted (its plans would go to a file no restart reads): every write
+        # is refused naming the store, reads are still answered.
+        written, _ = asyncio.run(_work_and_read(served["strategic"].endpoint))
+        assert written == (
+            f"FAILED_PRECONDITION: the plan store {plans} was deleted while the agent ran: it "
+            "accepts no work until it is redeployed ('stratagem up --replace'), so that no plan "
+            "is lost"
+        )
         infos = {info.role: info for info in own.status()}
         assert infos["strategic"].health == "not serving"
         assert infos["strategic"].problem.startswith(f"plan store missing: {plans} was deleted")
@@ -146,6 +177,22 @@ def test_restarts_are_budgeted_per_window_and_status_says_the_agent_gave_up(
                 said = str(exc)
         assert expected in said, said
         assert own.settings.restarts_path("perception").exists()
+        # status lists the agent that gave up, with why; the others keep serving.
+        infos = {info.role: info for info in own.status(timeout_s=10)}
+        assert infos["perception"].health == "not deployed"
+        assert infos["perception"].problem.startswith(expected)
+        assert {infos[role].health for role in ("strategic", "tactical", "orchestrator")} == {
+            "serving"
+        }
+        # A goal needs every agent: it is refused naming the one that gave up, and nothing is
+        # deployed in its place (which would reset the restart count and hide why).
+        with pytest.raises(LaunchError) as refused:
+            own.serving_endpoints(timeout_s=10)
+        assert str(refused.value).startswith(f"agents not deployed: perception ({expected}")
+        assert "nothing was changed" in str(refused.value)
+        [after] = [info for info in own.status(timeout_s=10) if info.role == "perception"]
+        assert after.health == "not deployed"  # not redeployed in its place
+        assert "gave up" in own.settings.restarts_path("perception").read_text()
     finally:
         own.teardown()
 

@@ -15,6 +15,7 @@ from stratagem.protocol import (
     OPERATOR,
     AgentClient,
     ClusterSecret,
+    IdentityKey,
     MissingSecretError,
     TokenCredentials,
     TokenSigner,
@@ -74,6 +75,12 @@ async def test_up_notices_agents_holding_another_secret_and_rotate_mends_it(
         with pytest.raises(UnauthenticatedError):
             await _plans_as(endpoint, old)
         await _plans_as(endpoint, current)
+        # The operator's own key was rewritten with the new secret, and its tokens pass.
+        operator = IdentityKey.load(own.settings.operator_key_path)
+        assert (operator.identity, operator.key_id) == (OPERATOR, key_id)
+        credentials = TokenCredentials(TokenSigner(operator), OPERATOR, ttl_s=60)
+        async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials) as client:
+            await client.plans("")
         # Running `up` again now finds agents and operator agreeing.
         again = Deployment(own.settings).deploy(detached=False)
         assert {info.secret_id for info in again} == {key_id}
@@ -84,7 +91,7 @@ async def test_up_notices_agents_holding_another_secret_and_rotate_mends_it(
 def test_agents_put_on_a_deployment_of_another_make_no_secret(
     deployment: Deployment, settings: Settings, tmp_path: Path
 ) -> None:
-    # What `submit` does on a recorded or named Ray (not one of its own): its agents must use the
+    # Agents put on a recorded or named Ray (not one of this process's own) must use the
     # deployment's secret, and a missing one is an error that makes none.
     own = _own_deployment(settings, tmp_path)
     with pytest.raises(MissingSecretError, match="no cluster secret at"):

@@ -46,6 +46,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from stratagem.protocol import (
     AUTHORIZATION_KEY,
+    OPERATOR,
     AgentServer,
     ClusterSecret,
     InvalidArgumentError,
@@ -58,6 +59,7 @@ from stratagem.protocol import (
     capability_for,
     decode_response,
     encode_request,
+    roles,
 )
 from stratagem.protocol._audit import AuditRecord
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
@@ -764,6 +766,8 @@ def _expected_for_metadata(
         return DENIED
     if not all(_IDENTITY.fullmatch(name) for name in chain):
         return INVALID
+    if not set(chain) <= {OPERATOR, *roles(), *policy.callers}:
+        return DENIED  # a delegation chain names only identities the deployment knows
     path = (*chain, identity, ROLE)
     if len(set(path)) < len(path):
         return DENIED

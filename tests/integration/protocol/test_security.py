@@ -33,6 +33,7 @@ from stratagem.protocol import (
     ClientConfig,
     ClusterSecret,
     FailedPreconditionError,
+    IdentityKey,
     InMemoryAuditLog,
     MissingSecretError,
     PermissionDeniedError,
@@ -211,9 +212,10 @@ def test_tokens_verify_expire_and_resist_forgery(secret: ClusterSecret) -> None:
 def test_a_token_minted_by_another_library_is_checked_for_audience_and_key_id(
     secret: ClusterSecret,
 ) -> None:
-    # The documented recipe, as another language's JWT library follows it: HS256 with the key
-    # HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"), claims sub/aud/iat/exp, header kid.
-    key = hmac.new(secret.reveal(), b"stratagem.jwt.hs256.v1", hashlib.sha256).digest()
+    # The documented recipe, as another language's JWT library follows it: HS256 with the
+    # identity's key HMAC-SHA256(secret, "stratagem.jwt.hs256.v2" 0x00 identity), claims
+    # sub/aud/iat/exp, header kid.
+    key = hmac.new(secret.reveal(), b"stratagem.jwt.hs256.v2\x00operator", hashlib.sha256).digest()
     now = int(time.time())
     claims = {"sub": "operator", "aud": "stratagem", "iat": now, "exp": now + 60}
     signer = TokenSigner(secret)
@@ -461,7 +463,11 @@ async def test_a_delegation_chain_past_the_limit_is_denied_and_an_allowed_one_is
     async with serve_secure(backend, max_delegation_hops=3) as server:  # type: ignore[attr-defined]
         client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
         ok = CallContext(
-            caller="orchestrator", target="x", capability="x", request_id="r", delegation=("alice",)
+            caller="orchestrator",
+            target="x",
+            capability="x",
+            request_id="r",
+            delegation=("strategic",),
         )
         token = current_call.set(ok)
         try:
@@ -469,9 +475,9 @@ async def test_a_delegation_chain_past_the_limit_is_denied_and_an_allowed_one_is
         finally:
             current_call.reset(token)
         [(_, _, ctx)] = backend.calls
-        assert ctx.delegation == ("alice", "orchestrator")
+        assert ctx.delegation == ("strategic", "orchestrator")
         accepted = await _refusal(audit, "call.accepted")
-        assert "on behalf of alice > orchestrator" in accepted.detail
+        assert "on behalf of strategic > orchestrator" in accepted.detail
         long = CallContext(
             caller="orchestrator",
             target="x",
@@ -488,6 +494,106 @@ async def test_a_delegation_chain_past_the_limit_is_denied_and_an_allowed_one_is
         await client.aclose()
     assert (await _refusal(audit, "call.denied")).request_id == "chain-long"
     assert len(backend.calls) == 1
+
+
+async def test_a_delegation_chain_naming_an_identity_the_deployment_does_not_know_is_denied(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, signer: TokenSigner
+) -> None:
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
+        invented = CallContext(
+            caller="orchestrator",
+            target="x",
+            capability="x",
+            request_id="r",
+            delegation=("mallory",),
+        )
+        token = current_call.set(invented)
+        try:
+            with pytest.raises(
+                PermissionDeniedError,
+                match="the delegation chain names 'mallory', an identity this deployment does not",
+            ):
+                await client.call("perception", "ExtractEntities", EXTRACT, request_id="invented")
+        finally:
+            current_call.reset(token)
+        await client.aclose()
+    record = await _refusal(audit, "call.denied")
+    assert (record.actor, record.request_id) == ("operator", "invented")
+    assert backend.calls == []
+
+
+async def test_a_token_issued_in_the_year_3000_is_unauthenticated(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, secret: ClusterSecret
+) -> None:
+    year_3000 = 32_503_680_000
+    future = TokenSigner(secret, clock=lambda: float(year_3000), max_ttl_s=1e12)
+    later = TokenCredentials(future, "operator", ttl_s=3600, clock=lambda: float(year_3000))
+    backend = FakeBackend("perception")
+    async with serve_secure(backend) as server:  # type: ignore[attr-defined]
+        client = _client(server.endpoint, tracing, credentials=later)
+        with pytest.raises(UnauthenticatedError, match="issued in the future"):
+            await client.call("perception", "ExtractEntities", EXTRACT)
+        await client.aclose()
+    assert (await _refusal(audit, "call.refused")).code == "UNAUTHENTICATED"
+    assert backend.calls == []
+
+
+async def test_the_operators_key_cannot_speak_as_an_agent(
+    serve_secure: Serve, audit: InMemoryAuditLog, tracing: Tracing, secret: ClusterSecret
+) -> None:
+    # Whoever holds operator.key (the operator's commands, or a thief of it) signs a token that
+    # names the orchestrator: it does not verify, since the orchestrator's key is another.
+    operator_key = IdentityKey.derive(secret, "operator")
+    now = int(time.time())
+    claims = {"sub": "orchestrator", "aud": "stratagem", "iat": now, "exp": now + 60}
+    forged = jwt.encode(
+        claims, operator_key.reveal(), algorithm="HS256", headers={"kid": operator_key.key_id}
+    )
+    backend = FakeBackend("strategic")
+    async with (
+        serve_secure(backend) as server,  # type: ignore[attr-defined]
+        grpc.aio.insecure_channel(server.endpoint) as channel,
+    ):
+        envelope = RequestEnvelope(
+            request_id="as-orchestrator",
+            caller="orchestrator",
+            target="strategic",
+            capability="AnalyzeNarrative",
+            body=SAMPLES["AnalyzeNarrative"][0],
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary(method_path("Call"))(
+                encode_request(envelope),
+                metadata=((AUTHORIZATION_KEY, f"Bearer {forged}"),),
+                timeout=5,
+            )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "signature does not verify" in str(refused.value.details())
+    assert (await _refusal(audit, "call.refused")).code == "UNAUTHENTICATED"
+    assert backend.calls == []
+    # The key itself refuses to sign as anyone but the operator.
+    with pytest.raises(ProtocolUsageError, match="signs only as 'operator'"):
+        TokenSigner(operator_key).issue("orchestrator", 60)
+
+
+async def test_an_agent_proves_its_key_to_a_client_before_credentials_are_sent(
+    serve_secure: Serve, audit: InMemoryAuditLog, secret: ClusterSecret
+) -> None:
+    from stratagem.protocol import UntrustedEndpointError, prove_endpoint
+
+    operator = TokenCredentials(TokenSigner(IdentityKey.derive(secret, "operator")), "operator")
+    stranger = TokenCredentials(TokenSigner(ClusterSecret(os.urandom(32))), "operator")
+    async with serve_secure(FakeBackend("perception")) as server:  # type: ignore[attr-defined]
+        await prove_endpoint(server.endpoint, "perception", operator, timeout_s=5)
+        with pytest.raises(UntrustedEndpointError, match="did not prove"):
+            await prove_endpoint(server.endpoint, "tactical", operator, timeout_s=5)
+        with pytest.raises(UntrustedEndpointError, match="did not prove"):
+            await prove_endpoint(server.endpoint, "perception", stranger, timeout_s=5)
+        await prove_endpoint(server.endpoint, "perception", None, timeout_s=5)  # no credentials
+    # Proving grants nothing and is not audited (like the health service).
+    assert list(audit.records()) == []
 
 
 async def test_a_reused_request_id_with_another_payload_is_failed_precondition(

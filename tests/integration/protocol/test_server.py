@@ -8,6 +8,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from stratagem.protocol import (
     Policy,
     ProtocolUsageError,
     Relation,
+    RemoteError,
     RequestEnvelope,
     ResourceExhaustedError,
     SqliteAuditLog,
@@ -839,6 +841,33 @@ class _EndlessWatch(FakeBackend):
     async def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
         yield PlanEvent(plan_id=plan_id, status="running")
         await asyncio.Event().wait()
+
+
+async def test_a_burst_of_watch_opens_is_refused_by_the_agents_audited_admission(
+    serve: Serve, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    # More Watch opens at once than gRPC core's pending-request limits used to allow for these
+    # admission settings (2 x (4 + 4) = 16): each is answered by the agent's own limit, audited,
+    # none CANCELLED by gRPC core before the agent sees it.
+    config = {"max_watch_streams": 150, "max_concurrent_requests": 4, "max_queued_requests": 4}
+    async with serve(_EndlessWatch(), **config) as server:  # type: ignore[attr-defined]
+        clients = [connect(server.endpoint) for _ in range(4)]
+        streams = [clients[n % 4].watch(f"goal-{n}") for n in range(200)]
+
+        async def first(stream: AsyncIterator[PlanEvent]) -> str:
+            try:
+                await anext(stream)
+            except RemoteError as exc:
+                return exc.code
+            return "OK"
+
+        outcomes = Counter(await asyncio.gather(*(first(stream) for stream in streams)))
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+    assert outcomes == {"OK": 150, "RESOURCE_EXHAUSTED": 50}
+    refused = [r for r in audit.records() if r.code == "RESOURCE_EXHAUSTED"]
+    assert len(refused) == 50
+    assert all("Watch streams are open" in r.detail for r in refused)
 
 
 async def test_open_watch_streams_are_limited(

@@ -8,15 +8,19 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 
 from stratagem.protocol import (
     ROLES,
+    AgentClient,
+    AnalyzeNarrativeRequest,
+    ClusterSecret,
     ExtractEntitiesRequest,
     ExtractEntitiesResponse,
     FailedPreconditionError,
@@ -24,6 +28,8 @@ from stratagem.protocol import (
     PermissionDeniedError,
     ProtocolUsageError,
     RemoteError,
+    TokenCredentials,
+    TokenSigner,
     UnavailableError,
 )
 from stratagem.runtime import (
@@ -183,15 +189,125 @@ async def test_no_cluster_secret_is_missing_secret_and_none_is_made(served: Serv
     missing = served.settings.state_dir / "elsewhere" / "cluster.secret"
     settings = served.settings.model_copy(update={"secret_file": missing})
     async with Operator(settings=settings, directory=served.directory) as op:
-        with pytest.raises(MissingSecretError, match=f"no cluster secret at {missing}"):
+        with pytest.raises(MissingSecretError, match=f"nor a cluster secret at {missing}"):
             await op.call("perception", "ExtractEntities", {"text": TEXT})
     assert not missing.exists()
+    assert not settings.operator_key_path.exists()
+
+
+def test_the_operator_cannot_act_as_an_agent_or_a_name_that_is_no_identity(
+    served: Served,
+) -> None:
+    for caller, refusal in (
+        (
+            "orchestrator",
+            "the operator cannot act as 'orchestrator': it is one of the deployment's",
+        ),
+        ("Bad Name", "'Bad Name' is not an identity"),
+        ("auditor", "the operator's key signs only as 'operator', not as 'auditor'"),
+    ):
+        with pytest.raises(InputError, match=refusal):
+            served.operator(caller=caller)
 
 
 async def test_a_caller_the_policy_denies_is_permission_denied(served: Served) -> None:
-    async with served.operator(caller="perception") as op:
+    # Speaking as an agent takes the cluster secret (the agents hold it; the operator does not).
+    secret = ClusterSecret.load(served.settings.secret_path)
+    perception = TokenCredentials(TokenSigner(secret), "perception")
+    async with AgentClient(served.endpoints["strategic"], credentials=perception) as client:
         with pytest.raises(PermissionDeniedError):
-            await op.call("strategic", "AnalyzeNarrative", {"text": TEXT})
+            await client.call("strategic", "AnalyzeNarrative", AnalyzeNarrativeRequest(text=TEXT))
+
+
+# -- an endpoint read from a file proves itself before any credentials go there -----------------
+
+
+class _Recorder:
+    """A gRPC server at a planted endpoint: it records every call it gets (method, metadata,
+    request bytes) and answers each with ``answer`` (``None``: UNIMPLEMENTED)."""
+
+    def __init__(self, answer: Callable[[str, bytes], Awaitable[bytes]] | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, str], bytes]] = []
+        self._answer = answer
+        self.endpoint = ""
+        self._server: Any = None
+
+    async def __aenter__(self) -> _Recorder:
+        recorder = self
+
+        class Everything(grpc.GenericRpcHandler):
+            def service(self, details: Any) -> Any:
+                method = details.method
+
+                async def handle(request: bytes, context: Any) -> bytes:
+                    metadata = {k: str(v) for k, v in context.invocation_metadata() or ()}
+                    recorder.calls.append((method, metadata, request))
+                    if recorder._answer is None:
+                        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no such method")
+                    return await recorder._answer(method, request)
+
+                return grpc.unary_unary_rpc_method_handler(handle)
+
+        self._server = grpc.aio.server()
+        self._server.add_generic_rpc_handlers((Everything(),))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        self.endpoint = f"127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._server.stop(0)
+
+
+def _nothing_but_a_nonce(recorder: _Recorder) -> None:
+    assert recorder.calls, "the planted endpoint was never asked"
+    for method, metadata, request in recorder.calls:
+        assert method == "/stratagem.v1.EndpointService/Prove", method
+        assert "authorization" not in metadata, "a token reached the planted endpoint"
+        assert TEXT.encode() not in request
+
+
+async def test_a_planted_endpoint_receives_no_token_and_no_payload(served: Served) -> None:
+    async with _Recorder() as planted:
+        publish_endpoint(served.settings.state_dir, "perception", planted.endpoint, os.getpid())
+        async with served.operator() as op:
+            answer = await op.call("perception", "ExtractEntities", {"text": TEXT})
+    assert "mira" in {entity.id for entity in answer.entities}  # type: ignore[attr-defined]
+    _nothing_but_a_nonce(planted)
+    assert served.directory.asked == 1  # the real endpoint came from the directory
+
+
+async def test_a_relay_to_the_real_agent_cannot_pass_its_proof_on(served: Served) -> None:
+    real = served.endpoints["perception"]
+
+    async def relay(method: str, request: bytes) -> bytes:
+        async with grpc.aio.insecure_channel(real) as channel:
+            return bytes(await channel.unary_unary(method)(request, timeout=5))
+
+    async with _Recorder(relay) as relaying:
+        publish_endpoint(served.settings.state_dir, "perception", relaying.endpoint, os.getpid())
+        async with served.operator() as op:
+            await op.call("perception", "ExtractEntities", {"text": TEXT})
+    _nothing_but_a_nonce(relaying)
+    assert served.directory.asked == 1
+
+
+async def test_a_published_agent_that_never_answers_is_unavailable_naming_it(
+    served: Served,
+) -> None:
+    # A port that accepts connections and never answers: what a SIGSTOPped agent looks like.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+        publish_endpoint(served.settings.state_dir, "tactical", endpoint, os.getpid())
+        async with served.operator(timeout_s=2.0) as op:
+            with pytest.raises(UnavailableError) as refused:
+                await op.describe("tactical")
+    assert str(refused.value).startswith(
+        f"UNAVAILABLE: agent tactical at {endpoint} does not answer: no answer within 1 s"
+    )
+    assert served.directory.asked == 0
 
 
 def test_bad_settings_and_timeouts_are_input_errors(

@@ -70,3 +70,29 @@ def test_peers_beyond_the_limit_share_one_bucket() -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="window_s"):
         RefusalLimiter(burst=1, window_s=0)
+
+
+def test_a_flood_from_many_addresses_is_bounded_for_the_agent_as_a_whole() -> None:
+    # 100 loopback addresses, 10 refusals each, in one window: per address each would get its
+    # burst of 10 records (1,000 in all); the agent as a whole records at most `total`.
+    clock = Clock()
+    limiter = RefusalLimiter(burst=10, window_s=10.0, total=40, clock=clock)
+    admitted = [
+        limiter.admit(f"ipv4:127.0.{n // 250}.{n % 250 + 1}", "UNAUTHENTICATED")
+        for _ in range(10)
+        for n in range(100)
+    ]
+    assert admitted.count(True) == 40
+    clock.now += 10.0
+    summaries = limiter.drain()
+    # No address used up its own burst: one agent-wide aggregate counts all the rest.
+    assert [(s.peer, s.count) for s in summaries] == [("any address, past the agent's limit,", 960)]
+    assert "960 more refusals before authentication from any address" in summaries[0].detail
+    # Records in the window: 40 individual ones and one aggregate, not 1,000.
+    assert admitted.count(True) + len(summaries) == 41
+
+
+def test_the_agent_wide_bound_defaults_to_four_bursts() -> None:
+    limiter = RefusalLimiter(burst=2, window_s=5.0, clock=Clock())
+    admitted = [limiter.admit(f"p{n}", "X") for n in range(20)]
+    assert admitted.count(True) == 8

@@ -159,3 +159,35 @@ def test_up_with_a_bad_extension_stops_before_ray(tmp_path: Path) -> None:
         "entry: name who may call it in callers (deny by default)"
     )
     assert not (state / "local-ray.json").exists()
+
+
+def test_an_extension_exiting_on_import_is_one_line_naming_it_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    quits = tmp_path / "quits.py"
+    quits.write_text("raise SystemExit(0)\n", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        deployment_roles([str(quits)])
+    assert str(info.value) == (f"extension {str(quits)!r}: importing {quits} failed: SystemExit: 0")
+    # `up` stops on it in one line, exit 2, before a Ray head starts (no local-ray.json).
+    state = tmp_path / "state"
+    result = CliRunner().invoke(
+        app, ["up", "--state-dir", str(state)], env={"STRATAGEM_EXTENSIONS": str(quits)}
+    )
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [f"error: extension {str(quits)!r}: importing {quits} failed: SystemExit: 0"]
+    assert not (state / "local-ray.json").exists()
+
+
+def test_an_extension_whose_import_does_not_finish_is_named_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    slow = tmp_path / "slow_to_import.py"
+    slow.write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        deployment_roles([CRITIC, str(slow)], timeout_s=0.5)
+    assert str(info.value) == (
+        f"extension {slow}: its import did not finish within 0.5 s "
+        "(STRATAGEM_EXTENSION_IMPORT_TIMEOUT_S); nothing was started"
+    )

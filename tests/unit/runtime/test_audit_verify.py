@@ -269,3 +269,23 @@ def test_a_token_for_a_client_of_your_own_is_a_standard_jwt(tmp_path: Path) -> N
     )
     assert refused.exit_code == 2
     assert "longer than STRATAGEM_TOKEN_TTL_S" in refused.output
+
+
+def test_a_configured_heads_copy_that_was_deleted_fails_verification(tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere" / "audit.heads.copy"
+    copy.parent.mkdir()
+    settings = load_settings(state_dir=tmp_path / "state", audit_heads_copy=copy)
+    with SqliteAuditLog(settings.audit_path) as log:
+        _append(log, 5)
+        AuditSealer(
+            log, load_or_create_key(settings.audit_key_path), open_audit_heads(settings)
+        ).seal()
+    env = {"STRATAGEM_AUDIT_HEADS_COPY": str(copy)}
+    code, out = _verify(settings.state_dir, **env)
+    assert code == 0, out
+    copy.unlink()
+    code, out = _verify(settings.state_dir, **env)
+    assert code == 1, out
+    assert f"the audit heads copy {copy} (STRATAGEM_AUDIT_HEADS_COPY) is missing" in out
+    # Without the setting nothing says a copy was kept: the primary heads verify.
+    assert _verify(settings.state_dir)[0] == 0
