@@ -674,9 +674,17 @@ class Operator:
         (``InvalidArgumentError``) is raised: it is the caller's."""
         found: list[tuple[str, T]] = []
         unreadable: list[str] = []
+        endpoints, published = await self._endpoints(roles)
         for role in roles:
             try:
-                found.append((role, await self._at(role, functools.partial(send, role))))
+                try:
+                    found.append((role, await send(role, self._client(endpoints[role]))))
+                except UnavailableError:
+                    if not published:
+                        raise
+                    logger.info("no answer at %s's published endpoint: asking Ray", role)
+                    fresh, _ = await self._endpoints((role,), published=False)
+                    found.append((role, await send(role, self._client(fresh[role]))))
             except InvalidArgumentError:
                 raise
             except (RemoteError, LaunchError) as exc:
