@@ -51,9 +51,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.metadata
 import inspect
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Mapping
 from typing import Any, Final, Protocol
@@ -63,7 +65,7 @@ from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from stratagem.agents._control import PlanControl
-from stratagem.agents._history import PlanHistory
+from stratagem.agents._history import INTERRUPTED, PlanHistory
 from stratagem.agents._records import (
     MAX_RECORDS,
     PlanBook,
@@ -98,6 +100,7 @@ from stratagem.planning import (
     PlanValidationError,
     StateStore,
     StepError,
+    StepEvent,
     StepFailure,
     StoreError,
     validate_plan,
@@ -231,7 +234,9 @@ class Agent(PlanControl):
         self._started: dict[str, asyncio.Event] = {}
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._book = PlanBook(role, max_records)
-        self._history = PlanHistory(role, plan_type, self._book, store)
+        self._history = PlanHistory(
+            role, plan_type, self._book, store, running=lambda plan_id: self._is_active(plan_id)
+        )
         # Runs no caller's deadline may cancel (user plans, operators' top-level requests).
         self._runs: set[asyncio.Task[PlanResult[Any]]] = set()
         for spec in CAPABILITIES.values():
@@ -541,6 +546,29 @@ class Agent(PlanControl):
         """
         return await self._history.page(query, max_bytes)
 
+    async def prune_history(
+        self, *, older_than_s: float | None = None, keep: int | None = None
+    ) -> int:
+        """Apply a retention to the store: delete finished plans last changed more than
+        ``older_than_s`` seconds ago, and those beyond the ``keep`` most recent (unfinished
+        plans are kept); how many plan revisions went. Nothing happens without a store.
+
+        Raises:
+            planning.StoreError: The store could not be written.
+        """
+        if self.store is None:
+            return 0
+        deleted = 0
+        if older_than_s is not None:
+            deleted += await self.store.prune(before=time.time() - older_than_s)
+        if keep is not None:
+            deleted += await self.store.prune(keep_last=keep)
+        if deleted:
+            logger.info(
+                "agent %s: %d plan revisions past the retention deleted", self.role, deleted
+            )
+        return deleted
+
     async def aclose(self) -> None:
         """Interrupt the runs and background resumptions (their plans stay resumable in the
         store) and wait for them."""
@@ -595,14 +623,36 @@ class Agent(PlanControl):
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
+        # A run interrupted (its caller went away) is not a cancelled plan: the store keeps it
+        # unfinished (a retry of the request, or a restart, resumes it), so its last event says
+        # so rather than "cancelled", and watch and the history agree.
+        ended: list[StepEvent] = []
+
+        def observe(event: StepEvent) -> None:
+            if (
+                self.store is not None
+                and not event.step_id
+                and event.status is PlanStatus.CANCELLED
+            ):
+                ended.append(event)
+                return
+            self._book.observe(record, event)
+
         try:
-            result = await self._engine.run(
-                plan, on_event=lambda event: self._book.observe(record, event)
-            )
+            result = await self._engine.run(plan, on_event=observe)
         except PlanControlError as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
+        except asyncio.CancelledError:
+            for event in ended:
+                self._book.observe(
+                    record,
+                    dataclasses.replace(event, status=PlanStatus.RUNNING, message=INTERRUPTED),
+                )
+            raise
         finally:
             self._active.discard(plan.id)
+        for event in ended:
+            self._book.observe(record, event)
         follow_revision(record, result)
         return result
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -65,7 +65,7 @@ from stratagem.protocol import (
     redact_value,
 )
 
-__all__ = ["PlanHistory", "shrink"]
+__all__ = ["INTERRUPTED", "PlanHistory", "shrink"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,12 @@ _STEP_OVERHEAD: Final = 128
 # unless the query asks for whole values, then tighter until a snapshot fits the page; a cut step
 # says so.
 _SQUEEZES: Final = ((400, 25, 6), (100, 8, 4), (40, 3, 2), (0, 0, 0))
+
+INTERRUPTED: Final = (
+    "interrupted: its caller went away; it goes on when the request is made again, or when the "
+    "agent restarts ('stratagem cancel' ends it)"
+)
+"""What a plan says whose run stopped with its caller, unfinished in the store."""
 
 _STATUSES: Final = tuple(status.value for status in PlanStatus)
 _COMPENSATION_STATUS: Final = {
@@ -134,15 +140,24 @@ class PlanHistory:
         plan_type: The role's plan type (stored plans are read as it).
         book: The records the agent holds in memory.
         store: The agent's durable store (``None``: the book alone).
+        running: Whether a run of the plan goes on here now (a stored plan that is running but
+            has no run here was interrupted, and says so).
     """
 
     def __init__(
-        self, role: str, plan_type: type[Plan], book: PlanBook, store: StateStore | None
+        self,
+        role: str,
+        plan_type: type[Plan],
+        book: PlanBook,
+        store: StateStore | None,
+        *,
+        running: Callable[[str], bool] = lambda _: True,
     ) -> None:
         self._role = role
         self._plan_type = plan_type
         self._book = book
         self._store = store
+        self._running = running
 
     # --- pages -----------------------------------------------------------------------------
 
@@ -227,6 +242,8 @@ class PlanHistory:
             message=redact(summary.message, MESSAGE_LIMIT),
             cursor=str(summary.cursor),
         )
+        if summary.status is PlanStatus.RUNNING and not self._running(summary.plan_id):
+            snapshot = snapshot.model_copy(update={"message": INTERRUPTED})
         if view == "summary":
             return snapshot, ""
         assert self._store is not None
