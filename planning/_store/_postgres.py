@@ -754,11 +754,14 @@ class PostgresStateStore:
         rowids = await self._rowid_map(conn, records)
         rows = []
         statuses: dict[int, PlanStatusRecord] = {}
+        traces: dict[int, str] = {}  # the batch's first trace of each plan
         for record in records:
             rowid = rowids[(record.plan_id, record.revision)]
             rows.append((rowid, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
                 statuses[rowid] = record
+                if record.trace_context and rowid not in traces:
+                    traces[rowid] = trace_id_of(record.trace_context)
         # Row by row in one pipeline (one round trip): the identity column numbers them in order.
         async with conn.cursor() as cursor:
             await cursor.executemany(
@@ -799,7 +802,7 @@ class PostgresStateStore:
                     [r.status.value for r in statuses.values()],
                     [r.at for r in statuses.values()],
                     [r.message for r in statuses.values()],
-                    [trace_id_of(r.trace_context) for r in statuses.values()],
+                    [traces.get(rowid, "") for rowid in statuses],
                 ),
             )
 

@@ -567,12 +567,15 @@ class SqliteStateStore:
         seq = self._seq
         rows = []
         statuses: dict[int, PlanStatusRecord] = {}
+        traces: dict[int, str] = {}  # the batch's first trace of each plan
         for record in records:
             rowid = self._rowid(conn, record.plan_id, record.revision)
             seq += 1
             rows.append((rowid, seq, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
                 statuses[rowid] = record
+                if record.trace_context and rowid not in traces:
+                    traces[rowid] = trace_id_of(record.trace_context)
         conn.executemany(
             "INSERT INTO events (plan, seq, kind, step_id, attempt, status, output, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -591,11 +594,11 @@ class SqliteStateStore:
                         r.status.value,
                         r.at,
                         r.message,
-                        trace_id_of(r.trace_context),
+                        traces.get(rowid, ""),
                         r.plan_id,
                         r.revision,
                     )
-                    for r in statuses.values()
+                    for rowid, r in statuses.items()
                 ],
             )
         self._seq = seq
