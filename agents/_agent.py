@@ -601,6 +601,8 @@ class Agent(PlanControl):
         previous = self._book.get(plan.id)
         if previous is not None:
             latest = previous.plan.revision
+        if plan.id in self._active:
+            raise FailedPreconditionError(f"plan {plan.id!r} is already running here")
         if self.store is not None:
             task = self._tasks.get(plan.id)
             if task is not None and not task.done():

@@ -531,14 +531,9 @@ def _events(journal: Sequence[Any], role: str) -> list[PlanEvent]:
                     "failure_class": record.failure_class.value if record.failure_class else "",
                     "message": record.message,
                 }
-            case GateRecord():
-                event = {
-                    "step_id": record.gate_id,
-                    "status": "blocked" if record.decision is GateDecision.OPEN else "running",
-                    "message": _gate_line(
-                        record.decision, record.prompt, record.approver, record.rationale
-                    ),
-                }
+            case GateRecord() if record.decision is GateDecision.OPEN:
+                # As the engine says it live: the gate's prompt.
+                event = {"step_id": record.gate_id, "status": "blocked", "message": record.prompt}
             case CompensationRecord() if record.status in _COMPENSATION_STATUS:
                 event = {
                     "step_id": record.step_id,

@@ -192,7 +192,8 @@ def traces_table(traces: Sequence[TraceSummary]) -> Table:
 
 
 def event_line(event: PlanEvent, fallback_agent: str = "") -> Text:
-    """One event as a line: ``strategic who-leads step ok -> blocked: waiting: Go ahead?``."""
+    """One event as a line: ``strategic gated step ok -> blocked, waiting for approval: Go
+    ahead?``, ``perception p step s -> failed (logic): why``."""
     line = Text()
     line.append(f"{event.agent or fallback_agent} ", style="magenta")
     line.append(event.plan_id)
@@ -204,7 +205,10 @@ def event_line(event: PlanEvent, fallback_agent: str = "") -> Text:
         line.append(f" (attempt {event.attempt})", style="dim")
     if event.failure_class:
         line.append(f" ({event.failure_class})", style="red")
-    if event.message:
+    if event.status == "blocked" and event.message:
+        line.append(", waiting for approval: ")
+        line.append(event.message)
+    elif event.message:
         line.append(": ")
         line.append(event.message)
     return line
