@@ -115,6 +115,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_FINAL = frozenset({"succeeded", "failed", "cancelled"})
+"""The plan statuses that end it (``planning.PlanStatus.is_final``; not imported here)."""
+
 _DRAIN_S = 0.25
 """How long ``watch`` takes sub-plans' last events after the plan itself ended."""
 
@@ -781,6 +784,7 @@ class Operator:
             queue.put_nowait((role, None))
 
         tasks = [asyncio.create_task(pump(role)) for role in (owner, *others)]
+        final: PlanEvent | None = None
         try:
             while True:
                 role, item = await queue.get()
@@ -790,6 +794,13 @@ class Operator:
                     if role == owner:
                         break
                     continue
+                if role == owner and item.plan_id == plan_id and not item.step_id:
+                    if item.status in _FINAL:
+                        final = item  # the plan's end comes last, after its sub-plans'
+                        continue
+                    if final is not None:  # a final status, then more: a replan went on
+                        yield final
+                        final = None
                 yield item
             # The owner's stream ended with the plan; sub-plans' last events on the other
             # agents' streams may still be on their way: take what arrives within a moment.
@@ -800,6 +811,8 @@ class Operator:
                     break
                 if isinstance(item, PlanEvent):
                     yield item
+            if final is not None:
+                yield final
         finally:
             for task in tasks:
                 task.cancel()
