@@ -1152,7 +1152,6 @@ def history_section(history: dict[str, Any] | None) -> list[str]:
         ]
         lines += [f"{store} (filled in {figures['fill_s']:.0f} s):", ""]
         lines += _table(("case", "median ms", "p99 ms", "max ms"), rows, text_columns=1)
-        lines.append("")
     rows = [
         (
             target["store"],
