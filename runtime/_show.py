@@ -34,7 +34,7 @@ _PREVIEW: Final = 160
 
 
 def _when(moment: datetime | None) -> str:
-    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment is not None else "-"
+    return moment.astimezone().strftime("%m-%d %H:%M:%S") if moment is not None else "-"
 
 
 def _duration(seconds: float | None) -> str:
@@ -154,13 +154,25 @@ def approve_commands(view: PlanView) -> list[str]:
     ]
 
 
-def history_table(page: HistoryPage) -> Table:
-    """A page of plans: when, agent, plan, rev, status, trace (short), and why a plan failed."""
+_WIDE: Final = 120
+"""Terminal columns from which the tables add a note (why a plan failed, a trace's goal)."""
+
+
+def history_table(page: HistoryPage, width: int = _WIDE) -> Table:
+    """A page of plans: when, agent, plan, rev, status, trace (short), and in a terminal of
+    ``_WIDE`` columns or more why a plan failed (one line; ``plans show`` has it whole)."""
+    wide = width >= _WIDE
     table = Table(box=None, pad_edge=False)
-    for column in ("created", "agent", "plan", "rev", "status", "trace"):
-        table.add_column(column, no_wrap=column != "plan")
-    table.add_column("note", overflow="fold", max_width=60)
+    table.add_column("created", no_wrap=True)
+    table.add_column("agent", no_wrap=True)
+    table.add_column("plan", overflow="fold", min_width=12)
+    table.add_column("rev", no_wrap=True, justify="right")
+    table.add_column("status", no_wrap=True)
+    table.add_column("trace", no_wrap=True)
+    if wide:
+        table.add_column("note", no_wrap=True, overflow="ellipsis", max_width=width - 90)
     for view in page.plans:
+        note = view.failure or (view.message if view.status != "succeeded" else "")
         table.add_row(
             _when(view.created),
             view.agent,
@@ -168,25 +180,30 @@ def history_table(page: HistoryPage) -> Table:
             str(view.revision),
             status_text(view.status),
             view.trace_id[:8],
-            view.failure or (view.message if view.status not in ("succeeded",) else ""),
+            *([note] if wide else []),
         )
     return table
 
 
-def traces_table(traces: Sequence[TraceSummary]) -> Table:
-    """Recent traces: when, trace id, first plan, status, agents, goal."""
+def traces_table(traces: Sequence[TraceSummary], width: int = _WIDE) -> Table:
+    """Recent traces: when, trace id, status, plans/agents, first plan; the goal when wide."""
+    wide = width >= _WIDE
     table = Table(box=None, pad_edge=False)
-    for column in ("created", "trace", "plan", "status", "plans"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("goal", overflow="fold", max_width=50)
+    table.add_column("created", no_wrap=True)
+    table.add_column("trace", no_wrap=True, min_width=32)
+    table.add_column("status", no_wrap=True)
+    table.add_column("plans", no_wrap=True, justify="right")
+    table.add_column("plan", overflow="fold", min_width=12)
+    if wide:
+        table.add_column("goal", no_wrap=True, overflow="ellipsis", max_width=width - 100)
     for entry in traces:
         table.add_row(
             _when(entry.created),
             entry.trace_id,
-            entry.plan_id,
             status_text(entry.status),
-            f"{entry.plans} on {', '.join(entry.agents)}",
-            entry.goal,
+            f"{entry.plans}/{len(entry.agents)}",
+            entry.plan_id,
+            *([entry.goal] if wide else []),
         )
     return table
 

@@ -133,7 +133,7 @@ def trace_command(
             if as_json:
                 _print_json([entry.model_dump(mode="json") for entry in traces])
             else:
-                console.print(traces_table(traces))
+                console.print(traces_table(traces, console.width))
                 console.print(
                     f"{len(traces)} traces; 'stratagem trace ID' prints one", highlight=False
                 )

@@ -232,7 +232,7 @@ def plans_list(
         if as_json:
             _print_json(page.model_dump(mode="json"))
             return
-        console.print(history_table(page))
+        console.print(history_table(page, console.width))
         more = f"; next page: --page-token {page.next_page_token}" if page.next_page_token else ""
         console.print(f"{len(page.plans)} plans{more}", highlight=False, soft_wrap=True)
         for line in page.unreadable:
