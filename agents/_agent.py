@@ -298,7 +298,8 @@ class Agent(PlanControl):
         """Serve one capability request: plan, validate, run, respond.
 
         The plan's id is ``"<caller plan>/<caller step>"`` when the caller runs a plan, else the
-        request's own ``plan_id`` field when it has a non-empty one, else ``"<role>-<random>"``.
+        plan id the call names without a step (an A2A task's id), else the request's own
+        ``plan_id`` field when it has a non-empty one, else ``"<role>-<random>"``.
 
         Args:
             capability: The capability's name.
@@ -591,6 +592,9 @@ class Agent(PlanControl):
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:
             return f"{ctx.plan_id}/{ctx.step_id}"
+        if ctx.plan_id and ctx.capability in self._handlers:
+            # A caller naming a plan but no step of its own (an A2A task): the plan is that task.
+            return ctx.plan_id
         own = getattr(request, "plan_id", "")
         if isinstance(own, str) and own:
             return own

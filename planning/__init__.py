@@ -19,6 +19,7 @@ from stratagem.planning._engine import (
 )
 from stratagem.planning._errors import (
     FAILURE_CODES,
+    ExpressionError,
     GateDecisionError,
     LogicError,
     PlanControlError,
@@ -37,6 +38,7 @@ from stratagem.planning._errors import (
     code_for_failure_class,
     failure_class_for_code,
 )
+from stratagem.planning._expr import Expression, expression
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import (
     STEP_ID_PATTERN,
@@ -54,7 +56,7 @@ from stratagem.planning._plan import (
     StepStatus,
     ToolStep,
 )
-from stratagem.planning._refs import Ref, ref, refs_in, resolve_refs
+from stratagem.planning._refs import Ref, expr, ref, refs_in, resolve_refs
 from stratagem.planning._replay import Divergence, ReplayReport, replay
 from stratagem.planning._revisions import (
     Replanner,
@@ -75,6 +77,7 @@ from stratagem.planning._store._state import (
     CompensationRecord,
     CompensationState,
     CompensationStatus,
+    ConditionRecord,
     ControlRecord,
     GateDecision,
     GateKind,
@@ -110,6 +113,7 @@ __all__ = [
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
+    "ConditionRecord",
     "ControlRecord",
     "CrossAgentCall",
     "CrossAgentStep",
@@ -117,6 +121,8 @@ __all__ = [
     "Divergence",
     "Engine",
     "EngineConfig",
+    "Expression",
+    "ExpressionError",
     "FailureClass",
     "GateDecision",
     "GateDecisionError",
@@ -176,6 +182,8 @@ __all__ = [
     "TransientError",
     "code_for_failure_class",
     "diff_plans",
+    "expr",
+    "expression",
     "failure_class_for_code",
     "failure_repaired",
     "find_cycle",

@@ -5,6 +5,8 @@
     PlanningError                  base of everything planning/ raises
     ├── PlanValidationError        a plan breaks a rule (.problems: list[str]); caller input
     ├── RefError                   a {"$ref": ...} cannot be parsed or resolved (.ref, .reason)
+    │   └── ExpressionError        an expression ({"$expr": ...}, when) cannot be parsed, checked
+    │                              or evaluated (.expression, .reason)
     ├── PlanFailedError            a plan run ended failed (.plan_id, .failures)
     ├── PlanControlError           a control call (resume, decide, pause, cancel, replan,
     │                              replay) does not apply (.plan_id); caller input
@@ -107,6 +109,24 @@ class RefError(PlanningError):
         self.reason = reason
         self.step_id = step_id
         super().__init__(f"reference {ref!r}: {reason}")
+
+
+class ExpressionError(RefError):
+    """An expression (``{"$expr": ...}``, a step's ``when``) does not parse, fails its checks or
+    cannot be evaluated.
+
+    Attributes:
+        expression: The expression as written.
+        reason: Why it failed (one line).
+    """
+
+    def __init__(self, expression: str, reason: str, *, step_id: str = "") -> None:
+        super().__init__(expression, reason, step_id=step_id)
+        self.expression = expression
+        self.args = (f"expression {expression!r}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)

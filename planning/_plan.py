@@ -169,6 +169,14 @@ class StepBase(BaseModel):
             plan; ``"gate"`` holds the plan ``blocked`` at a gate named after the step, whose
             prompt names the failure (approve: re-run the step, or record an output; reject: fail
             it). A budget running out always aborts.
+        when: A condition: an expression (``planning._expr``) over the outputs of the step's
+            (transitive) dependencies and the plan's inputs; the step runs only when its value is
+            truthy, and is ``skipped`` otherwise (the reason and the value journaled). ``None``:
+            no condition.
+        runs_on: ``"success"`` (every dependency succeeded; the default) or ``"failure"`` (a
+            route on failure: at least one dependency failed for good, the others settled; the
+            step is ``skipped`` when none failed). A failure that a ``"failure"`` step depends on
+            is handled: it does not stop the plan nor fail it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -183,6 +191,8 @@ class StepBase(BaseModel):
     compensate: Name | None = None
     compensate_input: dict[str, Any] | None = None
     on_policy_failure: Literal["abort", "gate"] = "abort"
+    when: str | None = Field(default=None, min_length=1, max_length=2000)
+    runs_on: Literal["success", "failure"] = "success"
 
 
 class ToolStep(StepBase):
@@ -190,7 +200,8 @@ class ToolStep(StepBase):
 
     Attributes:
         tool: The tool's name in the owning agent's registry.
-        input: The tool's input; values may be ``{"$ref": "STEP_ID.path"}`` references.
+        input: The tool's input; values may be ``{"$expr": "..."}`` expressions or
+            ``{"$ref": "STEP_ID.path"}`` references.
     """
 
     kind: Literal["tool"] = "tool"
@@ -334,6 +345,12 @@ class Plan(BaseModel):
         max_in_flight: The cap on concurrently running steps; ``None`` uses the engine's.
         budget: What the plan may spend (wall time, tool calls, cost units); ``None``: no limit.
         provenance: Who made the plan, and the model calls behind it; ``None`` when not said.
+        inputs: Values the plan is run with, which expressions read as ``inputs``
+            (``{"$expr": "inputs.topic"}``).
+        on_failure: What a step's unhandled failure does: ``"fail_fast"`` (the default) stops the
+            plan (running steps are cancelled, nothing new starts); ``"continue_independent"``
+            lets every step that does not depend on the failed one run to its end (its dependents
+            are skipped). Either way the plan ends ``failed`` and compensates.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -346,6 +363,8 @@ class Plan(BaseModel):
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
     budget: Budget | None = None
     provenance: Provenance | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

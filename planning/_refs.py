@@ -11,6 +11,11 @@ path is a sequence of:
 
 Examples: ``extract`` (the whole output), ``extract.entities[*].id``, ``arc.beats[0:2]``,
 ``arc.beats[1].goals[*].object``. A mapping with a ``$ref`` key must have no other key.
+
+A ``$ref`` is a strict shorthand of the plans' expression language (``_expr.py``): its text is a
+JMESPath expression with the same value (``Ref.expression``), except that a path that does not fit
+the output is an error here, where an expression gives ``null``. Anything more (conditions,
+functions, filters, the plan's inputs) is written ``{"$expr": "..."}``, resolved in the same places.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
-from stratagem.planning._errors import RefError
+from stratagem.planning._errors import ExpressionError, RefError
+from stratagem.planning._expr import expression
 from stratagem.planning._plan import STEP_ID_PATTERN
 
-__all__ = ["REF_KEY", "Ref", "ref", "refs_in", "resolve_refs"]
+__all__ = ["EXPR_KEY", "REF_KEY", "Ref", "expr", "ref", "refs_in", "resolve_refs"]
 
 REF_KEY: Final = "$ref"
+EXPR_KEY: Final = "$expr"
 
 _REF_RE: Final = re.compile(
     rf"(?P<step>{STEP_ID_PATTERN})"
@@ -87,6 +94,11 @@ class Ref:
             RefError: When ``text`` is not ``STEP_ID`` followed by a valid path.
         """
         return _parse(text)
+
+    @property
+    def expression(self) -> str:
+        """The same reference as a JMESPath expression (the step id quoted)."""
+        return f'"{self.step_id}"{self.path}'
 
     def resolve(self, outputs: Mapping[str, Any]) -> Any:
         """The referenced value in ``outputs`` (step id -> JSON-like output).
@@ -192,6 +204,16 @@ def ref(text: str) -> dict[str, str]:
     return {REF_KEY: text}
 
 
+def expr(text: str) -> dict[str, str]:
+    """The marker ``{"$expr": text}`` for a step input, after checking that ``text`` parses.
+
+    Raises:
+        ExpressionError: When ``text`` is not a valid expression.
+    """
+    expression(text)
+    return {EXPR_KEY: text}
+
+
 def _ref_text(value: Mapping[Any, Any]) -> Any:
     """The ``$ref`` value of a marker mapping, or ``None`` when ``value`` is not one."""
     if REF_KEY not in value:
@@ -202,10 +224,24 @@ def _ref_text(value: Mapping[Any, Any]) -> Any:
     return value[REF_KEY]
 
 
+def _expr_text(value: Mapping[Any, Any]) -> str | None:
+    """The ``$expr`` text of a marker mapping, or ``None`` when ``value`` is not one."""
+    if EXPR_KEY not in value:
+        return None
+    text = value[EXPR_KEY]
+    if len(value) != 1:
+        others = ", ".join(sorted(str(k) for k in value if k != EXPR_KEY))
+        raise ExpressionError(str(text), f"a $expr object must have no other keys (has {others})")
+    if not isinstance(text, str):
+        raise ExpressionError(repr(text), "an expression must be a string")
+    return text
+
+
 def has_refs(value: Any) -> bool:
-    """Whether ``value`` holds any ``$ref`` object (a quick scan that builds nothing)."""
+    """Whether ``value`` holds any ``$ref`` or ``$expr`` object (a quick scan that builds
+    nothing)."""
     if type(value) is dict or isinstance(value, Mapping):
-        if REF_KEY in value:
+        if REF_KEY in value or EXPR_KEY in value:
             return True
         return any(has_refs(item) for item in value.values() if not _is_scalar(item))
     if type(value) is list or isinstance(value, tuple):
@@ -240,17 +276,49 @@ def iter_refs(value: Any) -> Iterator[str]:
             yield from iter_refs(item)
 
 
-def refs_in(value: Any) -> set[str]:
-    """The ids of the steps referenced anywhere in ``value``.
+def iter_markers(value: Any) -> Iterator[tuple[str, str]]:
+    """Every ``(REF_KEY, text)`` and ``(EXPR_KEY, text)`` in ``value``, depth first, unparsed.
 
     Raises:
-        RefError: When a reference does not parse.
+        RefError: When a marker object has other keys or a non-string text.
     """
-    return {_parse(text).step_id for text in iter_refs(value)}
+    if isinstance(value, Mapping):
+        text = _ref_text(value)
+        if text is not None:
+            if not isinstance(text, str):
+                raise RefError(repr(text), "a reference must be a string")
+            yield REF_KEY, text
+            return
+        source = _expr_text(value)
+        if source is not None:
+            yield EXPR_KEY, source
+            return
+        for item in value.values():
+            yield from iter_markers(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from iter_markers(item)
 
 
-def resolve_refs(value: Any, outputs: Mapping[str, Any]) -> Any:
-    """``value`` with every ``{"$ref": ...}`` replaced by the value it references.
+def refs_in(value: Any) -> set[str]:
+    """The ids of the steps referenced anywhere in ``value`` (by ``$ref`` or ``$expr``).
+
+    Raises:
+        RefError: When a reference or an expression does not parse.
+    """
+    found: set[str] = set()
+    for key, text in iter_markers(value):
+        if key == REF_KEY:
+            found.add(_parse(text).step_id)
+        else:
+            found |= expression(text).steps
+    return found
+
+
+def resolve_refs(
+    value: Any, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None
+) -> Any:
+    """``value`` with every ``{"$ref": ...}`` and ``{"$expr": ...}`` replaced by its value.
 
     Containers without references are returned as they are (not copied); resolved values are the
     outputs' own objects, so treat the result as read-only.
@@ -258,12 +326,14 @@ def resolve_refs(value: Any, outputs: Mapping[str, Any]) -> Any:
     Args:
         value: A JSON-like value (mappings, lists, scalars).
         outputs: Step id -> that step's JSON-like output (e.g. ``model.model_dump()``).
+        inputs: The plan's inputs, which expressions read as ``inputs``.
 
     Returns:
         The resolved value.
 
     Raises:
-        RefError: When a reference does not parse or does not fit the output it names.
+        RefError: When a reference does not parse or does not fit the output it names
+            (``ExpressionError`` for an expression that does not parse or cannot be evaluated).
     """
     if isinstance(value, Mapping):
         text = _ref_text(value)
@@ -271,11 +341,14 @@ def resolve_refs(value: Any, outputs: Mapping[str, Any]) -> Any:
             if not isinstance(text, str):
                 raise RefError(repr(text), "a reference must be a string")
             return _parse(text).resolve(outputs)
-        resolved = {key: resolve_refs(item, outputs) for key, item in value.items()}
+        source = _expr_text(value)
+        if source is not None:
+            return expression(source).evaluate(outputs, inputs)
+        resolved = {key: resolve_refs(item, outputs, inputs) for key, item in value.items()}
         changed = any(resolved[key] is not item for key, item in value.items())
         return resolved if changed else value
     if isinstance(value, list):
-        items = [resolve_refs(item, outputs) for item in value]
+        items = [resolve_refs(item, outputs, inputs) for item in value]
         changed = any(new is not old for new, old in zip(items, value, strict=True))
         return items if changed else value
     return value

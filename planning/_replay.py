@@ -19,6 +19,9 @@ The **decisions** compared, per step, in plan order:
 - ``output``: a digest of the step's output, which feeds the references of its dependents (so a
   reference that no longer resolves shows as a changed ``outcomes``/``status`` downstream).
 
+- ``condition``: for a step with a ``when``, whether it held (``true``/``false``): recorded in the
+  journal (``ConditionRecord``), re-evaluated by the replay over the served outputs;
+
 and for the plan, ``plan_status``. Backoff delays, timings and wall-time budgets are not
 decisions (they depend on the clock); neither is the interleaving of independent steps. A tool's
 call costs the cost units its recorded intents reserved, so a ``cost_units`` budget runs out where
@@ -51,6 +54,7 @@ from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolCont
 from stratagem.planning._errors import PlanControlError, StepError
 from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, StepStatus, ToolStep
 from stratagem.planning._store import (
+    ConditionRecord,
     GateDecision,
     GateRecord,
     Record,
@@ -74,7 +78,8 @@ class Divergence:
 
     Attributes:
         step_id: The step ("" for the plan).
-        decision: ``order``, ``outcomes``, ``status``, ``output`` or ``plan_status``.
+        decision: ``order``, ``outcomes``, ``status``, ``output``, ``condition`` or
+            ``plan_status``.
         recorded: The recorded decision.
         replayed: The replay's decision.
     """
@@ -115,6 +120,7 @@ class _Decisions:
     status: str = StepStatus.SKIPPED.value
     output: str = ""
     order: str = "after its dependencies"
+    condition: str = ""  # a condition's decision: "true", "false" ("" when none was decided)
 
 
 class _Served:
@@ -142,7 +148,10 @@ class _Served:
                 if record.step_id in decided:
                     decided.discard(record.step_id)
                     continue
-                if record.status is StepStatus.CANCELLED or record.step_id in unserved:
+                if (
+                    record.status in (StepStatus.CANCELLED, StepStatus.SKIPPED)
+                    or record.step_id in unserved
+                ):
                     continue
                 self.queues[record.step_id].append(len(self.order))
                 self.order.append(record)
@@ -250,6 +259,11 @@ def _recorded(plan: Plan, records: list[Record]) -> dict[str, _Decisions]:
     for record in records:
         if isinstance(record, StepIntent):
             start(record.step_id)
+        elif isinstance(record, ConditionRecord) and record.step_id in decisions:
+            decisions[record.step_id].condition = "true" if record.holds else "false"
+        elif isinstance(record, StepResult) and record.status is StepStatus.SKIPPED:
+            if record.step_id in decisions:
+                decisions[record.step_id].status = record.status.value
         elif isinstance(record, StepResult) and record.step_id in decisions:
             start(record.step_id)
             entry = decisions[record.step_id]
@@ -283,6 +297,7 @@ class _Observer:
             if isinstance(record, GateRecord) and record.decision is not GateDecision.OPEN:
                 self.gates[record.gate_id].append(record)
         self.gate_steps = {step.id for step in plan.steps if isinstance(step, GateStep)}
+        self.conditional = {step.id for step in plan.steps if step.when is not None}
         self.engine: Engine | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -292,6 +307,8 @@ class _Observer:
         step_id, entry = event.step_id, self.decisions[event.step_id]
         status = event.status
         if status in (StepStatus.RUNNING, StepStatus.BLOCKED) and step_id not in self.started:
+            if step_id in self.conditional:
+                entry.condition = "true"  # it started: its condition held
             self.started.add(step_id)
             missing = [dep for dep in self.deps[step_id] if dep not in self.succeeded]
             if missing:
@@ -306,6 +323,8 @@ class _Observer:
         elif status is StepStatus.SUCCEEDED:
             entry.outcomes.append(StepStatus.SUCCEEDED.value)
             self.succeeded.add(step_id)
+        elif status is StepStatus.SKIPPED and event.message.startswith("condition "):
+            entry.condition = "false"
         if isinstance(status, StepStatus) and status in (
             StepStatus.SUCCEEDED,
             StepStatus.FAILED,
@@ -420,7 +439,7 @@ async def replay(
             theirs.status = replayed[step.id].value
             if replayed[step.id] is StepStatus.SUCCEEDED:
                 theirs.output = _digest(replayed_outputs.get(step.id))
-        for name in ("order", "outcomes", "status", "output"):
+        for name in ("order", "outcomes", "status", "output", "condition"):
             a, b = getattr(mine, name), getattr(theirs, name)
             if a != b:
                 divergences.append(

@@ -13,9 +13,15 @@ from typing import Any, assert_never
 from pydantic import ValidationError
 
 from stratagem.planning._dag import structural_problems
-from stratagem.planning._errors import PlanValidationError, RefError, field_problems
+from stratagem.planning._errors import (
+    ExpressionError,
+    PlanValidationError,
+    RefError,
+    field_problems,
+)
+from stratagem.planning._expr import expression
 from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
-from stratagem.planning._refs import Ref, iter_refs
+from stratagem.planning._refs import REF_KEY, Ref, iter_markers
 from stratagem.protocol import CAPABILITIES, CapabilitySpec
 from stratagem.protocol import roles as registered_roles
 
@@ -37,7 +43,10 @@ def validate_plan(
     step names a tool of the owner's registry; a cross-agent step targets a known role other than
     the owner, with a capability that role serves; a cross-agent request without references
     validates against the capability's request model (one with references has no unknown fields);
-    every ``$ref`` parses and names a (transitive) dependency of its step; a compensating tool is
+    every ``$ref`` parses and names a (transitive) dependency of its step, and every expression
+    (``{"$expr": ...}``) parses, calls JMESPath's functions rightly and reads only (transitive)
+    dependencies of its step and the plan's inputs, and so does a step's condition (``when``); a
+    step that runs on failure depends on some step; a compensating tool is
     in the owner's registry, its input's references name the step itself or a (transitive)
     dependency, and a gate has no compensation.
 
@@ -79,6 +88,8 @@ def validate_plan(
             case _:
                 assert_never(step)
         problems.extend(_compensation_problems(plan, step, tool_names, deps))
+    for step in plan.steps:
+        problems.extend(_condition_problems(step, deps))
     if problems:
         logger.debug("plan %s@%d is invalid: %s", plan.id, plan.revision, problems)
         raise PlanValidationError(problems)
@@ -153,9 +164,29 @@ def _compensation_problems(
     return problems
 
 
+def _condition_problems(step: Step, deps: Mapping[str, list[str]]) -> list[str]:
+    """Problems with a step's ``when`` and ``runs_on``."""
+    problems: list[str] = []
+    if step.runs_on == "failure" and not step.depends_on:
+        problems.append(
+            f"step {step.id!r} runs on failure but depends on no step: name the steps whose "
+            f"failure it handles in depends_on"
+        )
+    if step.when is not None:
+        found = _expression_steps(step, step.when, "condition")
+        if isinstance(found, list):
+            problems.extend(found)
+        else:
+            problems.extend(
+                p.replace(f"step {step.id!r}", f"step {step.id!r} condition", 1)
+                for p in _reading_problems(step, step.when, found, deps, step.id)
+            )
+    return problems
+
+
 def _has_refs(value: Any) -> bool:
     try:
-        return next(iter_refs(value), None) is not None
+        return next(iter_markers(value), None) is not None
     except RefError:
         return True
 
@@ -163,22 +194,50 @@ def _has_refs(value: Any) -> bool:
 def _ref_problems(
     step: Step, value: Any, deps: Mapping[str, list[str]], *, owner: str | None = None
 ) -> list[str]:
-    """Problems with the references in ``value``; they must name dependencies of ``owner``.
+    """Problems with the references and expressions in ``value``; they must read only
+    dependencies of ``owner``.
 
     ``owner`` defaults to the step's id.
     """
     owner = step.id if owner is None else owner
     problems: list[str] = []
     try:
-        texts = list(iter_refs(value))
+        markers = list(iter_markers(value))
+    except ExpressionError as exc:
+        return [f"step {step.id!r} has an invalid expression: {exc}"]
     except RefError as exc:
         return [f"step {step.id!r} has an invalid reference: {exc}"]
-    for text in texts:
-        try:
-            target = Ref.parse(text).step_id
-        except RefError as exc:
-            problems.append(f"step {step.id!r} has an invalid reference: {exc}")
-            continue
+    for key, text in markers:
+        if key == REF_KEY:
+            try:
+                targets = {Ref.parse(text).step_id}
+            except RefError as exc:
+                problems.append(f"step {step.id!r} has an invalid reference: {exc}")
+                continue
+        else:
+            found = _expression_steps(step, text)
+            if isinstance(found, list):
+                problems.extend(found)
+                continue
+            targets = found
+        problems.extend(_reading_problems(step, text, targets, deps, owner))
+    return problems
+
+
+def _expression_steps(step: Step, text: str, what: str = "expression") -> list[str] | set[str]:
+    """The steps expression ``text`` reads, or its problems when it does not parse."""
+    try:
+        return set(expression(text).steps)
+    except ExpressionError as exc:
+        return [f"step {step.id!r} has an invalid {what}: {exc}"]
+
+
+def _reading_problems(
+    step: Step, text: str, targets: set[str], deps: Mapping[str, list[str]], owner: str
+) -> list[str]:
+    """Problems with ``text`` reading ``targets``: each must be a dependency of ``owner``."""
+    problems: list[str] = []
+    for target in sorted(targets):
         if target not in deps:
             problems.append(f"step {step.id!r} references unknown step {target!r} in {text!r}")
         elif not _depends_on(owner, target, deps):

@@ -1,4 +1,4 @@
-"""The agent actor: one role agent and its gRPC server in one Ray actor process.
+"""The agent actor: one role agent, its gRPC server and its A2A server in one Ray actor process.
 
 The actor is async: Ray runs its methods on the actor's event loop, the same loop that serves gRPC.
 Its constructor builds the agent and starts the server, so when Ray restarts a dead actor
@@ -13,6 +13,10 @@ chain's head (``protocol.AuditSealer``) with the key the launcher handed it; eve
 whenever asked for its ``info``) it also checks its stores (``runtime._health``) and reports
 ``NOT_SERVING`` on the gRPC health service, and the problem in ``info``, while one is broken.
 
+Beside its gRPC server the agent serves A2A (``protocol.A2AServer``: its card and JSON-RPC over
+HTTP, on loopback unless ``STRATAGEM_A2A_HOST`` says otherwise, each request served through the
+gRPC server's pipeline), except in ``mtls`` mode; ``info`` names its base URL (``a2a_url``).
+
 Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
 restarted actor continues where its predecessor died: completed steps are skipped, an in-flight
 step is re-run only when idempotent (otherwise its plan waits at a reconcile gate for
@@ -25,12 +29,12 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from stratagem.agents import build_agent, extension_policy_rules
-from stratagem.planning import EngineConfig
+from stratagem.planning import Dispatcher, EngineConfig
 from stratagem.protocol import (
     AgentServer,
     AuditSealer,
@@ -43,6 +47,7 @@ from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, acto
 from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
@@ -55,6 +60,9 @@ from stratagem.runtime._stores import (
     open_world_store,
 )
 from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+
+if TYPE_CHECKING:
+    from stratagem.protocol import A2AServer
 
 __all__ = ["AgentActor", "load_policy"]
 
@@ -96,6 +104,7 @@ class AgentActor:
         secret: ClusterSecret | None = None,
         audit_key: bytes | None = None,
         model_api_key: str = "",
+        a2a_tokens: dict[str, str] | None = None,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._settings_digest = settings_digest(settings_json)
@@ -142,9 +151,24 @@ class AgentActor:
         self._dispatcher = GrpcDispatcher(
             role, self._directory, credentials=credentials_for(settings, role, secret)
         )
+        self._audit = open_audit_log(settings)
+        policy = load_policy(settings)
+        dispatcher: Dispatcher = self._dispatcher
+        if settings.a2a_agents:
+            from stratagem.runtime._a2a import A2ADispatcher, peers_from
+
+            dispatcher = A2ADispatcher(
+                self._dispatcher,
+                caller=role,
+                peers=peers_from(settings.a2a_agents, a2a_tokens),
+                policy=policy,
+                audit=self._audit,
+                tracer_provider=self._tracer_provider,
+            )
+        self._outbound = dispatcher
         self._agent = build_agent(
             role,
-            dispatcher=self._dispatcher,
+            dispatcher=dispatcher,
             engine_config=EngineConfig(
                 max_in_flight=settings.max_in_flight,
                 seed=settings.seed,
@@ -155,13 +179,15 @@ class AgentActor:
             store=self._store,
             world_store=open_world_store(settings, role),
         )
+        # Before the model planner is made and before any plan resumes: the MCP tools are the
+        # agent's tools (in its answer schema too) from its first request on.
+        self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         attach_model_planner(
             self._agent,
             settings,
             api_key=model_api_key,
             tracer_provider=self._tracer_provider,
         )
-        self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(
             self._audit,
             audit_key or load_or_create_key(settings.audit_key_path),
@@ -172,7 +198,7 @@ class AgentActor:
         host = settings.grpc_host or self._node_ip
         self._server = AgentServer(
             self._agent,
-            policy=load_policy(settings),
+            policy=policy,
             authenticator=authenticator_for(settings, role, secret),
             audit=self._audit,
             config=ServerConfig(
@@ -189,6 +215,22 @@ class AgentActor:
             answers=self._answers,
         )
         await self._server.start()
+        self._mcp_face = await start_mcp_face(self._server, settings, role)
+        self._a2a: A2AServer | None = None
+        if settings.a2a and settings.auth != "mtls":
+            # Imported here: the A2A SDK, Starlette and uvicorn load only where A2A is served.
+            from stratagem.protocol import A2AConfig, A2AServer
+
+            self._a2a = A2AServer(
+                self._server,
+                self._agent,
+                A2AConfig(
+                    host=settings.a2a_host,
+                    port=settings.a2a_ports.get(role, 0),
+                    max_message_bytes=settings.max_message_bytes,
+                ),
+            )
+            await self._a2a.start()
         try:
             publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
@@ -228,6 +270,8 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "mcp_url": self._mcp_face.url if self._mcp_face is not None else "",
+            "a2a_url": self._a2a.url if self._a2a is not None else "",
         }
 
     def _restart_count(self) -> int | None:
@@ -280,11 +324,21 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        if self._mcp_face is not None:
+            await self._mcp_face.aclose()
+        if self._a2a is not None:
+            await self._a2a.aclose()
         await self._server.aclose()
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
-        await self._dispatcher.aclose()
+        for toolset in self._mcp:
+            await toolset.aclose()
+        close = getattr(self._outbound, "aclose", None)
+        if close is not None:
+            await close()  # the A2A dispatcher closes the gRPC one it wraps
+        else:
+            await self._dispatcher.aclose()
         await self._answers.aclose()
         await self._store.aclose()
         await asyncio.to_thread(shutdown_telemetry)

@@ -232,6 +232,12 @@ class Deployment:
         api_key = (
             self.settings.model_api_key.get_secret_value() if self.settings.model_api_key else ""
         )
+        # Secrets travel as constructor arguments, never in the settings the agents are given.
+        a2a_tokens = {
+            name: peer.token.get_secret_value()
+            for name, peer in self.settings.a2a_agents.items()
+            if peer.token is not None
+        }
         env = {
             key: value
             for key, value in os.environ.items()
@@ -261,7 +267,7 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings_json, secret, audit_key, api_key
+                role, settings_json, secret, audit_key, api_key, a2a_tokens
             )
         infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
         digest = settings_digest(settings_json)

@@ -1067,8 +1067,14 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
         typed = agent.plan_type.model_validate(raw)
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
+    targets: tuple[str, ...] = roles
+    if settings.a2a_agents:
+        from stratagem.protocol._a2a._client import A2A_TARGET, register_a2a_capability
+
+        register_a2a_capability()  # a step may then send a message to an external A2A agent
+        targets = (*roles, A2A_TARGET)
     try:
-        validate_plan(typed, tools=agent.registry, roles=roles, capabilities=CAPABILITIES)
+        validate_plan(typed, tools=agent.registry, roles=targets, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()

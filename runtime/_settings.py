@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from stratagem.protocol import ROLE_PATTERN, roles
+from stratagem.protocol import MCP_SERVER_NAME_PATTERN, ROLE_PATTERN, McpServerConfig, roles
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -32,6 +32,7 @@ def _importable(name: str) -> bool:
 
 
 _ROLE = re.compile(ROLE_PATTERN)
+_MCP_SERVER = re.compile(MCP_SERVER_NAME_PATTERN)
 
 
 def _role_names(value: Mapping[str, object]) -> None:
@@ -67,6 +68,25 @@ class RolePlacement(BaseModel):
             if name in ("CPU", "GPU", "memory"):
                 raise ValueError(f"{name} is not a custom resource (see STRATAGEM_ACTOR_CPUS)")
         return value
+
+
+class A2APeer(BaseModel):
+    """An external A2A agent plans may call.
+
+    Attributes:
+        url: Its A2A base URL (where its card's ``/.well-known/agent-card.json`` is).
+        token: A bearer token it accepts; ``None``: none sent. A secret: never logged.
+        skill: The skill a step's message names when the step gives none.
+        timeout_s: The most one call may take (a step's own deadline may be shorter).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^https?://[^\s]+$", max_length=2000)
+    # Passed to the agents apart from the settings they are given (as the model's key is).
+    token: SecretStr | None = Field(default=None, exclude=True)
+    skill: str = Field(default="", max_length=200)
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
 
 class Settings(BaseSettings):
@@ -142,6 +162,15 @@ class Settings(BaseSettings):
         ports: Per role, a fixed port its gRPC server binds (JSON in ``STRATAGEM_PORTS``, e.g.
             ``{"perception": 50051}``: for firewalls and Kubernetes Services); a role not named
             gets a free port.
+        a2a: Whether every agent also serves A2A (its card and JSON-RPC over HTTP, beside its
+            gRPC server; not in ``mtls`` mode, whose identities are certificates).
+        a2a_host: The address agents bind their A2A servers to: loopback unless set.
+        a2a_ports: Per role, a fixed port its A2A server binds (JSON in ``STRATAGEM_A2A_PORTS``, as
+            ``ports``); a role not named gets a free port.
+        a2a_agents: External A2A agents plans may call, by the name a cross-agent step's
+            ``agent`` gives them (JSON in ``STRATAGEM_A2A_AGENTS``, e.g.
+            ``{"echo": {"url": "http://127.0.0.1:9999/", "token": "..."}}``); each may be named
+            in a step as ``a2a:NAME``. The token is a secret (never logged, traced or audited).
         planner: How every agent plans: ``deterministic`` (its own rules) or ``model`` (a
             language model, checked by its rules; see ``agents.ModelPlanner``).
         planners: Per role, a choice other than ``planner`` (JSON in ``STRATAGEM_PLANNERS``, e.g.
@@ -162,6 +191,14 @@ class Settings(BaseSettings):
             model on a CPU takes tens of seconds a call).
         model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
             embedded server (a CPU answers one at a time), 4 otherwise.
+        mcp_servers: MCP servers whose tools become tools of an agent, by server name (JSON in
+            ``STRATAGEM_MCP_SERVERS``, or ``[default.mcp_servers.NAME]`` tables in the config
+            file; see ``protocol.McpServerConfig`` and docs/mcp.md). The policy decides which of
+            their tools each agent may use (rules with target ``mcp.NAME``).
+        mcp_ports: Per role, the loopback port of that agent's MCP face (its capabilities as
+            MCP tools over Streamable HTTP, behind the same authentication, policy and audit as
+            a gRPC call; 0 picks a free port). Off for a role not named (JSON in
+            ``STRATAGEM_MCP_PORTS``, e.g. ``{"tactical": 0}``).
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
@@ -205,6 +242,10 @@ class Settings(BaseSettings):
     max_delegation_hops: int = Field(default=8, ge=1, le=64)
     placement: dict[str, RolePlacement] = Field(default_factory=dict)
     ports: dict[str, int] = Field(default_factory=dict)
+    a2a: bool = True
+    a2a_host: str = "127.0.0.1"
+    a2a_ports: dict[str, int] = Field(default_factory=dict)
+    a2a_agents: dict[str, A2APeer] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
     model_url: str | None = None
@@ -227,6 +268,8 @@ class Settings(BaseSettings):
     )
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     allow_unauthenticated_ray: bool = False
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    mcp_ports: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -236,7 +279,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("ports")
+    @field_validator("ports", "a2a_ports")
     @classmethod
     def _port_roles(cls, value: dict[str, int]) -> dict[str, int]:
         _role_names(value)
@@ -246,6 +289,25 @@ class Settings(BaseSettings):
         taken = [port for port in value.values() if list(value.values()).count(port) > 1]
         if taken:
             raise ValueError(f"port {taken[0]} is given to more than one role")
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_server_names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in sorted(value):
+            if not _MCP_SERVER.fullmatch(name):
+                raise ValueError(
+                    f"MCP server name {name!r} must match {MCP_SERVER_NAME_PATTERN} (lowercase)"
+                )
+        return value
+
+    @field_validator("mcp_ports")
+    @classmethod
+    def _mcp_port_roles(cls, value: dict[str, int]) -> dict[str, int]:
+        _role_names(value)
+        bad = sorted(role for role, port in value.items() if not 0 <= port <= 65535)
+        if bad:
+            raise ValueError(f"the MCP port of {bad[0]} must be in 0..65535, not {value[bad[0]]}")
         return value
 
     @field_validator("planners")
@@ -286,14 +348,17 @@ class Settings(BaseSettings):
         return value
 
     def unknown_roles(self, known: Collection[str]) -> list[tuple[str, str]]:
-        """The ``(setting, role)`` pairs of ``ports``, ``planners`` and ``placement`` that name a
-        role outside ``known``."""
+        """The ``(setting, role)`` pairs of ``ports``, ``planners``, ``placement``, ``mcp_ports``
+        and ``mcp_servers`` (their ``agent``) that name a role outside ``known``."""
         return [
             (setting, role)
             for setting, value in (
                 ("ports", self.ports),
+                ("a2a_ports", self.a2a_ports),
                 ("planners", self.planners),
                 ("placement", self.placement),
+                ("mcp_ports", self.mcp_ports),
+                ("mcp_servers", {c.agent: c for c in self.mcp_servers.values()}),
             )
             for role in sorted(value)
             if role not in known

@@ -47,7 +47,7 @@ interruption (nothing more is recorded; ``resume`` continues), while ``Engine.ca
 plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
 ``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
 reverse completion order before the final status. An idempotent step of a plan without a budget
-does not wait for its intent's commit (``_RunState._needs_durable_intent`` says why that is safe).
+does not wait for its intent's commit (``_StepRunner.needs_durable_intent`` says why that is safe).
 
 Failure policy (``_policy.FailurePolicy``, the one place these rules live): ``transient`` and
 ``timeout`` are retried; ``logic`` stops the run, and with a ``replanner`` the engine makes a new
@@ -57,21 +57,27 @@ before each attempt, and per-tool circuit breakers (``CircuitBreakerConfig``) re
 failing tool; both fail with class ``policy``.
 
 Where things are. ``Engine`` (``_engine``) keeps the active runs by plan id and makes one
-``_run._PlanRun`` per revision it runs. A run is one object whose class is built from one class per
-role, each in its module, each using only those before it:
+``_run._PlanRun`` per revision it runs, handing it a ``_deps.RunDeps`` (its services and settings,
+never its own attributes). A run is parts composed around one state object (STYLE rule 20):
 
-- ``_observe``: ``StepEvent``s, metrics, the plan span's events and links;
-- ``_state``: the run's fields and the transitions every part shares (succeed, fail, skip, stop);
-- ``_gates``: gate steps, reconcile and policy gates, decisions, pause and cancel;
-- ``_restore``: a resumed run takes its journal's state;
-- ``_attempts``: the one attempt loop (``_retry``), a step's attempts (``_StepTries``), spans,
-  time limits and the classification of exceptions;
-- ``_compensation``: compensations, through the same loop (``_CompensationTries``);
-- ``_run``: the scheduler (start ready steps, settle finished ones) and replanning.
+- ``_state``: ``_RunState``, the run's state and its only writer: every transition (a step
+  starts, retries, succeeds, fails, is cancelled or skipped; a gate opens or closes; the plan
+  stops, pauses, is cancelled; a compensation runs) is one of its methods, which journals the
+  change and tells the observer;
+- ``_observe``: ``_Observer``, ``StepEvent``s, metrics, the plan span's events and links;
+- ``_gates``: ``_Gates``, gate steps, reconcile and policy gates, decisions;
+- ``_restore``: ``_Restore``, a resumed run takes its journal's state;
+- ``_attempts``: ``_Attempts``, the one attempt loop (``retry``), spans, time limits and the
+  classification of exceptions; ``_StepRunner``/``_StepTries``, what is recorded around a step's
+  attempts;
+- ``_compensation``: ``_Compensation``, compensations through the same loop;
+- ``_schedule``: ``_Scheduler``, start ready steps, settle finished ones;
+- ``_run``: ``_PlanRun``, builds the parts (each with the state and only the services it uses)
+  and runs them: the plan span, the end of the run, replanning (``_revise``).
 
 Beside them: ``_policy`` (``FailurePolicy``, budget admission and the circuit breakers),
-``_journal`` (one store commit per tick), ``_watchdog`` (one timer for all deadlines) and
-``_types`` (the public configuration and values).
+``_journal`` (one store commit per tick), ``_watchdog`` (one timer for all deadlines),
+``_revise`` (a plan's next revision) and ``_types`` (the public configuration and values).
 """
 
 from stratagem.planning._engine._engine import Engine

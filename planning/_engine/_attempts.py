@@ -1,23 +1,37 @@
-"""Attempts: one step's attempts, each limited in time, traced, and classified."""
+"""Attempts: one step's attempts, each limited in time, traced, and classified.
+
+``_Attempts`` is the one attempt loop (``retry``) and what one attempt of a step is (a tool call
+or a dispatch, in its span, under its time limit); ``_StepTries`` is what is recorded around a
+step's attempts (intents, breakers, admission, retries), through the run's state.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, assert_never
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
-from stratagem.planning._dispatch import CrossAgentCall, step_run_id
-from stratagem.planning._engine._observe import _fail_span
-from stratagem.planning._engine._policy import Action, backoff_delay
-from stratagem.planning._engine._restore import _Restore
-from stratagem.planning._engine._state import _Outcome
-from stratagem.planning._engine._types import ToolContext
+from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, step_run_id
+from stratagem.planning._engine._observe import _fail_span, _Observer
+from stratagem.planning._engine._policy import (
+    Action,
+    FailurePolicy,
+    _Admission,
+    _Breakers,
+    backoff_delay,
+    step_is_idempotent,
+)
+from stratagem.planning._engine._state import _RunState
+from stratagem.planning._engine._types import ToolContext, ToolRunner
+from stratagem.planning._engine._watchdog import _Watchdog
 from stratagem.planning._errors import (
     LogicError,
     PlanningError,
@@ -29,26 +43,35 @@ from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
-    Plan,
     Step,
-    StepStatus,
     ToolStep,
 )
-from stratagem.planning._refs import has_refs, kind_of, resolve_refs
-from stratagem.planning._store import StepIntent, StepResult
+from stratagem.planning._refs import EXPR_KEY, REF_KEY, has_refs, kind_of, resolve_refs
+from stratagem.planning._store import StepIntent
 from stratagem.protocol import RemoteError, capability_for
 
 logger = logging.getLogger(__name__)
 
-P = TypeVar("P", bound=Plan)
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """How a step's (or a compensation's) attempts ended."""
+
+    output: dict[str, Any] | None
+    failure_class: FailureClass | None
+    message: str
+    attempts: int
+    action: Action = Action.FAIL  # for a failure: what the failure policy decided
+
 
 _Result = tuple[dict[str, Any] | None, FailureClass | None, str]
 """One attempt's result: ``(output, None, "")`` or ``(None, failure class, message)``."""
 
 
 class _Tries(Protocol):
-    """What the attempt loop (``_Attempts._retry``) attempts: a step, or a step's compensation.
+    """What the attempt loop (``_Attempts.retry``) attempts: a step, or a step's compensation.
 
     The loop owns the order and the decisions (the failure policy, the backoff, the sleep); an
     implementation says what one attempt is and what is recorded around it.
@@ -85,8 +108,36 @@ class _Tries(Protocol):
         ...
 
 
-class _Attempts(_Restore[P]):
-    async def _retry(self, step: Step, tries: _Tries, attempt: int, first: int) -> _Outcome:
+class _Attempts:
+    """The attempt loop and one attempt of a step.
+
+    Reads the run's outputs (for references) and the observer's ``tracing``; changes nothing of
+    the run's state itself: what is recorded around attempts is the ``_Tries``'.
+    """
+
+    def __init__(
+        self,
+        state: _RunState[Any],
+        observer: _Observer,
+        *,
+        tools: ToolRunner,
+        dispatcher: Dispatcher | None,
+        tracer: Tracer,
+        sleep: Callable[[float], Awaitable[object]],
+        policy: FailurePolicy,
+        agent: str,
+    ) -> None:
+        self.state = state
+        self.observer = observer
+        self.tools = tools
+        self.dispatcher = dispatcher
+        self.tracer = tracer
+        self.sleep = sleep
+        self.policy = policy
+        self.agent = agent
+        self.watchdog = _Watchdog(state.loop)
+
+    async def retry(self, step: Step, tries: _Tries, attempt: int, first: int) -> _Outcome:
         """Attempt until success, a failure the policy does not retry, or cancellation.
 
         ``attempt`` is the first attempt's number; ``first`` the attempt the step's retry limit
@@ -118,12 +169,13 @@ class _Attempts(_Restore[P]):
             if stopped is not None:
                 return stopped
 
-    async def _attempt(self, step: Step, attempt: int, limit_s: float) -> _Result:
+    async def attempt(self, step: Step, attempt: int, limit_s: float) -> _Result:
         """One attempt, in its own span: (output, None, "") or (None, class, message)."""
         # start_span and attach/detach rather than start_as_current_span: the same span made
         # current the same way, without two generator context managers per span.
+        plan = self.state.plan
         attributes: dict[str, str | int] = {
-            "stratagem.plan.id": self.plan.id,
+            "stratagem.plan.id": plan.id,
             "stratagem.step.id": step.id,
             "stratagem.step.kind": step.kind,
             "stratagem.step.attempt": attempt,
@@ -133,9 +185,7 @@ class _Attempts(_Restore[P]):
             # attributes, rather than a step span and a tool span for the same stretch of time.
             attributes["gen_ai.operation.name"] = "execute_tool"
             attributes["gen_ai.tool.name"] = step.tool
-            attributes["gen_ai.tool.call.id"] = step_run_id(
-                self.plan.id, self.plan.revision, step.id
-            )
+            attributes["gen_ai.tool.call.id"] = step_run_id(plan.id, plan.revision, step.id)
         span = self.tracer.start_span(
             f"step {step.id}",
             attributes=attributes,
@@ -144,7 +194,7 @@ class _Attempts(_Restore[P]):
         )
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            output, failure_class, message = await self._attempt_body(step, attempt, limit_s)
+            output, failure_class, message = await self.attempt_body(step, attempt, limit_s)
             if failure_class is not None:
                 _fail_span(span, failure_class, message)
             return output, failure_class, message
@@ -155,7 +205,7 @@ class _Attempts(_Restore[P]):
             otel_context.detach(token)
             span.end()
 
-    async def _attempt_body(self, step: Step, attempt: int, limit_s: float) -> _Result:
+    async def attempt_body(self, step: Step, attempt: int, limit_s: float) -> _Result:
         """One attempt without a span of its own."""
         try:
             match step:
@@ -177,7 +227,7 @@ class _Attempts(_Restore[P]):
             failure_class, message = _classify(exc, limit_s)
         logger.debug(
             "plan %s step %s attempt %d: %s: %s",
-            self.plan.id,
+            self.state.plan.id,
             step.id,
             attempt,
             failure_class.value,
@@ -185,7 +235,7 @@ class _Attempts(_Restore[P]):
         )
         return None, failure_class, message
 
-    async def _limited(self, work: Awaitable[T], limit_s: float) -> T:
+    async def limited(self, work: Awaitable[T], limit_s: float) -> T:
         """Await ``work``, raising ``TimeoutError`` when it takes longer than ``limit_s``.
 
         The semantics of ``asyncio.timeout`` (the expiry cancels the task, the cancellation
@@ -209,16 +259,17 @@ class _Attempts(_Restore[P]):
             self.watchdog.disarm(deadline)
 
     async def _run_tool(self, step: ToolStep, attempt: int, limit_s: float) -> dict[str, Any]:
+        plan = self.state.plan
         tool_input = step.input
         if has_refs(tool_input):
-            tool_input = resolve_refs(tool_input, self.outputs)
+            tool_input = resolve_refs(tool_input, self.state.outputs, plan.inputs)
             if not isinstance(tool_input, dict):
                 raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
-        ctx = ToolContext(self.plan.id, step.id, attempt, self.agent, self.plan.revision)
+        ctx = ToolContext(plan.id, step.id, attempt, self.agent, plan.revision)
         try:
-            output = await self._limited(self.tools.run_tool(step.tool, tool_input, ctx), limit_s)
+            output = await self.limited(self.tools.run_tool(step.tool, tool_input, ctx), limit_s)
         except Exception as exc:
-            if self.tracing:
+            if self.observer.tracing:
                 # On the attempt's span (current here), as start_as_current_span would record it.
                 trace.get_current_span().record_exception(exc)
             raise
@@ -229,13 +280,14 @@ class _Attempts(_Restore[P]):
     async def _run_cross_agent(
         self, step: CrossAgentStep, attempt: int, limit_s: float
     ) -> dict[str, Any]:
+        plan = self.state.plan
         spec = capability_for(step.target, step.capability)
         if spec is None:
             raise LogicError(f"the {step.target} agent does not serve {step.capability!r}")
         dispatcher = self.dispatcher
         if dispatcher is None:
             raise LogicError(f"the {self.agent} agent's engine has no dispatcher")
-        data = resolve_refs(step.request, self.outputs)
+        data = resolve_refs(step.request, self.state.outputs, plan.inputs)
         if not isinstance(data, dict):
             raise LogicError(f"the request resolves to {kind_of(data)}, not an object")
         try:
@@ -249,14 +301,14 @@ class _Attempts(_Restore[P]):
             target=step.target,
             capability=step.capability,
             request=request,
-            plan_id=self.plan.id,
+            plan_id=plan.id,
             step_id=step.id,
-            request_id=step_run_id(self.plan.id, self.plan.revision, step.id),
+            request_id=step_run_id(plan.id, plan.revision, step.id),
             timeout_s=limit_s,
             attempt=attempt,
             caller=self.agent,
         )
-        response = await self._limited(dispatcher.dispatch(call), limit_s)
+        response = await self.limited(dispatcher.dispatch(call), limit_s)
         if not isinstance(response, spec.response):
             raise LogicError(
                 f"the {step.target} agent answered {spec.name} with "
@@ -265,41 +317,105 @@ class _Attempts(_Restore[P]):
         return response.model_dump(mode="json")
 
 
+class _StepRunner:
+    """Starts a step's attempts: what ``_StepTries`` share for one run (the admission, the
+    breakers, the seed and time limit, and which steps need their intent committed first)."""
+
+    def __init__(
+        self,
+        state: _RunState[Any],
+        attempts: _Attempts,
+        admission: _Admission,
+        breakers: _Breakers,
+        *,
+        seed: int,
+        default_timeout: float,
+    ) -> None:
+        self.state = state
+        self.attempts = attempts
+        self.admission = admission
+        self.breakers = breakers
+        self.policy = attempts.policy
+        self.tools = attempts.tools
+        self.seed = seed
+        self.default_timeout = default_timeout
+        # Steps that need not wait for their intent's commit (see needs_durable_intent), and a
+        # completed future that stands for "no wait".
+        self.no_wait: asyncio.Future[None] = state.loop.create_future()
+        self.no_wait.set_result(None)
+        self.intent_waits: dict[str, bool] = {}
+
+    def needs_durable_intent(self, step: Step) -> bool:
+        """Whether ``step`` must wait for its intent's commit before its side effect starts.
+
+        An idempotent step (a cross-agent step, or a tool the runner's ``is_idempotent`` names)
+        of a plan without a budget need not: its intent still precedes its result in the
+        journal, and if a crash loses the intent the step looks never started (or in flight) and
+        is simply run again, which idempotency makes safe. A budget's reservations must be
+        durable before the calls they pay for, so a plan with a budget always waits.
+        """
+        if self.admission.budget is not None:
+            return True
+        key = step.tool if isinstance(step, ToolStep) else ""  # "": not a tool (names are not "")
+        waits = self.intent_waits.get(key)
+        if waits is None:
+            waits = self.intent_waits[key] = not step_is_idempotent(step, self.tools)
+        return waits
+
+    def intent(self, step: Step, attempt: int, cost: float | None) -> asyncio.Future[None] | None:
+        """Journal the intent of attempt ``attempt``: what to await before it starts."""
+        journal = self.state.journal
+        if journal is None:
+            return None
+        plan = self.state.plan
+        durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
+        if not self.needs_durable_intent(step):
+            return self.no_wait
+        return durable
+
+    def run(
+        self, step: Step, attempt: int, durable: asyncio.Future[None] | None
+    ) -> Coroutine[Any, Any, _Outcome]:
+        """Attempt ``step`` from ``attempt`` (its intent journaled in ``durable``)."""
+        return self.attempts.retry(step, _StepTries(self, step, durable), attempt, 1)
+
+
 class _StepTries:
     """A step's attempts: its intents, spans, circuit breaker, retries and admission."""
 
-    __slots__ = ("durable", "limit", "once", "run", "step")
+    __slots__ = ("durable", "limit", "once", "runner", "step")
 
     def __init__(
-        self, run: _Attempts[Any], step: Step, durable: asyncio.Future[None] | None
+        self, runner: _StepRunner, step: Step, durable: asyncio.Future[None] | None
     ) -> None:
-        self.run = run
+        self.runner = runner
         self.step = step
         self.durable = durable  # the first attempt's intent, added by the scheduler
-        self.limit = step.timeout_s or run.default_timeout
-        self.once = run._attempt if run.tracing else run._attempt_body
+        self.limit = step.timeout_s or runner.default_timeout
+        attempts = runner.attempts
+        self.once = attempts.attempt if attempts.observer.tracing else attempts.attempt_body
 
     def begin(self, attempt: int) -> Awaitable[None] | None:
-        journal = self.run.journal
+        journal = self.runner.state.journal
         if journal is None:
             return None
         # The intent is durable before the side effect starts (for an idempotent step,
-        # ``durable`` is ``no_wait``: see _needs_durable_intent).
+        # ``durable`` is ``no_wait``: see needs_durable_intent).
         durable = self.durable
         if durable is None:
-            plan = self.run.plan
+            plan = self.runner.state.plan
             durable = journal.add(StepIntent(plan.id, plan.revision, self.step.id, attempt))
         self.durable = None
         return self._committed(durable)
 
     async def _committed(self, durable: asyncio.Future[None]) -> None:
         await durable
-        journal = self.run.journal
+        journal = self.runner.state.journal
         if journal is not None and journal.error is not None:
             raise journal.error
 
     def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
-        step, breakers = self.step, self.run.breakers
+        step, breakers = self.step, self.runner.breakers
         if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
             return breakers.record(step.tool, failure_class)
         return None
@@ -307,52 +423,24 @@ class _StepTries:
     def retrying(
         self, attempt: int, failure_class: FailureClass, message: str, delay: float
     ) -> None:
-        run, step_id = self.run, self.step.id
-        plan = run.plan
-        run.statuses[step_id] = StepStatus.RETRYING
-        run._record(
-            StepResult(
-                plan.id,
-                plan.revision,
-                step_id,
-                attempt,
-                StepStatus.RETRYING,
-                failure_class=failure_class,
-                message=message,
-            )
-        )
-        run._emit(
-            step_id,
-            StepStatus.RETRYING,
-            attempt,
-            failure_class,
-            f"{message}; retrying in {delay:.3f}s",
-            delay,
-        )
+        self.runner.state.retrying(self.step.id, attempt, failure_class, message, delay)
 
     def advance(self, attempt: int) -> _Outcome | None:
-        run, step = self.run, self.step
+        runner, step = self.runner, self.step
         cost = None
-        admission = run.admission
-        if admission.budget is not None or run.breakers.states:
+        admission = runner.admission
+        if admission.budget is not None or runner.breakers.states:
             denial, exhausted, cost = admission.admit(step)
             if denial:
-                action = run.policy.after_denial(step, exhausted)
+                action = runner.policy.after_denial(step, exhausted)
                 return _Outcome(None, FailureClass.POLICY, denial, attempt - 1, action)
-        run.attempts[step.id] = attempt
-        run.statuses[step.id] = StepStatus.RUNNING
-        run._emit(step.id, StepStatus.RUNNING, attempt)
-        journal = run.journal
-        if journal is not None:
-            plan = run.plan
-            self.durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
-            if not run._needs_durable_intent(step):
-                self.durable = run.no_wait
+        runner.state.start(step.id, attempt)
+        self.durable = runner.intent(step, attempt, cost)
         return None
 
     def seed(self) -> str:
-        plan = self.run.plan
-        return f"{self.run.seed}:{step_run_id(plan.id, plan.revision, self.step.id)}"
+        plan = self.runner.state.plan
+        return f"{self.runner.seed}:{step_run_id(plan.id, plan.revision, self.step.id)}"
 
 
 def _classify(exc: Exception, timeout: float) -> tuple[FailureClass, str]:
@@ -379,10 +467,11 @@ def _empty_refs(request: dict[str, Any], resolved: dict[str, Any]) -> dict[str, 
     model's length rule, since the cause is the step that gave nothing."""
     found: dict[str, str] = {}
     for name, value in request.items():
-        if (
-            isinstance(value, dict)
-            and set(value) == {"$ref"}
-            and resolved.get(name) in ([], "", {})
-        ):
-            found[name] = f"{name} is empty: nothing came from {value['$ref']}"
+        if not (isinstance(value, dict) and len(value) == 1):
+            continue
+        got = resolved.get(name)
+        if REF_KEY in value and got in ([], "", {}):
+            found[name] = f"{name} is empty: nothing came from {value[REF_KEY]}"
+        elif EXPR_KEY in value and got in ([], "", {}, None):  # an expression's "nothing" is null
+            found[name] = f"{name} is empty: nothing came from {value[EXPR_KEY]}"
     return found

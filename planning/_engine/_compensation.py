@@ -5,86 +5,89 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any, TypeVar, assert_never
+from typing import Any, assert_never
 
-from stratagem.planning._engine._attempts import _Attempts, _classify, _Result
-from stratagem.planning._engine._state import _Outcome
+from stratagem.planning._engine._attempts import _Attempts, _classify, _Outcome, _Result
+from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import ToolContext
 from stratagem.planning._errors import LogicError
 from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
-    Plan,
     PlanStatus,
     Step,
-    StepStatus,
     ToolStep,
 )
 from stratagem.planning._refs import has_refs, kind_of, resolve_refs
-from stratagem.planning._store import CompensationRecord, CompensationStatus, PlanStatusRecord
+from stratagem.planning._store import CompensationStatus
 
 logger = logging.getLogger(__name__)
 
-P = TypeVar("P", bound=Plan)
 
+class _Compensation:
+    """Runs the compensations of a failed or cancelled run, through the attempt loop."""
 
-class _Compensation(_Attempts[P]):
-    async def _compensate(self, status: PlanStatus) -> None:
+    def __init__(
+        self,
+        state: _RunState[Any],
+        attempts: _Attempts,
+        *,
+        seed: int,
+        default_timeout: float,
+    ) -> None:
+        self.state = state
+        self.attempts = attempts
+        self.tools = attempts.tools
+        self.agent = attempts.agent
+        self.seed = seed
+        self.default_timeout = default_timeout
+
+    async def compensate(self, status: PlanStatus) -> None:
         """Run the compensations of the succeeded steps, newest first, best effort."""
+        state = self.state
         todo = [
             step_id
-            for step_id in reversed(self.compensable)
-            if self.compensation.get(step_id)
+            for step_id in reversed(state.compensable)
+            if state.compensation.get(step_id)
             not in (CompensationStatus.COMPENSATED, CompensationStatus.FAILED)
         ]
         if not todo:
             return
-        plan = self.plan
+        plan = state.plan
         message = f"compensating {len(todo)} step(s) of a {status.value} plan"
         logger.info("plan %s@%d: %s", plan.id, plan.revision, message)
-        self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.COMPENSATING, message))
-        self._emit("", PlanStatus.COMPENSATING, 0, message=message)
+        state.compensating_plan(message)
         for step_id in todo:
-            await self._compensate_step(self.steps[step_id])
+            await self._compensate_step(state.steps[step_id])
 
     async def _compensate_step(self, step: Step) -> None:
-        plan, step_id = self.plan, step.id
+        state, step_id = self.state, step.id
         tool = step.compensate
         assert tool is not None  # only steps with a compensation are queued
-        first = self.compensation_attempts.get(step_id, 0) + 1
-        outcome = await self._retry(step, _CompensationTries(self, step, tool), first, first)
+        first = state.compensation_attempts.get(step_id, 0) + 1
+        outcome = await self.attempts.retry(
+            step, _CompensationTries(self, step, tool), first, first
+        )
         attempt, failure_class, message = outcome.attempts, outcome.failure_class, outcome.message
         if failure_class is None:
-            self.compensation[step_id] = CompensationStatus.COMPENSATED
-            self.statuses[step_id] = StepStatus.COMPENSATED
-            self._record(
-                CompensationRecord(
-                    plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
-                )
-            )
-            self._emit(step_id, StepStatus.COMPENSATED, attempt)
+            state.compensated(step_id, attempt)
             return
-        self.compensation[step_id] = CompensationStatus.FAILED
-        self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
-        self._record(
-            CompensationRecord(
-                plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
-            )
-        )
         logger.warning(
             "plan %s step %s: compensation %s failed (%s): %s",
-            plan.id,
+            state.plan.id,
             step_id,
             tool,
             failure_class.value,
             message,
         )
-        self._emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
+        state.compensation_failed(step_id, attempt, failure_class, message)
 
-    def _compensation_input(self, step: Step) -> dict[str, Any]:
+    def input(self, step: Step) -> dict[str, Any]:
+        """The compensating tool's input for ``step``."""
+        outputs, inputs = self.state.outputs, self.state.plan.inputs
         if step.compensate_input is not None:
-            value = resolve_refs(step.compensate_input, self.outputs)
+            value = resolve_refs(step.compensate_input, outputs, inputs)
         else:
             match step:
                 case ToolStep():
@@ -95,10 +98,10 @@ class _Compensation(_Attempts[P]):
                     base = {}
                 case _:
                     assert_never(step)
-            resolved = resolve_refs(base, self.outputs) if has_refs(base) else base
+            resolved = resolve_refs(base, outputs, inputs) if has_refs(base) else base
             if not isinstance(resolved, dict):
                 raise LogicError(f"the input resolves to {kind_of(resolved)}, not an object")
-            value = {**resolved, "output": self.outputs.get(step.id)}
+            value = {**resolved, "output": outputs.get(step.id)}
         if not isinstance(value, dict):
             raise LogicError(f"the compensation input resolves to {kind_of(value)}, not an object")
         return value
@@ -107,35 +110,28 @@ class _Compensation(_Attempts[P]):
 class _CompensationTries:
     """A compensation's attempts: each recorded ``running`` (durably) before its tool is called."""
 
-    __slots__ = ("limit", "run", "step", "tool")
+    __slots__ = ("compensation", "limit", "step", "tool")
 
-    def __init__(self, run: _Compensation[Any], step: Step, tool: str) -> None:
-        self.run = run
+    def __init__(self, compensation: _Compensation, step: Step, tool: str) -> None:
+        self.compensation = compensation
         self.step = step
         self.tool = tool
-        self.limit = step.timeout_s or run.default_timeout
+        self.limit = step.timeout_s or compensation.default_timeout
 
     def begin(self, attempt: int) -> Awaitable[None] | None:
-        run, step_id = self.run, self.step.id
-        run.compensation_attempts[step_id] = attempt
-        run.statuses[step_id] = StepStatus.COMPENSATING
-        run._emit(step_id, StepStatus.COMPENSATING, attempt)
-        if run.journal is None:
-            return None
-        plan = run.plan
-        return run.journal.write(
-            CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt)
-        )
+        return self.compensation.state.compensating(self.step.id, attempt)
 
     async def once(self, step: Step, attempt: int, limit: float) -> _Result:
-        run = self.run
-        plan = run.plan
+        compensation = self.compensation
+        plan = compensation.state.plan
         try:
-            tool_input = run._compensation_input(step)
+            tool_input = compensation.input(step)
             ctx = ToolContext(
-                plan.id, step.id, attempt, run.agent, plan.revision, compensating=True
+                plan.id, step.id, attempt, compensation.agent, plan.revision, compensating=True
             )
-            await run._limited(run.tools.run_tool(self.tool, tool_input, ctx), limit)
+            await compensation.attempts.limited(
+                compensation.tools.run_tool(self.tool, tool_input, ctx), limit
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -151,18 +147,13 @@ class _CompensationTries:
     def retrying(
         self, attempt: int, failure_class: FailureClass, message: str, delay: float
     ) -> None:
-        self.run._emit(
-            self.step.id,
-            StepStatus.COMPENSATING,
-            attempt,
-            failure_class,
-            f"{message}; retrying in {delay:.3f}s",
-            delay,
+        self.compensation.state.compensation_retrying(
+            self.step.id, attempt, failure_class, message, delay
         )
 
     def advance(self, attempt: int) -> _Outcome | None:
         return None
 
     def seed(self) -> str:
-        plan = self.run.plan
-        return f"{self.run.seed}:compensate:{plan.id}@{plan.revision}:{self.step.id}"
+        plan = self.compensation.state.plan
+        return f"{self.compensation.seed}:compensate:{plan.id}@{plan.revision}:{self.step.id}"

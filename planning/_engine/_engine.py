@@ -15,7 +15,9 @@ from opentelemetry.trace import TracerProvider
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._dispatch import Dispatcher
+from stratagem.planning._engine._deps import RunDeps
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
+from stratagem.planning._engine._revise import make_revision
 from stratagem.planning._engine._run import _PlanRun
 from stratagem.planning._engine._types import EngineConfig, PlanResult, StepEvent, ToolRunner
 from stratagem.planning._errors import (
@@ -25,17 +27,8 @@ from stratagem.planning._errors import (
 )
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus, StepStatus
-from stratagem.planning._revisions import (
-    Replanner,
-    Revision,
-    RevisionRecord,
-    diff_plans,
-    unchanged_steps,
-)
+from stratagem.planning._revisions import Replanner, Revision
 from stratagem.planning._store import (
-    BudgetRecord,
-    CompensationRecord,
-    CompensationStatus,
     ControlRecord,
     GateDecision,
     GateKind,
@@ -44,8 +37,6 @@ from stratagem.planning._store import (
     PlanStatusRecord,
     Record,
     StateStore,
-    StepResult,
-    fold,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,7 +129,7 @@ class Engine:
                 interruption, not a cancellation: nothing more is recorded and ``resume``
                 continues the plan (``cancel`` cancels a plan for good).
         """
-        run = _PlanRun(self, plan, on_event)
+        run = _PlanRun(self._deps(), plan, on_event)
         if not run.is_dag():
             raise PlanValidationError(structural_problems(plan.steps))
         if self.store is not None:
@@ -189,7 +180,7 @@ class Engine:
         state = await store.load(plan_id)
         if state is None:
             raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
-        run: _PlanRun[Plan] = _PlanRun(self, state.plan(plan_type), on_event)
+        run: _PlanRun[Plan] = _PlanRun(self._deps(), state.plan(plan_type), on_event)
         if not run.is_dag():
             raise PlanValidationError(structural_problems(run.plan.steps))
         if state.status.is_final:
@@ -377,7 +368,7 @@ class Engine:
         old = state.plan(type(new_plan))
         attempts = {step_id: s.attempt for step_id, s in state.steps.items()}
         compensations = {c.step_id: c.status for c in state.compensations}
-        revision, _ = await self._revise(
+        revision, _ = await make_revision(
             old,
             new_plan,
             state.outputs,
@@ -386,78 +377,31 @@ class Engine:
             rationale,
             author,
             spent=(state.spent_calls, state.spent_cost),
+            store=self.store,
+            clock=self.clock,
         )
         logger.info(
             "plan %s: revision %d made by %s: %s", plan_id, revision.revision, author, rationale
         )
         return revision
 
-    async def _revise(
-        self,
-        old: Plan,
-        new: Plan,
-        outputs: dict[str, Any],
-        attempts: dict[str, int],
-        compensations: dict[str, CompensationStatus],
-        rationale: str,
-        author: str,
-        *,
-        spent: tuple[int, float] = (0, 0.0),
-    ) -> tuple[Revision, PlanState]:
-        """Make (and store) the revision after ``old``; its state holds the carried results and
-        what earlier revisions spent of the plan's budget."""
-        steps = [
-            step
-            if step.status is StepStatus.PENDING
-            else step.model_copy(update={"status": StepStatus.PENDING})
-            for step in new.steps
-        ]
-        plan = new.model_copy(update={"id": old.id, "revision": old.revision + 1, "steps": steps})
-        problems = structural_problems(plan.steps)
-        if problems:
-            raise PlanValidationError(problems)
-        same = unchanged_steps(old, plan)
-        carried = [step.id for step in plan.steps if step.id in same and step.id in outputs]
-        records: list[Record] = []
-        if spent != (0, 0.0):
-            records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
-        message = f"carried over from revision {old.revision}"
-        for step in plan.steps:
-            if step.id not in carried:
-                continue
-            records.append(
-                StepResult(
-                    plan.id,
-                    plan.revision,
-                    step.id,
-                    attempts.get(step.id, 1),
-                    StepStatus.SUCCEEDED,
-                    json.dumps(outputs[step.id]),
-                    message=message,
-                )
-            )
-            if step.compensate is not None and compensations.get(step.id) in (
-                None,
-                CompensationStatus.NEEDED,
-                CompensationStatus.RUNNING,
-            ):
-                records.append(
-                    CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
-                )
-        record = RevisionRecord(
-            plan.id,
-            plan.revision,
-            old.revision,
-            rationale,
-            author,
-            diff_plans(old, plan),
-            carried,
-            self.clock(),
+    def _deps(self) -> RunDeps:
+        """What a new run is given: the engine's services and settings as they are now."""
+        return RunDeps(
+            config=self.config,
+            tools=self._tools,
+            dispatcher=self._dispatcher,
+            agent=self.agent,
+            agent_id=self.agent_id,
+            tracer=self._tracer,
+            metrics=self._metrics,
+            sleep=self._sleep,
+            clock=self.clock,
+            store=self.store,
+            replanner=self.replanner,
+            policy=self._policy,
+            breakers=self._breakers,
         )
-        if self.store is not None:
-            await self.store.save_revision(plan, record, records)
-        state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
-        return Revision(plan, record), state
 
     def _require_store(self, plan_id: str, action: str) -> StateStore:
         if self.store is None:

@@ -1,64 +1,58 @@
-"""Gates: gate steps, reconcile and policy gates, their decisions; pause and cancel."""
+"""Gates: gate steps, reconcile and policy gates, and their decisions.
+
+``_Gates`` decides what a gate's decision does (and what a gate asks); the run's state makes the
+transitions. Besides the state it holds only what the gates alone need: decisions given before
+their gate step was reached, the prompts of policy gates, the gates whose opening is in the
+journal already and those a resumed run has yet to announce.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, TypeVar, assert_never
+from typing import Any, assert_never
 
+from stratagem.planning._engine._observe import _Observer
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import GateDecisionError
 from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
     GateStep,
-    Plan,
-    PlanStatus,
     Step,
     StepStatus,
     ToolStep,
 )
-from stratagem.planning._store import (
-    GateDecision,
-    GateKind,
-    GateRecord,
-    GateState,
-    PlanStatusRecord,
-    StepResult,
-)
+from stratagem.planning._store import GateDecision, GateKind, GateState
 
 logger = logging.getLogger(__name__)
 
-P = TypeVar("P", bound=Plan)
 
+class _Gates:
+    """The run's gates: opening them, checking and applying decisions."""
 
-class _Gates(_RunState[P]):
-    def _policy_gate(self, step: Step, attempts: int, message: str) -> None:
+    def __init__(self, state: _RunState[Any], observer: _Observer) -> None:
+        self.state = state
+        self.observer = observer
+        self.decisions: dict[str, GateState] = {}  # decided before their gate step was reached
+        self.prompts: dict[str, str] = {}  # policy gates: the prompt naming the failure
+        self.recorded: set[str] = set()  # gates whose opening is in the journal
+        self.unannounced: list[str] = []  # gates a resumed run found open, not yet announced
+
+    def hold(self, step: Step, attempts: int, message: str) -> None:
         """Hold the plan at a gate named after ``step``, which failed a policy check."""
-        plan = self.plan
-        self.attempts[step.id] = attempts
-        self._record(
-            StepResult(
-                plan.id,
-                plan.revision,
-                step.id,
-                attempts,
-                StepStatus.BLOCKED,
-                failure_class=FailureClass.POLICY,
-                message=message,
-            )
-        )
-        self.gates[step.id] = GateKind.POLICY
-        self.gate_prompts[step.id] = (
+        self.state.hold(step.id, attempts, message)
+        self.prompts[step.id] = (
             f"step {step.id!r} failed a policy check: {message}; approve to re-run it, "
             f"reject to fail it"
         )
-        self._announce_gate(step.id)
+        self.announce(step.id, GateKind.POLICY)
 
-    def _reach_gate(self, step: GateStep) -> None:
+    def reach(self, step: GateStep) -> None:
+        """The scheduler reached gate step ``step``: apply an early decision, or open it."""
         decision = self.decisions.pop(step.id, None)
         if decision is not None:
-            self._decide(
+            self.decide(
                 step.id,
                 GateKind.GATE,
                 decision.decision is GateDecision.APPROVED,
@@ -67,35 +61,41 @@ class _Gates(_RunState[P]):
                 None,
             )
             return
-        self.gates[step.id] = GateKind.GATE
-        self._announce_gate(step.id)
+        self.announce(step.id, GateKind.GATE)
 
-    def _announce_gate(self, gate_id: str) -> None:
-        """Mark ``gate_id`` blocked (and the plan), emit the events, record the opening."""
-        plan = self.plan
-        kind = self.gates[gate_id]
-        step = self.steps[gate_id]
-        prompt = self.gate_prompts.get(gate_id) or (
+    def announce(self, gate_id: str, kind: GateKind) -> None:
+        """Open gate ``gate_id`` (of ``kind``) and say so: events, the opening recorded once."""
+        step = self.state.steps[gate_id]
+        prompt = self.prompts.get(gate_id) or (
             step.prompt if isinstance(step, GateStep) else _reconcile_prompt(step)
         )
-        self.statuses[gate_id] = StepStatus.BLOCKED
-        if gate_id not in self.recorded_gates:  # a resumed run finds some recorded already
-            self.recorded_gates.add(gate_id)
-            self._record(
-                GateRecord(plan.id, plan.revision, gate_id, GateDecision.OPEN, kind, prompt=prompt)
-            )
-        self._emit(gate_id, StepStatus.BLOCKED, self.attempts.get(gate_id, 0), message=prompt)
-        logger.info("plan %s@%d: gate %s is waiting: %s", plan.id, plan.revision, gate_id, prompt)
-        if not self.blocked:
-            self.blocked = True
-            self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.BLOCKED, prompt))
-            self._emit("", PlanStatus.BLOCKED, 0, message=prompt)
+        recorded = gate_id in self.recorded  # a resumed run finds some recorded already
+        self.recorded.add(gate_id)
+        self.state.block(gate_id, kind, prompt, recorded)
+
+    def announce_found(self) -> None:
+        """Announce the gates a resumed run found open (when the run starts)."""
+        for gate_id in self.unannounced:
+            self.announce(gate_id, self.state.gates[gate_id])
+        self.unannounced.clear()
+
+    def found_open(self, gate_id: str, kind: GateKind, prompt: str = "") -> None:
+        """A resumed run finds gate ``gate_id`` open (announced when the run starts)."""
+        self.state.open_gate(gate_id, kind)
+        if prompt:
+            self.prompts[gate_id] = prompt
+        self.unannounced.append(gate_id)
+
+    def found_decided(self, decision: GateState) -> None:
+        """A resumed run finds a decision for a gate step it has not reached yet."""
+        self.decisions[decision.gate_id] = decision
 
     def check_decision(
         self, gate_id: str, revision: int, output: dict[str, Any] | None
     ) -> GateKind:
         """The kind of gate a decision applies to; raises ``GateDecisionError`` when none."""
-        plan = self.plan
+        state = self.state
+        plan = state.plan
         if revision != plan.revision:
             raise GateDecisionError(
                 plan.id,
@@ -104,20 +104,20 @@ class _Gates(_RunState[P]):
                 f"plan {plan.id!r} is at revision {plan.revision}; a decision given for "
                 f"revision {revision} does not apply to it",
             )
-        kind = self.gates.get(gate_id)
+        kind = state.gates.get(gate_id)
         if kind is None:
-            step = self.steps.get(gate_id)
+            step = state.steps.get(gate_id)
             if not (
                 isinstance(step, GateStep)
-                and self.statuses[gate_id] is StepStatus.PENDING
+                and state.statuses[gate_id] is StepStatus.PENDING
                 and gate_id not in self.decisions
             ):
-                state = "unknown" if step is None else self.statuses[gate_id].value
+                status = "unknown" if step is None else state.statuses[gate_id].value
                 raise GateDecisionError(
                     plan.id,
                     gate_id,
                     revision,
-                    f"plan {plan.id!r} has no open gate {gate_id!r} (the step is {state})",
+                    f"plan {plan.id!r} has no open gate {gate_id!r} (the step is {status})",
                 )
             kind = GateKind.GATE
         if output is not None and kind is GateKind.GATE:
@@ -133,37 +133,31 @@ class _Gates(_RunState[P]):
         approver: str,
         rationale: str,
         output: dict[str, Any] | None,
-    ) -> None:
-        """Act on a recorded decision (``Engine.decide``)."""
-        kind = self.gates.pop(gate_id, None)
+    ) -> bool:
+        """Act on a recorded decision (``Engine.decide``); True when it closed an open gate
+        (steps may then be ready)."""
+        state = self.state
+        kind = state.close_gate(gate_id)
         if kind is None:
-            if isinstance(self.steps.get(gate_id), GateStep) and (
-                self.statuses[gate_id] is StepStatus.PENDING
+            if isinstance(state.steps.get(gate_id), GateStep) and (
+                state.statuses[gate_id] is StepStatus.PENDING
             ):  # decided before the gate was reached
                 decision = GateDecision.APPROVED if approve else GateDecision.REJECTED
                 self.decisions[gate_id] = GateState(
                     gate_id,
                     GateKind.GATE,
                     decision,
-                    self.plan.revision,
+                    state.plan.revision,
                     approver=approver,
                     rationale=rationale,
                 )
             else:
-                logger.info("plan %s: gate %s closed before its decision", self.plan.id, gate_id)
-            return
-        try:
-            self._decide(gate_id, kind, approve, approver, rationale, output)
-            # The decision comes from the caller's task; the steps it releases belong under the
-            # plan span, like those a completion starts.
-            self.callback_context.run(self._start_ready)
-        except Exception as exc:  # a bug here must not hang the run: hand it to run()
-            if not self.finished.done():
-                self.finished.set_exception(exc)
-            return
-        self._maybe_finish()
+                logger.info("plan %s: gate %s closed before its decision", state.plan.id, gate_id)
+            return False
+        self.decide(gate_id, kind, approve, approver, rationale, output)
+        return True
 
-    def _decide(
+    def decide(
         self,
         gate_id: str,
         kind: GateKind,
@@ -172,85 +166,35 @@ class _Gates(_RunState[P]):
         rationale: str,
         output: dict[str, Any] | None,
     ) -> None:
+        """Apply a decision on gate ``gate_id`` (closed already, or never opened)."""
+        state = self.state
         logger.info(
             "plan %s gate %s %s by %s: %s",
-            self.plan.id,
+            state.plan.id,
             gate_id,
             "approved" if approve else "rejected",
             approver,
             rationale,
         )
-        attempt = self.attempts.get(gate_id, 0)
-        if self.tracing and self.span.is_recording():
-            self.span.add_event(
-                "gate.decided",
-                {
-                    "stratagem.step.id": gate_id,
-                    "stratagem.gate.kind": kind.value,
-                    "stratagem.gate.decision": "approved" if approve else "rejected",
-                    "stratagem.gate.approver": approver,
-                },
-            )
+        attempt = state.attempts.get(gate_id, 0)
+        self.observer.gate_decided(gate_id, kind, approve, approver)
         if not approve:
             message = f"rejected by {approver}: {rationale}"
-            self._fail(gate_id, FailureClass.POLICY, message, attempt)
-            self._stop(f"the plan stopped after gate {gate_id!r} was rejected")
+            state.fail(
+                gate_id,
+                FailureClass.POLICY,
+                message,
+                attempt,
+                stop=f"the plan stopped after gate {gate_id!r} was rejected",
+            )
         elif kind is GateKind.GATE:
             gate_output = {"approved": True, "approver": approver, "rationale": rationale}
-            self._succeed(gate_id, gate_output, attempt, json.dumps(gate_output))
-            self._release(gate_id)
+            state.succeed(gate_id, gate_output, attempt, json.dumps(gate_output))
         elif output is not None:
-            self._succeed(gate_id, output, attempt, json.dumps(output))
-            self._release(gate_id)
-        else:  # re-run the reconciled step
-            self.statuses[gate_id] = StepStatus.PENDING
-            self.next_attempt[gate_id] = attempt + 1
-            self.ready.appendleft(gate_id)
-        if not self.gates and self.blocked:
-            self.blocked = False
-            if not self.stop_reason:
-                plan = self.plan
-                self._record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING))
-                self._emit("", PlanStatus.RUNNING, 0)
-
-    def _close_gates(self) -> None:
-        """The plan stops with gates open: they end ``cancelled``."""
-        for gate_id in list(self.gates):
-            del self.gates[gate_id]
-            self.statuses[gate_id] = StepStatus.CANCELLED
-            message = self.stop_reason or "the plan ended"
-            plan = self.plan
-            self._record(
-                StepResult(
-                    plan.id,
-                    plan.revision,
-                    gate_id,
-                    self.attempts.get(gate_id, 0),
-                    StepStatus.CANCELLED,
-                    failure_class=FailureClass.CANCELLED,
-                    message=message,
-                )
-            )
-            self._emit(gate_id, StepStatus.CANCELLED, 0, FailureClass.CANCELLED, message)
-
-    def pause(self) -> None:
-        """Start no new step; the run ends ``paused`` once the running steps finish."""
-        if self.paused or self.stop_reason:
-            return
-        self.paused = True
-        logger.info("plan %s@%d: pausing", self.plan.id, self.plan.revision)
-        self._maybe_finish()
-
-    def cancel(self) -> None:
-        """Cancel the running steps, compensate, end ``cancelled``."""
-        if self.cancelled:
-            return
-        self.cancelled = True
-        self.paused = False
-        logger.info("plan %s@%d: cancelling", self.plan.id, self.plan.revision)
-        self.stop_reason = ""
-        self._stop("the plan was cancelled")
-        self._maybe_finish()
+            state.succeed(gate_id, output, attempt, json.dumps(output))
+        else:  # re-run the reconciled (or held) step
+            state.requeue(gate_id, attempt + 1)
+        state.unblock()
 
 
 def _reconcile_prompt(step: Step) -> str:

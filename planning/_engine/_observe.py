@@ -1,22 +1,25 @@
-"""Observation: the run's ``StepEvent``s and metrics, and its spans' events and links."""
+"""Observation: the run's ``StepEvent``s and metrics, and its spans' events and links.
+
+``_Observer`` is told about transitions (by the run's state, which makes them, and by the gates,
+for decisions); it never reads the run's state and changes nothing but its own event count.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar
+from typing import Final
 
+from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, TraceFlags
 
 from stratagem.planning._engine._types import StepEvent
 from stratagem.planning._metrics import PlanningMetrics
-from stratagem.planning._plan import FailureClass, Plan, PlanStatus, Step, StepStatus
+from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 from stratagem.planning._store import GateKind
 
 logger = logging.getLogger(__name__)
-
-P = TypeVar("P", bound=Plan)
 
 # Step statuses counted as a step's outcome (``stratagem.steps``).
 _SETTLED: Final = frozenset(
@@ -31,20 +34,50 @@ _COMPENSATION_EVENT: Final = {
 }
 
 
-class _Observer(Generic[P]):
-    """Observation of a run: its events (``on_event``, metrics) and the plan span's events."""
+class _Observer:
+    """Observation of one run: its events (``on_event``, metrics) and the plan span's events.
 
-    plan: P
-    on_event: Callable[[StepEvent], None] | None
-    metrics: PlanningMetrics
-    agent: str
-    events: int
-    tracing: bool
-    span: Span
-    steps: dict[str, Step]
-    gates: dict[str, GateKind]
+    Attributes:
+        events: How many events the run emitted.
+        tracing: Whether the plan span records (set once it starts): step spans and span events
+            are made only then.
+        span: The plan span, for its events.
+    """
 
-    def _emit(
+    __slots__ = (
+        "agent",
+        "compensators",
+        "events",
+        "metrics",
+        "on_event",
+        "plan",
+        "span",
+        "tracing",
+    )
+
+    def __init__(
+        self,
+        plan: Plan,
+        on_event: Callable[[StepEvent], None] | None,
+        metrics: PlanningMetrics,
+        agent: str,
+    ) -> None:
+        self.plan = plan
+        self.on_event = on_event
+        self.metrics = metrics
+        self.agent = agent
+        self.events = 0
+        self.tracing = False
+        self.span: Span = trace.INVALID_SPAN
+        # Step id -> its compensating tool, for the ``compensation`` span events.
+        self.compensators = {s.id: s.compensate for s in plan.steps if s.compensate is not None}
+
+    def started(self, span: Span) -> None:
+        """The plan span started: later step spans and span events go under it if it records."""
+        self.span = span
+        self.tracing = span.is_recording()
+
+    def emit(
         self,
         step_id: str,
         status: StepStatus | PlanStatus,
@@ -52,7 +85,9 @@ class _Observer(Generic[P]):
         failure_class: FailureClass | None = None,
         message: str = "",
         delay_s: float | None = None,
+        gate_kind: GateKind | None = None,
     ) -> None:
+        """One transition: to ``on_event``, the metrics and (some) the plan span's events."""
         self.events += 1
         if step_id:
             if status in _SETTLED:
@@ -62,7 +97,7 @@ class _Observer(Generic[P]):
                     self.agent, failure_class.value if failure_class else "unknown"
                 )
             if self.tracing:
-                self._span_event(step_id, status, attempt, failure_class, delay_s)
+                self._span_event(step_id, status, attempt, failure_class, delay_s, gate_kind)
         if self.on_event is None:
             return
         event = StepEvent(
@@ -81,6 +116,19 @@ class _Observer(Generic[P]):
         except Exception:
             logger.exception("on_event failed for plan %s event %s", self.plan.id, event)
 
+    def gate_decided(self, gate_id: str, kind: GateKind, approve: bool, approver: str) -> None:
+        """A gate was decided: an event on the plan span."""
+        if self.tracing and self.span.is_recording():
+            self.span.add_event(
+                "gate.decided",
+                {
+                    "stratagem.step.id": gate_id,
+                    "stratagem.gate.kind": kind.value,
+                    "stratagem.gate.decision": "approved" if approve else "rejected",
+                    "stratagem.gate.approver": approver,
+                },
+            )
+
     def _span_event(
         self,
         step_id: str,
@@ -88,6 +136,7 @@ class _Observer(Generic[P]):
         attempt: int,
         failure_class: FailureClass | None,
         delay_s: float | None,
+        gate_kind: GateKind | None,
     ) -> None:
         """Retries, gate openings and compensations as events on the plan span."""
         if not isinstance(status, StepStatus):
@@ -108,14 +157,14 @@ class _Observer(Generic[P]):
             "stratagem.step.attempt": attempt,
         }
         if name == "gate.blocked":
-            attributes["stratagem.gate.kind"] = self.gates.get(step_id, GateKind.GATE).value
+            attributes["stratagem.gate.kind"] = (gate_kind or GateKind.GATE).value
         elif name == "compensation":
             attributes["stratagem.compensation.status"] = (
                 "retrying"
                 if failure_class is not None and status is StepStatus.COMPENSATING
                 else _COMPENSATION_EVENT[status]
             )
-            tool = self.steps[step_id].compensate
+            tool = self.compensators.get(step_id)
             if tool is not None:
                 attributes["gen_ai.tool.name"] = tool
         if failure_class is not None:

@@ -17,11 +17,19 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, assert_never
 
 from stratagem.planning._engine._types import CircuitBreakerConfig, ToolRunner
 from stratagem.planning._errors import StepFailure, StoreError
-from stratagem.planning._plan import Budget, FailureClass, RetryPolicy, Step, ToolStep
+from stratagem.planning._plan import (
+    Budget,
+    CrossAgentStep,
+    FailureClass,
+    GateStep,
+    RetryPolicy,
+    Step,
+    ToolStep,
+)
 from stratagem.planning._store import BreakerState, StateStore
 
 logger = logging.getLogger(__name__)
@@ -82,6 +90,20 @@ class FailurePolicy:
         policy or an operator's cancellation.
         """
         return bool(failures) and all(f.failure_class is FailureClass.LOGIC for f in failures)
+
+
+def step_is_idempotent(step: Step, tools: ToolRunner) -> bool:
+    """Whether running ``step`` twice is the same as running it once (so a resumed run may run
+    it again when it was in flight)."""
+    match step:
+        case CrossAgentStep():
+            return True  # the target answers a repeated request id from its store
+        case ToolStep():
+            return tools.is_idempotent(step.tool)
+        case GateStep():
+            return True
+        case _:
+            assert_never(step)
 
 
 def backoff_delay(policy: RetryPolicy, failed_attempt: int, rng: random.Random) -> float:
@@ -185,6 +207,19 @@ class _Admission:
         self.started_at: float | None = None
         self.spent_calls = 0
         self.spent_cost = 0.0
+
+    def resume(self, started_at: float | None, spent_calls: int, spent_cost: float) -> None:
+        """Continue the account a journal recorded (a resumed run, or a new revision)."""
+        self.started_at = started_at
+        self.spent_calls = spent_calls
+        self.spent_cost = spent_cost
+
+    def start(self) -> float:
+        """The run starts: the wall-time budget counts from its first start; returns now."""
+        now = self.clock()
+        if self.started_at is None:
+            self.started_at = now
+        return now
 
     def admit(self, step: Step) -> tuple[str, bool, float | None]:
         """Check the breaker and reserve the budget for one attempt of ``step``.

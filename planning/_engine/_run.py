@@ -1,52 +1,186 @@
-"""The run's scheduler: starts ready steps, settles finished ones, ends or replans the run."""
+"""One run of one plan (revision): its parts, composed around its state, and its course.
+
+``_PlanRun`` builds the parts of a run, each with the run's state and only the services it uses
+(from the engine's ``RunDeps``), and runs them: the plan span, the scheduler, the end of the run
+(gates closed, pending steps skipped, compensation, the final status) and replanning. It is also
+what ``Engine`` reaches a running plan through (decisions, pause, cancel).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
-import json
 import logging
 import time
-from typing import TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
 
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Link, Status, StatusCode
 
-from stratagem.planning._engine._attempts import _StepTries
+from stratagem.planning._engine._attempts import _Attempts, _StepRunner
 from stratagem.planning._engine._compensation import _Compensation
-from stratagem.planning._engine._observe import _traceparent
-from stratagem.planning._engine._policy import Action
-from stratagem.planning._engine._state import _Outcome
-from stratagem.planning._engine._types import PlanResult
+from stratagem.planning._engine._conditions import _Conditions
+from stratagem.planning._engine._deps import RunDeps
+from stratagem.planning._engine._gates import _Gates
+from stratagem.planning._engine._journal import _Journal
+from stratagem.planning._engine._observe import _Observer, _resume_links, _traceparent
+from stratagem.planning._engine._policy import _Admission
+from stratagem.planning._engine._restore import _Restore
+from stratagem.planning._engine._revise import make_revision
+from stratagem.planning._engine._schedule import _Scheduler
+from stratagem.planning._engine._state import _RunState
+from stratagem.planning._engine._types import PlanResult, StepEvent
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Plan, PlanStatus, Step, StepStatus
+from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import replan_rationale
-from stratagem.planning._store import PlanStatusRecord, StepIntent, StepResult
+from stratagem.planning._store import GateKind, PlanState
 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=Plan)
 
 
-class _PlanRun(_Compensation[P]):
-    """One run of one plan: the scheduler over the parts (``_state`` to ``_compensation``)."""
+class _PlanRun(Generic[P]):
+    """One run of one plan: the parts around its state, and the run's course.
+
+    The parts, and what each is given (see ``docs/internals.md``):
+
+    - ``state`` (``_RunState``): the plan, the observer and the store's journal; the only writer
+      of the run's state;
+    - ``observer`` (``_Observer``): the plan, ``on_event`` and the metrics;
+    - ``admission`` (``_Admission``): the budget, the breakers, the tools' costs, the clock;
+    - ``gates`` (``_Gates``): the state and the observer;
+    - ``conditions`` (``_Conditions``): the state (conditions, routes on failure, skips);
+    - ``attempts`` (``_Attempts``): the state, the observer, tools, dispatcher, tracer, sleep,
+      failure policy; ``runner`` (``_StepRunner``) adds admission, breakers, seed and time limit;
+    - ``compensation`` (``_Compensation``): the state and the attempt loop;
+    - ``scheduler`` (``_Scheduler``): the state, the gates, the conditions, the step runner,
+      admission, breakers, failure policy and the in-flight bound;
+    - ``restorer`` (``_Restore``): the state, the gates, the conditions, admission and the tools.
+    """
+
+    def __init__(
+        self, deps: RunDeps, plan: P, on_event: Callable[[StepEvent], None] | None
+    ) -> None:
+        config = deps.config
+        self.deps = deps
+        self.on_event = on_event
+        self.observer = _Observer(plan, on_event, deps.metrics, deps.agent)
+        self.state: _RunState[P] = _RunState(plan, self.observer, deps.store)
+        self.admission = _Admission(plan.budget, deps.breakers, deps.tools, deps.clock)
+        self.gates = _Gates(self.state, self.observer)
+        self.conditions = _Conditions(self.state)
+        self.attempts = _Attempts(
+            self.state,
+            self.observer,
+            tools=deps.tools,
+            dispatcher=deps.dispatcher,
+            tracer=deps.tracer,
+            sleep=deps.sleep,
+            policy=deps.policy,
+            agent=deps.agent,
+        )
+        self.runner = _StepRunner(
+            self.state,
+            self.attempts,
+            self.admission,
+            deps.breakers,
+            seed=config.seed,
+            default_timeout=config.default_timeout_s,
+        )
+        self.compensation = _Compensation(
+            self.state, self.attempts, seed=config.seed, default_timeout=config.default_timeout_s
+        )
+        self.scheduler = _Scheduler(
+            self.state,
+            self.gates,
+            self.conditions,
+            self.runner,
+            self.admission,
+            deps.breakers,
+            deps.policy,
+            plan.max_in_flight or config.max_in_flight,
+        )
+        self.restorer = _Restore(
+            self.state, self.gates, self.conditions, self.admission, deps.tools
+        )
+        self.restored = False
+        self.links: list[Link] = []  # a resumed run's links to the runs it continues
+        self.replans = 0
+        self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
+
+    @property
+    def plan(self) -> P:
+        """The plan (revision) this run runs."""
+        return self.state.plan
+
+    @property
+    def journal(self) -> _Journal | None:
+        """The run's journal (``None`` without a store)."""
+        return self.state.journal
+
+    def is_dag(self) -> bool:
+        """Whether the steps form a DAG (``structural_problems`` explains a no)."""
+        return self.state.is_dag()
+
+    def restore(self, recorded: PlanState) -> None:
+        """Take a stored plan's state (a resume, or a new revision's carried results)."""
+        self.restored = True
+        self.links = _resume_links(recorded.trace_contexts)
+        self.restorer.restore(recorded)
+
+    def recorded_result(self, recorded: PlanState) -> PlanResult[P]:
+        """The result of a finished plan, from its journal (nothing runs)."""
+        return self.restorer.recorded_result(recorded)
+
+    def check_decision(
+        self, gate_id: str, revision: int, output: dict[str, Any] | None
+    ) -> GateKind:
+        """The kind of gate a decision applies to; raises ``GateDecisionError`` when none."""
+        return self.gates.check_decision(gate_id, revision, output)
+
+    def apply_decision(
+        self,
+        gate_id: str,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        output: dict[str, Any] | None,
+    ) -> None:
+        """Act on a recorded decision (``Engine.decide``)."""
+        try:
+            closed = self.gates.apply_decision(gate_id, approve, approver, rationale, output)
+        except Exception as exc:  # a bug here must not hang the run: hand it to run()
+            self.state.crash(exc)
+            return
+        if closed:
+            self.scheduler.wake()
+
+    def pause(self) -> None:
+        """Start no new step; the run ends ``paused`` once the running steps finish."""
+        self.state.pause()
+
+    def cancel(self) -> None:
+        """Cancel the running steps, compensate, end ``cancelled``."""
+        self.state.cancel()
 
     async def execute(self) -> PlanResult[P]:
         """Run this revision to its end: the plan span, the scheduler, compensation, the result.
 
         Returns early after a replan (``replacement`` then holds the next revision's run).
         """
-        plan = self.plan
+        state, deps, observer = self.state, self.deps, self.observer
+        plan, agent = state.plan, deps.agent
         started = time.monotonic()
         logger.info(
-            "plan %s@%d (%s): running %d steps", plan.id, plan.revision, self.agent, len(plan.steps)
+            "plan %s@%d (%s): running %d steps", plan.id, plan.revision, agent, len(plan.steps)
         )
-        with self.tracer.start_as_current_span(
-            f"invoke_agent {self.agent}",
+        with deps.tracer.start_as_current_span(
+            f"invoke_agent {agent}",
             attributes={
                 "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": self.agent,
-                "gen_ai.agent.id": self.engine.agent_id,
+                "gen_ai.agent.name": agent,
+                "gen_ai.agent.id": deps.agent_id,
                 "stratagem.plan.id": plan.id,
                 "stratagem.plan.revision": plan.revision,
             },
@@ -56,199 +190,55 @@ class _PlanRun(_Compensation[P]):
         ) as span:
             # Step and tool spans are made only under a recording plan span: a no-op tracer
             # (no provider set up) or a sampled-out plan then costs nothing per step.
-            self.tracing = span.is_recording()
-            self.span = span
-            self._emit("", PlanStatus.RUNNING, 0)
-            now = self.admission.clock()
-            if self.admission.started_at is None:
-                self.admission.started_at = now
-            self._record(
-                PlanStatusRecord(
-                    plan.id,
-                    plan.revision,
-                    PlanStatus.RUNNING,
-                    at=now,
-                    # Also when this process does not trace: a run inside a caller's trace
-                    # keeps that trace's id, so the history can name it.
-                    trace_context=_traceparent(span) if span.get_span_context().is_valid else "",
-                )
+            observer.started(span)
+            now = self.admission.start()
+            state.plan_running(
+                now,
+                (
+                    # Also when this process does not trace: a run inside a caller's trace keeps
+                    # that trace's id, so the history can name it.
+                    _traceparent(span) if span.get_span_context().is_valid else ""
+                ),
             )
             try:
-                await self._schedule()
-                status = self._end_status()
+                await self.scheduler.run(fresh=not self.restored)
+                status = state.end_status()
                 if status is PlanStatus.FAILED and await self._replan():
                     span.set_attribute("stratagem.plan.status", "replanned")
-                    self.metrics.plan_ended(self.agent, "replanned")
-                    return self._result(status, time.monotonic() - started)
+                    deps.metrics.plan_ended(agent, "replanned")
+                    return state.result(status, time.monotonic() - started)
                 if status is not PlanStatus.PAUSED:
-                    self._close_gates()
-                    self._skip_pending()
+                    state.close_gates()
+                    state.skip_pending()
                 if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
-                    await self._compensate(status)
+                    await self.compensation.compensate(status)
                 message = "the plan was paused" if status is PlanStatus.PAUSED else ""
-                message = _summary(self.failures) or message
-                if self.journal is not None:
-                    self._record(PlanStatusRecord(plan.id, plan.revision, status, message))
-                    await self.journal.flush()
+                message = _summary(state.failures) or message
+                if state.journal is not None:
+                    state.plan_ended(status, message)
+                    await state.journal.flush()
             except (asyncio.CancelledError, StoreError) as exc:
-                await self._interrupt()
+                await state.abort_journal()
                 if isinstance(exc, asyncio.CancelledError):
                     reason, message = "cancelled", "the plan run was cancelled"
                 else:
                     reason, message = str(exc), f"the plan run stopped: {exc}"
                 span.set_attribute("stratagem.plan.status", PlanStatus.CANCELLED.value)
                 span.set_status(Status(StatusCode.ERROR, reason))
-                self._emit("", PlanStatus.CANCELLED, 0, message=message)
-                self.metrics.plan_ended(self.agent, "interrupted")
+                state.plan_event(PlanStatus.CANCELLED, message)
+                deps.metrics.plan_ended(agent, "interrupted")
                 logger.info("plan %s@%d: interrupted (%s)", plan.id, plan.revision, reason)
                 raise
             finally:
-                self.watchdog.close()
+                self.attempts.watchdog.close()
             span.set_attribute("stratagem.plan.status", status.value)
             if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
                 span.set_status(Status(StatusCode.ERROR, message or status.value))
-            self._emit("", status, 0, message=message)
-        self.metrics.plan_ended(self.agent, status.value)
+            state.plan_event(status, message)
+        deps.metrics.plan_ended(agent, status.value)
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
-        return self._result(status, duration)
-
-    async def _schedule(self) -> None:
-        if not self.restored:
-            self.ready.extend(step_id for step_id, count in self.waiting.items() if count == 0)
-        # Completions are handled in task done-callbacks rather than by this coroutine waking up
-        # for each one: scheduling the next steps then costs no extra event-loop round trip.
-        self.callback_context = contextvars.copy_context()  # inside the plan span
-        for gate_id in self.new_gates:
-            self._announce_gate(gate_id)
-        self.new_gates.clear()
-        self._start_ready()
-        self._maybe_finish()
-        try:
-            await self.finished
-        except (asyncio.CancelledError, StoreError):
-            self.interrupted = True
-            self.stop_reason = "the plan run was cancelled"
-            tasks = list(self.running)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks)
-            for task in tasks:  # normally settled already by their callbacks
-                self._on_done(task)
-            self._skip_pending()
-            raise
-
-    def _start_ready(self) -> None:
-        ready, running, statuses = self.ready, self.running, self.statuses
-        journal, plan = self.journal, self.plan
-        while ready and not self.stop_reason and not self.paused:
-            step = self.steps[ready[0]]
-            if isinstance(step, GateStep):
-                ready.popleft()
-                self._reach_gate(step)
-                continue
-            if len(running) >= self.bound:
-                break
-            step_id = ready.popleft()
-            attempt = self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
-            cost: float | None = None
-            admission = self.admission
-            if admission.budget is not None or self.breakers.states:
-                denial, exhausted, cost = admission.admit(step)
-                if denial:
-                    self.attempts[step_id] = attempt - 1
-                    self._deny(step, attempt - 1, denial, exhausted)
-                    continue
-            statuses[step_id] = StepStatus.RUNNING
-            self.attempts[step_id] = attempt
-            self._emit(step_id, StepStatus.RUNNING, attempt)
-            # The intent joins this tick's batch (with the results that unblocked the step), so
-            # the step's start costs no commit of its own.
-            durable = None
-            if journal is not None:
-                durable = journal.add(StepIntent(plan.id, plan.revision, step_id, attempt, cost))
-                if not self._needs_durable_intent(step):
-                    durable = self.no_wait
-            task = self.loop.create_task(
-                self._retry(step, _StepTries(self, step, durable), attempt, 1)
-            )
-            task.add_done_callback(self._on_done, context=self.callback_context)
-            running[task] = step_id
-
-    def _on_done(self, task: asyncio.Task[_Outcome]) -> None:
-        """A step task finished: settle it, then start what it unblocked (a done-callback)."""
-        step_id = self.running.pop(task, None)
-        if step_id is None:
-            return
-        finished = self.finished
-        try:
-            if self._settle(step_id, task):
-                self._release(step_id)
-            elif self.statuses[step_id] is StepStatus.BLOCKED:
-                pass  # held at a policy gate
-            elif not task.cancelled():
-                self._stop(f"the plan stopped after step {step_id!r} failed")
-            self._start_ready()
-        except Exception as exc:  # a bug here must not hang the run: hand it to run()
-            if finished.done():
-                raise
-            finished.set_exception(exc)
-            return
-        self._maybe_finish()
-
-    def _settle(self, step_id: str, task: asyncio.Task[_Outcome]) -> bool:
-        """Record a finished step task; True when the step succeeded."""
-        attempts = self.attempts[step_id]
-        plan = self.plan
-        exc = None if task.cancelled() else task.exception()
-        if task.cancelled() or isinstance(exc, StoreError):
-            self.statuses[step_id] = StepStatus.CANCELLED
-            message = self.stop_reason or "cancelled"
-            self._record(
-                StepResult(
-                    plan.id,
-                    plan.revision,
-                    step_id,
-                    attempts,
-                    StepStatus.CANCELLED,
-                    failure_class=FailureClass.CANCELLED,
-                    message=message,
-                )
-            )
-            self._emit(step_id, StepStatus.CANCELLED, attempts, FailureClass.CANCELLED, message)
-            return False
-        if exc is None:
-            outcome = task.result()
-        else:  # the step runner catches every Exception; this is a bug in the engine
-            logger.error("step %s raised out of the engine", step_id, exc_info=exc)
-            outcome = _Outcome(None, FailureClass.LOGIC, f"{type(exc).__name__}: {exc}", attempts)
-        if outcome.failure_class is None and self.journal is not None:
-            try:
-                output_json = json.dumps(outcome.output)
-            except (TypeError, ValueError) as err:
-                outcome = _Outcome(
-                    None, FailureClass.LOGIC, f"the output is not JSON: {err}", attempts
-                )
-            else:
-                self._succeed(step_id, outcome.output, attempts, output_json)
-                return True
-        if outcome.failure_class is None:
-            self._succeed(step_id, outcome.output, attempts, None)
-            return True
-        if outcome.action is Action.GATE:
-            self._policy_gate(self.steps[step_id], outcome.attempts, outcome.message)
-            return False
-        self._fail(step_id, outcome.failure_class, outcome.message, outcome.attempts)
-        return False
-
-    def _deny(self, step: Step, attempts: int, message: str, exhausted: bool) -> None:
-        """Admission refused an attempt of ``step``: hold it at a policy gate, or fail it."""
-        if self.policy.after_denial(step, exhausted) is Action.GATE:
-            self._policy_gate(step, attempts, message)
-            return
-        self._fail(step.id, FailureClass.POLICY, message, attempts)
-        self._stop(f"the plan stopped after step {step.id!r} failed")
+        return state.result(status, duration)
 
     async def _replan(self) -> bool:
         """After a logic failure, ask the replanner for the next revision; True when it gave one.
@@ -256,54 +246,57 @@ class _PlanRun(_Compensation[P]):
         The current revision's run ends here (its gates closed, its pending steps skipped, its
         journal flushed), the revision is stored, and ``replacement`` holds the next run.
         """
-        engine = self.engine
-        replanner = engine.replanner
+        state, deps = self.state, self.deps
+        replanner = deps.replanner
         if (
             replanner is None
-            or self.cancelled
-            or self.replans >= engine.config.max_replans
-            or not self.policy.may_replan(self.failures)
+            or state.cancelled
+            or self.replans >= deps.config.max_replans
+            or not deps.policy.may_replan(state.failures)
         ):
             return False
-        failure = self.failures[0]
+        plan = state.plan
+        failure = state.failures[0]
         try:
-            made = replanner.replan(self.plan, failure)
+            made = replanner.replan(plan, failure)
             new_plan = await made if inspect.isawaitable(made) else made
         except Exception:
-            logger.exception("plan %s: the replanner failed", self.plan.id)
+            logger.exception("plan %s: the replanner failed", plan.id)
             return False
         if new_plan is None:
             return False
-        self._close_gates()
-        self._skip_pending()
-        if self.journal is not None:
-            await self.journal.flush()
+        state.close_gates()
+        state.skip_pending()
+        if state.journal is not None:
+            await state.journal.flush()
         rationale = replan_rationale(failure)
         try:
-            revision, state = await engine._revise(
-                self.plan,
+            revision, recorded = await make_revision(
+                plan,
                 new_plan,
-                self.outputs,
-                self.attempts,
-                self.compensation,
+                state.outputs,
+                state.attempts,
+                state.compensation,
                 rationale,
                 # A model's repair names the model (its provenance), else the agent's replanner.
-                new_plan.provenance.author if new_plan.provenance else f"replanner:{self.agent}",
+                new_plan.provenance.author if new_plan.provenance else f"replanner:{deps.agent}",
                 spent=(self.admission.spent_calls, self.admission.spent_cost),
+                store=deps.store,
+                clock=deps.clock,
             )
         except PlanValidationError as exc:
-            logger.error("plan %s: the replanner's plan is not a DAG: %s", self.plan.id, exc)
+            logger.error("plan %s: the replanner's plan is not a DAG: %s", plan.id, exc)
             return False
         logger.info(
             "plan %s: revision %d replaces %d (%d result(s) carried over)",
-            self.plan.id,
+            plan.id,
             revision.revision,
-            self.plan.revision,
+            plan.revision,
             len(revision.record.carried),
         )
-        run = _PlanRun(engine, cast(P, revision.plan), self.on_event)
+        run = _PlanRun(deps, cast(P, revision.plan), self.on_event)
         run.is_dag()
-        run.restore(state)
+        run.restore(recorded)
         run.replans = self.replans + 1
         self.replacement = run
         return True

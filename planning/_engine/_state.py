@@ -1,153 +1,117 @@
-"""The state of one run of one plan, and the transitions every part of the run shares."""
+"""The state of one run of one plan, and its one writer.
+
+``_RunState`` holds what the parts of a run share (step statuses, outputs, attempts, failures,
+the open gates, the stop reason, cancellation and pause, the steps in flight, the ready queue,
+what is to be compensated) and is the only code that changes it: every change is one of its
+transition methods, which records the change in the journal (when the run has a store) and tells
+the observer, in that order. The other parts read its fields and call its transitions; a unit
+test (``tests/unit/planning/test_engine_structure.py``) checks that no other module of the
+engine assigns them.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, assert_never
-
-from opentelemetry import trace
-from opentelemetry.trace import Link, Span
+from collections.abc import Awaitable
+from typing import Any, Generic, TypeVar
 
 from stratagem.planning._engine._journal import _Journal
 from stratagem.planning._engine._observe import _Observer
-from stratagem.planning._engine._policy import Action, _Admission
-from stratagem.planning._engine._types import PlanResult, StepEvent
-from stratagem.planning._engine._watchdog import _Watchdog
+from stratagem.planning._engine._types import PlanResult
 from stratagem.planning._errors import StepFailure
-from stratagem.planning._plan import (
-    CrossAgentStep,
-    FailureClass,
-    GateStep,
-    Plan,
-    PlanStatus,
-    Step,
-    StepStatus,
-    ToolStep,
-)
+from stratagem.planning._plan import FailureClass, Plan, PlanStatus, Step, StepStatus
 from stratagem.planning._store import (
     CompensationRecord,
+    CompensationState,
     CompensationStatus,
+    ConditionRecord,
+    GateDecision,
     GateKind,
-    GateState,
+    GateRecord,
+    PlanStatusRecord,
     Record,
+    StateStore,
     StepResult,
 )
-
-if TYPE_CHECKING:
-    from stratagem.planning._engine._engine import Engine
-    from stratagem.planning._engine._run import _PlanRun
-
 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=Plan)
 
 
-@dataclass(slots=True)
-class _Outcome:
-    output: dict[str, Any] | None
-    failure_class: FailureClass | None
-    message: str
-    attempts: int
-    action: Action = Action.FAIL  # for a failure: what the failure policy decided
-
-
-class _RunState(_Observer[P]):
-    """The state of one run of one plan.
+class _RunState(Generic[P]):
+    """The state of one run of one plan (one revision).
 
     Everything runs on the event loop's thread: the step tasks, the done-callbacks that settle
-    them and the control calls update this state only between awaits, so it needs no locks.
+    them and the control calls change this state only between awaits, so it needs no locks.
+
+    Attributes:
+        plan: The plan (revision) being run.
+        steps: Step id -> step.
+        outputs: Step id -> output, for the steps that succeeded.
+        statuses: Step id -> status, in plan order.
+        attempts: Step id -> its latest attempt.
+        failures: The steps that failed, in order.
+        stop_reason: Why the run stopped ("" while it goes on): nothing new starts then.
+        cancelled: ``Engine.cancel`` cancelled the plan (it compensates and ends ``cancelled``).
+        paused: ``Engine.pause``: nothing new starts; the run ends ``paused``.
+        interrupted: The run's task was cancelled, or the store failed: nothing more is recorded.
+        blocked: The plan is ``blocked`` at an open gate.
+        gates: The open gates: gate (or held step) id -> kind.
+        ready: Steps that may start, in order.
+        next_attempt: Steps resumed mid-way (or re-run after a decision): the attempt they start at.
+        running: The step tasks in flight -> their step id.
+        compensable: Succeeded steps with a compensation, in completion order.
+        compensation: Step id -> where its compensation is.
+        compensation_attempts: Step id -> its compensation's latest attempt.
+        continue_independent: The plan's ``on_failure`` lets independent steps go on.
+        routed: The steps whose failure is handled by a step that runs on failure.
+        handled: The failures of routed steps, in order (not the plan's failures).
+        undecided: Steps to decide before they start: a condition, a route on failure, or a
+            dependency that did not succeed (``_conditions._Conditions`` decides).
+        blocked_by: A pending step -> the first of its dependencies that did not succeed.
+        finished: Done when the run has nothing more to do (or carries what broke it).
+        journal: The run's journal (``None`` without a store).
     """
 
-    def __init__(
-        self, engine: Engine, plan: P, on_event: Callable[[StepEvent], None] | None
-    ) -> None:
-        self.engine = engine
+    def __init__(self, plan: P, observer: _Observer, store: StateStore | None) -> None:
         self.plan = plan
-        self.on_event = on_event
-        self.tracer = engine._tracer
-        self.metrics = engine._metrics
-        self.links: list[Link] = []  # a resumed run's links to the runs it continues
-        self.tools = engine._tools
-        self.dispatcher = engine._dispatcher
-        self.sleep = engine._sleep
-        self.seed = engine.config.seed
-        self.agent = engine.agent
-        self.default_timeout = engine.config.default_timeout_s
+        self.observer = observer
+        self.steps: dict[str, Step] = {step.id: step for step in plan.steps}
         self.outputs: dict[str, Any] = {}
         self.statuses: dict[str, StepStatus] = {step.id: StepStatus.PENDING for step in plan.steps}
         self.attempts: dict[str, int] = {}
         self.failures: list[StepFailure] = []
-        self.events = 0
         self.stop_reason = ""
-        self.tracing = False
-        self.span: Span = trace.INVALID_SPAN  # the plan span, for events (when ``tracing``)
-        self.steps: dict[str, Step] = {step.id: step for step in plan.steps}
+        self.cancelled = False
+        self.paused = False
+        self.interrupted = False
+        self.blocked = False
+        self.gates: dict[str, GateKind] = {}
         self.waiting: dict[str, int] = {}
         self.dependents: dict[str, list[str]] = {step.id: [] for step in plan.steps}
         self.ready: deque[str] = deque()
-        self.running: dict[asyncio.Task[_Outcome], str] = {}
-        self.bound = plan.max_in_flight or engine.config.max_in_flight
-        self.loop = asyncio.get_running_loop()  # a run is made inside Engine.run
-        self.finished: asyncio.Future[None] = self.loop.create_future()
-        self.callback_context = contextvars.copy_context()
-        self.watchdog = _Watchdog(self.loop)
-        store = engine.store
-        self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
-        self.restored = False
-        self.interrupted = False  # the run's task was cancelled, or the store failed
-        self.cancelled = False  # Engine.cancel
-        self.paused = False
-        self.blocked = False
-        self.gates: dict[str, GateKind] = {}  # the open gates
-        self.new_gates: list[str] = []  # reconcile gates found by restore, not yet announced
-        self.recorded_gates: set[str] = set()  # gates whose opening is in the journal
-        self.decisions: dict[str, GateState] = {}  # decided before their gate step was reached
-        self.next_attempt: dict[str, int] = {}  # steps resumed mid-way
-        self.compensable: list[str] = []  # succeeded steps with a compensation, in order
+        self.next_attempt: dict[str, int] = {}
+        self.running: dict[asyncio.Task[Any], str] = {}
+        self.compensable: list[str] = []
         self.compensation: dict[str, CompensationStatus] = {}
         self.compensation_attempts: dict[str, int] = {}
-        self.gate_prompts: dict[str, str] = {}  # policy gates: the prompt naming the failure
-        self.replans = 0
-        self.replacement: _PlanRun[P] | None = None  # the next revision's run, after a replan
-        self.policy = engine._policy
-        self.breakers = engine._breakers
-        self.admission = _Admission(plan.budget, engine._breakers, self.tools, engine.clock)
-        # Steps that need not wait for their intent's commit (see _needs_durable_intent), and a
-        # completed future that stands for "no wait".
-        self.no_wait: asyncio.Future[None] = self.loop.create_future()
-        self.no_wait.set_result(None)
-        self.intent_waits: dict[str, bool] = {}
+        self.continue_independent = plan.on_failure == "continue_independent"
+        self.routed: set[str] = set()  # steps whose failure a "failure" route handles
+        self.handled: list[StepFailure] = []  # their failures (not the plan's)
+        self.undecided: set[str] = set()  # steps to decide (``_conditions``) before they start
+        self.blocked_by: dict[str, str] = {}  # a pending step -> a dependency that did not succeed
+        self.loop = asyncio.get_running_loop()  # a run is made inside Engine.run
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.journal = None if store is None else _Journal(store, self.loop, self._store_failed)
 
-    def _result(self, status: PlanStatus, duration: float) -> PlanResult[P]:
-        return PlanResult(
-            status=status,
-            outputs=self.outputs,
-            failures=self.failures,
-            statuses=self.statuses,
-            events=self.events,
-            duration_s=duration,
-            submitted=self.plan,
-        )
-
-    def _end_status(self) -> PlanStatus:
-        if self.cancelled:
-            return PlanStatus.CANCELLED
-        if self.failures:
-            return PlanStatus.FAILED
-        if self.paused and any(
-            s in (StepStatus.PENDING, StepStatus.BLOCKED) for s in self.statuses.values()
-        ):
-            return PlanStatus.PAUSED
-        return PlanStatus.SUCCEEDED
+    # --- reading ---------------------------------------------------------------------------
 
     def is_dag(self) -> bool:
-        """Whether the steps form a DAG (unique ids, known dependencies, no cycle).
+        """Whether the steps form a DAG (unique ids, known dependencies, no cycle); fills the
+        dependency counts the ready queue is driven by.
 
         A linear pass, so the common case costs little; ``structural_problems`` explains a no.
         """
@@ -159,6 +123,10 @@ class _RunState(_Observer[P]):
             if len(deps) > 1:
                 deps = list(dict.fromkeys(deps))  # a repeated dependency counts once
             waiting[step.id] = len(deps)
+            if step.when is not None or step.runs_on != "success":
+                self.undecided.add(step.id)
+                if step.runs_on == "failure":
+                    self.routed.update(deps)
             for dep in deps:
                 if dep not in dependents:
                     return False
@@ -175,83 +143,218 @@ class _RunState(_Observer[P]):
                     queue.append(dependent)
         return reached == len(plan.steps)
 
-    def _release(self, step_id: str) -> None:
-        waiting = self.waiting
-        for dependent in self.dependents[step_id]:
-            waiting[dependent] -= 1
-            if waiting[dependent] == 0:
-                self.ready.append(dependent)
+    def end_status(self) -> PlanStatus:
+        """How the run ends, as things stand."""
+        if self.cancelled:
+            return PlanStatus.CANCELLED
+        if self.failures:
+            return PlanStatus.FAILED
+        if self.paused and any(
+            s in (StepStatus.PENDING, StepStatus.BLOCKED) for s in self.statuses.values()
+        ):
+            return PlanStatus.PAUSED
+        return PlanStatus.SUCCEEDED
 
-    def _stop(self, reason: str) -> None:
+    def result(self, status: PlanStatus, duration: float) -> PlanResult[P]:
+        """The run's result."""
+        return PlanResult(
+            status=status,
+            outputs=self.outputs,
+            failures=self.failures,
+            statuses=self.statuses,
+            events=self.observer.events,
+            duration_s=duration,
+            submitted=self.plan,
+        )
+
+    def record(self, *records: Record) -> None:
+        """Queue ``records`` for the journal (unless the run has no store or was interrupted)."""
+        if self.journal is not None and not self.interrupted:
+            self.journal.add(*records)
+
+    # --- the run as a whole ------------------------------------------------------------------
+
+    def plan_running(self, at: float, trace_context: str) -> None:
+        """The run starts (or continues after a resume)."""
+        plan = self.plan
+        self.observer.emit("", PlanStatus.RUNNING, 0)
+        self.record(
+            PlanStatusRecord(
+                plan.id, plan.revision, PlanStatus.RUNNING, at=at, trace_context=trace_context
+            )
+        )
+
+    def plan_ended(self, status: PlanStatus, message: str) -> None:
+        """The run ends with ``status`` (recorded only with a store; the event is the last)."""
+        if self.journal is not None:
+            plan = self.plan
+            self.record(PlanStatusRecord(plan.id, plan.revision, status, message))
+
+    def plan_event(self, status: PlanStatus, message: str = "") -> None:
+        """The plan's event for ``status`` (recorded elsewhere, or a recorded result read back)."""
+        self.observer.emit("", status, 0, message=message)
+
+    def stop(self, reason: str) -> None:
+        """Start nothing new and cancel the running steps (the first reason given is kept)."""
         if self.stop_reason:
             return
         self.stop_reason = reason
         for task in self.running:
             task.cancel()
 
-    def _maybe_finish(self) -> None:
+    def interrupt(self, reason: str) -> None:
+        """The run's task was cancelled (or the store failed): record nothing more, cancel the
+        running steps."""
+        self.interrupted = True
+        self.stop_reason = reason
+        for task in self.running:
+            task.cancel()
+
+    def pause(self) -> None:
+        """Start no new step; the run ends ``paused`` once the running steps finish."""
+        if self.paused or self.stop_reason:
+            return
+        self.paused = True
+        logger.info("plan %s@%d: pausing", self.plan.id, self.plan.revision)
+        self.maybe_finish()
+
+    def cancel(self) -> None:
+        """Cancel the running steps; the run compensates and ends ``cancelled``."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        self.paused = False
+        logger.info("plan %s@%d: cancelling", self.plan.id, self.plan.revision)
+        self.stop_reason = ""
+        self.stop("the plan was cancelled")
+        self.maybe_finish()
+
+    def maybe_finish(self) -> None:
+        """End the run if nothing runs and nothing waits for a decision that could come."""
         if self.running or self.finished.done():
             return
         if self.gates and not (self.stop_reason or self.paused):
             return
         self.finished.set_result(None)
 
+    def crash(self, exc: BaseException) -> None:
+        """A bug in the engine: hand it to whoever awaits the run, rather than hang it."""
+        if not self.finished.done():
+            self.finished.set_exception(exc)
+
     def _store_failed(self, exc: BaseException) -> None:
         self.interrupted = True
         if not self.finished.done():
             self.finished.set_exception(exc)
 
-    async def _interrupt(self) -> None:
+    async def abort_journal(self) -> None:
+        """Drop what is not committed (an interruption); nothing more is recorded."""
         self.interrupted = True
         if self.journal is not None:
             await self.journal.abort()
 
-    def _record(self, *records: Record) -> None:
-        if self.journal is not None and not self.interrupted:
-            self.journal.add(*records)
+    # --- steps -------------------------------------------------------------------------------
 
-    def _needs_durable_intent(self, step: Step) -> bool:
-        """Whether ``step`` must wait for its intent's commit before its side effect starts.
+    def start(self, step_id: str, attempt: int) -> None:
+        """Attempt ``attempt`` of ``step_id`` starts."""
+        self.statuses[step_id] = StepStatus.RUNNING
+        self.attempts[step_id] = attempt
+        self.observer.emit(step_id, StepStatus.RUNNING, attempt)
 
-        An idempotent step (a cross-agent step, or a tool the runner's ``is_idempotent`` names)
-        of a plan without a budget need not: its intent still precedes its result in the
-        journal, and if a crash loses the intent the step looks never started (or in flight) and
-        is simply run again, which idempotency makes safe. A budget's reservations must be
-        durable before the calls they pay for, so a plan with a budget always waits.
-        """
-        if self.admission.budget is not None:
-            return True
-        key = step.tool if isinstance(step, ToolStep) else ""  # "": not a tool (names are not "")
-        waits = self.intent_waits.get(key)
-        if waits is None:
-            waits = self.intent_waits[key] = not self._is_idempotent(step)
-        return waits
+    def denied(self, step_id: str, attempts: int) -> None:
+        """Admission refused the attempt after ``attempts``: the step did not start."""
+        self.attempts[step_id] = attempts
 
-    def _succeed(self, step_id: str, output: Any, attempt: int, output_json: str | None) -> None:
+    def launched(self, task: asyncio.Task[Any], step_id: str) -> None:
+        """``task`` runs ``step_id``'s attempts."""
+        self.running[task] = step_id
+
+    def landed(self, task: asyncio.Task[Any]) -> str | None:
+        """``task`` ended: the step it ran, or ``None`` when it was settled already."""
+        return self.running.pop(task, None)
+
+    def retrying(
+        self,
+        step_id: str,
+        attempt: int,
+        failure_class: FailureClass,
+        message: str,
+        delay: float,
+    ) -> None:
+        """Attempt ``attempt`` failed; the step is retried after ``delay`` seconds."""
+        plan = self.plan
+        self.statuses[step_id] = StepStatus.RETRYING
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempt,
+                StepStatus.RETRYING,
+                failure_class=failure_class,
+                message=message,
+            )
+        )
+        self.observer.emit(
+            step_id,
+            StepStatus.RETRYING,
+            attempt,
+            failure_class,
+            f"{message}; retrying in {delay:.3f}s",
+            delay,
+        )
+
+    def succeed(self, step_id: str, output: Any, attempt: int, output_json: str | None) -> None:
+        """``step_id`` succeeded with ``output``: its dependents may become ready."""
         self.outputs[step_id] = output
         self.statuses[step_id] = StepStatus.SUCCEEDED
+        compensated = self.steps[step_id].compensate is not None
         if self.journal is not None and not self.interrupted:
             plan = self.plan
             result = StepResult(
                 plan.id, plan.revision, step_id, attempt, StepStatus.SUCCEEDED, output_json
             )
-            if self.steps[step_id].compensate is None:
+            if not compensated:
                 self.journal.add(result)
             else:  # the need to compensate is committed with the success, in one transaction
                 self.journal.add(
                     result,
                     CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.NEEDED),
                 )
-        if self.steps[step_id].compensate is not None:
+        if compensated:
             self.compensable.append(step_id)
             self.compensation[step_id] = CompensationStatus.NEEDED
-        self._emit(step_id, StepStatus.SUCCEEDED, attempt)
+        self.observer.emit(step_id, StepStatus.SUCCEEDED, attempt)
+        waiting = self.waiting
+        for dependent in self.dependents[step_id]:
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                self.ready.append(dependent)
 
-    def _fail(self, step_id: str, failure_class: FailureClass, message: str, attempts: int) -> None:
+    def stops_on(self, step_id: str) -> bool:
+        """Whether a failure of ``step_id`` stops the plan (fail-fast, and no route handles it)."""
+        return not self.continue_independent and step_id not in self.routed
+
+    def fail(
+        self,
+        step_id: str,
+        failure_class: FailureClass,
+        message: str,
+        attempts: int,
+        stop: str = "",
+    ) -> None:
+        """``step_id`` failed for good.
+
+        A failure that a route on failure handles is not the plan's: the route decides. Under
+        ``continue_independent`` the plan goes on with what does not depend on the step. Else
+        the plan stops with reason ``stop`` (when given).
+        """
         plan = self.plan
-        self.failures.append(StepFailure(step_id, failure_class, message, attempts))
+        failure = StepFailure(step_id, failure_class, message, attempts)
+        routed = step_id in self.routed
+        (self.handled if routed else self.failures).append(failure)
         self.statuses[step_id] = StepStatus.FAILED
-        self._record(
+        self.record(
             StepResult(
                 plan.id,
                 plan.revision,
@@ -270,9 +373,63 @@ class _RunState(_Observer[P]):
             attempts,
             message,
         )
-        self._emit(step_id, StepStatus.FAILED, attempts, failure_class, message)
+        self.observer.emit(step_id, StepStatus.FAILED, attempts, failure_class, message)
+        if routed or self.continue_independent:
+            self._release_unsucceeded(step_id)
+        elif stop:
+            self.stop(stop)
 
-    def _skip_pending(self) -> None:
+    def skip(self, step_id: str, reason: str) -> None:
+        """``step_id`` does not run (its condition is false, no dependency it routes failed, or
+        a dependency did not succeed): ``skipped``, and so, in turn, what needs it."""
+        plan = self.plan
+        self.statuses[step_id] = StepStatus.SKIPPED
+        self.undecided.discard(step_id)
+        self.record(
+            StepResult(plan.id, plan.revision, step_id, 0, StepStatus.SKIPPED, message=reason)
+        )
+        self.observer.emit(step_id, StepStatus.SKIPPED, 0, message=reason)
+        self._release_unsucceeded(step_id)
+
+    def condition(self, step_id: str, holds: bool, value_json: str) -> None:
+        """``step_id``'s condition was evaluated: journaled before the step starts or is skipped."""
+        plan = self.plan
+        self.record(ConditionRecord(plan.id, plan.revision, step_id, holds, value_json))
+
+    def decided(self, step_id: str) -> None:
+        """``step_id`` may start: its condition holds (or it has none) and its route applies."""
+        self.undecided.discard(step_id)
+
+    def _release_unsucceeded(self, step_id: str) -> None:
+        """``step_id`` settled without succeeding: its dependents are decided when they arrive."""
+        waiting = self.waiting
+        for dependent in self.dependents[step_id]:
+            self.blocked_by.setdefault(dependent, step_id)
+            self.undecided.add(dependent)
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                self.ready.append(dependent)
+
+    def cancel_step(self, step_id: str, attempts: int) -> None:
+        """``step_id``'s task was cancelled: the step ends ``cancelled``."""
+        plan = self.plan
+        self.statuses[step_id] = StepStatus.CANCELLED
+        message = self.stop_reason or "cancelled"
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempts,
+                StepStatus.CANCELLED,
+                failure_class=FailureClass.CANCELLED,
+                message=message,
+            )
+        )
+        self.observer.emit(step_id, StepStatus.CANCELLED, attempts, FailureClass.CANCELLED, message)
+
+    def skip_pending(self) -> None:
+        """The run ends: the steps that never started are ``skipped``, each saying why."""
         statuses = self.statuses
         for step in self.plan.steps:
             if statuses[step.id] is not StepStatus.PENDING:
@@ -285,19 +442,268 @@ class _RunState(_Observer[P]):
             else:
                 message = f"dependency {blocked!r} {statuses[blocked].value}"
             statuses[step.id] = StepStatus.SKIPPED
-            self._emit(step.id, StepStatus.SKIPPED, 0, message=message)
+            self.observer.emit(step.id, StepStatus.SKIPPED, 0, message=message)
 
-    def _is_idempotent(self, step: Step) -> bool:
-        match step:
-            case CrossAgentStep():
-                return True  # the target answers a repeated request id from its store
-            case ToolStep():
-                return self.tools.is_idempotent(step.tool)
-            case GateStep():
-                return True
-            case _:
-                assert_never(step)
+    def take_ready(self) -> str:
+        """The next ready step, taken off the queue."""
+        return self.ready.popleft()
 
-    def _start_ready(self) -> None:
-        """Start the ready steps (the scheduler, ``_run._PlanRun``, defines it)."""
-        raise NotImplementedError
+    def take_next_attempt(self, step_id: str) -> int:
+        """The attempt ``step_id`` starts at (1, unless it resumes mid-way)."""
+        return self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
+
+    def requeue(self, step_id: str, attempt: int) -> None:
+        """Run ``step_id`` again (a reconcile or policy gate approved a re-run), first in line."""
+        self.statuses[step_id] = StepStatus.PENDING
+        self.next_attempt[step_id] = attempt
+        self.ready.appendleft(step_id)
+
+    # --- gates -------------------------------------------------------------------------------
+
+    def hold(self, step_id: str, attempts: int, message: str) -> None:
+        """``step_id`` failed a policy check and is to be held at a policy gate."""
+        plan = self.plan
+        self.attempts[step_id] = attempts
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempts,
+                StepStatus.BLOCKED,
+                failure_class=FailureClass.POLICY,
+                message=message,
+            )
+        )
+
+    def open_gate(self, gate_id: str, kind: GateKind) -> None:
+        """A gate is open (not announced yet: a resumed run announces it when it starts)."""
+        self.gates[gate_id] = kind
+        self.statuses[gate_id] = StepStatus.BLOCKED
+
+    def block(self, gate_id: str, kind: GateKind, prompt: str, recorded: bool) -> None:
+        """Gate ``gate_id`` is open and waits for a decision: the step and the plan are
+        ``blocked`` (the opening recorded unless ``recorded`` already)."""
+        plan = self.plan
+        self.open_gate(gate_id, kind)
+        if not recorded:
+            self.record(
+                GateRecord(plan.id, plan.revision, gate_id, GateDecision.OPEN, kind, prompt=prompt)
+            )
+        self.observer.emit(
+            gate_id,
+            StepStatus.BLOCKED,
+            self.attempts.get(gate_id, 0),
+            message=prompt,
+            gate_kind=kind,
+        )
+        logger.info("plan %s@%d: gate %s is waiting: %s", plan.id, plan.revision, gate_id, prompt)
+        if not self.blocked:
+            self.blocked = True
+            self.record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.BLOCKED, prompt))
+            self.observer.emit("", PlanStatus.BLOCKED, 0, message=prompt)
+
+    def close_gate(self, gate_id: str) -> GateKind | None:
+        """A decision reached open gate ``gate_id``: its kind (``None``: it was not open)."""
+        return self.gates.pop(gate_id, None)
+
+    def unblock(self) -> None:
+        """After a decision: the plan runs again once no gate is open."""
+        if not self.gates and self.blocked:
+            self.blocked = False
+            if not self.stop_reason:
+                plan = self.plan
+                self.record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.RUNNING))
+                self.observer.emit("", PlanStatus.RUNNING, 0)
+
+    def close_gates(self) -> None:
+        """The plan stops with gates open: they end ``cancelled``."""
+        for gate_id in list(self.gates):
+            del self.gates[gate_id]
+            self.statuses[gate_id] = StepStatus.CANCELLED
+            message = self.stop_reason or "the plan ended"
+            plan = self.plan
+            self.record(
+                StepResult(
+                    plan.id,
+                    plan.revision,
+                    gate_id,
+                    self.attempts.get(gate_id, 0),
+                    StepStatus.CANCELLED,
+                    failure_class=FailureClass.CANCELLED,
+                    message=message,
+                )
+            )
+            self.observer.emit(gate_id, StepStatus.CANCELLED, 0, FailureClass.CANCELLED, message)
+
+    # --- compensation ------------------------------------------------------------------------
+
+    def compensating_plan(self, message: str) -> None:
+        """The plan starts compensating its succeeded steps."""
+        plan = self.plan
+        self.record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.COMPENSATING, message))
+        self.observer.emit("", PlanStatus.COMPENSATING, 0, message=message)
+
+    def compensating(self, step_id: str, attempt: int) -> Awaitable[None] | None:
+        """Attempt ``attempt`` of ``step_id``'s compensation starts; returns the commit of its
+        ``running`` record to await before the tool is called (``None`` without a store)."""
+        self.compensation_attempts[step_id] = attempt
+        self.statuses[step_id] = StepStatus.COMPENSATING
+        self.observer.emit(step_id, StepStatus.COMPENSATING, attempt)
+        if self.journal is None:
+            return None
+        plan = self.plan
+        return self.journal.write(
+            CompensationRecord(plan.id, plan.revision, step_id, CompensationStatus.RUNNING, attempt)
+        )
+
+    def compensation_retrying(
+        self,
+        step_id: str,
+        attempt: int,
+        failure_class: FailureClass,
+        message: str,
+        delay: float,
+    ) -> None:
+        """A compensation attempt failed and is retried after ``delay`` seconds."""
+        self.observer.emit(
+            step_id,
+            StepStatus.COMPENSATING,
+            attempt,
+            failure_class,
+            f"{message}; retrying in {delay:.3f}s",
+            delay,
+        )
+
+    def compensated(self, step_id: str, attempt: int) -> None:
+        """``step_id``'s compensation succeeded."""
+        plan = self.plan
+        self.compensation[step_id] = CompensationStatus.COMPENSATED
+        self.statuses[step_id] = StepStatus.COMPENSATED
+        self.record(
+            CompensationRecord(
+                plan.id, plan.revision, step_id, CompensationStatus.COMPENSATED, attempt
+            )
+        )
+        self.observer.emit(step_id, StepStatus.COMPENSATED, attempt)
+
+    def compensation_failed(
+        self, step_id: str, attempt: int, failure_class: FailureClass, message: str
+    ) -> None:
+        """``step_id``'s compensation failed for good."""
+        plan = self.plan
+        self.compensation[step_id] = CompensationStatus.FAILED
+        self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+        self.record(
+            CompensationRecord(
+                plan.id, plan.revision, step_id, CompensationStatus.FAILED, attempt, message
+            )
+        )
+        self.observer.emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
+
+    # --- a resumed run takes its journal's state (``_restore``) ------------------------------
+
+    def load_cancel_request(self) -> None:
+        """The journal holds a cancellation: the run compensates and ends ``cancelled``."""
+        self.cancelled = True
+        self.stop_reason = "the plan was cancelled"
+
+    def load_succeeded(self, step_id: str, output: Any, attempt: int) -> None:
+        """``step_id`` had succeeded (its dependents' readiness is computed by ``load_ready``)."""
+        self.attempts[step_id] = attempt
+        self.outputs[step_id] = output
+        self.statuses[step_id] = StepStatus.SUCCEEDED
+        for dependent in self.dependents[step_id]:
+            self.waiting[dependent] -= 1
+
+    def load_failed(self, failure: StepFailure) -> None:
+        """``failure.step_id`` had failed: the run stops, unless a route handles the failure or
+        independent steps go on."""
+        step_id = failure.step_id
+        self.attempts[step_id] = failure.attempts
+        self.statuses[step_id] = StepStatus.FAILED
+        if step_id in self.routed:
+            self.handled.append(failure)
+        else:
+            self.failures.append(failure)
+        if not self.stops_on(step_id):
+            self._load_unsucceeded(step_id)
+        elif not self.stop_reason:
+            self.stop_reason = f"the plan stopped after step {step_id!r} failed"
+
+    def load_skipped(self, step_id: str) -> None:
+        """``step_id`` had been skipped (its dependents' readiness is computed by
+        ``load_ready``)."""
+        self.statuses[step_id] = StepStatus.SKIPPED
+        self.undecided.discard(step_id)
+        self._load_unsucceeded(step_id)
+
+    def _load_unsucceeded(self, step_id: str) -> None:
+        for dependent in self.dependents[step_id]:
+            self.blocked_by.setdefault(dependent, step_id)
+            self.undecided.add(dependent)
+            self.waiting[dependent] -= 1
+
+    def load_attempt(self, step_id: str, attempt: int, status: StepStatus | None = None) -> None:
+        """``step_id``'s latest attempt was ``attempt`` (and its status ``status``, if given)."""
+        self.attempts[step_id] = attempt
+        if status is not None:
+            self.statuses[step_id] = status
+
+    def load_resumed_mid_way(self, step_id: str, attempt: int) -> None:
+        """``step_id`` continues at ``attempt`` (after a retried or an interrupted attempt)."""
+        self.next_attempt[step_id] = attempt
+
+    def load_cancelled_in_flight(self, step_id: str, attempt: int, message: str) -> None:
+        """``step_id`` was in flight when a plan that is ending stopped: it is not re-run."""
+        plan = self.plan
+        self.statuses[step_id] = StepStatus.CANCELLED
+        self.record(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step_id,
+                attempt,
+                StepStatus.CANCELLED,
+                failure_class=FailureClass.CANCELLED,
+                message=message,
+            )
+        )
+
+    def load_compensation(self, entry: CompensationState) -> None:
+        """A succeeded step's compensation, as the journal has it."""
+        step_id = entry.step_id
+        self.compensable.append(step_id)
+        self.compensation[step_id] = entry.status
+        self.compensation_attempts[step_id] = entry.attempt
+        if entry.status is CompensationStatus.COMPENSATED:
+            self.statuses[step_id] = StepStatus.COMPENSATED
+        elif entry.status is CompensationStatus.FAILED:
+            self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
+
+    def load_ready(self) -> None:
+        """The pending steps whose dependencies have all settled are ready (once each)."""
+        queued = set(self.ready)
+        self.ready.extend(
+            step.id
+            for step in self.plan.steps
+            if self.statuses[step.id] is StepStatus.PENDING
+            and self.waiting[step.id] == 0
+            and step.id not in queued
+        )
+
+    def load_finished(
+        self,
+        statuses: dict[str, StepStatus],
+        outputs: dict[str, Any],
+        failures: list[StepFailure],
+    ) -> None:
+        """A finished plan's recorded statuses, outputs and failures (nothing runs)."""
+        for step_id, status in statuses.items():
+            if step_id in self.statuses:
+                self.statuses[step_id] = status
+        self.outputs.update((k, v) for k, v in outputs.items() if k in self.statuses)
+        self.failures.extend(f for f in failures if f.step_id in self.statuses)
+        for step_id, status in self.statuses.items():
+            if status is StepStatus.PENDING:
+                self.statuses[step_id] = StepStatus.SKIPPED

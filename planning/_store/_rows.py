@@ -19,6 +19,7 @@ from stratagem.planning._store._state import (
     BudgetRecord,
     CompensationRecord,
     CompensationStatus,
+    ConditionRecord,
     ControlRecord,
     GateDecision,
     GateKind,
@@ -39,6 +40,7 @@ _GATE: Final = 4
 _COMPENSATION: Final = 5
 _CONTROL: Final = 6
 _BUDGET: Final = 7
+_CONDITION: Final = 8
 
 Row = tuple[int, str | None, int | None, str | None, str | None, str | None]
 
@@ -96,6 +98,9 @@ def encode_record(record: Record) -> Row:
             return _CONTROL, None, None, record.action, None, compact_json([record.at])
         case BudgetRecord():
             return _BUDGET, None, record.calls, None, None, repr(record.cost)
+        case ConditionRecord():
+            status = "held" if record.holds else "not_held"
+            return _CONDITION, record.step_id, None, status, record.value_json, None
         case _:
             assert_never(record)
 
@@ -160,6 +165,8 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
             return ControlRecord(plan_id, revision, "cancel", at)
         case 7:
             return BudgetRecord(plan_id, revision, attempt, float(data))
+        case 8:
+            return ConditionRecord(plan_id, revision, step_id, status == "held", output or "null")
         case _:
             raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
 

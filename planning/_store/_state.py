@@ -261,6 +261,28 @@ class BudgetRecord:
     cost: float
 
 
+@dataclass(frozen=True, slots=True)
+class ConditionRecord:
+    """A step's condition (``when``), evaluated: whether it held and its value.
+
+    Journaled before the step starts or is skipped, so a resumed run and a replay take the
+    decision from the journal rather than evaluating it again.
+
+    Attributes:
+        plan_id: The plan.
+        revision: Its revision.
+        step_id: The step.
+        holds: Whether the step runs.
+        value_json: The condition's value, as JSON.
+    """
+
+    plan_id: str
+    revision: int
+    step_id: str
+    holds: bool
+    value_json: str = "null"
+
+
 Record = (
     PlanStatusRecord
     | StepIntent
@@ -269,6 +291,7 @@ Record = (
     | CompensationRecord
     | ControlRecord
     | BudgetRecord
+    | ConditionRecord
 )
 """Any journal record."""
 
@@ -364,6 +387,7 @@ class PlanState:
         spent_cost: Cost units reserved so far.
         trace_contexts: The W3C ``traceparent`` of each traced run of the revision, oldest first
             (the first is the original run's; a resumed run links to it and to the last).
+        conditions: Step id -> its evaluated condition, for the steps whose ``when`` was decided.
     """
 
     plan_id: str
@@ -380,6 +404,7 @@ class PlanState:
     spent_calls: int = 0
     spent_cost: float = 0.0
     trace_contexts: list[str] = field(default_factory=list)
+    conditions: dict[str, ConditionRecord] = field(default_factory=dict)
 
     @property
     def outputs(self) -> dict[str, Any]:
@@ -475,6 +500,8 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 entry.message = record.message
             case ControlRecord():
                 state.cancel_requested = True
+            case ConditionRecord():
+                state.conditions[record.step_id] = record
             case _:  # pragma: no cover - the union is closed
                 raise StoreError(f"unknown record {record!r}")
     return state

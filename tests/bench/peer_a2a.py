@@ -2,11 +2,13 @@
 
 ``python peer_a2a.py serve PORT`` serves one A2A agent on 127.0.0.1:PORT (Starlette app with the
 SDK's JSON-RPC routes and agent card, under uvicorn) whose executor answers each message with a
-message of the same text; ``python peer_a2a.py drive PORT TEXT WARMUP LATENCY THROUGHPUT
-CONCURRENCY`` resolves the agent's card, makes the SDK's client (non-streaming JSON-RPC) and sends
-``message/send`` requests, printing one JSON line: the latency samples of sequential calls
-(seconds) and the wall time of the closed-loop throughput phase. The server prints ``ready`` once
-it serves, and runs until it is terminated.
+message of the same text; ``python peer_a2a.py drive PORT|URL TEXT WARMUP LATENCY THROUGHPUT
+CONCURRENCY [TOKEN SKILL DATA]`` resolves the agent's card, makes the SDK's client (non-streaming
+JSON-RPC) and sends ``SendMessage`` requests, printing one JSON line: the latency samples of
+sequential calls (seconds) and the wall time of the closed-loop throughput phase. With TOKEN, SKILL
+and DATA (a JSON object) it sends DATA as a data part asking for SKILL, with the token as a bearer
+token, and expects a completed task (a Stratagem agent's A2A face). The server prints ``ready``
+once it serves, and runs until it is terminated.
 
 This file imports only the A2A SDK, its HTTP stack and the standard library: the benchmark installs
 a2a-sdk[http-server] and uvicorn into a venv of their own.
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
 import uvicorn
 from a2a.client import ClientConfig, create_client
-from a2a.helpers.proto_helpers import get_message_text, new_text_message
+from a2a.helpers.proto_helpers import get_message_text, new_data_message, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -35,6 +39,7 @@ from a2a.types import (
     AgentSkill,
     Role,
     SendMessageRequest,
+    TaskState,
 )
 from peer_loop import measure  # beside this script
 from starlette.applications import Starlette
@@ -84,33 +89,52 @@ def serve(port: int) -> None:
 
 
 async def drive(
-    port: int, text: str, warmup: int, latency: int, throughput: int, concurrency: int
+    where: str,
+    text: str,
+    warmup: int,
+    latency: int,
+    throughput: int,
+    concurrency: int,
+    asking: tuple[str, str, str] | None = None,
 ) -> None:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
+    headers = {"Authorization": f"Bearer {asking[0]}"} if asking else {}
+    url = where if where.startswith("http") else f"http://127.0.0.1:{where}"
+    async with httpx.AsyncClient(limits=limits, timeout=60, headers=headers) as http:
         client = await create_client(
-            f"http://127.0.0.1:{port}",
-            client_config=ClientConfig(streaming=False, httpx_client=http),
+            url, client_config=ClientConfig(streaming=False, httpx_client=http)
         )
-        request = SendMessageRequest(message=new_text_message(text, role=Role.ROLE_USER))
+        if asking is None:
+            message = new_text_message(text, role=Role.ROLE_USER)
+        else:
+            message = new_data_message(json.loads(asking[2]), role=Role.ROLE_USER)
+            message.metadata.update({"skill": asking[1]})
 
         async def call() -> None:
-            answers = [answer async for answer in client.send_message(request)]
-            message = answers[-1].message
-            if get_message_text(message) != text:
+            # A fresh message id each call: a repeated one would be answered from the store.
+            message.message_id = uuid.uuid4().hex
+            answers = [
+                answer async for answer in client.send_message(SendMessageRequest(message=message))
+            ]
+            if asking is not None:
+                if answers[-1].task.status.state != TaskState.TASK_STATE_COMPLETED:
+                    raise RuntimeError(f"unexpected answer {answers!r}")
+            elif get_message_text(answers[-1].message) != text:
                 raise RuntimeError(f"unexpected answer {answers!r}")
 
         await measure(call, warmup, latency, throughput, concurrency)
 
 
 def main() -> None:
-    role, port = sys.argv[1], int(sys.argv[2])
+    role, where = sys.argv[1], sys.argv[2]
     if role == "serve":
-        serve(port)
+        serve(int(where))
     elif role == "drive":
-        text, *counts = sys.argv[3:]
+        text, *counts = sys.argv[3:8]
         warmup, latency, throughput, concurrency = (int(n) for n in counts)
-        asyncio.run(drive(port, text, warmup, latency, throughput, concurrency))
+        rest = sys.argv[8:]
+        asking = (rest[0], rest[1], rest[2]) if len(rest) == 3 else None
+        asyncio.run(drive(where, text, warmup, latency, throughput, concurrency, asking))
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -17,7 +17,10 @@ as one JSON line. Variants, in rounds that rotate their order:
   ``send_message`` (worker -> host -> worker and back; JSON payloads; no authentication,
   validation or audit);
 * ``a2a``: a2a-sdk 1.3.0: one agent served by the SDK's JSON-RPC routes under uvicorn, called with
-  the SDK's client (``message/send``, non-streaming, over HTTP/1.1 with keep-alive).
+  the SDK's client (``SendMessage``, non-streaming, over HTTP/1.1 with keep-alive);
+* ``a2a_stratagem``: the same A2A round trip (the same SDK client and driver) to Stratagem's A2A
+  face of ``pipeline_constant`` (``protocol.A2AServer``: every request through that server's full
+  pipeline, token authentication included), answering ``FindSpatialContext`` with a constant task.
 
 The peers pin other grpcio/protobuf versions than Stratagem, so each is installed into a venv of
 its own under ``.bench/peers/`` (once; a stamp names the pinned requirements) and runs from the
@@ -54,9 +57,10 @@ PIPELINE_CONSTANT: Final = "pipeline_constant"
 PIPELINE_AGENT: Final = "pipeline_agent"
 AUTOGEN: Final = "autogen"
 A2A: Final = "a2a"
+A2A_STRATAGEM: Final = "a2a_stratagem"
 STRATAGEM_VARIANTS: Final = (ECHO, PIPELINE_CONSTANT, PIPELINE_AGENT)
 PEERS: Final = (AUTOGEN, A2A)
-VARIANTS: Final = (*STRATAGEM_VARIANTS, *PEERS)
+VARIANTS: Final = (*STRATAGEM_VARIANTS, *PEERS, A2A_STRATAGEM)
 PEER_REQUIREMENTS: Final[dict[str, tuple[str, ...]]] = {
     AUTOGEN: ("autogen-core==0.7.5", "autogen-ext[grpc]==0.7.5"),
     A2A: ("a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"),
@@ -180,7 +184,8 @@ def run_peers_benchmark(
     Returns:
         A JSON-ready dict: ``config``, ``peers`` (their pinned requirements), ``variants`` (per
         variant ``latency_us`` and ``under_load_us`` summaries and ``throughput_rps``),
-        ``ratios`` (each variant's median latency and throughput against the echo's) and
+        ``ratios`` (each variant's median latency and throughput against the echo's),
+        ``a2a_face`` (Stratagem's A2A face against the plain A2A SDK server, same round trip) and
         ``targets`` (Stratagem's pipelines against AutoGen's runtime), or ``skipped`` with the
         reason when a peer could not be installed.
     """
@@ -230,6 +235,7 @@ def run_peers_benchmark(
                 ]
                 for name in STRATAGEM_VARIANTS
             }
+            stratagem_a2a = json.loads(endpoints)[A2A_STRATAGEM]
             drivers[AUTOGEN] = [
                 str(pythons[AUTOGEN]),
                 str(HERE / "peer_autogen.py"),
@@ -246,6 +252,18 @@ def run_peers_benchmark(
                 TEXT,
                 *counts,
             ]
+            # The same driver against Stratagem's A2A face: a token, a skill and its request.
+            drivers[A2A_STRATAGEM] = [
+                str(pythons[A2A]),
+                str(HERE / "peer_a2a.py"),
+                "drive",
+                stratagem_a2a,
+                TEXT,
+                *counts,
+                _operator_token(Path(state_dir)),
+                "FindSpatialContext",
+                json.dumps({"entity_ids": ["mira"]}),
+            ]
             for index in range(config.rounds):
                 shift = index % len(VARIANTS)
                 for name in (*VARIANTS[shift:], *VARIANTS[:shift]):
@@ -258,6 +276,14 @@ def run_peers_benchmark(
             for server in reversed(servers):
                 server.stop()
     return summarize_peers(config, samples, loaded_calls, loaded_wall)
+
+
+def _operator_token(state_dir: Path) -> str:
+    """A token for the operator, signed with the bench target's cluster secret."""
+    from stratagem.protocol import ClusterSecret, TokenSigner
+
+    secret = ClusterSecret.load(state_dir / "cluster.secret")
+    return TokenSigner(secret).issue("operator", 3 * 3600)
 
 
 def summarize_peers(
@@ -285,6 +311,12 @@ def summarize_peers(
         for name in VARIANTS
         if name != ECHO
     }
+    a2a_face = {
+        "median_latency": round(medians[A2A_STRATAGEM] / medians[A2A], 2),
+        "throughput": round(
+            variants[A2A_STRATAGEM]["throughput_rps"] / variants[A2A]["throughput_rps"], 2
+        ),
+    }
     targets = {
         f"{name}_beats_autogen": {
             "latency": medians[name] < medians[AUTOGEN],
@@ -297,6 +329,7 @@ def summarize_peers(
         "peers": {name: list(reqs) for name, reqs in PEER_REQUIREMENTS.items()},
         "variants": variants,
         "ratios": ratios,
+        "a2a_face": a2a_face,
         "targets": targets,
     }
 
@@ -306,6 +339,7 @@ async def _serve(state_dir: str) -> None:
 
     target = BenchTarget(state_dir)
     endpoints = await target.start()
+    endpoints[A2A_STRATAGEM] = await target.serve_a2a(PIPELINE_CONSTANT)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

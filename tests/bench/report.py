@@ -1017,7 +1017,8 @@ _PEER_NOTES: Final = {
     "pipeline_constant": "Stratagem, full pipeline, constant handler",
     "pipeline_agent": "Stratagem, full pipeline, real perception agent (2-step plan)",
     "autogen": "AutoGen 0.7.5 gRPC worker runtime: worker -> host -> worker, JSON, no auth/audit",
-    "a2a": "A2A SDK 1.3.0: JSON-RPC `message/send` over HTTP, no auth/audit",
+    "a2a": "A2A SDK 1.3.0: JSON-RPC `SendMessage` over HTTP, no auth/audit",
+    "a2a_stratagem": "the same A2A round trip to Stratagem's A2A face (full pipeline, constant)",
 }
 
 
@@ -1069,6 +1070,13 @@ def peers_section(peers: dict[str, Any] | None) -> list[str]:
         rows,
         text_columns=2,
     )
+    versus = peers.get("a2a_face")
+    if versus:
+        lines.append(
+            "- The same A2A round trip to Stratagem's A2A face against the plain A2A SDK server: "
+            f"median latency {versus['median_latency']:.2f}x, throughput "
+            f"{versus['throughput']:.2f}x."
+        )
     for name, target in peers["targets"].items():
         variant = name.removesuffix("_beats_autogen")
         lines.append(

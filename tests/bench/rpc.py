@@ -217,6 +217,8 @@ class BenchTarget:
     def __init__(self, state_dir: str) -> None:
         self._state_dir = Path(state_dir)
         self._servers: list[AgentServer] = []
+        self._served: dict[str, tuple[AgentServer, AgentBackend]] = {}
+        self._a2a: list[Any] = []
         self._audits: dict[str, AuditLog] = {}
         self._echo: Any = None
         self._profiler: cProfile.Profile | None = None
@@ -252,6 +254,7 @@ class BenchTarget:
             )
             await server.start()
             self._servers.append(server)
+            self._served[name] = (server, backend)
             endpoints[name] = server.endpoint
         echo = grpc.aio.server()
         echo.add_generic_rpc_handlers(
@@ -266,6 +269,16 @@ class BenchTarget:
         self._echo = echo
         endpoints[ECHO] = f"127.0.0.1:{port}"
         return endpoints
+
+    async def serve_a2a(self, variant: str) -> str:
+        """Serve ``variant``'s agent over A2A too (through its server's pipeline); its URL."""
+        from stratagem.protocol import A2AConfig, A2AServer
+
+        server, backend = self._served[variant]
+        a2a = A2AServer(server, backend, A2AConfig(host="127.0.0.1", port=0))
+        await a2a.start()
+        self._a2a.append(a2a)
+        return a2a.url
 
     async def start_profile(self) -> None:
         """Profile this actor's event-loop thread (where gRPC serves) until ``stop_profile``."""
@@ -326,6 +339,8 @@ class BenchTarget:
 
     async def close(self) -> None:
         """Stop every server and close the SQLite files."""
+        for a2a in self._a2a:
+            await a2a.aclose()
         for server in self._servers:
             await server.aclose()
         if self._echo is not None:

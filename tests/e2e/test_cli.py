@@ -607,6 +607,42 @@ def _probe(*args: str, state_dir: Path) -> tuple[str, str]:
     return status, result.stdout
 
 
+def test_every_agent_serves_a2a_at_the_url_status_gives(deployed: Path) -> None:
+    import httpx
+
+    from stratagem.protocol import ClusterSecret, TokenSigner
+
+    agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]
+    urls = {a["role"]: a["a2a_url"] for a in agents}
+    assert set(urls) == {"orchestrator", "perception", "strategic", "tactical"}
+    for url in urls.values():
+        assert url.startswith("http://127.0.0.1:")  # loopback by default
+    token = TokenSigner(ClusterSecret.load(deployed / "cluster.secret")).issue("operator", 600)
+    with httpx.Client(timeout=30) as http:
+        card = http.get(urls["perception"] + ".well-known/agent-card.json").json()
+        assert card["supportedInterfaces"][0]["url"] == urls["perception"]
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {
+                    "messageId": "e2e-1",
+                    "role": "ROLE_USER",
+                    "parts": [{"text": "Mira is a knight. Mira is in the courtyard."}],
+                }
+            },
+        }
+        headers = {"A2A-Version": "1.0"}
+        refused = http.post(urls["perception"], json=body, headers=headers)
+        assert refused.status_code == 401
+        headers["Authorization"] = f"Bearer {token}"
+        task = http.post(urls["perception"], json=body, headers=headers).json()["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    entities = task["artifacts"][0]["parts"][0]["data"]["entities"]
+    assert {"mira", "courtyard"} <= {e["id"] for e in entities}
+
+
 def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Path) -> None:
     published = json.loads((deployed / "endpoints" / "perception.json").read_text())
     agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]

@@ -181,6 +181,7 @@ def test_peers_summary_and_section_are_well_formed() -> None:
     assert set(result["variants"]) == set(PEER_VARIANTS)
     assert set(result["ratios"]) == set(PEER_VARIANTS) - {"echo"}
     assert result["ratios"]["autogen"]["median_latency"] == 4.0
+    assert result["a2a_face"]["median_latency"] == 6.0 / 5.0
     # The pipelines are faster than AutoGen in these samples; the verdicts say so.
     assert result["targets"]["pipeline_constant_beats_autogen"] == {
         "latency": True,
@@ -189,6 +190,7 @@ def test_peers_summary_and_section_are_well_formed() -> None:
     text = "\n".join(peers_section(result))
     assert "`autogen`" in text
     assert "`a2a`" in text
+    assert "Stratagem's A2A face against the plain A2A SDK server" in text
     assert "Not measured" not in text
     assert peers_section({"skipped": "no network"})[-2] == "Skipped: no network."
 

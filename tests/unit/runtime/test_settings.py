@@ -30,7 +30,7 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     from stratagem.runtime import Settings
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"`(STRATAGEM_[A-Z_]+)`", readme))
+    documented = set(re.findall(r"`(STRATAGEM_[A-Z0-9_]+)`", readme))
     settings = {f"STRATAGEM_{name.upper()}" for name in Settings.model_fields}
     assert settings <= documented, sorted(settings - documented)
 
@@ -72,3 +72,30 @@ def test_a_bad_placement_is_refused_with_the_reason(
 def test_the_watch_stream_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATAGEM_MAX_WATCH_STREAMS", "7")
     assert load_settings().max_watch_streams == 7
+
+
+def test_external_a2a_agents_come_from_the_environment_and_keep_their_token_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stratagem.runtime._a2a import peers_from
+
+    monkeypatch.setenv(
+        "STRATAGEM_A2A_AGENTS",
+        '{"translator": {"url": "http://127.0.0.1:9999/", "token": "s3cret", "skill": "fr"}}',
+    )
+    monkeypatch.setenv("STRATAGEM_A2A_PORTS", '{"perception": 8101}')
+    settings = load_settings()
+    assert settings.a2a_ports == {"perception": 8101}
+    peer = settings.a2a_agents["translator"]
+    assert (peer.url, peer.skill) == ("http://127.0.0.1:9999/", "fr")
+    # The token never travels in the settings the agents are given, nor shows in their repr.
+    assert "s3cret" not in settings.model_dump_json()
+    assert "s3cret" not in repr(settings)
+    assert peers_from(settings.a2a_agents)["translator"].token == "s3cret"
+    assert "s3cret" not in repr(peers_from(settings.a2a_agents))
+
+
+def test_a_bad_external_a2a_agent_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATAGEM_A2A_AGENTS", '{"x": {"url": "ftp://nowhere"}}')
+    with pytest.raises(Exception, match="url"):
+        load_settings()

@@ -1,0 +1,96 @@
+"""Making a plan's next revision: the new plan, its carried results, its history entry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from stratagem.planning._dag import structural_problems
+from stratagem.planning._errors import PlanValidationError
+from stratagem.planning._plan import Plan, StepStatus
+from stratagem.planning._revisions import Revision, RevisionRecord, diff_plans, unchanged_steps
+from stratagem.planning._store import (
+    BudgetRecord,
+    CompensationRecord,
+    CompensationStatus,
+    PlanState,
+    Record,
+    StateStore,
+    StepResult,
+    fold,
+)
+
+
+async def make_revision(
+    old: Plan,
+    new: Plan,
+    outputs: dict[str, Any],
+    attempts: dict[str, int],
+    compensations: dict[str, CompensationStatus],
+    rationale: str,
+    author: str,
+    *,
+    spent: tuple[int, float] = (0, 0.0),
+    store: StateStore | None,
+    clock: Callable[[], float],
+) -> tuple[Revision, PlanState]:
+    """Make (and store, with a store) the revision after ``old``; its state holds the carried
+    results and what earlier revisions spent of the plan's budget.
+
+    Raises:
+        PlanValidationError: When the new steps do not form a DAG.
+        StoreError: When the store fails.
+    """
+    steps = [
+        step
+        if step.status is StepStatus.PENDING
+        else step.model_copy(update={"status": StepStatus.PENDING})
+        for step in new.steps
+    ]
+    plan = new.model_copy(update={"id": old.id, "revision": old.revision + 1, "steps": steps})
+    problems = structural_problems(plan.steps)
+    if problems:
+        raise PlanValidationError(problems)
+    same = unchanged_steps(old, plan)
+    carried = [step.id for step in plan.steps if step.id in same and step.id in outputs]
+    records: list[Record] = []
+    if spent != (0, 0.0):
+        records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
+    message = f"carried over from revision {old.revision}"
+    for step in plan.steps:
+        if step.id not in carried:
+            continue
+        records.append(
+            StepResult(
+                plan.id,
+                plan.revision,
+                step.id,
+                attempts.get(step.id, 1),
+                StepStatus.SUCCEEDED,
+                json.dumps(outputs[step.id]),
+                message=message,
+            )
+        )
+        if step.compensate is not None and compensations.get(step.id) in (
+            None,
+            CompensationStatus.NEEDED,
+            CompensationStatus.RUNNING,
+        ):
+            records.append(
+                CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
+            )
+    record = RevisionRecord(
+        plan.id,
+        plan.revision,
+        old.revision,
+        rationale,
+        author,
+        diff_plans(old, plan),
+        carried,
+        clock(),
+    )
+    if store is not None:
+        await store.save_revision(plan, record, records)
+    state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
+    return Revision(plan, record), state

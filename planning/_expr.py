@@ -1,0 +1,180 @@
+"""Expressions over a run's data, in JMESPath: references and conditions alike.
+
+An expression reads a document whose top-level names are the ids of the plan's steps (each the
+step's output) and ``inputs`` (the plan's inputs), e.g. ``extract.entities[*].id``,
+``length(search.hits) > `0```, ``inputs.language == 'en'`` or ``"step-2".total`` (an id with a
+``-`` is quoted). It is used:
+
+- as a value: ``{"$expr": "search.hits[0].url"}`` anywhere in a tool step's ``input``, a
+  cross-agent step's ``request`` or a ``compensate_input``, resolved just before the step runs;
+- as a step's condition, ``when``: the step runs only when its value is truthy (JMESPath's truth:
+  ``false``, ``null``, ``""``, ``[]`` and ``{}`` are false).
+
+A step that has not succeeded (skipped, failed, not run) reads as ``null``. An expression is parsed
+and checked when the plan is validated: it must parse, call only JMESPath's functions with the
+right number of arguments, and read only steps its step depends on (transitively); reading the
+whole document (``@``, ``*`` at the top) is refused, so every expression names what it reads.
+
+The older ``{"$ref": "STEP_ID.path"}`` form (``_refs.py``) stays as a strict shorthand: its path
+is a JMESPath expression too (``Ref.expression``), but a path that does not fit the output is an
+error rather than ``null``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import jmespath
+from jmespath import exceptions as jmespath_errors
+from jmespath.functions import Functions
+from jmespath.parser import ParsedResult
+
+from stratagem.planning._errors import ExpressionError
+
+__all__ = ["INPUTS", "Expression", "expression", "truthy"]
+
+INPUTS: Final = "inputs"
+"""The top-level name under which an expression reads the plan's inputs."""
+
+MAX_LENGTH: Final = 2000
+"""The longest expression accepted, in characters."""
+
+_FUNCTIONS: Final = Functions().FUNCTION_TABLE
+# Nodes whose children are evaluated against what their left part gives, not the current node.
+_SCOPED: Final = frozenset({"projection", "value_projection", "filter_projection", "pipe"})
+
+
+@dataclass(frozen=True, slots=True)
+class Expression:
+    """A parsed, checked expression.
+
+    Attributes:
+        text: The expression as written.
+        steps: The step ids it reads (the top-level names other than ``inputs``).
+        reads_inputs: Whether it reads the plan's inputs.
+    """
+
+    text: str
+    steps: frozenset[str]
+    reads_inputs: bool
+    _parsed: ParsedResult
+
+    def evaluate(self, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None) -> Any:
+        """The expression's value over the succeeded steps' ``outputs`` and the plan's ``inputs``.
+
+        Raises:
+            ExpressionError: When evaluating fails (a function given the wrong type, ...).
+        """
+        document: dict[str, Any] = {
+            step_id: outputs[step_id] for step_id in self.steps if step_id in outputs
+        }
+        if self.reads_inputs:
+            document[INPUTS] = dict(inputs or {})
+        try:
+            return self._parsed.search(document)
+        except jmespath_errors.JMESPathError as exc:
+            raise ExpressionError(self.text, _one_line(exc)) from exc
+        except (TypeError, ValueError) as exc:  # jmespath lets some comparisons of types through
+            raise ExpressionError(self.text, f"{type(exc).__name__}: {exc}") from exc
+
+
+def expression(text: str) -> Expression:
+    """Parse and check ``text`` (cached by text).
+
+    Raises:
+        ExpressionError: When it does not parse, calls an unknown function or one with the wrong
+            number of arguments, or reads the whole document.
+    """
+    if not isinstance(text, str):
+        raise ExpressionError(repr(text), "an expression must be a string")
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Expression:
+    if not text.strip():
+        raise ExpressionError(text, "the expression is empty")
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(text[:40] + "...", f"longer than {MAX_LENGTH} characters")
+    try:
+        parsed = jmespath.compile(text)
+    except jmespath_errors.JMESPathError as exc:
+        raise ExpressionError(text, _one_line(exc)) from exc
+    names: set[str] = set()
+    for problem in _check(parsed.parsed, True, names):
+        raise ExpressionError(text, problem)
+    return Expression(text, frozenset(names - {INPUTS}), INPUTS in names, parsed)
+
+
+def _check(node: Any, at_root: bool, names: set[str]) -> Iterator[str]:
+    """Collect the top-level names ``node`` reads into ``names``; yield what is wrong with it.
+
+    ``at_root``: whether ``node`` is evaluated against the whole document (not an item of it).
+    """
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    children = [c for c in node.get("children", []) if isinstance(c, dict)]
+    if kind == "field":
+        if at_root:
+            names.add(node["value"])
+        return
+    if at_root and kind in ("current", "identity"):
+        yield "it reads the whole document (@): name the steps it reads"
+        return
+    if kind == "function_expression":
+        name = node["value"]
+        spec = _FUNCTIONS.get(name)
+        if spec is None:
+            yield f"unknown function {name}() (JMESPath's: {', '.join(sorted(_FUNCTIONS))})"
+            return
+        signature = spec["signature"]
+        variadic = bool(signature) and bool(signature[-1].get("variadic"))
+        count = len(node["children"])
+        if (variadic and count < len(signature)) or (not variadic and count != len(signature)):
+            expected = f"at least {len(signature)}" if variadic else str(len(signature))
+            yield f"{name}() takes {expected} argument(s), not {count}"
+            return
+        for child in children:
+            yield from _check(child, at_root and child.get("type") != "expref", names)
+        return
+    if kind == "expref":
+        for child in children:
+            yield from _check(child, False, names)
+        return
+    if kind in _SCOPED or kind in ("subexpression", "index_expression"):
+        # The left part is read where this node is; the rest against what it gives.
+        if at_root and kind == "value_projection" and children:
+            first = children[0]
+            if first.get("type") in ("current", "identity"):
+                yield "it reads the whole document (*): name the steps it reads"
+                return
+        for position, child in enumerate(children):
+            yield from _check(child, at_root and position == 0, names)
+        return
+    for child in children:  # comparators, and/or/not, multi-selects, flatten, literals, ...
+        yield from _check(child, at_root, names)
+
+
+def truthy(value: Any) -> bool:
+    """JMESPath's truth: ``false``, ``null``, ``""``, ``[]`` and ``{}`` are false."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, str | list | tuple | dict):
+        return len(value) > 0
+    return True
+
+
+def _one_line(exc: jmespath_errors.JMESPathError) -> str:
+    if isinstance(exc, jmespath_errors.IncompleteExpressionError):
+        return "the expression is incomplete"
+    if isinstance(exc, jmespath_errors.ParseError):
+        where = f" at column {exc.lex_position}" if exc.lex_position is not None else ""
+        token = f" near {exc.token_value!r}" if exc.token_value not in (None, "") else ""
+        return f"does not parse{where}{token}: {exc.msg}"
+    if isinstance(exc, jmespath_errors.UnknownFunctionError):
+        return str(exc)
+    return " ".join(str(exc).split())

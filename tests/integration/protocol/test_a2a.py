@@ -1,0 +1,327 @@
+"""Every agent an A2A agent: the official A2A SDK's client and raw JSON-RPC against a served agent.
+
+A real perception agent behind a real ``AgentServer`` (token authentication with the cluster's
+signed JWTs, the default policy, an audit log) and its ``A2AServer`` on 127.0.0.1; the clients are
+the ``a2a-sdk``'s and ``httpx``. What the A2A face answers must be what the gRPC pipeline decided:
+the audit records and the refusals are the pipeline's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, create_client
+from a2a.helpers.proto_helpers import new_data_message, new_text_message
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Role,
+    SendMessageRequest,
+    TaskState,
+)
+from google.protobuf.json_format import MessageToDict
+
+from stratagem.agents import build_agent
+from stratagem.protocol import (
+    A2AConfig,
+    A2AServer,
+    AgentServer,
+    ClusterSecret,
+    InMemoryAuditLog,
+    Policy,
+    PolicyRule,
+    ServerConfig,
+    TokenAuthenticator,
+    TokenSigner,
+)
+
+pytestmark = pytest.mark.asyncio
+
+TEXT = "Mira is a knight. Mira is in the courtyard."
+VERSION = {"A2A-Version": "1.0"}
+
+
+@dataclass
+class Served:
+    url: str
+    signer: TokenSigner
+    audit: InMemoryAuditLog
+    a2a: A2AServer
+
+    def headers(self, identity: str = "operator") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.signer.issue(identity, 600)}", **VERSION}
+
+    def records(self, action: str) -> list[Any]:
+        return [r for r in self.audit.records() if r.action == action]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    signer = TokenSigner(ClusterSecret.generate())
+    audit = InMemoryAuditLog()
+    agent = build_agent("perception")
+    # The default policy, plus a caller allowed ExtractEntities and nothing else.
+    policy = Policy(
+        [
+            *Policy.default().rules,
+            PolicyRule(
+                caller="reader", target="perception", capabilities=frozenset({"ExtractEntities"})
+            ),
+        ]
+    )
+    server = AgentServer(
+        agent,
+        policy=policy,
+        authenticator=TokenAuthenticator(signer),
+        audit=audit,
+        config=ServerConfig(default_deadline_s=10.0, grace_s=1.0, max_message_bytes=64 * 1024),
+    )
+    await server.start()
+    a2a = A2AServer(server, agent, A2AConfig(max_message_bytes=64 * 1024))
+    await a2a.start()
+    try:
+        yield Served(a2a.url, signer, audit, a2a)
+    finally:
+        await a2a.aclose()
+        await server.aclose()
+        await agent.aclose()
+
+
+async def _rpc(served: Served, method: str, params: Any, **headers: str) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(served.url, json=body, headers={**VERSION, **headers})
+
+
+def _message(text: str = TEXT, message_id: str | None = None) -> dict[str, Any]:
+    return {
+        "messageId": message_id or uuid.uuid4().hex,
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    }
+
+
+async def test_the_card_is_made_from_describe(served: Served) -> None:
+    async with httpx.AsyncClient() as http:
+        card = (await http.get(served.url + ".well-known/agent-card.json")).json()
+    assert [skill["id"] for skill in card["skills"]] == [
+        "ExtractEntities",
+        "FindSpatialContext",
+        "UpdateWorldState",
+    ]
+    assert card["supportedInterfaces"] == [
+        {"url": served.url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+    ]
+    scheme = card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]
+    assert (scheme["scheme"], scheme["bearerFormat"]) == ("Bearer", "JWT")
+    assert card["capabilities"]["streaming"] is True
+
+
+async def test_the_sdk_client_sends_a_message_and_gets_the_task(served: Served) -> None:
+    async with httpx.AsyncClient(headers=served.headers(), timeout=30) as http:
+        client = await create_client(
+            served.url, client_config=ClientConfig(streaming=False, httpx_client=http)
+        )
+        message = new_text_message(TEXT, role=Role.ROLE_USER)
+        answers = [
+            answer async for answer in client.send_message(SendMessageRequest(message=message))
+        ]
+        task = answers[-1].task
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED
+        result = MessageToDict(task.artifacts[0].parts[0].data)
+        assert {"mira", "courtyard"} <= {entity["id"] for entity in result["entities"]}
+        # The task is the plan that served the request: GetTask reads it through Plans.
+        fetched = await client.get_task(GetTaskRequest(id=task.id))
+        assert fetched.status.state == TaskState.TASK_STATE_COMPLETED
+        assert fetched.artifacts[0].artifact_id == task.artifacts[0].artifact_id
+    accepted = served.records("call.accepted")
+    assert [r.capability for r in accepted] == ["ExtractEntities", "Plans"]
+    assert accepted[0].actor == "operator"
+    assert accepted[0].request_id == f"a2a:{message.message_id}"
+    assert accepted[0].detail == f"plan {task.id}"
+
+
+async def test_a_data_part_names_a_skill_and_carries_its_request(served: Served) -> None:
+    async with httpx.AsyncClient(headers=served.headers(), timeout=30) as http:
+        client = await create_client(
+            served.url, client_config=ClientConfig(streaming=False, httpx_client=http)
+        )
+        await _extract(client)
+        message = new_data_message({"entity_ids": ["mira"]}, role=Role.ROLE_USER)
+        message.metadata.update({"skill": "FindSpatialContext"})
+        answers = [
+            answer async for answer in client.send_message(SendMessageRequest(message=message))
+        ]
+    task = answers[-1].task
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert task.artifacts[0].name == "FindSpatialContext"
+
+
+async def _extract(client: Any) -> None:
+    message = new_text_message(TEXT, role=Role.ROLE_USER)
+    async for _ in client.send_message(SendMessageRequest(message=message)):
+        pass
+
+
+async def test_a_repeated_message_runs_once(served: Served) -> None:
+    message = _message(message_id="same-message")
+    first = await _rpc(served, "SendMessage", {"message": message}, **served.headers())
+    again = await _rpc(served, "SendMessage", {"message": message}, **served.headers())
+    assert first.json()["result"]["task"]["id"] == again.json()["result"]["task"]["id"]
+    assert (
+        first.json()["result"]["task"]["artifacts"] == again.json()["result"]["task"]["artifacts"]
+    )
+    assert len(served.records("call.accepted")) == 1
+    assert len(served.records("call.replayed")) == 1
+
+
+async def test_streaming_follows_the_plan_through_watch(served: Served) -> None:
+    async with httpx.AsyncClient(headers=served.headers(), timeout=30) as http:
+        client = await create_client(
+            served.url, client_config=ClientConfig(streaming=True, httpx_client=http)
+        )
+        message = new_text_message(TEXT, role=Role.ROLE_USER)
+        events = [event async for event in client.send_message(SendMessageRequest(message=message))]
+    kinds = [event.WhichOneof("payload") for event in events]
+    assert kinds[0] == "task"
+    assert kinds[-1] == "status_update"
+    assert "artifact_update" in kinds
+    working = [e.status_update for e in events if e.WhichOneof("payload") == "status_update"]
+    assert any("step" in e.status.message.parts[0].text for e in working[:-1])
+    assert working[-1].status.state == TaskState.TASK_STATE_COMPLETED
+    assert {r.capability for r in served.records("call.accepted")} == {"ExtractEntities", "Watch"}
+
+
+async def test_cancelling_a_finished_task_is_refused_with_its_code(served: Served) -> None:
+    sent = await _rpc(served, "SendMessage", {"message": _message()}, **served.headers())
+    task_id = sent.json()["result"]["task"]["id"]
+    async with httpx.AsyncClient(headers=served.headers(), timeout=30) as http:
+        client = await create_client(
+            served.url, client_config=ClientConfig(streaming=False, httpx_client=http)
+        )
+        with pytest.raises(Exception, match="cancel") as caught:
+            await client.cancel_task(CancelTaskRequest(id=task_id))
+    assert "TaskNotCancelable" in type(caught.value).__name__ or "-32002" in str(caught.value)
+    denied = [r for r in served.audit.records() if r.capability == "Control.cancel"]
+    assert denied
+    assert denied[-1].code == "FAILED_PRECONDITION"
+
+
+# --- bad input: the JSON-RPC / A2A error codes the specification names -----------------------
+
+
+async def test_unknown_method_is_method_not_found(served: Served) -> None:
+    answer = await _rpc(served, "tasks/teleport", {}, **served.headers())
+    assert answer.json()["error"]["code"] == -32601
+
+
+async def test_malformed_json_is_a_parse_error(served: Served) -> None:
+    async with httpx.AsyncClient() as http:
+        answer = await http.post(served.url, content=b'{"jsonrpc": "2.0", "id": ', headers=VERSION)
+    assert answer.json()["error"]["code"] == -32700
+
+
+async def test_a_request_without_jsonrpc_is_an_invalid_request(served: Served) -> None:
+    async with httpx.AsyncClient() as http:
+        answer = await http.post(
+            served.url, json={"id": 1, "method": "SendMessage"}, headers=served.headers()
+        )
+    assert answer.json()["error"]["code"] == -32600
+
+
+async def test_an_unknown_task_is_task_not_found(served: Served) -> None:
+    for task_id in ("a2a-0000", "not a plan id!"):
+        answer = await _rpc(served, "GetTask", {"id": task_id}, **served.headers())
+        assert answer.json()["error"]["code"] == -32001
+    answer = await _rpc(served, "CancelTask", {"id": "a2a-0000"}, **served.headers())
+    assert answer.json()["error"]["code"] == -32001
+
+
+async def test_a_request_breaking_the_model_is_invalid_params_and_audited(served: Served) -> None:
+    message = {**_message(), "parts": [{"data": {"text": ""}}]}
+    answer = await _rpc(served, "SendMessage", {"message": message}, **served.headers())
+    error = answer.json()["error"]
+    assert error["code"] == -32602
+    refused = served.records("call.refused")
+    assert refused
+    assert refused[-1].code == "INVALID_ARGUMENT"
+    assert refused[-1].actor == "operator"
+    assert not served.records("call.accepted")
+
+
+async def test_an_unknown_skill_is_invalid_params(served: Served) -> None:
+    message = {**_message(), "metadata": {"skill": "LaunchRockets"}}
+    answer = await _rpc(served, "SendMessage", {"message": message}, **served.headers())
+    assert answer.json()["error"]["code"] == -32602
+
+
+async def test_a_file_part_is_content_type_not_supported(served: Served) -> None:
+    message = {**_message(), "parts": [{"url": "file:///etc/passwd", "mediaType": "text/plain"}]}
+    answer = await _rpc(served, "SendMessage", {"message": message}, **served.headers())
+    assert answer.json()["error"]["code"] == -32005
+
+
+async def test_no_credentials_is_401_and_audited_as_a_refusal(served: Served) -> None:
+    answer = await _rpc(served, "SendMessage", {"message": _message()})
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"].startswith("Bearer")
+    refused = served.records("call.refused")
+    assert refused
+    assert refused[-1].code == "UNAUTHENTICATED"
+    assert not served.records("call.accepted")
+
+
+async def test_a_forged_token_is_401(served: Served) -> None:
+    other = TokenSigner(ClusterSecret.generate()).issue("operator", 600)
+    answer = await _rpc(served, "GetTask", {"id": "a2a-0"}, Authorization=f"Bearer {other}")
+    assert answer.status_code == 401
+
+
+async def test_nothing_runs_outside_the_policy(served: Served) -> None:
+    # 'reader' may extract entities, but not update the world, cancel, read plans or watch.
+    update = {
+        **_message(),
+        "parts": [{"data": {"actions": [], "dry_run": True}}],
+        "metadata": {"skill": "UpdateWorldState"},
+    }
+    answer = await _rpc(served, "SendMessage", {"message": update}, **served.headers("reader"))
+    assert answer.status_code == 403
+    denied = served.records("call.denied")
+    assert [r.capability for r in denied] == ["UpdateWorldState"]
+    answer = await _rpc(served, "CancelTask", {"id": "a2a-0"}, **served.headers("reader"))
+    assert answer.status_code == 403
+    # Allowed to call, denied the Watch: a stream still ends with the outcome.
+    async with httpx.AsyncClient(headers=served.headers("reader"), timeout=30) as http:
+        client = await create_client(
+            served.url, client_config=ClientConfig(streaming=True, httpx_client=http)
+        )
+        message = new_text_message(TEXT, role=Role.ROLE_USER)
+        events = [event async for event in client.send_message(SendMessageRequest(message=message))]
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "Watch" in [r.capability for r in served.records("call.denied")]
+
+
+async def test_an_oversized_request_is_refused_before_it_is_read(served: Served) -> None:
+    body = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"x": "'
+        + (b"a" * (200 * 1024))
+        + b'"}}'
+    )
+    async with httpx.AsyncClient() as http:
+        answer = await http.post(served.url, content=body, headers=served.headers())
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == -32600
+
+
+async def test_many_requests_at_once_are_all_answered(served: Served) -> None:
+    async def one() -> int:
+        answer = await _rpc(served, "SendMessage", {"message": _message()}, **served.headers())
+        return int(answer.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED")
+
+    assert sum(await asyncio.gather(*(one() for _ in range(20)))) == 20
