@@ -181,6 +181,8 @@ class PlanHistory:
                 trace_id=query.trace_id,
                 after=int(query.page_token) if query.page_token else None,
                 limit=size + 1,
+                # A plan and its sub-plans in the order they were made: the plan first.
+                oldest_first=bool(query.plan_id),
             )
             try:
                 summaries = await self._store.history(history)
@@ -287,7 +289,9 @@ class PlanHistory:
     ) -> PlansPage:
         """A page of the plans the book holds (no store, or one that cannot be read), newest
         first; its cursors are positions in that list."""
-        records = [r for r in reversed(self._book.records()) if _book_match(r, query, status)]
+        held = self._book.records()
+        ordered = held if query.plan_id else list(reversed(held))
+        records = [r for r in ordered if _book_match(r, query, status)]
         start = int(query.page_token) if query.page_token else 0
         plans: list[PlanSnapshot] = []
         used = 0

@@ -324,7 +324,8 @@ class PlanQuery(WireModel):
 
 
 class PlansQuery(PlanQuery):
-    """The body of ``PlansRequest``: which plans, and which page of them (newest first).
+    """The body of ``PlansRequest``: which plans, and which page of them: newest first, or with
+    ``plan_id`` the plan and its sub-plans in the order they were made (the plan first).
 
     Every filter left empty matches every plan.
 

@@ -520,9 +520,12 @@ class Operator:
                 wire.model_copy(update={"page_token": cursors.get(role) or ""})
             ),
         )
+        # Each agent's order: newest first, or for a plan and its sub-plans the order they were
+        # made (the plan first); the merge keeps it, so each agent's part is a prefix of its page.
+        way = 1 if query.plan_id else -1
         merged = sorted(
             ((role, snapshot) for role, page in found for snapshot in page.plans),
-            key=lambda item: (-item[1].created, item[1].agent, item[1].plan_id),
+            key=lambda item: (way * item[1].created, item[1].agent, item[1].plan_id),
         )
         taken = merged[:page_size]
         next_cursors: dict[str, str | None] = {role: cursors[role] for role in cursors}

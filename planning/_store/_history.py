@@ -6,9 +6,10 @@ was created and last changed. The row is written with the plan (``save_plan``, `
 and with every status record (``commit``), in the same transaction, so it never disagrees with the
 journal. ``StateStore.history`` reads it:
 
-- newest first, by the row's number (``PlanSummary.cursor``), which grows as plans are created;
-  ``HistoryQuery.after`` is the cursor of the last plan of the previous page (keyset paging: a plan
-  created meanwhile is newer, so it never shifts a later page);
+- newest first, by the row's number (``PlanSummary.cursor``), which grows as plans are created
+  (or oldest first: a plan before its sub-plans); ``HistoryQuery.after`` is the cursor of the last
+  plan of the previous page (keyset paging: a plan created meanwhile is newer, so it never shifts
+  a later page of the newest-first order);
 - filtered by plan id (the plan and its sub-plans), status, goal text, free text (the id, goal,
   last message, plan body and journal), creation time and trace id.
 
@@ -52,6 +53,8 @@ class HistoryQuery:
         trace_id: Only plans whose runs belong to this trace.
         after: Only plans listed after the one with this cursor (the previous page's last).
         limit: At most this many plans.
+        oldest_first: List in the order the plans were made (a plan before its sub-plans)
+            instead of newest first.
     """
 
     plan_id: str = ""
@@ -63,6 +66,7 @@ class HistoryQuery:
     trace_id: str = ""
     after: int | None = None
     limit: int = 100
+    oldest_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +139,7 @@ def where_clause(
     conditions: list[str] = []
     params: list[Any] = []
     if query.after is not None:
-        conditions.append(f"id < {mark}")
+        conditions.append(f"id {'>' if query.oldest_first else '<'} {mark}")
         params.append(query.after)
     if query.plan_id:
         lower, upper = sub_plan_range(query.plan_id)
@@ -167,7 +171,9 @@ def where_clause(
 def matches(summary: PlanSummary, query: HistoryQuery, texts: Sequence[str] = ()) -> bool:
     """Whether ``summary`` passes ``query``'s filters (``texts``: the plan's body and journal
     as text, for ``query.text``); the in-memory store's filter, the SQL's twin."""
-    if query.after is not None and summary.cursor >= query.after:
+    if query.after is not None and (
+        summary.cursor <= query.after if query.oldest_first else summary.cursor >= query.after
+    ):
         return False
     if query.plan_id:
         lower, upper = sub_plan_range(query.plan_id)

@@ -605,7 +605,8 @@ class PostgresStateStore:
         )
         statement = (
             "SELECT id, plan_id, revision, status, goal, created, updated, trace_id, message "
-            f"FROM {{s}}.plan_index AS i WHERE {where} ORDER BY id DESC LIMIT %s"
+            f"FROM {{s}}.plan_index AS i WHERE {where} "
+            f"ORDER BY id {'ASC' if query.oldest_first else 'DESC'} LIMIT %s"
         )
 
         async def read(conn: Connection) -> list[PlanSummary]:

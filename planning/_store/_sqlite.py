@@ -720,7 +720,8 @@ class SqliteStateStore:
         try:
             rows = conn.execute(
                 "SELECT id, plan_id, revision, status, goal, created, updated, trace_id, message "
-                f"FROM plan_index WHERE {where} ORDER BY id DESC LIMIT ?",
+                f"FROM plan_index WHERE {where} "
+                f"ORDER BY id {'ASC' if query.oldest_first else 'DESC'} LIMIT ?",
                 [*params, max(0, query.limit)],
             ).fetchall()
         except sqlite3.Error as exc:

@@ -786,7 +786,8 @@ class InMemoryStateStore:
     async def history(self, query: HistoryQuery) -> list[PlanSummary]:
         """See ``StateStore.history``."""
         found: list[PlanSummary] = []
-        for plan_id, entry in sorted(self._index.items(), key=lambda item: -item[1].cursor):
+        order = 1 if query.oldest_first else -1
+        for plan_id, entry in sorted(self._index.items(), key=lambda item: order * item[1].cursor):
             summary = PlanSummary(
                 plan_id=plan_id,
                 revision=entry.revision,

@@ -121,7 +121,8 @@ async def test_filters_narrow_the_list(store: StateStore) -> None:
     )
     await ran(store, plan("goal-10", goal="reach the tower"), PlanStatus.SUCCEEDED)
     await ran(store, plan("goal_2", goal="other"), PlanStatus.SUCCEEDED, output='{"who": "Zelda"}')
-    # The plan and its sub-plans; not goal-10, whose id only starts with the same characters.
+    # The plan and its sub-plans, the plan first; not goal-10, whose id only starts alike.
+    assert await ids(store, plan_id="goal-1", oldest_first=True) == ["goal-1", "goal-1/extract"]
     assert await ids(store, plan_id="goal-1") == ["goal-1/extract", "goal-1"]
     # "_" in an id is no wildcard.
     assert await ids(store, plan_id="goal_2") == ["goal_2"]
@@ -154,6 +155,10 @@ async def test_pages_follow_one_another_without_overlap(store: StateStore) -> No
         # A plan created meanwhile is newer: it never shifts a later page.
         await store.save_plan(plan(f"new-{after}"))
     assert seen == [f"p{n}" for n in reversed(range(7))]
+    # Oldest first, the same way (what a plan and its sub-plans are listed in).
+    first = await store.history(HistoryQuery(oldest_first=True, limit=3))
+    rest = await store.history(HistoryQuery(oldest_first=True, after=first[-1].cursor))
+    assert [s.plan_id for s in first + rest][:7] == [f"p{n}" for n in range(7)]
 
 
 async def test_a_new_revision_keeps_the_plans_place_and_resets_its_status(

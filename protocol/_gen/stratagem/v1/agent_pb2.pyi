@@ -941,8 +941,9 @@ class PlansRequest(_message.Message):
     """Plans come a page at a time: a page holds at most page_size snapshots and never more bytes than
     the agent's message limit allows. Plans added while a client pages appear on later pages.
     Plans are the agent's history: read from its durable store (whatever it holds in memory), newest
-    first, with filters; every filter left empty matches everything. A page token is the
-    next_page_token (or a snapshot's cursor) of an earlier answer to the same query.
+    first (with plan_id: the plan and its sub-plans in the order they were made, the plan first),
+    with filters; every filter left empty matches everything. A page token is the next_page_token
+    (or a snapshot's cursor) of an earlier answer to the same query.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
