@@ -280,7 +280,7 @@ class PlanSnapshot(WireModel):
     trace_id: str = Field(default="", pattern=r"^([0-9a-f]{32})?$")
     message: str = Field(default="", max_length=4000)
     steps: list[StepRecord] = Field(default_factory=list)
-    cursor: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+    cursor: str = Field(default="", pattern=r"^[0-9]{0,20}$")
 
     def size_hint(self) -> int:
         """About how many bytes the snapshot takes in a message (its texts dominate it)."""
