@@ -268,3 +268,16 @@ async def test_a_run_plan_answers_when_the_plan_blocks_and_its_deadline_never_ca
         statuses = [e.status async for e in agent.watch("gated-2") if not e.step_id]
         assert statuses[-1] == "succeeded"
         await agent.aclose()
+
+
+async def test_the_retention_deletes_old_and_surplus_finished_plans(tmp_path: Path) -> None:
+    async with SqliteStateStore(tmp_path / "s.db") as store:
+        agent = _agent(store)
+        for n in range(4):
+            await agent.submit_plan(_plan(f"p{n}"))
+        assert await agent.prune_history(keep=2) == 2
+        assert [s.plan_id for s in await _page(agent, view="summary")] == ["p3", "p2"]
+        assert await agent.prune_history(older_than_s=3600) == 0  # none is that old
+        assert await agent.prune_history(older_than_s=0.0) == 2
+        assert await _page(agent) == []
+        assert await _agent(None).prune_history(keep=1) == 0  # no store: nothing to do
