@@ -39,6 +39,13 @@ from stratagem.agents._model import (
     parse_json_answer,
     response_format,
 )
+from stratagem.agents._model_limit import (
+    LocalModelLimiter,
+    ModelLimiter,
+    ModelTurn,
+    TurnTimeoutError,
+    shared_limiter,
+)
 from stratagem.agents._model_planner import (
     ModelPlanner,
     ModelPlanningConfig,
@@ -84,6 +91,7 @@ from stratagem.agents._tactical import (
     TacticalStep,
 )
 from stratagem.agents._tool import Tool, ToolRegistry, in_thread, tool
+from stratagem.agents._wire import gate_info
 from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
 from stratagem.protocol._lazy import lazy_exports
 
@@ -139,14 +147,17 @@ __all__ = [
     "ExtractionPattern",
     "FileWorldStore",
     "JsonSchemaModel",
+    "LocalModelLimiter",
     "McpLoadError",
     "McpResult",
     "McpToolset",
     "Mention",
     "ModelClient",
     "ModelConfig",
+    "ModelLimiter",
     "ModelPlanner",
     "ModelPlanningConfig",
+    "ModelTurn",
     "NarrativeGoal",
     "OpenAIModelClient",
     "OrchestrationPlan",
@@ -180,6 +191,7 @@ __all__ = [
     "Tool",
     "ToolRegistry",
     "TracedModelClient",
+    "TurnTimeoutError",
     "WorldModel",
     "WorldStore",
     "build_agent",
@@ -187,6 +199,7 @@ __all__ = [
     "define_agent",
     "defined_agents",
     "extension_policy_rules",
+    "gate_info",
     "import_extensions",
     "in_thread",
     "json_schema_model",
@@ -197,6 +210,7 @@ __all__ = [
     "rederive",
     "response_format",
     "serve_in_memory",
+    "shared_limiter",
     "slugify",
     "tool",
     "tool_effects",

@@ -6,8 +6,8 @@ runs it with the engine, and turns the result into the capability's response. It
 its recent plans and their events, which ``watch`` streams and ``plans`` snapshots.
 
 Given a ``planning.StateStore``, the agent's engine keeps every plan durably, and the agent can be
-steered and restarted: ``decide_gate``, ``pause``, ``cancel`` and ``resume`` act on one plan
-(``control`` serves them over the wire, with the verified caller as the approver), and
+steered and restarted: ``decide_gate``, ``pause``, ``cancel``, ``resume`` and ``fork`` act on one
+plan (``control`` serves them over the wire, with the verified caller as the approver), and
 ``resume_unfinished`` reloads every unfinished plan from the store after a restart and continues
 each in a background task (a plan waiting at a gate waits again; a paused plan stays paused). A
 request whose plan id names an unfinished stored plan (a caller retrying after this agent
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import importlib.metadata
 import inspect
 import logging
@@ -65,7 +64,7 @@ from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from stratagem.agents._control import PlanControl
-from stratagem.agents._history import INTERRUPTED, PlanHistory
+from stratagem.agents._history import PlanHistory
 from stratagem.agents._records import (
     MAX_RECORDS,
     PlanBook,
@@ -74,6 +73,7 @@ from stratagem.agents._records import (
 )
 from stratagem.agents._tool import ToolRegistry
 from stratagem.agents._wire import (
+    caller_deadline,
     coerce_request,
     digest_of_request,
     failure_error,
@@ -88,6 +88,8 @@ from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
+    ExpressionError,
+    GateNotifier,
     Handler,
     InMemoryDispatcher,
     Plan,
@@ -100,9 +102,10 @@ from stratagem.planning import (
     PlanValidationError,
     StateStore,
     StepError,
-    StepEvent,
     StepFailure,
     StoreError,
+    ToolApproval,
+    expression,
     validate_plan,
 )
 from stratagem.protocol import (
@@ -118,6 +121,7 @@ from stratagem.protocol import (
     PlanSnapshot,
     PlansPage,
     PlansQuery,
+    Policy,
     WireModel,
     current_call,
     json_object,
@@ -232,6 +236,11 @@ class Agent(PlanControl):
         self._active: set[str] = set()
         self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
         self._started: dict[str, asyncio.Event] = {}
+        self._closing = False
+        self.planning_timeout_s = 0.0
+        """The longest planning one request may take (its model's limits; 0: no model plans):
+        what its card tells a client setting a goal's deadline (``runtime`` sets it with the
+        model planner)."""
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._book = PlanBook(role, max_records)
         self._history = PlanHistory(
@@ -239,6 +248,7 @@ class Agent(PlanControl):
         )
         # Runs no caller's deadline may cancel (user plans, operators' top-level requests).
         self._runs: set[asyncio.Task[PlanResult[Any]]] = set()
+        self._policy: Policy | None = None
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -262,6 +272,50 @@ class Agent(PlanControl):
                 self._handlers[name] = (spec, planner)
         self.planner = planner
 
+    def use_policy(self, policy: Policy) -> None:
+        """Take up what the authorization policy says about this agent's gates: who may decide
+        them (its roles; the deciders of gates that name none) and which of its tools need an
+        approval before each call (``[[approval]]``, held at a tool gate by the engine). The
+        server authorizes the calls themselves; runs started from now on take the approvals.
+
+        Raises:
+            ValueError: An approval's ``when`` is not a valid expression (one line naming it).
+        """
+        approvals = []
+        for rule in policy.approvals(self.role):
+            if rule.when is not None:
+                try:
+                    expression(rule.when)
+                except ExpressionError as exc:
+                    raise ValueError(
+                        f"the policy's approval of tool {rule.tool!r}: invalid when: {exc}"
+                    ) from None
+            if rule.tool not in self.registry:
+                logger.warning(
+                    "the policy asks approval of tool %r, which the %s agent does not have",
+                    rule.tool,
+                    self.role,
+                )
+            approvals.append(
+                ToolApproval(
+                    tool=rule.tool,
+                    when=rule.when,
+                    prompt=rule.prompt,
+                    deciders=rule.deciders,
+                    timeout_s=rule.timeout_s,
+                    on_timeout=rule.on_timeout,
+                    escalate_after_s=rule.escalate_after_s,
+                    escalate_to=rule.escalate_to,
+                )
+            )
+        self._policy = policy
+        self._engine.approvals = tuple(approvals)
+
+    def use_notifier(self, notifier: GateNotifier | None) -> None:
+        """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
+        (runs started from now on)."""
+        self._engine.notifier = notifier
+
     def add_capability(self, spec: CapabilitySpec, planner: Planner) -> None:
         """Serve another capability (an extension's), planned by ``planner``.
 
@@ -284,12 +338,15 @@ class Agent(PlanControl):
         self._handlers[spec.name] = (spec, planner)
 
     def card(self) -> AgentCard:
-        """The agent's card: role, version, capabilities with their JSON Schemas, tool names."""
+        """The agent's card: role, version, capabilities with their JSON Schemas, tool names, and
+        how it plans (``planner``, ``planning_timeout_s``)."""
         return AgentCard(
             role=self.role,
             version=self.version,
             capabilities=[CapabilityCard.from_spec(spec) for spec, _ in self._handlers.values()],
             tools=self.registry.names(),
+            planner="model" if self.planning_timeout_s > 0 else "deterministic",
+            planning_timeout_s=self.planning_timeout_s,
         )
 
     # --- serving requests ----------------------------------------------------------------------
@@ -340,15 +397,36 @@ class Agent(PlanControl):
             raise FailedPreconditionError(message) from exc
         if self.store is not None:
             plan = plan.model_copy(update={"goal": goal_marked(plan.goal, request_digest)})
-        if ctx.plan_id:
-            result = await self._run(plan, capability)
-        else:
-            # An operator's request (no caller plan): its deadline, or the caller going away,
-            # ends the call, never the plan, which runs on here (``cancel`` stops it).
-            result = await asyncio.shield(self._unbound(self._run(plan, capability), plan.id))
+        if getattr(request, "detach", False) is True and not ctx.plan_id:
+            return await self._detached(plan, capability, spec)
+        result = await self._run(plan, capability, caller_deadline(ctx))
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
         return self._respond(planner, capability, request, result)
+
+    async def _detached(self, plan: Plan, capability: str, spec: CapabilitySpec) -> WireModel:
+        """Start ``plan`` for a caller that does not wait (a request with ``detach``): answer
+        once it runs (``plan_id``, ``status`` of the capability's response), or with its outcome
+        if it ends first. Nobody's deadline binds it; ``cancel`` stops it."""
+        run = self._unbound(self._run(plan, capability), plan.id)
+        started = asyncio.get_running_loop().create_task(self._first_event(plan.id))
+        try:
+            await asyncio.wait({run, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+        if run.done():
+            result = run.result()
+            if result.status is not PlanStatus.SUCCEEDED:
+                raise run_failure(result, self.role)
+        record = self._book.get(plan.id)
+        status = record.status.value if record is not None else PlanStatus.RUNNING.value
+        return spec.response.model_validate({"plan_id": plan.id, "status": status})
+
+    async def _first_event(self, plan_id: str) -> None:
+        """Return once plan ``plan_id`` reports its first event here."""
+        async for event in self._book.watch(plan_id):
+            if event.plan_id == plan_id:
+                return
 
     def _unbound(
         self, run: Coroutine[Any, Any, PlanResult[Any]], plan_id: str
@@ -573,6 +651,7 @@ class Agent(PlanControl):
     async def aclose(self) -> None:
         """Interrupt the runs and background resumptions (their plans stay resumable in the
         store) and wait for them."""
+        self._closing = True  # interrupted, not cancelled: resumable at the next start
         runs = [task for task in self._runs if not task.done()]
         for task in runs:
             task.cancel()
@@ -600,7 +679,17 @@ class Agent(PlanControl):
             return own
         return f"{self.role}-{uuid.uuid4().hex[:12]}"
 
-    async def _run(self, plan: Plan, capability: str) -> PlanResult[Any]:
+    async def _run(
+        self, plan: Plan, capability: str, deadline: float | None = None
+    ) -> PlanResult[Any]:
+        """Run ``plan`` (or join its run) for a caller waiting until ``deadline`` (wall clock).
+
+        When the caller goes away first (its deadline passed, it cancelled), the plan is cancelled
+        for good, not left ``running`` in the store: nobody waits for its answer. Only when the
+        agent itself is closing is it an interruption, resumed at the next start.
+        """
+        if deadline is not None:
+            plan = plan.model_copy(update={"deadline": deadline})
         latest = 0
         previous = self._book.get(plan.id)
         if previous is not None:
@@ -629,36 +718,18 @@ class Agent(PlanControl):
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
-        # A run interrupted (its caller went away) is not a cancelled plan: the store keeps it
-        # unfinished (a retry of the request, or a restart, resumes it), so its last event says
-        # so rather than "cancelled", and watch and the history agree.
-        ended: list[StepEvent] = []
-
-        def observe(event: StepEvent) -> None:
-            if (
-                self.store is not None
-                and not event.step_id
-                and event.status is PlanStatus.CANCELLED
-            ):
-                ended.append(event)
-                return
-            self._book.observe(record, event)
-
+        run = asyncio.ensure_future(
+            self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
+        )
         try:
-            result = await self._engine.run(plan, on_event=observe)
+            result = await asyncio.shield(run)
         except PlanControlError as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
         except asyncio.CancelledError:
-            for event in ended:
-                self._book.observe(
-                    record,
-                    dataclasses.replace(event, status=PlanStatus.RUNNING, message=INTERRUPTED),
-                )
+            self._caller_gone(plan.id, run, record)
             raise
         finally:
             self._active.discard(plan.id)
-        for event in ended:
-            self._book.observe(record, event)
         follow_revision(record, result)
         return result
 
@@ -688,6 +759,34 @@ class Agent(PlanControl):
                 )
         except StoreError as exc:
             logger.warning("agent %s: refused plan %s not stored: %s", self.role, plan.id, exc)
+
+    def _caller_gone(
+        self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
+    ) -> None:
+        """The caller of a running plan went away: cancel the plan for good in the background
+        (recorded, compensated). Interrupt it instead (resumable) while the agent closes, and
+        when it waits at a gate: a person's decision takes it up again."""
+        if run.done():
+            return
+        if self._closing or self.store is None or record.status is PlanStatus.BLOCKED:
+            run.cancel()
+            return
+        logger.info("agent %s cancels plan %s: its caller is gone", self.role, plan_id)
+        self._start_settling(plan_id, self._cancel_abandoned(plan_id, run, record))
+
+    async def _cancel_abandoned(
+        self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
+    ) -> PlanResult[Any]:
+        try:
+            await self._engine.cancel(plan_id)
+        except PlanControlError:
+            pass  # it finished meanwhile
+        except BaseException:
+            run.cancel()
+            raise
+        result = await run
+        follow_revision(record, result)
+        return result
 
     def _problems(self, plan: Plan) -> list[str]:
         """Why this agent may not run ``plan``: another owner, another plan type, a tool it does

@@ -1,4 +1,4 @@
-"""Steering an agent's plans: gates, pause, cancel, resume, replan, revisions and replay.
+"""Steering an agent's plans: gates, pause, cancel, resume, replan, fork, revisions and replay.
 
 ``PlanControl`` is the part of ``Agent`` that acts on plans already made: the ``Control`` RPC and
 the methods behind it, the revision history, replay, and resumption — after a restart every
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, assert_never
 
 from pydantic import ValidationError
@@ -29,7 +31,10 @@ from stratagem.agents._wire import (
 )
 from stratagem.planning import (
     Engine,
+    ForkError,
+    GateDeciderError,
     GateDecisionError,
+    GateValueError,
     Plan,
     PlanControlError,
     PlanResult,
@@ -46,18 +51,31 @@ from stratagem.protocol import (
     CallContext,
     ControlRequest,
     FailedPreconditionError,
+    FieldViolation,
+    InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     PlanRevision,
     PlanSnapshot,
+    Policy,
     ReplayDivergence,
     ReplayResult,
     RevisionsResponse,
     json_object,
+    json_value,
 )
 
 __all__ = ["PlanControl"]
 
 logger = logging.getLogger(__name__)
+
+_NO_VALUE: Any = object()
+"""``decide_gate``'s ``value`` when none is given (``None`` is JSON's null)."""
+
+
+def _fork_id(plan_id: str) -> str:
+    """A fresh id for a fork of ``plan_id`` (within the plan id's length)."""
+    return f"{plan_id[:180]}-fork-{uuid.uuid4().hex[:8]}"
 
 
 class PlanControl:
@@ -78,7 +96,13 @@ class PlanControl:
     # Set once a background resumption's run is live in the engine (its first event) or over,
     # so a control call never races the engine's own load of the plan.
     _started: dict[str, asyncio.Event]
+    # Set while the agent stops: a call cancelled under a running plan then interrupts it
+    # (resumable) instead of cancelling it (its caller is not gone; the agent is).
+    _closing: bool
     _problems: Callable[[Plan], list[str]]
+    # Who may decide gates (roles, an agent's default deciders); ``None``: anyone allowed to
+    # call Control.approve.
+    _policy: Policy | None
 
     @property
     def role(self) -> str:
@@ -110,6 +134,11 @@ class PlanControl:
         match request.action:
             case "approve" | "reject":
                 output = gate_output(request.output_json)
+                given: dict[str, Any] = {}
+                if request.value_json:
+                    given["value"] = json_value(request.value_json, "value_json")
+                if request.arguments_json:
+                    given["arguments"] = json_object(request.arguments_json, "arguments_json")
                 return await self.decide_gate(
                     request.plan_id,
                     request.gate_id,
@@ -118,6 +147,18 @@ class PlanControl:
                     rationale=request.rationale,
                     revision=request.revision or None,
                     output=output,
+                    **given,
+                )
+            case "fork":
+                outputs = json_object(request.set_json, "set_json") if request.set_json else {}
+                return await self.fork(
+                    request.plan_id,
+                    at_step=request.at_step or None,
+                    revision=request.at_revision or None,
+                    outputs=outputs,
+                    new_plan_id=request.new_plan_id,
+                    author=ctx.caller,
+                    rationale=request.rationale,
                 )
             case "pause":
                 return await self.pause(request.plan_id)
@@ -325,8 +366,11 @@ class PlanControl:
         rationale: str,
         revision: int | None = None,
         output: dict[str, Any] | None = None,
+        value: Any = _NO_VALUE,
+        arguments: dict[str, Any] | None = None,
     ) -> PlanSnapshot:
-        """Approve or reject a gate (a gate step, or a reconcile gate named after its step).
+        """Approve or reject a gate (a gate step, or a reconcile, policy or tool gate named
+        after its step).
 
         The decision is recorded before it is acted on; a plan running here goes on at once, and
         so does a stored, unpaused plan that no run carries on any more (its runner ended with
@@ -342,17 +386,28 @@ class PlanControl:
             revision: The plan revision the decision is for; ``None`` for the current one.
             output: For a reconcile gate: record the step as done with this output instead of
                 re-running it.
+            value: For an approval of a gate that asks: its value (omit it otherwise).
+            arguments: For an approval of a tool gate: the tool's arguments as edited (the plan
+                goes on as a new revision whose author is ``approver``).
 
         Returns:
             The plan's state after the decision.
 
         Raises:
             protocol.NotFoundError: No such plan here.
+            protocol.PermissionDeniedError: ``approver`` is not among the gate's deciders (nor
+                in a role it names; without its own, the agent's policy's ``[[gate]]``).
+            protocol.InvalidArgumentError: The value (or the arguments) does not fit the gate;
+                the violation names the field.
             protocol.FailedPreconditionError: The gate is unknown, not open or already decided,
                 the revision is not the plan's, or ``output`` was given for a gate step.
         """
         await self._ready(plan_id)
         current = await self._revision_of(plan_id)
+        policy, role = self._policy, self.role
+        given: dict[str, Any] = {}
+        if value is not _NO_VALUE:
+            given["value"] = value
         try:
             await self._engine.decide(
                 plan_id,
@@ -362,7 +417,20 @@ class PlanControl:
                 rationale=rationale,
                 revision=current if revision is None else revision,
                 output=output,
+                arguments=arguments,
+                may_decide=(
+                    None
+                    if policy is None
+                    else lambda deciders: policy.may_decide(approver, deciders, role)
+                ),
+                **given,
             )
+        except GateDeciderError as exc:
+            raise PermissionDeniedError(one_line(str(exc))) from exc
+        except GateValueError as exc:
+            raise InvalidArgumentError(
+                one_line(str(exc)), violations=(FieldViolation(exc.field, exc.reason),)
+            ) from exc
         except (GateDecisionError, PlanControlError) as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
         logger.info(
@@ -375,6 +443,78 @@ class PlanControl:
         )
         await self._continue_orphan(plan_id)
         return await self._settled(plan_id)
+
+    async def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str | None = None,
+        revision: int | None = None,
+        outputs: Mapping[str, Any] | None = None,
+        new_plan_id: str = "",
+        author: str,
+        rationale: str = "",
+    ) -> PlanSnapshot:
+        """Fork a stored plan into a new one that runs on from the fork point (``Engine.fork``:
+        the steps before it carry their recorded results, ``outputs`` substitutes some).
+
+        The new plan runs here in a background task, like a resumed one.
+
+        Args:
+            plan_id: The plan forked.
+            at_step: The fork point (``None``: the end of the revision).
+            revision: The revision forked (``None``: the newest).
+            outputs: Step id -> an output (a JSON object) substituted for its recorded one.
+            new_plan_id: The new plan's id ("" : ``<plan_id>-fork-<hex>``).
+            author: Who forks it (over the wire: the verified caller).
+            rationale: Why (logged; the audit record keeps it).
+
+        Returns:
+            The new plan's state as it starts.
+
+        Raises:
+            protocol.NotFoundError: No such plan here (or no store).
+            protocol.InvalidArgumentError: No such fork point, or an output for a step that is
+                not before it (the violation names ``at_step``, ``revision`` or ``set.<step>``).
+            protocol.FailedPreconditionError: ``new_plan_id`` is taken, or the plan cannot run
+                here any more (its tools changed).
+        """
+        state = await self.store.load(plan_id) if self.store is not None else None
+        if self.store is None or state is None:
+            raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
+        new_id = new_plan_id or _fork_id(plan_id)
+        try:
+            plan = await self._engine.fork(
+                plan_id,
+                new_id,
+                at_step=at_step,
+                revision=revision,
+                outputs=outputs,
+                author=author,
+                plan_type=self.plan_type,
+            )
+        except ForkError as exc:
+            raise InvalidArgumentError(
+                one_line(str(exc)), violations=(FieldViolation(exc.field, exc.reason),)
+            ) from exc
+        except PlanControlError as exc:
+            raise FailedPreconditionError(one_line(str(exc))) from exc
+        logger.info(
+            "agent %s plan %s forked from %s by %s: %s",
+            self.role,
+            new_id,
+            plan_id,
+            author,
+            rationale,
+        )
+        problems = self._problems(plan)
+        if problems:
+            raise FailedPreconditionError(
+                one_line(f"fork {new_id!r} of {plan_id!r} cannot run here: " + "; ".join(problems))
+            )
+        self._start_resume(new_id)
+        await self._ready(new_id)
+        return await self._settled(new_id)
 
     async def _continue_orphan(self, plan_id: str) -> None:
         """Resume a stored plan that no run here carries on (its runner went with an abandoned
@@ -437,11 +577,20 @@ class PlanControl:
         await self._ready(plan_id)
         return await self._settled(plan_id)
 
-    async def resume_unfinished(self) -> list[str]:
-        """Reload every unfinished plan from the store and resume each in a background task.
+    async def resume_unfinished(self, *, resume: bool = True) -> list[str]:
+        """Take up the unfinished plans of the store, each in a background task: those that still
+        have a reason to run are resumed, the others cancelled for good.
 
         Called when the agent starts (for an actor, after every restart). A plan that waits at a
-        gate waits again for its decision; a paused plan is remembered but stays paused.
+        gate waits again for its decision; a paused plan is remembered but stays paused. A plan
+        whose caller's deadline (``Plan.deadline``) passed has no one to answer: it is cancelled
+        (recorded ``cancelled``, its completed steps compensated), not run again.
+
+        Args:
+            resume: ``False`` resumes nothing (``stratagem secret rotate`` redeploys the agents:
+                the callers of every plan that was running went with the old ones): running plans
+                are cancelled, paused and gated ones stay stored as they are (a gate's decision
+                takes the plan up again).
 
         Returns:
             The ids of the plans resumed.
@@ -449,23 +598,66 @@ class PlanControl:
         if self.store is None:
             return []
         resumed: list[str] = []
+        cancelled: list[str] = []
+        now = time.time()
         for plan_id in await self.store.unfinished():
             if self._is_active(plan_id):
                 continue
             state = await self.store.load(plan_id)
             if state is None:
                 continue
-            self._book.recall(state.plan(self.plan_type), state)
+            plan = state.plan(self.plan_type)
+            self._book.recall(plan, state)
             if state.status is PlanStatus.PAUSED:
+                continue
+            if state.status is PlanStatus.BLOCKED and not resume:
+                continue
+            if not resume or (plan.deadline is not None and plan.deadline <= now):
+                self._start_settling(plan_id, self._cancel_stored(plan_id))
+                cancelled.append(plan_id)
                 continue
             self._start_resume(plan_id)
             resumed.append(plan_id)
         if resumed:
             logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
+        if cancelled:
+            logger.info(
+                "agent %s cancelled %d unfinished plans whose callers are gone (%s)",
+                self.role,
+                len(cancelled),
+                "its agents were redeployed" if not resume else "their deadlines passed",
+            )
         return resumed
+
+    async def _cancel_stored(self, plan_id: str) -> PlanResult[Any]:
+        """Cancel a stored plan no run carries (recorded, compensated), and its final state."""
+        assert self.store is not None
+        await self._engine.cancel(plan_id)
+        state = await self.store.load(plan_id)
+        if state is not None:
+            self._book.recall(state.plan(self.plan_type), state)
+        return await self._engine.resume(plan_id, plan_type=self.plan_type)
+
+    def _start_settling(
+        self, plan_id: str, settling: Coroutine[Any, Any, PlanResult[Any]]
+    ) -> asyncio.Task[PlanResult[Any]]:
+        """Run ``settling`` (a plan being cancelled) as the plan's background task, so that a
+        call for the plan meanwhile joins it instead of running it again."""
+        task = asyncio.get_running_loop().create_task(settling, name=f"cancel {plan_id}")
+        self._tasks[plan_id] = task
+        started = self._started[plan_id] = asyncio.Event()
+        started.set()
+        task.add_done_callback(self._resumed)
+        return task
+
+    def closing(self) -> None:
+        """The agent is stopping: a plan whose call is cancelled from now on is interrupted (and
+        resumed at the next start), not cancelled as one whose caller went away."""
+        self._closing = True
 
     async def aclose(self) -> None:
         """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
+        self._closing = True
         tasks = [task for task in self._tasks.values() if not task.done()]
         for task in tasks:
             task.cancel()

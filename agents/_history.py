@@ -27,7 +27,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from stratagem.agents._records import PlanBook, PlanRecord
-from stratagem.agents._wire import MESSAGE_LIMIT, plain_goal
+from stratagem.agents._wire import MESSAGE_LIMIT, plain_goal, stored_gate
 from stratagem.planning import (
     CompensationRecord,
     CompensationStatus,
@@ -267,7 +267,14 @@ class PlanHistory:
             }
         )
         plan_json = _json(redact_value(body.model_dump(mode="json")))
-        update: dict[str, Any] = {"plan_json": plan_json, "revision": state.revision}
+        steps_by_id = {step.id: step for step in plan.steps}
+        update: dict[str, Any] = {
+            "plan_json": plan_json,
+            "revision": state.revision,
+            "gates": [
+                stored_gate(gate, steps_by_id.get(gate_id)) for gate_id, gate in state.gates.items()
+            ],
+        }
         if view == "steps":
             update["steps"] = _fitted(
                 [

@@ -5,7 +5,8 @@ from the agent's plan and registry: a step's ``tool`` is one of *this agent's* t
 ``input`` that tool's input schema (``plan_answer_schema``). Whatever comes back is untrusted
 input and passes what a hand-written plan passes, and more:
 
-1. JSON, not cut at the token limit (``parse_json_answer``);
+1. JSON, not cut at the token limit, nested at most ``MAX_ANSWER_DEPTH`` deep, with a token
+   count that is not negative (``parse_json_answer``);
 2. the plan type's model (pydantic), with the planner's own ``id``, ``owner`` and ``provenance``;
 3. ``planning.validate_plan`` against the registry: a foreign tool, a cycle, a bad ``$ref``;
 4. each tool step's input against that tool's input model (when it holds no reference);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -62,7 +64,7 @@ from stratagem.planning import (
     TransientError,
     validate_plan,
 )
-from stratagem.protocol import CAPABILITIES, WireModel
+from stratagem.protocol import CAPABILITIES, WireModel, remaining_time
 
 __all__ = [
     "ModelPlanner",
@@ -75,6 +77,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _RESPONSE_LIMIT: Final = 65536
+INVALID_USAGE: Final = "invalid_usage"
+"""The finish reason journaled for an answer whose server reported a negative token count."""
 _TRANSIENT_DELAYS_S: Final = (0.5, 1.0, 2.0)
 # A rough count of the prompt's tokens (reserved before a call): four characters a token.
 _CHARS_PER_TOKEN: Final = 4
@@ -216,6 +220,10 @@ def _has_ref(value: Any) -> bool:
     return False
 
 
+def _words(text: str) -> list[str]:
+    return text.lower().split()
+
+
 def _one_line(text: str, limit: int = 600) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -286,8 +294,9 @@ class ModelPlanner:
             f"- {name}: {self.registry.get(name).description}" for name in self.registry.names()
         )
         return (
-            f"You plan for the {self.role} agent. Answer with one JSON object: a short goal and "
-            f"at most {self.config.max_steps} steps. Each step calls one of these tools with its "
+            f"You plan for the {self.role} agent. Answer with one JSON object: a short goal (the "
+            f"request's own goal, word for word, when it has one) and at most "
+            f"{self.config.max_steps} steps. Each step calls one of these tools with its "
             f"input, and may depend on earlier steps by id:\n{tools}\n{self.instructions}"
         ).strip()
 
@@ -326,7 +335,8 @@ class ModelPlanner:
                 response = await self.client.chat(request)
                 break
             except TransientError as exc:
-                if attempt == len(delays):
+                left = remaining_time()
+                if attempt == len(delays) or (left is not None and left <= delays[attempt]):
                     raise TransientError(
                         f"{exc} (tried {attempt + 1} times while planning {self.role})"
                     ) from exc
@@ -334,6 +344,11 @@ class ModelPlanner:
                     "%s planner: %s; retrying in %.1f s", self.role, exc, delays[attempt]
                 )
                 await asyncio.sleep(delays[attempt])
+        if min(response.input_tokens, response.output_tokens) < 0:
+            # The server's count is nonsense: recorded as such (so replay refuses it again).
+            response = dataclasses.replace(
+                response, finish_reason=INVALID_USAGE, input_tokens=0, output_tokens=0
+            )
         attempts.spent += response.input_tokens + response.output_tokens
         call = ModelCall(
             model=response.model[:200] or self.client.model[:200],
@@ -366,6 +381,16 @@ class ModelPlanner:
         unknown = sorted(set(answer) - {"goal", "steps"})
         if unknown:
             return None, [f"the answer has fields a plan does not: {', '.join(unknown)}"]
+        users = getattr(request, "goal", None)
+        if isinstance(users, str) and users.strip():
+            # The goal is the user's: a model proposes how to reach it, never what it is.
+            proposed = fields.get("goal")
+            if not isinstance(proposed, str) or _words(proposed) != _words(users):
+                return None, [
+                    f"the plan's goal {proposed!r} is not the user's goal {users!r}: a plan may "
+                    "choose how to reach the goal, not what it is"
+                ]
+            fields["goal"] = users
         steps = fields.get("steps")
         if isinstance(steps, list):
             kinds = {s.get("kind", "tool") for s in steps if isinstance(s, dict)}
@@ -388,6 +413,8 @@ class ModelPlanner:
         that refuse it."""
         if len(response.content) > _RESPONSE_LIMIT:
             return None, [f"the answer is longer than {_RESPONSE_LIMIT} characters"]
+        if response.finish_reason == INVALID_USAGE:
+            return None, ["the server reported a negative token count for the answer: not used"]
         try:
             answer = parse_json_answer(response)
         except LogicError as exc:

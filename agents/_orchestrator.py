@@ -1,6 +1,7 @@
 """The orchestrator: pursues a story goal by assigning work to the other agents.
 
-It has no tools; its plans are cross-agent steps only. ``SubmitGoal(goal, passage, beats=N)``:
+Its plans are cross-agent steps, and one tool of its own that reads, not acts: ``confirm_goal``.
+``SubmitGoal(goal, passage, beats=N)``:
 
 =============  ============================================  =====================================
 step           request                                       depends on
@@ -13,6 +14,9 @@ step           request                                       depends on
 ``beat_i``     tactical.PlanExecutionSequence(beat i, beats  arc, spatial (all beats in parallel)
                1..i-1, facts)
 ``apply``      perception.UpdateWorldState(beat_N.actions)   every beat
+``observe``    perception.FindSpatialContext(entity ids)     apply
+``confirm``    confirm_goal(arc.beats, observe.facts)        observe (a tool: fails when a goal
+                                                             fact does not hold)
 =============  ============================================  =====================================
 
 Every beat is planned cumulatively from the opening state: beat *i*'s sequence reaches beat *i*'s
@@ -23,6 +27,12 @@ are always consistent.
 
 A goal that already holds in the passage yields an empty final sequence; ``apply`` then changes
 nothing and the goal succeeds with no actions.
+
+A goal succeeds only when what it set out to reach holds in the world afterwards: ``observe`` reads
+the world back from the perception agent once ``apply`` changed it, and ``confirm`` checks every
+beat's goal facts against what it read (checked, not assumed: a sequence applied to a world that
+changed meanwhile, or an arc that missed the goal, fails the plan with class ``logic`` naming the
+facts that do not hold).
 """
 
 from __future__ import annotations
@@ -32,19 +42,25 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
     CrossAgentStep,
+    LogicError,
     Plan,
     PlanResult,
+    Step,
+    ToolStep,
     ref,
 )
-from stratagem.protocol import SubmitGoalRequest, SubmitGoalResponse, WireModel
+from stratagem.protocol import Beat, Relation, SubmitGoalRequest, SubmitGoalResponse, WireModel
 
 __all__ = [
     "Assignment",
     "OrchestrationPlan",
     "OrchestratorAgent",
     "OrchestratorPlanner",
+    "confirmation_steps",
+    "orchestrator_tools",
 ]
 
 BEAT_MAX_DEPTH = 16
@@ -79,8 +95,76 @@ class OrchestrationPlan(Plan):
     assignments: list[Assignment] = Field(default_factory=list)
 
 
+class Confirmed(BaseModel):
+    """The goal facts found holding in the world."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    holding: list[Relation]
+
+
+def _fact(fact: Relation) -> str:
+    return f"{fact.predicate}({fact.subject}, {fact.object})"
+
+
+@tool
+async def confirm_goal(beats: list[Beat], facts: list[Relation]) -> Confirmed:
+    """Check that every beat's goal facts hold among ``facts`` (the world read back after the
+    goal's actions were applied); a fact that does not hold fails the goal."""
+    holding = {(f.subject, f.predicate, f.object) for f in facts}
+    goals = list(dict.fromkeys(g for beat in beats for g in beat.goals))
+    missing = [g for g in goals if (g.subject, g.predicate, g.object) not in holding]
+    if missing:
+        raise LogicError(
+            "the goal does not hold in the world afterwards: "
+            + ", ".join(_fact(g) for g in missing[:8])
+            + (" is" if len(missing) == 1 else " are")
+            + " not true"
+        )
+    return Confirmed(holding=goals)
+
+
+def orchestrator_tools() -> list[Tool[Any, Any]]:
+    """The orchestrator's one tool: ``confirm_goal`` (it reads; it changes nothing)."""
+    return [confirm_goal]
+
+
+def confirmation_steps(after: str, beats: Any) -> list[Step]:
+    """``observe`` (the world read back from the perception agent, once ``after`` ran) and
+    ``confirm`` (``beats``' goal facts checked against it): the end of every goal's plan."""
+    return [
+        CrossAgentStep(
+            id="observe",
+            title="read the world back",
+            target="perception",
+            capability="FindSpatialContext",
+            depends_on=[after],
+            request={"entity_ids": ref("extract.entities[*].id")},
+        ),
+        ToolStep(
+            id="confirm",
+            title="confirm the goal holds",
+            tool="confirm_goal",
+            depends_on=["observe"],
+            input={"beats": beats, "facts": ref("observe.facts")},
+        ),
+    ]
+
+
+def assignments_of(steps: list[Step]) -> list[Assignment]:
+    """Who does each step: a cross-agent step's target, or the orchestrator itself."""
+    return [
+        Assignment(step=step.id, agent=step.target, capability=step.capability, purpose=step.title)
+        if isinstance(step, CrossAgentStep)
+        else Assignment(
+            step=step.id, agent="orchestrator", capability="confirm_goal", purpose=step.title
+        )
+        for step in steps
+    ]
+
+
 class OrchestratorPlanner:
-    """Plans ``SubmitGoal`` as cross-agent steps (see the module docstring)."""
+    """Plans ``SubmitGoal`` as cross-agent steps and a confirmation (see the module docstring)."""
 
     def plan(self, capability: str, request: WireModel, *, plan_id: str) -> OrchestrationPlan:
         """The plan for one goal.
@@ -92,7 +176,7 @@ class OrchestratorPlanner:
             raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
         n = request.beats
         beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
-        steps: list[CrossAgentStep] = [
+        steps: list[Step] = [
             CrossAgentStep(
                 id="extract",
                 title="extract entities and relations",
@@ -157,17 +241,13 @@ class OrchestratorPlanner:
                 request={"actions": ref(f"{beat_ids[-1]}.actions")},
             )
         )
+        steps += confirmation_steps("apply", ref("arc.beats"))
         return OrchestrationPlan(
             id=plan_id,
             owner="orchestrator",
             goal=request.goal,
-            steps=list(steps),
-            assignments=[
-                Assignment(
-                    step=step.id, agent=step.target, capability=step.capability, purpose=step.title
-                )
-                for step in steps
-            ],
+            steps=steps,
+            assignments=assignments_of(steps),
         )
 
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
@@ -186,7 +266,7 @@ class OrchestratorPlanner:
 
 
 class OrchestratorAgent(RoleAgent):
-    """The orchestrator: no tools, only cross-agent plans.
+    """The orchestrator: cross-agent plans, confirmed by its one tool (``confirm_goal``).
 
     Args:
         dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal).
@@ -195,4 +275,4 @@ class OrchestratorAgent(RoleAgent):
         store: Where its engine keeps plans durably.
     """
 
-    spec = RoleSpec("orchestrator", OrchestrationPlan, OrchestratorPlanner)
+    spec = RoleSpec("orchestrator", OrchestrationPlan, OrchestratorPlanner, orchestrator_tools)

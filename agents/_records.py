@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-from stratagem.agents._wire import MESSAGE_LIMIT, plan_event
+from stratagem.agents._wire import MESSAGE_LIMIT, gate_info, plan_event, stored_gate
 from stratagem.planning import (
     FailureClass,
     GateDecision,
@@ -29,7 +29,13 @@ from stratagem.planning import (
     StepEvent,
     StepStatus,
 )
-from stratagem.protocol import NotFoundError, PlanEvent, PlanSnapshot, ResourceExhaustedError
+from stratagem.protocol import (
+    GateInfo,
+    NotFoundError,
+    PlanEvent,
+    PlanSnapshot,
+    ResourceExhaustedError,
+)
 
 __all__ = [
     "MAX_RECORDS",
@@ -62,6 +68,8 @@ class PlanRecord:
         result: The run's result, once it finished.
         steps: Each step's latest status.
         agent: The role of the agent that keeps the record (named in its events).
+        gates: Each gate's latest state (what it asks, who decides, its deadline, its decision),
+            from its events or the store.
     """
 
     plan: Plan
@@ -70,6 +78,7 @@ class PlanRecord:
     result: PlanResult[Any] | None = None
     steps: dict[str, StepStatus] = field(default_factory=dict)
     agent: str = ""
+    gates: dict[str, GateInfo] = field(default_factory=dict)
     # The run's events as the engine reported them; each becomes a ``PlanEvent`` when first read
     # (``events``) or sent to a watcher, so a plan nobody watches builds none.
     _events: list[PlanEvent | StepEvent] = field(
@@ -105,6 +114,7 @@ class PlanRecord:
             revision=plan.revision,
             status=self.status.value,
             plan_json=plan.model_dump_json(),
+            gates=list(self.gates.values()),
         )
 
 
@@ -220,6 +230,9 @@ class PlanBook:
         for gate_id, gate in state.gates.items():
             if gate.decision is GateDecision.OPEN:
                 record.steps[gate_id] = StepStatus.BLOCKED
+            record.gates[gate_id] = stored_gate(
+                gate, next((step for step in plan.steps if step.id == gate_id), None)
+            )
         return record
 
     def refuse(self, plan: Plan, capability: str, message: str) -> None:
@@ -258,6 +271,8 @@ class PlanBook:
         if event.step_id:
             if isinstance(event.status, StepStatus):
                 record.steps[event.step_id] = event.status
+            if event.gate is not None:
+                record.gates[event.step_id] = gate_info(event.gate)
         elif isinstance(event.status, PlanStatus):
             record.status = event.status
         self.publish(record, event)

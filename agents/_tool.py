@@ -310,6 +310,31 @@ class ToolRegistry:
         item = self._tools.get(name)
         return 1.0 if item is None else item.cost
 
+    def input_problems(self, name: str, input: dict[str, Any]) -> list[str]:
+        """What is wrong with ``input`` as tool ``name``'s input: one line per field, naming it
+        (``"amount: Input should be a valid number"``); empty when it fits its input model.
+
+        The engine asks this of arguments an approver edited at a tool's approval gate.
+        """
+        item = self._tools.get(name)
+        if item is None:
+            return [f"agent {self.agent!r} has no tool {name!r}"]
+        try:
+            item.input_model.model_validate(input)
+        except ValidationError as exc:
+            problems = []
+            for error in exc.errors(include_url=False):
+                path = ""
+                for part in error["loc"]:
+                    path += (
+                        f"[{part}]"
+                        if isinstance(part, int)
+                        else (f".{part}" if path else str(part))
+                    )
+                problems.append(f"{path}: {error['msg']}" if path else str(error["msg"]))
+            return problems
+        return []
+
     def names(self) -> list[str]:
         """The tools' names, in registration order."""
         return list(self._tools)

@@ -10,22 +10,32 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from typing import Any, Final
 
 from pydantic import ValidationError
 
 from stratagem.planning import (
     FailureClass,
+    GateDecision,
+    GateKind,
+    GateNotice,
+    GateState,
+    GateStep,
     PlanResult,
     RevisionRecord,
+    Step,
     StepError,
     StepEvent,
+    ToolStep,
     code_for_failure_class,
 )
 from stratagem.protocol import (
+    CallContext,
     CancelledError,
     CapabilitySpec,
     FieldViolation,
+    GateInfo,
     InvalidArgumentError,
     PlanEvent,
     PlanRevision,
@@ -38,9 +48,11 @@ from stratagem.protocol import (
 
 __all__ = [
     "MESSAGE_LIMIT",
+    "caller_deadline",
     "coerce_request",
     "digest_of_request",
     "failure_error",
+    "gate_info",
     "gate_output",
     "goal_marked",
     "invalid_argument",
@@ -51,6 +63,7 @@ __all__ = [
     "recorded_digest",
     "revision_entry",
     "run_failure",
+    "stored_gate",
 ]
 
 MESSAGE_LIMIT: Final = 4000
@@ -103,7 +116,82 @@ def plan_event(event: StepEvent, role: str) -> PlanEvent:
         message=event.message[:MESSAGE_LIMIT],
         timestamp=event.timestamp,
         agent=role,
+        gate=None if event.gate is None else gate_info(event.gate),
     )
+
+
+def gate_info(notice: GateNotice) -> GateInfo:
+    """What the engine says happened at a gate, as the protocol's ``GateInfo`` (long texts and
+    values cut to the wire's limits; a value cut is no longer JSON and says so)."""
+    return GateInfo.model_construct(
+        gate_id=notice.gate_id,
+        kind=notice.kind.value,
+        event=notice.event,
+        prompt=notice.prompt[:MESSAGE_LIMIT],
+        deciders=list(notice.deciders),
+        deadline=notice.deadline or 0.0,
+        escalate_at=notice.escalate_at or 0.0,
+        input_schema_json=_json_or_empty(notice.input_schema, notice.input_schema is not None),
+        choices_json=_json_or_empty(
+            None if notice.choices is None else list(notice.choices), notice.choices is not None
+        ),
+        tool=notice.tool,
+        arguments_json=_json_or_empty(notice.arguments, notice.arguments is not None),
+        decision=notice.decision,
+        approver=notice.approver,
+        rationale=notice.rationale[:MESSAGE_LIMIT],
+        value_json=_json_or_empty(notice.value, notice.has_value),
+        at=max(notice.at, 0.0),
+    )
+
+
+def stored_gate(gate: GateState, step: Step | None) -> GateInfo:
+    """A gate as the store keeps it (``PlanState.gates``) and its plan's ``step`` says it, as
+    the protocol's ``GateInfo``."""
+    decided = gate.decision is not GateDecision.OPEN
+    asks = isinstance(step, GateStep) and gate.kind is GateKind.GATE
+    return GateInfo.model_construct(
+        gate_id=gate.gate_id,
+        kind=gate.kind.value,
+        event=(
+            ("timed_out" if gate.timed_out else "decided")
+            if decided
+            else ("escalated" if gate.escalated else "opened")
+        ),
+        prompt=gate.prompt[:MESSAGE_LIMIT],
+        deciders=list(gate.deciders),
+        deadline=gate.deadline or 0.0,
+        escalate_at=gate.escalate_at or 0.0,
+        input_schema_json=(
+            _json_or_empty(step.input_schema, step.input_schema is not None)
+            if asks and isinstance(step, GateStep)
+            else ""
+        ),
+        choices_json=(
+            _json_or_empty(step.choices, step.choices is not None)
+            if asks and isinstance(step, GateStep)
+            else ""
+        ),
+        tool=step.tool if isinstance(step, ToolStep) and gate.kind is GateKind.TOOL else "",
+        arguments_json=_json_or_empty(gate.arguments, gate.arguments is not None),
+        decision=gate.decision.value if decided else "",
+        approver=gate.approver,
+        rationale=gate.rationale[:MESSAGE_LIMIT],
+        value_json=_json_or_empty(gate.value, gate.has_value),
+        at=max(gate.opened_at or 0.0, 0.0),
+    )
+
+
+_JSON_LIMIT: Final = 65536
+
+
+def _json_or_empty(value: Any, present: bool) -> str:
+    if not present:
+        return ""
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    if len(text) > _JSON_LIMIT:
+        return json.dumps({"cut": True, "bytes": len(text)})
+    return text
 
 
 def gate_output(output_json: str) -> dict[str, Any] | None:
@@ -155,6 +243,12 @@ def recorded_digest(plan_json: str) -> str | None:
         return None
     found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
     return found.group(1) if found else None
+
+
+def caller_deadline(ctx: CallContext) -> float | None:
+    """When the caller of ``ctx`` stops waiting, on the wall clock (``None``: no deadline)."""
+    left = ctx.remaining()
+    return None if left is None else time.time() + left
 
 
 def one_line(text: str) -> str:

@@ -12,15 +12,21 @@ from stratagem.planning._engine import (
     CircuitBreakerConfig,
     Engine,
     EngineConfig,
+    GateNotice,
+    GateNotifier,
     PlanResult,
     StepEvent,
+    ToolApproval,
     ToolContext,
     ToolRunner,
 )
 from stratagem.planning._errors import (
     FAILURE_CODES,
     ExpressionError,
+    ForkError,
+    GateDeciderError,
     GateDecisionError,
+    GateValueError,
     LogicError,
     PlanControlError,
     PlanFailedError,
@@ -41,10 +47,12 @@ from stratagem.planning._errors import (
 from stratagem.planning._expr import Expression, expression
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import (
+    DECIDER_PATTERN,
     STEP_ID_PATTERN,
     Budget,
     CrossAgentStep,
     FailureClass,
+    Fork,
     GateStep,
     ModelCall,
     Plan,
@@ -72,6 +80,7 @@ from stratagem.planning._revisions import (
 from stratagem.planning._store._history import HistoryQuery, PlanSummary
 from stratagem.planning._store._sqlite import SqliteStateStore
 from stratagem.planning._store._state import (
+    TIMEOUT_APPROVER,
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -104,8 +113,10 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"})
 
 __all__ = [
+    "DECIDER_PATTERN",
     "FAILURE_CODES",
     "STEP_ID_PATTERN",
+    "TIMEOUT_APPROVER",
     "BreakerState",
     "Budget",
     "BudgetRecord",
@@ -124,12 +135,18 @@ __all__ = [
     "Expression",
     "ExpressionError",
     "FailureClass",
+    "Fork",
+    "ForkError",
+    "GateDeciderError",
     "GateDecision",
     "GateDecisionError",
     "GateKind",
+    "GateNotice",
+    "GateNotifier",
     "GateRecord",
     "GateState",
     "GateStep",
+    "GateValueError",
     "Handler",
     "HistoryQuery",
     "InMemoryDispatcher",
@@ -176,6 +193,7 @@ __all__ = [
     "StoreSchemaError",
     "StoreStats",
     "StoreUnavailableError",
+    "ToolApproval",
     "ToolContext",
     "ToolRunner",
     "ToolStep",

@@ -10,8 +10,14 @@
     ├── PlanFailedError            a plan run ended failed (.plan_id, .failures)
     ├── PlanControlError           a control call (resume, decide, pause, cancel, replan,
     │                              replay) does not apply (.plan_id); caller input
-    │   └── GateDecisionError      a gate decision is refused: unknown or closed gate, wrong
-    │                              revision (.gate_id, .revision)
+    │   ├── GateDecisionError      a gate decision is refused: unknown or closed gate, wrong
+    │   │   │                      revision (.gate_id, .revision)
+    │   │   ├── GateDeciderError   who decides is not among the gate's deciders (.approver,
+    │   │   │                      .deciders)
+    │   │   └── GateValueError     the value (or a tool's edited arguments) does not fit what
+    │   │                          the gate asks (.field, .reason)
+    │   └── ForkError              a fork point or a substituted output does not fit the plan
+    │                              (.field, .reason)
     ├── StoreError                 a state store failed to read or write; the run stops
     │   ├── StoreSchemaError       the store's schema is newer than this code, or a migration failed
     │   ├── StoreUnavailableError  the store's database cannot be opened, reached or locked
@@ -57,7 +63,10 @@ from stratagem.protocol._storage import StorageErrors
 
 __all__ = [
     "FAILURE_CODES",
+    "ForkError",
+    "GateDeciderError",
     "GateDecisionError",
+    "GateValueError",
     "LogicError",
     "PlanControlError",
     "PlanFailedError",
@@ -191,6 +200,63 @@ class GateDecisionError(PlanControlError):
         self.gate_id = gate_id
         self.revision = revision
         super().__init__(plan_id, message)
+
+
+class GateDeciderError(GateDecisionError):
+    """Who decides may not decide this gate: not among its deciders (or its policy's).
+
+    Attributes:
+        approver: Who tried to decide.
+        deciders: Who may (identities, ``role:NAME``).
+    """
+
+    def __init__(
+        self,
+        plan_id: str,
+        gate_id: str,
+        revision: int,
+        approver: str,
+        deciders: Sequence[str],
+    ) -> None:
+        self.approver = approver
+        self.deciders = tuple(deciders)
+        named = ", ".join(deciders) or "no one"
+        super().__init__(
+            plan_id,
+            gate_id,
+            revision,
+            f"{approver!r} may not decide gate {gate_id!r} of plan {plan_id!r} "
+            f"(it is for: {named})",
+        )
+
+
+class GateValueError(GateDecisionError):
+    """A decision's value (or a tool's edited arguments) does not fit what the gate asks.
+
+    Attributes:
+        field: The field that does not fit, e.g. ``value.amount`` or ``arguments.text``.
+        reason: Why, in one line.
+    """
+
+    def __init__(self, plan_id: str, gate_id: str, revision: int, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(plan_id, gate_id, revision, f"gate {gate_id!r}: {field}: {reason}")
+
+
+class ForkError(PlanControlError):
+    """A fork of a plan does not fit it: no such fork point (step or revision), or a substituted
+    output for a step that is not before the fork point.
+
+    Attributes:
+        field: What does not fit: ``at_step``, ``revision`` or ``set.<step>``.
+        reason: Why, in one line.
+    """
+
+    def __init__(self, plan_id: str, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(plan_id, f"cannot fork plan {plan_id!r}: {field}: {reason}")
 
 
 class StoreError(PlanningError, StorageError):

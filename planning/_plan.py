@@ -19,11 +19,13 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = [
+    "DECIDER_PATTERN",
     "PLAN_ID_PATTERN",
     "STEP_ID_PATTERN",
     "Budget",
     "CrossAgentStep",
     "FailureClass",
+    "Fork",
     "GateStep",
     "ModelCall",
     "Plan",
@@ -42,7 +44,12 @@ STEP_ID_PATTERN: Final = r"[a-z][a-z0-9_-]{0,63}"
 PLAN_ID_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}"
 """A plan id: the non-empty form of the protocol's plan id."""
 
+DECIDER_PATTERN: Final = r"(role:)?[a-z][a-z0-9_-]{0,63}"
+"""Who may decide a gate: an identity (``alice``, ``operator``) or ``role:NAME`` (a role of the
+agent's policy, e.g. ``role:leads``)."""
+
 StepId = Annotated[str, StringConstraints(pattern=rf"^{STEP_ID_PATTERN}$")]
+Decider = Annotated[str, StringConstraints(pattern=rf"^{DECIDER_PATTERN}$")]
 RoleName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
@@ -229,15 +236,47 @@ class GateStep(StepBase):
     """Wait for a person's decision: the plan is ``blocked`` here until the gate is decided.
 
     An approval lets the dependents run (the gate's output is ``{"approved": True, "approver": ...,
-    "rationale": ...}``); a rejection fails the gate with class ``policy``, and so the plan. A
-    decision is bound to the plan revision it was given for (``Engine.decide``).
+    "rationale": ...}``, plus ``"value"`` for a gate that asks one); a rejection fails the gate
+    with class ``policy``, and so the plan. A decision is bound to the plan revision it was given
+    for (``Engine.decide``).
+
+    A gate may **ask**: with ``input_schema`` (a JSON Schema) or ``choices``, an approval carries a
+    value that fits it, which later steps read as the gate's ``value`` (``{"$ref": "ask.value"}``).
+    It may **time out**: ``timeout_s`` (from its opening; the inherited field) with ``on_timeout``.
+    It may say **who decides** (``deciders``: identities, or ``role:NAME`` for the members of a
+    role of the agent's policy; empty: whoever the policy lets decide) and **escalate**: after
+    ``escalate_after_s`` undecided, the gate passes to ``escalate_to``. A gate is decided, never
+    attempted: ``retry`` and ``on_policy_failure`` do not apply to it (``validate_plan`` refuses
+    them), nor does the engine's default step time limit (a gate without ``timeout_s`` waits until
+    it is decided).
 
     Attributes:
         prompt: What the approver is asked, e.g. ``"Publish the chapter?"``.
+        input_schema: The JSON Schema of the value an approval carries (``None``: no value).
+        choices: The values an approval may carry, one of them (``None``: no list).
+        deciders: Who may decide: identities, or ``role:NAME``; empty: anyone the policy allows.
+        on_timeout: What ``timeout_s`` without a decision does: ``reject`` the gate, ``approve``
+            it (a gate that asks nothing), approve it with the ``default`` value, or
+            ``escalate`` it to ``escalate_to`` (it then waits for them).
+        default: The value ``on_timeout="default"`` approves with (it must fit the gate).
+        escalate_after_s: Seconds undecided after which the gate passes to ``escalate_to``.
+        escalate_to: Who decides once the gate escalated (same forms as ``deciders``).
     """
 
     kind: Literal["gate"] = "gate"
     prompt: str = Field(min_length=1, max_length=2000)
+    input_schema: dict[str, Any] | None = None
+    choices: list[Any] | None = Field(default=None, min_length=1, max_length=100)
+    deciders: list[Decider] = Field(default_factory=list, max_length=64)
+    on_timeout: Literal["reject", "approve", "default", "escalate"] = "reject"
+    default: Any = None
+    escalate_after_s: float | None = Field(default=None, gt=0.0)
+    escalate_to: list[Decider] = Field(default_factory=list, max_length=64)
+
+    @property
+    def asks(self) -> bool:
+        """Whether an approval of this gate carries a value (it has a schema or choices)."""
+        return self.input_schema is not None or self.choices is not None
 
 
 Step = Annotated[ToolStep | CrossAgentStep | GateStep, Field(discriminator="kind")]
@@ -331,6 +370,30 @@ class Provenance(BaseModel):
         return sum(call.input_tokens + call.output_tokens for call in self.calls)
 
 
+class Fork(BaseModel):
+    """Where a forked plan comes from (``Engine.fork``): its lineage.
+
+    Attributes:
+        plan_id: The plan it was forked from.
+        revision: That plan's revision it was forked from.
+        at_step: The fork point: the steps whose results were recorded before this step first
+            started carried their results into the fork ("" : every succeeded step of the
+            revision did).
+        carried: The steps whose recorded results the fork carries (without running them).
+        substituted: The steps whose outputs were replaced (``--set``).
+        author: Who forked it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plan_id: Annotated[str, StringConstraints(pattern=rf"^{PLAN_ID_PATTERN}$")]
+    revision: int = Field(ge=1)
+    at_step: str = Field(default="", max_length=64)
+    carried: list[str] = Field(default_factory=list)
+    substituted: list[str] = Field(default_factory=list)
+    author: str = Field(default="", max_length=300)
+
+
 class Plan(BaseModel):
     """A plan: an immutable DAG of steps owned by one agent.
 
@@ -351,6 +414,11 @@ class Plan(BaseModel):
             plan (running steps are cancelled, nothing new starts); ``"continue_independent"``
             lets every step that does not depend on the failed one run to its end (its dependents
             are skipped). Either way the plan ends ``failed`` and compensates.
+        forked_from: For a plan made by ``Engine.fork``: the plan, revision and step it was
+            forked from (``None`` otherwise).
+        deadline: When the caller the plan answers stops waiting (seconds since the epoch);
+            ``None``: no caller set one. The engine ignores it; an agent cancels, rather than
+            resumes, a plan whose caller's deadline passed (``docs/durability.md``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -365,6 +433,8 @@ class Plan(BaseModel):
     provenance: Provenance | None = None
     inputs: dict[str, Any] = Field(default_factory=dict)
     on_failure: Literal["fail_fast", "continue_independent"] = "fail_fast"
+    forked_from: Fork | None = None
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def step(self, step_id: str) -> Step:
         """The step with id ``step_id``.

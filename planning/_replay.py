@@ -70,6 +70,8 @@ __all__ = ["Divergence", "ReplayReport", "replay"]
 logger = logging.getLogger(__name__)
 
 _GATED: Final = "gated"
+_CARRIED_GATE: Final = "(a carried gate)"
+"""The tool a replay serves a carried gate's recorded result as."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +343,11 @@ class _Observer:
             return
         gate = queue.popleft()
         output = None if gate.output_json is None else json.loads(gate.output_json)
+        given: dict[str, Any] = {}
+        if gate.value_json is not None:
+            given["value"] = json.loads(gate.value_json)
+        if gate.arguments_json is not None:
+            given["arguments"] = json.loads(gate.arguments_json)
         self.tasks.append(
             asyncio.get_running_loop().create_task(
                 self.engine.decide(
@@ -351,6 +358,7 @@ class _Observer:
                     rationale=gate.rationale,
                     revision=revision,
                     output=output,
+                    **given,
                 )
             )
         )
@@ -399,19 +407,41 @@ async def replay(
     plan = state.plan(plan_type)
     state = fold(plan_id, state.revision, state.plan_json, records)
     recorded = _recorded(plan, records)
-    # Gates are decided, not served; with ``tools``, tool steps call them instead.
+    # A gate's result carried into this revision (a replan's, a fork's) was decided elsewhere:
+    # it is served like a tool's, as recorded. Other gates are decided, not served; with
+    # ``tools``, tool steps call them instead.
+    carried = _carried_gates(plan, records)
     unserved = {
         step.id
         for step in plan.steps
-        if isinstance(step, GateStep) or (tools is not None and isinstance(step, ToolStep))
+        if (isinstance(step, GateStep) and step.id not in carried)
+        or (tools is not None and isinstance(step, ToolStep))
     }
     served = _Served(records, outputs or {}, unserved)
     observer = _Observer(plan, records, served)
+    if carried:
+        plan = plan.model_copy(
+            update={
+                "steps": [
+                    ToolStep(
+                        id=step.id,
+                        tool=_CARRIED_GATE,
+                        depends_on=step.depends_on,
+                        when=step.when,
+                        runs_on=step.runs_on,
+                    )
+                    if step.id in carried
+                    else step
+                    for step in plan.steps
+                ]
+            }
+        )
     engine = Engine(
         EngineConfig(
             max_in_flight=plan.max_in_flight or 4,
             default_timeout_s=timeout_s,
             circuit_breaker=None,
+            gate_deadlines=False,  # the recorded decisions are given instead
         ),
         tools=_RecordingTools(served, tools, _recorded_costs(plan, records)),
         dispatcher=_RecordingDispatcher(served),
@@ -463,6 +493,25 @@ async def replay(
             divergence.replayed,
         )
     return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+
+
+def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
+    """The gate steps whose success the journal records without a decision of its own (their
+    result was carried from another revision or plan)."""
+    gates = {step.id for step in plan.steps if isinstance(step, GateStep)}
+    decided = {
+        r.gate_id
+        for r in records
+        if isinstance(r, GateRecord) and r.decision is not GateDecision.OPEN
+    }
+    return {
+        r.step_id
+        for r in records
+        if isinstance(r, StepResult)
+        and r.status is StepStatus.SUCCEEDED
+        and r.step_id in gates
+        and r.step_id not in decided
+    }
 
 
 async def _cancel_when_stuck(

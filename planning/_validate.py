@@ -20,7 +20,8 @@ from stratagem.planning._errors import (
     field_problems,
 )
 from stratagem.planning._expr import expression
-from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, Step, ToolStep
+from stratagem.planning._gate_input import choices_problem, schema_problem, value_problem
+from stratagem.planning._plan import CrossAgentStep, GateStep, Plan, RetryPolicy, Step, ToolStep
 from stratagem.planning._refs import REF_KEY, Ref, iter_markers
 from stratagem.protocol import CAPABILITIES, CapabilitySpec
 from stratagem.protocol import roles as registered_roles
@@ -48,7 +49,9 @@ def validate_plan(
     dependencies of its step and the plan's inputs, and so does a step's condition (``when``); a
     step that runs on failure depends on some step; a compensating tool is
     in the owner's registry, its input's references name the step itself or a (transitive)
-    dependency, and a gate has no compensation.
+    dependency, and a gate has no compensation; a gate does not retry, asks with a valid JSON
+    Schema or distinct choices (not both), and its ``on_timeout``, ``default`` and escalation
+    fit together (a default fits what the gate asks; whoever it escalates to is named).
 
     Args:
         plan: The plan.
@@ -84,6 +87,7 @@ def validate_plan(
             case GateStep():
                 if step.compensate is not None or step.compensate_input is not None:
                     problems.append(f"gate {step.id!r} cannot have a compensation")
+                problems.extend(_gate_problems(step))
                 continue
             case _:
                 assert_never(step)
@@ -161,6 +165,67 @@ def _compensation_problems(
             problems.append(
                 problem.replace(f"step {step.id!r}", f"step {step.id!r} compensation", 1)
             )
+    return problems
+
+
+def _gate_problems(step: GateStep) -> list[str]:
+    """Problems with what a gate asks, its time limit and who decides it: what a gate cannot
+    use is refused rather than ignored."""
+    gate = f"gate {step.id!r}"
+    problems: list[str] = []
+    # Compared with the defaults, not with the fields set: a plan travels as its whole JSON.
+    if step.retry != RetryPolicy():
+        problems.append(
+            f"{gate} cannot retry: a gate is decided, not attempted (use timeout_s and on_timeout)"
+        )
+    if step.on_policy_failure != "abort":
+        problems.append(f"{gate} cannot have on_policy_failure: a gate fails no policy check")
+    if step.input_schema is not None and step.choices is not None:
+        problems.append(f"{gate} asks with input_schema or with choices, not both")
+    if step.input_schema is not None:
+        problem = schema_problem(step.input_schema)
+        if problem is not None:
+            problems.append(f"{gate} input_schema is not a valid JSON Schema: {problem}")
+    if step.choices is not None:
+        problem = choices_problem(step.choices)
+        if problem is not None:
+            problems.append(f"{gate} choices: {problem}")
+    if step.timeout_s is None:
+        if step.on_timeout != "reject":
+            problems.append(f"{gate} has on_timeout but no timeout_s")
+    elif step.on_timeout == "approve" and step.asks:
+        problems.append(
+            f"{gate} asks a value, so on_timeout 'approve' has none to give: use on_timeout "
+            f"'default' with a default value"
+        )
+    if step.on_timeout == "default":
+        if not step.asks:
+            problems.append(
+                f"{gate} asks no value (no input_schema, no choices): use on_timeout 'approve'"
+            )
+        elif step.input_schema is None or schema_problem(step.input_schema) is None:
+            unfit = value_problem(step, step.default, True)
+            if unfit is not None:
+                problems.append(f"{gate} default does not fit the gate: {': '.join(unfit)}")
+    elif step.default is not None:
+        problems.append(f"{gate} has a default value but on_timeout is not 'default'")
+    escalates = step.escalate_after_s is not None or step.on_timeout == "escalate"
+    if escalates and not step.escalate_to:
+        problems.append(f"{gate} escalates but names no one in escalate_to")
+    if step.escalate_to and not escalates:
+        problems.append(
+            f"{gate} has escalate_to but never escalates (set escalate_after_s, or on_timeout "
+            f"'escalate')"
+        )
+    if (
+        step.escalate_after_s is not None
+        and step.timeout_s is not None
+        and step.escalate_after_s >= step.timeout_s
+    ):
+        problems.append(
+            f"{gate} escalate_after_s ({step.escalate_after_s:g}) must be less than its "
+            f"timeout_s ({step.timeout_s:g})"
+        )
     return problems
 
 

@@ -78,6 +78,7 @@ from stratagem.protocol._codec import (
     encode_response,
     from_message,
     json_object,
+    json_value,
     to_message,
     violations_from,
 )
@@ -127,6 +128,7 @@ from stratagem.protocol._models import (
     CapabilityCard,
     ControlAction,
     ControlRequest,
+    GateInfo,
     PlanEvent,
     PlanRevision,
     PlanSnapshot,
@@ -142,7 +144,15 @@ from stratagem.protocol._models import (
     StepRecord,
     control_capability,
 )
-from stratagem.protocol._policy import MCP_TARGET_PREFIX, OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._policy import (
+    MCP_TARGET_PREFIX,
+    OPERATOR,
+    READ_RPCS,
+    ROLE_PREFIX,
+    ApprovalRule,
+    Policy,
+    PolicyRule,
+)
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -203,6 +213,7 @@ __all__ = [
     "READ_RPCS",
     "ROLES",
     "ROLE_PATTERN",
+    "ROLE_PREFIX",
     "TRACE_ID_PATTERN",
     "A2AConfig",
     "A2AServer",
@@ -215,6 +226,7 @@ __all__ = [
     "AnalyzeNarrativeResponse",
     "AnswerRetention",
     "AnswerStore",
+    "ApprovalRule",
     "ArchiveError",
     "ArchivedSegment",
     "AuditLog",
@@ -243,6 +255,7 @@ __all__ = [
     "FileHeads",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "GateInfo",
     "HeadsStore",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
@@ -329,6 +342,7 @@ __all__ = [
     "from_message",
     "init_certificates",
     "json_object",
+    "json_value",
     "load_or_create_key",
     "redact",
     "redact_value",

@@ -232,12 +232,14 @@ class PlanExecutionSequenceResponse(WireModel):
 
 
 class SubmitGoalRequest(WireModel):
-    """Pursue a story goal across all agents."""
+    """Pursue a story goal across all agents; ``detach``: answer once its plan runs (its
+    ``plan_id`` and ``status``), the goal running on bound by no caller's deadline."""
 
     goal: Title
     passage: Text
     beats: int = Field(default=3, ge=1, le=8)
     plan_id: PlanId = ""
+    detach: bool = False
 
 
 class SubmitGoalResponse(WireModel):

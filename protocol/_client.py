@@ -95,6 +95,9 @@ _REQUEST_ID: Final = re.compile(REQUEST_ID_PATTERN)
 _PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
 _CAPABILITY_NAME: Final = re.compile(CAPABILITY_NAME_PATTERN)
 
+_NO_VALUE: Final[Any] = object()
+"""``control``'s ``value`` when none is given (``None`` is a value: JSON's null)."""
+
 
 class _RequestIds:
     """Fresh request ids: a random per-process prefix and a counter (no syscall per id).
@@ -387,12 +390,19 @@ class AgentClient:
         revision: int = 0,
         output: dict[str, Any] | None = None,
         plan_json: str = "",
+        value: Any = _NO_VALUE,
+        arguments: dict[str, Any] | None = None,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: dict[str, dict[str, Any]] | None = None,
+        new_plan_id: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> PlanSnapshot:
-        """Approve, reject, pause, cancel, resume or replan one of the agent's plans.
+        """Approve, reject, pause, cancel, resume, replan or fork one of the agent's plans.
 
         Authorized as the pseudo-capability ``Control.<action>``; the approver of a gate decision
-        is this client's caller identity, as the server verified it.
+        is this client's caller identity, as the server verified it (a gate that names its
+        deciders refuses anyone else: ``PermissionDeniedError``).
 
         Args:
             plan_id: The plan.
@@ -404,14 +414,24 @@ class AgentClient:
                 re-running the step (its effect was found done).
             plan_json: For ``replan``: the new revision's plan, as JSON of the agent's plan type
                 (``rationale`` is required too); ``resume`` then runs it.
+            value: For ``approve`` of a gate that asks: its value (any JSON value; omit it
+                otherwise).
+            arguments: For ``approve`` of a tool gate: the tool's arguments as edited.
+            at_step: For ``fork``: the fork point ("" : the end of the revision).
+            at_revision: For ``fork``: the revision forked (0: the newest).
+            outputs: For ``fork``: step id -> an output substituted for its recorded one.
+            new_plan_id: For ``fork``: the new plan's id ("" : the agent makes one).
             timeout: The call's deadline in seconds.
 
         Returns:
-            The plan's state once the action took effect.
+            The plan's state once the action took effect (for ``fork``: the new plan's).
 
         Raises:
             ProtocolUsageError: The arguments do not form a valid request (e.g. no ``gate_id``).
             NotFoundError: The agent has no such plan.
+            InvalidArgumentError: A value or arguments that do not fit the gate, a fork point
+                that does not exist or an output for a step not before it (naming the field).
+            PermissionDeniedError: The gate is not for this caller.
             FailedPreconditionError: The action does not apply (a gate not open, a finished plan).
         """
         try:
@@ -423,11 +443,41 @@ class AgentClient:
                 revision=revision,
                 output_json="" if output is None else json.dumps(output),
                 plan_json=plan_json,
+                value_json="" if value is _NO_VALUE else json.dumps(value),
+                arguments_json="" if arguments is None else json.dumps(arguments),
+                at_step=at_step,
+                at_revision=at_revision,
+                set_json=json.dumps(outputs) if outputs else "",
+                new_plan_id=new_plan_id,
             )
         except ValidationError as exc:
             problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
             raise ProtocolUsageError(f"invalid {action} of plan {plan_id!r}: {problems}") from None
         return await self._rpc(CONTROL, request, timeout)
+
+    async def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: dict[str, dict[str, Any]] | None = None,
+        new_plan_id: str = "",
+        rationale: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> PlanSnapshot:
+        """Fork one of the agent's plans: ``control(plan_id, "fork", ...)``; the new plan's
+        snapshot (it runs on from the fork point, the results before it carried)."""
+        return await self.control(
+            plan_id,
+            "fork",
+            at_step=at_step,
+            at_revision=at_revision,
+            outputs=outputs,
+            new_plan_id=new_plan_id,
+            rationale=rationale,
+            timeout=timeout,
+        )
 
     async def revisions(
         self,

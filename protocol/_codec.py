@@ -56,6 +56,7 @@ __all__ = [
     "field_path",
     "from_message",
     "json_object",
+    "json_value",
     "to_message",
     "violations_from",
 ]
@@ -71,6 +72,15 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     Deep nesting (past :data:`MAX_JSON_DEPTH`) and integers longer than Python converts are refused
     with a reason, like any other malformed payload, never an internal error.
     """
+    raw = json_value(text, what)
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(f"{what} must be a JSON object")
+    return raw
+
+
+def json_value(text: str, what: str) -> Any:
+    """The JSON value ``text`` holds (any: an object, a list, a string, a number, ...), or
+    :class:`InvalidArgumentError` naming ``what``, refused as ``json_object`` refuses."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -91,8 +101,6 @@ def json_object(text: str, what: str) -> dict[str, Any]:
             stack.extend(
                 (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
             )
-    if not isinstance(raw, dict):
-        raise InvalidArgumentError(f"{what} must be a JSON object")
     return raw
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "ControlAction",
     "ControlRequest",
     "Envelope",
+    "GateInfo",
     "NoQuery",
     "PlanEvent",
     "PlanQuery",
@@ -78,7 +79,7 @@ PLAN_ID_PATTERN: Final[str] = next(
 """The pattern of a plan (or step) id, as ``PlanId`` declares it."""
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
-ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan"]
+ControlAction = Literal["approve", "reject", "pause", "cancel", "resume", "replan", "fork"]
 """What ``Control`` does to a plan."""
 CONTROL_ACTIONS: Final[tuple[ControlAction, ...]] = get_args(ControlAction)
 
@@ -175,16 +176,65 @@ class CapabilityCard(WireModel):
 
 
 class AgentCard(WireModel):
-    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``)."""
+    """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``),
+    and how it plans: ``planner`` (``deterministic`` or ``model``; "" from an older agent) and
+    ``planning_timeout_s``, the longest planning one request may take (its model's limits; 0
+    when no model plans), from which a client sets a goal's default deadline."""
 
     role: Identity
     version: str = Field(max_length=64)
     capabilities: list[CapabilityCard] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=list)
+    planner: str = Field(default="", max_length=32)
+    planning_timeout_s: float = Field(default=0.0, ge=0.0, le=86400.0, allow_inf_nan=False)
+
+
+class GateInfo(WireModel):
+    """A gate: what it asks, who may decide it, its deadline and escalation, what was decided.
+
+    Carried by ``PlanEvent.gate`` (a gate's events) and ``PlanSnapshot.gates``; its JSON is the
+    ``gate`` of a gate webhook's body. Times are seconds since the epoch (0: none).
+
+    Attributes:
+        gate_id: The gate step, or the step a reconcile, policy or tool gate names.
+        kind: ``gate``, ``reconcile``, ``policy`` or ``tool``.
+        event: ``opened``, ``escalated``, ``timed_out`` or ``decided``.
+        prompt: What the approver is asked.
+        deciders: Who may decide now (identities, ``role:NAME``; none: whoever the policy allows).
+        deadline: When it times out.
+        escalate_at: When it escalates (0 once it has).
+        input_schema_json: The JSON Schema of the value an approval carries ("" : none).
+        choices_json: The values an approval may carry, a JSON array ("" : none).
+        tool: A tool gate's tool.
+        arguments_json: A tool gate's arguments (a JSON object; once decided, as approved).
+        decision: ``approved`` or ``rejected`` ("" while open).
+        approver: Who decided (``(timeout)``: its deadline).
+        rationale: Why.
+        value_json: The value the approval carried, as JSON ("" : none).
+        at: When it opened, escalated or was decided.
+    """
+
+    gate_id: str = Field(max_length=200)
+    kind: str = Field(default="gate", max_length=16)
+    event: str = Field(default="opened", max_length=16)
+    prompt: str = Field(default="", max_length=4000)
+    deciders: list[str] = Field(default_factory=list, max_length=64)
+    deadline: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    escalate_at: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    input_schema_json: str = Field(default="", max_length=65536)
+    choices_json: str = Field(default="", max_length=65536)
+    tool: str = Field(default="", max_length=128)
+    arguments_json: str = Field(default="", max_length=65536)
+    decision: str = Field(default="", max_length=16)
+    approver: str = Field(default="", max_length=256)
+    rationale: str = Field(default="", max_length=4000)
+    value_json: str = Field(default="", max_length=65536)
+    at: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
 
 
 class PlanEvent(WireModel):
-    """A change of a plan or of one of its steps, as streamed by ``Watch``."""
+    """A change of a plan or of one of its steps, as streamed by ``Watch`` (``gate``: for a
+    gate's events, what happened at the gate)."""
 
     plan_id: PlanId
     revision: Count = 0
@@ -195,6 +245,7 @@ class PlanEvent(WireModel):
     message: str = Field(default="", max_length=4000)
     timestamp: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     agent: str = Field(default="", max_length=64)
+    gate: GateInfo | None = None
 
 
 Timestamp = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -252,7 +303,9 @@ class StepRecord(WireModel):
 
 
 class PlanSnapshot(WireModel):
-    """A plan's state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON.
+    """A plan's state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON (a
+    fork's ``forked_from`` in it), ``gates`` its open gates and those decided since the agent took
+    it up.
 
     Attributes:
         plan_id: The plan.
@@ -267,6 +320,7 @@ class PlanSnapshot(WireModel):
         message: The last status's line: for a failed plan, which step failed, its class and why.
         steps: What each step did (the ``steps`` view).
         cursor: A page token listing the plans after this one (``Plans`` answers only).
+        gates: Its open gates, and those decided since the agent took it up.
     """
 
     plan_id: PlanId
@@ -281,6 +335,7 @@ class PlanSnapshot(WireModel):
     message: str = Field(default="", max_length=4000)
     steps: list[StepRecord] = Field(default_factory=list)
     cursor: str = Field(default="", pattern=r"^[0-9]{0,20}$")
+    gates: list[GateInfo] = Field(default_factory=list, max_length=10_000)
 
     def size_hint(self) -> int:
         """About how many bytes the snapshot takes in a message (its texts dominate it)."""
@@ -293,7 +348,7 @@ class PlanSnapshot(WireModel):
             + len(self.goal)
             + len(self.message)
             + steps
-            + _OVERHEAD * (1 + len(self.steps))
+            + _OVERHEAD * (1 + len(self.steps) + len(self.gates))
         )
 
 
@@ -382,11 +437,20 @@ class ControlRequest(WireModel):
     Attributes:
         plan_id: The plan.
         action: What to do.
-        gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
-        rationale: For ``approve``/``reject``: why (audited, redacted).
+        gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile, policy or
+            tool gate names.
+        rationale: For ``approve``/``reject``/``replan``/``fork``: why (audited, redacted).
         revision: For ``approve``/``reject``: the plan revision decided for; 0 for the current.
         output_json: For ``approve`` of a reconcile gate: a JSON object to record as the step's
             output instead of re-running it (the operator found its effect done).
+        plan_json: For ``replan``: the new revision's plan.
+        value_json: For ``approve`` of a gate that asks: its value, as JSON ("" : none).
+        arguments_json: For ``approve`` of a tool gate: the tool's arguments as edited (a JSON
+            object; "" : as they are).
+        at_step: For ``fork``: the fork point ("" : the end of the revision forked).
+        at_revision: For ``fork``: the revision forked (0: the newest).
+        set_json: For ``fork``: a JSON object of step id -> output substituted ("" : none).
+        new_plan_id: For ``fork``: the new plan's id ("" : one is made).
     """
 
     plan_id: PlanId = Field(min_length=1)
@@ -396,6 +460,12 @@ class ControlRequest(WireModel):
     revision: Count = 0
     output_json: str = Field(default="", max_length=1 << 20)
     plan_json: str = Field(default="", max_length=16 << 20)
+    value_json: str = Field(default="", max_length=1 << 20)
+    arguments_json: str = Field(default="", max_length=1 << 20)
+    at_step: PlanId = ""
+    at_revision: Count = 0
+    set_json: str = Field(default="", max_length=16 << 20)
+    new_plan_id: PlanId = ""
 
     @model_validator(mode="after")
     def _gate_given(self) -> ControlRequest:
@@ -407,6 +477,12 @@ class ControlRequest(WireModel):
             raise ValueError("replan needs plan_json and rationale")
         if self.plan_json and self.action != "replan":
             raise ValueError("plan_json is only for replan")
+        for name in ("value_json", "arguments_json"):
+            if getattr(self, name) and self.action != "approve":
+                raise ValueError(f"{name} is only for approve")
+        for name in ("at_step", "at_revision", "set_json", "new_plan_id"):
+            if getattr(self, name) and self.action != "fork":
+                raise ValueError(f"{name} is only for fork")
         return self
 
 

@@ -120,7 +120,8 @@ class AgentBackend(Protocol):
         ...
 
     async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
-        """Approve, reject, pause, cancel, resume or replan a plan; ``ctx.caller`` is the actor."""
+        """Approve, reject, pause, cancel, resume, replan or fork a plan; ``ctx.caller`` is the
+        actor (a fork answers with the new plan's snapshot)."""
         ...
 
     async def revisions(self, plan_id: str) -> RevisionsResponse:
@@ -287,20 +288,30 @@ def _control_detail(control: ControlRequest, caller: str) -> str:
     described = f"plan {control.plan_id} {control.action}"
     if control.action in ("approve", "reject"):
         # The approver is the verified caller (the record's actor); the rationale is redacted
-        # with the rest of the detail by the audit log.
+        # with the rest of the detail by the audit log. A value or edited arguments are named,
+        # not quoted (the journal keeps them).
         return (
             f"{described} gate {control.gate_id} by {caller}"
             + (" (recorded as done)" if control.output_json else "")
+            + (" with a value" if control.value_json else "")
+            + (" with edited arguments" if control.arguments_json else "")
             + f": {control.rationale}"
         )
     if control.action == "replan":
         return f"{described} by {caller}: {control.rationale}"
+    if control.action == "fork":
+        at = f" at step {control.at_step}" if control.at_step else ""
+        revision = f" revision {control.at_revision}" if control.at_revision else ""
+        substituted = " with substituted outputs" if control.set_json else ""
+        return f"{described}{revision}{at}{substituted} by {caller}: {control.rationale}"
     return described
 
 
 async def _control(serving: Serving[ControlRequest]) -> tuple[PlanSnapshot, str]:
     snapshot = await serving.backend.control(serving.request, serving.call)
     described = _control_detail(serving.request, serving.call.caller)
+    if serving.request.action == "fork":
+        return snapshot, f"{described} -> plan {snapshot.plan_id} {snapshot.status}"
     return snapshot, f"{described} -> {snapshot.status}"
 
 

@@ -17,6 +17,9 @@ Beside its gRPC server the agent serves A2A (``protocol.A2AServer``: its card an
 HTTP, on loopback unless ``STRATAGEM_A2A_HOST`` says otherwise, each request served through the
 gRPC server's pipeline), except in ``mtls`` mode; ``info`` names its base URL (``a2a_url``).
 
+Gate notices (``runtime._notify``) wait in ``STATE_DIR/<role>.notices.sqlite3``: each is
+audited once, and sent to ``STRATAGEM_GATE_WEBHOOK_URL`` (signed) until delivered.
+
 Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
 restarted actor continues where its predecessor died: completed steps are skipped, an in-flight
 step is re-run only when idempotent (otherwise its plan waits at a reconcile gate for
@@ -49,6 +52,7 @@ from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
 from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
+from stratagem.runtime._notify import GateOutbox
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
@@ -82,7 +86,7 @@ def load_policy(settings: Settings) -> Policy:
     if not added:
         return base
     logger.info("policy: %d entries of the agents extensions define", len(added))
-    return Policy([*base.rules, *added])
+    return base.extended(added)
 
 
 def _restarts() -> int | None:
@@ -105,6 +109,7 @@ class AgentActor:
         audit_key: bytes | None = None,
         model_api_key: str = "",
         a2a_tokens: dict[str, str] | None = None,
+        resume: bool = True,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
         self._settings_digest = settings_digest(settings_json)
@@ -179,6 +184,22 @@ class AgentActor:
             store=self._store,
             world_store=open_world_store(settings, role),
         )
+        # Before any plan resumes: who decides its gates, which tools ask an approval, and the
+        # outbox that keeps (and audits, and sends) what its gates do.
+        self._agent.use_policy(policy)
+        self._notices = GateOutbox(
+            role=role,
+            path=settings.notices_path(role),
+            audit=self._audit,
+            url=settings.gate_webhook_url,
+            key=load_or_create_key(settings.gate_webhook_key_path)
+            if settings.gate_webhook_url
+            else b"",
+            attempts=settings.gate_webhook_attempts,
+            timeout_s=settings.gate_webhook_timeout_s,
+        )
+        await self._notices.start()
+        self._agent.use_notifier(self._notices)
         # Before the model planner is made and before any plan resumes: the MCP tools are the
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
@@ -235,7 +256,9 @@ class AgentActor:
             publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
-        resumed = await self._agent.resume_unfinished()
+        # A restart resumes the plans that still have callers; a first start after `secret
+        # rotate` (resume=False) resumes none: their callers went with the agents it replaced.
+        resumed = await self._agent.resume_unfinished(resume=resume or self._restarted)
         await self._prune()
         logger.info(
             "agent %s serving on %s (restarted=%s, resumed %d plans)",
@@ -324,6 +347,7 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        self._agent.closing()  # calls cut by the stop interrupt their plans, resumed at restart
         if self._mcp_face is not None:
             await self._mcp_face.aclose()
         if self._a2a is not None:
@@ -332,6 +356,7 @@ class AgentActor:
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
+        await self._notices.aclose()
         for toolset in self._mcp:
             await toolset.aclose()
         close = getattr(self._outbound, "aclose", None)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
+import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +27,13 @@ from opentelemetry.trace import (
 
 from stratagem.protocol import (
     OPERATOR,
+    AgentCard,
     AgentClient,
     ClientConfig,
     Credentials,
+    DeadlineExceededError,
     PlanEvent,
+    PlanSnapshot,
     PlansQuery,
     ProtocolError,
     RemoteError,
@@ -40,12 +45,30 @@ from stratagem.runtime._history import PlanView, plan_history, plan_view
 __all__ = [
     "GoalOutcome",
     "GoalStarted",
+    "goal_deadline_s",
     "goal_plans",
     "new_goal_id",
     "root_span",
     "run_goal",
     "start_goal",
+    "where_the_time_went",
 ]
+
+_LOOK_S = 5.0
+"""How long, after a goal's deadline passed, the agents are asked where it was."""
+
+
+def goal_deadline_s(base_s: float, cards: dict[str, AgentCard], goal: SubmitGoalRequest) -> float:
+    """A goal's default deadline that fits the deployment's planners: ``base_s``
+    (``STRATAGEM_REQUEST_TIMEOUT_S``) plus, for each agent that plans with a model, its card's
+    ``planning_timeout_s`` for every request a goal makes it plan (one per beat for the tactical
+    agent, one for each other agent): a model-planned deployment gets the model's limits."""
+    extra = sum(
+        card.planning_timeout_s * (goal.beats if role == "tactical" else 1)
+        for role, card in cards.items()
+    )
+    return base_s + extra
+
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +99,7 @@ class GoalStarted:
     Attributes:
         plan_id: The goal's plan (the orchestrator's).
         trace_id: The goal's trace.
-        status: The plan's status when it was last seen (``running``, or already final).
+        status: The plan's status when the orchestrator answered (``running``, or final).
     """
 
     plan_id: str
@@ -84,10 +107,9 @@ class GoalStarted:
     status: str
 
 
-async def _watch(client: AgentClient, plan_id: str, on_event: Callable[[PlanEvent], None]) -> None:
-    with contextlib.suppress(ProtocolError, asyncio.CancelledError):
-        async for event in client.watch(plan_id):
-            on_event(event)
+def new_goal_id() -> str:
+    """A fresh goal plan id, ``goal-<12 hex>``."""
+    return f"goal-{uuid.uuid4().hex[:12]}"
 
 
 @contextlib.contextmanager
@@ -132,6 +154,12 @@ async def goal_plans(clients: Iterable[AgentClient], plan_id: str) -> list[PlanV
     return plan_history(plan_id, views, []).plans
 
 
+async def _watch(client: AgentClient, plan_id: str, on_event: Callable[[PlanEvent], None]) -> None:
+    with contextlib.suppress(ProtocolError, asyncio.CancelledError):
+        async for event in client.watch(plan_id):
+            on_event(event)
+
+
 async def run_goal(
     endpoints: dict[str, str],
     request: SubmitGoalRequest,
@@ -156,8 +184,7 @@ async def run_goal(
 
     Raises:
         protocol.RemoteError: The orchestrator refused or failed the goal; its ``trace_id`` is
-            the goal's trace (``stratagem trace ID`` shows it) and the goal's plan id is in its
-            message.
+            the goal's trace (``stratagem trace ID`` shows it).
     """
     plan_id = request.plan_id or new_goal_id()
     request = request.model_copy(update={"plan_id": plan_id})
@@ -181,10 +208,19 @@ async def run_goal(
                 # Give the streams a moment to open so the first transitions are not missed;
                 # Watch replays stored events anyway, so this is only about latency.
                 await asyncio.sleep(0.05)
+            started = time.monotonic()
             try:
                 response = await clients["orchestrator"].call(
                     "orchestrator", "SubmitGoal", request, timeout=timeout_s
                 )
+            except DeadlineExceededError as exc:
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                exc.trace_id = trace_id
+                if time.monotonic() - started < timeout_s * 0.99:
+                    raise  # an agent's own limit, named by the agent
+                late = DeadlineExceededError(await where_the_time_went(clients, plan_id, timeout_s))
+                late.trace_id = trace_id
+                raise late from exc
             except RemoteError as exc:
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 exc.trace_id = trace_id
@@ -205,9 +241,77 @@ async def run_goal(
             await client.aclose()
 
 
-def new_goal_id() -> str:
-    """A fresh goal plan id, ``goal-<12 hex>``."""
-    return f"goal-{uuid.uuid4().hex[:12]}"
+async def where_the_time_went(
+    clients: Mapping[str, AgentClient], plan_id: str, timeout_s: float
+) -> str:
+    """One line saying where a goal was when its ``timeout_s`` deadline passed: which agent and
+    step was waiting, on what, and which flag or setting gives it longer (asked of the agents
+    with a short deadline of its own; what they cannot tell is left out)."""
+
+    async def ask(role: str, client: AgentClient) -> tuple[str, list[PlanSnapshot], str]:
+        try:
+            async with asyncio.timeout(_LOOK_S):
+                plans = await client.plans(plan_id, timeout=_LOOK_S)
+                card = await client.describe(timeout=_LOOK_S)
+            return role, plans, card.planner
+        except (ProtocolError, TimeoutError):
+            return role, [], ""
+
+    found = await asyncio.gather(*(ask(role, c) for role, c in clients.items()))
+    plans = {s.plan_id: s for _, got, _ in found for s in got}
+    planners = {role: planner for role, _, planner in found}
+    where = _waiting(plan_id, "orchestrator", plans, planners)
+    advice = (
+        "give it longer with --timeout SECONDS (Python: timeout=); the default is "
+        "STRATAGEM_REQUEST_TIMEOUT_S plus each model planner's limits (STRATAGEM_MODEL_TIMEOUT_S "
+        "x (1 + STRATAGEM_MODEL_MAX_REPAIRS))"
+    )
+    return f"goal {plan_id}: the {timeout_s:g} s deadline passed while {where}; {advice}"
+
+
+def _waiting(
+    plan_id: str, role: str, plans: dict[str, PlanSnapshot], planners: dict[str, str]
+) -> str:
+    """Where ``plan_id`` (``role``'s) was waiting: down the running cross-agent steps to the
+    deepest agent that was still planning or running a step."""
+    snapshot = plans.get(plan_id)
+    if snapshot is None:
+        how = (
+            " with its model (waiting on the model server)" if planners.get(role) == "model" else ""
+        )
+        return f"the {role} agent was still planning {plan_id}{how}"
+    running = _running_steps(snapshot)
+    if not running:
+        return f"the {role} agent's plan {plan_id} was {snapshot.status}"
+    places = []
+    for step in running[:2]:
+        target = step.get("target")
+        if step.get("kind") == "cross_agent" and isinstance(target, str):
+            places.append(
+                f"step '{step['id']}' of {plan_id} waited on {target}.{step.get('capability')}: "
+                + _waiting(f"{plan_id}/{step['id']}", target, plans, planners)
+            )
+        else:
+            places.append(
+                f"the {role} agent's step '{step['id']}' of {plan_id} was running"
+                + (f" tool {step['tool']}" if step.get("tool") else "")
+            )
+    return "; ".join(places)
+
+
+def _running_steps(snapshot: PlanSnapshot) -> list[dict[str, Any]]:
+    try:
+        steps = json.loads(snapshot.plan_json).get("steps", [])
+    except (ValueError, AttributeError):
+        return []
+    # "cancelled": started, then cut when the goal's caller went away (the plan is cancelled at
+    # the same deadline); "skipped" steps never started.
+    return [
+        s
+        for s in steps
+        if isinstance(s, dict)
+        and s.get("status") in ("running", "retrying", "blocked", "cancelled")
+    ]
 
 
 async def start_goal(
@@ -217,18 +321,15 @@ async def start_goal(
     timeout_s: float,
     credentials: Credentials | None = None,
 ) -> GoalStarted:
-    """Submit ``request`` to the orchestrator at ``endpoint`` and return once its plan runs.
-
-    The call is sent, then let go as soon as the orchestrator's first event for the plan
-    arrives: the orchestrator runs an operator's goal in a task of its own, which the caller
-    going away does not cancel.
+    """Submit ``request`` to the orchestrator at ``endpoint`` detached: the orchestrator answers
+    once the goal's plan runs, and the goal runs on, bound by no caller's deadline.
 
     Raises:
-        protocol.RemoteError: The goal was refused or failed before it was seen running (its
-            ``trace_id`` names the goal's trace).
+        protocol.RemoteError: The goal was refused or failed before it ran (its ``trace_id``
+            names the goal's trace).
     """
     plan_id = request.plan_id or new_goal_id()
-    request = request.model_copy(update={"plan_id": plan_id})
+    request = request.model_copy(update={"plan_id": plan_id, "detach": True})
     client = AgentClient(
         endpoint,
         caller=OPERATOR,
@@ -240,36 +341,14 @@ async def start_goal(
             f"goal {request.goal}",
             {"stratagem.plan.id": plan_id, "gen_ai.operation.name": "invoke_agent"},
         ) as trace_id:
-            seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-            async def first_event() -> None:
-                async for event in client.watch(plan_id):
-                    if event.plan_id == plan_id and not event.step_id:
-                        if not seen.done():
-                            seen.set_result(event.status)
-                        return
-
-            watching = asyncio.create_task(first_event())
-            await asyncio.sleep(0.05)  # let the stream open: the plan's first event is live
-            call = asyncio.create_task(
-                client.call("orchestrator", "SubmitGoal", request, timeout=timeout_s)
-            )
             try:
-                either: set[asyncio.Future[Any]] = {call, seen}
-                await asyncio.wait(either, timeout=timeout_s, return_when="FIRST_COMPLETED")
-                if call.done() or (seen.done() and seen.result() == "failed"):
-                    response = await call  # a refusal or a fast failure: its error is raised
-                    assert isinstance(response, SubmitGoalResponse)
-                    return GoalStarted(plan_id, trace_id, response.status)
-                status = seen.result() if seen.done() else "pending"
-                return GoalStarted(plan_id, trace_id, status)
+                response = await client.call(
+                    "orchestrator", "SubmitGoal", request, timeout=timeout_s
+                )
             except RemoteError as exc:
                 exc.trace_id = trace_id
                 raise
-            finally:
-                for task in (watching, call):
-                    if not task.done():
-                        task.cancel()
-                await asyncio.gather(watching, call, return_exceptions=True)
+            assert isinstance(response, SubmitGoalResponse)
+            return GoalStarted(plan_id, trace_id, response.status)
     finally:
         await client.aclose()

@@ -31,7 +31,13 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.protocol import PLAN_ID_PATTERN, TRACE_ID_PATTERN, PlanSnapshot, StepRecord
+from stratagem.protocol import (
+    PLAN_ID_PATTERN,
+    TRACE_ID_PATTERN,
+    GateInfo,
+    PlanSnapshot,
+    StepRecord,
+)
 from stratagem.runtime._input import DEFAULT_HISTORY_PAGE, InputError
 
 __all__ = [
@@ -141,6 +147,7 @@ class PlanView(_View):
             (``""`` otherwise).
         steps: What each step did (empty in a page of ``history``).
         plan: The typed plan as its agent stores it (``None`` in a page of ``history``).
+        gates: Its open gates and those decided (who may decide, deadlines, the decision).
     """
 
     plan_id: str
@@ -155,6 +162,7 @@ class PlanView(_View):
     failure: str = ""
     steps: list[StepView] = Field(default_factory=list)
     plan: dict[str, Any] | None = None
+    gates: list[GateInfo] = Field(default_factory=list)
 
 
 class PlanHistory(_View):
@@ -381,6 +389,7 @@ def plan_view(snapshot: PlanSnapshot) -> PlanView:
         failure=_failure(snapshot),
         steps=[step_view(step, snapshot.plan_id) for step in snapshot.steps],
         plan=plan,
+        gates=list(snapshot.gates),
     )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "check_plan_steps",
     "check_timeout",
     "parse_json_object",
+    "parse_json_value",
     "parse_moment",
     "read_mapping",
     "unknown_name",
@@ -172,6 +173,18 @@ def parse_json_object(text: str, option: str) -> dict[str, Any]:
     Raises:
         InputError: Too long, not JSON, too deep or too big, or not an object.
     """
+    raw = parse_json_value(text, option)
+    if not isinstance(raw, dict):
+        raise InputError(f"{option} must be a JSON object")
+    return raw
+
+
+def parse_json_value(text: str, option: str) -> Any:
+    """The JSON value given as ``option`` (``--value``: any JSON), bounded like a file.
+
+    Raises:
+        InputError: Too long, not JSON, too deep or too big.
+    """
     if len(text) > MAX_INPUT_BYTES:
         raise InputError(f"{option} is longer than {MAX_INPUT_BYTES} characters")
     try:
@@ -183,8 +196,6 @@ def parse_json_object(text: str, option: str) -> dict[str, Any]:
     except ValueError as exc:  # an integer past Python's digit limit
         raise InputError(f"{option} holds a value that cannot be read: {_first_line(exc)}") from exc
     _check_shape(raw, option)
-    if not isinstance(raw, dict):
-        raise InputError(f"{option} must be a JSON object")
     return raw
 
 

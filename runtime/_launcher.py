@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,7 @@ from stratagem.runtime._directory import (
 from stratagem.runtime._extensions import deployment_roles
 from stratagem.runtime._input import InputError
 from stratagem.runtime._local import LaunchError, LocalCluster
+from stratagem.runtime._mcp import McpSetupError
 from stratagem.runtime._models import resolve_model
 from stratagem.runtime._rayauth import (
     RayAuth,
@@ -48,7 +50,7 @@ from stratagem.runtime._restarts import gave_up_reason
 from stratagem.runtime._security import cluster_secret
 from stratagem.runtime._settings import Settings, settings_digest
 
-__all__ = ["Deployment", "LaunchError", "LocalCluster", "placement_options"]
+__all__ = ["AgentStartError", "Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,19 @@ _FORWARDED_PREFIXES = ("OTEL_", "STRATAGEM_")
 # Secrets reach the agents as constructor arguments, never in a runtime_env (which the dashboard
 # and job records show).
 _NOT_FORWARDED = frozenset({"STRATAGEM_MODEL_API_KEY"})
+
+
+class AgentStartError(LaunchError):
+    """An agent refused to start (its constructor failed: an MCP server whose tools do not
+    load, say); ``deploy`` removed the agents it had created.
+
+    Attributes:
+        role: The agent's role.
+    """
+
+    def __init__(self, role: str, message: str) -> None:
+        super().__init__(message)
+        self.role = role
 
 
 class Deployment:
@@ -201,7 +216,12 @@ class Deployment:
             return None
 
     def deploy(
-        self, *, detached: bool, replace: bool = False, create_secret: bool = True
+        self,
+        *,
+        detached: bool,
+        replace: bool = False,
+        create_secret: bool = True,
+        resume: bool = True,
     ) -> list[AgentInfo]:
         """Create the agent actors that are missing (all of them with ``replace``) and wait until
         every agent serves.
@@ -213,6 +233,9 @@ class Deployment:
             replace: Redeploy running agents.
             create_secret: Make a cluster secret when there is none (token mode); otherwise its
                 absence is a ``MissingSecretError``.
+            resume: Whether the agents created now resume their stores' unfinished plans when
+                they first start (``False``: they cancel the running ones; a later restart of an
+                agent resumes as always).
 
         Raises:
             LaunchError: Agents did not start, or running agents hold another cluster secret
@@ -267,9 +290,14 @@ class Deployment:
             if detached:
                 options["lifetime"] = "detached"
             self._handles[role] = remote_cls.options(**options).remote(
-                role, settings_json, secret, audit_key, api_key, a2a_tokens
+                role, settings_json, secret, audit_key, api_key, a2a_tokens, resume
             )
-        infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
+        try:
+            infos = self._ready(timeout_s=self.settings.deploy_timeout_s)
+        except AgentStartError:
+            # A refused agent leaves nothing running: the agents this call created go again.
+            self._stop_agents(kill=True, roles=[role for role in roles if role not in running])
+            raise
         digest = settings_digest(settings_json)
         self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
         if secret is not None:
@@ -319,20 +347,48 @@ class Deployment:
         return handles
 
     def _ready(self, timeout_s: float) -> list[AgentInfo]:
-        """Wait until every agent answers (it answers once its gRPC server serves)."""
+        """Wait until every agent answers (it answers once its gRPC server serves).
+
+        Raises:
+            AgentStartError: An agent's constructor failed (it is dead for good).
+            LaunchError: An agent did not answer in time, or died otherwise.
+        """
         handles = self._handles_or_fail()
-        refs = [handle.info.remote() for handle in handles.values()]
-        try:
-            infos = ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            late = [info.role for info in self.status(timeout_s=1.0) if info.health != "serving"]
-            raise LaunchError(
-                f"agents did not start within {timeout_s:.0f}s: {', '.join(late) or 'none'}"
-                " (placement a node cannot satisfy? see 'stratagem status')"
-            ) from exc
-        except ray.exceptions.RayActorError as exc:
-            raise LaunchError(f"an agent failed to start: {_first_line(exc)}") from exc
-        return [AgentInfo.from_dict(info) for info in infos]
+        # Not retried: a call retried on an agent whose constructor failed would have Ray print
+        # that constructor's traceback here ("Task ... failed. There are infinite retries...").
+        # A restarting agent queues the call all the same.
+        refs = {
+            role: handle.info.options(max_task_retries=0).remote()
+            for role, handle in handles.items()
+        }
+        answers: dict[str, dict[str, Any]] = {}
+        retried: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while refs:
+            ready, _ = ray.wait(
+                list(refs.values()), num_returns=1, timeout=max(deadline - time.monotonic(), 0)
+            )
+            if not ready:
+                late = [i.role for i in self.status(timeout_s=1.0) if i.health != "serving"]
+                raise LaunchError(
+                    f"agents did not start within {timeout_s:.0f}s: {', '.join(late) or 'none'}"
+                    " (placement a node cannot satisfy? see 'stratagem status')"
+                )
+            for role, ref in list(refs.items()):
+                if ref not in ready:
+                    continue
+                del refs[role]
+                try:
+                    answers[role] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    if exc.actor_init_failed:
+                        raise AgentStartError(role, _start_failure(role, exc)) from None
+                    if role in retried:
+                        raise LaunchError(f"an agent failed to start: {_first_line(exc)}") from exc
+                    # Unavailable for a moment (restarting): wait as any later call would.
+                    retried.add(role)
+                    refs[role] = handles[role].info.remote()
+        return [AgentInfo.from_dict(answers[role]) for role in handles]
 
     def status(self, timeout_s: float = 10.0) -> list[AgentInfo]:
         """Each deployed agent's node, endpoint, health, restarts and running plans.
@@ -386,7 +442,13 @@ class Deployment:
     def _stop_agents(self, *, kill: bool, roles: Sequence[str] | None = None) -> list[str]:
         removed: list[str] = []
         handles = {role: self._handle(role) for role in (self.roles if roles is None else roles)}
-        polite = [h.shutdown.remote() for h in handles.values() if h is not None]
+        # Not retried: an agent whose constructor fails meanwhile would have Ray print its
+        # traceback for the retry (it is killed below all the same).
+        polite = [
+            h.shutdown.options(max_task_retries=0).remote()
+            for h in handles.values()
+            if h is not None
+        ]
         with contextlib.suppress(Exception):
             ray.get(polite, timeout=15)
         for role, handle in handles.items():
@@ -470,6 +532,15 @@ def _silent_agent(role: str, handle: Any, gave_up: str = "") -> AgentInfo:
         health="not answering",
         problem=(gave_up if record.get("State") == "DEAD" else "") or death_cause(record),
     )
+
+
+def _start_failure(role: str, exc: BaseException) -> str:
+    """Why ``role``'s constructor failed, in one line: the message alone for a refusal the agent
+    words itself (``McpSetupError``), the exception's last line otherwise."""
+    kind, _, message = _first_line(exc).partition(": ")
+    if kind == f"{McpSetupError.__module__}.{McpSetupError.__qualname__}" and message:
+        return message
+    return f"agent {role} failed to start: {_first_line(exc)}"
 
 
 def _first_line(exc: BaseException) -> str:

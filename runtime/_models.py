@@ -5,7 +5,8 @@ when set, else the embedded server ``make model-server`` started (its state file
 ``STATE_DIR/model-server/server.json`` names its URL and model, and that it takes a JSON Schema
 as llama.cpp's Python server does). A deployment with a ``model`` planner and neither is refused
 in one line. ``attach_model_planner`` then builds, inside an agent's process, the model client
-(OpenAI-compatible, traced per the GenAI conventions) and the role's model planner.
+(OpenAI-compatible, traced per the GenAI conventions, taking its turns at the server in the one
+queue every agent of the node shares: ``FileModelLimiter``) and the role's model planner.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from stratagem.agents import Agent
 
-__all__ = ["attach_model_planner", "embedded_model_server", "resolve_model"]
+__all__ = ["attach_model_planner", "embedded_model_server", "planning_timeout_s", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,9 @@ def attach_model_planner(
         model_planner,
     )
     from stratagem.planning import Budget
+    from stratagem.runtime._model_slots import FileModelLimiter, slots_folder
 
+    limit = settings.model_max_concurrent or 4
     client = TracedModelClient(
         OpenAIModelClient(
             ModelConfig(
@@ -107,8 +110,10 @@ def attach_model_planner(
                 api_key=api_key,
                 timeout_s=settings.model_timeout_s,
                 schema_style=settings.model_schema_style,
-                max_concurrent=settings.model_max_concurrent or 4,
-            )
+                max_concurrent=limit,
+            ),
+            # One queue per server for every agent of this node (each is its own process).
+            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
         ),
         tracer_provider=tracer_provider,
         capture_content=settings.genai_capture_content,
@@ -126,4 +131,11 @@ def attach_model_planner(
         logger.warning("agent %s has no model planner; it plans with its own rules", agent.role)
         return False
     agent.use_planner(planner)
+    agent.planning_timeout_s = planning_timeout_s(settings)
     return True
+
+
+def planning_timeout_s(settings: Settings) -> float:
+    """The longest a model planner's planning of one request may take: its first call and each
+    repair, each within ``STRATAGEM_MODEL_TIMEOUT_S`` (what an agent's card says)."""
+    return (1 + settings.model_max_repairs) * settings.model_timeout_s

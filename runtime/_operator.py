@@ -33,12 +33,13 @@ import functools
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
@@ -46,6 +47,7 @@ from pydantic_settings import SettingsError
 from stratagem.protocol import (
     CAPABILITIES,
     MAX_PLANS_PAGE,
+    MCP_SERVER_NAME_PATTERN,
     OPERATOR,
     ROLES,
     AgentCard,
@@ -71,7 +73,14 @@ from stratagem.protocol import (
     capability_for,
 )
 from stratagem.runtime._extensions import deployment_roles
-from stratagem.runtime._goal import GoalOutcome, GoalStarted, root_span, run_goal, start_goal
+from stratagem.runtime._goal import (
+    GoalOutcome,
+    GoalStarted,
+    goal_deadline_s,
+    root_span,
+    run_goal,
+    start_goal,
+)
 from stratagem.runtime._history import (
     DEFAULT_HISTORY_PAGE,
     HistoryFilter,
@@ -101,6 +110,9 @@ from stratagem.runtime._local import LaunchError, published_endpoint
 from stratagem.runtime._security import credentials_for
 from stratagem.runtime._settings import Settings, load_settings
 
+if TYPE_CHECKING:
+    from stratagem.planning import Plan
+
 __all__ = [
     "Directory",
     "Operator",
@@ -121,8 +133,14 @@ _FINAL = frozenset({"succeeded", "failed", "cancelled"})
 _DRAIN_S = 0.25
 """How long ``watch`` takes sub-plans' last events after the plan itself ended."""
 
+_NO_VALUE: Any = object()
+"""``approve``'s ``value`` when none is given (``None`` is JSON's null)."""
+
 PlanSource = Path | Mapping[str, Any]
 """A plan: a YAML or JSON file, or the mapping such a file holds (id, owner, goal, steps)."""
+
+_MCP_TOOL: Final = re.compile(rf"{MCP_SERVER_NAME_PATTERN}\..+")
+"""How an agent's registry names an MCP server's tool: ``<server>.<tool>``."""
 
 
 def operator_settings(
@@ -288,6 +306,7 @@ class Operator:
         self._config = ClientConfig(
             default_timeout_s=check_timeout(timeout_s) or settings.request_timeout_s
         )
+        self._timeout_given = timeout_s is not None
         self._fixed = dict(endpoints) if endpoints is not None else None
         self._directory = directory or RayDirectory(settings)
         self._from_directory = False  # once asked, the directory answers for every later call
@@ -854,7 +873,7 @@ class Operator:
         Raises:
             InputError: The plan is not one its owner would run (every problem named).
         """
-        owner, plan_json = _plan_json(plan, self.settings)
+        owner, plan_json = await self._checked_plan(plan)
         key = f"run-{uuid.uuid4().hex}"
         plan_id = str(json.loads(plan_json).get("id", ""))
         # The run's trace starts here, so a failure names it too (RemoteError.trace_id).
@@ -866,6 +885,25 @@ class Operator:
                 ),
             )
         return plan_view(snapshot)
+
+    async def _checked_plan(self, plan: PlanSource, *, plan_id: str = "") -> tuple[str, str]:
+        """``plan`` checked as its owner will check it: its owner and the plan as JSON.
+
+        Everything is checked here before any call but the tools an agent built here does not
+        have: those named as an MCP server's (``server.tool``), which only the running owner has,
+        are looked up in its Describe.
+        """
+        from stratagem.planning import ToolStep
+
+        where, raw = _read_plan(plan, plan_id=plan_id)
+        owner, typed, local = _typed_plan(where, raw, self.settings)
+        named = {step.tool for step in typed.steps if isinstance(step, ToolStep)} | {
+            step.compensate for step in typed.steps if step.compensate is not None
+        }
+        served: list[str] = []
+        if any(_MCP_TOOL.fullmatch(name) for name in named - set(local)):
+            served = (await self.describe(owner)).tools
+        return owner, _plan_json(where, typed, [*local, *served], self.settings)
 
     async def submit(
         self,
@@ -879,8 +917,14 @@ class Operator:
 
         Args:
             goal: The goal, or the mapping a goal file holds.
-            timeout: The whole goal's deadline.
-            on_event: Called with every plan event of every agent while the goal runs.
+            timeout: The whole goal's deadline; by default (and when the operator was made
+                without ``timeout_s``) one that fits the deployment's planners:
+                ``STRATAGEM_REQUEST_TIMEOUT_S`` plus the planning limits each agent's card states
+                for the requests a goal makes it plan (``goal_deadline_s``).
+
+        Raises:
+            protocol.DeadlineExceededError: The deadline passed; the message says where the goal
+                was waiting and how to give it longer.
         """
         if not isinstance(goal, SubmitGoalRequest):
             try:
@@ -888,10 +932,15 @@ class Operator:
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
         endpoints = await self.endpoints()
+        timeout_s = check_timeout(timeout)
+        if timeout_s is None and not self._timeout_given:
+            timeout_s = goal_deadline_s(
+                self.settings.request_timeout_s, await self._cards(endpoints), goal
+            )
         return await run_goal(
             endpoints,
             goal,
-            timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
+            timeout_s=timeout_s or self._config.default_timeout_s,
             on_event=on_event,
             credentials=self._caller_credentials(),
         )
@@ -923,6 +972,19 @@ class Operator:
             credentials=self._caller_credentials(),
         )
 
+    async def _cards(self, endpoints: Mapping[str, str]) -> dict[str, AgentCard]:
+        """Each agent's card, as far as it answers within a few seconds (a goal's deadline then
+        follows how the agents plan)."""
+
+        async def card(role: str) -> tuple[str, AgentCard | None]:
+            try:
+                return role, await self._client(endpoints[role]).describe(timeout=5.0)
+            except ProtocolError:
+                return role, None
+
+        found = await asyncio.gather(*(card(role) for role in endpoints))
+        return {role: got for role, got in found if got is not None}
+
     # -- control ---------------------------------------------------------------------------------
 
     async def control(
@@ -934,20 +996,33 @@ class Operator:
         rationale: str = "",
         output: Mapping[str, Any] | None = None,
         plan: PlanSource | None = None,
+        value: Any = _NO_VALUE,
+        arguments: Mapping[str, Any] | None = None,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: Mapping[str, Mapping[str, Any]] | None = None,
+        new_plan_id: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> PlanSnapshot:
-        """Send one control action to the agent that owns ``plan_id``; the plan's state after it.
+        """Send one control action to the agent that owns ``plan_id``; the plan's state after it
+        (for ``fork``, the new plan's).
 
-        ``approve``, ``reject``, ``pause``, ``cancel``, ``resume`` and ``replan`` below are this
-        with their arguments named.
+        ``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan`` and ``fork`` below
+        are this with their arguments named.
 
         Raises:
             InputError: The arguments do not make a valid request (e.g. no rationale for a gate).
             PlanNotFoundError: No agent holds the plan.
+            protocol.InvalidArgumentError: A value or arguments that do not fit the gate, a fork
+                point that does not exist, an output for a step not before it.
+            protocol.PermissionDeniedError: The gate is not for this caller.
             protocol.FailedPreconditionError: The action does not apply (a gate not open...).
         """
-        plan_json = "" if plan is None else _plan_json(plan, self.settings, plan_id=plan_id)[1]
+        plan_json = "" if plan is None else (await self._checked_plan(plan, plan_id=plan_id))[1]
         recorded = None if output is None else dict(output)
+        edited = None if arguments is None else dict(arguments)
+        substituted = None if not outputs else {k: dict(v) for k, v in outputs.items()}
+        given: dict[str, Any] = {} if value is _NO_VALUE else {"value": value}
         try:
             ControlRequest(
                 plan_id=plan_id,
@@ -956,9 +1031,17 @@ class Operator:
                 rationale=rationale,
                 output_json="" if recorded is None else json.dumps(recorded),
                 plan_json=plan_json,
+                value_json=json.dumps(value) if given else "",
+                arguments_json="" if edited is None else json.dumps(edited),
+                at_step=at_step,
+                at_revision=at_revision,
+                set_json=json.dumps(substituted) if substituted else "",
+                new_plan_id=new_plan_id,
             )
-        except ValidationError as exc:
-            raise InputError(validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ValidationError):
+                raise InputError(validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
+            raise InputError(f"{action} of plan {plan_id!r}: not JSON: {exc}") from exc
         return await self._on_owner(
             plan_id,
             lambda client: client.control(
@@ -968,7 +1051,13 @@ class Operator:
                 rationale=rationale,
                 output=recorded,
                 plan_json=plan_json,
+                arguments=edited,
+                at_step=at_step,
+                at_revision=at_revision,
+                outputs=substituted,
+                new_plan_id=new_plan_id,
                 timeout=timeout,
+                **given,
             ),
         )
 
@@ -979,12 +1068,23 @@ class Operator:
         rationale: str,
         *,
         output: Mapping[str, Any] | None = None,
+        value: Any = _NO_VALUE,
+        arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
     ) -> PlanSnapshot:
         """Approve a gate: its plan goes on (a reconciled step is re-run, or ``output`` recorded
-        as its result when its effect was found done)."""
+        as its result when its effect was found done). A gate that asks takes its ``value``; a
+        tool's approval gate may take the tool's ``arguments`` as edited (the plan then goes on
+        as a new revision whose author is this caller)."""
         return await self.control(
-            plan_id, "approve", gate_id=gate_id, rationale=rationale, output=output, timeout=timeout
+            plan_id,
+            "approve",
+            gate_id=gate_id,
+            rationale=rationale,
+            output=output,
+            value=value,
+            arguments=arguments,
+            timeout=timeout,
         )
 
     async def reject(
@@ -1027,6 +1127,33 @@ class Operator:
         """Resume a stored, unfinished plan that is not running (paused, or left by a stop)."""
         return await self.control(plan_id, "resume", timeout=timeout)
 
+    async def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: Mapping[str, Mapping[str, Any]] | None = None,
+        new_plan_id: str = "",
+        rationale: str = "",
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> PlanSnapshot:
+        """Fork a plan on its owner: a new plan (``new_plan_id``, or one the agent makes) whose
+        steps before the fork point (``at_step`` of revision ``at_revision``; the end of the
+        newest revision by default) carry their recorded results, ``outputs`` substituted for
+        some, and which runs on from there; its snapshot as it starts (``forked_from`` in its
+        plan JSON)."""
+        return await self.control(
+            plan_id,
+            "fork",
+            at_step=at_step,
+            at_revision=at_revision,
+            outputs=outputs,
+            new_plan_id=new_plan_id,
+            rationale=rationale,
+            timeout=timeout,
+        )
+
     async def replan(
         self,
         plan_id: str,
@@ -1042,15 +1169,9 @@ class Operator:
         )
 
 
-def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tuple[str, str]:
-    """Check a plan the way its owner will: its owner and the plan as JSON of the owner's type.
-
-    ``plan_id``, when given, replaces the plan's id (a new revision of that plan). The agents and
-    the planning engine are imported here, not with the module: most calls need neither.
-    """
-    from stratagem.agents import ExtensionError, build_agent
-    from stratagem.planning import PlanValidationError, validate_plan
-
+def _read_plan(plan: PlanSource, *, plan_id: str = "") -> tuple[str, dict[str, Any]]:
+    """Where a plan comes from (for messages) and its mapping; ``plan_id``, when given, replaces
+    the plan's id (a new revision of that plan)."""
     where = str(plan) if isinstance(plan, Path) else "the mapping given"
     raw = (
         read_mapping(plan, "a plan's id, owner and steps") if isinstance(plan, Path) else dict(plan)
@@ -1058,6 +1179,17 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
     check_plan_steps(where, raw)
     if plan_id:
         raw["id"] = plan_id
+    return where, raw
+
+
+def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[str, Plan, list[str]]:
+    """A plan as its owner's type: its owner, the typed plan and the tools of an agent of that
+    role built here (without the MCP servers' tools, which only the running agent has).
+
+    The agents are imported here, not with the module: most calls need none.
+    """
+    from stratagem.agents import ExtensionError, build_agent
+
     owner = raw.get("owner")
     roles = deployment_roles(settings.extensions)
     if owner not in roles:
@@ -1070,16 +1202,23 @@ def _plan_json(plan: PlanSource, settings: Settings, *, plan_id: str = "") -> tu
         typed = agent.plan_type.model_validate(raw)
     except ValidationError as exc:
         raise InputError(validation_line(f"plan in {where}", exc)) from exc
-    targets: tuple[str, ...] = roles
+    return owner, typed, agent.registry.names()
+
+
+def _plan_json(where: str, typed: Plan, tools: Sequence[str], settings: Settings) -> str:
+    """Check a typed plan the way its owner will (``tools``: its owner's), as JSON."""
+    from stratagem.planning import PlanValidationError, validate_plan
+
+    targets: tuple[str, ...] = deployment_roles(settings.extensions)
     if settings.a2a_agents:
         from stratagem.protocol._a2a._client import A2A_TARGET, register_a2a_capability
 
         register_a2a_capability()  # a step may then send a message to an external A2A agent
-        targets = (*roles, A2A_TARGET)
+        targets = (*targets, A2A_TARGET)
     try:
-        validate_plan(typed, tools=agent.registry, roles=targets, capabilities=CAPABILITIES)
+        validate_plan(typed, tools=tools, roles=targets, capabilities=CAPABILITIES)
     except PlanValidationError as exc:
         raise InputError(f"plan {typed.id!r} refused: " + "; ".join(exc.problems)) from exc
     plan_json = typed.model_dump_json()
     check_encoded_size(where, plan_json, settings.max_message_bytes)
-    return owner, plan_json
+    return plan_json

@@ -229,8 +229,9 @@ class SyncOperator:
         output: Mapping[str, Any] | None = None,
         plan: PlanSource | None = None,
         timeout: float | None = None,
+        **more: Any,
     ) -> PlanSnapshot:
-        """See ``Operator.control``."""
+        """See ``Operator.control`` (``more``: its ``value``, ``arguments`` and fork fields)."""
         return self._runner.run(
             self._operator.control(
                 plan_id,
@@ -240,6 +241,7 @@ class SyncOperator:
                 output=output,
                 plan=plan,
                 timeout=timeout,
+                **more,
             )
         )
 
@@ -251,10 +253,37 @@ class SyncOperator:
         *,
         output: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        **more: Any,
     ) -> PlanSnapshot:
-        """See ``Operator.approve``."""
+        """See ``Operator.approve`` (``more``: its ``value`` and ``arguments``)."""
         return self._runner.run(
-            self._operator.approve(plan_id, gate_id, rationale, output=output, timeout=timeout)
+            self._operator.approve(
+                plan_id, gate_id, rationale, output=output, timeout=timeout, **more
+            )
+        )
+
+    def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: Mapping[str, Mapping[str, Any]] | None = None,
+        new_plan_id: str = "",
+        rationale: str = "",
+        timeout: float | None = None,
+    ) -> PlanSnapshot:
+        """See ``Operator.fork``."""
+        return self._runner.run(
+            self._operator.fork(
+                plan_id,
+                at_step=at_step,
+                at_revision=at_revision,
+                outputs=outputs,
+                new_plan_id=new_plan_id,
+                rationale=rationale,
+                timeout=timeout,
+            )
         )
 
     def reject(

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from stratagem.protocol import Action, PlanEvent, Relation
+from stratagem.protocol import Action, GateInfo, PlanEvent, Relation
 from stratagem.runtime._history import PlanView
 from stratagem.runtime._telemetry import SpanRecord
 
@@ -146,8 +146,15 @@ def plan_forest(snapshots: Sequence[PlanView], root_plan_id: str) -> Tree:
                 _status(snap.status),
             )
         )
+        lineage = _lineage(plan.get("forked_from"))
+        if lineage is not None:
+            node.add(lineage)
+        gates = {gate.gate_id: gate for gate in snap.gates}
         for step in plan.get("steps", []):
             child = node.add(_step_label(step))
+            gate = gates.get(str(step.get("id")))
+            if gate is not None:
+                child.add(gate_text(gate))
             sub = by_id.get(f"{snap.plan_id}/{step.get('id')}")
             if sub is not None:
                 add_plan(child, sub)
@@ -160,6 +167,57 @@ def plan_forest(snapshots: Sequence[PlanView], root_plan_id: str) -> Tree:
             if "/" not in snap.plan_id.removeprefix(root_plan_id).strip("/"):
                 add_plan(root, snap)
     return root
+
+
+def lineage_text(fork: Any) -> Text | None:
+    """A fork's line (a plan's ``forked_from``), or ``None`` for a plan that is no fork."""
+    return _lineage(fork)
+
+
+def _lineage(fork: Any) -> Text | None:
+    """``forked from plan P revision N at step S (carried a, b; substituted b) by ana``."""
+    if not isinstance(fork, dict):
+        return None
+    text = f"forked from plan {fork.get('plan_id')} revision {fork.get('revision')}"
+    if fork.get("at_step"):
+        text += f" at step {fork['at_step']}"
+    carried = ", ".join(fork.get("carried") or []) or "nothing"
+    text += f" (carried {carried}"
+    if fork.get("substituted"):
+        text += f"; substituted {', '.join(fork['substituted'])}"
+    text += ")"
+    if fork.get("author"):
+        text += f" by {fork['author']}"
+    return Text(text, style="italic")
+
+
+def gate_text(gate: GateInfo) -> Text:
+    """One line about a gate: what it asks, who decides, when it times out, what was decided."""
+    kind = "gate" if gate.kind == "gate" else f"{gate.kind} gate"
+    parts = [f"{kind} {gate.event.replace('_', ' ')}"]
+    if gate.tool:
+        parts.append(f"tool {gate.tool} with {gate.arguments_json or '{}'}")
+    if gate.choices_json:
+        parts.append(f"choices {gate.choices_json}")
+    elif gate.input_schema_json:
+        parts.append("asks a value (input_schema)")
+    if gate.deciders:
+        parts.append(f"for {', '.join(gate.deciders)}")
+    if gate.decision:
+        decided = f"{gate.decision} by {gate.approver}"
+        if gate.value_json:
+            decided += f" with {gate.value_json}"
+        parts.append(decided)
+    else:
+        if gate.deadline:
+            parts.append(f"times out {_when(gate.deadline)}")
+        if gate.escalate_at:
+            parts.append(f"escalates {_when(gate.escalate_at)}")
+    return Text("; ".join(parts), style="yellow" if not gate.decision else "dim")
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def relation_text(rel: Relation) -> str:

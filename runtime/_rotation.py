@@ -4,8 +4,10 @@ An agent holds the secret it was created with (Ray also hands that same argument
 of its actor), so a new secret reaches the agents only through new actors: ``rotate`` writes the
 new secret to the state directory in one step and redeploys every agent with it, as ``up
 --replace`` does. From then on a token signed with the old secret is ``UNAUTHENTICATED`` (there is
-no grace period: the old secret is gone). Plans the agents were running continue from their
-stores as after a restart (a non-idempotent step in flight stops at a reconcile gate).
+no grace period: the old secret is gone). The new agents resume nothing: the callers of the plans
+the old ones were running went with them, so those plans are cancelled (recorded ``cancelled``,
+their completed steps compensated); paused plans and plans waiting at a gate stay as they are (a
+gate's decision takes its plan up again).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def rotate_secret(deployment: Deployment) -> tuple[str, list[AgentInfo]]:
         raise LaunchError("no agents deployed to rotate the secret of: run 'stratagem up'")
     secret = ClusterSecret.generate()
     secret.save(settings.secret_path)
-    infos = deployment.deploy(detached=True, replace=True, create_secret=False)
+    infos = deployment.deploy(detached=True, replace=True, create_secret=False, resume=False)
     late = [info.role for info in infos if info.secret_id != secret.key_id]
     if late:
         raise LaunchError(f"agents {', '.join(late)} did not take up the new secret")

@@ -180,7 +180,8 @@ class Settings(BaseSettings):
         model: The model's name at that server.
         model_api_key: The key for that server: a secret (never logged, traced or audited; it
             reaches the agents as a constructor argument, not in the settings they are given).
-        model_timeout_s: How long one model call may take.
+        model_timeout_s: How long one model call may take once sent, first byte to last (its
+            wait for a turn at the server is bounded by the caller's deadline instead).
         model_max_repairs: New attempts after a model's plan is refused (or fails while running).
         model_max_tokens: The most tokens one model answer may have.
         model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
@@ -189,7 +190,8 @@ class Settings(BaseSettings):
         step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
             request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
             model on a CPU takes tens of seconds a call).
-        model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
+        model_max_concurrent: Model calls the server is given at once by all the agents of a
+            node together (one queue per server, in the state directory); ``None``: 1 for the
             embedded server (a CPU answers one at a time), 4 otherwise.
         mcp_servers: MCP servers whose tools become tools of an agent, by server name (JSON in
             ``STRATAGEM_MCP_SERVERS``, or ``[default.mcp_servers.NAME]`` tables in the config
@@ -201,6 +203,14 @@ class Settings(BaseSettings):
             ``STRATAGEM_MCP_PORTS``, e.g. ``{"tactical": 0}``).
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
+        gate_webhook_url: Where each agent POSTs a notice when a gate of its plans opens,
+            escalates or times out (``http://`` or ``https://``; unset: no webhook). The body is
+            signed (HMAC-SHA256, docs/gates.md); notices wait in the agent's outbox
+            (``STATE_DIR/<role>.notices.sqlite3``) until delivered, across restarts.
+        gate_webhook_key_file: The webhook's signing key (else ``STATE_DIR/gate-webhook.key``,
+            made on first use, mode 0600); the receiver checks signatures with it.
+        gate_webhook_attempts: Deliveries tried per notice before it is given up (logged).
+        gate_webhook_timeout_s: How long one delivery may take.
     """
 
     # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
@@ -270,6 +280,19 @@ class Settings(BaseSettings):
     allow_unauthenticated_ray: bool = False
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     mcp_ports: dict[str, int] = Field(default_factory=dict)
+    gate_webhook_url: str | None = None
+    gate_webhook_key_file: Path | None = None
+    gate_webhook_attempts: int = Field(default=20, ge=1, le=1000)
+    gate_webhook_timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+    @field_validator("gate_webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -387,6 +410,7 @@ class Settings(BaseSettings):
         "secret_file",
         "audit_key_file",
         "audit_heads_copy",
+        "gate_webhook_key_file",
     )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
@@ -421,6 +445,16 @@ class Settings(BaseSettings):
     def audit_heads_path(self) -> Path:
         """The append-only file of the audit chain's signed heads."""
         return self.state_dir / "audit.heads"
+
+    def notices_path(self, role: str) -> Path:
+        """The outbox of ``role``'s agent: its gate notices until the webhook took them."""
+        return self.state_dir / f"{role}.notices.sqlite3"
+
+    @property
+    def gate_webhook_key_path(self) -> Path:
+        """The key that signs gate webhooks: ``gate_webhook_key_file``, else
+        ``STATE_DIR/gate-webhook.key`` (made on first use, mode 0600)."""
+        return self.gate_webhook_key_file or self.state_dir / "gate-webhook.key"
 
     def restarts_path(self, role: str) -> Path:
         """Where ``role``'s agent counts its recent restarts (``runtime._restarts``)."""

@@ -18,7 +18,7 @@ from rich.tree import Tree
 
 from stratagem.protocol import PlanEvent
 from stratagem.runtime._history import HistoryPage, PlanHistory, PlanView, StepView, TraceSummary
-from stratagem.runtime._render import status_style, status_text
+from stratagem.runtime._render import gate_text, lineage_text, status_style, status_text
 
 __all__ = [
     "approve_commands",
@@ -118,10 +118,17 @@ def plan_details(history: PlanHistory, *, full: bool = False) -> RenderableType:
     def add(parent: Tree, view: PlanView) -> None:
         shown.add(view.plan_id)
         node = parent.add(_plan_node(view))
+        lineage = lineage_text((view.plan or {}).get("forked_from"))
+        if lineage is not None:
+            node.add(lineage)
         if view.message and not view.failure and view.status != "succeeded":
             node.add(Text(view.message, style="dim"))
+        gates = {gate.gate_id: gate for gate in view.gates}
         for step in view.steps:
             child = node.add(_step_node(step, full=full))
+            gate = gates.get(step.id)
+            if gate is not None:
+                child.add(gate_text(gate))
             sub = by_id.get(step.sub_plan) if step.sub_plan else None
             if sub is not None:
                 add(child, sub)
@@ -222,6 +229,10 @@ def event_line(event: PlanEvent, fallback_agent: str = "") -> Text:
         line.append(f" (attempt {event.attempt})", style="dim")
     if event.failure_class:
         line.append(f" ({event.failure_class})", style="red")
+    if event.gate is not None:
+        line.append(" [")
+        line.append_text(gate_text(event.gate))
+        line.append("]")
     if event.status == "blocked" and event.message:
         line.append(", waiting for approval: ")
         line.append(event.message)

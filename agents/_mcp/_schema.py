@@ -89,7 +89,7 @@ def json_schema_model(name: str, schema: dict[str, Any]) -> type[JsonSchemaModel
         cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
     except SchemaError as exc:
-        raise ValueError(f"{name}: not a valid JSON Schema: {exc.message}") from None
+        raise ValueError(f"{name}: not a valid JSON Schema: {_problem(exc)}") from None
     owned = copy.deepcopy(schema)
     model: type[JsonSchemaModel] = type(
         name,

@@ -118,6 +118,10 @@ class _Connection:
     def _flooded(self, reason: str) -> None:
         self.broken = _Outcome(reason, flooded=True)
 
+    def _exited(self, reason: str) -> None:
+        if self.broken.reason is None:
+            self.broken = _Outcome(reason)
+
     async def open(self) -> Client:
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._hold(ready))
@@ -130,7 +134,9 @@ class _Connection:
 
     async def _hold(self, ready: asyncio.Future[Client]) -> None:
         try:
-            client = Client(transport_for(self.config, self._flooded), raise_exceptions=False)
+            client = Client(
+                transport_for(self.config, self._flooded, self._exited), raise_exceptions=False
+            )
             async with client:
                 self.client = client
                 if not ready.done():
@@ -209,10 +215,12 @@ class McpToolset:
         except McpLoadError:
             raise
         except Exception as exc:
+            connection = self._connection
+            ended = connection.broken.reason if connection is not None else None
             await self.aclose()
             raise McpLoadError(
                 f"MCP server {self.name!r} ({self.config.transport}) did not load its tools: "
-                f"{_reason(exc)}"
+                f"{_reason(exc)}" + (f" ({ended})" if ended else "")
             ) from exc
         tools = []
         for item in listed:
@@ -223,7 +231,10 @@ class McpToolset:
                 tools.append(self._tool(item))
             except ValueError as exc:
                 await self.aclose()
-                raise McpLoadError(f"MCP server {self.name!r}: {one_line(str(exc))}") from None
+                raise McpLoadError(
+                    f"MCP server {self.name!r} ({self.config.transport}) did not load its tools: "
+                    f"{one_line(str(exc))[:_MESSAGE_CHARS]}"
+                ) from None
         for made in tools:
             registry.register(made)
         self.tools = tools
@@ -260,9 +271,9 @@ class McpToolset:
         if not _TOOL_NAME.fullmatch(item.name):
             raise ValueError(f"tool name {item.name[:80]!r} is not usable ([A-Za-z0-9_.-]{{1,64}})")
         full = f"{self.name}.{item.name}"
-        input_model = json_schema_model(_class_name(full, "Input"), dict(item.input_schema))
+        input_model = _schema_model(item.name, _class_name(full, "Input"), item.input_schema)
         output_model: type[BaseModel] = (
-            json_schema_model(_class_name(full, "Output"), dict(item.output_schema))
+            _schema_model(item.name, _class_name(full, "Output"), item.output_schema)
             if item.output_schema is not None
             else McpResult
         )
@@ -451,6 +462,17 @@ def _reason(exc: BaseException) -> str:
         return "timed out"
     text = one_line(str(exc)) or type(exc).__name__
     return text[:_MESSAGE_CHARS]
+
+
+def _schema_model(tool: str, name: str, schema: Any) -> type[JsonSchemaModel]:
+    """``json_schema_model``, its refusal naming the tool and which of its schemas (``inputSchema``
+    or ``outputSchema``) rather than the class made for it."""
+    try:
+        return json_schema_model(name, dict(schema))
+    except ValueError as exc:
+        which = "inputSchema" if name.endswith("Input") else "outputSchema"
+        reason = str(exc).removeprefix(f"{name}: ")
+        raise ValueError(f"tool {tool[:80]!r}, {which}: {reason}") from None
 
 
 def _class_name(tool: str, suffix: str) -> str:

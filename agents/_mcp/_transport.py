@@ -6,11 +6,18 @@ spawns the server and frames its messages itself, and gives up on a message past
 the server is stopped and the read stream closed, so the call waiting for it fails at once.
 ``bounded_http_client`` caps each HTTP response body the same way (the SDK already caps each
 server-sent event).
+
+A stdio server's standard error goes on to the agent's (as the SDK's transport lets it), and its
+last line is kept: when the server exits, ``bounded_stdio`` says so with its status and that
+line, so a server that cannot start is refused with why (``exited with status 1:
+ModuleNotFoundError: ...``) rather than only "Connection closed".
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -30,21 +37,53 @@ __all__ = ["OutputTooLarge", "bounded_http_client", "bounded_stdio", "transport_
 logger = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 2.0
+_EXIT_WAIT_S = 1.0
+_STDERR_LINE_CHARS = 300
 
 
 class OutputTooLarge(Exception):
     """The server sent a message past ``max_output_bytes``."""
 
 
+class _LastLine:
+    """The last non-empty line of a stream fed in chunks, in bounded memory."""
+
+    def __init__(self) -> None:
+        self._partial = bytearray()
+        self.line = ""
+
+    def feed(self, chunk: bytes) -> None:
+        *complete, rest = (bytes(self._partial) + chunk).split(b"\n")
+        for raw in reversed(complete):
+            if raw.strip():
+                self.line = _line(raw)
+                break
+        self._partial = bytearray(rest[-4 * _STDERR_LINE_CHARS :])
+
+    def close(self) -> None:
+        if self._partial.strip():
+            self.line = _line(bytes(self._partial))
+        self._partial.clear()
+
+
+def _line(raw: bytes) -> str:
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    return text if len(text) <= _STDERR_LINE_CHARS else "..." + text[-_STDERR_LINE_CHARS:]
+
+
 @asynccontextmanager
 async def bounded_stdio(
-    config: McpServerConfig, on_flood: Callable[[str], None]
+    config: McpServerConfig,
+    on_flood: Callable[[str], None],
+    on_exit: Callable[[str], None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Spawn a stdio server and exchange newline-delimited JSON-RPC with it.
 
     Args:
         config: The server (its ``command``, ``args``, ``env``, ``cwd``, ``max_output_bytes``).
         on_flood: Told why the connection was given up when a message passed the limit.
+        on_exit: Told how the server ended when it closed its output and exited (its status and
+            the last line of its standard error), before the read stream closes.
 
     Raises:
         OSError: The command cannot be started.
@@ -55,10 +94,33 @@ async def bounded_stdio(
         [config.command, *config.args],
         env={**get_default_environment(), **config.env},
         cwd=config.cwd,
-        stderr=None,
+        stderr=subprocess.PIPE,
     )
     read_in, read_out = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_in, write_out = anyio.create_memory_object_stream[SessionMessage](0)
+    last_error = _LastLine()
+    errors_read = anyio.Event()
+
+    async def errors() -> None:
+        assert process.stderr is not None
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async for chunk in process.stderr:
+                last_error.feed(chunk)
+                # On to the agent's own standard error, where the server's would have gone.
+                with suppress(OSError, ValueError):
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.flush()
+        last_error.close()
+        errors_read.set()
+
+    async def exited() -> None:
+        """The server closed its output: say how it ended, if it did."""
+        with anyio.move_on_after(_EXIT_WAIT_S):
+            await process.wait()
+            await errors_read.wait()
+        if process.returncode is not None and on_exit is not None:
+            said = f": {last_error.line}" if last_error.line else ""
+            on_exit(f"the server exited with status {process.returncode}{said}")
 
     async def reader() -> None:
         assert process.stdout is not None
@@ -83,6 +145,7 @@ async def bounded_stdio(
                         with suppress(ProcessLookupError):
                             process.kill()
                         return
+            await exited()
 
     async def writer() -> None:
         assert process.stdin is not None
@@ -93,6 +156,7 @@ async def bounded_stdio(
                     await process.stdin.send(text.encode() + b"\n")
 
     async with anyio.create_task_group() as tasks:
+        tasks.start_soon(errors)
         tasks.start_soon(reader)
         tasks.start_soon(writer)
         try:
@@ -178,11 +242,14 @@ def bounded_http_client(
 
 @asynccontextmanager
 async def transport_for(
-    config: McpServerConfig, on_flood: Callable[[str], None]
+    config: McpServerConfig,
+    on_flood: Callable[[str], None],
+    on_exit: Callable[[str], None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The streams to ``config``'s server, over stdio or Streamable HTTP."""
+    """The streams to ``config``'s server, over stdio or Streamable HTTP (``on_exit``: see
+    ``bounded_stdio``)."""
     if config.command is not None:
-        async with bounded_stdio(config, on_flood) as streams:
+        async with bounded_stdio(config, on_flood, on_exit) as streams:
             yield streams
         return
     assert config.url is not None

@@ -46,7 +46,9 @@ the final status is committed. With a store, cancelling the task running ``run``
 interruption (nothing more is recorded; ``resume`` continues), while ``Engine.cancel`` cancels the
 plan for good and compensates. Gate steps and reconcile gates hold the plan ``blocked`` until
 ``Engine.decide``; when a plan fails or is cancelled, the compensations of succeeded steps run in
-reverse completion order before the final status. An idempotent step of a plan without a budget
+reverse completion order before the final status. Gates that ask carry a value, gates time out
+and escalate (``docs/gates.md``), and the policy's ``ToolApproval``s hold a tool step at a tool
+gate until approved. An idempotent step of a plan without a budget
 does not wait for its intent's commit (``_StepRunner.needs_durable_intent`` says why that is safe).
 
 Failure policy (``_policy.FailurePolicy``, the one place these rules live): ``transient`` and
@@ -65,7 +67,9 @@ never its own attributes). A run is parts composed around one state object (STYL
   stops, pauses, is cancelled; a compensation runs) is one of its methods, which journals the
   change and tells the observer;
 - ``_observe``: ``_Observer``, ``StepEvent``s, metrics, the plan span's events and links;
-- ``_gates``: ``_Gates``, gate steps, reconcile and policy gates, decisions;
+- ``_gates``: ``_Gates``, gate steps, reconcile, policy and tool gates, what a gate asks, who
+  may decide it, its deadline and escalation (journaled, armed again on resume), decisions, the
+  notices a ``GateNotifier`` is told (``_gate_model``: what a gate is apart from the run);
 - ``_restore``: ``_Restore``, a resumed run takes its journal's state;
 - ``_attempts``: ``_Attempts``, the one attempt loop (``retry``), spans, time limits and the
   classification of exceptions; ``_StepRunner``/``_StepTries``, what is recorded around a step's
@@ -77,15 +81,19 @@ never its own attributes). A run is parts composed around one state object (STYL
 
 Beside them: ``_policy`` (``FailurePolicy``, budget admission and the circuit breakers),
 ``_journal`` (one store commit per tick), ``_watchdog`` (one timer for all deadlines),
-``_revise`` (a plan's next revision) and ``_types`` (the public configuration and values).
+``_revise`` (a plan's next revision), ``_fork`` (a new plan from a stored one, its results
+before the fork point carried) and ``_types`` (the public configuration and values).
 """
 
 from stratagem.planning._engine._engine import Engine
 from stratagem.planning._engine._types import (
     CircuitBreakerConfig,
     EngineConfig,
+    GateNotice,
+    GateNotifier,
     PlanResult,
     StepEvent,
+    ToolApproval,
     ToolContext,
     ToolRunner,
 )
@@ -94,8 +102,11 @@ __all__ = [
     "CircuitBreakerConfig",
     "Engine",
     "EngineConfig",
+    "GateNotice",
+    "GateNotifier",
     "PlanResult",
     "StepEvent",
+    "ToolApproval",
     "ToolContext",
     "ToolRunner",
 ]

@@ -339,6 +339,8 @@ class _StepRunner:
         self.tools = attempts.tools
         self.seed = seed
         self.default_timeout = default_timeout
+        # A resumed run's attempts do not count failures on the breakers (set by its restore).
+        self.resumed = False
         # Steps that need not wait for their intent's commit (see needs_durable_intent), and a
         # completed future that stands for "no wait".
         self.no_wait: asyncio.Future[None] = state.loop.create_future()
@@ -417,7 +419,7 @@ class _StepTries:
     def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
         step, breakers = self.step, self.runner.breakers
         if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
-            return breakers.record(step.tool, failure_class)
+            return breakers.record(step.tool, failure_class, resumed=self.runner.resumed)
         return None
 
     def retrying(

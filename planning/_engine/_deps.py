@@ -9,7 +9,7 @@ from opentelemetry.trace import Tracer
 
 from stratagem.planning._dispatch import Dispatcher
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
-from stratagem.planning._engine._types import EngineConfig, ToolRunner
+from stratagem.planning._engine._types import EngineConfig, GateNotifier, ToolApproval, ToolRunner
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._revisions import Replanner
 from stratagem.planning._store import StateStore
@@ -36,6 +36,8 @@ class RunDeps:
         replanner: Asked for a new revision after a logic failure (``None``: none).
         policy: What follows a failure.
         breakers: The engine's per-tool circuit breakers, shared by its runs.
+        notifier: Told when a gate opens, escalates or times out (``None``: no one).
+        approvals: The policy's tool approvals (``Engine.approvals``).
     """
 
     config: EngineConfig
@@ -51,3 +53,5 @@ class RunDeps:
     replanner: Replanner | None
     policy: FailurePolicy
     breakers: _Breakers
+    notifier: GateNotifier | None = None
+    approvals: tuple[ToolApproval, ...] = ()

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from opentelemetry import trace
@@ -16,17 +16,27 @@ from opentelemetry.trace import TracerProvider
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._dispatch import Dispatcher
 from stratagem.planning._engine._deps import RunDeps
+from stratagem.planning._engine._fork import make_fork
+from stratagem.planning._engine._gate_model import check_decision_input
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
 from stratagem.planning._engine._revise import make_revision
 from stratagem.planning._engine._run import _PlanRun
-from stratagem.planning._engine._types import EngineConfig, PlanResult, StepEvent, ToolRunner
+from stratagem.planning._engine._types import (
+    EngineConfig,
+    GateNotifier,
+    PlanResult,
+    StepEvent,
+    ToolApproval,
+    ToolRunner,
+)
 from stratagem.planning._errors import (
+    GateDeciderError,
     GateDecisionError,
     PlanControlError,
     PlanValidationError,
 )
 from stratagem.planning._metrics import PlanningMetrics
-from stratagem.planning._plan import Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import GateStep, Plan, PlanStatus, StepStatus
 from stratagem.planning._revisions import Replanner, Revision
 from stratagem.planning._store import (
     ControlRecord,
@@ -35,7 +45,6 @@ from stratagem.planning._store import (
     GateRecord,
     PlanState,
     PlanStatusRecord,
-    Record,
     StateStore,
 )
 
@@ -44,6 +53,9 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P", bound=Plan)
 
 _TRACER_NAME: Final = "stratagem.planning"
+
+_NOT_GIVEN: Any = object()
+"""``Engine.decide``'s ``value`` when none is given (``None`` may be a value)."""
 
 
 class Engine:
@@ -70,6 +82,10 @@ class Engine:
             one in tests.
         meter_provider: Where plan, step and retry counts go (``PlanningMetrics``); the global
             provider by default.
+        notifier: Told when a gate opens, escalates or times out (``GateNotifier``).
+        approvals: The policy's tool approvals (``ToolApproval``): a tool step of such a tool
+            waits at a tool gate until approved. ``approvals`` may be set again later; a run
+            takes the rules of when it starts.
     """
 
     def __init__(
@@ -86,6 +102,8 @@ class Engine:
         replanner: Replanner | None = None,
         clock: Callable[[], float] = time.time,
         meter_provider: MeterProvider | None = None,
+        notifier: GateNotifier | None = None,
+        approvals: Sequence[ToolApproval] = (),
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self.agent = agent
@@ -93,6 +111,8 @@ class Engine:
         self.store = store
         self.replanner = replanner
         self.clock = clock
+        self.notifier = notifier
+        self.approvals: tuple[ToolApproval, ...] = tuple(approvals)
         self._tools = tools
         self._dispatcher = dispatcher
         self._sleep = sleep
@@ -187,6 +207,7 @@ class Engine:
             return run.recorded_result(state)
         logger.info("plan %s@%d: resuming from %s", plan_id, state.revision, state.status.value)
         run.restore(state)
+        run.runner.resumed = True  # its failures never open a breaker (``_Breakers.record``)
         await self._breakers.load()
         return await self._follow(run)
 
@@ -200,14 +221,21 @@ class Engine:
         rationale: str,
         revision: int,
         output: dict[str, Any] | None = None,
+        value: Any = _NOT_GIVEN,
+        arguments: Mapping[str, Any] | None = None,
+        may_decide: Callable[[Sequence[str]], bool] | None = None,
     ) -> None:
         """Approve or reject a gate; the decision is recorded before it is acted on.
 
         For a gate step, approval lets its dependents run and rejection fails it (class
-        ``policy``) and so the plan. For a reconcile gate (named after a step that was in flight
-        when the plan stopped), approval re-runs the step, or, with ``output``, records the step
-        as succeeded with that output without running it (the operator found its effect done);
-        rejection fails the step.
+        ``policy``) and so the plan; the approval of a gate that asks (``input_schema``,
+        ``choices``) carries ``value``, which must fit it. For a reconcile gate (named after a
+        step that was in flight when the plan stopped), approval re-runs the step, or, with
+        ``output``, records the step as succeeded with that output without running it (the
+        operator found its effect done); rejection fails the step. For a tool gate (the policy
+        asks for an approval of the step's tool), approval runs the step, or, with
+        ``arguments``, runs it with those arguments instead, in the plan's next revision
+        (authored by ``approver``); rejection fails it.
 
         A plan running here is woken at once. Otherwise the decision is stored and the next
         ``resume`` acts on it; a gate step's decision may then be given before the gate is
@@ -222,18 +250,36 @@ class Engine:
             revision: The plan revision the decision is given for; it must be the plan's current
                 revision.
             output: For a reconcile gate only: the step's output, to record instead of re-running.
+            value: For an approval of a gate that asks: the value (omit it otherwise).
+            arguments: For an approval of a tool gate: the tool's arguments as edited (checked
+                with the tool runner's ``input_problems``).
+            may_decide: Told who may decide the gate (its deciders, as they are now: empty
+                for anyone the policy allows), says whether ``approver`` may; ``None``: anyone.
 
         Raises:
             GateDecisionError: When the gate is unknown, already decided or not open, the revision
-                is not the plan's, or ``output`` is given for a gate step.
+                is not the plan's, or ``output`` is given for a gate step;
+                ``GateDeciderError`` when ``may_decide`` says no; ``GateValueError`` when the
+                value or the arguments do not fit.
             PlanControlError: When the plan is neither running here nor in the store.
             StoreError: When the store fails.
         """
         output_json = None if output is None else json.dumps(output)
-        run = self._runs.get(plan_id)
-        if run is not None:
-            kind = run.check_decision(gate_id, revision, output)
-            record = GateRecord(
+        has_value = value is not _NOT_GIVEN
+        if not has_value:
+            value = None
+        edited = None if arguments is None else dict(arguments)
+        given: dict[str, Any] = {
+            "approve": approve,
+            "approver": approver,
+            "value": value,
+            "has_value": has_value,
+            "arguments": edited,
+            "may_decide": may_decide,
+        }
+
+        def record(kind: GateKind) -> GateRecord:
+            return GateRecord(
                 plan_id,
                 revision,
                 gate_id,
@@ -242,29 +288,28 @@ class Engine:
                 approver=approver,
                 rationale=rationale,
                 output_json=output_json,
+                value_json=json.dumps(value) if has_value else None,
+                arguments_json=None if edited is None else json.dumps(edited),
             )
-            await _record(run, record)
-            run.apply_decision(gate_id, approve, approver, rationale, output)
+
+        run = self._runs.get(plan_id)
+        if run is not None:
+            kind = run.check_decision(gate_id, revision, output, **given)
+            try:
+                await run.state.write(record(kind))
+            except BaseException:
+                run.release_decision(gate_id)
+                raise
+            run.apply_decision(
+                gate_id, approve, approver, rationale, output, value, has_value, edited
+            )
             return
         store = self._require_store(plan_id, "decide a gate of")
         state = await store.load(plan_id)
         if state is None:
             raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
-        kind = _check_stored_decision(state, gate_id, revision, output)
-        await store.commit(
-            [
-                GateRecord(
-                    plan_id,
-                    revision,
-                    gate_id,
-                    GateDecision.APPROVED if approve else GateDecision.REJECTED,
-                    kind,
-                    approver=approver,
-                    rationale=rationale,
-                    output_json=output_json,
-                )
-            ]
-        )
+        kind = _check_stored_decision(state, gate_id, revision, output, self._tools, **given)
+        await store.commit([record(kind)])
         logger.info(
             "plan %s gate %s %s by %s (stored)",
             plan_id,
@@ -309,7 +354,7 @@ class Engine:
         """
         run = self._runs.get(plan_id)
         if run is not None:
-            await _record(run, ControlRecord(plan_id, run.plan.revision))
+            await run.state.write(ControlRecord(plan_id, run.plan.revision))
             run.cancel()
             return
         store = self._require_store(plan_id, "cancel")
@@ -385,9 +430,65 @@ class Engine:
         )
         return revision
 
+    async def fork(
+        self,
+        plan_id: str,
+        new_plan_id: str,
+        *,
+        at_step: str | None = None,
+        revision: int | None = None,
+        outputs: Mapping[str, Any] | None = None,
+        author: str,
+        plan_type: type[Plan] = Plan,
+    ) -> Plan:
+        """Make a new plan from a stored one: the steps before the fork point carry their
+        recorded results (``outputs`` replaces some), the rest runs when ``resume`` runs it.
+
+        The fork point is ``at_step`` of ``revision`` (the newest by default): the steps whose
+        success was recorded before ``at_step`` first started are before it; without
+        ``at_step``, every step that succeeded in the revision is. A step given an output in
+        ``outputs`` must be before it; the steps depending on it run again. The new plan
+        records where it comes from (``Plan.forked_from``) and its first revision's history
+        entry names it; its steps after the fork point get their own idempotency keys (its id),
+        so each of their effects happens once more, in the fork, and the carried ones not again.
+        The original is never changed. ``docs/durability.md`` says what this covers.
+
+        Args:
+            plan_id: The plan forked (any status; a running one forks as far as it got).
+            new_plan_id: The new plan's id (not in the store yet).
+            at_step: The fork point's step (``None``: the end of the revision).
+            revision: The revision forked (``None``: the newest).
+            outputs: Step id -> an output (a JSON object) substituted for the recorded one.
+            author: Who forks it (the new plan's first revision's author).
+            plan_type: The class to read the stored plan as.
+
+        Returns:
+            The new plan, stored and not yet run.
+
+        Raises:
+            ForkError: No such revision or step, or an output for a step not before the fork
+                point (nothing is stored then).
+            PlanControlError: No store, an unknown plan, or ``new_plan_id`` taken.
+            StoreError: When the store fails.
+        """
+        store = self._require_store(plan_id, "fork")
+        return await make_fork(
+            store,
+            plan_id,
+            new_plan_id,
+            at_step=at_step,
+            revision=revision,
+            outputs=outputs or {},
+            author=author,
+            plan_type=plan_type,
+            clock=self.clock,
+        )
+
     def _deps(self) -> RunDeps:
         """What a new run is given: the engine's services and settings as they are now."""
         return RunDeps(
+            notifier=self.notifier,
+            approvals=self.approvals,
             config=self.config,
             tools=self._tools,
             dispatcher=self._dispatcher,
@@ -428,12 +529,23 @@ class Engine:
 
 
 def _check_stored_decision(
-    state: PlanState, gate_id: str, revision: int, output: dict[str, Any] | None
+    state: PlanState,
+    gate_id: str,
+    revision: int,
+    output: dict[str, Any] | None,
+    tools: ToolRunner,
+    *,
+    approve: bool,
+    approver: str,
+    value: Any,
+    has_value: bool,
+    arguments: dict[str, Any] | None,
+    may_decide: Callable[[Sequence[str]], bool] | None,
 ) -> GateKind:
     """The kind of the gate a decision for a stored (not running) plan applies to.
 
     Raises:
-        GateDecisionError: When the decision does not apply.
+        GateDecisionError: When the decision does not apply (see ``Engine.decide``).
     """
     plan_id = state.plan_id
     if revision != state.revision:
@@ -448,6 +560,8 @@ def _check_stored_decision(
         raise GateDecisionError(
             plan_id, gate_id, revision, f"plan {plan_id!r} is already {state.status.value}"
         )
+    plan = state.plan(Plan)
+    step = next((s for s in plan.steps if s.id == gate_id), None)
     gate = state.gates.get(gate_id)
     if gate is not None:
         if gate.decision is not GateDecision.OPEN:
@@ -458,40 +572,38 @@ def _check_stored_decision(
                 f"gate {gate_id!r} of plan {plan_id!r} is already {gate.decision.value}",
             )
         kind = gate.kind
+        deciders: Sequence[str] = gate.deciders
     else:
-        steps = json.loads(state.plan_json).get("steps", [])
-        if not any(s.get("id") == gate_id and s.get("kind") == "gate" for s in steps):
+        if not isinstance(step, GateStep):
             raise GateDecisionError(
                 plan_id, gate_id, revision, f"plan {plan_id!r} has no open gate {gate_id!r}"
             )
-        step = state.steps.get(gate_id)
-        if step is not None and step.status is not StepStatus.RUNNING:
+        recorded = state.steps.get(gate_id)
+        if recorded is not None and recorded.status is not StepStatus.RUNNING:
             raise GateDecisionError(
                 plan_id,
                 gate_id,
                 revision,
-                f"gate {gate_id!r} of plan {plan_id!r} is already {step.status.value}",
+                f"gate {gate_id!r} of plan {plan_id!r} is already {recorded.status.value}",
             )
         kind = GateKind.GATE
-    if output is not None and kind is GateKind.GATE:
+        deciders = step.deciders
+    if may_decide is not None and not may_decide(deciders):
+        raise GateDeciderError(plan_id, gate_id, revision, approver, deciders)
+    if step is None:
         raise GateDecisionError(
-            plan_id, gate_id, revision, "an output may only be given to a reconcile gate"
+            plan_id, gate_id, revision, f"plan {plan_id!r} has no step {gate_id!r}"
         )
+    check_decision_input(
+        plan_id,
+        revision,
+        step,
+        kind,
+        approve=approve,
+        output=output,
+        value=value,
+        has_value=has_value,
+        arguments=arguments,
+        tools=tools,
+    )
     return kind
-
-
-async def _record(run: _PlanRun[Any], record: Record) -> None:
-    """Record a decision about a running plan, after everything its run recorded before.
-
-    Through the run's journal, so a decision given while the batch that opened the gate is still
-    being committed lands after that batch (committed beside it, the fold would read the gate's
-    opening after its decision, and lose the decision). A run being torn down commits no more
-    batches: the record goes to the store directly, as before the run existed.
-    """
-    journal = run.journal
-    if journal is None:
-        return
-    if journal.closed:
-        await journal.store.commit([record])
-    else:
-        await journal.write(record)

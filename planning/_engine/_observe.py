@@ -14,7 +14,7 @@ from typing import Final
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, TraceFlags
 
-from stratagem.planning._engine._types import StepEvent
+from stratagem.planning._engine._types import GateNotice, StepEvent
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 from stratagem.planning._store import GateKind
@@ -86,8 +86,10 @@ class _Observer:
         message: str = "",
         delay_s: float | None = None,
         gate_kind: GateKind | None = None,
+        gate: GateNotice | None = None,
     ) -> None:
-        """One transition: to ``on_event``, the metrics and (some) the plan span's events."""
+        """One transition: to ``on_event``, the metrics and (some) the plan span's events
+        (``gate``: what happened at a gate, carried by the event)."""
         self.events += 1
         if step_id:
             if status in _SETTLED:
@@ -110,6 +112,7 @@ class _Observer:
             message,
             time.time(),
             delay_s,
+            gate,
         )
         try:
             self.on_event(event)

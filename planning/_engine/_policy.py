@@ -157,10 +157,17 @@ class _Breakers:
             f"{when} (in {retry_at - now:.1f}s)"
         )
 
-    async def record(self, tool: str, failure_class: FailureClass | None) -> None:
-        """Count an attempt's outcome on ``tool``'s breaker; persist a change."""
+    async def record(
+        self, tool: str, failure_class: FailureClass | None, *, resumed: bool = False
+    ) -> None:
+        """Count an attempt's outcome on ``tool``'s breaker; persist a change.
+
+        A resumed run's failures are not counted (``resumed``): a plan taken up again from its
+        journal, whose caller may be long gone, never opens a breaker that then refuses other
+        callers' goals. Its successes still close one.
+        """
         settings = self.config
-        if settings is None:
+        if settings is None or (resumed and failure_class is not None):
             return
         previous = self.states.get(tool)
         if failure_class is None:

@@ -60,6 +60,7 @@ class _Restore(Generic[P]):
             if entry is None:
                 continue
             step_id, attempt = step.id, entry.attempt
+            gates.found_started(step_id)
             match entry.status:
                 case StepStatus.SUCCEEDED:
                     state.load_succeeded(step_id, entry.output, attempt)
@@ -88,11 +89,16 @@ class _Restore(Generic[P]):
                 case _:
                     state.load_attempt(step_id, attempt)
         for gate in recorded.gates.values():
-            if (
-                gate.kind is GateKind.GATE
-                and gate.decision is not GateDecision.OPEN
-                and state.statuses.get(gate.gate_id) is StepStatus.PENDING
+            if gate.kind is GateKind.TOOL:
+                gates.found_tool(gate)
+            elif (
+                gate.kind is not GateKind.GATE
+                or state.statuses.get(gate.gate_id) is not StepStatus.PENDING
             ):
+                continue
+            elif gate.decision is GateDecision.OPEN:
+                gates.found_waiting(gate)  # opened again when reached, as it was recorded
+            else:
                 gates.found_decided(gate)
         for compensation in recorded.compensations:
             if state.statuses.get(compensation.step_id) is StepStatus.SUCCEEDED:
@@ -105,14 +111,10 @@ class _Restore(Generic[P]):
     def _policy_gate(self, step: Step, message: str, recorded: PlanState) -> None:
         gate = recorded.gates.get(step.id)
         if gate is not None and gate.decision is not GateDecision.OPEN:
-            approve = gate.decision is GateDecision.APPROVED
-            self.gates.decide(
-                step.id, GateKind.POLICY, approve, gate.approver, gate.rationale, gate.output
-            )
+            self.gates.decide_recorded(gate, GateKind.POLICY)
             return
-        self.gates.found_open(
-            step.id, GateKind.POLICY, gate.prompt if gate is not None else message
-        )
+        self.gates.found_policy_prompt(step.id, gate.prompt if gate is not None else message)
+        self.gates.found_open(step.id, GateKind.POLICY, gate)
 
     def _in_flight(self, step: Step, attempt: int, recorded: PlanState, stopping: bool) -> None:
         """A step was in flight when the plan stopped: re-run, reconcile, or mark it cancelled."""
@@ -131,13 +133,12 @@ class _Restore(Generic[P]):
             state.load_resumed_mid_way(step_id, attempt + 1)
             return
         gate = recorded.gates.get(step_id)
+        if gate is not None and gate.kind is not GateKind.RECONCILE:
+            gate = None  # the step's tool gate, decided before it ran: not this gate
         if gate is None or gate.decision is GateDecision.OPEN:
-            self.gates.found_open(step_id, GateKind.RECONCILE)
+            self.gates.found_open(step_id, GateKind.RECONCILE, gate)
             return
-        approve = gate.decision is GateDecision.APPROVED
-        self.gates.decide(
-            step_id, GateKind.RECONCILE, approve, gate.approver, gate.rationale, gate.output
-        )
+        self.gates.decide_recorded(gate, GateKind.RECONCILE)
 
     def recorded_result(self, recorded: PlanState) -> PlanResult[P]:
         """The result of a finished plan, from its journal (nothing runs)."""

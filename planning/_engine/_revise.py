@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stratagem.planning._dag import structural_problems
@@ -34,9 +34,11 @@ async def make_revision(
     spent: tuple[int, float] = (0, 0.0),
     store: StateStore | None,
     clock: Callable[[], float],
+    more: Sequence[Record] = (),
 ) -> tuple[Revision, PlanState]:
     """Make (and store, with a store) the revision after ``old``; its state holds the carried
-    results and what earlier revisions spent of the plan's budget.
+    results and what earlier revisions spent of the plan's budget (and ``more``: first records
+    of the new revision, e.g. an approval it carries).
 
     Raises:
         PlanValidationError: When the new steps do not form a DAG.
@@ -80,6 +82,7 @@ async def make_revision(
             records.append(
                 CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
             )
+    records.extend(more)
     record = RevisionRecord(
         plan.id,
         plan.revision,

@@ -31,9 +31,9 @@ from stratagem.planning._engine._schedule import _Scheduler
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import PlanResult, StepEvent
 from stratagem.planning._errors import PlanValidationError, StepFailure, StoreError
-from stratagem.planning._plan import Plan, PlanStatus
+from stratagem.planning._plan import Plan, PlanStatus, ToolStep
 from stratagem.planning._revisions import replan_rationale
-from stratagem.planning._store import GateKind, PlanState
+from stratagem.planning._store import GateDecision, GateKind, GateRecord, PlanState
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class _PlanRun(Generic[P]):
       of the run's state;
     - ``observer`` (``_Observer``): the plan, ``on_event`` and the metrics;
     - ``admission`` (``_Admission``): the budget, the breakers, the tools' costs, the clock;
-    - ``gates`` (``_Gates``): the state and the observer;
+    - ``gates`` (``_Gates``): the state, the observer, the tools (edited arguments), the clock
+      (deadlines), the notifier, the tool approvals and the scheduler's ``wake``;
     - ``conditions`` (``_Conditions``): the state (conditions, routes on failure, skips);
     - ``attempts`` (``_Attempts``): the state, the observer, tools, dispatcher, tracer, sleep,
       failure policy; ``runner`` (``_StepRunner``) adds admission, breakers, seed and time limit;
@@ -68,7 +69,17 @@ class _PlanRun(Generic[P]):
         self.observer = _Observer(plan, on_event, deps.metrics, deps.agent)
         self.state: _RunState[P] = _RunState(plan, self.observer, deps.store)
         self.admission = _Admission(plan.budget, deps.breakers, deps.tools, deps.clock)
-        self.gates = _Gates(self.state, self.observer)
+        self.gates = _Gates(
+            self.state,
+            self.observer,
+            tools=deps.tools,
+            clock=deps.clock,
+            notifier=deps.notifier,
+            approvals=deps.approvals,
+            deadlines=config.gate_deadlines,
+            agent=deps.agent,
+            wake=lambda: self.scheduler.wake(),
+        )
         self.conditions = _Conditions(self.state)
         self.attempts = _Attempts(
             self.state,
@@ -134,10 +145,20 @@ class _PlanRun(Generic[P]):
         return self.restorer.recorded_result(recorded)
 
     def check_decision(
-        self, gate_id: str, revision: int, output: dict[str, Any] | None
+        self,
+        gate_id: str,
+        revision: int,
+        output: dict[str, Any] | None,
+        **given: Any,
     ) -> GateKind:
-        """The kind of gate a decision applies to; raises ``GateDecisionError`` when none."""
-        return self.gates.check_decision(gate_id, revision, output)
+        """The kind of gate a decision applies to (``_Gates.check_decision``: ``given`` is
+        what the decision carries and who may give it); raises ``GateDecisionError`` when none.
+        The gate is being decided until ``apply_decision`` or ``release_decision``."""
+        return self.gates.check_decision(gate_id, revision, output, **given)
+
+    def release_decision(self, gate_id: str) -> None:
+        """A checked decision could not be recorded: the gate may be decided again."""
+        self.gates.release(gate_id)
 
     def apply_decision(
         self,
@@ -146,10 +167,15 @@ class _PlanRun(Generic[P]):
         approver: str,
         rationale: str,
         output: dict[str, Any] | None,
+        value: Any = None,
+        has_value: bool = False,
+        arguments: dict[str, Any] | None = None,
     ) -> None:
         """Act on a recorded decision (``Engine.decide``)."""
         try:
-            closed = self.gates.apply_decision(gate_id, approve, approver, rationale, output)
+            closed = self.gates.apply_decision(
+                gate_id, approve, approver, rationale, output, value, has_value, arguments
+            )
         except Exception as exc:  # a bug here must not hang the run: hand it to run()
             self.state.crash(exc)
             return
@@ -203,6 +229,10 @@ class _PlanRun(Generic[P]):
             try:
                 await self.scheduler.run(fresh=not self.restored)
                 status = state.end_status()
+                if self.gates.revision is not None and await self._edited():
+                    span.set_attribute("stratagem.plan.status", "revised")
+                    deps.metrics.plan_ended(agent, "revised")
+                    return state.result(status, time.monotonic() - started)
                 if status is PlanStatus.FAILED and await self._replan():
                     span.set_attribute("stratagem.plan.status", "replanned")
                     deps.metrics.plan_ended(agent, "replanned")
@@ -231,6 +261,7 @@ class _PlanRun(Generic[P]):
                 raise
             finally:
                 self.attempts.watchdog.close()
+                self.gates.close()
             span.set_attribute("stratagem.plan.status", status.value)
             if status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
                 span.set_status(Status(StatusCode.ERROR, message or status.value))
@@ -239,6 +270,70 @@ class _PlanRun(Generic[P]):
         duration = time.monotonic() - started
         logger.info("plan %s@%d: %s in %.3fs", plan.id, plan.revision, status.value, duration)
         return state.result(status, duration)
+
+    async def _edited(self) -> bool:
+        """After an approval that edited a tool step's arguments: the plan's next revision,
+        the step's input replaced by them, authored by the approver; True once it is made.
+
+        The approval rides into the new revision (its first records), so the step runs there
+        without asking again; the results of what completed carry over.
+        """
+        edit = self.gates.revision
+        assert edit is not None
+        state, deps = self.state, self.deps
+        plan = state.plan
+        if state.cancelled or state.failures:
+            return False
+        state.close_gates()
+        state.skip_pending()
+        if state.journal is not None:
+            await state.journal.flush()
+        steps = [
+            step.model_copy(update={"input": edit.arguments}) if step.id == edit.step_id else step
+            for step in plan.steps
+        ]
+        approval = GateRecord(
+            plan.id,
+            plan.revision + 1,
+            edit.step_id,
+            GateDecision.APPROVED,
+            GateKind.TOOL,
+            approver=edit.approver,
+            rationale=edit.rationale,
+        )
+        tool = next(
+            (s.tool for s in plan.steps if s.id == edit.step_id and isinstance(s, ToolStep)), ""
+        )
+        rationale = (
+            f"the arguments of step {edit.step_id!r} (tool {tool!r}) were edited at its approval "
+            f"by {edit.approver}" + (f": {edit.rationale}" if edit.rationale else "")
+        )
+        revision, recorded = await make_revision(
+            plan,
+            plan.model_copy(update={"steps": steps}),
+            state.outputs,
+            state.attempts,
+            state.compensation,
+            rationale,
+            edit.approver,
+            spent=(self.admission.spent_calls, self.admission.spent_cost),
+            store=deps.store,
+            clock=deps.clock,
+            more=[approval],
+        )
+        logger.info(
+            "plan %s: revision %d replaces %d: %s",
+            plan.id,
+            revision.revision,
+            plan.revision,
+            rationale,
+        )
+        run = _PlanRun(deps, cast(P, revision.plan), self.on_event)
+        run.is_dag()
+        run.restore(recorded)
+        run.replans = self.replans
+        self.replacement = run
+        return True
 
     async def _replan(self) -> bool:
         """After a logic failure, ask the replanner for the next revision; True when it gave one.

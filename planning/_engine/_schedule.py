@@ -18,7 +18,7 @@ from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, GateStep, Step
+from stratagem.planning._plan import FailureClass, GateStep, Step, ToolStep
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,13 @@ class _Scheduler:
                 state.take_ready()
                 self.gates.reach(step)
                 continue
+            if (
+                self.gates.approvals
+                and isinstance(step, ToolStep)
+                and self.gates.ask_approval(step)
+            ):
+                state.take_ready()  # waits at its tool gate
+                continue
             if len(running) >= self.bound:
                 break
             step_id = state.take_ready()
@@ -110,7 +117,10 @@ class _Scheduler:
                     state.denied(step_id, attempt - 1)
                     self._deny(step, attempt - 1, denial, exhausted)
                     continue
-            state.start(step_id, attempt)
+            if self.gates.approved_notices:  # the step's tool gate was just approved
+                state.start(step_id, attempt, self.gates.approved_notices.pop(step_id, None))
+            else:
+                state.start(step_id, attempt)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
             durable = runner.intent(step, attempt, cost)

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from stratagem.planning._engine._journal import _Journal
 from stratagem.planning._engine._observe import _Observer
-from stratagem.planning._engine._types import PlanResult
+from stratagem.planning._engine._types import GateNotice, PlanResult
 from stratagem.planning._errors import StepFailure
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, Step, StepStatus
 from stratagem.planning._store import (
@@ -27,7 +27,6 @@ from stratagem.planning._store import (
     CompensationState,
     CompensationStatus,
     ConditionRecord,
-    GateDecision,
     GateKind,
     GateRecord,
     PlanStatusRecord,
@@ -255,11 +254,11 @@ class _RunState(Generic[P]):
 
     # --- steps -------------------------------------------------------------------------------
 
-    def start(self, step_id: str, attempt: int) -> None:
-        """Attempt ``attempt`` of ``step_id`` starts."""
+    def start(self, step_id: str, attempt: int, gate: GateNotice | None = None) -> None:
+        """Attempt ``attempt`` of ``step_id`` starts (``gate``: the approval that let it)."""
         self.statuses[step_id] = StepStatus.RUNNING
         self.attempts[step_id] = attempt
-        self.observer.emit(step_id, StepStatus.RUNNING, attempt)
+        self.observer.emit(step_id, StepStatus.RUNNING, attempt, gate=gate)
 
     def denied(self, step_id: str, attempts: int) -> None:
         """Admission refused the attempt after ``attempts``: the step did not start."""
@@ -304,8 +303,16 @@ class _RunState(Generic[P]):
             delay,
         )
 
-    def succeed(self, step_id: str, output: Any, attempt: int, output_json: str | None) -> None:
-        """``step_id`` succeeded with ``output``: its dependents may become ready."""
+    def succeed(
+        self,
+        step_id: str,
+        output: Any,
+        attempt: int,
+        output_json: str | None,
+        gate: GateNotice | None = None,
+    ) -> None:
+        """``step_id`` succeeded with ``output``: its dependents may become ready (``gate``: the
+        decision that made it succeed, carried by its event)."""
         self.outputs[step_id] = output
         self.statuses[step_id] = StepStatus.SUCCEEDED
         compensated = self.steps[step_id].compensate is not None
@@ -324,7 +331,7 @@ class _RunState(Generic[P]):
         if compensated:
             self.compensable.append(step_id)
             self.compensation[step_id] = CompensationStatus.NEEDED
-        self.observer.emit(step_id, StepStatus.SUCCEEDED, attempt)
+        self.observer.emit(step_id, StepStatus.SUCCEEDED, attempt, gate=gate)
         waiting = self.waiting
         for dependent in self.dependents[step_id]:
             waiting[dependent] -= 1
@@ -342,8 +349,9 @@ class _RunState(Generic[P]):
         message: str,
         attempts: int,
         stop: str = "",
+        gate: GateNotice | None = None,
     ) -> None:
-        """``step_id`` failed for good.
+        """``step_id`` failed for good (``gate``: the decision that failed it).
 
         A failure that a route on failure handles is not the plan's: the route decides. Under
         ``continue_independent`` the plan goes on with what does not depend on the step. Else
@@ -373,7 +381,7 @@ class _RunState(Generic[P]):
             attempts,
             message,
         )
-        self.observer.emit(step_id, StepStatus.FAILED, attempts, failure_class, message)
+        self.observer.emit(step_id, StepStatus.FAILED, attempts, failure_class, message, gate=gate)
         if routed or self.continue_independent:
             self._release_unsucceeded(step_id)
         elif stop:
@@ -481,27 +489,84 @@ class _RunState(Generic[P]):
         self.gates[gate_id] = kind
         self.statuses[gate_id] = StepStatus.BLOCKED
 
-    def block(self, gate_id: str, kind: GateKind, prompt: str, recorded: bool) -> None:
+    def block(
+        self,
+        gate_id: str,
+        kind: GateKind,
+        prompt: str,
+        record: GateRecord | None,
+        notice: GateNotice | None = None,
+    ) -> asyncio.Future[None] | None:
         """Gate ``gate_id`` is open and waits for a decision: the step and the plan are
-        ``blocked`` (the opening recorded unless ``recorded`` already)."""
+        ``blocked``. ``record`` is its opening (``None``: recorded already); returns the commit
+        of the opening to await (``None``: nothing to wait for)."""
         plan = self.plan
         self.open_gate(gate_id, kind)
-        if not recorded:
-            self.record(
-                GateRecord(plan.id, plan.revision, gate_id, GateDecision.OPEN, kind, prompt=prompt)
-            )
+        committed = None
+        if record is not None and self.journal is not None and not self.interrupted:
+            committed = self.journal.add(record)
         self.observer.emit(
             gate_id,
             StepStatus.BLOCKED,
             self.attempts.get(gate_id, 0),
             message=prompt,
             gate_kind=kind,
+            gate=notice,
         )
         logger.info("plan %s@%d: gate %s is waiting: %s", plan.id, plan.revision, gate_id, prompt)
         if not self.blocked:
             self.blocked = True
             self.record(PlanStatusRecord(plan.id, plan.revision, PlanStatus.BLOCKED, prompt))
             self.observer.emit("", PlanStatus.BLOCKED, 0, message=prompt)
+        return committed
+
+    def escalate_gate(
+        self, gate_id: str, record: GateRecord, notice: GateNotice, message: str
+    ) -> asyncio.Future[None] | None:
+        """Open gate ``gate_id`` passes to others (``record``: its new opening); the step's
+        ``blocked`` event says so. Returns the commit to await (``None``: no store)."""
+        committed = None
+        if self.journal is not None and not self.interrupted:
+            committed = self.journal.add(record)
+        self.observer.emit(
+            gate_id,
+            StepStatus.BLOCKED,
+            self.attempts.get(gate_id, 0),
+            message=message,
+            gate_kind=record.kind,
+            gate=notice,
+        )
+        logger.info("plan %s@%d: gate %s: %s", self.plan.id, self.plan.revision, gate_id, message)
+        return committed
+
+    async def write(self, record: Record) -> None:
+        """Commit ``record`` now, after everything the run queued before it (a decision).
+
+        Through the journal, so a decision given while the batch that opened the gate is still
+        being committed lands after that batch (committed beside it, the fold would read the
+        gate's opening after its decision, and lose the decision). A run being torn down commits
+        no more batches: the record goes to the store directly. Without a store: nothing.
+        """
+        journal = self.journal
+        if journal is None:
+            return
+        if journal.closed:
+            await journal.store.commit([record])
+        else:
+            await journal.write(record)
+
+    def revising(self, step_id: str) -> None:
+        """An approver edited ``step_id``'s arguments: it waits for the plan's next revision,
+        which runs it; this run starts nothing more and ends once its running steps finish."""
+        self.statuses[step_id] = StepStatus.PENDING
+        self.paused = True
+        logger.info(
+            "plan %s@%d: step %s continues in a new revision (its arguments were edited)",
+            self.plan.id,
+            self.plan.revision,
+            step_id,
+        )
+        self.maybe_finish()
 
     def close_gate(self, gate_id: str) -> GateKind | None:
         """A decision reached open gate ``gate_id``: its kind (``None``: it was not open)."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._errors import PlanFailedError, StepFailure
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from stratagem.planning._store import GateKind
 
 P = TypeVar("P", bound=Plan)
 
@@ -50,6 +51,8 @@ class EngineConfig:
         max_replans: How many new revisions the engine's ``replanner`` may make in one run
             after logic failures.
         circuit_breaker: The per-tool circuit breakers; ``None`` turns them off.
+        gate_deadlines: Whether gates time out and escalate by themselves (``timeout_s``,
+            ``escalate_after_s``); a replay turns them off and gives the recorded decisions.
     """
 
     max_in_flight: int = 4
@@ -57,6 +60,7 @@ class EngineConfig:
     seed: int = 0
     max_replans: int = 1
     circuit_breaker: CircuitBreakerConfig | None = CircuitBreakerConfig()
+    gate_deadlines: bool = True
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1:
@@ -104,6 +108,12 @@ class ToolRunner(Protocol):
     is idempotent (``is_idempotent``) and what a call costs (``cost``). A runner that subclasses
     this protocol inherits the defaults (no idempotent tools, every call 1.0 cost units); a runner
     that only matches it structurally defines both.
+
+    A runner may also have ``input_problems(name, input) -> list[str]``: what is wrong with
+    ``input`` as tool ``name``'s input, one line each naming the field (``"amount: Input should
+    be a valid number"``). The engine asks it about arguments an approver edited at a tool's
+    approval gate before it takes them (``agents.ToolRegistry`` has it); without it they are
+    checked when the tool runs.
     """
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -128,6 +138,115 @@ class ToolRunner(Protocol):
         return 1.0
 
 
+GateEvent = Literal["opened", "escalated", "timed_out", "decided"]
+"""What happened at a gate (``GateNotice.event``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateNotice:
+    """What happened at a gate: carried by the gate's ``StepEvent`` (and so by ``Watch``), and
+    what a ``GateNotifier`` is told when a gate opens, escalates or times out.
+
+    Attributes:
+        plan_id: The plan.
+        revision: Its revision.
+        gate_id: The gate step, or the step a reconcile, policy or tool gate names.
+        kind: What the gate is for.
+        event: ``opened``, ``escalated``, ``timed_out`` or ``decided``.
+        at: When it happened (the journaled record's time: the same after a restart).
+        agent: The role of the agent that runs the plan.
+        prompt: What the approver is asked.
+        deciders: Who may decide now (empty: whoever the policy allows).
+        deadline: When the gate times out (``None``: never).
+        escalate_at: When it escalates (``None``: never, or it has).
+        input_schema: The JSON Schema of the value an approval carries.
+        choices: The values an approval may carry.
+        tool: For a tool gate: the tool.
+        arguments: For a tool gate: the arguments it would be called with (on ``decided``: as
+            approved).
+        decision: ``approved`` or ``rejected`` ("" while open).
+        approver: Who decided (``"(timeout)"`` for its deadline).
+        rationale: Why.
+        value: The value an approval carried (``has_value``: whether it carried one).
+        has_value: Whether the decision carried a value.
+    """
+
+    plan_id: str
+    revision: int
+    gate_id: str
+    kind: GateKind
+    event: GateEvent
+    at: float
+    agent: str = ""
+    prompt: str = ""
+    deciders: tuple[str, ...] = ()
+    deadline: float | None = None
+    escalate_at: float | None = None
+    input_schema: dict[str, Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    decision: str = ""
+    approver: str = ""
+    rationale: str = ""
+    value: Any = None
+    has_value: bool = False
+
+    @property
+    def key(self) -> str:
+        """The notice's identity: the same when a restarted agent tells it again (a receiver
+        drops a key it has seen). It names the journaled opening (or, for a timeout, the
+        deadline) the notice is about."""
+        when = self.deadline if self.event == "timed_out" and self.deadline else self.at
+        return f"{step_run_id(self.plan_id, self.revision, self.gate_id)}:{self.event}:{when!r}"
+
+
+class GateNotifier(Protocol):
+    """Told when a gate opens, escalates or times out (the runtime's webhook, say).
+
+    ``notify`` returns once the notice is kept durably (it may be delivered later); it is called
+    again with the same ``key`` after a restart when the engine cannot tell whether it was, so
+    keeping a key twice must be harmless. Errors are logged by the engine; the run goes on.
+    """
+
+    async def notify(self, notice: GateNotice) -> None:
+        """Keep ``notice`` for delivery (durably, when the notifier is durable)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolApproval:
+    """A rule of the policy: calls of ``tool`` need a person's approval first.
+
+    Before a tool step of a matching tool starts, the engine opens a tool gate named after the
+    step, showing the tool and the arguments it would be called with; approve lets it run
+    (with the arguments as they are, or as the approver edited them: the plan then continues as
+    a new revision authored by the approver), reject fails it with class ``policy``.
+
+    Attributes:
+        tool: The tool's name.
+        when: An expression over ``arguments`` (the tool's input, references resolved), e.g.
+            ``"arguments.amount > `100`"``; the approval is asked only when it is truthy
+            (``None``: always). One that cannot be evaluated asks.
+        prompt: What the approver is asked (the tool and its arguments are shown anyway).
+        deciders: Who may decide (identities, or ``role:NAME``; empty: whoever the policy
+            allows).
+        timeout_s: Seconds after which ``on_timeout`` decides (``None``: never).
+        on_timeout: ``reject``, ``approve`` or ``escalate`` (to ``escalate_to``).
+        escalate_after_s: Seconds undecided after which the gate passes to ``escalate_to``.
+        escalate_to: Who decides once it escalated.
+    """
+
+    tool: str
+    when: str | None = None
+    prompt: str = ""
+    deciders: tuple[str, ...] = ()
+    timeout_s: float | None = None
+    on_timeout: Literal["reject", "approve", "escalate"] = "reject"
+    escalate_after_s: float | None = None
+    escalate_to: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class StepEvent:
     """One transition of a plan or of one of its steps.
@@ -142,6 +261,8 @@ class StepEvent:
         message: A one-line description ("" when there is nothing to add).
         timestamp: Wall-clock time of the transition (``time.time()``).
         delay_s: For ``retrying``: the backoff before the next attempt.
+        gate: For a gate's events (``blocked`` when it opens or escalates, its outcome when it
+            is decided): what happened at the gate.
     """
 
     plan_id: str
@@ -153,6 +274,7 @@ class StepEvent:
     message: str
     timestamp: float
     delay_s: float | None = None
+    gate: GateNotice | None = None
 
 
 @dataclass(frozen=True)

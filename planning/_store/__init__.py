@@ -8,6 +8,7 @@ the history query (``HistoryQuery``, ``PlanSummary``) and the SQL both build for
 
 from stratagem.planning._store._history import HistoryQuery, PlanSummary
 from stratagem.planning._store._state import (
+    TIMEOUT_APPROVER,
     BreakerState,
     BudgetRecord,
     CompensationRecord,
@@ -32,6 +33,7 @@ from stratagem.planning._store._state import (
 )
 
 __all__ = [
+    "TIMEOUT_APPROVER",
     "BreakerState",
     "BudgetRecord",
     "CompensationRecord",

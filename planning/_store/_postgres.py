@@ -408,18 +408,20 @@ class PostgresStateStore:
 
         await self._write(f"save revision {plan.revision} of plan {plan.id!r}", write)
 
-    async def load(self, plan_id: str) -> PlanState | None:
+    async def load(self, plan_id: str, revision: int | None = None) -> PlanState | None:
         """See ``StateStore.load``."""
+        wanted = revision
 
         async def read(conn: Connection) -> PlanState | None:
             cursor = await conn.execute(
                 q(
                     "SELECT p.id, p.revision, b.plan_json FROM {s}.plans AS p "
                     "JOIN {s}.plan_bodies AS b ON b.id = p.id WHERE p.plan_id = %s "
+                    "AND (%s::integer IS NULL OR p.revision = %s) "
                     "ORDER BY p.revision DESC LIMIT 1",
                     self._ident,
                 ),
-                (plan_id,),
+                (plan_id, wanted, wanted),
             )
             row = await cursor.fetchone()
             if row is None:

@@ -81,9 +81,17 @@ def encode_record(record: Record) -> Row:
                 data,
             )
         case GateRecord():
-            data = compact_json(
-                [record.kind.value, record.prompt, record.approver, record.rationale, record.at]
-            )
+            fields: list[Any] = [
+                record.kind.value,
+                record.prompt,
+                record.approver,
+                record.rationale,
+                record.at,
+            ]
+            more = _gate_extras(record)
+            if more:  # what a gate asks, its deadline and deciders ride in the same array
+                fields.append(more)
+            data = compact_json(fields)
             return _GATE, record.gate_id, None, record.decision.value, record.output_json, data
         case CompensationRecord():
             return (
@@ -143,7 +151,8 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
                 at,
             )
         case 4:
-            gate_kind, prompt, approver, rationale, at = json.loads(data)
+            gate_kind, prompt, approver, rationale, at, *rest = json.loads(data)
+            more: dict[str, Any] = rest[0] if rest else {}
             return GateRecord(
                 plan_id,
                 revision,
@@ -155,6 +164,12 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
                 rationale,
                 output,
                 at,
+                value_json=more.get("value"),
+                arguments_json=more.get("arguments"),
+                deadline=more.get("deadline"),
+                escalate_at=more.get("escalate_at"),
+                deciders=tuple(more.get("deciders", ())),
+                escalated=bool(more.get("escalated", False)),
             )
         case 5:
             return CompensationRecord(
@@ -169,6 +184,24 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
             return ConditionRecord(plan_id, revision, step_id, status == "held", output or "null")
         case _:
             raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
+
+
+def _gate_extras(record: GateRecord) -> dict[str, Any]:
+    """A gate record's fields beyond the first five, only those set (a plain gate adds none)."""
+    more: dict[str, Any] = {}
+    if record.value_json is not None:
+        more["value"] = record.value_json
+    if record.arguments_json is not None:
+        more["arguments"] = record.arguments_json
+    if record.deadline is not None:
+        more["deadline"] = record.deadline
+    if record.escalate_at is not None:
+        more["escalate_at"] = record.escalate_at
+    if record.deciders:
+        more["deciders"] = list(record.deciders)
+    if record.escalated:
+        more["escalated"] = True
+    return more
 
 
 def compact_json(value: Any) -> str:

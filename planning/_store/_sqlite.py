@@ -334,9 +334,9 @@ class SqliteStateStore:
             await self._call(self._commit, list(records))
             self._metrics.commit_recorded("sqlite", time.perf_counter() - started)
 
-    async def load(self, plan_id: str) -> PlanState | None:
+    async def load(self, plan_id: str, revision: int | None = None) -> PlanState | None:
         """See ``StateStore.load``."""
-        return await self._call(self._load, plan_id)
+        return await self._call(self._load, plan_id, revision)
 
     async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
         """See ``StateStore.journal``."""
@@ -636,14 +636,14 @@ class SqliteStateStore:
             raise self._error(f"read the journal of plan {plan_id!r}", exc) from exc
         return [decode_record(plan_id, int(row[1]), r) for r in rows]
 
-    def _load(self, plan_id: str) -> PlanState | None:
+    def _load(self, plan_id: str, revision: int | None = None) -> PlanState | None:
         conn = self._connection()
         try:
             row = conn.execute(
                 "SELECT p.id, p.revision, b.plan_json FROM plans AS p "
                 "JOIN plan_bodies AS b ON b.id = p.id WHERE p.plan_id = ? "
-                "ORDER BY p.revision DESC LIMIT 1",
-                (plan_id,),
+                "AND (? IS NULL OR p.revision = ?) ORDER BY p.revision DESC LIMIT 1",
+                (plan_id, revision, revision),
             ).fetchone()
             if row is None:
                 return None

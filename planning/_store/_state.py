@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._errors import StoreError
@@ -43,6 +43,7 @@ from stratagem.planning._revisions import RevisionRecord
 from stratagem.planning._store._history import HistoryQuery, PlanSummary, matches, trace_id_of
 
 __all__ = [
+    "TIMEOUT_APPROVER",
     "BreakerState",
     "CompensationRecord",
     "CompensationState",
@@ -76,6 +77,8 @@ class GateKind(StrEnum):
     """A step was in flight when the plan stopped and its tool is not idempotent."""
     POLICY = "policy"
     """A step with ``on_policy_failure="gate"`` failed a policy check."""
+    TOOL = "tool"
+    """The policy asks for an approval before this tool step calls its tool."""
 
 
 class GateDecision(StrEnum):
@@ -174,20 +177,28 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True)
 class GateRecord:
-    """A gate opened or was decided.
+    """A gate opened (or escalated: opened again for others to decide) or was decided.
 
     Attributes:
         plan_id: The plan.
         revision: The revision the gate belongs to (a decision: the one it was given for).
-        gate_id: A gate step's id, or the id of the step a reconcile gate names.
+        gate_id: A gate step's id, or the id of the step a reconcile, policy or tool gate names.
         decision: ``open``, ``approved`` or ``rejected``.
-        kind: A gate step or a reconcile gate.
+        kind: A gate step, or a reconcile, policy or tool gate.
         prompt: What the approver is asked (on ``open``).
-        approver: Who decided.
+        approver: Who decided (``TIMEOUT_APPROVER`` when the gate's deadline decided).
         rationale: Why.
         output_json: For an approved reconcile gate: the output to record for the step instead of
             re-running it (``None``: re-run it).
         at: Wall-clock time (``time.time()``).
+        value_json: For an approval of a gate that asks: the value, as JSON.
+        arguments_json: For a tool gate: on ``open``, the arguments the tool would be called
+            with; on an approval, the arguments as the approver edited them (``None``: as
+            they were).
+        deadline: On ``open``: when the gate times out (``time.time()`` scale; ``None``: never).
+        escalate_at: On ``open``: when it escalates (``None``: never, or it has escalated).
+        deciders: On ``open``: who may decide (empty: whoever the policy allows).
+        escalated: On ``open``: this opening hands the gate to others (``deciders``).
     """
 
     plan_id: str
@@ -200,6 +211,12 @@ class GateRecord:
     rationale: str = ""
     output_json: str | None = None
     at: float = field(default_factory=time.time)
+    value_json: str | None = None
+    arguments_json: str | None = None
+    deadline: float | None = None
+    escalate_at: float | None = None
+    deciders: tuple[str, ...] = ()
+    escalated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,19 +342,34 @@ class StepState:
         return self.status is StepStatus.RUNNING
 
 
+TIMEOUT_APPROVER: Final = "(timeout)"
+"""The approver of a decision a gate's deadline made (no identity has this form)."""
+
+
 @dataclass(slots=True)
 class GateState:
     """A gate's recorded state.
 
     Attributes:
         gate_id: The gate's id.
-        kind: A gate step or a reconcile gate.
+        kind: A gate step, or a reconcile, policy or tool gate.
         decision: ``open``, ``approved`` or ``rejected``.
         revision: The revision it was opened (or decided) for.
         prompt: What the approver is asked.
-        approver: Who decided.
+        approver: Who decided (``TIMEOUT_APPROVER``: its deadline did).
         rationale: Why.
         output: For an approved reconcile gate: the output to record instead of re-running.
+        value: For an approval of a gate that asks: the value (``has_value`` says whether one
+            was given: ``None`` may be one).
+        has_value: Whether the decision carried a value.
+        arguments: For a tool gate: the arguments shown at its opening, then as approved (an
+            approver's edit) .
+        edited: Whether the approval edited the tool's arguments.
+        deadline: When it times out (``None``: never).
+        escalate_at: When it escalates (``None``: never, or it has).
+        deciders: Who may decide (empty: whoever the policy allows).
+        escalated: Whether it was handed to others.
+        opened_at: When it (last) opened.
     """
 
     gate_id: str
@@ -348,6 +380,20 @@ class GateState:
     approver: str = ""
     rationale: str = ""
     output: dict[str, Any] | None = None
+    value: Any = None
+    has_value: bool = False
+    arguments: dict[str, Any] | None = None
+    edited: bool = False
+    deadline: float | None = None
+    escalate_at: float | None = None
+    deciders: tuple[str, ...] = ()
+    escalated: bool = False
+    opened_at: float | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether its deadline decided it."""
+        return self.approver == TIMEOUT_APPROVER
 
 
 @dataclass(slots=True)
@@ -478,17 +524,7 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                     ended=record.at or None,
                 )
             case GateRecord():
-                previous = state.gates.get(record.gate_id)
-                state.gates[record.gate_id] = GateState(
-                    gate_id=record.gate_id,
-                    kind=record.kind,
-                    decision=record.decision,
-                    revision=record.revision,
-                    prompt=record.prompt or (previous.prompt if previous else ""),
-                    approver=record.approver,
-                    rationale=record.rationale,
-                    output=None if record.output_json is None else json.loads(record.output_json),
-                )
+                state.gates[record.gate_id] = _gate_state(record, state.gates.get(record.gate_id))
             case CompensationRecord():
                 entry = compensations.get(record.step_id)
                 if entry is None:
@@ -504,6 +540,40 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 state.conditions[record.step_id] = record
             case _:  # pragma: no cover - the union is closed
                 raise StoreError(f"unknown record {record!r}")
+    return state
+
+
+def _gate_state(record: GateRecord, previous: GateState | None) -> GateState:
+    """A gate's state after ``record``: an opening says what the gate is (its deadline, who
+    decides it); a decision keeps that and adds who decided, why and with what."""
+    arguments = None if record.arguments_json is None else json.loads(record.arguments_json)
+    state = GateState(
+        gate_id=record.gate_id,
+        kind=record.kind,
+        decision=record.decision,
+        revision=record.revision,
+        prompt=record.prompt or (previous.prompt if previous else ""),
+        approver=record.approver,
+        rationale=record.rationale,
+        output=None if record.output_json is None else json.loads(record.output_json),
+        value=None if record.value_json is None else json.loads(record.value_json),
+        has_value=record.value_json is not None,
+        arguments=arguments,
+        deadline=record.deadline,
+        escalate_at=record.escalate_at,
+        deciders=record.deciders,
+        escalated=record.escalated,
+        opened_at=record.at,
+    )
+    if record.decision is not GateDecision.OPEN and previous is not None:
+        state.edited = arguments is not None
+        if arguments is None:
+            state.arguments = previous.arguments
+        state.deadline = previous.deadline
+        state.escalate_at = None
+        state.deciders = previous.deciders
+        state.escalated = previous.escalated
+        state.opened_at = previous.opened_at
     return state
 
 
@@ -562,8 +632,9 @@ class StateStore(Protocol):
         """
         ...
 
-    async def load(self, plan_id: str) -> PlanState | None:
-        """The state of the newest stored revision of ``plan_id``, or ``None`` when unknown."""
+    async def load(self, plan_id: str, revision: int | None = None) -> PlanState | None:
+        """The state of the newest stored revision of ``plan_id`` (or of ``revision``), or
+        ``None`` when unknown."""
         ...
 
     async def journal(self, plan_id: str, revision: int | None = None) -> list[Record]:
@@ -743,12 +814,13 @@ class InMemoryStateStore:
                         entry.trace_id = trace_id_of(record.trace_context)
         self.commits += 1
 
-    async def load(self, plan_id: str) -> PlanState | None:
+    async def load(self, plan_id: str, revision: int | None = None) -> PlanState | None:
         """See ``StateStore.load``."""
         revisions = [rev for (pid, rev) in self._plans if pid == plan_id]
-        if not revisions:
+        if revision is None:
+            revision = max(revisions, default=None)
+        if revision not in revisions:
             return None
-        revision = max(revisions)
         stored = self._plans[(plan_id, revision)]
         return fold(plan_id, revision, stored.plan_json, stored.records)
 

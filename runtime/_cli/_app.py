@@ -59,6 +59,8 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "ChainVerdict",
         "ClusterSecret",
         "ControlAction",
+        "FailedPreconditionError",
+        "InvalidArgumentError",
         "MissingSecretError",
         "OPERATOR",
         "PlanSnapshot",
@@ -98,6 +100,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._render": (
         "Progress",
         "action_text",
+        "gate_text",
         "plan_forest",
         "relation_text",
         "span_json",
@@ -122,7 +125,7 @@ _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._directory": ("AgentInfo",),
-    "stratagem.runtime._launcher": ("Deployment",),
+    "stratagem.runtime._launcher": ("AgentStartError", "Deployment"),
 }
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.runtime._directory import AgentInfo
+    from stratagem.runtime._launcher import AgentStartError
     from stratagem.runtime._local import LaunchError, LocalCluster
 
 __all__: list[str] = []
@@ -113,14 +114,24 @@ def up(
         # The extensions first: one that does not load (or defines an agent badly) stops here,
         # before a Ray head starts.
         roles = deployment.roles
+        started: LocalCluster | None = None
         if settings.address is None and LocalCluster.find(settings.local_cluster_file) is None:
             if not as_json:
                 err_console.print("[dim]starting a local Ray head…[/]")
-            LocalCluster.start(settings)
+            started = LocalCluster.start(settings)
         if not as_json:
             err_console.print(f"[dim]deploying the agents: {', '.join(roles)}…[/]", highlight=False)
-        with _running(deployment):
-            infos = deployment.deploy(detached=True, replace=replace)
+        try:
+            with _running(deployment):
+                infos = deployment.deploy(detached=True, replace=replace)
+        except AgentStartError:
+            # A refused agent leaves nothing running: deploy removed the agents, and the Ray
+            # head this command started goes too.
+            if started is not None:
+                started.stop()
+                settings.local_cluster_file.unlink(missing_ok=True)
+                settings.ray_token_path.unlink(missing_ok=True)
+            raise
         for warning in deployment.warnings:
             err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
         if as_json:

@@ -106,9 +106,6 @@ def _execute_goal(
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
     provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
-    if timeout is None and settings.plans_with_a_model:
-        # A goal waits on several model calls (tens of seconds each on a CPU): a longer default.
-        timeout = max(settings.request_timeout_s, 3 * settings.effective_step_timeout_s)
     deployment = _deployment(settings)
     progress = Progress()
     with _errors():

@@ -1,6 +1,7 @@
 """The plan commands: ``plans run|show|list|watch``, and the verbs on one plan (``replay``,
-``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan``), each registered once under
-``plans`` and as a top-level alias (``stratagem plans approve`` = ``stratagem approve``)."""
+``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan``, ``fork``), each registered
+once under ``plans`` and as a top-level alias (``stratagem plans approve`` = ``stratagem
+approve``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import typer
 from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
+    _OPERATOR,
     AddressOpt,
     FullOpt,
     JsonOpt,
@@ -35,6 +37,7 @@ from stratagem.runtime._input import (
     DEFAULT_HISTORY_PAGE,
     InputError,
     parse_json_object,
+    parse_json_value,
     parse_moment,
     read_mapping,
     unknown_name,
@@ -43,7 +46,14 @@ from stratagem.runtime._input import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.protocol import ControlAction, PlanSnapshot, RemoteError, RevisionsResponse
+    from stratagem.protocol import (
+        ControlAction,
+        FailedPreconditionError,
+        InvalidArgumentError,
+        PlanSnapshot,
+        RemoteError,
+        RevisionsResponse,
+    )
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
     from stratagem.runtime._history import PlanHistory, PlanView
     from stratagem.runtime._operator import Operator, check_status
@@ -345,6 +355,13 @@ GateArg = Annotated[
 RationaleOpt = Annotated[
     str, typer.Option("--rationale", help="Why (recorded in the audit log, redacted).")
 ]
+AsOpt = Annotated[
+    str,
+    typer.Option(
+        "--as",
+        help="Decide as this identity (a gate may name who decides; others are refused).",
+    ),
+]
 
 
 def _control(
@@ -359,27 +376,45 @@ def _control(
     rationale: str = "",
     output: str | None = None,
     plan_file: Path | None = None,
+    caller: str = _OPERATOR,
+    more: dict[str, Any] | None = None,
 ) -> None:
-    """Send one control action to the agent that owns ``plan_id`` and print the plan's state."""
+    """Send one control action to the agent that owns ``plan_id`` and print the plan's state
+    (for ``fork``, the new plan's). For the decisions and ``fork``, what the agent refuses as
+    bad input (a value or arguments that do not fit, a closed gate, no such fork point) is
+    one line and exit 2, like input refused here."""
     with _errors():
         settings = _settings(address, state_dir)
         recorded: dict[str, Any] | None = None
         if output is not None:
             recorded = parse_json_object(output, "--output")
-        snapshot: PlanSnapshot = _operate(
-            settings,
-            lambda op: op.control(
-                plan_id,
-                action,
-                gate_id=gate_id,
-                rationale=rationale,
-                output=recorded,
-                plan=plan_file,
-            ),
-            timeout=timeout,
-        )
+        try:
+            snapshot: PlanSnapshot = _operate(
+                settings,
+                lambda op: op.control(
+                    plan_id,
+                    action,
+                    gate_id=gate_id,
+                    rationale=rationale,
+                    output=recorded,
+                    plan=plan_file,
+                    **(more or {}),
+                ),
+                timeout=timeout,
+                caller=caller,
+            )
+        except (InvalidArgumentError, FailedPreconditionError) as exc:
+            if action not in ("approve", "reject", "fork"):
+                raise
+            raise InputError(str(exc)) from exc
         if as_json:
             _print_json(json.loads(snapshot.model_dump_json()))
+        elif action == "fork":
+            console.print(
+                f"fork of {plan_id}: plan {snapshot.plan_id} on {snapshot.agent} is "
+                f"[bold]{snapshot.status}[/]",
+                highlight=False,
+            )
         else:
             gate = f" gate {gate_id}" if gate_id else ""
             console.print(
@@ -402,12 +437,36 @@ def approve(
             "re-running it, when you found its effect done.",
         ),
     ] = None,
+    value: Annotated[
+        str | None,
+        typer.Option(
+            "--value",
+            help="For a gate that asks: its value, as JSON (e.g. '{\"count\": 3}' or "
+            "'\"north\"'), checked against the gate's schema or choices.",
+        ),
+    ] = None,
+    arguments: Annotated[
+        str | None,
+        typer.Option(
+            "--arguments",
+            help="For a tool's approval gate: the tool's arguments as you edited them (a JSON "
+            "object); the plan goes on as a new revision with you as its author.",
+        ),
+    ] = None,
+    caller: AsOpt = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with --output)."""
+    """Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with --output;
+    a gate that asks takes --value; a tool's approval may edit its --arguments)."""
+    more: dict[str, Any] = {}
+    with _errors():
+        if value is not None:
+            more["value"] = parse_json_value(value, "--value")
+        if arguments is not None:
+            more["arguments"] = parse_json_object(arguments, "--arguments")
     _control(
         plan_id,
         "approve",
@@ -418,6 +477,8 @@ def approve(
         state_dir=state_dir,
         as_json=as_json,
         timeout=timeout,
+        caller=caller,
+        more=more,
     )
 
 
@@ -426,6 +487,7 @@ def reject(
     plan_id: PlanArg,
     gate_id: GateArg,
     rationale: RationaleOpt,
+    caller: AsOpt = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
@@ -441,6 +503,7 @@ def reject(
         state_dir=state_dir,
         as_json=as_json,
         timeout=timeout,
+        caller=caller,
     )
 
 
@@ -498,3 +561,70 @@ def replan(
         as_json=as_json,
         timeout=timeout,
     )
+
+
+@_plan_verb("fork")
+def fork(
+    plan_id: PlanArg,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="The fork point: the steps that succeeded before this step started carry "
+            "their results; it and the rest run again in the new plan.",
+        ),
+    ] = None,
+    revision: Annotated[
+        int | None,
+        typer.Option("--revision", help="The revision forked (default: the newest).", min=1),
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="STEP.output=JSON: an output substituted for a step before the fork point "
+            "(its dependents run again); repeat for more.",
+        ),
+    ] = None,
+    new_id: Annotated[
+        str, typer.Option("--id", help="The new plan's id (default: PLAN-fork-<hex>).")
+    ] = "",
+    rationale: RationaleOpt = "",
+    address: AddressOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Fork a plan into a new one (new id, forked_from recorded) that runs on from a step or
+    revision, with the recorded results before it carried and --set outputs substituted."""
+    with _errors():
+        outputs = _substitutions(sets or [])
+    _control(
+        plan_id,
+        "fork",
+        rationale=rationale,
+        address=address,
+        state_dir=state_dir,
+        as_json=as_json,
+        timeout=timeout,
+        more={
+            "at_step": at or "",
+            "at_revision": revision or 0,
+            "outputs": outputs,
+            "new_plan_id": new_id,
+        },
+    )
+
+
+def _substitutions(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--set STEP.output=JSON`` items as step id -> output (each a JSON object)."""
+    outputs: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, equals, text = item.partition("=")
+        step, dot, what = target.partition(".")
+        if not (equals and dot and what == "output" and step):
+            raise InputError(f"--set {item[:80]!r}: expected STEP.output=JSON")
+        if step in outputs:
+            raise InputError(f"--set: step {step!r} is given twice")
+        outputs[step] = parse_json_object(text, f"--set {step}.output")
+    return outputs

@@ -25,6 +25,7 @@ from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.history import run_history_benchmark
+from tests.bench.model_load import model_load_section, run_model_load_benchmark
 from tests.bench.peers import run_peers_benchmark
 from tests.bench.quality import quality_section, run_quality_benchmark
 from tests.bench.report import (
@@ -234,6 +235,16 @@ def _only_quality() -> int:
     return _only_section("quality", run_quality_benchmark, "## Planning quality", quality_section)
 
 
+def _only_model_load() -> int:
+    """``python -m tests.bench model-load``: this section alone, merged into the last results."""
+    return _only_section(
+        "model_load",
+        run_model_load_benchmark,
+        "## The model path under load",
+        model_load_section,
+    )
+
+
 def _only_section(
     name: str,
     measure: Callable[[], dict[str, Any]],
@@ -284,6 +295,8 @@ def main() -> int:
         return _only_quality()
     if sys.argv[1:] == ["history"]:
         return _only_history()
+    if sys.argv[1:] == ["model-load"]:
+        return _only_model_load()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -324,6 +337,8 @@ def main() -> int:
     history = _section("history", _history)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
+    logger.info("model-load: four agents planning at once against the embedded model server")
+    model_load = _section("model_load", run_model_load_benchmark)
     results: dict[str, Any] = {
         "schema": 1,
         "machine": machine,
@@ -337,6 +352,7 @@ def main() -> int:
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["history"] = history
     results["benchmarks"]["quality"] = quality
+    results["benchmarks"]["model_load"] = model_load
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

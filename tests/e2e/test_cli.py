@@ -411,7 +411,7 @@ def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None
     assert blocked["approve"] == ["stratagem approve cli-gated ok --rationale 'why it may go on'"]
     assert len(blocked["trace_id"]) == 32
     wrong = run("reject", "cli-gated", "nope", "--rationale", "x", state_dir=deployed)
-    assert wrong.returncode == 1
+    assert wrong.returncode == 2  # a decision that does not apply is bad input
     assert "FAILED_PRECONDITION" in wrong.stderr
     approved = run(
         "approve", "cli-gated", "ok", "--rationale", "looks right", "--json", state_dir=deployed
@@ -438,6 +438,127 @@ def test_a_gate_is_approved_from_the_cli(deployed: Path, tmp_path: Path) -> None
     finally:
         audit.close()
     assert any("gate ok by operator: looks right" in detail for detail in details)
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == code, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_gate_that_asks_and_a_fork_from_the_cli(deployed: Path, tmp_path: Path) -> None:
+    plan = {
+        "id": "cli-asks",
+        "owner": "strategic",
+        "goal": "ask who leads, then read the answer",
+        "steps": [
+            {"kind": "gate", "id": "pick", "prompt": "Who leads?", "choices": ["Mira", "Tomas"]},
+            {
+                "kind": "tool",
+                "id": "protagonist",
+                "tool": "find_protagonist",
+                "input": {
+                    "text": {"$expr": "join(' ', [pick.value, 'wants the silver crown.'])"},
+                    "entities": [],
+                },
+                "depends_on": ["pick"],
+            },
+        ],
+    }
+    path = tmp_path / "asks.json"
+    path.write_text(json.dumps(plan))
+    # `plans run` returns as soon as the plan waits at its gate (exit 3).
+    ran = run("plans", "run", str(path), "--json", state_dir=deployed)
+    assert ran.returncode == 3, ran.stderr[-2000:]
+    blocked = json.loads(ran.stdout)
+    assert blocked["status"] == "blocked"
+    [gate] = blocked["gates"]
+    assert json.loads(gate["choices_json"]) == ["Mira", "Tomas"]
+    not_offered = run(
+        "approve",
+        "cli-asks",
+        "pick",
+        "--rationale",
+        "r",
+        "--value",
+        '"Ana"',
+        state_dir=deployed,
+    )
+    _one_line(not_offered, 2, "value: 'Ana' is not one of the choices 'Mira', 'Tomas'")
+    approved = run(
+        "approve",
+        "cli-asks",
+        "pick",
+        "--rationale",
+        "she does",
+        "--value",
+        '"Mira"',
+        state_dir=deployed,
+    )
+    assert approved.returncode == 0, approved.stderr
+    watched = run("plans", "watch", "cli-asks", "--json", state_dir=deployed, timeout=120)
+    assert json.loads(watched.stdout.splitlines()[-1])["status"] == "succeeded"
+    shown = json.loads(run("plans", "show", "cli-asks", "--json", state_dir=deployed).stdout)
+    assert shown["status"] == "succeeded"
+    closed = run(
+        "approve",
+        "cli-asks",
+        "pick",
+        "--rationale",
+        "again",
+        "--value",
+        '"Mira"',
+        state_dir=deployed,
+    )
+    _one_line(closed, 2, "FAILED_PRECONDITION")
+    shown = run("plans", "show", "cli-asks", state_dir=deployed)
+    assert 'approved by operator with "Mira"' in shown.stdout
+    _one_line(run("plans", "fork", "cli-asks", "--at", "nope", state_dir=deployed), 2, "at_step")
+    _one_line(
+        run(
+            "plans",
+            "fork",
+            "cli-asks",
+            "--at",
+            "protagonist",
+            "--set",
+            'protagonist.output={"x": 1}',
+            state_dir=deployed,
+        ),
+        2,
+        "step 'protagonist' is not before the fork point",
+    )
+    _one_line(
+        run("plans", "fork", "cli-asks", "--set", "pick=1", state_dir=deployed),
+        2,
+        "expected STEP.output=JSON",
+    )
+    forked = run(
+        "plans",
+        "fork",
+        "cli-asks",
+        "--at",
+        "protagonist",
+        "--id",
+        "cli-asks-2",
+        "--set",
+        'pick.output={"approved": true, "approver": "operator", "rationale": "", "value": "Tomas"}',
+        "--json",
+        state_dir=deployed,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert json.loads(forked.stdout)["plan_id"] == "cli-asks-2"
+    for _ in range(100):
+        shown = run("plans", "show", "cli-asks-2", state_dir=deployed)
+        if shown.returncode == 0 and "succeeded" in shown.stdout.splitlines()[1]:
+            break
+    else:
+        pytest.fail(f"the fork did not finish: {shown.stdout[-500:]}")
+    assert "forked from plan cli-asks revision 1 at step protagonist" in shown.stdout
+    replayed = run("replay", "cli-asks-2", state_dir=deployed)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
 
 
 def _who_leads(tmp_path: Path, plan_id: str, text: str | None = None) -> Path:

@@ -3,11 +3,14 @@ another one, ``secret rotate`` replaces it, and nothing but a deployment of its 
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from stratagem.planning import Plan, PlanStatus, PlanStatusRecord, ToolStep
 from stratagem.protocol import (
     OPERATOR,
     AgentClient,
@@ -19,6 +22,7 @@ from stratagem.protocol import (
 )
 from stratagem.runtime import Deployment, LaunchError, Settings
 from stratagem.runtime._rotation import rotate_secret
+from stratagem.runtime._stores import open_state_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -86,3 +90,47 @@ def test_agents_put_on_a_deployment_of_another_make_no_secret(
     with pytest.raises(MissingSecretError, match="no cluster secret at"):
         own.deploy(detached=False, create_secret=False)
     assert not own.settings.secret_path.exists()
+
+
+async def test_rotate_resumes_nothing_the_old_agents_were_running(
+    deployment: Deployment, settings: Settings, tmp_path: Path
+) -> None:
+    own = _own_deployment(settings, tmp_path)
+    try:
+        own.deploy(detached=False)
+        # A plan the strategic agent was running, its caller still within its deadline: after a
+        # restart it would be resumed. Written as the agent's journal has it.
+        plan = Plan(
+            id="left-running",
+            owner="strategic",
+            goal="find the protagonist",
+            deadline=time.time() + 3600,
+            steps=[
+                ToolStep(
+                    id="protagonist",
+                    tool="find_protagonist",
+                    input={"text": "Mira wants the silver crown.", "entities": []},
+                )
+            ],
+        )
+        store = await open_state_store(own.settings, "strategic")
+        try:
+            await store.save_plan(plan)
+            await store.commit([PlanStatusRecord(plan.id, 1, PlanStatus.RUNNING)])
+        finally:
+            await store.aclose()
+        _, rotated = rotate_secret(own)
+        endpoint = {info.role: info.endpoint for info in rotated}["strategic"]
+        secret = ClusterSecret.load(own.settings.secret_path)
+        credentials = TokenCredentials(TokenSigner(secret), OPERATOR, ttl_s=60)
+        async with AgentClient(endpoint, caller=OPERATOR, credentials=credentials) as client:
+            for _ in range(200):  # the new agent cancels it in the background as it starts
+                (snapshot,) = await client.plans("left-running")
+                if snapshot.status != "running":
+                    break
+                await asyncio.sleep(0.05)
+        # Cancelled, not resumed: its step never ran.
+        assert snapshot.status == "cancelled"
+        assert '"status":"succeeded"' not in snapshot.plan_json.replace(" ", "")
+    finally:
+        own.teardown()

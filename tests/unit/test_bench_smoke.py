@@ -262,3 +262,43 @@ def test_rpc_targets_judge_latency_and_throughput_per_pipeline(tmp_path: Path) -
     assert "≥ 0.8x the bare echo's throughput at 32 in flight | 0.50x (500 vs 1,000 req/s)" in text
     assert "≤ 1.6x the bare echo's median latency" in text
     assert "target ≥ 0.6x: **met**" in "\n".join(_rpc_section(rpc))
+
+
+def test_the_model_load_figures_and_section_have_their_shape() -> None:
+    from tests.bench.model_load import model_load_section
+    from tests.bench.model_proxy import Forwarded, MeasuringProxy
+
+    proxy = MeasuringProxy(upstream_port=1)
+    proxy.records = [
+        Forwarded("chat", True, queued=0.0, started=0.0, ended=9.0, delivered=True),
+        Forwarded("chat", True, queued=0.0, started=9.0, ended=10.0, abandoned=True),
+        Forwarded("probe", False, queued=0.0, started=10.0, ended=10.5, delivered=True),
+        Forwarded("chat", True, queued=0.0, started=10.5),  # still at the server
+    ]
+    figures = proxy.figures()
+    assert figures["unfinished"] == 1
+    assert (figures["model_s"], figures["used_s"], figures["abandoned_s"]) == (10.5, 9.0, 1.0)
+    assert figures["used_share"] == round(9.0 / 10.5, 4)
+    assert figures["requests"] == {"delivered": 1, "abandoned": 1, "dropped_unsent": 0, "probes": 1}
+    result = {
+        "model": "m",
+        "config": {
+            "agents": 4,
+            "plans_per_agent": 2,
+            "model_timeout_s": 60.0,
+            "deadline_s": 300.0,
+            "max_tokens": 160,
+            "max_repairs": 1,
+        },
+        "wall_s": 12.0,
+        "server": figures,
+        "plannings": {
+            "tactical": {"outcomes": {"model": 2}, "wall_s": [1.0, 2.0], "model_calls": 2}
+        },
+        "target": {"min_share": 0.9},
+        "met": False,
+    }
+    lines = model_load_section(result)
+    assert lines[0] == "## The model path under load: four agents, one CPU model server"
+    assert any("85.7%" in line and "not met" in line for line in lines)
+    assert model_load_section({"skipped": "no server"})[-2] == "Skipped: no server."

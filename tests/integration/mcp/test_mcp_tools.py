@@ -290,10 +290,24 @@ async def test_a_server_whose_tools_do_not_load_is_refused_in_one_line(tmp_path:
         env={"MCP_TEST_STATE": str(tmp_path), "MCP_TEST_BROKEN": "schema"},
     )
     missing = McpServerConfig(agent="tactical", command=str(tmp_path / "no-such-server"))
+    # A server that says why it cannot start on its standard error, and exits.
+    exits = McpServerConfig(
+        agent="tactical",
+        command=sys.executable,
+        args=["-c", "import sys; print('starting', file=sys.stderr); sys.exit('no /srv/data')"],
+    )
     allow_files = Policy.from_toml(
         '[[allow]]\ncaller = "tactical"\ntarget = "mcp.files"\ncapabilities = ["*"]\n'
     )
-    for config, reason in ((broken, "not a valid JSON Schema"), (missing, "did not load")):
+    for config, reason in (
+        (broken, "tool 'broken', inputSchema: not a valid JSON Schema: minLength: 'x' is not"),
+        (missing, "did not load"),
+        (
+            exits,
+            "did not load its tools: Connection closed (the server exited with status 1: "
+            "no /srv/data)",
+        ),
+    ):
         settings = Settings(mcp_servers={"files": config})
         with pytest.raises(McpSetupError) as refused:
             await attach_mcp_servers(agent, settings, allow_files, None)

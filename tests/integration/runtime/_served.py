@@ -71,6 +71,7 @@ class Served:
     endpoints: dict[str, str]
     directory: RecordingDirectory
     stop: Callable[[], Awaitable[None]]
+    agents: dict[str, Agent] | None = None
 
     def operator(self, **options: Any) -> Operator:
         return Operator(settings=self.settings, directory=self.directory, **options)
@@ -121,7 +122,7 @@ async def serve(state_dir: Path) -> Served:
         for store in stores:
             await store.aclose()
 
-    return Served(settings, endpoints, RecordingDirectory(endpoints), stop)
+    return Served(settings, endpoints, RecordingDirectory(endpoints), stop, agents)
 
 
 @contextmanager

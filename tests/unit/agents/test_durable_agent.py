@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ async def test_a_restarted_agent_resumes_its_plans_and_reconciles_the_step_in_fl
         agent = _agent(first, ledger)
         run = asyncio.create_task(agent.submit_plan(_plan("crash")))
         await ledger.entered.wait()
-        run.cancel()  # the process dies while "b" is in flight
+        agent.closing()  # the process stops while "b" is in flight: an interruption
+        run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
     ledger.hold.set()
@@ -220,3 +222,153 @@ async def test_a_decision_continues_a_plan_whose_runner_is_gone(
 
     assert await asyncio.wait_for(settled(), timeout=30) is wanted
     assert ledger.entries == (["orphan b"] if approve else [])
+
+
+# --- no zombie work ------------------------------------------------------------------------------
+
+
+async def _step_running(agent: Agent, plan_id: str, step_id: str) -> None:
+    async for event in agent.watch(plan_id):
+        if event.step_id == step_id and event.status == "running":
+            return
+
+
+async def _stored_deadline(path: Path, plan_id: str) -> float:
+    async with SqliteStateStore(path) as store:
+        state = await store.load(plan_id)
+    assert state is not None
+    deadline = state.plan(Plan).deadline
+    assert deadline is not None
+    return deadline
+
+
+def _call_until(deadline_s: float) -> CallContext:
+    """A call as the server serves it, whose caller waits ``deadline_s`` more seconds."""
+    return CallContext(
+        caller="operator",
+        target="strategic",
+        capability="RunPlan",
+        request_id="r",
+        deadline=time.monotonic() + deadline_s,
+    )
+
+
+async def _settled(agent: Agent, plan_id: str) -> None:
+    task = agent._tasks.get(plan_id)
+    if task is not None:
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_plan_whose_caller_is_gone_is_cancelled_not_left_running(
+    store: SqliteStateStore,
+) -> None:
+    ledger = Ledger()
+    ledger.hold.clear()
+    agent = _agent(store, ledger)
+    plan = _plan("abandoned").model_dump_json()
+    # The server's deadline on the handler: the caller stops waiting while "b" runs.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(agent.run_plan(plan, _call_until(30)), 0.2)
+    await _settled(agent, "abandoned")
+    state = await store.load("abandoned")
+    assert state is not None
+    assert state.status is PlanStatus.CANCELLED
+    assert state.plan(Plan).deadline is not None  # the caller's deadline, recorded with it
+    assert [s.status for s in agent.plans("abandoned")] == ["cancelled"]
+    ledger.hold.set()
+    assert ledger.entries == []
+    # Nothing is left to resume after a restart.
+    assert await _agent(store, ledger).resume_unfinished() == []
+
+
+async def test_a_call_cut_by_the_agent_stopping_interrupts_its_plan(
+    store: SqliteStateStore,
+) -> None:
+    ledger = Ledger()
+    ledger.hold.clear()
+    agent = _agent(store, ledger)
+    run = asyncio.create_task(agent.run_plan(_plan("stopped").model_dump_json(), _call_until(30)))
+    await ledger.entered.wait()
+    agent.closing()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    state = await store.load("stopped")
+    assert state is not None
+    assert state.status is PlanStatus.RUNNING  # resumable: its caller may still be waiting
+
+
+async def test_after_a_restart_only_plans_with_a_waiting_caller_are_resumed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plans.sqlite3"
+    ledger = Ledger()
+    ledger.hold.clear()
+    async with SqliteStateStore(path) as first:
+        agent = _agent(first, ledger)
+        runs = {
+            name: asyncio.create_task(agent.run_plan(_plan(name).model_dump_json(), call))
+            for name, call in (
+                ("expired", _call_until(0.5)),
+                ("waited-for", _call_until(600)),
+            )
+        }
+        for name in runs:
+            await _step_running(agent, name, "b")
+        agent.closing()  # the process stops: both interrupted, both still running in the store
+        for run in runs.values():
+            run.cancel()
+        await asyncio.gather(*runs.values(), return_exceptions=True)
+        for name in runs:
+            state = await first.load(name)
+            assert state is not None
+            assert state.status is PlanStatus.RUNNING
+    expired = await _stored_deadline(path, "expired")
+    # The first caller's deadline passes while the agent is down.
+    await asyncio.sleep(max(0.0, expired - time.time()) + 0.01)
+    ledger.hold.set()
+    async with SqliteStateStore(path) as second:
+        restarted = _agent(second, ledger)
+        assert await restarted.resume_unfinished() == ["waited-for"]
+        await _settled(restarted, "expired")
+        expired = await second.load("expired")
+        assert expired is not None
+        assert expired.status is PlanStatus.CANCELLED
+        await restarted.aclose()
+
+
+async def test_resuming_nothing_cancels_running_plans_and_leaves_gated_ones(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plans.sqlite3"
+    ledger = Ledger()
+    ledger.hold.clear()
+    async with SqliteStateStore(path) as first:
+        agent = _agent(first, ledger)
+        running = asyncio.create_task(
+            agent.run_plan(_plan("busy").model_dump_json(), _call_until(600))
+        )
+        gated = asyncio.create_task(agent.submit_plan(_plan("gated", gate=True)))
+        await ledger.entered.wait()
+        await _until(agent, "gated", PlanStatus.BLOCKED)
+        agent.closing()
+        for run in (running, gated):
+            run.cancel()
+        await asyncio.gather(running, gated, return_exceptions=True)
+    ledger.hold.set()
+    async with SqliteStateStore(path) as second:
+        # `secret rotate`: the agents are new, the callers of their plans are gone.
+        redeployed = _agent(second, ledger)
+        assert await redeployed.resume_unfinished(resume=False) == []
+        await _settled(redeployed, "busy")
+        busy = await second.load("busy")
+        assert busy is not None
+        assert busy.status is PlanStatus.CANCELLED
+        assert [s.status for s in redeployed.plans("busy")] == ["cancelled"]
+        held = await second.load("gated")
+        assert held is not None
+        assert held.status is PlanStatus.BLOCKED  # still waiting for its decision
+        await redeployed.decide_gate("gated", "g", approve=True, approver="op", rationale="go")
+        await _until(redeployed, "gated", PlanStatus.SUCCEEDED)
+        await redeployed.aclose()
+    assert ledger.entries == ["gated b"]

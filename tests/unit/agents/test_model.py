@@ -30,21 +30,39 @@ REQUEST = ChatRequest(
 )
 
 
-def _completion(content: str, finish: str = "stop") -> dict[str, Any]:
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
-        "object": "chat.completion",
+        "object": "chat.completion.chunk",
         "created": 1,
         "model": "gemma-3-270m",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish,
-            }
-        ],
-        "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     }
+
+
+def _streamed(
+    content: str,
+    finish: str = "stop",
+    *,
+    usage: dict[str, int] | None = None,
+    refusal: str | None = None,
+) -> httpx2.Response:
+    """A streamed completion as an OpenAI-compatible server sends it: one chunk a token (here a
+    few characters), the finish reason, the usage when asked for, then ``[DONE]``."""
+    chunks = [_chunk({"role": "assistant", "content": ""})]
+    chunks += [_chunk({"content": content[i : i + 4]}) for i in range(0, len(content), 4)]
+    if refusal is not None:
+        chunks.append(_chunk({"refusal": refusal}))
+    chunks.append(_chunk({}, finish))
+    if usage is not None:
+        chunks.append({**_chunk({}), "choices": [], "usage": usage})
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return httpx2.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body.encode("utf-8")
+    )
+
+
+USAGE = {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28}
 
 
 def _client(handler: Any) -> tuple[OpenAIModelClient, list[httpx2.Request]]:
@@ -61,7 +79,7 @@ def _client(handler: Any) -> tuple[OpenAIModelClient, list[httpx2.Request]]:
 
 
 async def test_a_chat_sends_the_schema_and_reads_the_answer_and_its_usage() -> None:
-    client, seen = _client(lambda r: httpx2.Response(200, json=_completion('{"steps": []}')))
+    client, seen = _client(lambda r: _streamed('{"steps": []}', usage=USAGE))
     answer = await client.chat(REQUEST)
     assert answer.content == '{"steps": []}'
     assert (answer.model, answer.finish_reason) == ("gemma-3-270m", "stop")
@@ -70,6 +88,8 @@ async def test_a_chat_sends_the_schema_and_reads_the_answer_and_its_usage() -> N
     assert request.url.path == "/v1/chat/completions"
     assert request.headers["authorization"] == f"Bearer {SECRET}"
     body = json.loads(request.content)
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
     assert body["max_tokens"] == 64
     assert body["messages"][1] == {"role": "user", "content": "Mira takes the key."}
     assert body["response_format"] == {
@@ -112,13 +132,7 @@ async def test_a_server_that_does_not_answer_in_time_is_transient_and_says_so() 
 
 
 async def test_a_refusal_is_an_answer_whose_reason_becomes_the_critique() -> None:
-    body = _completion("")
-    body["choices"][0]["message"] = {
-        "role": "assistant",
-        "content": None,
-        "refusal": "I can't help with\n that.",
-    }
-    client, _ = _client(lambda r: httpx2.Response(200, json=body))
+    client, _ = _client(lambda r: _streamed("", refusal="I can't help with\n that."))
     answer = await client.chat(REQUEST)
     assert (answer.finish_reason, answer.content) == ("refusal", "I can't help with\n that.")
     with pytest.raises(
@@ -129,7 +143,7 @@ async def test_a_refusal_is_an_answer_whose_reason_becomes_the_critique() -> Non
 
 def test_the_key_never_shows() -> None:
     config = ModelConfig(url="http://x/v1", model="m", api_key=SECRET)
-    client, _ = _client(lambda r: httpx2.Response(200, json=_completion("{}")))
+    client, _ = _client(lambda r: _streamed("{}"))
     for text in (repr(config), str(config), repr(client)):
         assert SECRET not in text
     assert "api_key=<set>" in repr(config)
@@ -173,7 +187,7 @@ async def test_llama_cpp_servers_get_the_schema_in_their_own_style() -> None:
 
     def answer(request: httpx2.Request) -> httpx2.Response:
         seen.append(request)
-        return httpx2.Response(200, json=_completion("{}"))
+        return _streamed("{}")
 
     config = ModelConfig(
         url="http://127.0.0.1:8089/v1", model="gemma-3-270m", schema_style="json_object"

@@ -369,3 +369,71 @@ async def test_replay_rederives_a_repair_the_model_made_while_the_plan_ran() -> 
     differences = await planner.rederive(forged, [failure])
     assert differences is not None
     assert "steps differs" in differences
+
+
+async def test_a_10000_deep_answer_is_a_critique_not_a_crash() -> None:
+    deep = "[" * 10_000 + "]" * 10_000
+    planner, client = _planner([deep, '{"goal": ' + "{" * 5000, GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    outcomes = [c.outcome for c in plan.provenance.calls]
+    assert outcomes[0] == "the model's answer is nested 10000 levels deep; a plan needs at most 32"
+    assert "nested 5001 levels deep" in outcomes[1]
+    assert outcomes[2] == "accepted"
+    assert "nested 10000 levels deep" in client.requests[1].messages[-1].content
+
+
+async def test_an_answer_with_a_negative_token_count_is_a_critique_and_replays() -> None:
+    negative = ChatResponse(GOOD, "tiny", "stop", input_tokens=-5, output_tokens=7)
+    planner, _ = _planner([negative, GOOD])
+    plan = await planner.plan("ExtractEntities", REQUEST, plan_id="goal-1")
+    assert plan.provenance is not None
+    first, second = plan.provenance.calls
+    assert first.outcome == "the server reported a negative token count for the answer: not used"
+    assert (first.input_tokens, first.output_tokens, first.finish_reason) == (
+        0,
+        0,
+        "invalid_usage",
+    )
+    assert second.outcome == "accepted"
+    # The journal refuses it again with no model: replay re-derives the same plan.
+    assert await rederive(planner, "ExtractEntities", REQUEST, plan) == []
+
+
+async def test_deep_and_negative_answers_reach_the_caller_as_the_fallback_not_internal() -> None:
+    deep = "{" * 10_000
+    negative = ChatResponse(GOOD, "tiny", "stop", input_tokens=-1, output_tokens=-1)
+    client = ScriptedModelClient([deep, negative, deep], model="tiny")
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=_registry(),
+        client=client,
+        deterministic=Responding(),
+        config=ModelPlanningConfig(transient_delays_s=(0.0, 0.0)),
+    )
+    agent = Agent("perception", _registry(), Plan, planner)
+    answer = await agent.handle("ExtractEntities", REQUEST, call("ExtractEntities", "perception"))
+    record = agent.record(agent.plans("")[0].plan_id)
+    assert record.plan.provenance is not None
+    assert record.plan.provenance.author == "planner:perception"
+    assert answer is not None
+
+
+async def test_a_plan_whose_goal_is_not_the_users_is_a_critique() -> None:
+    from stratagem.protocol import PlanNarrativeArcRequest
+
+    request = PlanNarrativeArcRequest(goal="Mira recovers the crown", protagonist="mira", beats=1)
+    steps = {"id": "split", "tool": "split_words", "input": {"text": "Mira"}}
+    rewritten = _answer(steps, goal="Old Tom goes to the garden")
+    kept = _answer(steps, goal="mira  recovers the Crown")
+    planner, _ = _planner([rewritten, kept])
+    plan = await planner.plan("PlanNarrativeArc", request, plan_id="goal-1")
+    assert plan.goal == "Mira recovers the crown"
+    assert plan.provenance is not None
+    first, second = plan.provenance.calls
+    assert first.outcome == (
+        "the plan's goal 'Old Tom goes to the garden' is not the user's goal "
+        "'Mira recovers the crown': a plan may choose how to reach the goal, not what it is"
+    )
+    assert second.outcome == "accepted"

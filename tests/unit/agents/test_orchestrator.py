@@ -14,6 +14,8 @@ from stratagem.protocol import (
     PlanEvent,
     SubmitGoalRequest,
     SubmitGoalResponse,
+    UpdateWorldStateRequest,
+    WireModel,
 )
 from tests.unit.agents.conftest import EXAMPLE_NAMES, call, load_goal
 
@@ -60,7 +62,11 @@ async def test_every_example_goal_is_reached(name: str, cluster: Cluster) -> Non
     # Who was asked what, in an order the dependencies allow.
     asked = [(c.target, c.capability, c.step_id) for c in dispatcher.calls]
     assert asked[0] == ("perception", "ExtractEntities", "extract")
-    assert asked[-1] == ("perception", "UpdateWorldState", "apply")
+    # The world changed, then read back to confirm the goal holds (checked, not assumed).
+    assert asked[-2:] == [
+        ("perception", "UpdateWorldState", "apply"),
+        ("perception", "FindSpatialContext", "observe"),
+    ]
     assert {c.caller for c in dispatcher.calls} == {"orchestrator"}
     assert sum(1 for t, _, _ in asked if t == "tactical") == goal.beats
 
@@ -88,14 +94,19 @@ async def test_every_plan_names_only_its_own_agents_tools(name: str, cluster: Cl
                     assert not tools & set(other.registry), (role, other_role)
     orchestration = agents["orchestrator"].plans(goal.plan_id)
     [plan] = [OrchestrationPlan.model_validate_json(s.plan_json) for s in orchestration]
-    assert all(isinstance(s, CrossAgentStep) for s in plan.steps)
+    # Cross-agent steps, and one tool of its own that only reads: the confirmation.
+    assert [s.id for s in plan.steps if not isinstance(s, CrossAgentStep)] == ["confirm"]
     assert [(a.step, a.agent) for a in plan.assignments][:4] == [
         ("extract", "perception"),
         ("spatial", "perception"),
         ("analyze", "strategic"),
         ("arc", "strategic"),
     ]
-    assert len(agents["orchestrator"].registry) == 0
+    assert [(a.step, a.agent) for a in plan.assignments][-2:] == [
+        ("observe", "perception"),
+        ("confirm", "orchestrator"),
+    ]
+    assert agents["orchestrator"].registry.names() == ["confirm_goal"]
 
 
 async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:
@@ -125,6 +136,7 @@ async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:
         "goal-watched/extract",
         "goal-watched/spatial",
         "goal-watched/apply",
+        "goal-watched/observe",
     }
     for role in ("perception", "strategic", "tactical"):
         assert not watchers[role].done()
@@ -188,3 +200,27 @@ async def test_a_passage_that_yields_no_entity_fails_in_words(cluster: Cluster) 
     assert "step 'spatial' failed (logic)" in message
     assert "entity_ids is empty: nothing came from extract.entities[*].id" in message
     assert "List should have at least 1 item" not in message
+
+
+async def test_a_goal_succeeds_only_when_it_holds_in_the_world_afterwards(
+    cluster: Cluster,
+) -> None:
+    agents, dispatcher = cluster
+    perception = agents["perception"]
+
+    async def applies_nothing(request: WireModel) -> WireModel:
+        # A perception agent that answers as if it applied the actions, and changes nothing.
+        assert isinstance(request, UpdateWorldStateRequest)
+        dry = request.model_copy(update={"dry_run": True})
+        return await perception.handle("UpdateWorldState", dry, call("UpdateWorldState", "x"))
+
+    dispatcher.register("perception", "UpdateWorldState", applies_nothing)
+    goal = DEMO_GOAL.model_copy(update={"plan_id": "goal-unconfirmed"})
+    with pytest.raises(FailedPreconditionError) as info:
+        await submit(agents, goal)
+    message = info.value.message
+    assert message.startswith("plan 'goal-unconfirmed' step 'confirm' failed (logic):")
+    assert "has(mira, silver_crown)" in message
+    assert "the goal does not hold in the world afterwards" in message
+    [snapshot] = agents["orchestrator"].plans("goal-unconfirmed")
+    assert snapshot.status == "failed"

@@ -292,3 +292,33 @@ async def test_a_new_revision_keeps_spending_from_the_plans_budget(
     assert (state.revision, state.spent_calls) == (2, 4)
     if isinstance(store, SqliteStateStore):
         await store.aclose()
+
+
+async def test_a_resumed_plans_failures_never_open_a_breaker_for_other_plans() -> None:
+    clock = Clock()
+    runner = Runner(failing={"flaky"})
+    store = InMemoryStateStore()
+    config = EngineConfig(circuit_breaker=CircuitBreakerConfig(failure_threshold=2))
+    retry3 = RetryPolicy(max_attempts=3, initial_backoff_s=0.0, max_backoff_s=0.0)
+    step = ToolStep(id="call", tool="flaky", retry=retry3)
+    engine = Engine(config, tools=runner, agent="tactical", store=store, clock=clock)
+    # A plan interrupted while its call is in flight (its process stopped) ...
+    runner.hold["call"] = asyncio.Event()
+    run = asyncio.create_task(
+        engine.run(Plan(id="left", owner="tactical", goal="trip", steps=[step]))
+    )
+    await runner.started.setdefault("call", asyncio.Event()).wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    del runner.hold["call"]
+    # ... resumed after a restart: its attempts 2 and 3 fail, enough to open the breaker.
+    restarted = Engine(config, tools=runner, agent="tactical", store=store, clock=clock)
+    resumed = await restarted.resume("left")
+    assert resumed.failures[0].failure_class is FailureClass.TRANSIENT
+    assert runner.ledger["call"] == 3
+    # Another caller's plan still calls the tool: no breaker was opened by the resumed one.
+    runner.failing.clear()
+    fresh = await restarted.run(Plan(id="fresh", owner="tactical", goal="go", steps=[step]))
+    assert fresh.status is PlanStatus.SUCCEEDED
+    assert runner.ledger["call"] == 4

@@ -23,8 +23,11 @@ def test_the_engine_package_exports_only_the_public_engine_names() -> None:
         "CircuitBreakerConfig",
         "Engine",
         "EngineConfig",
+        "GateNotice",
+        "GateNotifier",
         "PlanResult",
         "StepEvent",
+        "ToolApproval",
         "ToolContext",
         "ToolRunner",
     ]

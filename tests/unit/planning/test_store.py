@@ -191,6 +191,82 @@ async def test_revisions_breakers_and_journals_round_trip(store: StateStore) -> 
     ]
 
 
+async def test_a_revision_loads_and_a_gates_record_keeps_what_it_asked_and_answered(
+    store: StateStore,
+) -> None:
+    plan = three_steps()
+    await store.save_plan(plan)
+    await store.save_revision(
+        plan.model_copy(update={"revision": 2}), RevisionRecord("p1", 2, 1, "why", "ann"), []
+    )
+    await store.commit(
+        [
+            GateRecord(
+                "p1",
+                2,
+                "g",
+                GateDecision.OPEN,
+                GateKind.TOOL,
+                prompt="charge?",
+                at=10.5,
+                arguments_json='{"amount": 5}',
+                deadline=70.5,
+                escalate_at=40.5,
+                deciders=("ann", "role:leads"),
+            ),
+            GateRecord(
+                "p1",
+                2,
+                "g",
+                GateDecision.OPEN,
+                GateKind.TOOL,
+                at=40.5,
+                deadline=70.5,
+                deciders=("bo",),
+                escalated=True,
+            ),
+            GateRecord(
+                "p1",
+                2,
+                "g",
+                GateDecision.APPROVED,
+                GateKind.TOOL,
+                approver="bo",
+                arguments_json='{"amount": 3}',
+                value_json='"x"',
+            ),
+        ]
+    )
+    first = await store.load("p1", 1)
+    assert first is not None
+    assert (first.revision, first.gates) == (1, {})
+    assert await store.load("p1", 3) is None
+    state = await store.load("p1")
+    assert state is not None
+    gate = state.gates["g"]
+    assert (gate.kind, gate.decision, gate.approver, gate.prompt) == (
+        GateKind.TOOL,
+        GateDecision.APPROVED,
+        "bo",
+        "charge?",
+    )
+    assert (gate.arguments, gate.edited, gate.value, gate.has_value) == (
+        {"amount": 3},
+        True,
+        "x",
+        True,
+    )
+    assert (gate.deadline, gate.deciders, gate.escalated, gate.opened_at) == (
+        70.5,
+        ("bo",),
+        True,
+        40.5,
+    )
+    records = [r for r in await store.journal("p1") if isinstance(r, GateRecord)]
+    assert records[0].deciders == ("ann", "role:leads")
+    assert (records[0].escalate_at, records[1].escalated) == (40.5, True)
+
+
 async def test_sqlite_is_wal_with_normal_sync_and_survives_reopening(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     plan = three_steps()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -251,6 +252,9 @@ def _strategy(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
         annotation, *extra = get_args(annotation)
         metadata = [*metadata, *extra]
     origin = get_origin(annotation)
+    if origin in (Union, UnionType) and type(None) in get_args(annotation):
+        (present,) = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return st.none() | _strategy(present, metadata)
     if origin is list:
         low = _constraint(metadata, "min_length") or 0
         high = min(_constraint(metadata, "max_length") or 3, low + 3)

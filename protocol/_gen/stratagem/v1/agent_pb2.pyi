@@ -528,11 +528,14 @@ class SubmitGoalRequest(_message.Message):
     PASSAGE_FIELD_NUMBER: _builtins.int
     BEATS_FIELD_NUMBER: _builtins.int
     PLAN_ID_FIELD_NUMBER: _builtins.int
+    DETACH_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     passage: _builtins.str
     beats: _builtins.int
     plan_id: _builtins.str
     """chosen by the caller so it can Watch the plan before submitting; optional"""
+    detach: _builtins.bool
+    """answer once the goal's plan runs (plan_id, status); it runs on, bound by"""
     def __init__(
         self,
         *,
@@ -540,10 +543,11 @@ class SubmitGoalRequest(_message.Message):
         passage: _builtins.str = ...,
         beats: _builtins.int = ...,
         plan_id: _builtins.str = ...,
+        detach: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "detach", b"detach", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -848,8 +852,14 @@ class AgentCard(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    PLANNER_FIELD_NUMBER: _builtins.int
+    PLANNING_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     version: _builtins.str
+    planner: _builtins.str
+    """how it plans its built-in capabilities: "deterministic" | "model" ("" unknown)"""
+    planning_timeout_s: _builtins.float
+    """the longest planning one request may take (its model's limits); 0: no model"""
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapabilityCard]: ...
     @_builtins.property
@@ -861,10 +871,12 @@ class AgentCard(_message.Message):
         version: _builtins.str = ...,
         capabilities: _abc.Iterable[Global___CapabilityCard] | None = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
+        planner: _builtins.str = ...,
+        planning_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "role", b"role", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "planner", b"planner", "planning_timeout_s", b"planning_timeout_s", "role", b"role", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -903,6 +915,7 @@ class PlanEvent(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TIMESTAMP_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    GATE_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     revision: _builtins.int
     step_id: _builtins.str
@@ -915,6 +928,10 @@ class PlanEvent(_message.Message):
     timestamp: _builtins.float
     """seconds since the epoch"""
     agent: _builtins.str
+    @_builtins.property
+    def gate(self) -> Global___GateInfo:
+        """a gate's events (blocked when it opens or escalates, its outcome when"""
+
     def __init__(
         self,
         *,
@@ -927,14 +944,102 @@ class PlanEvent(_message.Message):
         message: _builtins.str = ...,
         timestamp: _builtins.float = ...,
         agent: _builtins.str = ...,
+        gate: Global___GateInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gate", b"gate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "attempt", b"attempt", "failure_class", b"failure_class", "message", b"message", "plan_id", b"plan_id", "revision", b"revision", "status", b"status", "step_id", b"step_id", "timestamp", b"timestamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "attempt", b"attempt", "failure_class", b"failure_class", "gate", b"gate", "message", b"message", "plan_id", b"plan_id", "revision", b"revision", "status", b"status", "step_id", b"step_id", "timestamp", b"timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlanEvent: _TypeAlias = PlanEvent  # noqa: Y015
+
+@_typing.final
+class GateInfo(_message.Message):
+    """A gate: what it asks, who may decide it, when it times out or escalates, and (once decided)
+    what was decided. Carried by PlanEvent.gate and PlanSnapshot.gates, and (as JSON) by the gate
+    webhook's body (docs/gates.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GATE_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    DECIDERS_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    ESCALATE_AT_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    CHOICES_JSON_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    APPROVER_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    VALUE_JSON_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    gate_id: _builtins.str
+    """the gate step, or the step a reconcile, policy or tool gate names"""
+    kind: _builtins.str
+    """gate | reconcile | policy | tool"""
+    event: _builtins.str
+    """opened | escalated | timed_out | decided"""
+    prompt: _builtins.str
+    deadline: _builtins.float
+    """the policy allows to call Control.approve)
+    when it times out (seconds since the epoch; 0: never)
+    """
+    escalate_at: _builtins.float
+    """when it escalates (seconds since the epoch; 0: never, or it has)"""
+    input_schema_json: _builtins.str
+    """the JSON Schema of the value an approval carries ("" : none)"""
+    choices_json: _builtins.str
+    """the values an approval may carry, a JSON array ("" : none)"""
+    tool: _builtins.str
+    """a tool gate: the tool"""
+    arguments_json: _builtins.str
+    """a tool gate: the arguments (a JSON object; decided: as approved)"""
+    decision: _builtins.str
+    """approved | rejected ("" while open)"""
+    approver: _builtins.str
+    """who decided ("(timeout)": its deadline)"""
+    rationale: _builtins.str
+    value_json: _builtins.str
+    """the value the approval carried (JSON; "" : none)"""
+    at: _builtins.float
+    """when it opened, escalated or was decided (seconds since the epoch)"""
+    @_builtins.property
+    def deciders(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """who may decide now: identities or "role:NAME" (none: whoever"""
+
+    def __init__(
+        self,
+        *,
+        gate_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        event: _builtins.str = ...,
+        prompt: _builtins.str = ...,
+        deciders: _abc.Iterable[_builtins.str] | None = ...,
+        deadline: _builtins.float = ...,
+        escalate_at: _builtins.float = ...,
+        input_schema_json: _builtins.str = ...,
+        choices_json: _builtins.str = ...,
+        tool: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        decision: _builtins.str = ...,
+        approver: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        value_json: _builtins.str = ...,
+        at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approver", b"approver", "arguments_json", b"arguments_json", "at", b"at", "choices_json", b"choices_json", "deadline", b"deadline", "deciders", b"deciders", "decision", b"decision", "escalate_at", b"escalate_at", "event", b"event", "gate_id", b"gate_id", "input_schema_json", b"input_schema_json", "kind", b"kind", "prompt", b"prompt", "rationale", b"rationale", "tool", b"tool", "value_json", b"value_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GateInfo: _TypeAlias = GateInfo  # noqa: Y015
 
 @_typing.final
 class PlansRequest(_message.Message):
@@ -1022,6 +1127,7 @@ class PlanSnapshot(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     CURSOR_FIELD_NUMBER: _builtins.int
+    GATES_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     agent: _builtins.str
     revision: _builtins.int
@@ -1044,6 +1150,10 @@ class PlanSnapshot(_message.Message):
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepRecord]:
         """with PlansRequest.view "steps": what each step did"""
 
+    @_builtins.property
+    def gates(self) -> _containers.RepeatedCompositeFieldContainer[Global___GateInfo]:
+        """the plan's gates that are open, and those decided in this run"""
+
     def __init__(
         self,
         *,
@@ -1059,10 +1169,11 @@ class PlanSnapshot(_message.Message):
         message: _builtins.str = ...,
         steps: _abc.Iterable[Global___StepRecord] | None = ...,
         cursor: _builtins.str = ...,
+        gates: _abc.Iterable[Global___GateInfo] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created", b"created", "cursor", b"cursor", "goal", b"goal", "message", b"message", "plan_id", b"plan_id", "plan_json", b"plan_json", "revision", b"revision", "status", b"status", "steps", b"steps", "trace_id", b"trace_id", "updated", b"updated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created", b"created", "cursor", b"cursor", "gates", b"gates", "goal", b"goal", "message", b"message", "plan_id", b"plan_id", "plan_json", b"plan_json", "revision", b"revision", "status", b"status", "steps", b"steps", "trace_id", b"trace_id", "updated", b"updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1210,7 +1321,8 @@ Global___RunPlanRequest: _TypeAlias = RunPlanRequest  # noqa: Y015
 class ControlRequest(_message.Message):
     """Control: one operator action on one plan. Authorized as the pseudo-capability
     "Control.<action>" (e.g. "Control.approve"), named in the x-stratagem-capability metadata; the
-    approver of a gate decision is the verified caller, never a field of the request.
+    approver of a gate decision is the verified caller, never a field of the request. A gate that
+    names its deciders (or whose agent's policy does) refuses anyone else with PERMISSION_DENIED.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1222,19 +1334,47 @@ class ControlRequest(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     OUTPUT_JSON_FIELD_NUMBER: _builtins.int
     PLAN_JSON_FIELD_NUMBER: _builtins.int
+    VALUE_JSON_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    AT_STEP_FIELD_NUMBER: _builtins.int
+    AT_REVISION_FIELD_NUMBER: _builtins.int
+    SET_JSON_FIELD_NUMBER: _builtins.int
+    NEW_PLAN_ID_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     action: _builtins.str
-    """approve | reject | pause | cancel | resume | replan"""
+    """approve | reject | pause | cancel | resume | replan | fork"""
     gate_id: _builtins.str
-    """approve | reject: the gate step, or the step a reconcile gate names"""
+    """approve | reject: the gate step, or the step a reconcile, policy or"""
     rationale: _builtins.str
-    """approve | reject | replan: why (audited, redacted)"""
+    """tool gate names
+    approve | reject | replan | fork: why (audited, redacted)
+    """
     revision: _builtins.int
     """approve | reject: the plan revision decided for; 0 for the current one"""
     output_json: _builtins.str
     """approve of a reconcile gate: record the step as done with this output"""
     plan_json: _builtins.str
     """replan: the new revision's plan (the agent's typed plan, as JSON)"""
+    value_json: _builtins.str
+    """approve of a gate that asks: its value, as JSON ("" : none), checked"""
+    arguments_json: _builtins.str
+    """against the gate's input_schema or choices (INVALID_ARGUMENT naming
+    the field when it does not fit)
+    approve of a tool gate: the tool's arguments as edited (a JSON
+    """
+    at_step: _builtins.str
+    """object), checked against the tool's input model; the plan goes on
+    as a new revision whose author is the approver
+    fork: the fork point ("" : the end of the revision forked)
+    """
+    at_revision: _builtins.int
+    """fork: the revision forked (0: the newest)"""
+    set_json: _builtins.str
+    """fork: {"<step>": <output object>, ...} outputs substituted for steps"""
+    new_plan_id: _builtins.str
+    """before the fork point ("" : none)
+    fork: the new plan's id ("" : "<plan_id>-fork-<hex>")
+    """
     def __init__(
         self,
         *,
@@ -1245,10 +1385,16 @@ class ControlRequest(_message.Message):
         revision: _builtins.int = ...,
         output_json: _builtins.str = ...,
         plan_json: _builtins.str = ...,
+        value_json: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+        at_step: _builtins.str = ...,
+        at_revision: _builtins.int = ...,
+        set_json: _builtins.str = ...,
+        new_plan_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "gate_id", b"gate_id", "output_json", b"output_json", "plan_id", b"plan_id", "plan_json", b"plan_json", "rationale", b"rationale", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments_json", b"arguments_json", "at_revision", b"at_revision", "at_step", b"at_step", "gate_id", b"gate_id", "new_plan_id", b"new_plan_id", "output_json", b"output_json", "plan_id", b"plan_id", "plan_json", b"plan_json", "rationale", b"rationale", "revision", b"revision", "set_json", b"set_json", "value_json", b"value_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
