@@ -528,14 +528,16 @@ class Agent(PlanControl):
     ) -> PlanSnapshot:
         """Serve ``RunPlan``: validate a user's plan against this agent's registry and run it.
 
-        The plan runs in a task of its own: the call's deadline, or the caller going away, ends
-        the call and never the plan (``cancel`` stops it).
+        Without ``until_blocked`` the plan answers its caller as any call's plan does: when the
+        caller goes away first, it is cancelled (``Agent._run``). With ``until_blocked`` the
+        caller comes back for it (``plans run``): the plan runs in a task of its own, bound by no
+        caller's deadline, and ``cancel`` stops it.
 
         Args:
             plan_json: The plan, as JSON of this agent's plan type.
             ctx: The call being served.
             until_blocked: Answer as soon as the plan waits at a gate (its status ``blocked``),
-                not only when it ends.
+                not only when it ends; the call's deadline never cancels the plan.
 
         Returns:
             The plan's state with each step's record: final when it succeeded, ``blocked`` when
@@ -549,8 +551,10 @@ class Agent(PlanControl):
         """
         raw = json_object(plan_json, "the plan")
         plan = self._typed(raw)
-        run = self._unbound(self._run(plan, ""), plan.id)
-        if until_blocked:
+        if not until_blocked:
+            result = await self._run(plan, "", caller_deadline(ctx))
+        else:
+            run = self._unbound(self._run(plan, ""), plan.id)
             waits = asyncio.get_running_loop().create_task(self._blocked(plan.id))
             try:
                 await asyncio.wait({run, waits}, return_when=asyncio.FIRST_COMPLETED)
@@ -558,7 +562,7 @@ class Agent(PlanControl):
                 waits.cancel()
             if not run.done():
                 return await self._answer(plan.id)
-        result = await asyncio.shield(run)
+            result = run.result()
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
         return await self._answer(result.plan.id)

@@ -365,8 +365,8 @@ class AgentClient:
         until_blocked: bool = False,
     ) -> PlanSnapshot:
         """Have the agent validate and run a plan written for it; returns the plan's final state
-        (with ``until_blocked``, its state as soon as it waits at a gate). The call's deadline
-        never cancels the plan: it runs on at its agent.
+        (with ``until_blocked``, its state as soon as it waits at a gate, the plan then running on
+        at its agent whatever the call's deadline).
 
         Raises:
             FailedPreconditionError: The plan fails the agent's validation (e.g. a cycle, a tool

@@ -424,7 +424,8 @@ class RunPlanRequest(WireModel):
     Attributes:
         plan_json: The plan.
         until_blocked: Answer as soon as the plan waits at a gate (its state then says
-            ``blocked``), not only when it ends. Either way the call's deadline never cancels it.
+            ``blocked``), not only when it ends; the plan is then bound by no caller's deadline
+            (without it, a plan whose caller goes away is cancelled unless it waits at a gate).
     """
 
     plan_json: str = Field(min_length=2)

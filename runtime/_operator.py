@@ -863,10 +863,13 @@ class Operator:
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
         until_blocked: bool = False,
     ) -> PlanView:
-        """Have the plan's owner validate and run a plan you wrote; returns its final state
-        (with ``until_blocked``, its state as soon as it waits at a gate: ``status`` is then
-        ``blocked``, and ``approve`` lets it go on). A deadline never cancels the plan: past it
-        the call fails with ``DeadlineExceededError`` and the plan runs on at its owner.
+        """Have the plan's owner validate and run a plan you wrote; returns its final state.
+
+        With ``until_blocked`` (what ``stratagem plans run`` does) it returns as soon as the plan
+        waits at a gate (``status`` ``blocked``; ``approve`` lets it go on), and the deadline
+        never cancels the plan: past it the call fails with ``DeadlineExceededError`` and the plan
+        runs on at its owner. Without it, a plan whose call ends first is cancelled unless it
+        waits at a gate.
 
         The plan is checked here first as its owner will (its type, tools, cycles, size).
 

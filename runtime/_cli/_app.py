@@ -100,7 +100,6 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._render": (
         "Progress",
         "action_text",
-        "gate_text",
         "plan_forest",
         "relation_text",
         "span_json",

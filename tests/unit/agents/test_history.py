@@ -232,40 +232,61 @@ async def test_a_run_plan_answers_when_the_plan_blocks_and_its_deadline_never_ca
 ) -> None:
     async with SqliteStateStore(tmp_path / "s.db") as store:
         agent = _agent(store)
-        gated = Plan(
-            id="gated",
-            owner="strategic",
-            goal="wait",
-            steps=[
-                GateStep(id="ok", prompt="Go ahead?"),
-                ToolStep(id="login", tool="login", input={"user": "a"}, depends_on=["ok"]),
-            ],
-        )
+        hold = asyncio.Event()
+
+        @tool(name="slow")
+        async def slow(text: str) -> dict[str, Any]:
+            """Wait until let go."""
+            await hold.wait()
+            return {"text": text}
+
+        agent.registry.register(slow)
         ctx = CallContext(
             caller="operator", target="strategic", capability="RunPlan", request_id="r"
         )
-        blocked = await agent.run_plan(gated.model_dump_json(), ctx, until_blocked=True)
-        assert blocked.status == "blocked"
-        assert blocked.steps[0].status == "blocked"
-        assert blocked.steps[0].message == "waiting for approval: Go ahead?"
-        # A caller that gives up (its deadline) does not take the plan with it.
-        again = gated.model_copy(update={"id": "gated-2"})
-        call = asyncio.create_task(agent.run_plan(again.model_dump_json(), ctx))
-        await asyncio.sleep(0.2)
+
+        def gated(plan_id: str) -> Plan:
+            return Plan(
+                id=plan_id,
+                owner="strategic",
+                goal="wait",
+                steps=[
+                    ToolStep(id="first", tool="slow", input={"text": "a"}),
+                    GateStep(id="ok", prompt="Go ahead?", depends_on=["first"]),
+                    ToolStep(id="login", tool="login", input={"user": "a"}, depends_on=["ok"]),
+                ],
+            )
+
+        # The caller gives up (its deadline) before the plan reaches its gate: the plan runs on.
+        call = asyncio.create_task(
+            agent.run_plan(gated("gated").model_dump_json(), ctx, until_blocked=True)
+        )
+        await asyncio.sleep(0.1)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
+        hold.set()
+        for _ in range(100):
+            (shown,) = await _page(agent, plan_id="gated", view="steps")
+            if shown.status == "blocked":
+                break
+            await asyncio.sleep(0.02)
+        assert shown.status == "blocked"
+        assert shown.steps[1].message == "waiting for approval: Go ahead?"
+        # A caller that waits: the answer comes as soon as the plan blocks.
+        blocked = await agent.run_plan(gated("gated-2").model_dump_json(), ctx, until_blocked=True)
+        assert (blocked.status, blocked.steps[1].status) == ("blocked", "blocked")
         await agent.decide_gate(
-            "gated-2", "ok", approve=True, approver="operator", rationale="fine", revision=None
+            "gated", "ok", approve=True, approver="operator", rationale="fine", revision=None
         )
         for _ in range(100):
-            (shown,) = await _page(agent, plan_id="gated-2", view="steps")
+            (shown,) = await _page(agent, plan_id="gated", view="steps")
             if shown.status == "succeeded":
                 break
             await asyncio.sleep(0.02)
         assert shown.status == "succeeded"
-        assert shown.steps[0].message == "approved by operator: fine"
-        statuses = [e.status async for e in agent.watch("gated-2") if not e.step_id]
+        assert shown.steps[1].message == "approved by operator: fine"
+        statuses = [e.status async for e in agent.watch("gated") if not e.step_id]
         assert statuses[-1] == "succeeded"
         await agent.aclose()
 

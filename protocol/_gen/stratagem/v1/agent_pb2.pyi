@@ -1292,7 +1292,8 @@ Global___PlansResponse: _TypeAlias = PlansResponse  # noqa: Y015
 class RunPlanRequest(_message.Message):
     """A plan written by a user for one agent: the agent validates it against its own tool registry
     and runs it; the answer is the plan's final state (or, with until_blocked, its state when it
-    first waits at a gate). The plan runs on after the call's deadline: it is never cancelled by it.
+    first waits at a gate). Without until_blocked a plan whose caller goes away is cancelled (unless
+    it waits at a gate); with it, the plan runs on after the call's deadline (`stratagem plans run`).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
