@@ -229,14 +229,14 @@ def event_line(event: PlanEvent, fallback_agent: str = "") -> Text:
         line.append(f" (attempt {event.attempt})", style="dim")
     if event.failure_class:
         line.append(f" ({event.failure_class})", style="red")
-    if event.gate is not None:
-        line.append(" [")
-        line.append_text(gate_text(event.gate))
-        line.append("]")
     if event.status == "blocked" and event.message:
         line.append(", waiting for approval: ")
         line.append(event.message)
     elif event.message:
         line.append(": ")
         line.append(event.message)
+    if event.gate is not None:
+        line.append(" [")
+        line.append_text(gate_text(event.gate))
+        line.append("]")
     return line

@@ -94,7 +94,7 @@ def test_the_control_verbs_answer_the_same_under_plans(served: Served) -> None:
             else:
                 pytest.fail("the plan never blocked at its gate")
         wrong = stratagem(served, "plans", "reject", "held", "nope", "--rationale", "x")
-        assert wrong.exit_code == 1
+        assert wrong.exit_code == 2  # a decision that does not apply is bad input
         assert "FAILED_PRECONDITION" in wrong.stderr
         for verb in (("pause",), ("plans", "pause")):
             result = stratagem(served, *verb, "held", "--json")
