@@ -22,6 +22,7 @@ help:
 	@echo "make load   - 64 callers for 60 s per phase against one agent (below/above admission)"
 	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
 	@echo "make model-server / model-server-stop - llama.cpp serving Gemma 3 270M on 127.0.0.1:8089"
+	@echo "make clean  - remove caches and build files (not the venvs, .pg, or any deployment's state)"
 
 # `make demo` installs the runtime alone; `make test` adds the development tools (.[dev]).
 $(RUN_STAMP): pyproject.toml
@@ -43,7 +44,7 @@ $(STAMP): pyproject.toml $(RUN_STAMP)
 
 demo: $(RUN_STAMP)
 	$(BIN)/stratagem demo
-	@echo "The stratagem command is $(BIN)/stratagem (or: source $(BIN)/activate, then stratagem --help)."
+	@echo "Next: source $(BIN)/activate, then stratagem --help (README: Quick start)."
 
 # Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
 # `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).
@@ -112,5 +113,10 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# What the tools and tests leave in this folder. Kept: the virtual environments (.venv, .otel-venv,
+# .model-venv, .lowest-venv: minutes to rebuild), a PostgreSQL cluster in .pg (scripts/postgres.sh
+# stop, then remove it) and a deployment's state: the state directory is the user's
+# (~/.local/state/stratagem) unless a .stratagem folder was made here ('stratagem down' stops it).
 clean:
-	rm -rf .stratagem .pytest_cache .mypy_cache .ruff_cache .bench
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .bench build dist
+	find . -name __pycache__ -type d -not -path './.*' -prune -exec rm -rf {} +

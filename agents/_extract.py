@@ -19,11 +19,14 @@ from pydantic import BaseModel, ConfigDict
 from stratagem.protocol import Entity, Relation
 
 __all__ = [
+    "ATTACH_A_MODEL",
     "DEFAULT_PATTERNS",
+    "SENTENCE_FORMS",
     "ExtractionPattern",
     "Mention",
     "ResolutionStrategy",
     "match_sentence",
+    "nothing_read",
     "resolve_mentions",
     "slugify",
     "split_sentences",
@@ -136,6 +139,40 @@ DEFAULT_PATTERNS: Final[tuple[ExtractionPattern, ...]] = (
         object_kind="character",
     ),
 )
+
+
+SENTENCE_FORMS: Final[dict[str, str]] = {
+    "character_at_place": "Mira waits in the courtyard.",
+    "object_in_place": "The iron key lies in the garden.",
+    "place_connected_place": "The courtyard leads to the garden.",
+    "character_has_object": "Mira has the lantern.",
+    "object_opens_place": "The iron key opens the vault.",
+    "place_locked": "The vault is locked.",
+    "character_wants_object": "Mira wants the silver crown.",
+    "character_knows_character": "Mira knows Old Tom.",
+}
+"""One sentence each ``DEFAULT_PATTERNS`` pattern reads, by pattern name (``docs/goals.md`` lists
+every verb each one takes)."""
+
+ATTACH_A_MODEL: Final = (
+    'or let a model read ordinary prose: STRATAGEM_PLANNERS=\'{"perception": "model"}\' with '
+    "STRATAGEM_MODEL_URL (or 'make model-server')"
+)
+"""How to read prose the patterns do not: the perception agent's model planner."""
+
+
+def nothing_read(patterns: Sequence[ExtractionPattern]) -> str:
+    """The one line a passage gets when no sentence of it matches any of ``patterns``: the
+    sentence forms they read (an example of each built-in one, else the patterns' names) and how
+    to attach a model instead."""
+    forms = [
+        f"'{SENTENCE_FORMS[p.name]}'" if p.name in SENTENCE_FORMS else p.name for p in patterns
+    ]
+    return (
+        "no sentence of the passage states a fact the extractor reads; write short sentences "
+        f"like {', '.join(forms) or '(no patterns given)'} (capitalised names for characters, "
+        f"'the ...' for places and objects; docs/goals.md), {ATTACH_A_MODEL}"
+    )
 
 
 class Mention(BaseModel):

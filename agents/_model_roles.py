@@ -56,8 +56,15 @@ from stratagem.agents._orchestrator import (
     OrchestratorPlanner,
     assignments_of,
     confirmation_steps,
+    goal_response,
+    goal_world,
 )
-from stratagem.agents._perception import PerceptionPlan, PerceptionPlanner, StateUpdate
+from stratagem.agents._perception import (
+    PerceptionPlan,
+    PerceptionPlanner,
+    StateUpdate,
+    world_input,
+)
 from stratagem.agents._strategic import (
     SIGNATURES,
     DramaticBeat,
@@ -309,7 +316,11 @@ class PerceptionModelPlanner(ModelPlanner):
                 ToolStep(
                     id="merge",
                     tool="merge_world",
-                    input={"entities": list(entities.values()), "relations": relations},
+                    input={
+                        "entities": list(entities.values()),
+                        "relations": relations,
+                        **world_input(getattr(request, "world", "")),
+                    },
                 )
             ],
         )
@@ -671,6 +682,7 @@ def _entity_id(name: str) -> str:
 
 def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str) -> Plan:
     """A goal that is one change of the world: no arc, one tactical beat (the goal facts)."""
+    world = goal_world(request, plan_id)
     beat = Beat(
         id="beat_1", title=request.goal[:60] or "The goal", goals=goals, purpose="the goal itself"
     )
@@ -680,7 +692,7 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
             title="extract entities and relations",
             target="perception",
             capability="ExtractEntities",
-            request={"text": request.passage},
+            request={"text": request.passage, "world": world, "require_facts": True},
         ),
         CrossAgentStep(
             id="spatial",
@@ -688,7 +700,7 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
             target="perception",
             capability="FindSpatialContext",
             depends_on=["extract"],
-            request={"entity_ids": ref("extract.entities[*].id")},
+            request={"entity_ids": ref("extract.entities[*].id"), "world": world},
         ),
         CrossAgentStep(
             id="beat_1",
@@ -709,10 +721,10 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
             target="perception",
             capability="UpdateWorldState",
             depends_on=["beat_1"],
-            request={"actions": ref("beat_1.actions")},
+            request={"actions": ref("beat_1.actions"), "world": world},
         ),
     ]
-    steps += confirmation_steps("apply", [beat.model_dump(mode="json")])
+    steps += confirmation_steps("apply", [beat.model_dump(mode="json")], world)
     return OrchestrationPlan(
         id=plan_id,
         owner="orchestrator",
@@ -723,19 +735,12 @@ def _direct_plan(request: SubmitGoalRequest, goals: list[Relation], plan_id: str
 
 
 def _direct_response(request: SubmitGoalRequest, result: PlanResult[Any]) -> SubmitGoalResponse:
-    out = result.outputs
     step = next(
         s for s in result.submitted.steps if isinstance(s, CrossAgentStep) and s.id == "beat_1"
     )
     beat = Beat.model_validate(step.request["beat"])
-    return SubmitGoalResponse(
-        plan_id=result.submitted.id,
-        status=result.status.value,
-        beats=[beat],
-        actions=out["beat_1"]["actions"],
-        added=out["apply"]["added"],
-        removed=out["apply"]["removed"],
-    )
+    world = goal_world(request, result.submitted.id)
+    return goal_response(request, result, beats=[beat], last_beat="beat_1", world=world)
 
 
 async def _simulate_judge(plan: Plan, request: WireModel) -> list[str]:

@@ -25,18 +25,24 @@ it alone is applied; the other beats' sequences show that each stage is reachabl
 run in parallel). The arc's templates only use goals that later beats keep, so the cumulative goals
 are always consistent.
 
-A goal that already holds in the passage yields an empty final sequence; ``apply`` then changes
-nothing and the goal succeeds with no actions.
+Every perception step names the goal's world (``SubmitGoalRequest.world``); a goal that names none
+gets a fresh world of its own, named after its plan id (``goal_world``), so facts left by earlier
+goals never decide its outcome. The response says which world it was.
+
+A goal whose arc already holds in the passage yields an empty final sequence; ``apply`` then
+changes nothing, and the answer says so: status ``already_holds`` and a note naming the facts
+(never a plain success with nothing done).
 
 A goal succeeds only when what it set out to reach holds in the world afterwards: ``observe`` reads
-the world back from the perception agent once ``apply`` changed it, and ``confirm`` checks every
-beat's goal facts against what it read (checked, not assumed: a sequence applied to a world that
-changed meanwhile, or an arc that missed the goal, fails the plan with class ``logic`` naming the
-facts that do not hold).
+the goal's world back from the perception agent once ``apply`` changed it, and ``confirm`` checks
+every beat's goal facts against what it read (checked, not assumed: a sequence applied to a world
+that changed meanwhile, or an arc that missed the goal, fails the plan with class ``logic`` naming
+the facts that do not hold).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,7 +58,14 @@ from stratagem.planning import (
     ToolStep,
     ref,
 )
-from stratagem.protocol import Beat, Relation, SubmitGoalRequest, SubmitGoalResponse, WireModel
+from stratagem.protocol import (
+    ALREADY_HOLDS,
+    Beat,
+    Relation,
+    SubmitGoalRequest,
+    SubmitGoalResponse,
+    WireModel,
+)
 
 __all__ = [
     "Assignment",
@@ -60,11 +73,58 @@ __all__ = [
     "OrchestratorAgent",
     "OrchestratorPlanner",
     "confirmation_steps",
+    "goal_response",
+    "goal_world",
     "orchestrator_tools",
 ]
 
 BEAT_MAX_DEPTH = 16
 """The longest action sequence the tactical agent searches for, per beat."""
+
+
+_NOT_IN_A_NAME = re.compile(r"[^a-z0-9_.-]+")
+
+
+def goal_world(request: SubmitGoalRequest, plan_id: str) -> str:
+    """The world a goal runs in: the one it names, else a fresh one named after its plan id
+    (lowercased, other characters than letters, digits, ``_``, ``.`` and ``-`` made ``-``)."""
+    if request.world:
+        return request.world
+    name = _NOT_IN_A_NAME.sub("-", plan_id.lower()).strip("-._")[:64].rstrip("-._")
+    return name or "goal"
+
+
+def goal_response(
+    request: SubmitGoalRequest,
+    result: PlanResult[Any],
+    *,
+    beats: list[Beat],
+    last_beat: str,
+    world: str,
+) -> SubmitGoalResponse:
+    """A goal's answer from its plan's outputs: ``already_holds`` (with a note naming the facts)
+    when it succeeded and the last beat needed no action."""
+    out = result.outputs
+    actions = out[last_beat]["actions"]
+    status = result.status.value
+    note = ""
+    if status == "succeeded" and not actions:
+        status = ALREADY_HOLDS
+        held = [f"{g.predicate}({g.subject}, {g.object})" for beat in beats for g in beat.goals]
+        note = (
+            f"the goal already holds in world {world!r} before any action "
+            f"({', '.join(dict.fromkeys(held))}): nothing was done"
+        )[:2000]
+    return SubmitGoalResponse(
+        plan_id=result.submitted.id,
+        status=status,
+        beats=beats,
+        actions=actions,
+        added=out["apply"]["added"],
+        removed=out["apply"]["removed"],
+        world=world,
+        note=note,
+    )
 
 
 class Assignment(BaseModel):
@@ -129,9 +189,9 @@ def orchestrator_tools() -> list[Tool[Any, Any]]:
     return [confirm_goal]
 
 
-def confirmation_steps(after: str, beats: Any) -> list[Step]:
-    """``observe`` (the world read back from the perception agent, once ``after`` ran) and
-    ``confirm`` (``beats``' goal facts checked against it): the end of every goal's plan."""
+def confirmation_steps(after: str, beats: Any, world: str) -> list[Step]:
+    """``observe`` (the goal's ``world`` read back from the perception agent, once ``after`` ran)
+    and ``confirm`` (``beats``' goal facts checked against it): the end of every goal's plan."""
     return [
         CrossAgentStep(
             id="observe",
@@ -139,7 +199,7 @@ def confirmation_steps(after: str, beats: Any) -> list[Step]:
             target="perception",
             capability="FindSpatialContext",
             depends_on=[after],
-            request={"entity_ids": ref("extract.entities[*].id")},
+            request={"entity_ids": ref("extract.entities[*].id"), "world": world},
         ),
         ToolStep(
             id="confirm",
@@ -175,6 +235,7 @@ class OrchestratorPlanner:
         if not isinstance(request, SubmitGoalRequest):
             raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
         n = request.beats
+        world = goal_world(request, plan_id)
         beat_ids = [f"beat_{i}" for i in range(1, n + 1)]
         steps: list[Step] = [
             CrossAgentStep(
@@ -182,7 +243,7 @@ class OrchestratorPlanner:
                 title="extract entities and relations",
                 target="perception",
                 capability="ExtractEntities",
-                request={"text": request.passage},
+                request={"text": request.passage, "world": world, "require_facts": True},
             ),
             CrossAgentStep(
                 id="spatial",
@@ -190,7 +251,7 @@ class OrchestratorPlanner:
                 target="perception",
                 capability="FindSpatialContext",
                 depends_on=["extract"],
-                request={"entity_ids": ref("extract.entities[*].id")},
+                request={"entity_ids": ref("extract.entities[*].id"), "world": world},
             ),
             CrossAgentStep(
                 id="analyze",
@@ -238,10 +299,10 @@ class OrchestratorPlanner:
                 target="perception",
                 capability="UpdateWorldState",
                 depends_on=beat_ids,
-                request={"actions": ref(f"{beat_ids[-1]}.actions")},
+                request={"actions": ref(f"{beat_ids[-1]}.actions"), "world": world},
             )
         )
-        steps += confirmation_steps("apply", ref("arc.beats"))
+        steps += confirmation_steps("apply", ref("arc.beats"), world)
         return OrchestrationPlan(
             id=plan_id,
             owner="orchestrator",
@@ -254,15 +315,24 @@ class OrchestratorPlanner:
         """The goal's outcome: beats, the applied sequence and the world-state change."""
         if not isinstance(request, SubmitGoalRequest):
             raise ValueError(f"the orchestrator planner cannot answer {capability!r}")
-        out = result.outputs
-        return SubmitGoalResponse(
-            plan_id=result.submitted.id,
-            status=result.status.value,
-            beats=out["arc"]["beats"],
-            actions=out[f"beat_{request.beats}"]["actions"],
-            added=out["apply"]["added"],
-            removed=out["apply"]["removed"],
+        beats = [Beat.model_validate(beat) for beat in result.outputs["arc"]["beats"]]
+        return goal_response(
+            request,
+            result,
+            beats=beats,
+            last_beat=f"beat_{request.beats}",
+            world=_world_of(result, request),
         )
+
+
+def _world_of(result: PlanResult[Any], request: SubmitGoalRequest) -> str:
+    """The world the plan's perception steps named (its plan id decided a fresh one)."""
+    for step in result.submitted.steps:
+        if isinstance(step, CrossAgentStep) and step.target == "perception":
+            world = step.request.get("world")
+            if isinstance(world, str) and world:
+                return world
+    return goal_world(request, result.submitted.id)
 
 
 class OrchestratorAgent(RoleAgent):

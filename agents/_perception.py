@@ -1,14 +1,23 @@
-"""The perception agent: reads passages into the world model and changes it by actions.
+"""The perception agent: reads passages into world models and changes them by actions.
 
-Its tools act on text and on the agent's own :class:`~agents.WorldModel`. Plans:
+Its tools act on text and on the agent's own :class:`~agents.WorldModel` s, one per named world
+(:class:`Worlds`): every request names the world it acts on (``world``; ``""`` is the world named
+``default``), so what one story taught the agent does not decide another's outcome. Plans:
 
 - ``ExtractEntities``: ``split`` (split_sentences) -> ``match`` (match_patterns, with the plan's
   extraction patterns) -> ``resolve`` (resolve_entities, with the plan's resolution strategy) ->
-  ``merge`` (merge_world, a side effect).
+  ``merge`` (merge_world, a side effect). With ``require_facts`` (a goal's extraction), a passage
+  in which no sentence reads as a fact fails at ``match``, naming the sentence forms the patterns
+  read and how to attach a model instead; without it, the answer holds nothing.
 - ``FindSpatialContext``: ``locate`` (locate_entities) and ``facts`` (world_facts: the facts
   linked to the requested entities), in parallel.
 - ``UpdateWorldState``: ``check`` (check_actions, a dry run) -> ``apply`` (apply_actions, a side
   effect; skipped for a dry run).
+- ``ListWorlds``, ``ShowWorld``, ``ResetWorld``: one step each (list_worlds, show_world,
+  reset_world; the last a side effect: the world is emptied and saved).
+
+A tool step's ``world`` input is left out for the default world, so plans of the default world are
+the plans they were before worlds had names.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from stratagem.agents._extract import (
     Mention,
     ResolutionStrategy,
     match_sentence,
+    nothing_read,
     resolve_mentions,
     split_sentences,
 )
@@ -43,6 +53,7 @@ from stratagem.planning import (
     ref,
 )
 from stratagem.protocol import (
+    DEFAULT_WORLD,
     Action,
     Entity,
     ExtractEntitiesRequest,
@@ -50,11 +61,18 @@ from stratagem.protocol import (
     FailedPreconditionError,
     FindSpatialContextRequest,
     FindSpatialContextResponse,
+    ListWorldsRequest,
+    ListWorldsResponse,
     Relation,
+    ResetWorldRequest,
+    ResetWorldResponse,
+    ShowWorldRequest,
+    ShowWorldResponse,
     SpatialContext,
     UpdateWorldStateRequest,
     UpdateWorldStateResponse,
     WireModel,
+    WorldSummary,
 )
 
 __all__ = [
@@ -62,7 +80,9 @@ __all__ = [
     "PerceptionPlan",
     "PerceptionPlanner",
     "StateUpdate",
+    "Worlds",
     "perception_tools",
+    "world_input",
 ]
 
 
@@ -72,14 +92,14 @@ class StateUpdate(BaseModel):
     Attributes:
         step: The plan step that performs it.
         operation: ``merge`` (add extracted facts), ``check`` (dry-run actions), ``apply`` (apply
-            actions) or ``read`` (read facts).
+            actions), ``read`` (read facts) or ``reset`` (empty a world).
         description: What it changes, e.g. ``"move(mira, courtyard, garden)"``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     step: str
-    operation: Literal["merge", "check", "apply", "read"]
+    operation: Literal["merge", "check", "apply", "read", "reset"]
     description: str = ""
 
 
@@ -150,39 +170,110 @@ class Changes(_Out):
     world_version: int
 
 
-class _Keeper:
-    """Saves the world after each change, before the tool that made it returns (so before the
-    engine records the step as done, and before any answer reports it)."""
-
-    def __init__(self, world: WorldModel, store: WorldStore | None) -> None:
-        self.world = world
-        self._store = store
-        self._lock = asyncio.Lock()
-        self._saved = world.version
-
-    async def keep(self) -> None:
-        if self._store is None:
-            return
-        async with self._lock:  # one save at a time, each of the latest state
-            if self.world.version == self._saved:
-                return
-            version = self.world.version
-            await asyncio.to_thread(self._store.save, self.world.snapshot())
-            self._saved = version
-
-
-def perception_tools(world: WorldModel, store: WorldStore | None = None) -> list[Tool[Any, Any]]:
-    """The perception tools, bound to ``world``.
+class Worlds:
+    """The perception agent's named worlds: each loaded from the store on first use, and saved
+    after each change, before the tool that made it returns (so before the engine records the
+    step as done, and before any answer reports it). The one writer of the worlds' snapshots.
 
     Args:
-        world: The world model the tools read and change.
-        store: Where each change is saved before the tool that made it returns (``None``: the
-            world lives in memory only).
+        store: Where worlds are kept (``None``: in memory only).
+        default: The ``default`` world to start from (else the stored one, else an empty one).
+    """
+
+    def __init__(self, store: WorldStore | None, default: WorldModel | None = None) -> None:
+        self._store = store
+        self._loaded: dict[str, WorldModel] = {}
+        self._saved: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        if default is not None:
+            self._loaded[DEFAULT_WORLD] = default
+            self._saved[DEFAULT_WORLD] = default.version
+
+    def get(self, name: str = "") -> WorldModel:
+        """The world ``name`` (``""``: the default one), empty when it was never saved."""
+        name = name or DEFAULT_WORLD
+        world = self._loaded.get(name)
+        if world is None:
+            saved = self._store.load(name) if self._store is not None else None
+            world = WorldModel.restore(saved) if saved is not None else WorldModel()
+            self._loaded[name] = world
+            self._saved[name] = world.version
+        return world
+
+    async def keep(self, name: str = "") -> None:
+        """Save ``name``'s world if it changed since it was last saved."""
+        name = name or DEFAULT_WORLD
+        if self._store is None:
+            return
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:  # one save at a time per world, each of the latest state
+            world = self.get(name)
+            if world.version == self._saved.get(name):
+                return
+            version = world.version
+            await asyncio.to_thread(self._store.save, world.snapshot(), name)
+            self._saved[name] = version
+
+    def names(self) -> list[str]:
+        """Every world saved or used, by name."""
+        stored = self._store.names() if self._store is not None else []
+        return sorted({*stored, *self._loaded})
+
+    async def reset(self, name: str) -> tuple[WorldModel, int, int]:
+        """Empty ``name``'s world and save it: the new world, and how many entities and facts
+        it held. Its version goes on from the old one's."""
+        old = self.get(name)
+        fresh = WorldModel.restore({"version": old.version + 1})
+        self._loaded[name] = fresh
+        if self._store is not None:
+            await asyncio.to_thread(self._store.save, fresh.snapshot(), name)
+            self._saved[name] = fresh.version
+        return fresh, len(old.entities), len(old.facts())
+
+
+class WorldList(_Out):
+    """The worlds, by name."""
+
+    worlds: list[WorldSummary]
+    total: int
+
+
+class WorldContents(_Out):
+    """Everything one world holds."""
+
+    world: str
+    version: int
+    entities: list[Entity]
+    facts: list[Relation]
+
+
+class WorldReset(_Out):
+    """What emptying a world removed."""
+
+    world: str
+    version: int
+    entities_removed: int
+    facts_removed: int
+
+
+_MAX_LISTED = 1000
+
+
+def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
+    """The perception tools, bound to ``worlds``.
+
+    Args:
+        worlds: The worlds the tools read and change (a lone ``WorldModel`` is the default world
+            of worlds kept in memory only).
 
     Returns:
         ``split_sentences``, ``match_patterns``, ``resolve_entities``, ``merge_world``,
-        ``locate_entities``, ``world_facts``, ``check_actions`` and ``apply_actions``.
+        ``locate_entities``, ``world_facts``, ``check_actions``, ``apply_actions``,
+        ``list_worlds``, ``show_world`` and ``reset_world``.
     """
+    if isinstance(worlds, WorldModel):
+        worlds = Worlds(None, worlds)
+    kept = worlds
 
     @tool(name="split_sentences")
     async def split_text(text: str) -> Sentences:
@@ -190,13 +281,19 @@ def perception_tools(world: WorldModel, store: WorldStore | None = None) -> list
         return Sentences(sentences=split_sentences(text))
 
     @tool
-    async def match_patterns(sentences: list[str], patterns: list[ExtractionPattern]) -> Mentions:
-        """Match each sentence against the extraction patterns (first match wins)."""
+    async def match_patterns(
+        sentences: list[str], patterns: list[ExtractionPattern], required: bool = False
+    ) -> Mentions:
+        """Match each sentence against the extraction patterns (first match wins); with
+        ``required``, a passage in which no sentence matches fails, naming the forms the patterns
+        read."""
         found = [
             mention
             for index, sentence in enumerate(sentences)
             if (mention := match_sentence(index, sentence, patterns)) is not None
         ]
+        if required and not found:
+            raise LogicError(nothing_read(patterns))
         return Mentions(mentions=found)
 
     @tool
@@ -207,47 +304,89 @@ def perception_tools(world: WorldModel, store: WorldStore | None = None) -> list
         entities, relations = resolve_mentions(mentions, strategy)
         return Resolved(entities=entities, relations=relations)
 
-    keeper = _Keeper(world, store)
-
     @tool(side_effects=True, idempotent=True)
-    async def merge_world(entities: list[Entity], relations: list[Relation]) -> WorldVersion:
+    async def merge_world(
+        entities: list[Entity], relations: list[Relation], world: str = ""
+    ) -> WorldVersion:
         """Merge entities and facts into the world model (newer locations replace older)."""
-        version = world.merge(entities, relations)
-        await keeper.keep()
+        version = kept.get(world).merge(entities, relations)
+        await kept.keep(world)
         return WorldVersion(world_version=version)
 
     @tool
-    async def locate_entities(entity_ids: list[str]) -> Contexts:
+    async def locate_entities(entity_ids: list[str], world: str = "") -> Contexts:
         """Where each entity is, what it contains and where one can go from it."""
+        model = kept.get(world)
         return Contexts(
             contexts=[
                 SpatialContext(
                     entity_id=entity_id,
-                    location=world.locate(entity_id),
-                    contains=world.contains(entity_id),
-                    neighbours=world.neighbours(entity_id),
+                    location=model.locate(entity_id),
+                    contains=model.contains(entity_id),
+                    neighbours=model.neighbours(entity_id),
                 )
                 for entity_id in entity_ids
             ]
         )
 
     @tool
-    async def world_facts(entity_ids: list[str] | None = None) -> Facts:
+    async def world_facts(entity_ids: list[str] | None = None, world: str = "") -> Facts:
         """The facts that currently hold: all of them, or those connected to ``entity_ids``."""
-        facts = world.facts() if entity_ids is None else world.facts_about(entity_ids)
-        return Facts(facts=facts, world_version=world.version)
+        model = kept.get(world)
+        facts = model.facts() if entity_ids is None else model.facts_about(entity_ids)
+        return Facts(facts=facts, world_version=model.version)
 
     @tool
-    async def check_actions(actions: list[Action]) -> Changes:
+    async def check_actions(actions: list[Action], world: str = "") -> Changes:
         """Check actions against the world without changing it; the change they would make."""
-        return _changes(world, actions, dry_run=True)
+        return _changes(kept.get(world), actions, dry_run=True)
 
     @tool(side_effects=True, idempotent=False)
-    async def apply_actions(actions: list[Action]) -> Changes:
+    async def apply_actions(actions: list[Action], world: str = "") -> Changes:
         """Apply actions to the world, all or nothing."""
-        changes = _changes(world, actions, dry_run=False)
-        await keeper.keep()
+        changes = _changes(kept.get(world), actions, dry_run=False)
+        await kept.keep(world)
         return changes
+
+    @tool
+    async def list_worlds(prefix: str = "") -> WorldList:
+        """The worlds whose name starts with ``prefix``, with their sizes (at most 1000)."""
+        names = [name for name in kept.names() if name.startswith(prefix)]
+        summaries = []
+        for name in names[:_MAX_LISTED]:
+            model = kept.get(name)
+            summaries.append(
+                WorldSummary(
+                    name=name,
+                    version=model.version,
+                    entities=len(model.entities),
+                    facts=len(model.facts()),
+                )
+            )
+        return WorldList(worlds=summaries, total=len(names))
+
+    @tool
+    async def show_world(world: str) -> WorldContents:
+        """Every entity and fact of a world that exists."""
+        if world not in kept.names():
+            raise LogicError(_unknown_world(world, kept.names()))
+        model = kept.get(world)
+        return WorldContents(
+            world=world,
+            version=model.version,
+            entities=list(model.entities.values()),
+            facts=model.facts(),
+        )
+
+    @tool(side_effects=True, idempotent=True)
+    async def reset_world(world: str) -> WorldReset:
+        """Empty a world that exists: no entity, no fact; saved before this returns."""
+        if world not in kept.names():
+            raise LogicError(_unknown_world(world, kept.names()))
+        fresh, entities, facts = await kept.reset(world)
+        return WorldReset(
+            world=world, version=fresh.version, entities_removed=entities, facts_removed=facts
+        )
 
     return [
         split_text,
@@ -258,7 +397,15 @@ def perception_tools(world: WorldModel, store: WorldStore | None = None) -> list
         world_facts,
         check_actions,
         apply_actions,
+        list_worlds,
+        show_world,
+        reset_world,
     ]
+
+
+def _unknown_world(world: str, names: Sequence[str]) -> str:
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return f"no world {world!r}; worlds: {shown or 'none yet'} ('stratagem world list')"
 
 
 def _changes(world: WorldModel, actions: Sequence[Action], *, dry_run: bool) -> Changes:
@@ -270,6 +417,11 @@ def _changes(world: WorldModel, actions: Sequence[Action], *, dry_run: bool) -> 
 
 
 # --- the planner -------------------------------------------------------------------------------
+
+
+def world_input(world: str) -> dict[str, str]:
+    """A step's ``world`` input: none for the default world (its plans stay as they were)."""
+    return {} if world in ("", DEFAULT_WORLD) else {"world": world}
 
 
 class PerceptionPlanner:
@@ -294,6 +446,7 @@ class PerceptionPlanner:
         Raises:
             ValueError: For a capability this planner does not know.
         """
+        world = world_input(getattr(request, "world", ""))
         if isinstance(request, ExtractEntitiesRequest):
             patterns = [p.model_dump() for p in self.patterns]
             return PerceptionPlan(
@@ -311,7 +464,11 @@ class PerceptionPlanner:
                         id="match",
                         tool="match_patterns",
                         depends_on=["split"],
-                        input={"sentences": ref("split.sentences"), "patterns": patterns},
+                        input={
+                            "sentences": ref("split.sentences"),
+                            "patterns": patterns,
+                            **({"required": True} if request.require_facts else {}),
+                        },
                     ),
                     ToolStep(
                         id="resolve",
@@ -326,6 +483,7 @@ class PerceptionPlanner:
                         input={
                             "entities": ref("resolve.entities"),
                             "relations": ref("resolve.relations"),
+                            **world,
                         },
                     ),
                 ],
@@ -343,17 +501,21 @@ class PerceptionPlanner:
                     ToolStep(
                         id="locate",
                         tool="locate_entities",
-                        input={"entity_ids": request.entity_ids},
+                        input={"entity_ids": request.entity_ids, **world},
                     ),
                     ToolStep(
-                        id="facts", tool="world_facts", input={"entity_ids": request.entity_ids}
+                        id="facts",
+                        tool="world_facts",
+                        input={"entity_ids": request.entity_ids, **world},
                     ),
                 ],
             )
         if isinstance(request, UpdateWorldStateRequest):
             actions = [a.model_dump() for a in request.actions]
             described = [f"{a.name}({', '.join(a.args)})" for a in request.actions]
-            steps = [ToolStep(id="check", tool="check_actions", input={"actions": actions})]
+            steps = [
+                ToolStep(id="check", tool="check_actions", input={"actions": actions, **world})
+            ]
             updates = [
                 StateUpdate(step="check", operation="check", description=d) for d in described
             ]
@@ -363,7 +525,7 @@ class PerceptionPlanner:
                         id="apply",
                         tool="apply_actions",
                         depends_on=["check"],
-                        input={"actions": actions},
+                        input={"actions": actions, **world},
                     )
                 )
                 updates += [
@@ -377,7 +539,33 @@ class PerceptionPlanner:
                 state_update_sequence=updates,
                 steps=steps,
             )
+        if isinstance(request, ListWorldsRequest | ShowWorldRequest | ResetWorldRequest):
+            return self._world_plan(request, plan_id)
         raise ValueError(f"the perception planner cannot plan {capability!r}")
+
+    def _world_plan(
+        self, request: ListWorldsRequest | ShowWorldRequest | ResetWorldRequest, plan_id: str
+    ) -> PerceptionPlan:
+        """One step on the worlds themselves: list them, show one, empty one."""
+        if isinstance(request, ListWorldsRequest):
+            step = ToolStep(id="list", tool="list_worlds", input={"prefix": request.prefix})
+            update = StateUpdate(step="list", operation="read", description="the worlds")
+            goal = "list the worlds"
+        elif isinstance(request, ShowWorldRequest):
+            step = ToolStep(id="show", tool="show_world", input={"world": request.world})
+            update = StateUpdate(step="show", operation="read", description=request.world)
+            goal = f"show world {request.world}"
+        else:
+            step = ToolStep(id="reset", tool="reset_world", input={"world": request.world})
+            update = StateUpdate(step="reset", operation="reset", description=request.world)
+            goal = f"reset world {request.world}"
+        return PerceptionPlan(
+            id=plan_id,
+            owner="perception",
+            goal=goal,
+            state_update_sequence=[update],
+            steps=[step],
+        )
 
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
         """The response, from the plan's outputs."""
@@ -401,20 +589,27 @@ class PerceptionPlanner:
                 removed=changes["removed"],
                 world_version=changes["world_version"],
             )
+        if isinstance(request, ListWorldsRequest):
+            return ListWorldsResponse.model_validate(out["list"])
+        if isinstance(request, ShowWorldRequest):
+            return ShowWorldResponse.model_validate(out["show"])
+        if isinstance(request, ResetWorldRequest):
+            return ResetWorldResponse.model_validate(out["reset"])
         raise ValueError(f"the perception planner cannot answer {capability!r}")
 
 
 class PerceptionAgent(RoleAgent):
-    """The perception agent: a world model and the tools that read and change it.
+    """The perception agent: named world models and the tools that read and change them.
 
     Args:
-        world: The world model (by default the one ``world_store`` saved last, else a new one).
+        world: The default world (by default the one ``world_store`` saved last, else a new one).
         dispatcher: Sends cross-agent steps (perception plans have none).
         engine_config: The engine's limits and seed.
         tracer_provider: Where spans go.
         store: Where its engine keeps plans durably.
-        world_store: Where the world is saved after every change (and read back at start), so a
-            restarted agent has the world its recorded steps and stored answers describe.
+        world_store: Where each world is saved after every change (and read back when first
+            used), so a restarted agent has the worlds its recorded steps and stored answers
+            describe.
     """
 
     spec = RoleSpec("perception", PerceptionPlan, PerceptionPlanner)
@@ -429,14 +624,17 @@ class PerceptionAgent(RoleAgent):
         store: StateStore | None = None,
         world_store: WorldStore | None = None,
     ) -> None:
-        if world is None:
-            saved = world_store.load() if world_store is not None else None
-            world = WorldModel.restore(saved) if saved is not None else WorldModel()
-        self.world = world
+        self.worlds = Worlds(world_store, world)
+        """Every world, by name."""
         super().__init__(
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
-            tools=perception_tools(self.world, world_store),
+            tools=perception_tools(self.worlds),
         )
+
+    @property
+    def world(self) -> WorldModel:
+        """The default world (the one a request that names none acts on)."""
+        return self.worlds.get(DEFAULT_WORLD)

@@ -21,10 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from stratagem.protocol._drift import schema_drift
 
 __all__ = [
+    "ALREADY_HOLDS",
     "CAPABILITIES",
+    "DEFAULT_WORLD",
     "EXTENSION_FIELD",
     "ROLES",
     "ROLE_PATTERN",
+    "WORLD_PATTERN",
     "Action",
     "AnalyzeNarrativeRequest",
     "AnalyzeNarrativeResponse",
@@ -35,18 +38,25 @@ __all__ = [
     "ExtractEntitiesResponse",
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
+    "ListWorldsRequest",
+    "ListWorldsResponse",
     "PlanExecutionSequenceRequest",
     "PlanExecutionSequenceResponse",
     "PlanNarrativeArcRequest",
     "PlanNarrativeArcResponse",
     "Relation",
+    "ResetWorldRequest",
+    "ResetWorldResponse",
     "Role",
+    "ShowWorldRequest",
+    "ShowWorldResponse",
     "SpatialContext",
     "SubmitGoalRequest",
     "SubmitGoalResponse",
     "UpdateWorldStateRequest",
     "UpdateWorldStateResponse",
     "WireModel",
+    "WorldSummary",
     "capability_for",
     "register_capability",
     "register_role",
@@ -70,6 +80,14 @@ Word = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 Title = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 PlanId = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:/-]{0,199})?$")]
+WORLD_PATTERN: Final = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+"""What a world's name must be: a lowercase letter or digit, then up to 63 letters, digits, ``_``,
+``.`` or ``-`` (it names a file in the state directory)."""
+DEFAULT_WORLD: Final = "default"
+"""The world a perception request that names none acts on."""
+WorldName = Annotated[str, StringConstraints(pattern=WORLD_PATTERN)]
+# "" in a request: the default world (perception) or a fresh one (a goal).
+OptionalWorldName = Annotated[str, StringConstraints(pattern=r"^([a-z0-9][a-z0-9_.-]{0,63})?$")]
 # The largest value of a protobuf int32; every int field bound to one is bounded by it, so a valid
 # model always encodes (the drift test checks the bound).
 INT32_MAX: Final = 2**31 - 1
@@ -125,6 +143,8 @@ class ExtractEntitiesRequest(WireModel):
     """Extract entities and relations from a passage and merge them into the world model."""
 
     text: Text
+    world: OptionalWorldName = ""
+    require_facts: bool = False
 
 
 class ExtractEntitiesResponse(WireModel):
@@ -139,6 +159,7 @@ class FindSpatialContextRequest(WireModel):
     """Where each named entity is, what it contains and (for places) where one can go from it."""
 
     entity_ids: list[Slug] = Field(min_length=1, max_length=100)
+    world: OptionalWorldName = ""
 
 
 class SpatialContext(WireModel):
@@ -162,6 +183,7 @@ class UpdateWorldStateRequest(WireModel):
 
     actions: list[Action] = Field(default_factory=list, max_length=500)
     dry_run: bool = False
+    world: OptionalWorldName = ""
 
 
 class UpdateWorldStateResponse(WireModel):
@@ -170,6 +192,58 @@ class UpdateWorldStateResponse(WireModel):
     added: list[Relation] = Field(default_factory=list, max_length=5000)
     removed: list[Relation] = Field(default_factory=list, max_length=5000)
     world_version: int = Field(default=0, ge=0, le=INT32_MAX)
+
+
+class ListWorldsRequest(WireModel):
+    """The perception agent's worlds (those whose name starts with ``prefix``)."""
+
+    prefix: str = Field(default="", max_length=64, pattern=r"^[a-z0-9_.-]*$")
+
+
+class WorldSummary(WireModel):
+    """One world: its name, its version and how much it holds."""
+
+    name: WorldName
+    version: int = Field(default=0, ge=0, le=INT32_MAX)
+    entities: int = Field(default=0, ge=0, le=INT32_MAX)
+    facts: int = Field(default=0, ge=0, le=INT32_MAX)
+
+
+class ListWorldsResponse(WireModel):
+    """The worlds by name (at most 1000) and how many match."""
+
+    worlds: list[WorldSummary] = Field(default_factory=list, max_length=1000)
+    total: int = Field(default=0, ge=0, le=INT32_MAX)
+
+
+class ShowWorldRequest(WireModel):
+    """Everything one world holds."""
+
+    world: WorldName
+
+
+class ShowWorldResponse(WireModel):
+    """A world's entities and facts."""
+
+    world: WorldName
+    version: int = Field(default=0, ge=0, le=INT32_MAX)
+    entities: list[Entity] = Field(default_factory=list, max_length=1000)
+    facts: list[Relation] = Field(default_factory=list, max_length=5000)
+
+
+class ResetWorldRequest(WireModel):
+    """Empty one world: no entity, no fact (its version goes on)."""
+
+    world: WorldName
+
+
+class ResetWorldResponse(WireModel):
+    """What the reset removed, and the emptied world's version."""
+
+    world: WorldName
+    version: int = Field(default=0, ge=0, le=INT32_MAX)
+    entities_removed: int = Field(default=0, ge=0, le=INT32_MAX)
+    facts_removed: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 # --- strategic -------------------------------------------------------------------------------
@@ -239,6 +313,7 @@ class SubmitGoalRequest(WireModel):
     passage: Text
     beats: int = Field(default=3, ge=1, le=8)
     plan_id: PlanId = ""
+    world: OptionalWorldName = ""
     detach: bool = False
 
 
@@ -251,6 +326,12 @@ class SubmitGoalResponse(WireModel):
     actions: list[Action] = Field(default_factory=list, max_length=512)
     added: list[Relation] = Field(default_factory=list, max_length=5000)
     removed: list[Relation] = Field(default_factory=list, max_length=5000)
+    world: OptionalWorldName = ""
+    note: str = Field(default="", max_length=2000)
+
+
+ALREADY_HOLDS: Final = "already_holds"
+"""``SubmitGoalResponse.status`` of a goal whose arc held before any action (nothing was done)."""
 
 
 # --- the registry of capabilities ------------------------------------------------------------
@@ -308,6 +389,15 @@ CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
             "update_world_state",
             UpdateWorldStateRequest,
             UpdateWorldStateResponse,
+        ),
+        CapabilitySpec(
+            "ListWorlds", "perception", "list_worlds", ListWorldsRequest, ListWorldsResponse
+        ),
+        CapabilitySpec(
+            "ShowWorld", "perception", "show_world", ShowWorldRequest, ShowWorldResponse
+        ),
+        CapabilitySpec(
+            "ResetWorld", "perception", "reset_world", ResetWorldRequest, ResetWorldResponse
         ),
         CapabilitySpec(
             "AnalyzeNarrative",

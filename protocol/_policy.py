@@ -20,8 +20,9 @@ attached to it (``McpServerConfig``) when a rule names the agent as ``caller``, 
 ``target`` in so many words (a ``"*"`` target never covers an MCP server) and ``T`` (or ``"*"``)
 among its ``capabilities`` (``Policy.allows_tool``); the tools it may not use are not given to it.
 
-The caller is the identity the server authenticated (today the ``x-stratagem-caller`` metadata
-value, trusted; see the README); ``OPERATOR`` is the identity of the CLI's user.
+The caller is the identity the server authenticated (a signed token's subject, a certificate's
+identity, or with ``STRATAGEM_AUTH=none`` the trusted ``x-stratagem-caller`` metadata value; see
+``docs/security.md``); ``OPERATOR`` is the identity of the CLI's user.
 
 Gates (``docs/gates.md``): the policy may name **roles** (``[roles]``, e.g. ``leads = ["ana",
 "bo"]``) that a gate's deciders name as ``role:leads``; the **deciders** of an agent's gates that

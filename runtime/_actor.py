@@ -29,6 +29,7 @@ step is re-run only when idempotent (otherwise its plan waits at a reconcile gat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -49,7 +50,7 @@ from stratagem.protocol import (
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
-from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._local import own_log_files, publish_endpoint
 from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._notify import GateOutbox
@@ -63,7 +64,12 @@ from stratagem.runtime._stores import (
     open_state_store,
     open_world_store,
 )
-from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+from stratagem.runtime._telemetry import (
+    export_stats,
+    flush_spans,
+    setup_telemetry,
+    shutdown_telemetry,
+)
 
 if TYPE_CHECKING:
     from stratagem.protocol import A2AServer
@@ -80,13 +86,29 @@ def load_policy(settings: Settings) -> Policy:
     An extension's entries name only calls to and from its own agent; they are added to a policy
     file of one's own too, since the extension's code runs in every agent anyway.
     """
-    import_agent_extensions(settings.extensions)
+    import_agent_extensions(settings.extensions, settings.extension_paths)
     base = Policy.load(settings.policy_file) if settings.policy_file else Policy.default()
     added = extension_policy_rules()
     if not added:
         return base
     logger.info("policy: %d entries of the agents extensions define", len(added))
     return base.extended(added)
+
+
+class _AgentLog(logging.StreamHandler):  # type: ignore[type-arg]
+    """Stratagem's records, to the agent process's standard error."""
+
+
+def _log_to_stderr(level: str) -> None:
+    """Stratagem's loggers write to this process's standard error (a Ray worker's ``.err`` log:
+    ``stratagem logs AGENT``) from ``level`` up."""
+    root = logging.getLogger("stratagem")
+    if not any(isinstance(handler, _AgentLog) for handler in root.handlers):
+        handler = _AgentLog(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    root.setLevel(level)
 
 
 def _restarts() -> int | None:
@@ -112,6 +134,7 @@ class AgentActor:
         resume: bool = True,
     ) -> None:
         settings = Settings.model_validate_json(settings_json)
+        _log_to_stderr(settings.log_level or "INFO")
         self._settings_digest = settings_digest(settings_json)
         self._role = role
         self._settings = settings
@@ -137,6 +160,7 @@ class AgentActor:
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
             trace_file=settings.trace_file,
+            state_dir=settings.state_dir,
             instance_id=f"{role}-{os.getpid()}",
             extra_resource={"stratagem.ray.node_id": self._node_id},
         )
@@ -253,7 +277,9 @@ class AgentActor:
             )
             await self._a2a.start()
         try:
-            publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
+            publish_endpoint(
+                settings.state_dir, role, self._server.endpoint, os.getpid(), own_log_files()
+            )
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
         # A restart resumes the plans that still have callers; a first start after `secret
@@ -276,7 +302,8 @@ class AgentActor:
         return problems
 
     async def info(self) -> dict[str, Any]:
-        """Role, endpoint, node, process, how many plans are running, and any store problem."""
+        """Role, endpoint, node, process, how many plans are running, any store problem, and what
+        its trace exporter did (``runtime._export``)."""
         problems = await self._problems()
         return {
             "health": "not serving" if problems else "serving",
@@ -293,6 +320,8 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "traces": {} if (stats := export_stats()) is None else dataclasses.asdict(stats),
+            "extensions": list(self._settings.extensions),
             "mcp_url": self._mcp_face.url if self._mcp_face is not None else "",
             "a2a_url": self._a2a.url if self._a2a is not None else "",
         }
@@ -307,7 +336,7 @@ class AgentActor:
     async def flush(self) -> None:
         """Export every finished span now and sign the audit chain's head (the CLI calls this
         before it prints a trace and verifies the audit log)."""
-        await asyncio.to_thread(self._tracer_provider.force_flush, 5_000)
+        await asyncio.to_thread(flush_spans)
         await asyncio.to_thread(self._sealer.seal)
 
     async def _seal_periodically(self) -> None:

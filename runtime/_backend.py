@@ -7,17 +7,17 @@ export to it, and read traces back from its REST API.
     {"kind": "phoenix", "pid": 123, "url": "http://127.0.0.1:6006",
      "otlp_endpoint": "http://127.0.0.1:4317", "otlp_protocol": "grpc", "project": "default"}
 
-When nothing configures an OTLP trace endpoint and that backend answers, ``use_backend`` points this
-process's trace exporter (and, through the launcher, the agents') at it. Phoenix takes traces only,
-so metrics are not sent there. ``PhoenixTraces`` reads one trace's spans as ``SpanRecord`` for
-``stratagem trace``.
+When nothing configures an OTLP trace endpoint, every process (the CLI and each agent) exports its
+spans to that backend whenever it runs, started before or after ``stratagem up``
+(``runtime._export``: looked up again every few seconds, never holding up a request). Phoenix takes
+traces only, so metrics are not sent there. ``PhoenixTraces`` reads one trace's spans as
+``SpanRecord`` for ``stratagem trace``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import urllib.error
 import urllib.parse
@@ -34,7 +34,7 @@ __all__ = [
     "BackendState",
     "PhoenixTraces",
     "find_backend",
-    "use_backend",
+    "read_backend_state",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,48 +70,24 @@ def _answers(url: str, timeout_s: float) -> bool:
         return False
 
 
-def find_backend(state_dir: Path, *, timeout_s: float = 0.5) -> BackendState | None:
-    """The backend recorded under ``state_dir`` when its state file exists and its ports answer."""
+def read_backend_state(state_dir: Path) -> BackendState | None:
+    """The backend recorded under ``state_dir`` (``None``: no readable record), running or not."""
     path = state_dir / STATE_FILE
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        state = BackendState(**raw)
+        return BackendState(**raw)
     except (OSError, ValueError, TypeError):
         return None
-    if not (_answers(state.url, timeout_s) and _answers(state.otlp_endpoint, timeout_s)):
-        logger.info("backend state file %s names a backend that does not answer", path)
-        return None
-    return state
 
 
-def _endpoint_configured() -> bool:
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    )
-
-
-def use_backend(state_dir: Path) -> BackendState | None:
-    """Export this process's spans (and those of the agents it launches) to the running backend.
-
-    Does nothing, and returns ``None``, when an OTLP endpoint is already configured, when
-    ``OTEL_TRACES_EXPORTER`` or ``OTEL_SDK_DISABLED`` turns export off, or when no backend
-    answers. Otherwise sets ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` and its protocol in this
-    process's environment, which ``setup_telemetry`` reads and the launcher forwards to the agents.
-    Call it before ``setup_telemetry``.
-    """
-    if _endpoint_configured():
-        return None
-    if "none" in os.environ.get("OTEL_TRACES_EXPORTER", "").split(","):
-        return None
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return None
-    state = find_backend(state_dir)
+def find_backend(state_dir: Path, *, timeout_s: float = 0.5) -> BackendState | None:
+    """The backend recorded under ``state_dir`` when its state file exists and its ports answer."""
+    state = read_backend_state(state_dir)
     if state is None:
         return None
-    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = state.otlp_endpoint
-    os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = state.otlp_protocol
-    logger.info("exporting spans to the %s backend at %s", state.kind, state.otlp_endpoint)
+    if not (_answers(state.url, timeout_s) and _answers(state.otlp_endpoint, timeout_s)):
+        logger.info("the backend recorded in %s does not answer", state_dir / STATE_FILE)
+        return None
     return state
 
 

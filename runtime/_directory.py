@@ -140,6 +140,11 @@ class AgentInfo:
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
+        traces: What its OTLP trace exporter did (``runtime._export.ExportStats``: spans
+            ``exported`` and ``skipped``, exports ``failed``, the ``endpoint``); empty when it
+            exports to no backend.
+        extensions: The extensions it loaded (``None`` from an agent of a build that did not
+            say).
     """
 
     role: str
@@ -159,6 +164,8 @@ class AgentInfo:
     problem: str = ""
     a2a_url: str = ""
     mcp_url: str = ""
+    traces: dict[str, Any] = field(default_factory=dict)
+    extensions: list[str] | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -10,7 +10,9 @@ imports nothing here (a request to a built-in agent loads no agent code).
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 from stratagem.protocol import roles
@@ -23,15 +25,19 @@ ENTRY_POINT_GROUP: Final = "stratagem.extensions"
 the agents to learn it (a test keeps the two equal)."""
 
 
-def import_agent_extensions(extensions: Sequence[str]) -> None:
+def import_agent_extensions(extensions: Sequence[str], paths: Sequence[Path] = ()) -> None:
     """Import ``extensions`` and the entry points, as every agent does (a module imported before
-    is not imported again).
+    is not imported again), with ``paths`` on ``sys.path`` first as the agents have them (the
+    folder ``stratagem up`` ran in, for a command run from another one).
 
     Raises:
         InputError: An extension cannot be imported or defines an agent badly (one line naming
             the extension and the problem).
     """
     names = tuple(name.strip() for name in extensions if name.strip())
+    for folder in map(str, paths):
+        if names and folder not in sys.path:
+            sys.path.append(folder)
     if names or importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         from stratagem.agents import ExtensionError, import_extensions
 
@@ -41,12 +47,12 @@ def import_agent_extensions(extensions: Sequence[str]) -> None:
             raise InputError(str(exc)) from exc
 
 
-def deployment_roles(extensions: Sequence[str]) -> tuple[str, ...]:
-    """Every agent's role: the built-in four, then those ``extensions`` (and the entry points)
-    define.
+def deployment_roles(extensions: Sequence[str], paths: Sequence[Path] = ()) -> tuple[str, ...]:
+    """Every agent's role: the built-in four, then those ``extensions`` (imported with ``paths``
+    on ``sys.path``) and the entry points define.
 
     Raises:
         InputError: An extension cannot be imported or defines an agent badly.
     """
-    import_agent_extensions(extensions)
+    import_agent_extensions(extensions, paths)
     return roles()

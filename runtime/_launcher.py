@@ -96,6 +96,10 @@ class Deployment:
         """Roles ``deploy`` found running with other settings than its own (left as they were)."""
         self.warnings: list[str] = []
         """Risks ``deploy`` was told to accept (an unauthenticated external Ray)."""
+        self.replaced: list[str] = []
+        """Roles ``deploy`` redeployed because they ran with another set of extensions."""
+        self.removed: list[str] = []
+        """Agents ``deploy`` removed: no extension of the new set defines their role."""
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -178,7 +182,7 @@ class Deployment:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions)
+        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
 
     def _found_roles(self) -> list[str]:
         """The role of every agent actor in the namespace, ours first: an agent whose extension
@@ -226,11 +230,14 @@ class Deployment:
         """Create the agent actors that are missing (all of them with ``replace``) and wait until
         every agent serves.
 
-        Re-running it against a running deployment changes nothing.
+        Re-running it against a running deployment changes nothing, except with another set of
+        extensions (detached agents only, as ``up`` deploys them): agents that run with another
+        set are redeployed (``replaced``) and agents whose role no extension of the new set
+        defines are removed (``removed``), so the deployment is the set asked for.
 
         Args:
             detached: Agents outlive this process (``up``).
-            replace: Redeploy running agents.
+            replace: Redeploy running agents (and remove those of roles no longer defined).
             create_secret: Make a cluster secret when there is none (token mode); otherwise its
                 absence is a ``MissingSecretError``.
             resume: Whether the agents created now resume their stores' unfinished plans when
@@ -244,13 +251,27 @@ class Deployment:
         roles = self.roles  # an extension that does not load stops here
         if self.mode == "cluster":
             self._check_cluster_auth()
+        self.replaced, self.removed = [], []
+        if replace or detached:
+            self.removed = self._stop_agents(
+                kill=True, roles=[role for role in self._found_roles() if role not in roles]
+            )
         if replace:
             self._stop_agents(kill=True, roles=roles)
+        elif detached:
+            self.replaced = self._stop_agents(kill=True, roles=self._other_extensions(roles))
         running = {role for role in roles if self._handle(role) is not None}
         update: dict[str, Any] = {"grpc_host": self._grpc_host()}
-        if self.mode in ("embedded", "local") and self.settings.extensions:
-            # Agents on this machine resolve extension modules from where the user launched us.
-            update["extension_paths"] = [*self.settings.extension_paths, Path.cwd()]
+        paths = self.settings.extension_paths
+        if (
+            self.mode in ("embedded", "local")
+            and self.settings.extensions
+            and not detached
+            and Path.cwd() not in paths
+        ):
+            # Agents on this machine resolve extension modules from where the user launched us
+            # (`up`, which deploys detached agents, chose their folders: runtime._deployed).
+            update["extension_paths"] = [*paths, Path.cwd()]
         settings = resolve_model(self.settings.model_copy(update=update))
         api_key = (
             self.settings.model_api_key.get_secret_value() if self.settings.model_api_key else ""
@@ -303,6 +324,23 @@ class Deployment:
         if secret is not None:
             _check_secret(infos, secret.key_id, self.settings.secret_path)
         return infos
+
+    def _other_extensions(self, roles: Sequence[str], timeout_s: float = 10.0) -> list[str]:
+        """The roles among ``roles`` whose running agent loaded another set of extensions than
+        this deployment's (an agent that does not say, or does not answer, is left alone)."""
+        handles = {role: self._handle(role) for role in roles}
+        refs = {role: h.info.remote() for role, h in handles.items() if h is not None}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        wanted = list(self.settings.extensions)
+        other: list[str] = []
+        for role, ref in refs.items():
+            if ref not in ready:
+                continue
+            with contextlib.suppress(ray.exceptions.RayError):
+                loaded = ray.get(ref).get("extensions")
+                if loaded is not None and list(loaded) != wanted:
+                    other.append(role)
+        return other
 
     def _check_cluster_auth(self) -> None:
         """Refuse an external Ray that is not on loopback and lets anyone join (unless allowed)."""

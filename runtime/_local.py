@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,13 @@ from stratagem.runtime._settings import Settings
 __all__ = [
     "LaunchError",
     "LocalCluster",
+    "PublishedAgent",
     "alive",
+    "own_log_files",
     "publish_endpoint",
     "published_endpoint",
     "published_path",
+    "read_published",
 ]
 
 _HEAD_START_TIMEOUT_S = 60.0
@@ -226,13 +230,58 @@ def published_path(state_dir: Path, role: str) -> Path:
     return state_dir / ENDPOINTS_DIR / f"{role}.json"
 
 
-def publish_endpoint(state_dir: Path, role: str, endpoint: str, pid: int) -> None:
-    """Record ``role``'s endpoint and process (atomically: a reader sees the old or the new)."""
+def publish_endpoint(
+    state_dir: Path, role: str, endpoint: str, pid: int, logs: Sequence[str] = ()
+) -> None:
+    """Record ``role``'s endpoint, process and log files (atomically: a reader sees the old or the
+    new)."""
     path = published_path(state_dir, role)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(f".{pid}.tmp")
-    scratch.write_text(json.dumps({"endpoint": endpoint, "pid": pid}), encoding="utf-8")
+    record = {"endpoint": endpoint, "pid": pid, "logs": list(logs)}
+    scratch.write_text(json.dumps(record), encoding="utf-8")
     os.replace(scratch, path)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedAgent:
+    """What an agent published in the state directory: its endpoint, process and log files."""
+
+    endpoint: str
+    pid: int
+    logs: tuple[Path, ...]
+
+    @property
+    def alive(self) -> bool:
+        """Whether its process runs (on this machine)."""
+        return alive(self.pid)
+
+
+def read_published(state_dir: Path, role: str) -> PublishedAgent | None:
+    """What ``role``'s agent published here, its process alive or not (``None``: nothing)."""
+    try:
+        raw = json.loads(published_path(state_dir, role).read_text(encoding="utf-8"))
+        return PublishedAgent(
+            endpoint=str(raw["endpoint"]),
+            pid=int(raw["pid"]),
+            logs=tuple(Path(str(p)) for p in raw.get("logs", [])),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def own_log_files() -> list[str]:
+    """The files this process's standard output and error go to (a Ray worker's ``.out`` and
+    ``.err`` logs), where the system says (Linux's ``/proc``); empty elsewhere."""
+    found: list[str] = []
+    for fd in (1, 2):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and os.path.isfile(target) and target not in found:
+            found.append(target)
+    return found
 
 
 def published_endpoint(settings: Settings, role: str) -> str | None:

@@ -50,6 +50,7 @@ from stratagem.protocol import (
     MCP_SERVER_NAME_PATTERN,
     OPERATOR,
     ROLES,
+    WORLD_PATTERN,
     AgentCard,
     AgentClient,
     CapabilitySpec,
@@ -58,6 +59,7 @@ from stratagem.protocol import (
     ControlRequest,
     Credentials,
     InvalidArgumentError,
+    ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
     PlansQuery,
@@ -66,7 +68,9 @@ from stratagem.protocol import (
     ProtocolUsageError,
     RemoteError,
     ReplayResult,
+    ResetWorldResponse,
     RevisionsResponse,
+    ShowWorldResponse,
     SubmitGoalRequest,
     UnavailableError,
     WireModel,
@@ -191,7 +195,7 @@ def capability_spec(settings: Settings, agent: str, capability: str) -> Capabili
     Raises:
         InputError: An unknown agent or capability, or an extension that does not load.
     """
-    check_role(agent, deployment_roles(settings.extensions))
+    check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
     spec = capability_for(agent, capability)
     if spec is None:
         served = [name for name, item in CAPABILITIES.items() if item.role == agent]
@@ -338,7 +342,7 @@ class Operator:
         Raises:
             InputError: An extension does not load, or defines an agent badly.
         """
-        return deployment_roles(self.settings.extensions)
+        return deployment_roles(self.settings.extensions, self.settings.extension_paths)
 
     def _check_role(self, agent: str) -> None:
         check_role(agent, self.roles)
@@ -988,6 +992,56 @@ class Operator:
         found = await asyncio.gather(*(card(role) for role in endpoints))
         return {role: got for role, got in found if got is not None}
 
+    # -- worlds ----------------------------------------------------------------------------------
+
+    async def worlds(self, *, prefix: str = "") -> ListWorldsResponse:
+        """The perception agent's worlds (those whose name starts with ``prefix``), by name, with
+        their versions and sizes."""
+        answer = await self.call("perception", "ListWorlds", {"prefix": prefix})
+        assert isinstance(answer, ListWorldsResponse)
+        return answer
+
+    async def _known_world(self, world: str) -> None:
+        """Raises ``InputError`` unless ``world`` is a world's name and that world exists."""
+        if not re.fullmatch(WORLD_PATTERN, world):
+            raise InputError(
+                f"world name {world!r} is not valid: a lowercase letter or digit, then up to 63 "
+                "lowercase letters, digits, '_', '.' or '-'"
+            )
+        listed = await self.worlds(prefix=world)
+        if all(summary.name != world for summary in listed.worlds):
+            everyone = await self.worlds()
+            names = [summary.name for summary in everyone.worlds][:10]
+            more = everyone.total - len(names)
+            raise InputError(
+                f"no world {world!r}; worlds: {', '.join(names) or 'none yet'}"
+                + (f" and {more} more" if more > 0 else "")
+                + " ('stratagem world list')"
+            )
+
+    async def world(self, world: str) -> ShowWorldResponse:
+        """Every entity and fact of ``world``.
+
+        Raises:
+            InputError: A malformed name, or no world of that name (the worlds there are named).
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ShowWorld", {"world": world})
+        assert isinstance(answer, ShowWorldResponse)
+        return answer
+
+    async def reset_world(self, world: str) -> ResetWorldResponse:
+        """Empty ``world`` (no entity, no fact; saved before this returns). Goals that name it
+        start from nothing again.
+
+        Raises:
+            InputError: A malformed name, or no world of that name.
+        """
+        await self._known_world(world)
+        answer = await self.call("perception", "ResetWorld", {"world": world})
+        assert isinstance(answer, ResetWorldResponse)
+        return answer
+
     # -- control ---------------------------------------------------------------------------------
 
     async def control(
@@ -1194,7 +1248,7 @@ def _typed_plan(where: str, raw: dict[str, Any], settings: Settings) -> tuple[st
     from stratagem.agents import ExtensionError, build_agent
 
     owner = raw.get("owner")
-    roles = deployment_roles(settings.extensions)
+    roles = deployment_roles(settings.extensions, settings.extension_paths)
     if owner not in roles:
         raise InputError(f"{where}: owner must be one of {', '.join(roles)}, not {owner!r}")
     try:

@@ -17,10 +17,13 @@ from stratagem.protocol import (
     OPERATOR,
     AgentCard,
     ControlAction,
+    ListWorldsResponse,
     PlanEvent,
     PlanSnapshot,
     ReplayResult,
+    ResetWorldResponse,
     RevisionsResponse,
+    ShowWorldResponse,
     SubmitGoalRequest,
     WireModel,
 )
@@ -218,6 +221,18 @@ class SyncOperator:
     ) -> GoalStarted:
         """See ``Operator.start``."""
         return self._runner.run(self._operator.start(goal, timeout=timeout))
+
+    def worlds(self, *, prefix: str = "") -> ListWorldsResponse:
+        """See ``Operator.worlds``."""
+        return self._runner.run(self._operator.worlds(prefix=prefix))
+
+    def world(self, world: str) -> ShowWorldResponse:
+        """See ``Operator.world``."""
+        return self._runner.run(self._operator.world(world))
+
+    def reset_world(self, world: str) -> ResetWorldResponse:
+        """See ``Operator.reset_world``."""
+        return self._runner.run(self._operator.reset_world(world))
 
     def control(
         self,

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -114,11 +114,14 @@ class Progress:
         return table
 
 
-def _step_label(step: dict[str, Any]) -> Text:
+def _step_label(step: dict[str, Any], *, compact: bool = False) -> Text:
     kind = step.get("kind", "")
     status = str(step.get("status", "pending"))
     label = Text()
-    label.append_text(_status(status))
+    if compact:  # the mark alone: its colour and shape say the status
+        label.append(_STATUS_MARK.get(status, "?"), style=_STATUS_STYLE.get(status, ""))
+    else:
+        label.append_text(_status(status))
     label.append(f"  {step.get('id', '?')}", style="bold")
     if kind == "tool":
         label.append(f"  tool {step.get('tool', '')}", style="cyan")
@@ -132,17 +135,26 @@ def _step_label(step: dict[str, Any]) -> Text:
     return label
 
 
-def plan_forest(snapshots: Sequence[PlanView], root_plan_id: str) -> Tree:
-    """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused."""
+def plan_forest(
+    snapshots: Sequence[PlanView], root_plan_id: str, *, width: int | None = None
+) -> Tree:
+    """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused
+    (named by its id's tail under the root's, ``…/extract``; a revision only past the first).
+    Below 100 columns (``width``) a step's status is its mark alone (``✓``, ``✗``, ``⏸``…)."""
+    compact = width is not None and width < 100
     by_id = {snap.plan_id: snap for snap in snapshots}
     root = Tree(Text(root_plan_id, style="bold"))
 
     def add_plan(parent: Tree, snap: PlanView) -> None:
         plan = snap.plan or {}
+        shown = snap.plan_id
+        if shown.startswith(root_plan_id + "/"):
+            shown = "…" + shown[len(root_plan_id) :]
+        revision = f" rev {snap.revision}" if snap.revision > 1 else ""
         node = parent.add(
             Text.assemble(
                 (f"{snap.agent}", "bold magenta"),
-                f" plan {snap.plan_id} rev {snap.revision} ",
+                f" plan {shown}{revision} ",
                 _status(snap.status),
             )
         )
@@ -151,7 +163,7 @@ def plan_forest(snapshots: Sequence[PlanView], root_plan_id: str) -> Tree:
             node.add(lineage)
         gates = {gate.gate_id: gate for gate in snap.gates}
         for step in plan.get("steps", []):
-            child = node.add(_step_label(step))
+            child = node.add(_step_label(step, compact=compact))
             gate = gates.get(str(step.get("id")))
             if gate is not None:
                 child.add(gate_text(gate))
@@ -277,20 +289,32 @@ def _bar(offset: int, duration: int, total: int, width: int, error: bool) -> Tex
     )
 
 
-def span_tree(spans: Iterable[SpanRecord], *, bar_width: int = 32) -> RenderableType:
+WIDE: Final = 140
+"""From this console width up, ``span_tree`` shows every column; below it, a compact layout."""
+
+
+def span_tree(
+    spans: Iterable[SpanRecord], *, bar_width: int = 32, width: int | None = None
+) -> RenderableType:
     """A trace as a waterfall: the span tree with each span's service, start offset, duration,
-    a bar scaled to the whole trace, its events and its status (errors in red)."""
+    a bar scaled to the whole trace, its events and its status (errors in red).
+
+    Args:
+        spans: The trace's spans.
+        bar_width: The waterfall's width in the full layout.
+        width: The console's width: below ``WIDE`` the layout is compact, to fit it (shorter
+            span names and tree guides, services without their ``stratagem-`` prefix, events
+            after the name, no start column, the bar sized to what is left).
+    """
     records = list(spans)
     if not records:
         return Text("no spans recorded", style="dim")
     t0 = min(r.start for r in records)
     total = max(r.end for r in records) - t0
-    table = Table(
-        title=f"trace {records[0].trace_id} · {len(records)} spans · {total / 1e6:.1f}ms",
-        title_justify="left",
-        box=None,
-        pad_edge=False,
-    )
+    title = f"trace {records[0].trace_id} · {len(records)} spans · {total / 1e6:.1f}ms"
+    if width is not None and width < WIDE:
+        return _compact_span_tree(records, t0, total, title, width)
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
     table.add_column("span", no_wrap=True)
     table.add_column("service", style="magenta", no_wrap=True)
     table.add_column("start", justify="right", style="dim", no_wrap=True)
@@ -310,6 +334,73 @@ def span_tree(spans: Iterable[SpanRecord], *, bar_width: int = 32) -> Renderable
             Text("✗ ERROR", style="bold red") if error else Text("✓ ok", style="green"),
         )
     return table
+
+
+def _compact_span_tree(
+    records: list[SpanRecord], t0: int, total: int, title: str, width: int
+) -> RenderableType:
+    """``span_tree`` for a console narrower than ``WIDE`` (see there)."""
+    rows = _span_rows(records)
+    services = [r.service.removeprefix("stratagem-") for _, r, _ in rows]
+    durations = [_duration(r.duration_ms) for _, r, _ in rows]
+    service_w = min(12, max(len(s) for s in services))
+    duration_w = max(len(d) for d in durations)
+    # Four gaps of one space between five columns, and the status mark's one character.
+    rest = width - service_w - duration_w - 4 - 1
+    bar_w = max(6, min(24, rest // 4))
+    span_w = max(10, rest - bar_w)
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("span", no_wrap=True, overflow="ellipsis", width=span_w)
+    table.add_column("service", style="magenta", no_wrap=True, overflow="ellipsis", width=service_w)
+    table.add_column("took", justify="right", style="cyan", no_wrap=True, width=duration_w)
+    table.add_column("waterfall", no_wrap=True, width=bar_w)
+    table.add_column("", no_wrap=True, width=1)
+    for (guide, r, _), service, duration in zip(rows, services, durations, strict=True):
+        error = r.status == "ERROR"
+        narrow = _narrow_guide(guide)
+        events = f" {_events_text(r)}" if r.events else ""
+        # The events are kept whole; the name gives way.
+        title = _short_title(r)
+        room = max(4, span_w - len(narrow) - len(events))
+        if len(title) > room:
+            title = title[: room - 1] + "…"
+        name = Text.assemble((narrow, "dim"), (title, "bold red" if error else "bold"))
+        name.append(events, style="yellow")
+        table.add_row(
+            name,
+            service,
+            duration,
+            _bar(r.start - t0, r.end - r.start, total, bar_w, error),
+            Text("✗", style="bold red") if error else Text("✓", style="green"),
+        )
+    return table
+
+
+_NARROW = {"│  ": "│ ", "   ": "  ", "├─ ": "├ ", "└─ ": "└ "}
+
+
+def _narrow_guide(guide: str) -> str:
+    """A tree guide two characters a level instead of three (``├─ `` becomes ``├ ``)."""
+    return "".join(_NARROW.get(guide[i : i + 3], guide[i : i + 3]) for i in range(0, len(guide), 3))
+
+
+def _duration(ms: float) -> str:
+    return f"{ms:.1f}ms" if ms < 10_000 else f"{ms / 1000:.1f}s"
+
+
+def _short_title(record: SpanRecord) -> str:
+    """A span's name, shorter: an RPC as ``call``/``serve`` and its capability or method, a tool
+    step as its step's id and its tool."""
+    attributes = record.attributes
+    if attributes.get("rpc.system") == "grpc":
+        what = attributes.get("stratagem.capability") or attributes.get("rpc.method", "")
+        verb = {"CLIENT": "call", "SERVER": "serve"}.get(record.kind, "rpc")
+        return f"{verb} {what}"
+    if attributes.get("gen_ai.operation.name") == "execute_tool" and record.name.startswith(
+        "step "
+    ):
+        return f"{record.name.removeprefix('step ')} · {attributes.get('gen_ai.tool.name', '?')}"
+    return record.name
 
 
 def _span_title(record: SpanRecord) -> str:

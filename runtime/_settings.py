@@ -211,6 +211,9 @@ class Settings(BaseSettings):
             made on first use, mode 0600); the receiver checks signatures with it.
         gate_webhook_attempts: Deliveries tried per notice before it is given up (logged).
         gate_webhook_timeout_s: How long one delivery may take.
+        log_level: How much Stratagem logs: an agent (``None``: ``INFO``, to its Ray worker log,
+            which ``stratagem logs AGENT`` prints) and the CLI (``None``: ``ERROR``; the CLI
+            reads ``STRATAGEM_LOG_LEVEL`` itself, before any setting).
     """
 
     # model_url, model_* are settings, not pydantic API: no protected "model_" namespace here.
@@ -293,6 +296,13 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -572,8 +582,9 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
 
     The profile is ``profile``, else ``STRATAGEM_PROFILE``; the config file's ``[default]`` table
     applies with or without one. The state directory, when nothing names it, is
-    :func:`default_state_dir`. ``RAY_ADDRESS`` is honoured when neither an argument nor
-    ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
+    :func:`default_state_dir`. The extensions, when nothing names them, are those ``stratagem up``
+    recorded in the state directory (``runtime._deployed``). ``RAY_ADDRESS`` is honoured when
+    neither an argument nor ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
 
     Raises:
         pydantic.ValidationError: A value is outside its constraints.
@@ -591,10 +602,28 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     if "state_dir" not in settings.model_fields_set and "state_dir" not in from_file:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
+    if "extensions" not in settings.model_fields_set:
+        settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
         settings = settings.model_copy(update={"address": os.environ["RAY_ADDRESS"]})
     _check_roles(settings)
     return settings
+
+
+def _with_recorded_extensions(
+    settings: Settings, given: dict[str, Any], from_file: dict[str, Any]
+) -> Settings:
+    """``settings`` with the extensions ``stratagem up`` recorded in their state directory (and
+    the folders they come from) when nothing else named any (``runtime._deployed``)."""
+    from stratagem.runtime._deployed import read_record
+
+    record = read_record(settings.state_dir)
+    if record is None or not record.extensions:
+        return settings
+    paths = [*settings.extension_paths]
+    paths += [path for path in record.extension_paths if path not in paths]
+    values = {**given, **from_file, "extensions": list(record.extensions), "extension_paths": paths}
+    return Settings(**values)
 
 
 def _check_roles(settings: Settings) -> None:
@@ -613,7 +642,7 @@ def _check_roles(settings: Settings) -> None:
     from stratagem.runtime._input import InputError
 
     try:
-        known = deployment_roles(settings.extensions)
+        known = deployment_roles(settings.extensions, settings.extension_paths)
     except InputError as exc:
         raise SettingsError(str(exc)) from exc
     unknown = settings.unknown_roles(known)

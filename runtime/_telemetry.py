@@ -3,11 +3,14 @@
 Each process (the CLI's driver and every agent actor) calls ``setup_telemetry`` once. Spans go, in
 batches, to:
 
-* an OTLP exporter when ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is
-  set or ``OTEL_TRACES_EXPORTER`` names ``otlp`` (protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``:
-  ``grpc``, the default, or ``http/protobuf``); ``OTEL_SDK_DISABLED=true`` turns tracing off;
 * a JSON-lines file (``STRATAGEM_TRACE_FILE``) that every process appends to, which the CLI reads to
-  print a goal's span tree without any backend.
+  print a goal's span tree without any backend;
+* an OTLP backend (``runtime._export``): the endpoint ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` names (or ``OTEL_TRACES_EXPORTER=otlp``; protocol from
+  ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc``, the default, or ``http/protobuf``), else the one
+  ``make otel-backend`` records in the state directory, whenever it runs. The export is bounded and
+  never holds up a request. ``OTEL_TRACES_EXPORTER=none`` turns it off, ``OTEL_SDK_DISABLED=true``
+  turns tracing off.
 
 Each process also makes a ``MeterProvider`` when metrics are exported: an OTLP metric exporter when
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` is set or
@@ -28,7 +31,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,10 +49,14 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricExporter
 
+    from stratagem.runtime._export import BackendSpanExporter, ExportStats
+
 __all__ = [
     "JsonLinesSpanExporter",
     "SpanIdentitySampler",
     "SpanRecord",
+    "export_stats",
+    "flush_spans",
     "read_spans",
     "setup_telemetry",
     "shutdown_telemetry",
@@ -61,7 +68,15 @@ VERSION = "0.1.0"
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
 _meter_provider: MeterProvider | None = None
+_exporter: BackendSpanExporter | None = None
+_file_processor: BatchSpanProcessor | None = None
+_backend_processor: BatchSpanProcessor | None = None
 _owner = ""  # the service the provider was made for
+
+FLUSH_WAIT_S = 1.0
+"""How long a flush waits for the backend export (the span file is always written first): the
+SDK's ``force_flush`` ignores its timeout and waits for the export in progress, so a flush that
+must not hold up its caller runs it on a thread of its own and waits this long."""
 
 SERVICE_ATTR = "stratagem.service.name"
 INSTANCE_ATTR = "stratagem.service.instance.id"
@@ -256,20 +271,6 @@ def _otlp_over_http(signal: str) -> bool:
     return protocol.startswith("http")
 
 
-def _otlp_exporter() -> SpanExporter:
-    if _otlp_over_http("TRACES"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpExporter,
-        )
-
-        return HttpExporter()
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-        OTLPSpanExporter as GrpcExporter,
-    )
-
-    return GrpcExporter()
-
-
 def _otlp_metric_exporter() -> MetricExporter:
     if _otlp_over_http("METRICS"):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
@@ -288,6 +289,7 @@ def setup_telemetry(
     service: str,
     *,
     trace_file: Path | None = None,
+    state_dir: Path | None = None,
     instance_id: str | None = None,
     extra_resource: dict[str, str] | None = None,
 ) -> TracerProvider:
@@ -296,6 +298,8 @@ def setup_telemetry(
     Args:
         service: ``service.name``, e.g. ``stratagem-perception`` or ``stratagem-cli``.
         trace_file: JSON-lines span file to append to, if any.
+        state_dir: Where ``make otel-backend`` records its backend: spans go there whenever it
+            runs, unless the ``OTEL_*`` variables name an endpoint (``None``: only those).
         instance_id: ``service.instance.id``; defaults to the process id.
         extra_resource: More resource attributes (e.g. the Ray node id).
 
@@ -305,7 +309,7 @@ def setup_telemetry(
     With metrics exported (see the module docstring) it also makes this process's
     ``MeterProvider``, with the same resource, and makes it the global one.
     """
-    global _provider, _meter_provider, _owner
+    global _provider, _meter_provider, _exporter, _owner, _file_processor, _backend_processor
     with _lock:
         if _provider is not None:
             return _provider
@@ -333,34 +337,106 @@ def setup_telemetry(
                 reader = PeriodicExportingMetricReader(_otlp_metric_exporter())
                 _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
                 metrics.set_meter_provider(_meter_provider)
-            if _otlp_wanted("TRACES"):
-                provider.add_span_processor(BatchSpanProcessor(_otlp_exporter()))
+            # The file first: a flush (sequential over processors) writes it before it waits on
+            # a backend.
             if trace_file is not None:
-                provider.add_span_processor(
-                    BatchSpanProcessor(JsonLinesSpanExporter(trace_file), schedule_delay_millis=500)
+                _file_processor = BatchSpanProcessor(
+                    JsonLinesSpanExporter(trace_file), schedule_delay_millis=500
                 )
+                provider.add_span_processor(_file_processor)
+            _exporter = _backend_exporter(state_dir)
+            if _exporter is not None:
+                _backend_processor = BatchSpanProcessor(_exporter)
+                provider.add_span_processor(_backend_processor)
         trace.set_tracer_provider(provider)
         _provider, _owner = provider, service
         return provider
 
 
+def _backend_exporter(state_dir: Path | None) -> BackendSpanExporter | None:
+    """The OTLP exporter the ``OTEL_*`` variables configure, else one that follows the backend
+    recorded in ``state_dir``; ``None`` when trace export is off or there is nowhere to look."""
+    if "none" in os.environ.get("OTEL_TRACES_EXPORTER", "").split(","):
+        return None
+    from stratagem.runtime._export import (
+        BackendSpanExporter,
+        configured_target,
+        recorded_target,
+    )
+
+    configured = configured_target()
+    if configured is not None:
+        return BackendSpanExporter(lambda: configured)
+    if state_dir is None:
+        return None
+    return BackendSpanExporter(lambda: recorded_target(state_dir))
+
+
+def export_stats() -> ExportStats | None:
+    """What this process's OTLP exporter did so far (``None``: it has none)."""
+    exporter = _exporter
+    return None if exporter is None else exporter.stats
+
+
+def _bounded(call: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """Run ``call`` on a thread of its own; whether it ended within ``timeout_s`` (if not, it goes
+    on in the background: a daemon thread, which the interpreter's exit does not wait for)."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except Exception:
+            logger.warning("%s failed", name, exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"stratagem-{name}", daemon=True).start()
+    return done.wait(timeout_s)
+
+
+def flush_spans(timeout_s: float = FLUSH_WAIT_S) -> bool:
+    """Write this process's finished spans to the span file now, and give their export to the
+    backend up to ``timeout_s`` (it goes on after that); whether everything was flushed.
+
+    A provider made elsewhere (a program's own) is flushed as the SDK does, with the same bound.
+    """
+    with _lock:
+        provider, to_file, to_backend = _provider, _file_processor, _backend_processor
+    if provider is None:
+        current = trace.get_tracer_provider()
+        if not isinstance(current, TracerProvider):
+            return True
+        return _bounded(current.force_flush, timeout_s, "span-flush")
+    if to_file is not None:
+        to_file.force_flush()
+    if to_backend is None:
+        return True
+    return _bounded(to_backend.force_flush, timeout_s, "span-flush")
+
+
 def shutdown_telemetry(service: str | None = None) -> None:
-    """Flush every pending span and close the exporters of this process's provider.
+    """Flush every pending span and close the exporters of this process's provider (waiting for
+    a backend at most ``FLUSH_WAIT_S`` each time: see ``flush_spans``).
 
     Args:
         service: The service that asks (``stratagem-cli``): when the provider was made for
             another one (a program or test that runs the CLI in its own process), its spans are
             flushed and the provider is left running for its owner.
     """
-    global _provider, _meter_provider
+    global _provider, _meter_provider, _exporter, _file_processor, _backend_processor
     with _lock:
-        if service is not None and _provider is not None and _owner != service:
-            _provider.force_flush(timeout_millis=5_000)
-            return
+        owned_elsewhere = service is not None and _provider is not None and _owner != service
+    if owned_elsewhere:
+        flush_spans()
+        return
+    flushed = flush_spans()
+    with _lock:
         provider, _provider = _provider, None
         meter_provider, _meter_provider = _meter_provider, None
+        _exporter = _file_processor = _backend_processor = None
     if provider is not None:
-        provider.force_flush(timeout_millis=5_000)
-        provider.shutdown()
+        # A backend that held the flush up would hold the shutdown up too: not waited for twice.
+        _bounded(provider.shutdown, FLUSH_WAIT_S if flushed else 0.0, "telemetry-shutdown")
     if meter_provider is not None:
         meter_provider.shutdown(timeout_millis=5_000)

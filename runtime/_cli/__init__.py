@@ -11,12 +11,30 @@ imported: ``COMMAND_MODULES`` is in the order ``stratagem --help`` lists them.
 from __future__ import annotations
 
 import importlib
+import inspect
+
+import typer
 
 from stratagem.runtime._cli._app import app, main
 
 __all__ = ["app", "main"]
 
-COMMAND_MODULES = ("_goals", "_agents", "_plans", "_deploy", "_ops")
+COMMAND_MODULES = ("_goals", "_agents", "_plans", "_worlds", "_deploy", "_ops")
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Give every command the first paragraph of its help as one line for the lists of commands
+    (typer keeps a docstring's line breaks there, which break the list's columns)."""
+    for info in group.registered_commands:
+        if info.short_help is None:
+            doc = info.help or (info.callback.__doc__ if info.callback else None) or ""
+            info.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)

@@ -44,20 +44,34 @@ def request(
     payload: Annotated[str, typer.Option("--json", help="The request as a JSON object.")] = "{}",
     caller: Annotated[
         str,
-        typer.Option("--as", help="Caller identity (trusted until identity authentication lands)."),
+        typer.Option(
+            "--as",
+            help="The identity to call as (its credentials as STRATAGEM_AUTH says: a token "
+            "signed with the cluster secret, or its certificate); the policy decides what it "
+            "may ask.",
+        ),
     ] = _OPERATOR,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Send one cross-agent request and print the answer as JSON."""
+    """Send one cross-agent request and print the answer as JSON.
+
+    Examples:
+
+      stratagem request perception ExtractEntities --json '{"text": "Mira waits in the hall."}'
+
+      stratagem request perception ListWorlds
+    """
     with _errors():
         settings = _settings(address, state_dir)
         capability_spec(settings, agent, capability)  # an unknown name before a bad payload
         raw = parse_json_object(payload, "--json")
         # One request id whichever way the call goes: a repeat gets the stored answer.
         request_id = f"cli-{uuid.uuid4().hex}"
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        setup_telemetry(
+            "stratagem-cli", trace_file=settings.trace_file, state_dir=settings.state_dir
+        )
         try:
             answer = _operate(
                 settings,
@@ -81,7 +95,14 @@ def describe(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC)."""
+    """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC).
+
+    Examples:
+
+      stratagem describe perception
+
+      stratagem describe strategic PlanNarrativeArc --json
+    """
     with _errors():
         settings = _settings(address, state_dir)
         card = _operate(settings, lambda op: op.describe(agent))

@@ -77,16 +77,24 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "verify_chain",
         "verify_sealed",
     ),
-    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend", "use_backend"),
+    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend"),
+    "stratagem.runtime._deployed": (
+        "DeploymentRecord",
+        "absolute_extensions",
+        "read_record",
+        "remove_record",
+        "write_record",
+    ),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime._extensions": ("deployment_roles",),
     "stratagem.runtime._goal": ("GoalOutcome", "new_goal_id"),
     "stratagem.runtime._history": ("PlanHistory", "PlanView"),
-    "stratagem.runtime._local": ("LaunchError", "LocalCluster"),
+    "stratagem.runtime._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime._operator": (
         "Operator",
         "RayDirectory",
         "capability_spec",
+        "check_role",
         "check_status",
         "operator_settings",
     ),
@@ -203,6 +211,12 @@ certs_app = typer.Typer(
     context_settings=_CONTEXT,
 )
 app.add_typer(certs_app, name="certs")
+world_app = typer.Typer(
+    help="The perception agent's worlds: each goal's facts, by name.",
+    no_args_is_help=True,
+    context_settings=_CONTEXT,
+)
+app.add_typer(world_app, name="world")
 secret_app = typer.Typer(
     help="The cluster secret that signs tokens (STRATAGEM_AUTH=token).",
     no_args_is_help=True,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
@@ -28,9 +31,19 @@ from stratagem.runtime._cli._app import (
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from stratagem.runtime._deployed import (
+        DeploymentRecord,
+        absolute_extensions,
+        read_record,
+        remove_record,
+        write_record,
+    )
     from stratagem.runtime._directory import AgentInfo
+    from stratagem.runtime._extensions import deployment_roles
     from stratagem.runtime._launcher import AgentStartError
-    from stratagem.runtime._local import LaunchError, LocalCluster
+    from stratagem.runtime._local import LaunchError, LocalCluster, read_published
+    from stratagem.runtime._operator import check_role
+    from stratagem.runtime._settings import Settings
 
 __all__: list[str] = []
 
@@ -41,30 +54,36 @@ lazy_scope(globals())
 # -- deployment ----------------------------------------------------------------------------------
 
 
-def _agents_table(infos: list[AgentInfo], mode: str | None) -> Table:
-    table = Table(title=f"Stratagem agents ({mode} Ray)", title_justify="left")
-    for column in (
-        "agent",
-        "health",
-        "endpoint",
-        "node",
-        "pid",
-        "restarts",
-        "plans running",
-        "blocked",
-    ):
-        table.add_column(column)
+def _agents_table(infos: list[AgentInfo], mode: str | None, width: int | None = None) -> Table:
+    """The agents as a table that fits ``width`` columns (the console's): below 100, no box, and
+    the node column only when the agents run on more than one node or on labelled nodes."""
+    narrow = (width or console.width) < 100
+    nodes = {info.node_id for info in infos} | {"" for info in infos if info.node_labels}
+    show_node = not narrow or len(nodes) > 1
+    table = Table(
+        title=f"Stratagem agents ({mode} Ray)",
+        title_justify="left",
+        box=None if narrow else box.HEAVY_HEAD,
+        pad_edge=not narrow,
+    )
+    columns = ["agent", "health", "endpoint", *(["node"] if show_node else [])]
+    columns += ["pid", "restarts", "running" if narrow else "plans running", "blocked"]
+    for column in columns:
+        table.add_column(column, overflow="fold")
     for info in infos:
         health = {"serving": "[green]serving[/]", "unreachable": "[red]unreachable[/]"}.get(
             info.health, f"[yellow]{info.health} ({info.state.lower()})[/]"
         )
         if info.problem:
             health += f" [red]{escape(info.problem)}[/]"
+        node = " ".join(
+            [info.node_id[:8] or "-", *(f"{k}={v}" for k, v in info.node_labels.items())]
+        )
         table.add_row(
             info.role,
             health,
             info.endpoint or "-",
-            " ".join([info.node_id[:8] or "-", *(f"{k}={v}" for k, v in info.node_labels.items())]),
+            *([node] if show_node else []),
             str(info.pid or "-"),
             "?" if info.restarts is None else str(info.restarts),
             str(info.plans_running),
@@ -84,6 +103,19 @@ def _infos_json(infos: list[AgentInfo], mode: str | None) -> dict[str, Any]:
     return {"mode": mode, "agents": [dataclasses.asdict(info) for info in infos]}
 
 
+def _record_for(settings: Settings) -> DeploymentRecord:
+    """What ``up`` deploys and records: the extensions (file paths made absolute) and the folders
+    they come from, this one added when the set is named here rather than taken from the record
+    (agents on this machine import extension modules from where the user launched ``up``)."""
+    extensions = absolute_extensions(settings.extensions, Path.cwd())
+    paths = list(settings.extension_paths)
+    recorded = read_record(settings.state_dir)
+    named_here = recorded is None or recorded.extensions != extensions
+    if extensions and named_here and Path.cwd() not in paths:
+        paths.append(Path.cwd())
+    return DeploymentRecord(extensions=extensions, extension_paths=tuple(paths))
+
+
 @app.command()
 def up(
     address: AddressOpt = None,
@@ -97,13 +129,44 @@ def up(
             "the agents).",
         ),
     ] = None,
+    extensions: Annotated[
+        str | None,
+        typer.Option(
+            "--extensions",
+            help="Extensions to load, comma-separated ('' for none; else STRATAGEM_EXTENSIONS, "
+            "else the set the running deployment has). Every later command uses them.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Deploy the agents (the four built-in ones and those extensions define) as detached actors
-    (starting a local Ray head when no address)."""
+    (starting a local Ray head when no address).
+
+    Running agents are kept; with another set of extensions, the agents that load another set
+    are redeployed and those no extension defines any more are removed. The set is recorded in
+    the state directory: every command, from any shell, uses it.
+
+    Examples:
+
+      stratagem up
+
+      stratagem up --extensions examples.extensions.critic
+
+      stratagem up --replace
+    """
     with _errors():
+        more: dict[str, Any] = {}
+        if extensions is not None:
+            more["extensions"] = [name for name in extensions.split(",") if name.strip()]
         settings = _settings(
-            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None
+            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None, **more
+        )
+        record = _record_for(settings)
+        settings = settings.model_copy(
+            update={
+                "extensions": list(record.extensions),
+                "extension_paths": list(record.extension_paths),
+            }
         )
         # Agents also append their spans to a file in the state directory (on their own node),
         # so `stratagem trace` works without a backend on one machine.
@@ -132,10 +195,33 @@ def up(
                 settings.local_cluster_file.unlink(missing_ok=True)
                 settings.ray_token_path.unlink(missing_ok=True)
             raise
+        write_record(settings.state_dir, record)
+        if deployment.replaced and not as_json:
+            err_console.print(
+                f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other "
+                "extensions[/]",
+                soft_wrap=True,
+                highlight=False,
+            )
+        if deployment.removed and not as_json:
+            err_console.print(
+                f"[dim]removed {', '.join(deployment.removed)}: no extension defines "
+                f"{'it' if len(deployment.removed) == 1 else 'them'} now[/]",
+                soft_wrap=True,
+                highlight=False,
+            )
         for warning in deployment.warnings:
             err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
         if as_json:
-            _print_json({**_infos_json(infos, deployment.mode), "stale": deployment.stale})
+            _print_json(
+                {
+                    **_infos_json(infos, deployment.mode),
+                    "stale": deployment.stale,
+                    "replaced": deployment.replaced,
+                    "removed": deployment.removed,
+                    "extensions": list(record.extensions),
+                }
+            )
             return
         console.print(_agents_table(infos, deployment.mode))
         if deployment.stale:
@@ -152,7 +238,14 @@ def status(
 ) -> None:
     """Show each agent's health, node, gRPC endpoint, process, restarts and running plans.
 
-    Exits 1 when an agent is not serving (a readiness check for scripts)."""
+    Exits 1 when an agent is not serving (a readiness check for scripts).
+
+    Examples:
+
+      stratagem status
+
+      stratagem status --json | jq '.agents[] | {role, health, traces}'
+    """
     with _errors():
         deployment = _deployment(_settings(address, state_dir))
         with _running(deployment):
@@ -198,7 +291,15 @@ def secret_rotate(
 def down(
     address: AddressOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Remove the agents (and the local Ray head that 'up' started, if any)."""
+    """Remove the agents (and the local Ray head that 'up' started, if any).
+
+    The plans, answers, worlds and audit log stay in the state directory: the next 'up' goes on
+    from them.
+
+    Examples:
+
+      stratagem down
+    """
     with _errors():
         settings = _settings(address, state_dir)
         deployment = _deployment(settings)
@@ -216,6 +317,8 @@ def down(
             settings.ray_token_path.unlink(missing_ok=True)
         elif recorded is not None:  # the head died: clean up after it
             cleaned = recorded.clean_up(settings)
+        if removed or local is not None or recorded is not None:
+            remove_record(settings.state_dir)
         if as_json:
             _print_json(
                 {"removed": removed, "stopped_local_ray": local is not None, "cleaned": cleaned}
@@ -234,3 +337,97 @@ def down(
                 f"removed agents: {', '.join(removed) or 'none'}"
                 + ("; stopped the local Ray head" if local is not None else "")
             )
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+_TAIL_LIMIT = 8 << 20
+"""The most bytes ``logs`` reads from the end of a log file."""
+
+
+def _tail(path: Path, lines: int) -> tuple[bytes, int]:
+    """The last ``lines`` lines of ``path`` (reading at most ``_TAIL_LIMIT`` bytes from its end)
+    and the file's size then."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, 2)
+        if lines == 0:
+            return b"", size
+        start = size
+        chunk = b""
+        while start > 0 and chunk.count(b"\n") <= lines and size - start < _TAIL_LIMIT:
+            step = min(64 << 10, start)
+            start -= step
+            handle.seek(start)
+            chunk = handle.read(step) + chunk
+        kept = chunk.splitlines(keepends=True)[-lines:]
+        return b"".join(kept), size
+
+
+@app.command()
+def logs(
+    agent: Annotated[str, typer.Argument(help="An agent's role, e.g. perception.")],
+    lines: Annotated[
+        int, typer.Option("--lines", "-n", min=0, max=100_000, help="How many lines to print.")
+    ] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing what it logs (Ctrl-C stops).")
+    ] = False,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Print the end of an agent's log: what its process wrote (a Ray worker's .out and .err).
+
+    The agent says where its log is when it starts (an agent of this machine's deployment); an
+    agent restarted by Ray logs to new files, which this then reads.
+
+    Examples:
+
+      stratagem logs perception
+
+      stratagem logs orchestrator -n 200
+
+      stratagem logs critic --follow
+    """
+    with _errors():
+        settings = _settings(None, state_dir)
+        check_role(agent, deployment_roles(settings.extensions, settings.extension_paths))
+        published = read_published(settings.state_dir, agent)
+        if published is None:
+            raise LaunchError(
+                f"agent {agent} has not said where it logs in {settings.state_dir}: it is not "
+                "deployed, or runs on another machine (its log is then with Ray's worker logs "
+                "on its node; 'stratagem status' says which)"
+            )
+        files = [path for path in published.logs if path.is_file()]
+        if not files:
+            raise LaunchError(
+                f"agent {agent} (pid {published.pid}) named no log file this machine has "
+                "(its log is with Ray's worker logs on its node)"
+            )
+        if not published.alive:
+            err_console.print(
+                f"[yellow]agent {agent}'s process {published.pid} has ended; its last log:[/]",
+                highlight=False,
+            )
+        out = console.file
+        sizes: dict[Path, int] = {}
+        for path in files:
+            if len(files) > 1:
+                err_console.print(f"[dim]==> {path} <==[/]", highlight=False)
+            text, sizes[path] = _tail(path, lines)
+            out.write(text.decode("utf-8", "replace"))
+            out.flush()
+        if not follow:
+            return
+        try:
+            while True:
+                time.sleep(0.5)
+                for path in files:
+                    with path.open("rb") as handle:
+                        handle.seek(sizes[path])
+                        more = handle.read(1 << 20)
+                    if more:
+                        sizes[path] += len(more)
+                        out.write(more.decode("utf-8", "replace"))
+                        out.flush()
+        except KeyboardInterrupt:
+            return

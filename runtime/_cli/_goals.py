@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from stratagem.agents import DEMO_GOAL
     from stratagem.protocol import ProtocolError, RemoteError, SubmitGoalRequest
-    from stratagem.runtime._backend import use_backend
+    from stratagem.runtime._backend import find_backend
     from stratagem.runtime._goal import GoalOutcome, new_goal_id
     from stratagem.runtime._local import LaunchError
     from stratagem.runtime._render import (
@@ -101,11 +101,12 @@ def _execute_goal(
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
-    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured.
-    backend = use_backend(settings.state_dir)
+    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
+    # process finds it through the state directory (runtime._export).
+    backend = find_backend(settings.state_dir)
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
-    provider = setup_telemetry("stratagem-cli", trace_file=trace_file)
+    setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
     deployment = _deployment(settings)
     progress = Progress()
     with _errors():
@@ -142,7 +143,6 @@ def _execute_goal(
                         )
             except RemoteError as exc:
                 dep.flush_telemetry()
-                provider.force_flush()
                 _fail_traced(
                     exc,
                     as_json=as_json,
@@ -150,7 +150,6 @@ def _execute_goal(
                     failure=_failure_of(settings, request.plan_id, endpoints),
                 )
             dep.flush_telemetry()
-        provider.force_flush()
         shutdown_telemetry("stratagem-cli")
         head = _audit_head(settings)
         spans = read_spans(trace_file, outcome.trace_id)
@@ -158,6 +157,8 @@ def _execute_goal(
             _print_json(
                 {
                     "plan_id": outcome.plan_id,
+                    "status": outcome.response.status,
+                    "world": outcome.response.world,
                     "trace_id": outcome.trace_id,
                     "response": outcome.response.model_dump(mode="json"),
                     "plans": [json.loads(p.model_dump_json()) for p in outcome.plans],
@@ -182,8 +183,10 @@ def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
     resp = outcome.response
-    console.rule(f"[bold]goal {outcome.plan_id}: {resp.status}")
-    console.print(plan_forest(outcome.plans, outcome.plan_id))
+    console.rule(f"[bold]goal {outcome.plan_id}: {resp.status.replace('_', ' ')}")
+    if resp.note:
+        console.print(f"[bold yellow]{resp.status.replace('_', ' ')}:[/] {resp.note}")
+    console.print(plan_forest(outcome.plans, outcome.plan_id, width=console.width))
     beats = Table(title="Arc", title_justify="left")
     beats.add_column("beat")
     beats.add_column("title")
@@ -209,12 +212,34 @@ def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any])
     console.print(
         f"[bold]trace[/] {outcome.trace_id} · {len(spans)} spans from {len(services)} services"
     )
-    console.print(span_tree(spans))
+    console.print(span_tree(spans, width=console.width))
     console.print(
         f"[bold]audit[/] {head['records']} records · chain "
         + ("[green]verified[/]" if head["ok"] else "[red]BROKEN[/]")
         + f" · head {head['head'][:16]}"
     )
+    console.print(
+        f"[bold]world[/] {resp.world} ('stratagem world show {resp.world}')", highlight=False
+    )
+
+
+WorldOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--world",
+        help="The world the goal reads and changes (else the goal file's 'world:', else a fresh "
+        "one named after the goal's plan id); see 'stratagem world list'.",
+    ),
+]
+
+
+def _in_world(request: SubmitGoalRequest, world: str | None) -> SubmitGoalRequest:
+    if world is None:
+        return request
+    try:
+        return SubmitGoalRequest.model_validate({**request.model_dump(), "world": world})
+    except ValidationError as exc:
+        raise InputError(validation_line("--world", exc)) from exc
 
 
 @app.command()
@@ -224,17 +249,29 @@ def demo(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
+    world: WorldOpt = None,
 ) -> None:
-    """Start a local Ray, launch the four agents and pursue the built-in story goal."""
+    """Pursue the built-in story goal across the four agents (a local Ray for the one command
+    when no deployment runs).
+
+    Examples:
+
+      stratagem demo
+
+      stratagem demo --json | jq -r .trace_id
+    """
+    _load_agents()
     with _errors():
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
-    _load_agents()
-    _execute_goal(DEMO_GOAL, settings, as_json=as_json, timeout=timeout)
+        request = _in_world(DEMO_GOAL, world)
+    _execute_goal(request, settings, as_json=as_json, timeout=timeout)
 
 
 @app.command()
 def submit(
-    goal_file: Annotated[Path, typer.Argument(help="YAML file with goal, passage and beats.")],
+    goal_file: Annotated[
+        Path, typer.Argument(help="YAML file with goal, passage, beats and world (optional).")
+    ],
     detach: Annotated[
         bool,
         typer.Option(
@@ -248,11 +285,24 @@ def submit(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
+    world: WorldOpt = None,
 ) -> None:
-    """Pursue the goal in GOAL_FILE across all agents; on failure, name where it went wrong and
-    its trace id (standard error, and standard output with --json)."""
+    """Pursue the goal in GOAL_FILE across all agents, in its world; on failure, name where it
+    went wrong and its trace id (standard error, and standard output with --json).
+
+    A goal file holds goal, passage, beats (1-8, default 3), and optionally world and plan_id
+    (docs/goals.md).
+
+    Examples:
+
+      stratagem submit examples/lighthouse.yaml
+
+      stratagem submit examples/lighthouse.yaml --world lab --json
+
+      stratagem submit examples/lighthouse.yaml --detach
+    """
     with _errors():
-        request = _load_goal(goal_file)
+        request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
     if detach:
         _start_goal(request, settings, as_json=as_json, timeout=timeout)

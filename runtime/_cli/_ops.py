@@ -125,7 +125,18 @@ def trace_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Print a trace as a waterfall: the span tree with services, timing, events and status;
-    with no id, list the recent traces (each goal's and plan's, failed ones included)."""
+    with no id, list the recent traces (each goal's and plan's, failed ones included).
+
+    The layout fits the terminal's width (set COLUMNS to choose it).
+
+    Examples:
+
+      stratagem trace
+
+      stratagem trace 4bf92f3577b34da6a3ce929d0e0e4736
+
+      stratagem trace "$(stratagem submit examples/lighthouse.yaml --json | jq -r .trace_id)"
+    """
     with _errors():
         if trace_id is None:
             settings = _settings(None, state_dir)
@@ -152,7 +163,7 @@ def trace_command(
         if as_json:
             _print_json({"trace_id": spans[0].trace_id, "spans": span_json(spans)})
         else:
-            console.print(span_tree(spans))
+            console.print(span_tree(spans, width=console.width))
 
 
 # -- audit ---------------------------------------------------------------------------------------
@@ -172,7 +183,14 @@ def audit_verify(
     state_dir: StateDirOpt = None, archive: ArchiveOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Verify the audit chain (archived segments, then the live log) and its signed heads; name
-    the first edited, deleted, reordered or missing record."""
+    the first edited, deleted, reordered or missing record.
+
+    Examples:
+
+      stratagem audit verify
+
+      stratagem audit verify --archive /mnt/cold/audit-archive --json
+    """
     with _errors():
         settings = _settings(None, state_dir)
         if settings.store_url is None and not settings.audit_path.exists():
@@ -208,9 +226,10 @@ def audit_verify(
                 if sealed
                 else f" (no signing key at {settings.audit_key_path}: chain only)"
             )
+            # Wrapped at the terminal's width (between words: the head's hex stays whole).
             console.print(
                 f"audit chain verified: {verdict.count} records{signed}, head {head}",
-                soft_wrap=True,
+                highlight=False,
             )
         else:
             if verdict.first_broken_seq is not None:
@@ -348,7 +367,10 @@ def certs_init(
     with _errors():
         settings = _settings(None, state_dir)
         folder = (directory.expanduser().resolve() if directory else None) or settings.tls_path
-        names = identities or [*deployment_roles(settings.extensions), OPERATOR]
+        names = identities or [
+            *deployment_roles(settings.extensions, settings.extension_paths),
+            OPERATOR,
+        ]
         from stratagem.protocol import init_certificates
 
         written = init_certificates(folder, names, overwrite=force)

@@ -103,10 +103,19 @@ def plans_run(
 ) -> None:
     """Have the plan's owner validate and run a plan you wrote; print what each step did and the
     trace id. Returns as soon as the plan waits at a gate, with the 'approve' command to run (exit
-    3); a deadline never cancels the plan: it runs on at its owner."""
+    3); a deadline never cancels the plan: it runs on at its owner.
+
+    Examples:
+
+      stratagem plans run examples/plans/who-leads.yaml
+
+      stratagem plans run my-plan.yaml --json
+    """
     with _errors():
         settings = _settings(address, state_dir)
-        setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+        setup_telemetry(
+            "stratagem-cli", trace_file=settings.trace_file, state_dir=settings.state_dir
+        )
 
         async def run(op: Operator) -> tuple[PlanView, PlanHistory]:
             view = await op.run_plan(plan_file, until_blocked=True)
@@ -160,7 +169,16 @@ def plans_show(
 ) -> None:
     """Show a plan and every sub-plan it caused, from the agents' stores: each step's input,
     output, error, attempts, timing, revision and author; a failed plan opens with the line
-    naming where it went wrong; the trace id follows."""
+    naming where it went wrong; the trace id follows.
+
+    Examples:
+
+      stratagem plans show who-leads
+
+      stratagem plans show who-leads --full --json
+
+      stratagem plans show who-leads --format mermaid
+    """
     with _errors():
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
             raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
@@ -216,7 +234,14 @@ def plans_list(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the plans in the agents' stores, newest first, a page at a time (across restarts)."""
+    """List the plans in the agents' stores, newest first, a page at a time (across restarts).
+
+    Examples:
+
+      stratagem plans list --status blocked
+
+      stratagem plans list --agent strategic --since 2h --json
+    """
     with _errors():
         if status is not None:
             check_status(status)
@@ -348,7 +373,7 @@ def replay(
         raise typer.Exit(1)
 
 
-PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans list lists plans).")]
+PlanArg = Annotated[str, typer.Argument(help="The plan's id ('stratagem plans list' lists them).")]
 GateArg = Annotated[
     str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
 ]

@@ -51,6 +51,7 @@ from stratagem.agents import (
 from stratagem.agents._roles import build_in_memory
 from stratagem.planning import EngineConfig, validate_plan
 from stratagem.protocol import (
+    ALREADY_HOLDS,
     CallContext,
     Relation,
     RemoteError,
@@ -135,14 +136,17 @@ async def _one_goal(goal: dict[str, Any], model: dict[str, str] | None) -> dict[
     outcome["wall_s"] = time.perf_counter() - started
     perception = agents["perception"]
     assert isinstance(perception, PerceptionAgent)
+    # The goal's own world: a goal that names none runs in one named after its plan.
+    world = perception.worlds.get(request.plan_id)
     if isinstance(answer, SubmitGoalResponse):
-        outcome["status"] = answer.status
+        # A goal whose arc held before any action is reached too (nothing was left to do).
+        outcome["status"] = "succeeded" if answer.status == ALREADY_HOLDS else answer.status
+        outcome["already_held"] = answer.status == ALREADY_HOLDS
+        world = perception.worlds.get(answer.world)
         beat_goals = [fact for beat in answer.beats for fact in beat.goals]
-        outcome["beats_hold"] = all(perception.world.holds(f) for f in beat_goals)
+        outcome["beats_hold"] = all(world.holds(f) for f in beat_goals)
         outcome["actions"] = [f"{a.name}({','.join(a.args)})" for a in answer.actions]
-    outcome["meant"] = bool(goal["expect"]) and all(
-        perception.world.holds(f) for f in goal["expect"]
-    )
+    outcome["meant"] = bool(goal["expect"]) and all(world.holds(f) for f in goal["expect"])
     outcome["agents"], outcome["invalid_plans"] = _agent_figures(agents)
     outcome["model_s"] = sum(
         call for figures in outcome["agents"].values() for call in figures["latencies_s"]

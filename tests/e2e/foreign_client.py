@@ -1,13 +1,14 @@
-"""A client that knows only ``proto/`` and the documented token format (README, "Identity").
+"""A client that knows only ``proto/`` and the documented token format (docs/security.md).
 
 Run as a script by ``tests/e2e/test_foreign_client.py``, in a process of its own::
 
     python foreign_client.py GENERATED_DIR SECRET_FILE ENDPOINTS_JSON
 
 ``GENERATED_DIR`` holds the Python code ``grpc_tools.protoc`` generated from ``proto/`` alone.
-This file imports no Stratagem module: it mints the JWT with PyJWT from the secret's bytes as the
-README says, calls ``Describe`` on every agent in ``ENDPOINTS_JSON`` (``{role: "host:port"}``)
-and one capability on each built-in agent, and prints what it got as one JSON object.
+This file imports no Stratagem module: it mints the JWT with PyJWT from the secret's bytes as
+docs/security.md says, calls ``Describe`` on every agent in ``ENDPOINTS_JSON``
+(``{role: "host:port"}``) and one capability on each built-in agent, and prints what it got as one
+JSON object.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Any
 def _token(secret: bytes, identity: str) -> str:
     import jwt
 
-    # README: the HMAC key is HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"); kid is the first 16
-    # hex characters of SHA-256("stratagem cluster secret id\0" + secret).
+    # docs/security.md: the HMAC key is HMAC-SHA256(secret, "stratagem.jwt.hs256.v1"); kid is the
+    # first 16 hex characters of SHA-256("stratagem cluster secret id\0" + secret).
     key = hmac.new(secret, b"stratagem.jwt.hs256.v1", hashlib.sha256).digest()
     kid = hashlib.sha256(b"stratagem cluster secret id\0" + secret).hexdigest()[:16]
     now = int(time.time())
@@ -42,7 +43,7 @@ def main(generated: Path, secret_file: Path, endpoints: dict[str, str]) -> dict[
     from stratagem.v1 import agent_pb2 as pb
 
     assert Path(pb.__file__).resolve().is_relative_to(generated.resolve()), pb.__file__
-    # README: cluster.secret holds the secret's bytes in base64 on one line.
+    # docs/security.md: cluster.secret holds the secret's bytes in base64 on one line.
     secret = base64.b64decode(secret_file.read_bytes())
     metadata = (("authorization", f"Bearer {_token(secret, 'operator')}"),)
     requests = {

@@ -622,7 +622,10 @@ def test_describe_lists_capabilities_and_shows_one_schema(deployed: Path) -> Non
     assert "text" in card["capabilities"][0]["request_schema"]["properties"]
     unknown = run("describe", "perception", "PlanNarrativeArc", state_dir=deployed)
     assert unknown.returncode == 2
-    assert "valid: ExtractEntities, FindSpatialContext, UpdateWorldState" in unknown.stderr
+    assert (
+        "valid: ExtractEntities, FindSpatialContext, ListWorlds, ResetWorld, ShowWorld, "
+        "UpdateWorldState" in unknown.stderr
+    )
 
 
 def test_plans_list_show_as_a_picture_and_watch(deployed: Path) -> None:
@@ -768,7 +771,10 @@ def test_request_reaches_the_published_endpoint_without_joining_ray(deployed: Pa
     published = json.loads((deployed / "endpoints" / "perception.json").read_text())
     agents = json.loads(run("status", "--json", state_dir=deployed).stdout)["agents"]
     perception = next(a for a in agents if a["role"] == "perception")
+    logs = published.pop("logs")
     assert published == {"endpoint": perception["endpoint"], "pid": perception["pid"]}
+    # Its Ray worker's .out and .err, for `stratagem logs perception`.
+    assert sorted(Path(path).suffix for path in logs) == [".err", ".out"]
 
     payload = json.dumps({"text": "Mira waits in the courtyard."})
     status, out = _probe(
@@ -808,10 +814,9 @@ def test_a_stale_published_endpoint_falls_back_to_ray(deployed: Path) -> None:
 
 
 def _readme_python_examples() -> list[str]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Python API") :]
-    section = section[: section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    """The examples of the Python API's page (the README links to it)."""
+    page = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", page, re.S)
 
 
 def test_the_readme_python_api_runs_against_the_deployment(deployed: Path) -> None:

@@ -1,6 +1,6 @@
 """An agent of one's own, as a user runs it: ``stratagem up`` with the critic extension on a local
-Ray, then the commands the README's "Write your own agent" section gives, and every bad definition
-refused before anything starts."""
+Ray, then the commands docs/extending.md's "Write your own agent" section gives, and every bad
+definition refused before anything starts."""
 
 from __future__ import annotations
 
@@ -267,10 +267,12 @@ def test_a_killed_critic_resumes_its_plan_from_its_store(deployed: Path, tmp_pat
 
 
 def _readme_commands() -> tuple[dict[str, str], list[list[str]]]:
-    """The environment and the commands of the README's "Write your own agent" block."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Write your own agent") :]
-    section = section[: section.index("\n## ", 1)]
+    """The environment and the commands of the "Write your own agent" block (docs/extending.md,
+    which the README links to)."""
+    page = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    section = page[page.index("## Write your own agent") :]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     [block] = re.findall(r"```bash\n(.*?)```", section, re.S)
     env: dict[str, str] = {}
     commands = []
@@ -287,9 +289,10 @@ def _readme_commands() -> tuple[dict[str, str], list[list[str]]]:
 
 def test_the_readme_commands_run_against_the_deployment(deployed: Path) -> None:
     env, commands = _readme_commands()
-    assert env == {"STRATAGEM_EXTENSIONS": CRITIC}
+    assert env == {}  # named once, to `up`: every later command takes it from the state dir
+    assert commands[0] == ["up", "--extensions", CRITIC]
     assert [c[:2] for c in commands][:4] == [
-        ["up"],
+        ["up", "--extensions"],
         ["status"],
         ["describe", "critic"],
         ["request", "critic"],
@@ -302,7 +305,8 @@ def test_the_readme_commands_run_against_the_deployment(deployed: Path) -> None:
     assert "critic" in outputs["status"]
     assert "ReviewPlan" in outputs["describe critic"]
     assert json.loads(outputs["request critic"])["verdict"] == "unsound"
-    assert "critic-review/review" in outputs["plans show"]
+    # The critic's sub-plan critic-review/review, named by its tail under the plan's own id.
+    assert "critic plan …/review" in outputs["plans show"]
 
 
 # Last of the deployment's tests: every call above is in the chain.

@@ -117,6 +117,9 @@ def test_card_lists_capabilities_with_schemas_and_tools() -> None:
         "ExtractEntities",
         "FindSpatialContext",
         "UpdateWorldState",
+        "ListWorlds",
+        "ShowWorld",
+        "ResetWorld",
     ]
     schema = json.loads(card.capabilities[0].request_schema)
     assert schema["properties"]["text"]["maxLength"] == 20_000
@@ -129,6 +132,9 @@ def test_card_lists_capabilities_with_schemas_and_tools() -> None:
         "world_facts",
         "check_actions",
         "apply_actions",
+        "list_worlds",
+        "show_world",
+        "reset_world",
     ]
 
 

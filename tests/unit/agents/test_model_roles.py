@@ -329,7 +329,8 @@ async def test_every_template_arc_of_the_examples_passes_the_arc_check(name: str
     assert isinstance(answer, SubmitGoalResponse)
     perception = agents["perception"]
     assert isinstance(perception, PerceptionAgent)
-    opening = [*answer.removed, *(f for f in perception.world.facts() if f not in answer.added)]
+    world = perception.worlds.get(answer.world)
+    opening = [*answer.removed, *(f for f in world.facts() if f not in answer.added)]
     protagonist = answer.beats[0].goals[0].subject
     assert arc_problems(answer.beats, opening, protagonist) == []
 
@@ -387,7 +388,8 @@ async def test_a_one_change_goal_is_planned_direct_and_moves_the_right_character
     ]
     perception = agents["perception"]
     assert isinstance(perception, PerceptionAgent)
-    assert perception.world.holds(
+    assert answer.world  # a fresh world of its own, as the built-in pipeline's goals get
+    assert perception.worlds.get(answer.world).holds(
         Relation.model_validate({"subject": "old_tom", "predicate": "at", "object": "garden"})
     )
     critique = client.requests[1].messages[-1].content
@@ -449,8 +451,10 @@ async def test_a_passage_that_injects_another_goal_cannot_make_it_the_goal() -> 
     assert _fact("mira", "has", "silver_crown") in answer.beats[-1].goals
     perception = agents["perception"]
     assert isinstance(perception, PerceptionAgent)
-    assert perception.world.holds(_fact("mira", "has", "silver_crown"))
-    assert not perception.world.holds(_fact("old_tom", "at", "garden"))
+    # The goal ran in a fresh world of its own (named worlds), which it changed.
+    world = perception.worlds.get(answer.world)
+    assert world.holds(_fact("mira", "has", "silver_crown"))
+    assert not world.holds(_fact("old_tom", "at", "garden"))
     (record,) = [r for r in orchestrator.plans("goal-injected") if r.plan_id == "goal-injected"]
     plan = orchestrator.record(record.plan_id).plan
     assert plan.provenance is not None
@@ -478,6 +482,7 @@ async def test_without_a_fallback_a_rewritten_goal_is_refused() -> None:
         await orchestrator.handle("SubmitGoal", CROWN_GOAL, call("SubmitGoal", "orchestrator"))
     perception = agents["perception"]
     assert isinstance(perception, PerceptionAgent)
+    assert not perception.worlds.get("goal-injected").holds(_fact("old_tom", "at", "garden"))
     assert not perception.world.holds(_fact("old_tom", "at", "garden"))
 
 

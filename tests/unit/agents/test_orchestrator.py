@@ -47,17 +47,21 @@ async def test_every_example_goal_is_reached(name: str, cluster: Cluster) -> Non
     assert answer.status == "succeeded"
     assert [b.id for b in answer.beats] == [f"beat_{i}" for i in range(1, goal.beats + 1)]
     assert answer.actions
+    # A goal naming no world gets a fresh one, named after its plan; the default one is untouched.
+    assert answer.world == f"goal-{name}"
+    world = perception.worlds.get(answer.world)
+    assert perception.world.facts() == []
     # The sequence re-simulates cleanly from the facts the passage stated ...
-    opening = [*answer.removed, *(f for f in perception.world.facts() if f not in answer.added)]
+    opening = [*answer.removed, *(f for f in world.facts() if f not in answer.added)]
     every_goal = [g for beat in answer.beats for g in beat.goals]
     assert simulate(opening, answer.actions, every_goal).ok
     # ... and every beat's goals hold in the world the perception agent now has.
     for fact in every_goal:
-        assert perception.world.holds(fact), fact
+        assert world.holds(fact), fact
     for fact in answer.added:
-        assert perception.world.holds(fact)
+        assert world.holds(fact)
     for fact in answer.removed:
-        assert not perception.world.holds(fact)
+        assert not world.holds(fact)
 
     # Who was asked what, in an order the dependencies allow.
     asked = [(c.target, c.capability, c.step_id) for c in dispatcher.calls]
@@ -181,7 +185,7 @@ async def test_an_unreachable_key_fails_the_first_beat_and_changes_nothing(
         await submit(agents, goal)
     assert "step 'beat_1' failed (logic)" in info.value.message
     assert "no action sequence reaches has(mira, iron_key)" in info.value.message
-    version = perception.world.version
+    version = perception.worlds.get("goal-stuck").version
     assert version == 1  # only the extraction merged; nothing was applied
     statuses = {s.plan_id: s.status for s in perception.plans("goal-stuck")}
     assert "goal-stuck/apply" not in statuses
@@ -197,8 +201,11 @@ async def test_a_passage_that_yields_no_entity_fails_in_words(cluster: Cluster) 
     with pytest.raises(FailedPreconditionError) as caught:
         await submit(agents, goal)
     message = str(caught.value)
-    assert "step 'spatial' failed (logic)" in message
-    assert "entity_ids is empty: nothing came from extract.entities[*].id" in message
+    assert "step 'extract' failed (logic)" in message
+    # The sentence forms the deterministic extractor reads, and how to attach a model instead.
+    assert "no sentence of the passage states a fact the extractor reads" in message
+    assert "'Mira waits in the courtyard.'" in message
+    assert 'STRATAGEM_PLANNERS=\'{"perception": "model"}\'' in message
     assert "List should have at least 1 item" not in message
 
 

@@ -312,3 +312,21 @@ async def test_a_failed_change_saves_nothing_and_a_read_saves_nothing(tmp_path: 
         call("FindSpatialContext", "perception"),
     )
     assert path.read_bytes() == saved
+
+
+async def test_a_passage_read_as_nothing_is_an_empty_answer_unless_facts_are_required() -> None:
+    agent = PerceptionAgent()
+    prose = "Lena Park, a tired detective, found the body in the library."
+    answer = await extract(agent, prose)
+    assert (answer.entities, answer.relations) == ([], [])
+    with pytest.raises(FailedPreconditionError) as caught:
+        await agent.handle(
+            "ExtractEntities",
+            ExtractEntitiesRequest(text=prose, require_facts=True),
+            call("ExtractEntities", "perception"),
+        )
+    message = caught.value.message
+    assert "step 'match' failed (logic): no sentence of the passage states a fact" in message
+    for form in ("'Mira waits in the courtyard.'", "'The vault is locked.'", "docs/goals.md"):
+        assert form in message
+    assert 'STRATAGEM_PLANNERS=\'{"perception": "model"}\'' in message

@@ -28,6 +28,8 @@ from stratagem.protocol import (
     FailedPreconditionError,
     FindSpatialContextRequest,
     FindSpatialContextResponse,
+    ListWorldsRequest,
+    ListWorldsResponse,
     NotFoundError,
     PlanEvent,
     PlanExecutionSequenceRequest,
@@ -41,14 +43,19 @@ from stratagem.protocol import (
     Relation,
     ReplayDivergence,
     ReplayResult,
+    ResetWorldRequest,
+    ResetWorldResponse,
     RevisionsResponse,
     RevisionStepChange,
+    ShowWorldRequest,
+    ShowWorldResponse,
     SpatialContext,
     SubmitGoalRequest,
     SubmitGoalResponse,
     UpdateWorldStateRequest,
     UpdateWorldStateResponse,
     WireModel,
+    WorldSummary,
 )
 
 MIRA_IN_HALL = Relation(subject="mira", predicate="at", object="hall")
@@ -99,14 +106,31 @@ SAMPLES: dict[str, tuple[WireModel, WireModel]] = {
         PlanExecutionSequenceResponse(beat_id="reach_tower", actions=[MOVE], states_explored=7),
     ),
     "SubmitGoal": (
-        SubmitGoalRequest(goal="Mira reaches the tower", passage="Mira waits.", plan_id="goal-1"),
+        SubmitGoalRequest(
+            goal="Mira reaches the tower", passage="Mira waits.", plan_id="goal-1", world="tale"
+        ),
         SubmitGoalResponse(
             plan_id="goal-1",
             status="succeeded",
             beats=[BEAT],
             actions=[MOVE],
             added=[MIRA_IN_TOWER],
+            world="tale",
         ),
+    ),
+    "ListWorlds": (
+        ListWorldsRequest(prefix="goal-"),
+        ListWorldsResponse(
+            worlds=[WorldSummary(name="goal-1", version=2, entities=3, facts=4)], total=1
+        ),
+    ),
+    "ShowWorld": (
+        ShowWorldRequest(world="goal-1"),
+        ShowWorldResponse(world="goal-1", version=2, entities=[MIRA], facts=[MIRA_IN_HALL]),
+    ),
+    "ResetWorld": (
+        ResetWorldRequest(world="goal-1"),
+        ResetWorldResponse(world="goal-1", version=3, entities_removed=1, facts_removed=1),
     ),
 }
 

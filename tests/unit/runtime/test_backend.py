@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from stratagem.runtime._backend import find_backend, span_record, use_backend
+from stratagem.runtime._backend import find_backend, read_backend_state, span_record
 
 PHOENIX_SPAN = {
     "id": "U3Bhbjox",
@@ -61,18 +60,10 @@ def test_a_root_span_without_identity_attributes() -> None:
     assert (record.parent_id, record.kind, record.service, record.pid) == ("", "INTERNAL", "", 0)
 
 
-def test_no_state_file_no_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+def test_no_state_file_no_backend(tmp_path: Path) -> None:
     assert find_backend(tmp_path) is None
-    assert use_backend(tmp_path) is None
+    assert read_backend_state(tmp_path) is None
     (tmp_path / "otel-backend").mkdir()
     (tmp_path / "otel-backend" / "backend.json").write_text("not json")
     assert find_backend(tmp_path) is None
-
-
-def test_a_configured_endpoint_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
-    assert use_backend(tmp_path) is None
-    assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" not in os.environ
+    assert read_backend_state(tmp_path) is None

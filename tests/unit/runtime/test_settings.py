@@ -23,14 +23,14 @@ def test_answer_retention_comes_from_the_environment(monkeypatch: pytest.MonkeyP
     assert load_settings(answer_retention_count=5).answer_retention_count == 5
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
+def test_every_setting_is_documented_in_the_configuration_page() -> None:
     import re
     from pathlib import Path
 
     from stratagem.runtime import Settings
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    documented = set(re.findall(r"`(STRATAGEM_[A-Z0-9_]+)`", readme))
+    page = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
+    documented = set(re.findall(r"`(STRATAGEM_[A-Z0-9_]+)`", page.read_text(encoding="utf-8")))
     settings = {f"STRATAGEM_{name.upper()}" for name in Settings.model_fields}
     assert settings <= documented, sorted(settings - documented)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.agents import PerceptionAgent
-from stratagem.protocol import UpdateWorldStateRequest
+from stratagem.protocol import ExtractEntitiesRequest, UpdateWorldStateRequest
 from stratagem.runtime._settings import load_settings
 from stratagem.runtime._stores import open_world_store
 from tests.unit.agents.conftest import call, load_goal
@@ -49,10 +49,44 @@ async def test_the_world_survives_a_restart_on_another_node(
     assert again.world.version == version
     assert again.world.holds(r("mira", "at", "garden"))
     assert not (tmp_path / "a").exists()  # nothing was written on the node
-    # Each agent's world is its own row in its own schema.
+    # Each agent's worlds are rows in its own schema, one per world.
+    await agent.handle(
+        "ExtractEntities",
+        ExtractEntitiesRequest(text="Tom waits in the hut.", world="tale"),
+        call("ExtractEntities", "perception"),
+    )
     with psycopg.connect(postgres_url) as conn:
-        row = conn.execute("SELECT count(*) FROM stratagem_perception.world").fetchone()
-    assert row == (1,)
+        rows = conn.execute("SELECT name FROM stratagem_perception.worlds ORDER BY name").fetchall()
+    assert rows == [("default",), ("tale",)]
+    assert open_world_store(node_b, "perception").names() == ["default", "tale"]
+
+
+def test_a_version_1_world_becomes_the_default_world(postgres_url: str) -> None:
+    import psycopg
+
+    from stratagem.agents._world._postgres import PostgresWorldStore
+
+    # The schema as version 1 left it: one world in one row of "world".
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA stratagem_perception")
+        conn.execute(
+            "CREATE TABLE stratagem_perception.schema_versions "
+            "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
+        conn.execute("INSERT INTO stratagem_perception.schema_versions VALUES ('world', 1)")
+        conn.execute(
+            "CREATE TABLE stratagem_perception.world (id SMALLINT PRIMARY KEY CHECK (id = 1), "
+            "version INTEGER NOT NULL, snapshot TEXT NOT NULL, "
+            "saved_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        conn.execute(
+            "INSERT INTO stratagem_perception.world (id, version, snapshot) "
+            """VALUES (1, 1, '{"version": 3, "facts": []}')"""
+        )
+    store = PostgresWorldStore(postgres_url, schema="stratagem_perception")
+    assert store.load() == {"version": 3, "facts": []}
+    assert store.names() == ["default"]
+    store.close()
 
 
 def test_a_lost_connection_is_reopened(postgres_url: str) -> None:

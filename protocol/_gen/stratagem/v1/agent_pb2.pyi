@@ -161,20 +161,33 @@ Global___Beat: _TypeAlias = Beat  # noqa: Y015
 class ExtractEntitiesRequest(_message.Message):
     """---------------------------------------------------------------------------------------------
     Perception.
+
+    Every perception capability acts on one named world: "" is the world named "default". A name is
+    a lowercase slug: a letter or digit, then up to 63 letters, digits, "_", "." or "-".
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
+    REQUIRE_FACTS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
+    world: _builtins.str
+    """the world the facts are merged into ("" : "default")"""
+    require_facts: _builtins.bool
+    """Fail (FAILED_PRECONDITION, naming the sentence forms the extractor reads and how to attach a
+    model) when no sentence states a fact, instead of answering with nothing (a goal asks this).
+    """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
+        world: _builtins.str = ...,
+        require_facts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["require_facts", b"require_facts", "text", b"text", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -212,16 +225,20 @@ class FindSpatialContextRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENTITY_IDS_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    """the world asked about ("" : "default")"""
     @_builtins.property
     def entity_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         entity_ids: _abc.Iterable[_builtins.str] | None = ...,
+        world: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entity_ids", b"entity_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entity_ids", b"entity_ids", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -294,7 +311,10 @@ class UpdateWorldStateRequest(_message.Message):
 
     ACTIONS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
+    world: _builtins.str
+    """the world changed ("" : "default")"""
     @_builtins.property
     def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Action]: ...
     def __init__(
@@ -302,10 +322,11 @@ class UpdateWorldStateRequest(_message.Message):
         *,
         actions: _abc.Iterable[Global___Action] | None = ...,
         dry_run: _builtins.bool = ...,
+        world: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "dry_run", b"dry_run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "dry_run", b"dry_run", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -337,6 +358,180 @@ class UpdateWorldStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateWorldStateResponse: _TypeAlias = UpdateWorldStateResponse  # noqa: Y015
+
+@_typing.final
+class ListWorldsRequest(_message.Message):
+    """The perception agent's worlds: list them, show one, empty one (the operator's, by default policy)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIX_FIELD_NUMBER: _builtins.int
+    prefix: _builtins.str
+    """only worlds whose name starts with this ("" : all)"""
+    def __init__(
+        self,
+        *,
+        prefix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix", b"prefix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorldsRequest: _TypeAlias = ListWorldsRequest  # noqa: Y015
+
+@_typing.final
+class WorldSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ENTITIES_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.int
+    """changes made to it so far"""
+    entities: _builtins.int
+    facts: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.int = ...,
+        entities: _builtins.int = ...,
+        facts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entities", b"entities", "facts", b"facts", "name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorldSummary: _TypeAlias = WorldSummary  # noqa: Y015
+
+@_typing.final
+class ListWorldsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLDS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """how many worlds match (more than listed when over 1000)"""
+    @_builtins.property
+    def worlds(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorldSummary]:
+        """by name, at most 1000"""
+
+    def __init__(
+        self,
+        *,
+        worlds: _abc.Iterable[Global___WorldSummary] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["total", b"total", "worlds", b"worlds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorldsResponse: _TypeAlias = ListWorldsResponse  # noqa: Y015
+
+@_typing.final
+class ShowWorldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShowWorldRequest: _TypeAlias = ShowWorldRequest  # noqa: Y015
+
+@_typing.final
+class ShowWorldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ENTITIES_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    version: _builtins.int
+    @_builtins.property
+    def entities(self) -> _containers.RepeatedCompositeFieldContainer[Global___Entity]: ...
+    @_builtins.property
+    def facts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Relation]: ...
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        version: _builtins.int = ...,
+        entities: _abc.Iterable[Global___Entity] | None = ...,
+        facts: _abc.Iterable[Global___Relation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entities", b"entities", "facts", b"facts", "version", b"version", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShowWorldResponse: _TypeAlias = ShowWorldResponse  # noqa: Y015
+
+@_typing.final
+class ResetWorldRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetWorldRequest: _TypeAlias = ResetWorldRequest  # noqa: Y015
+
+@_typing.final
+class ResetWorldResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORLD_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ENTITIES_REMOVED_FIELD_NUMBER: _builtins.int
+    FACTS_REMOVED_FIELD_NUMBER: _builtins.int
+    world: _builtins.str
+    version: _builtins.int
+    """the emptied world's version (one more than before)"""
+    entities_removed: _builtins.int
+    facts_removed: _builtins.int
+    def __init__(
+        self,
+        *,
+        world: _builtins.str = ...,
+        version: _builtins.int = ...,
+        entities_removed: _builtins.int = ...,
+        facts_removed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entities_removed", b"entities_removed", "facts_removed", b"facts_removed", "version", b"version", "world", b"world"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetWorldResponse: _TypeAlias = ResetWorldResponse  # noqa: Y015
 
 @_typing.final
 class AnalyzeNarrativeRequest(_message.Message):
@@ -528,12 +723,17 @@ class SubmitGoalRequest(_message.Message):
     PASSAGE_FIELD_NUMBER: _builtins.int
     BEATS_FIELD_NUMBER: _builtins.int
     PLAN_ID_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
     DETACH_FIELD_NUMBER: _builtins.int
     goal: _builtins.str
     passage: _builtins.str
     beats: _builtins.int
     plan_id: _builtins.str
     """chosen by the caller so it can Watch the plan before submitting; optional"""
+    world: _builtins.str
+    """The perception world the goal reads and changes; "" gives the goal a fresh world of its own,
+    named after its plan id (the response says which).
+    """
     detach: _builtins.bool
     """answer once the goal's plan runs (plan_id, status); it runs on, bound by"""
     def __init__(
@@ -543,11 +743,12 @@ class SubmitGoalRequest(_message.Message):
         passage: _builtins.str = ...,
         beats: _builtins.int = ...,
         plan_id: _builtins.str = ...,
+        world: _builtins.str = ...,
         detach: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "detach", b"detach", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beats", b"beats", "detach", b"detach", "goal", b"goal", "passage", b"passage", "plan_id", b"plan_id", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -563,8 +764,17 @@ class SubmitGoalResponse(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     ADDED_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
+    WORLD_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     status: _builtins.str
+    """The plan's final status, or "already_holds": the arc's goals held before any action, so the
+    goal changed nothing (note says which facts).
+    """
+    world: _builtins.str
+    """the world the goal ran in"""
+    note: _builtins.str
+    """one line for the reader when the status needs one ("" otherwise)"""
     @_builtins.property
     def beats(self) -> _containers.RepeatedCompositeFieldContainer[Global___Beat]: ...
     @_builtins.property
@@ -582,10 +792,12 @@ class SubmitGoalResponse(_message.Message):
         actions: _abc.Iterable[Global___Action] | None = ...,
         added: _abc.Iterable[Global___Relation] | None = ...,
         removed: _abc.Iterable[Global___Relation] | None = ...,
+        world: _builtins.str = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "added", b"added", "beats", b"beats", "plan_id", b"plan_id", "removed", b"removed", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "added", b"added", "beats", b"beats", "note", b"note", "plan_id", b"plan_id", "removed", b"removed", "status", b"status", "world", b"world"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -661,6 +873,9 @@ class AgentRequest(_message.Message):
     PLAN_NARRATIVE_ARC_FIELD_NUMBER: _builtins.int
     PLAN_EXECUTION_SEQUENCE_FIELD_NUMBER: _builtins.int
     SUBMIT_GOAL_FIELD_NUMBER: _builtins.int
+    LIST_WORLDS_FIELD_NUMBER: _builtins.int
+    SHOW_WORLD_FIELD_NUMBER: _builtins.int
+    RESET_WORLD_FIELD_NUMBER: _builtins.int
     EXTENSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """idempotency key, unique per logical request"""
@@ -693,6 +908,12 @@ class AgentRequest(_message.Message):
     @_builtins.property
     def submit_goal(self) -> Global___SubmitGoalRequest: ...
     @_builtins.property
+    def list_worlds(self) -> Global___ListWorldsRequest: ...
+    @_builtins.property
+    def show_world(self) -> Global___ShowWorldRequest: ...
+    @_builtins.property
+    def reset_world(self) -> Global___ResetWorldRequest: ...
+    @_builtins.property
     def extension(self) -> Global___ExtensionBody: ...
     def __init__(
         self,
@@ -710,13 +931,16 @@ class AgentRequest(_message.Message):
         plan_narrative_arc: Global___PlanNarrativeArcRequest | None = ...,
         plan_execution_sequence: Global___PlanExecutionSequenceRequest | None = ...,
         submit_goal: Global___SubmitGoalRequest | None = ...,
+        list_worlds: Global___ListWorldsRequest | None = ...,
+        show_world: Global___ShowWorldRequest | None = ...,
+        reset_world: Global___ResetWorldRequest | None = ...,
         extension: Global___ExtensionBody | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_narrative_arc", b"plan_narrative_arc", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "list_worlds", b"list_worlds", "plan_execution_sequence", b"plan_execution_sequence", "plan_narrative_arc", b"plan_narrative_arc", "reset_world", b"reset_world", "show_world", b"show_world", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "caller", b"caller", "delegation", b"delegation", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "step_id", b"step_id", "submit_goal", b"submit_goal", "target", b"target", "update_world_state", b"update_world_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "caller", b"caller", "delegation", b"delegation", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "list_worlds", b"list_worlds", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "reset_world", b"reset_world", "show_world", b"show_world", "step_id", b"step_id", "submit_goal", b"submit_goal", "target", b"target", "update_world_state", b"update_world_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["extract_entities", "find_spatial_context", "update_world_state", "analyze_narrative", "plan_narrative_arc", "plan_execution_sequence", "submit_goal", "extension"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["extract_entities", "find_spatial_context", "update_world_state", "analyze_narrative", "plan_narrative_arc", "plan_execution_sequence", "submit_goal", "list_worlds", "show_world", "reset_world", "extension"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -736,6 +960,9 @@ class AgentResponse(_message.Message):
     PLAN_NARRATIVE_ARC_FIELD_NUMBER: _builtins.int
     PLAN_EXECUTION_SEQUENCE_FIELD_NUMBER: _builtins.int
     SUBMIT_GOAL_FIELD_NUMBER: _builtins.int
+    LIST_WORLDS_FIELD_NUMBER: _builtins.int
+    SHOW_WORLD_FIELD_NUMBER: _builtins.int
+    RESET_WORLD_FIELD_NUMBER: _builtins.int
     EXTENSION_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     responder: _builtins.str
@@ -756,6 +983,12 @@ class AgentResponse(_message.Message):
     @_builtins.property
     def submit_goal(self) -> Global___SubmitGoalResponse: ...
     @_builtins.property
+    def list_worlds(self) -> Global___ListWorldsResponse: ...
+    @_builtins.property
+    def show_world(self) -> Global___ShowWorldResponse: ...
+    @_builtins.property
+    def reset_world(self) -> Global___ResetWorldResponse: ...
+    @_builtins.property
     def extension(self) -> Global___ExtensionBody: ...
     def __init__(
         self,
@@ -770,13 +1003,16 @@ class AgentResponse(_message.Message):
         plan_narrative_arc: Global___PlanNarrativeArcResponse | None = ...,
         plan_execution_sequence: Global___PlanExecutionSequenceResponse | None = ...,
         submit_goal: Global___SubmitGoalResponse | None = ...,
+        list_worlds: Global___ListWorldsResponse | None = ...,
+        show_world: Global___ShowWorldResponse | None = ...,
+        reset_world: Global___ResetWorldResponse | None = ...,
         extension: Global___ExtensionBody | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_narrative_arc", b"plan_narrative_arc", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "list_worlds", b"list_worlds", "plan_execution_sequence", b"plan_execution_sequence", "plan_narrative_arc", b"plan_narrative_arc", "reset_world", b"reset_world", "show_world", b"show_world", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "responder", b"responder", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["analyze_narrative", b"analyze_narrative", "body", b"body", "extension", b"extension", "extract_entities", b"extract_entities", "find_spatial_context", b"find_spatial_context", "list_worlds", b"list_worlds", "plan_execution_sequence", b"plan_execution_sequence", "plan_id", b"plan_id", "plan_narrative_arc", b"plan_narrative_arc", "request_id", b"request_id", "reset_world", b"reset_world", "responder", b"responder", "show_world", b"show_world", "submit_goal", b"submit_goal", "update_world_state", b"update_world_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["extract_entities", "find_spatial_context", "update_world_state", "analyze_narrative", "plan_narrative_arc", "plan_execution_sequence", "submit_goal", "extension"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["extract_entities", "find_spatial_context", "update_world_state", "analyze_narrative", "plan_narrative_arc", "plan_execution_sequence", "submit_goal", "list_worlds", "show_world", "reset_world", "extension"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

@@ -28,7 +28,7 @@ if _version_not_supported:
 class AgentServiceStub:
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
     authorization                   "Bearer <token>": a token signed with the deployment's cluster
-    secret for the caller's identity (docs: README, "Identity").
+    secret for the caller's identity (docs/security.md, "Identity").
     With STRATAGEM_AUTH=mtls the client certificate is the identity
     and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
@@ -96,7 +96,7 @@ class AgentServiceStub:
 class AgentServiceServicer:
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
     authorization                   "Bearer <token>": a token signed with the deployment's cluster
-    secret for the caller's identity (docs: README, "Identity").
+    secret for the caller's identity (docs/security.md, "Identity").
     With STRATAGEM_AUTH=mtls the client certificate is the identity
     and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
@@ -215,7 +215,7 @@ def add_AgentServiceServicer_to_server(servicer, server):
 class AgentService:
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
     authorization                   "Bearer <token>": a token signed with the deployment's cluster
-    secret for the caller's identity (docs: README, "Identity").
+    secret for the caller's identity (docs/security.md, "Identity").
     With STRATAGEM_AUTH=mtls the client certificate is the identity
     and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):

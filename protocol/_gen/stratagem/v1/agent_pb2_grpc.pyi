@@ -34,7 +34,7 @@ GRPC_VERSION: str
 class AgentServiceStub:
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
       authorization                   "Bearer <token>": a token signed with the deployment's cluster
-                                      secret for the caller's identity (docs: README, "Identity").
+                                      secret for the caller's identity (docs/security.md, "Identity").
                                       With STRATAGEM_AUTH=mtls the client certificate is the identity
                                       and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
@@ -68,7 +68,7 @@ class AgentServiceStub:
 class AgentServiceAsyncStub(AgentServiceStub):
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
       authorization                   "Bearer <token>": a token signed with the deployment's cluster
-                                      secret for the caller's identity (docs: README, "Identity").
+                                      secret for the caller's identity (docs/security.md, "Identity").
                                       With STRATAGEM_AUTH=mtls the client certificate is the identity
                                       and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
@@ -98,7 +98,7 @@ class AgentServiceAsyncStub(AgentServiceStub):
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Metadata (gRPC headers). Only the credentials are required; everything else is in the messages.
       authorization                   "Bearer <token>": a token signed with the deployment's cluster
-                                      secret for the caller's identity (docs: README, "Identity").
+                                      secret for the caller's identity (docs/security.md, "Identity").
                                       With STRATAGEM_AUTH=mtls the client certificate is the identity
                                       and no header is sent.
     Optional (a fast path: when sent, each must agree with the message, else INVALID_ARGUMENT):
