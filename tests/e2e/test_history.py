@@ -48,7 +48,9 @@ def test_history_outputs_and_trace_ids_survive_down_and_up(tmp_path: Path) -> No
         assert report["status"] == "failed"
         assert HEX32.match(report["trace_id"])
         assert report["trace_id"] != "0" * 32
-        assert "step 'spatial' failed (logic)" in report["failure"]
+        assert report["failure"].startswith(
+            f"perception plan {report['plan_id']}/extract: step 'match' failed (logic)"
+        )
         assert f"trace {report['trace_id']}" in failed.stderr
         assert f"stratagem plans show {report['plan_id']}" in failed.stderr
         ran = run(
@@ -72,7 +74,7 @@ def test_history_outputs_and_trace_ids_survive_down_and_up(tmp_path: Path) -> No
         readable = run("plans", "show", report["plan_id"], state_dir=state)
         assert readable.returncode == 0, readable.stderr[-2000:]
         first = readable.stdout.splitlines()[0]
-        assert first.startswith(f"✗ failed: orchestrator plan {report['plan_id']}: step 'spatial'")
+        assert first.startswith(f"✗ failed: perception plan {report['plan_id']}/extract: step")
         replayed = run("replay", "who-leads", state_dir=state)
         assert replayed.returncode == 0, replayed.stderr[-2000:]
         assert "no divergence" in replayed.stdout

@@ -33,7 +33,7 @@ GOAL = {
     "passage": "Mira waits in the courtyard. The courtyard leads to the tower.",
     "beats": 1,
 }
-# Perception finds nothing in it: the goal fails at the orchestrator's 'spatial' step.
+# Perception reads no fact in it: the goal fails in perception's plan for its 'extract' step.
 NOTHING = {"goal": "Fly to the moon", "passage": "zzz qqq.", "beats": 1}
 
 
@@ -92,7 +92,7 @@ def test_the_history_survives_agents_recreated_on_their_stores(tmp_path: Path) -
             failed = op.history(status="failed", agent="orchestrator").plans
             assert len(failed) == 1
             assert failed[0].trace_id
-            assert "step 'spatial' failed (logic)" in failed[0].failure
+            assert failed[0].failure.startswith("step 'extract' failed (logic)")
 
 
 def test_pages_and_filters_across_agents(served: Served) -> None:
@@ -216,11 +216,14 @@ def test_a_failed_goal_names_where_and_its_trace(served: Served) -> None:
         shown = op.plan("goal-fails")
         assert shown.status == "failed"
         assert shown.trace_id == trace_id
-        assert shown.failure.startswith("orchestrator plan goal-fails: step 'spatial' failed")
+        # The deepest failed step, in the sub-plan on the perception agent.
+        assert shown.failure.startswith(
+            "perception plan goal-fails/extract: step 'match' failed (logic): no sentence"
+        )
         assert {v.trace_id for v in shown.plans} == {trace_id}  # every agent's plan of it
     readable = stratagem(served, "plans", "show", "goal-fails")
     first = readable.stdout.splitlines()[0]
-    assert first.startswith("✗ failed: orchestrator plan goal-fails: step 'spatial' failed (logic)")
+    assert first.startswith("✗ failed: perception plan goal-fails/extract: step 'match' failed")
 
 
 def test_a_gated_plans_run_returns_with_the_approve_command(served: Served, tmp_path: Path) -> None:
