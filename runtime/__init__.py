@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         actor_name,
     )
     from stratagem.runtime._extensions import deployment_roles
-    from stratagem.runtime._goal import GoalOutcome, run_goal
+    from stratagem.runtime._goal import GoalOutcome, GoalStarted, run_goal
     from stratagem.runtime._history import (
         HistoryFilter,
         HistoryPage,
@@ -54,6 +54,7 @@ _HOME: dict[str, str] = {
     "actor_name": "_directory",
     "deployment_roles": "_extensions",
     "GoalOutcome": "_goal",
+    "GoalStarted": "_goal",
     "run_goal": "_goal",
     "HistoryFilter": "_history",
     "HistoryPage": "_history",
@@ -105,6 +106,7 @@ __all__ = [
     "Directory",
     "EndpointDirectory",
     "GoalOutcome",
+    "GoalStarted",
     "GrpcDispatcher",
     "HistoryFilter",
     "HistoryPage",

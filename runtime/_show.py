@@ -97,8 +97,10 @@ def _step_node(step: StepView, *, full: bool) -> Text:
     return label
 
 
-def _plan_node(view: PlanView) -> Text:
-    text = Text.assemble((view.agent, "bold magenta"), f" plan {view.plan_id} rev {view.revision} ")
+def _plan_node(view: PlanView, root: str) -> Text:
+    # A sub-plan by its id's tail under the root's (``…/extract``), as the plan forest names it.
+    shown = "…" + view.plan_id[len(root) :] if view.plan_id.startswith(root + "/") else view.plan_id
+    text = Text.assemble((view.agent, "bold magenta"), f" plan {shown} rev {view.revision} ")
     text.append_text(status_text(view.status))
     if view.goal:
         text.append(f"  {view.goal}", style="italic")
@@ -117,7 +119,7 @@ def plan_details(history: PlanHistory, *, full: bool = False) -> RenderableType:
 
     def add(parent: Tree, view: PlanView) -> None:
         shown.add(view.plan_id)
-        node = parent.add(_plan_node(view))
+        node = parent.add(_plan_node(view, history.plan_id))
         lineage = lineage_text((view.plan or {}).get("forked_from"))
         if lineage is not None:
             node.add(lineage)

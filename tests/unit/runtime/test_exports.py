@@ -9,6 +9,7 @@ EXPECTED = [
     "Directory",
     "EndpointDirectory",
     "GoalOutcome",
+    "GoalStarted",
     "GrpcDispatcher",
     "HistoryFilter",
     "HistoryPage",
