@@ -80,6 +80,7 @@ from stratagem.planning._revisions import (
     replan_rationale,
     unchanged_steps,
 )
+from stratagem.planning._store._history import HistoryQuery, PlanSummary
 from stratagem.planning._store._sqlite import SqliteStateStore
 from stratagem.planning._store._state import (
     TIMEOUT_APPROVER,
@@ -152,6 +153,7 @@ __all__ = [
     "GateStep",
     "GateValueError",
     "Handler",
+    "HistoryQuery",
     "InMemoryDispatcher",
     "InMemoryStateStore",
     "IterationRecord",
@@ -167,6 +169,7 @@ __all__ = [
     "PlanState",
     "PlanStatus",
     "PlanStatusRecord",
+    "PlanSummary",
     "PlanValidationError",
     "PlanningError",
     "PlanningMetrics",

@@ -320,7 +320,9 @@ class SubmitGoalRequest(WireModel):
     ``consult`` names external A2A agents (``STRATAGEM_A2A_AGENTS``) the orchestrator sends the
     goal, the passage and the arc's beats to; their answers come back in the response's
     ``consultations``. A failed consultation is recorded and the goal goes on, unless
-    ``consult_required``: then it fails the goal before the world changes.
+    ``consult_required``: then it fails the goal before the world changes. ``detach``: answer once
+    its plan runs (its ``plan_id`` and ``status``), the goal running on bound by no caller's
+    deadline.
     """
 
     goal: Title
@@ -332,6 +334,7 @@ class SubmitGoalRequest(WireModel):
         default_factory=list, max_length=MAX_CONSULTED
     )
     consult_required: bool = False
+    detach: bool = False
 
     @field_validator("consult")
     @classmethod

@@ -13,12 +13,11 @@ plan or step id is safe; labels are escaped for each format.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stratagem.protocol import PlanSnapshot
+from stratagem.runtime._history import PlanView
 
 __all__ = ["DIAGRAM_FORMATS", "DiagramFormat", "plan_diagram"]
 
@@ -132,7 +131,7 @@ def _steps(raw_steps: list[dict[str, Any]], prefix: str) -> dict[str, _Step]:
     return steps
 
 
-def _plans(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> list[_Plan]:
+def _plans(snapshots: Sequence[PlanView], root_plan_id: str) -> list[_Plan]:
     ordered = sorted(
         (
             s
@@ -144,7 +143,7 @@ def _plans(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> list[_Plan]:
     step_nodes: dict[str, str] = {}  # "plan/step" -> node name
     plans: list[_Plan] = []
     for index, snap in enumerate(ordered):
-        body = json.loads(snap.plan_json) if snap.plan_json else {}
+        body = snap.plan or {}
         steps = _steps(body.get("steps", []), f"p{index}")
         for step_id, step in steps.items():
             step_nodes[f"{snap.plan_id}/{step_id}"] = step.node
@@ -293,7 +292,7 @@ def _dot(plans: list[_Plan]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_diagram(snapshots: Sequence[PlanSnapshot], root_plan_id: str, fmt: DiagramFormat) -> str:
+def plan_diagram(snapshots: Sequence[PlanView], root_plan_id: str, fmt: DiagramFormat) -> str:
     """``root_plan_id`` and the plans it caused, as Mermaid (``flowchart``) or DOT text."""
     plans = _plans(snapshots, root_plan_id)
     return _mermaid(plans) if fmt == "mermaid" else _dot(plans)

@@ -1,4 +1,5 @@
-"""Running one goal through the orchestrator, with live progress from every agent's Watch stream."""
+"""Running one goal through the orchestrator, with live progress from every agent's Watch stream,
+under one trace whose id is known before the goal starts (``root_span``)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,23 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as context_api
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from stratagem.protocol import (
     OPERATOR,
@@ -24,12 +34,25 @@ from stratagem.protocol import (
     DeadlineExceededError,
     PlanEvent,
     PlanSnapshot,
+    PlansQuery,
     ProtocolError,
+    RemoteError,
     SubmitGoalRequest,
     SubmitGoalResponse,
 )
+from stratagem.runtime._history import PlanView, plan_history, plan_view
 
-__all__ = ["GoalOutcome", "goal_deadline_s", "run_goal", "where_the_time_went"]
+__all__ = [
+    "GoalOutcome",
+    "GoalStarted",
+    "goal_deadline_s",
+    "goal_plans",
+    "new_goal_id",
+    "root_span",
+    "run_goal",
+    "start_goal",
+    "where_the_time_went",
+]
 
 _LOOK_S = 5.0
 """How long, after a goal's deadline passed, the agents are asked where it was."""
@@ -52,12 +75,83 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class GoalOutcome:
-    """What a goal produced: the orchestrator's answer, every agent's plans, the trace id."""
+    """What a goal produced: the orchestrator's answer, every agent's plans, the trace id.
+
+    Attributes:
+        plan_id: The goal's plan (the orchestrator's).
+        trace_id: The goal's trace (32 hex characters; one is made when this process does not
+            trace, so the agents' spans still share it).
+        response: The orchestrator's answer.
+        plans: The goal's plan and every sub-plan it caused, from the agents' histories: what
+            each step did.
+    """
 
     plan_id: str
     trace_id: str
     response: SubmitGoalResponse
-    plans: list[PlanSnapshot]
+    plans: list[PlanView]
+
+
+@dataclass(frozen=True, slots=True)
+class GoalStarted:
+    """A goal the orchestrator runs, started without waiting for it (``submit --detach``).
+
+    Attributes:
+        plan_id: The goal's plan (the orchestrator's).
+        trace_id: The goal's trace.
+        status: The plan's status when the orchestrator answered (``running``, or final).
+    """
+
+    plan_id: str
+    trace_id: str
+    status: str
+
+
+def new_goal_id() -> str:
+    """A fresh goal plan id, ``goal-<12 hex>``."""
+    return f"goal-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def root_span(name: str, attributes: dict[str, str]) -> Iterator[str]:
+    """A span that roots a trace the CLI or a client starts (a goal, a plan run), current for the
+    block; yields its trace id.
+
+    When this process does not trace (no OpenTelemetry SDK set up), the span is a non-recording
+    one with a fresh trace id, current all the same: the calls made under it carry its context,
+    so the agents' spans share that trace and the id printed is the one they recorded.
+    """
+    tracer = trace.get_tracer("stratagem.cli")
+    with tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, attributes=attributes) as span:
+        context = span.get_span_context()
+        if context.is_valid:
+            yield f"{context.trace_id:032x}"
+            return
+        made = SpanContext(
+            trace_id=random.getrandbits(128) or 1,
+            span_id=random.getrandbits(64) or 1,
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
+        token = context_api.attach(trace.set_span_in_context(NonRecordingSpan(made)))
+        try:
+            yield f"{made.trace_id:032x}"
+        finally:
+            context_api.detach(token)
+
+
+async def goal_plans(clients: Iterable[AgentClient], plan_id: str) -> list[PlanView]:
+    """The goal's plan and its sub-plans, from every agent's history (each step's record)."""
+    views: list[PlanView] = []
+    for client in clients:
+        token = ""
+        while True:
+            page = await client.history(PlansQuery(plan_id=plan_id, view="steps", page_token=token))
+            views.extend(plan_view(snapshot) for snapshot in page.plans)
+            token = page.next_page_token
+            if not token:
+                break
+    return plan_history(plan_id, views, []).plans
 
 
 async def _watch(client: AgentClient, plan_id: str, on_event: Callable[[PlanEvent], None]) -> None:
@@ -89,24 +183,23 @@ async def run_goal(
         credentials: The operator's credentials (``None`` when authentication is off).
 
     Raises:
-        protocol.RemoteError: The orchestrator refused or failed the goal.
+        protocol.RemoteError: The orchestrator refused or failed the goal; its ``trace_id`` is
+            the goal's trace (``stratagem trace ID`` shows it).
     """
-    plan_id = request.plan_id or f"goal-{uuid.uuid4().hex[:12]}"
+    plan_id = request.plan_id or new_goal_id()
     request = request.model_copy(update={"plan_id": plan_id})
     config = ClientConfig(default_timeout_s=timeout_s)
     clients = {
         role: AgentClient(endpoints[role], caller=OPERATOR, credentials=credentials, config=config)
         for role in endpoints
     }
-    tracer = trace.get_tracer("stratagem.cli")
     watchers: list[asyncio.Task[None]] = []
     try:
-        with tracer.start_as_current_span(
+        with root_span(
             f"goal {request.goal}",
-            kind=SpanKind.INTERNAL,
-            attributes={"stratagem.plan.id": plan_id, "gen_ai.operation.name": "invoke_agent"},
-        ) as span:
-            trace_id = f"{span.get_span_context().trace_id:032x}"
+            {"stratagem.plan.id": plan_id, "gen_ai.operation.name": "invoke_agent"},
+        ) as trace_id:
+            span = trace.get_current_span()
             if on_event is not None:
                 watchers = [
                     asyncio.create_task(_watch(client, plan_id, on_event))
@@ -122,18 +215,21 @@ async def run_goal(
                 )
             except DeadlineExceededError as exc:
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
+                exc.trace_id = trace_id
                 if time.monotonic() - started < timeout_s * 0.99:
                     raise  # an agent's own limit, named by the agent
-                raise DeadlineExceededError(
-                    await where_the_time_went(clients, plan_id, timeout_s)
-                ) from exc
+                late = DeadlineExceededError(await where_the_time_went(clients, plan_id, timeout_s))
+                late.trace_id = trace_id
+                raise late from exc
+            except RemoteError as exc:
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                exc.trace_id = trace_id
+                raise
             except ProtocolError as exc:
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 raise
             assert isinstance(response, SubmitGoalResponse)
-        plans: list[PlanSnapshot] = []
-        for client in clients.values():
-            plans.extend(await client.plans(plan_id))
+        plans = await goal_plans(clients.values(), plan_id)
         return GoalOutcome(plan_id=plan_id, trace_id=trace_id, response=response, plans=plans)
     finally:
         for task in watchers:
@@ -222,3 +318,43 @@ def _running_steps(snapshot: PlanSnapshot) -> list[dict[str, Any]]:
         if isinstance(s, dict)
         and s.get("status") in ("running", "retrying", "blocked", "cancelled")
     ]
+
+
+async def start_goal(
+    endpoint: str,
+    request: SubmitGoalRequest,
+    *,
+    timeout_s: float,
+    credentials: Credentials | None = None,
+) -> GoalStarted:
+    """Submit ``request`` to the orchestrator at ``endpoint`` detached: the orchestrator answers
+    once the goal's plan runs, and the goal runs on, bound by no caller's deadline.
+
+    Raises:
+        protocol.RemoteError: The goal was refused or failed before it ran (its ``trace_id``
+            names the goal's trace).
+    """
+    plan_id = request.plan_id or new_goal_id()
+    request = request.model_copy(update={"plan_id": plan_id, "detach": True})
+    client = AgentClient(
+        endpoint,
+        caller=OPERATOR,
+        credentials=credentials,
+        config=ClientConfig(default_timeout_s=timeout_s),
+    )
+    try:
+        with root_span(
+            f"goal {request.goal}",
+            {"stratagem.plan.id": plan_id, "gen_ai.operation.name": "invoke_agent"},
+        ) as trace_id:
+            try:
+                response = await client.call(
+                    "orchestrator", "SubmitGoal", request, timeout=timeout_s
+                )
+            except RemoteError as exc:
+                exc.trace_id = trace_id
+                raise
+            assert isinstance(response, SubmitGoalResponse)
+            return GoalStarted(plan_id, trace_id, response.status)
+    finally:
+        await client.aclose()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from stratagem.protocol import Action, GateInfo, PlanEvent, PlanSnapshot, Relation
+from stratagem.protocol import Action, GateInfo, PlanEvent, Relation
+from stratagem.runtime._history import PlanView
 from stratagem.runtime._telemetry import SpanRecord
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "relation_text",
     "span_json",
     "span_tree",
+    "status_style",
+    "status_text",
 ]
 
 _STATUS_STYLE = {
@@ -35,6 +37,10 @@ _STATUS_STYLE = {
     "skipped": "dim",
     "cancelled": "red",
     "blocked": "cyan",
+    "paused": "cyan",
+    "compensating": "magenta",
+    "compensated": "magenta",
+    "compensation_failed": "bold red",
 }
 _STATUS_MARK = {
     "pending": "·",
@@ -45,11 +51,24 @@ _STATUS_MARK = {
     "skipped": "-",
     "cancelled": "✗",
     "blocked": "⏸",
+    "paused": "⏸",
+    "compensating": "↺",
+    "compensated": "↺",
+    "compensation_failed": "✗",
 }
 
 
-def _status(status: str) -> Text:
+def status_text(status: str) -> Text:
+    """A status with its mark and colour (``✓ succeeded`` in green)."""
     return Text(f"{_STATUS_MARK.get(status, '?')} {status}", style=_STATUS_STYLE.get(status, ""))
+
+
+def status_style(status: str) -> str:
+    """A status's colour."""
+    return _STATUS_STYLE.get(status, "bold")
+
+
+_status = status_text
 
 
 @dataclass
@@ -117,7 +136,7 @@ def _step_label(step: dict[str, Any], *, compact: bool = False) -> Text:
 
 
 def plan_forest(
-    snapshots: Sequence[PlanSnapshot], root_plan_id: str, *, width: int | None = None
+    snapshots: Sequence[PlanView], root_plan_id: str, *, width: int | None = None
 ) -> Tree:
     """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused
     (named by its id's tail under the root's, ``…/extract``; a revision only past the first).
@@ -126,8 +145,8 @@ def plan_forest(
     by_id = {snap.plan_id: snap for snap in snapshots}
     root = Tree(Text(root_plan_id, style="bold"))
 
-    def add_plan(parent: Tree, snap: PlanSnapshot) -> None:
-        plan = json.loads(snap.plan_json)
+    def add_plan(parent: Tree, snap: PlanView) -> None:
+        plan = snap.plan or {}
         shown = snap.plan_id
         if shown.startswith(root_plan_id + "/"):
             shown = "…" + shown[len(root_plan_id) :]
@@ -160,6 +179,11 @@ def plan_forest(
             if "/" not in snap.plan_id.removeprefix(root_plan_id).strip("/"):
                 add_plan(root, snap)
     return root
+
+
+def lineage_text(fork: Any) -> Text | None:
+    """A fork's line (a plan's ``forked_from``), or ``None`` for a plan that is no fork."""
+    return _lineage(fork)
 
 
 def _lineage(fork: Any) -> Text | None:

@@ -263,7 +263,14 @@ class _PlanRun(Generic[P]):
             # (no provider set up) or a sampled-out plan then costs nothing per step.
             observer.started(span)
             now = self.admission.start()
-            state.plan_running(now, _traceparent(span) if observer.tracing else "")
+            state.plan_running(
+                now,
+                (
+                    # Also when this process does not trace: a run inside a caller's trace keeps
+                    # that trace's id, so the history can name it.
+                    _traceparent(span) if span.get_span_context().is_valid else ""
+                ),
+            )
             try:
                 await self.scheduler.run(fresh=not self.restored)
                 status = state.end_status()

@@ -24,6 +24,7 @@ from stratagem.runtime._cli._app import (
     _audit_head,
     _deployment,
     _errors,
+    _fail_traced,
     _load_agents,
     _operate,
     _print_json,
@@ -42,10 +43,16 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest, UnavailableError
+    from stratagem.protocol import (
+        DeadlineExceededError,
+        ProtocolError,
+        RemoteError,
+        SubmitGoalRequest,
+        UnavailableError,
+    )
     from stratagem.runtime._backend import find_backend
-    from stratagem.runtime._goal import GoalOutcome
-    from stratagem.runtime._local import LocalCluster
+    from stratagem.runtime._goal import GoalOutcome, new_goal_id
+    from stratagem.runtime._local import LaunchError, LocalCluster
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -70,6 +77,34 @@ def _load_goal(path: Path) -> SubmitGoalRequest:
         raise InputError(validation_line(f"goal file {path}", exc)) from exc
 
 
+def _start_goal(
+    request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
+) -> None:
+    """Start the goal on the running deployment and print its plan and trace ids at once."""
+    with _errors():
+        request = request.model_copy(update={"plan_id": request.plan_id or new_goal_id()})
+        try:
+            started = _operate(settings, lambda op: op.start(request), timeout=timeout)
+        except RemoteError as exc:
+            _fail_traced(exc, as_json=as_json, plan_id=request.plan_id)
+        if as_json:
+            _print_json(
+                {
+                    "plan_id": started.plan_id,
+                    "trace_id": started.trace_id,
+                    "status": started.status,
+                }
+            )
+            return
+        console.print(
+            f"goal {started.plan_id} {started.status} · trace {started.trace_id}\n"
+            f"  stratagem plans watch {started.plan_id}\n"
+            f"  stratagem plans show {started.plan_id}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def _execute_goal(
     request: SubmitGoalRequest,
     settings: Settings,
@@ -82,6 +117,7 @@ def _execute_goal(
     nothing runs), or, with ``embedded`` (``None``: only when no deployment runs), on agents of
     this command's own on an embedded Ray, removed after."""
     started = time.monotonic()
+    request = request.model_copy(update={"plan_id": request.plan_id or new_goal_id()})
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
@@ -135,28 +171,37 @@ def _execute_goal(
                     f"the command did not finish within {limit:g} s (finding the agents took "
                     "it all): raise --timeout"
                 )
-            if as_json or not console.is_terminal:
-                outcome = _operate(
-                    settings,
-                    lambda op: op.submit(request),
-                    timeout=remaining,
-                    endpoints=endpoints,
-                    bounded=remaining is not None,
-                )
-            else:
-                with Live(progress.render(), console=console, refresh_per_second=8) as live:
-
-                    def on_event(event: Any) -> None:
-                        progress.add(event)
-                        live.update(progress.render())
-
+            try:
+                if as_json or not console.is_terminal:
                     outcome = _operate(
                         settings,
-                        lambda op: op.submit(request, on_event=on_event),
+                        lambda op: op.submit(request),
                         timeout=remaining,
                         endpoints=endpoints,
                         bounded=remaining is not None,
                     )
+                else:
+                    with Live(progress.render(), console=console, refresh_per_second=8) as live:
+
+                        def on_event(event: Any) -> None:
+                            progress.add(event)
+                            live.update(progress.render())
+
+                        outcome = _operate(
+                            settings,
+                            lambda op: op.submit(request, on_event=on_event),
+                            timeout=remaining,
+                            endpoints=endpoints,
+                            bounded=remaining is not None,
+                        )
+            except RemoteError as exc:
+                dep.flush_telemetry()
+                _fail_traced(
+                    exc,
+                    as_json=as_json,
+                    plan_id=request.plan_id,
+                    failure=_failure_of(settings, request.plan_id, endpoints),
+                )
             dep.flush_telemetry()
         shutdown_telemetry("stratagem-cli")
         head = _audit_head(settings)
@@ -185,6 +230,16 @@ def _nothing_runs(settings: Settings) -> bool:
         return False
     recorded = LocalCluster.recorded(settings.local_cluster_file)
     return recorded is None or not recorded.alive
+
+
+def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> str:
+    """The line naming where a failed goal went wrong, from the agents' histories ("" when it
+    cannot be read: the error says enough)."""
+    try:
+        history = _operate(settings, lambda op: op.plan(plan_id), endpoints=endpoints)
+    except (InputError, ProtocolError, LaunchError):
+        return ""
+    return history.failure
 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
@@ -299,6 +354,14 @@ def submit(
     goal_file: Annotated[
         Path, typer.Argument(help="YAML file with goal, passage, beats and world (optional).")
     ],
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="Start the goal on the running deployment and print its plan and trace ids at "
+            "once; it runs on ('plans watch ID' follows it).",
+        ),
+    ] = False,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
@@ -309,7 +372,8 @@ def submit(
 ) -> None:
     """Pursue the goal in GOAL_FILE across the running deployment's agents, in its world (the
     deployment is not changed: a missing agent is named and nothing runs); --embedded runs it on
-    agents of its own.
+    agents of its own. On failure, name where it went wrong and its trace id (standard error,
+    and standard output with --json).
 
     A goal file holds goal, passage, beats (1-8, default 3), and optionally world, plan_id and
     consult (external A2A agents to ask, from STRATAGEM_A2A_AGENTS; docs/goals.md).
@@ -319,8 +383,18 @@ def submit(
       stratagem submit examples/lighthouse.yaml
 
       stratagem submit examples/lighthouse.yaml --world lab --json
+
+      stratagem submit examples/lighthouse.yaml --detach
     """
     with _errors():
         request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
+        if detach and embedded:
+            raise InputError(
+                "--detach leaves the goal running on the deployment, --embedded removes its "
+                "agents when the command ends: use one of them"
+            )
+    if detach:
+        _start_goal(request, settings, as_json=as_json, timeout=timeout)
+        return
     _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=embedded)

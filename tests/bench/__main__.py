@@ -25,6 +25,7 @@ from tests.bench.cluster import run_cluster_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.dynamic import run_map_benchmark, run_workflow_benchmark
 from tests.bench.engine import run_engine_benchmark
+from tests.bench.history import run_history_benchmark
 from tests.bench.model_load import model_load_section, run_model_load_benchmark
 from tests.bench.peers import run_peers_benchmark
 from tests.bench.quality import quality_section, run_quality_benchmark
@@ -35,6 +36,7 @@ from tests.bench.report import (
     cli_section,
     cluster_section,
     dynamic_section,
+    history_section,
     machine_facts,
     peers_section,
     rpc_section,
@@ -234,6 +236,27 @@ def _only_cli() -> int:
     return _only_section("cli", _cli, "## Command-line start", cli_section)
 
 
+def _history() -> dict[str, Any]:
+    """Pages of the history out of 10,000 stored plans, SQLite and PostgreSQL."""
+    logger.info("history: one page of 10,000 stored plans through the operator API")
+    history = run_history_benchmark()
+    for target in history["targets"]:
+        logger.info(
+            "history: %s first page median %.1f ms (target %.0f ms)",
+            target["store"],
+            target["median_ms"],
+            target["max_ms"],
+        )
+    return history
+
+
+def _only_history() -> int:
+    """``python -m tests.bench history``: this section alone, merged into the last results."""
+    return _only_section(
+        "history", _history, "## History: one page of 10,000 stored plans", history_section
+    )
+
+
 def _only_peers() -> int:
     """``python -m tests.bench peers``: this section alone, merged into the last results."""
     return _only_section("peers", _peers, "## Peers", peers_section)
@@ -319,6 +342,8 @@ def main() -> int:
         return _only_dynamic()
     if sys.argv[1:] == ["workflow"]:
         return _only_workflow()
+    if sys.argv[1:] == ["history"]:
+        return _only_history()
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
     _log_to_stderr()
@@ -359,6 +384,7 @@ def main() -> int:
     cluster = _section("cluster", _cluster)
     peers = _section("peers", _peers)
     cli = _section("cli", _cli)
+    history = _section("history", _history)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
     logger.info("model-load: four agents planning at once against the embedded model server")
@@ -375,6 +401,7 @@ def main() -> int:
     results["benchmarks"]["dynamic"] = dynamic
     results["benchmarks"]["peers"] = peers
     results["benchmarks"]["cli"] = cli
+    results["benchmarks"]["history"] = history
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["model_load"] = model_load
     json_path, markdown_path = write_outputs(results)

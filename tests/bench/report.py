@@ -702,6 +702,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *dynamic_section(benchmarks.get("dynamic")),
         *peers_section(benchmarks.get("peers")),
         *cli_section(benchmarks.get("cli")),
+        *history_section(benchmarks.get("history")),
         *quality_section(benchmarks.get("quality")),
         *model_load_section(benchmarks.get("model_load")),
         *tracing_section(benchmarks.get("tracing")),
@@ -1221,4 +1222,60 @@ def cli_section(cli: dict[str, Any] | None) -> list[str]:
         for item in cli["targets"]
     ]
     lines += _table(("command", "median s", "max s", "target s", "verdict"), rows, text_columns=1)
+    return _wrapped([*lines, ""])
+
+
+_HISTORY_CASES: Final = {
+    "first_page": "`plans list`: the first page, across the four agents",
+    "next_page": "the page after it (its token)",
+    "failed": "the first page of `--status failed`",
+    "text": "the first page of a free-text filter few plans match (a scan; no target)",
+    "show": "`plans show`: one plan with every step's record",
+    "store_page": "one store's page alone (no gRPC, no merge)",
+}
+
+
+def history_section(history: dict[str, Any] | None) -> list[str]:
+    """Pages of the history out of many stored plans, through the operator API over gRPC."""
+    lines = ["## History: one page of 10,000 stored plans", ""]
+    if not history:
+        return [*lines, "Not measured in this run.", ""]
+    if "skipped" in history:
+        return [*lines, f"Skipped: {history['skipped']}.", ""]
+    config = history["config"]
+    lines += [
+        "How it was measured (`tests/bench/history.py`): four agents (the built-in roles, each a "
+        f"bare agent with its own store) hold {config['plans']:,} finished plans between them, "
+        f"each of {config['steps']} tool steps with its journal (one in ten failed); they serve "
+        "over real gRPC on 127.0.0.1 (the shipped policy, token authentication) and an "
+        "`Operator` reads them as `stratagem plans list` and `plans show` do, "
+        f"{config['page_size']} plans a page. Each case: {config['warmup']} untimed runs, then "
+        f"{config['repeats']} timed ones; milliseconds of wall time in the calling process.",
+        "",
+    ]
+    for store, figures in history["stores"].items():
+        if "skipped" in figures:
+            lines += [f"{store}: skipped: {figures['skipped']}.", ""]
+            continue
+        rows = [
+            (
+                _HISTORY_CASES.get(case, case),
+                f"{item['median']:.1f}",
+                f"{item['p99']:.1f}",
+                f"{item['max']:.1f}",
+            )
+            for case, item in figures["cases_ms"].items()
+        ]
+        lines += [f"{store} (filled in {figures['fill_s']:.0f} s):", ""]
+        lines += _table(("case", "median ms", "p99 ms", "max ms"), rows, text_columns=1)
+    rows = [
+        (
+            target["store"],
+            f"{target['median_ms']:.1f}",
+            f"≤ {target['max_ms']:g}",
+            _verdict(target["met"]),
+        )
+        for target in history["targets"]
+    ]
+    lines += _table(("store", "first page median ms", "target ms", "verdict"), rows, text_columns=1)
     return _wrapped([*lines, ""])

@@ -17,6 +17,7 @@ import pytest
 from stratagem.agents import FileWorldStore
 from stratagem.planning import (
     BreakerState,
+    HistoryQuery,
     Plan,
     PlanStatus,
     PlanStatusRecord,
@@ -156,7 +157,15 @@ async def test_a_version_3_plans_file_opens_and_takes_more(tmp_path: Path) -> No
     conn.execute("INSERT INTO breakers (tool, failures, opened_at) VALUES ('noop', 2, NULL)")
     conn.close()
     async with SqliteStateStore(path) as store:
-        assert await store.schema_version() == 3
+        # Migrated to schema 4: the history's index, filled from the plan stored before it.
+        assert await store.schema_version() == 4
+        (listed,) = await store.history(HistoryQuery())
+        assert (listed.plan_id, listed.status, listed.goal, listed.created) == (
+            "old",
+            PlanStatus.RUNNING,
+            "g",
+            10.0,
+        )
         state = await store.load("old")
         assert state is not None
         assert (state.status, state.plan(Plan)) == (PlanStatus.RUNNING, PLAN)
@@ -350,12 +359,15 @@ async def test_a_role_schema_opens_and_takes_more(postgres_url: str) -> None:
             'VALUES (1, 1, \'{"version": 2, "facts": []}\')'
         )
     async with PostgresStateStore(postgres_url, schema="stratagem_tactical") as plans:
-        assert await plans.schema_version() == 1
+        # Migrated to schema 2: the history's index, filled from the plan stored before it.
+        assert await plans.schema_version() == 2
         state = await plans.load("old")
         assert state is not None
         assert (state.status, state.plan(Plan)) == (PlanStatus.RUNNING, PLAN)
         await plans.commit([PlanStatusRecord("old", 1, PlanStatus.SUCCEEDED)])
         assert await plans.unfinished() == []
+        (listed,) = await plans.history(HistoryQuery())
+        assert (listed.plan_id, listed.status) == ("old", PlanStatus.SUCCEEDED)
     async with PostgresAnswerStore(
         postgres_url, schema="stratagem_tactical", clock=lambda: 1001.0
     ) as answers:

@@ -45,15 +45,16 @@ def test_plans_run_show_list_watch_replay_and_describe(served: Served) -> None:
     assert ran.exit_code == 0, ran.output
     assert json.loads(ran.stdout)["status"] == "succeeded"
     shown = stratagem(served, "plans", "show", "who-leads", "--json")
-    assert [s["agent"] for s in json.loads(shown.stdout)] == ["strategic"]
+    assert [s["agent"] for s in json.loads(shown.stdout)["plans"]] == ["strategic"]
     listed = stratagem(served, "plans", "list", "--agent", "strategic", "--json")
-    assert json.loads(listed.stdout) == [
-        {"plan_id": "who-leads", "agent": "strategic", "revision": 1, "status": "succeeded"}
-    ]
+    assert [
+        (p["plan_id"], p["agent"], p["revision"], p["status"])
+        for p in json.loads(listed.stdout)["plans"]
+    ] == [("who-leads", "strategic", 1, "succeeded")]
     watched = stratagem(served, "plans", "watch", "who-leads")
     assert watched.exit_code == 0, watched.output
     assert "strategic who-leads -> succeeded" in watched.stdout
-    assert "the plan ended;" in watched.stdout
+    assert "the plan ended succeeded;" in watched.stdout
     for replay in (("replay",), ("plans", "replay")):
         replayed = stratagem(served, *replay, "who-leads")
         assert replayed.exit_code == 0, replayed.output

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from stratagem.protocol import PlanSnapshot
 from stratagem.runtime._cli import app
 from stratagem.runtime._diagram import plan_diagram
+from stratagem.runtime._history import plan_view
 
 
 def _plan(plan_id: str, owner: str, steps: list[dict[str, object]]) -> str:
@@ -67,7 +68,7 @@ OTHER = PlanSnapshot(
 
 
 def test_mermaid_has_a_cluster_per_plan_edges_and_status_classes() -> None:
-    text = plan_diagram([ROOT, CHILD, OTHER], "goal-1", "mermaid")
+    text = plan_diagram([plan_view(s) for s in (ROOT, CHILD, OTHER)], "goal-1", "mermaid")
     lines = text.splitlines()
     assert lines[0] == "flowchart TD"
     assert sum(line.strip().startswith("subgraph ") for line in lines) == 2
@@ -86,7 +87,7 @@ def test_mermaid_has_a_cluster_per_plan_edges_and_status_classes() -> None:
 
 
 def test_dot_is_a_digraph_with_clusters_and_escaped_labels() -> None:
-    text = plan_diagram([ROOT, CHILD], "goal-1", "dot")
+    text = plan_diagram([plan_view(s) for s in (ROOT, CHILD)], "goal-1", "dot")
     assert text.startswith("digraph plan {")
     assert text.rstrip().endswith("}")
     assert text.count("subgraph cluster_") == 2
@@ -199,7 +200,7 @@ NESTED = PlanSnapshot(
 
 
 def test_mermaid_draws_conditions_routes_maps_loops_and_sub_plans() -> None:
-    text = plan_diagram([DECIDING, ITERATION, NESTED], "d", "mermaid")
+    text = plan_diagram([plan_view(s) for s in (DECIDING, ITERATION, NESTED)], "d", "mermaid")
     lines = text.splitlines()
     # A condition labels the edge into its step; a route on failure is dotted and says so.
     assert '  p0s0 -->|"when length(search.hits) #gt; `0`"| p0s1' in lines
@@ -226,7 +227,7 @@ def test_mermaid_draws_conditions_routes_maps_loops_and_sub_plans() -> None:
 
 
 def test_dot_draws_conditions_routes_maps_and_loops() -> None:
-    text = plan_diagram([DECIDING, ITERATION], "d", "dot")
+    text = plan_diagram([plan_view(s) for s in (DECIDING, ITERATION)], "d", "dot")
     assert 'p0s0 -> p0s1 [label="when length(search.hits) > `0`"];' in text
     assert 'p0s0 -> p0s2 [label="on failure", style=dotted, color="#c62828"];' in text
     assert "shape=box3d" in text  # the map

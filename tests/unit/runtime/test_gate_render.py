@@ -9,6 +9,7 @@ from rich.console import Console
 
 from stratagem.planning import Fork, GateStep, Plan, ToolStep
 from stratagem.protocol import GateInfo, PlanSnapshot
+from stratagem.runtime._history import plan_view
 from stratagem.runtime._render import gate_text, plan_forest
 
 
@@ -53,7 +54,7 @@ def test_a_plans_gates_and_lineage_are_shown() -> None:
             ),
         ],
     )
-    text = _printed(plan_forest([snapshot], "child"))
+    text = _printed(plan_forest([plan_view(snapshot)], "child"))
     assert "forked from plan parent revision 2 at step pay (carried ok) by ana" in text
     assert 'gate decided; approved by bo with {"count": 2}' in text
     assert 'tool gate escalated; tool charge with {"amount":5}; for role:leads' in text

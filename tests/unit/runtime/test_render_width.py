@@ -17,6 +17,7 @@ from stratagem.runtime import SpanRecord
 from stratagem.runtime._cli import _app as cli
 from stratagem.runtime._cli._deploy import _agents_table
 from stratagem.runtime._directory import AgentInfo
+from stratagem.runtime._history import plan_view
 from stratagem.runtime._render import plan_forest, span_tree
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -167,13 +168,13 @@ def test_the_plan_tree_fits_80_columns() -> None:
             ],
         ),
     ]
-    lines = _lines(plan_forest(snapshots, root, width=80), 80)
+    lines = _lines(plan_forest([plan_view(s) for s in snapshots], root, width=80), 80)
     assert max(map(len, lines)) <= 80
     text = "\n".join(lines)
     assert "strategic plan …/analyze ✓ succeeded" in text
     # A step's status is its mark alone, so its line keeps its dependencies.
     assert "✓  summary  tool summarize_narrative  after protagonist, themes," in text
-    wide = "\n".join(_lines(plan_forest(snapshots, root, width=160), 160))
+    wide = "\n".join(_lines(plan_forest([plan_view(s) for s in snapshots], root, width=160), 160))
     assert "✓ succeeded  summary  tool summarize_narrative" in wide
 
 
