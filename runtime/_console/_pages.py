@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -67,6 +67,25 @@ def _session(request: Request) -> Session:
     return session
 
 
+MAX_FORM_BYTES: Final = 64 * 1024
+"""The largest form an action takes (a rationale is at most 2,000 characters)."""
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An action's form fields (``application/x-www-form-urlencoded``, as browsers and htmx send
+    them); empty when the body is too large or not such a form."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind != "application/x-www-form-urlencoded":
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return {}
+    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
 def _missing(request: Request, what: str, message: str) -> HTMLResponse:
     return _console(request).page(request, "missing.html", 404, what=what, message=message)
 
@@ -119,8 +138,8 @@ def csrf_ok(request: Request, sent: str | None) -> bool:
 
 async def logout(request: Request) -> Response:
     """End the session."""
-    form = await request.form()
-    if not csrf_ok(request, str(form.get(CSRF_FIELD, ""))):
+    form = await _form(request)
+    if not csrf_ok(request, form.get(CSRF_FIELD, "")):
         return HTMLResponse("refused: not from this console's page", status_code=403)
     console = _console(request)
     console.sessions.sign_out(_session(request).session_id)
@@ -310,8 +329,8 @@ async def action(request: Request) -> Response:
     """Approve, reject, pause, cancel or resume from a page's form (CSRF-checked); answers the
     line a page shows where the form was."""
     console = _console(request)
-    form = await request.form()
-    sent = str(form.get(CSRF_FIELD, "")) or request.headers.get(CSRF_HEADER)
+    form = await _form(request)
+    sent = form.get(CSRF_FIELD, "") or request.headers.get(CSRF_HEADER)
     if not csrf_ok(request, sent):
         return HTMLResponse(
             console.fragment(
@@ -322,9 +341,9 @@ async def action(request: Request) -> Response:
     outcome = await act(
         console.data,
         request.path_params["action"],
-        str(form.get("plan_id", "")),
-        str(form.get("gate_id", "")),
-        str(form.get("rationale", "")),
+        form.get("plan_id", ""),
+        form.get("gate_id", ""),
+        form.get("rationale", ""),
     )
     body = console.fragment("outcome.html", ok=outcome.ok, message=outcome.message)
     # htmx swaps only 2xx answers by default; the line says what went wrong either way.
