@@ -67,6 +67,7 @@ from stratagem.planning._revisions import (
     replan_rationale,
     unchanged_steps,
 )
+from stratagem.planning._store._history import HistoryQuery, PlanSummary
 from stratagem.planning._store._sqlite import SqliteStateStore
 from stratagem.planning._store._state import (
     BreakerState,
@@ -124,6 +125,7 @@ __all__ = [
     "GateState",
     "GateStep",
     "Handler",
+    "HistoryQuery",
     "InMemoryDispatcher",
     "InMemoryStateStore",
     "LogicError",
@@ -135,6 +137,7 @@ __all__ = [
     "PlanState",
     "PlanStatus",
     "PlanStatusRecord",
+    "PlanSummary",
     "PlanValidationError",
     "PlanningError",
     "PlanningMetrics",

@@ -50,6 +50,8 @@ from stratagem.protocol._models import (
     NoQuery,
     PlanEvent,
     PlanSnapshot,
+    PlansPage,
+    PlansQuery,
     ReplayResult,
     RequestEnvelope,
     RevisionsResponse,
@@ -337,14 +339,31 @@ class AgentClient:
         page = await self._rpc(PLANS, query, timeout)
         return page.plans, page.next_page_token
 
+    async def history(
+        self,
+        query: PlansQuery,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+    ) -> PlansPage:
+        """One page of the agent's plans from its durable store, as ``query`` asks (filters, how
+        much each snapshot carries, which page), with what the agent could not read.
+
+        Raises:
+            InvalidArgumentError: The agent refused a filter (a status that is not one).
+        """
+        return await self._rpc(PLANS, query, timeout)
+
     async def run_plan(
         self,
         plan_json: str,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
         request_id: str | None = None,
+        until_blocked: bool = False,
     ) -> PlanSnapshot:
-        """Have the agent validate and run a plan written for it; returns the plan's final state.
+        """Have the agent validate and run a plan written for it; returns the plan's final state
+        (with ``until_blocked``, its state as soon as it waits at a gate). The call's deadline
+        never cancels the plan: it runs on at its agent.
 
         Raises:
             FailedPreconditionError: The plan fails the agent's validation (e.g. a cycle, a tool
@@ -352,7 +371,10 @@ class AgentClient:
             InvalidArgumentError: ``plan_json`` is not a plan of the agent's type.
         """
         return await self._rpc(
-            RUN_PLAN, RUN_PLAN.build(plan_json=plan_json), timeout, request_id=request_id
+            RUN_PLAN,
+            RUN_PLAN.build(plan_json=plan_json, until_blocked=until_blocked),
+            timeout,
+            request_id=request_id,
         )
 
     async def control(
@@ -610,6 +632,7 @@ class AgentClient:
         except grpc.aio.AioRpcError as exc:
             error = from_rpc_error(exc)
             code = error.code
+            error.trace_id = _trace_id(span)
             end_span(span, error.code, error.message, server=False)
             logger.debug("%s %s on %s failed: %s", method, capability, self._endpoint, error)
             raise error from exc
@@ -631,6 +654,12 @@ class AgentClient:
         end_span(span, error.code, error.message, server=False)
         logger.warning("%s", error)
         return error
+
+
+def _trace_id(span: Span) -> str:
+    """The trace id of ``span`` as 32 hex characters ("" when it has none)."""
+    context = span.get_span_context()
+    return f"{context.trace_id:032x}" if context.is_valid else ""
 
 
 def _call_payload(

@@ -98,6 +98,8 @@ class RemoteError(ProtocolError):
         code: The status code.
         message: A one-line, user-facing description; never a stack trace.
         violations: Field violations (for ``INVALID_ARGUMENT``).
+        trace_id: The trace of the call that failed, when the caller knows it (``AgentClient``
+            sets it from the call's trace context; "" otherwise): where to look for what happened.
     """
 
     code: ClassVar[Code] = Code.UNKNOWN
@@ -106,6 +108,7 @@ class RemoteError(ProtocolError):
         super().__init__(message)
         self.message = message
         self.violations = violations
+        self.trace_id = ""
 
     def __str__(self) -> str:
         text = f"{self.code.value}: {self.message}"

@@ -35,8 +35,10 @@ __all__ = [
     "DEFAULT_PLANS_PAGE",
     "IDENTITY_PATTERN",
     "MAX_PLANS_PAGE",
+    "PLANS_VIEWS",
     "PLAN_ID_PATTERN",
     "REQUEST_ID_PATTERN",
+    "TRACE_ID_PATTERN",
     "AgentCard",
     "CapabilityCard",
     "ControlAction",
@@ -49,6 +51,7 @@ __all__ = [
     "PlanSnapshot",
     "PlansPage",
     "PlansQuery",
+    "PlansView",
     "ReplayDivergence",
     "ReplayResult",
     "RequestEnvelope",
@@ -56,6 +59,8 @@ __all__ = [
     "RevisionStepChange",
     "RevisionsResponse",
     "RunPlanRequest",
+    "StepRecord",
+    "Timestamp",
     "control_capability",
 ]
 
@@ -192,14 +197,86 @@ class PlanEvent(WireModel):
     agent: str = Field(default="", max_length=64)
 
 
+Timestamp = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+"""Seconds since the epoch; 0 when unknown."""
+
+TRACE_ID_PATTERN: Final = r"^[0-9a-f]{32}$"
+"""A W3C trace id: 32 lowercase hex characters."""
+
+PlansView = Literal["", "summary", "steps"]
+"""How much a ``Plans`` snapshot carries: the plan and its step statuses (``""``), its summary
+alone (``summary``: no ``plan_json``), or also each step's record (``steps``)."""
+PLANS_VIEWS: Final[tuple[PlansView, ...]] = get_args(PlansView)
+
+
+class StepRecord(WireModel):
+    """What one step of a plan did, from its agent's journal (``PlansQuery.view == "steps"``).
+
+    Attributes:
+        step_id: The step.
+        kind: ``tool``, ``cross_agent`` or ``gate``.
+        does: The tool, ``"<agent>.<capability>"``, or the gate's prompt.
+        status: The step's status.
+        attempts: Attempts started.
+        started: When the first attempt started (0: never).
+        ended: When the last attempt ended (0: not ended).
+        input_json: The input it ran with, references resolved, as a JSON object ("" for none).
+        output_json: Its output, as a JSON object ("" for none).
+        failure_class: Its failure's class ("" for none).
+        message: Why it failed, or a gate's decision.
+        revision: The plan revision that made the step as it is.
+        author: Who made that revision ("" when unknown).
+        cut: ``input_json`` or ``output_json`` was cut to fit.
+        depends_on: The steps it waits for.
+    """
+
+    step_id: str = Field(max_length=64)
+    kind: str = Field(default="", max_length=32)
+    does: str = Field(default="", max_length=2000)
+    status: str = Field(default="", max_length=32)
+    attempts: Count = 0
+    started: Timestamp = 0.0
+    ended: Timestamp = 0.0
+    input_json: str = ""
+    output_json: str = ""
+    failure_class: str = Field(default="", max_length=32)
+    message: str = Field(default="", max_length=4000)
+    revision: Count = 0
+    author: str = Field(default="", max_length=300)
+    cut: bool = False
+    depends_on: list[str] = Field(default_factory=list)
+
+
 class PlanSnapshot(WireModel):
-    """A plan's current state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON."""
+    """A plan's state, as returned by ``Plans``; ``plan_json`` is the typed plan as JSON.
+
+    Attributes:
+        plan_id: The plan.
+        agent: The agent that owns it.
+        revision: Its newest revision.
+        status: Its status.
+        plan_json: The typed plan with its step statuses ("" in a ``summary`` view).
+        goal: What it is for.
+        created: When it was first stored (0: unknown).
+        updated: When its status last changed (0: unknown).
+        trace_id: The trace its runs belong to ("" when unknown).
+        message: The last status's line: for a failed plan, which step failed, its class and why.
+        steps: What each step did (the ``steps`` view).
+        cursor: A page token listing the plans after this one (``Plans`` answers only).
+    """
 
     plan_id: PlanId
     agent: str = Field(max_length=64)
     revision: Count = 0
     status: str = Field(max_length=32)
     plan_json: str = ""
+    goal: str = Field(default="", max_length=2000)
+    created: Timestamp = 0.0
+    updated: Timestamp = 0.0
+    trace_id: str = Field(default="", pattern=r"^([0-9a-f]{32})?$")
+    message: str = Field(default="", max_length=4000)
+    steps: list[StepRecord] = Field(default_factory=list)
+    cursor: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
 
 
 MAX_PLANS_PAGE: Final = 1000
@@ -209,10 +286,17 @@ DEFAULT_PLANS_PAGE: Final = 100
 
 
 class PlansPage(WireModel):
-    """The body of ``PlansResponse``: one page of snapshots and the next page's token."""
+    """The body of ``PlansResponse``: one page of snapshots and the next page's token.
+
+    Attributes:
+        plans: The page, newest plan first.
+        next_page_token: The token of the next page ("" on the last).
+        unreadable: What the agent could not read, one line each (what it could is listed).
+    """
 
     plans: list[PlanSnapshot] = Field(default_factory=list)
     next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+    unreadable: list[str] = Field(default_factory=list, max_length=100)
 
 
 class PlanQuery(WireModel):
@@ -222,17 +306,38 @@ class PlanQuery(WireModel):
 
 
 class PlansQuery(PlanQuery):
-    """The body of ``PlansRequest``: which plans, and which page of them.
+    """The body of ``PlansRequest``: which plans, and which page of them (newest first).
+
+    Every filter left empty matches every plan.
 
     Attributes:
         plan_id: The plan and its sub-plans; "" for every plan.
         page_size: At most this many snapshots (0: ``DEFAULT_PLANS_PAGE``).
-        page_token: "" for the first page, else the previous page's ``next_page_token`` (an
-            offset into the agent's list: plans added meanwhile come on later pages).
+        page_token: "" for the first page, else the previous page's ``next_page_token`` or a
+            snapshot's ``cursor``: the plans after it (plans added meanwhile are newer, so they
+            never shift a later page).
+        status: Only plans in this status (the agent refuses one that is not a plan status).
+        goal: Only plans whose goal contains this text, case-insensitively.
+        text: Only plans whose id, goal, steps, outputs or messages contain this text,
+            case-insensitively.
+        since: Only plans created at or after this time (0: no bound).
+        until: Only plans created before this time (0: no bound).
+        trace_id: Only plans of this trace.
+        view: How much each snapshot carries (``PlansView``).
+        full: With the ``steps`` view: step values whole, as far as the message limit allows
+            (else long values are cut, and the step says so).
     """
 
     page_size: int = Field(default=0, ge=0, le=MAX_PLANS_PAGE)
     page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+    status: str = Field(default="", max_length=32)
+    goal: str = Field(default="", max_length=200)
+    text: str = Field(default="", max_length=200)
+    since: Timestamp = 0.0
+    until: Timestamp = 0.0
+    trace_id: str = Field(default="", pattern=r"^([0-9a-f]{32})?$")
+    view: PlansView = ""
+    full: bool = False
 
 
 class NoQuery(WireModel):
@@ -240,9 +345,16 @@ class NoQuery(WireModel):
 
 
 class RunPlanRequest(WireModel):
-    """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON."""
+    """The body of ``RunPlanRequest``: a user's plan for one agent, as JSON.
+
+    Attributes:
+        plan_json: The plan.
+        until_blocked: Answer as soon as the plan waits at a gate (its state then says
+            ``blocked``), not only when it ends. Either way the call's deadline never cancels it.
+    """
 
     plan_json: str = Field(min_length=2)
+    until_blocked: bool = False
 
 
 class ControlRequest(WireModel):

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     )
     from stratagem.runtime._extensions import deployment_roles
     from stratagem.runtime._goal import GoalOutcome, run_goal
+    from stratagem.runtime._history import (
+        HistoryFilter,
+        HistoryPage,
+        PlanHistory,
+        PlanView,
+        StepView,
+        TraceSummary,
+    )
     from stratagem.runtime._input import InputError, PlanNotFoundError
     from stratagem.runtime._launcher import Deployment
     from stratagem.runtime._local import LaunchError, LocalCluster
@@ -47,6 +55,12 @@ _HOME: dict[str, str] = {
     "deployment_roles": "_extensions",
     "GoalOutcome": "_goal",
     "run_goal": "_goal",
+    "HistoryFilter": "_history",
+    "HistoryPage": "_history",
+    "PlanHistory": "_history",
+    "PlanView": "_history",
+    "StepView": "_history",
+    "TraceSummary": "_history",
     "InputError": "_input",
     "PlanNotFoundError": "_input",
     "Deployment": "_launcher",
@@ -92,16 +106,22 @@ __all__ = [
     "EndpointDirectory",
     "GoalOutcome",
     "GrpcDispatcher",
+    "HistoryFilter",
+    "HistoryPage",
     "InputError",
     "JsonLinesSpanExporter",
     "LaunchError",
     "LocalCluster",
     "Operator",
+    "PlanHistory",
     "PlanNotFoundError",
+    "PlanView",
     "RayDirectory",
     "Settings",
     "SpanRecord",
+    "StepView",
     "SyncOperator",
+    "TraceSummary",
     "actor_name",
     "authenticator_for",
     "cluster_secret",

@@ -8,12 +8,11 @@ so any plan or step id is safe; labels are escaped for each format.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stratagem.protocol import PlanSnapshot
+from stratagem.runtime._history import PlanView
 
 __all__ = ["DIAGRAM_FORMATS", "DiagramFormat", "plan_diagram"]
 
@@ -60,7 +59,7 @@ def _what(step: dict[str, Any]) -> str:
     return kind
 
 
-def _plans(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> list[_Plan]:
+def _plans(snapshots: Sequence[PlanView], root_plan_id: str) -> list[_Plan]:
     ordered = sorted(
         (
             s
@@ -72,7 +71,7 @@ def _plans(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> list[_Plan]:
     step_nodes: dict[str, str] = {}  # "plan/step" -> node name
     plans: list[_Plan] = []
     for index, snap in enumerate(ordered):
-        body = json.loads(snap.plan_json) if snap.plan_json else {}
+        body = snap.plan or {}
         steps: dict[str, _Step] = {}
         for number, raw in enumerate(body.get("steps", [])):
             step_id = str(raw.get("id", number))
@@ -156,7 +155,7 @@ def _dot(plans: list[_Plan]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_diagram(snapshots: Sequence[PlanSnapshot], root_plan_id: str, fmt: DiagramFormat) -> str:
+def plan_diagram(snapshots: Sequence[PlanView], root_plan_id: str, fmt: DiagramFormat) -> str:
     """``root_plan_id`` and the plans it caused, as Mermaid (``flowchart``) or DOT text."""
     plans = _plans(snapshots, root_plan_id)
     return _mermaid(plans) if fmt == "mermaid" else _dot(plans)

@@ -33,8 +33,10 @@ import functools
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -43,6 +45,7 @@ from pydantic_settings import SettingsError
 
 from stratagem.protocol import (
     CAPABILITIES,
+    MAX_PLANS_PAGE,
     OPERATOR,
     ROLES,
     AgentCard,
@@ -52,9 +55,14 @@ from stratagem.protocol import (
     ControlAction,
     ControlRequest,
     Credentials,
+    InvalidArgumentError,
     PlanEvent,
     PlanSnapshot,
+    PlansQuery,
+    PlansView,
+    ProtocolError,
     ProtocolUsageError,
+    RemoteError,
     ReplayResult,
     RevisionsResponse,
     SubmitGoalRequest,
@@ -64,7 +72,22 @@ from stratagem.protocol import (
 )
 from stratagem.runtime._extensions import deployment_roles
 from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._history import (
+    DEFAULT_HISTORY_PAGE,
+    HistoryFilter,
+    HistoryPage,
+    PlanHistory,
+    PlanView,
+    TraceSummary,
+    check_plan_id,
+    decode_page_token,
+    encode_page_token,
+    plan_history,
+    plan_view,
+    trace_summaries,
+)
 from stratagem.runtime._input import (
+    MAX_TIMEOUT_S,
     InputError,
     PlanNotFoundError,
     check_encoded_size,
@@ -91,6 +114,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+_DRAIN_S = 0.25
+"""How long ``watch`` takes sub-plans' last events after the plan itself ended."""
 
 PlanSource = Path | Mapping[str, Any]
 """A plan: a YAML or JSON file, or the mapping such a file holds (id, owner, goal, steps)."""
@@ -152,6 +178,15 @@ def capability_spec(settings: Settings, agent: str, capability: str) -> Capabili
             f"agent {agent!r} has no capability {capability!r}; valid: {', '.join(served)}"
         )
     return spec
+
+
+def _moment(value: datetime | float | None) -> datetime | None:
+    """A time bound as an aware datetime (epoch seconds are UTC; a naive datetime is local)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.astimezone()
+    return datetime.fromtimestamp(value, UTC)
 
 
 class Directory(Protocol):
@@ -430,45 +465,254 @@ class Operator:
 
     # -- plans -----------------------------------------------------------------------------------
 
-    async def plans(
-        self, *, agent: str | None = None, status: str | None = None
-    ) -> list[PlanSnapshot]:
-        """The plans the agents hold (``agent``'s only; in ``status`` only), by agent and id."""
-        if agent is not None:
-            self._check_role(agent)
-        if status is not None:
-            check_status(status)
-        roles = self.roles if agent is None else (agent,)
-        found = await self._across(roles, lambda client: client.plans(""))
-        snapshots = [s for _, got in found for s in got if status is None or s.status == status]
-        return sorted(snapshots, key=lambda s: (s.agent, s.plan_id))
+    async def history(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        goal: str | None = None,
+        text: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        trace_id: str | None = None,
+        plan_id: str | None = None,
+        page_size: int = DEFAULT_HISTORY_PAGE,
+        page_token: str = "",
+    ) -> HistoryPage:
+        """One page of the deployment's plans, newest first, from every agent's durable store
+        (whatever the agents hold in memory, across restarts): the history API.
 
-    async def show(self, plan_id: str) -> list[PlanSnapshot]:
-        """The plan and every sub-plan it caused, from every agent (the owner's first).
+        Args:
+            agent: Only this agent's plans (a role).
+            status: Only plans in this status (``running``, ``blocked``, ``failed``...).
+            goal: Only plans whose goal contains this text (case-insensitive).
+            text: Only plans whose id, goal, steps, outputs or messages contain this text.
+            since: Only plans created at or after this time (a datetime or epoch seconds).
+            until: Only plans created before this time.
+            trace_id: Only plans of this trace.
+            plan_id: Only this plan and its sub-plans.
+            page_size: At most this many plans (1 to 1000).
+            page_token: ``""`` for the first page, else the previous page's
+                ``next_page_token`` (made for the same filters).
+
+        Returns:
+            The page: plan summaries, the next page's token, and what an agent could not read
+            (an agent that does not answer is named there; the others' plans are listed).
+
+        Raises:
+            InputError: A filter, page size or page token that is malformed or unknown (an
+                unknown agent or status, a malformed trace or plan id, a range that ends before
+                it starts, a token made for other filters).
+        """
+        query = self._history_filter(
+            agent=agent,
+            status=status,
+            goal=goal,
+            text=text,
+            since=since,
+            until=until,
+            trace_id=trace_id,
+            plan_id=plan_id,
+        )
+        if not 1 <= page_size <= MAX_PLANS_PAGE:
+            raise InputError(f"page size must be from 1 to {MAX_PLANS_PAGE}, not {page_size}")
+        cursors = decode_page_token(page_token, query)
+        roles = (query.agent,) if query.agent else self.roles
+        asked = [role for role in roles if role not in cursors or cursors[role] is not None]
+        wire = self._plans_query(query, page_size=page_size, view="summary")
+        found, unreadable = await self._each(
+            asked,
+            lambda role, client: client.history(
+                wire.model_copy(update={"page_token": cursors.get(role) or ""})
+            ),
+        )
+        merged = sorted(
+            ((role, snapshot) for role, page in found for snapshot in page.plans),
+            key=lambda item: (-item[1].created, item[1].agent, item[1].plan_id),
+        )
+        taken = merged[:page_size]
+        next_cursors: dict[str, str | None] = {role: cursors[role] for role in cursors}
+        for role, page in found:
+            mine = [snapshot for owner, snapshot in taken if owner == role]
+            unreadable.extend(f"{role}: {line}" for line in page.unreadable)
+            if len(mine) == len(page.plans):  # everything it sent was taken
+                next_cursors[role] = page.next_page_token or None
+            elif mine:
+                next_cursors[role] = mine[-1].cursor
+            else:
+                next_cursors[role] = cursors.get(role) or ""
+        for role in asked:
+            next_cursors.setdefault(role, cursors.get(role) or "")
+        return HistoryPage(
+            plans=[plan_view(snapshot) for _, snapshot in taken],
+            next_page_token=encode_page_token(query, next_cursors),
+            unreadable=unreadable,
+        )
+
+    async def plan(self, plan_id: str, *, full: bool = False) -> PlanHistory:
+        """One plan and every sub-plan it caused, from every agent's store: what each step did
+        (input, output, error, attempts, timing, revision, author), and for a failed plan the one
+        line naming where it went wrong (what ``plans show`` prints).
+
+        Args:
+            plan_id: The plan.
+            full: Step values whole, as far as the message limit allows (else long values are
+                cut, and the step says so).
+
+        Raises:
+            InputError: A malformed plan id.
+            PlanNotFoundError: No agent holds it.
+        """
+        check_plan_id(plan_id)
+        query = PlansQuery(plan_id=plan_id, view="steps", full=full)
+        snapshots, unreadable = await self._every_page(self.roles, query)
+        if not snapshots:
+            raise PlanNotFoundError(plan_id)
+        return plan_history(plan_id, [plan_view(s) for s in snapshots], unreadable)
+
+    async def traces(self, *, limit: int = 20) -> list[TraceSummary]:
+        """The most recent traces (newest first), each with the plans that ran in it, read from
+        the agents' histories (what ``stratagem trace`` with no id lists)."""
+        if not 1 <= limit <= MAX_PLANS_PAGE:
+            raise InputError(f"limit must be from 1 to {MAX_PLANS_PAGE}, not {limit}")
+        views: list[PlanView] = []
+        token = ""
+        # Newest first: a trace's first plan comes after its sub-plans, so read past the limit.
+        for _ in range(10):
+            page = await self.history(page_size=MAX_PLANS_PAGE // 5, page_token=token)
+            views.extend(page.plans)
+            token = page.next_page_token
+            if not token or len({v.trace_id for v in views if v.trace_id}) > limit:
+                break
+        return trace_summaries(views, limit)
+
+    async def plans(self, *, agent: str | None = None, status: str | None = None) -> list[PlanView]:
+        """Every plan in the agents' stores (``agent``'s only; in ``status`` only), by agent and
+        id: every page of ``history``."""
+        views: list[PlanView] = []
+        token = ""
+        while True:
+            page = await self.history(
+                agent=agent, status=status, page_size=MAX_PLANS_PAGE, page_token=token
+            )
+            views.extend(page.plans)
+            token = page.next_page_token
+            if not token:
+                return sorted(views, key=lambda v: (v.agent, v.plan_id))
+
+    async def show(self, plan_id: str) -> list[PlanView]:
+        """The plan and every sub-plan it caused, from every agent (the owner's first): the
+        ``plans`` of ``plan(plan_id)``.
 
         Raises:
             PlanNotFoundError: No agent holds it.
         """
-        found = await self._across(self.roles, lambda client: client.plans(plan_id))
-        snapshots = [snapshot for _, got in found for snapshot in got]
-        if not snapshots:
-            raise PlanNotFoundError(plan_id)
-        return snapshots
+        return (await self.plan(plan_id)).plans
 
     async def owner(self, plan_id: str) -> str:
         """The role of the agent that holds ``plan_id`` (asked through each agent's ``Plans``).
 
         Raises:
+            InputError: A malformed plan id.
             PlanNotFoundError: No agent holds it.
         """
+        check_plan_id(plan_id)
+        query = PlansQuery(plan_id=plan_id, page_size=1, view="summary")
 
         async def holds(client: AgentClient) -> bool:
-            return any(snapshot.plan_id == plan_id for snapshot in await client.plans(plan_id))
+            page = await client.history(query)
+            return any(snapshot.plan_id == plan_id for snapshot in page.plans)
 
         for role, held in await self._across(self.roles, holds):
             if held:
                 return role
         raise PlanNotFoundError(plan_id)
+
+    def _history_filter(
+        self,
+        *,
+        agent: str | None,
+        status: str | None,
+        goal: str | None,
+        text: str | None,
+        since: datetime | float | None,
+        until: datetime | float | None,
+        trace_id: str | None,
+        plan_id: str | None,
+    ) -> HistoryFilter:
+        if agent is not None:
+            self._check_role(agent)
+        if status is not None:
+            check_status(status)
+        try:
+            query = HistoryFilter(
+                agent=agent or "",
+                status=status or "",
+                goal=goal or "",
+                text=text or "",
+                since=_moment(since),
+                until=_moment(until),
+                trace_id=trace_id or "",
+                plan_id=plan_id or "",
+            )
+        except ValidationError as exc:
+            raise InputError(validation_line("history filter", exc)) from exc
+        query.check()
+        return query
+
+    @staticmethod
+    def _plans_query(query: HistoryFilter, *, page_size: int, view: PlansView) -> PlansQuery:
+        since, until = query.seconds()
+        return PlansQuery(
+            plan_id=query.plan_id,
+            page_size=page_size,
+            status=query.status,
+            goal=query.goal,
+            text=query.text,
+            since=since,
+            until=until,
+            trace_id=query.trace_id,
+            view=view,
+        )
+
+    async def _each(
+        self, roles: Sequence[str], send: Callable[[str, AgentClient], Awaitable[T]]
+    ) -> tuple[list[tuple[str, T]], list[str]]:
+        """``send`` to each of ``roles``' agents; an agent that cannot answer is named in the
+        second list (one line each) and the others' answers are kept. A refused request
+        (``InvalidArgumentError``) is raised: it is the caller's."""
+        found: list[tuple[str, T]] = []
+        unreadable: list[str] = []
+        for role in roles:
+            try:
+                found.append((role, await self._at(role, functools.partial(send, role))))
+            except InvalidArgumentError:
+                raise
+            except (RemoteError, LaunchError) as exc:
+                unreadable.append(f"{role}: {exc}")
+        return found, unreadable
+
+    async def _every_page(
+        self, roles: Sequence[str], query: PlansQuery
+    ) -> tuple[list[PlanSnapshot], list[str]]:
+        """Every page of ``query`` from each of ``roles``, and what could not be read."""
+
+        async def pages(role: str, client: AgentClient) -> tuple[list[PlanSnapshot], list[str]]:
+            snapshots: list[PlanSnapshot] = []
+            problems: list[str] = []
+            token = ""
+            while True:
+                page = await client.history(query.model_copy(update={"page_token": token}))
+                snapshots.extend(page.plans)
+                problems.extend(f"{role}: {line}" for line in page.unreadable)
+                token = page.next_page_token
+                if not token:
+                    return snapshots, problems
+
+        found, unreadable = await self._each(roles, pages)
+        snapshots = [snapshot for _, (got, _) in found for snapshot in got]
+        unreadable.extend(line for _, (_, problems) in found for line in problems)
+        return snapshots, unreadable
 
     async def _on_owner(self, plan_id: str, send: Callable[[AgentClient], Awaitable[T]]) -> T:
         owner = await self.owner(plan_id)
@@ -490,25 +734,105 @@ class Operator:
         return await self._on_owner(plan_id, lambda c: c.replay(plan_id, timeout=timeout))
 
     async def watch(
-        self, plan_id: str, *, owner: str | None = None
+        self,
+        plan_id: str,
+        *,
+        owner: str | None = None,
+        sub_plans: bool = True,
+        wait_s: float = 0.0,
     ) -> AsyncGenerator[PlanEvent, None]:
-        """The events of ``plan_id`` and its sub-plans from its owner (``owner``, when known),
-        until the plan ends (a finished plan's stream replays its events and ends)."""
+        """The events of ``plan_id`` and of every sub-plan it causes, on its owner and (with
+        ``sub_plans``) on every other agent, as they happen, until the plan ends. Stored events
+        come first: a finished plan's are replayed, and the stream ends.
+
+        Args:
+            plan_id: The plan.
+            owner: Its agent, when known (else asked of every agent).
+            sub_plans: Follow its sub-plans on the other agents too.
+            wait_s: How long to wait for a plan no agent holds yet (one about to be submitted);
+                0 does not wait.
+
+        Raises:
+            InputError: A malformed plan id, or ``wait_s`` out of range.
+            PlanNotFoundError: No agent holds the plan (within ``wait_s``).
+        """
+        check_plan_id(plan_id)
         if owner is None:
-            owner = await self.owner(plan_id)
+            owner = await self._wait_for_owner(plan_id, wait_s)
         else:
             self._check_role(owner)
-        endpoints, _ = await self._endpoints((owner,))
-        async for event in self._client(endpoints[owner]).watch(plan_id):
-            yield event
+        others = [role for role in self.roles if role != owner] if sub_plans else []
+        endpoints, _ = await self._endpoints((owner, *others))
+        if not others:
+            async for event in self._client(endpoints[owner]).watch(plan_id):
+                yield event
+            return
+        queue: asyncio.Queue[tuple[str, PlanEvent | BaseException | None]] = asyncio.Queue()
+
+        async def pump(role: str) -> None:
+            try:
+                async for event in self._client(endpoints[role]).watch(plan_id):
+                    queue.put_nowait((role, event))
+            except (ProtocolError, asyncio.CancelledError) as exc:
+                if role == owner and not isinstance(exc, asyncio.CancelledError):
+                    queue.put_nowait((role, exc))
+                    return
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            queue.put_nowait((role, None))
+
+        tasks = [asyncio.create_task(pump(role)) for role in (owner, *others)]
+        try:
+            while True:
+                role, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    if role == owner:
+                        break
+                    continue
+                yield item
+            # The owner's stream ended with the plan; sub-plans' last events on the other
+            # agents' streams may still be on their way: take what arrives within a moment.
+            while True:
+                try:
+                    role, item = await asyncio.wait_for(queue.get(), _DRAIN_S)
+                except TimeoutError:
+                    break
+                if isinstance(item, PlanEvent):
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _wait_for_owner(self, plan_id: str, wait_s: float) -> str:
+        """The owner of ``plan_id``, asked again until it exists or ``wait_s`` passed."""
+        if not 0 <= wait_s <= MAX_TIMEOUT_S or wait_s != wait_s:
+            raise InputError(f"wait must be from 0 to {MAX_TIMEOUT_S:g} seconds, not {wait_s!r}")
+        deadline = time.monotonic() + wait_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.owner(plan_id)
+            except PlanNotFoundError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 1.0)
 
     async def run_plan(
         self,
         plan: PlanSource,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
-    ) -> PlanSnapshot:
-        """Have the plan's owner validate and run a plan you wrote; returns its final state.
+        until_blocked: bool = False,
+    ) -> PlanView:
+        """Have the plan's owner validate and run a plan you wrote; returns its final state
+        (with ``until_blocked``, its state as soon as it waits at a gate: ``status`` is then
+        ``blocked``, and ``approve`` lets it go on). A deadline never cancels the plan: past it
+        the call fails with ``DeadlineExceededError`` and the plan runs on at its owner.
 
         The plan is checked here first as its owner will (its type, tools, cycles, size).
 
@@ -517,9 +841,13 @@ class Operator:
         """
         owner, plan_json = _plan_json(plan, self.settings)
         key = f"run-{uuid.uuid4().hex}"
-        return await self._at(
-            owner, lambda client: client.run_plan(plan_json, timeout=timeout, request_id=key)
+        snapshot = await self._at(
+            owner,
+            lambda client: client.run_plan(
+                plan_json, timeout=timeout, request_id=key, until_blocked=until_blocked
+            ),
         )
+        return plan_view(snapshot)
 
     async def submit(
         self,

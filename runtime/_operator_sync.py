@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from stratagem.protocol import (
@@ -24,6 +25,13 @@ from stratagem.protocol import (
     WireModel,
 )
 from stratagem.runtime._goal import GoalOutcome
+from stratagem.runtime._history import (
+    DEFAULT_HISTORY_PAGE,
+    HistoryPage,
+    PlanHistory,
+    PlanView,
+    TraceSummary,
+)
 from stratagem.runtime._operator import Directory, Operator, PlanSource
 from stratagem.runtime._settings import Settings
 
@@ -113,11 +121,49 @@ class SyncOperator:
         """See ``Operator.describe``."""
         return self._runner.run(self._operator.describe(agent))
 
-    def plans(self, *, agent: str | None = None, status: str | None = None) -> list[PlanSnapshot]:
+    def history(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        goal: str | None = None,
+        text: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        trace_id: str | None = None,
+        plan_id: str | None = None,
+        page_size: int = DEFAULT_HISTORY_PAGE,
+        page_token: str = "",
+    ) -> HistoryPage:
+        """See ``Operator.history``."""
+        return self._runner.run(
+            self._operator.history(
+                agent=agent,
+                status=status,
+                goal=goal,
+                text=text,
+                since=since,
+                until=until,
+                trace_id=trace_id,
+                plan_id=plan_id,
+                page_size=page_size,
+                page_token=page_token,
+            )
+        )
+
+    def plan(self, plan_id: str, *, full: bool = False) -> PlanHistory:
+        """See ``Operator.plan``."""
+        return self._runner.run(self._operator.plan(plan_id, full=full))
+
+    def traces(self, *, limit: int = 20) -> list[TraceSummary]:
+        """See ``Operator.traces``."""
+        return self._runner.run(self._operator.traces(limit=limit))
+
+    def plans(self, *, agent: str | None = None, status: str | None = None) -> list[PlanView]:
         """See ``Operator.plans``."""
         return self._runner.run(self._operator.plans(agent=agent, status=status))
 
-    def show(self, plan_id: str) -> list[PlanSnapshot]:
+    def show(self, plan_id: str) -> list[PlanView]:
         """See ``Operator.show``."""
         return self._runner.run(self._operator.show(plan_id))
 
@@ -133,9 +179,16 @@ class SyncOperator:
         """See ``Operator.replay``."""
         return self._runner.run(self._operator.replay(plan_id, timeout=timeout))
 
-    def watch(self, plan_id: str, *, owner: str | None = None) -> Iterator[PlanEvent]:
-        """See ``Operator.watch``: each event as the owner sends it, until the plan ends."""
-        stream = self._operator.watch(plan_id, owner=owner)
+    def watch(
+        self,
+        plan_id: str,
+        *,
+        owner: str | None = None,
+        sub_plans: bool = True,
+        wait_s: float = 0.0,
+    ) -> Iterator[PlanEvent]:
+        """See ``Operator.watch``: each event as an agent sends it, until the plan ends."""
+        stream = self._operator.watch(plan_id, owner=owner, sub_plans=sub_plans, wait_s=wait_s)
         try:
             while True:
                 try:
@@ -146,9 +199,13 @@ class SyncOperator:
             if not self._closed:  # else the loop, and the stream's channel with it, are gone
                 self._runner.run(stream.aclose())
 
-    def run_plan(self, plan: PlanSource, *, timeout: float | None = None) -> PlanSnapshot:
+    def run_plan(
+        self, plan: PlanSource, *, timeout: float | None = None, until_blocked: bool = False
+    ) -> PlanView:
         """See ``Operator.run_plan``."""
-        return self._runner.run(self._operator.run_plan(plan, timeout=timeout))
+        return self._runner.run(
+            self._operator.run_plan(plan, timeout=timeout, until_blocked=until_blocked)
+        )
 
     def submit(
         self,

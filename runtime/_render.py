@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from stratagem.protocol import Action, PlanEvent, PlanSnapshot, Relation
+from stratagem.protocol import Action, PlanEvent, Relation
+from stratagem.runtime._history import PlanView
 from stratagem.runtime._telemetry import SpanRecord
 
 __all__ = [
@@ -113,13 +113,13 @@ def _step_label(step: dict[str, Any]) -> Text:
     return label
 
 
-def plan_forest(snapshots: Sequence[PlanSnapshot], root_plan_id: str) -> Tree:
+def plan_forest(snapshots: Sequence[PlanView], root_plan_id: str) -> Tree:
     """Every agent's plan for one goal as one tree: a cross-agent step holds the plan it caused."""
     by_id = {snap.plan_id: snap for snap in snapshots}
     root = Tree(Text(root_plan_id, style="bold"))
 
-    def add_plan(parent: Tree, snap: PlanSnapshot) -> None:
-        plan = json.loads(snap.plan_json)
+    def add_plan(parent: Tree, snap: PlanView) -> None:
+        plan = snap.plan or {}
         node = parent.add(
             Text.assemble(
                 (f"{snap.agent}", "bold magenta"),

@@ -23,7 +23,7 @@ not a broken store; ``psycopg`` errors become the ``StoreError`` family there). 
 serialised by the store (an ``asyncio.Lock``, first come first served) so commits are applied in
 call order; reads run beside them on other connections.
 
-Schema (version 1), in the store's schema::
+Schema (version 2), in the store's schema::
 
     schema_versions(component, version)             one row per component sharing the schema:
                                                     'plans' for this store
@@ -38,6 +38,9 @@ Schema (version 1), in the store's schema::
     revisions(plan_id, revision, parent, rationale, author, diff, carried, at)
                                                     the history of revisions made by a replan
     breakers(tool, failures, opened_at)             the engine's circuit breakers
+    plan_index(id, plan_id, revision, status, goal, trace_id, message, created, updated)
+                                                    the history: one row per plan, numbered in
+                                                    creation order (``_history``; version 2)
 
 ``plan_bodies`` and ``events`` reference ``plans`` with ``ON DELETE CASCADE``: a journal never
 outlives its plan, and a commit for a plan pruned meanwhile fails instead of leaving orphans.
@@ -64,7 +67,19 @@ from stratagem.planning._errors import STORE_ERRORS, StoreError
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import RevisionDiff, RevisionRecord
-from stratagem.planning._store._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store._history import (
+    HistoryQuery,
+    PlanSummary,
+    trace_id_of,
+    where_clause,
+)
+from stratagem.planning._store._rows import (
+    IndexRow,
+    compact_json,
+    decode_record,
+    encode_record,
+    index_row,
+)
 from stratagem.planning._store._state import (
     BreakerState,
     PlanState,
@@ -95,7 +110,7 @@ COMPONENT: Final = "plans"
 """This store's row in ``schema_versions``."""
 
 _FINAL: Final = [status.value for status in PlanStatus if status.is_final]
-_TABLES: Final = ("plans", "plan_bodies", "events", "revisions", "breakers")
+_TABLES: Final = ("plans", "plan_bodies", "events", "revisions", "breakers", "plan_index")
 
 
 async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
@@ -169,7 +184,76 @@ async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
     )
 
 
-MIGRATIONS: Final[list[Migration]] = [_migrate_v1]
+async def _migrate_v2(conn: Connection, schema: sql.Identifier) -> None:
+    # The history: one row per plan (see ``_history``), numbered in creation order, filled for
+    # the plans stored before it from their newest revision and their status records.
+    await conn.execute(
+        q(
+            """CREATE TABLE {s}.plan_index (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                plan_id TEXT NOT NULL UNIQUE,
+                revision INTEGER NOT NULL,
+                status TEXT NOT NULL,
+                goal TEXT NOT NULL,
+                trace_id TEXT NOT NULL,
+                message TEXT NOT NULL,
+                created DOUBLE PRECISION NOT NULL,
+                updated DOUBLE PRECISION NOT NULL
+            )""",
+            schema,
+        )
+    )
+    await conn.execute(q("CREATE INDEX plan_index_by_trace ON {s}.plan_index (trace_id)", schema))
+    cursor = await conn.execute(
+        q(
+            "SELECT p.plan_id, p.revision, p.updated, b.plan_json, "
+            "(SELECT min(created) FROM {s}.plans WHERE plan_id = p.plan_id) AS first "
+            "FROM {s}.plans AS p JOIN {s}.plan_bodies AS b ON b.id = p.id WHERE p.revision = "
+            "(SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) ORDER BY first, p.id",
+            schema,
+        )
+    )
+    for plan_id, revision, updated, plan_json, created in await cursor.fetchall():
+        statuses = await conn.execute(
+            q(
+                "SELECT p.revision, e.kind, e.step_id, e.attempt, e.status, e.output, e.data "
+                "FROM {s}.events AS e JOIN {s}.plans AS p ON p.id = e.plan "
+                "WHERE p.plan_id = %s AND e.kind = 1 ORDER BY e.seq",
+                schema,
+            ),
+            (plan_id,),
+        )
+        row = index_row(
+            str(plan_id),
+            int(revision),
+            str(plan_json),
+            float(created),
+            float(updated),
+            [decode_record(str(plan_id), int(r[0]), r[1:]) for r in await statuses.fetchall()],
+        )
+        await conn.execute(q(_INDEX_INSERT, schema), _index_values(row))
+
+
+_INDEX_INSERT: Final = (
+    "INSERT INTO {s}.plan_index (plan_id, revision, status, goal, trace_id, message, created, "
+    "updated) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _index_values(row: IndexRow) -> tuple[object, ...]:
+    return (
+        row.plan_id,
+        row.revision,
+        row.status,
+        row.goal,
+        row.trace_id,
+        row.message,
+        row.created,
+        row.updated,
+    )
+
+
+MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
 
 
@@ -267,7 +351,9 @@ class PostgresStateStore:
         plan_type = f"{type(plan).__module__}.{type(plan).__qualname__}"
 
         async def write(conn: Connection) -> bool:
-            return await self._insert_plan(conn, plan.id, plan.revision, plan_type, plan_json)
+            return await self._insert_plan(
+                conn, plan.id, plan.revision, plan_type, plan_json, plan.goal
+            )
 
         return await self._write(f"save plan {plan.id!r}", write)
 
@@ -293,7 +379,9 @@ class PostgresStateStore:
         batch = list(records)
 
         async def write(conn: Connection) -> None:
-            if not await self._insert_plan(conn, plan.id, plan.revision, plan_type, plan_json):
+            if not await self._insert_plan(
+                conn, plan.id, plan.revision, plan_type, plan_json, plan.goal
+            ):
                 raise StoreError(
                     f"plan {plan.id!r} revision {plan.revision} is already stored",
                     location=self.location,
@@ -490,6 +578,9 @@ class PostgresStateStore:
             await conn.execute(
                 q("DELETE FROM {s}.revisions WHERE plan_id = ANY (%s)", self._ident), (ids,)
             )
+            await conn.execute(
+                q("DELETE FROM {s}.plan_index WHERE plan_id = ANY (%s)", self._ident), (ids,)
+            )
             return deleted
 
         deleted = await self._write("prune plans", write)
@@ -497,6 +588,44 @@ class PostgresStateStore:
         if deleted:
             logger.info("state store %s: pruned %d finished plan(s)", self.location, deleted)
         return deleted
+
+    async def history(self, query: HistoryQuery) -> list[PlanSummary]:
+        """See ``StateStore.history``."""
+        where, params = where_clause(
+            query,
+            mark="%s",
+            contains=lambda column, mark: f"strpos(lower({column}), {mark}) > 0",
+            journal_text=(
+                "EXISTS (SELECT 1 FROM {s}.plans AS p JOIN {s}.plan_bodies AS b ON b.id = p.id "
+                "WHERE p.plan_id = i.plan_id AND strpos(lower(b.plan_json), %s) > 0) "
+                "OR EXISTS (SELECT 1 FROM {s}.plans AS p JOIN {s}.events AS e ON e.plan = p.id "
+                "WHERE p.plan_id = i.plan_id AND (strpos(lower(e.output), %s) > 0 "
+                "OR strpos(lower(e.data), %s) > 0))"
+            ),
+        )
+        statement = (
+            "SELECT id, plan_id, revision, status, goal, created, updated, trace_id, message "
+            f"FROM {{s}}.plan_index AS i WHERE {where} ORDER BY id DESC LIMIT %s"
+        )
+
+        async def read(conn: Connection) -> list[PlanSummary]:
+            cursor = await conn.execute(q(statement, self._ident), [*params, max(0, query.limit)])
+            return [
+                PlanSummary(
+                    plan_id=str(row[1]),
+                    revision=int(row[2]),
+                    status=PlanStatus(row[3]),
+                    goal=str(row[4]),
+                    created=float(row[5]),
+                    updated=float(row[6]),
+                    trace_id=str(row[7]),
+                    message=str(row[8]),
+                    cursor=int(row[0]),
+                )
+                for row in await cursor.fetchall()
+            ]
+
+        return await self._read("read the history", read)
 
     async def stats(self) -> StoreStats:
         """See ``StateStore.stats``; ``bytes`` is the tables' total size, indexes included."""
@@ -554,9 +683,15 @@ class PostgresStateStore:
     # --- inside a transaction ------------------------------------------------------------------
 
     async def _insert_plan(
-        self, conn: Connection, plan_id: str, revision: int, plan_type: str, plan_json: str
+        self,
+        conn: Connection,
+        plan_id: str,
+        revision: int,
+        plan_type: str,
+        plan_json: str,
+        goal: str,
     ) -> bool:
-        """Insert a plan revision and its body; False when it is stored already."""
+        """Insert a plan revision and its body, and index it; False when it is stored already."""
         now = time.time()
         cursor = await conn.execute(
             q(
@@ -573,6 +708,17 @@ class PostgresStateStore:
         await conn.execute(
             q("INSERT INTO {s}.plan_bodies (id, plan_json) VALUES (%s, %s)", self._ident),
             (row[0], plan_json),
+        )
+        # A new revision keeps the plan's place in the history (its first row's number and time).
+        await conn.execute(
+            q(
+                _INDEX_INSERT.replace("plan_index", "plan_index AS i", 1)
+                + " ON CONFLICT (plan_id) DO UPDATE SET revision = EXCLUDED.revision, "
+                "status = EXCLUDED.status, goal = EXCLUDED.goal, message = '', "
+                "updated = EXCLUDED.updated WHERE EXCLUDED.revision > i.revision",
+                self._ident,
+            ),
+            (plan_id, revision, PlanStatus.PENDING.value, goal, "", "", now, now),
         )
         return True
 
@@ -607,12 +753,12 @@ class PostgresStateStore:
             return
         rowids = await self._rowid_map(conn, records)
         rows = []
-        statuses: dict[int, tuple[str, float]] = {}
+        statuses: dict[int, PlanStatusRecord] = {}
         for record in records:
             rowid = rowids[(record.plan_id, record.revision)]
             rows.append((rowid, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
-                statuses[rowid] = (record.status.value, record.at)
+                statuses[rowid] = record
         # Row by row in one pipeline (one round trip): the identity column numbers them in order.
         async with conn.cursor() as cursor:
             await cursor.executemany(
@@ -633,8 +779,27 @@ class PostgresStateStore:
                 ),
                 (
                     list(statuses),
-                    [status for status, _ in statuses.values()],
-                    [at for _, at in statuses.values()],
+                    [r.status.value for r in statuses.values()],
+                    [r.at for r in statuses.values()],
+                ),
+            )
+            await conn.execute(
+                q(
+                    "UPDATE {s}.plan_index AS i SET status = u.status, updated = u.updated, "
+                    "message = u.message, trace_id = CASE WHEN i.trace_id = '' THEN u.trace_id "
+                    "ELSE i.trace_id END FROM unnest(%s::text[], %s::integer[], %s::text[], "
+                    "%s::double precision[], %s::text[], %s::text[]) AS u "
+                    "(plan_id, revision, status, updated, message, trace_id) "
+                    "WHERE i.plan_id = u.plan_id AND i.revision = u.revision",
+                    self._ident,
+                ),
+                (
+                    [r.plan_id for r in statuses.values()],
+                    [r.revision for r in statuses.values()],
+                    [r.status.value for r in statuses.values()],
+                    [r.at for r in statuses.values()],
+                    [r.message for r in statuses.values()],
+                    [trace_id_of(r.trace_context) for r in statuses.values()],
                 ),
             )
 

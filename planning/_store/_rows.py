@@ -8,11 +8,13 @@ same whichever backend wrote it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, assert_never
 
 from stratagem.planning._errors import StoreError
 from stratagem.planning._plan import FailureClass, PlanStatus, StepStatus
+from stratagem.planning._store._history import trace_id_of
 from stratagem.planning._store._state import (
     BudgetRecord,
     CompensationRecord,
@@ -27,7 +29,7 @@ from stratagem.planning._store._state import (
     StepResult,
 )
 
-__all__ = ["Row", "compact_json", "decode_record", "encode_record"]
+__all__ = ["IndexRow", "Row", "compact_json", "decode_record", "encode_record", "index_row"]
 
 # Record kinds as stored in events.kind: never renumber, only add.
 _PLAN_STATUS: Final = 1
@@ -59,13 +61,14 @@ def encode_record(record: Record) -> Row:
                 ),
             )
         case StepIntent():
-            cost = None if record.cost is None else repr(record.cost)
-            return _STEP_INTENT, record.step_id, record.attempt, None, None, cost
+            # "<cost>,<at>" (cost "" when none): one short text, no JSON to build per step.
+            cost = "" if record.cost is None else repr(record.cost)
+            return _STEP_INTENT, record.step_id, record.attempt, None, None, f"{cost},{record.at!r}"
         case StepResult():
             data = (
-                None
+                repr(record.at)
                 if record.failure_class is None
-                else compact_json([record.failure_class.value, record.message])
+                else compact_json([record.failure_class.value, record.message, record.at])
             )
             return (
                 _STEP_RESULT,
@@ -106,11 +109,23 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
                 plan_id, revision, PlanStatus(status), message, at, context[0] if context else ""
             )
         case 2:
+            # Schema 4 writes "<cost>,<at>"; earlier ones the cost alone, or nothing.
+            cost, _, at = ("" if data is None else data).partition(",")
             return StepIntent(
-                plan_id, revision, step_id, attempt, None if data is None else float(data)
+                plan_id,
+                revision,
+                step_id,
+                attempt,
+                float(cost) if cost else None,
+                float(at) if at else 0.0,
             )
         case 3:
-            failure_class, message = (None, "") if data is None else json.loads(data)
+            failure_class, message, at = None, "", 0.0
+            if data is not None and data.startswith("["):
+                failure_class, message, *when = json.loads(data)
+                at = when[0] if when else 0.0
+            elif data is not None:
+                at = float(data)
             return StepResult(
                 plan_id,
                 revision,
@@ -120,6 +135,7 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
                 output,
                 None if failure_class is None else FailureClass(failure_class),
                 message,
+                at,
             )
         case 4:
             gate_kind, prompt, approver, rationale, at = json.loads(data)
@@ -150,3 +166,53 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
 
 def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """What the history keeps about one plan, as ``index_row`` derives it from the journal."""
+
+    plan_id: str
+    revision: int
+    status: str
+    goal: str
+    trace_id: str
+    message: str
+    created: float
+    updated: float
+
+
+def index_row(
+    plan_id: str,
+    revision: int,
+    plan_json: str,
+    created: float,
+    updated: float,
+    records: Iterable[Record],
+) -> IndexRow:
+    """The index row of a plan from its newest revision's journal (migrations fill the index of
+    plans stored before it existed with this). ``records`` are the plan's status records, every
+    revision's, oldest first; the trace is the first traced run's, the status and message the
+    newest revision's last."""
+    status, message, trace_id = PlanStatus.PENDING.value, "", ""
+    for record in records:
+        if not isinstance(record, PlanStatusRecord):
+            continue
+        if not trace_id and record.trace_context:
+            trace_id = trace_id_of(record.trace_context)
+        if record.revision == revision:
+            status, message = record.status.value, record.message
+    try:
+        goal = json.loads(plan_json).get("goal", "")
+    except (ValueError, AttributeError, RecursionError):
+        goal = ""
+    return IndexRow(
+        plan_id=plan_id,
+        revision=revision,
+        status=status,
+        goal=goal if isinstance(goal, str) else "",
+        trace_id=trace_id,
+        message=message,
+        created=created,
+        updated=updated,
+    )

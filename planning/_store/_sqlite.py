@@ -12,7 +12,7 @@ thread (measured: a side-effecting step 2x cheaper). With ``threaded=True`` they
 store's ``StoreWorker`` (``protocol._storage``: one thread that hands each result back to the
 caller's loop). The connection is opened on first use (or by ``start``) and closed by ``aclose``.
 
-Schema (version 3)::
+Schema (version 4)::
 
     schema_version(version)                         one row: the schema's version
     plans(id, plan_id, revision, plan_type, status, created, updated)
@@ -28,6 +28,9 @@ Schema (version 3)::
                                                     (a first revision has no row: its plans row
                                                     stands for it)
     breakers(tool, failures, opened_at)             the engine's circuit breakers
+    plan_index(id, plan_id, revision, status, goal, trace_id, message, created, updated)
+                                                    the history: one row per plan, numbered in
+                                                    creation order (``_history``)
 
 Migrations are an ordered list of functions (``MIGRATIONS``, component ``plans``); the shared
 runner (``protocol._storage``) runs them, ``schema_version`` says how many have run, and opening a
@@ -53,7 +56,19 @@ from stratagem.planning._errors import STORE_ERRORS, StoreError
 from stratagem.planning._metrics import PlanningMetrics
 from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import RevisionDiff, RevisionRecord
-from stratagem.planning._store._rows import compact_json, decode_record, encode_record
+from stratagem.planning._store._history import (
+    HistoryQuery,
+    PlanSummary,
+    trace_id_of,
+    where_clause,
+)
+from stratagem.planning._store._rows import (
+    IndexRow,
+    compact_json,
+    decode_record,
+    encode_record,
+    index_row,
+)
 from stratagem.planning._store._state import (
     BreakerState,
     PlanState,
@@ -168,7 +183,67 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX plans_by_status ON plans (status, updated)")
 
 
-MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2, _migrate_v3]
+def _migrate_v4(conn: sqlite3.Connection) -> None:
+    # The history: one row per plan (see ``_history``), numbered in creation order, filled for
+    # the plans stored before it from their newest revision and their status records.
+    conn.execute(
+        """CREATE TABLE plan_index (
+            id INTEGER PRIMARY KEY,
+            plan_id TEXT NOT NULL UNIQUE,
+            revision INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            goal TEXT NOT NULL,
+            trace_id TEXT NOT NULL,
+            message TEXT NOT NULL,
+            created REAL NOT NULL,
+            updated REAL NOT NULL
+        )"""
+    )
+    conn.execute("CREATE INDEX plan_index_by_trace ON plan_index (trace_id)")
+    plans = conn.execute(
+        "SELECT p.plan_id, p.revision, p.updated, b.plan_json, "
+        "(SELECT min(created) FROM plans WHERE plan_id = p.plan_id) AS first "
+        "FROM plans AS p JOIN plan_bodies AS b ON b.id = p.id WHERE p.revision = "
+        "(SELECT max(revision) FROM plans WHERE plan_id = p.plan_id) ORDER BY first, p.id"
+    ).fetchall()
+    for plan_id, revision, updated, plan_json, created in plans:
+        statuses = conn.execute(
+            "SELECT p.revision, e.kind, e.step_id, e.attempt, e.status, e.output, e.data "
+            "FROM events AS e JOIN plans AS p ON p.id = e.plan "
+            "WHERE p.plan_id = ? AND e.kind = 1 ORDER BY e.seq",
+            (plan_id,),
+        ).fetchall()
+        row = index_row(
+            str(plan_id),
+            int(revision),
+            str(plan_json),
+            float(created),
+            float(updated),
+            (decode_record(str(plan_id), int(r[0]), r[1:]) for r in statuses),
+        )
+        conn.execute(_INDEX_INSERT, _index_values(row))
+
+
+_INDEX_INSERT: Final = (
+    "INSERT INTO plan_index (plan_id, revision, status, goal, trace_id, message, created, "
+    "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _index_values(row: IndexRow) -> tuple[object, ...]:
+    return (
+        row.plan_id,
+        row.revision,
+        row.status,
+        row.goal,
+        row.trace_id,
+        row.message,
+        row.created,
+        row.updated,
+    )
+
+
+MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
 
 
@@ -248,7 +323,9 @@ class SqliteStateStore:
         """See ``StateStore.save_plan``."""
         plan_json = plan.model_dump_json()
         plan_type = f"{type(plan).__module__}.{type(plan).__qualname__}"
-        return await self._call(self._save_plan, plan.id, plan.revision, plan_type, plan_json)
+        return await self._call(
+            self._save_plan, plan.id, plan.revision, plan_type, plan_json, plan.goal
+        )
 
     async def commit(self, records: Sequence[Record]) -> None:
         """See ``StateStore.commit``: one transaction for all of ``records``."""
@@ -293,6 +370,10 @@ class SqliteStateStore:
         """See ``StateStore.prune``."""
         return await self._call(self._prune, before, keep_last)
 
+    async def history(self, query: HistoryQuery) -> list[PlanSummary]:
+        """See ``StateStore.history``."""
+        return await self._call(self._history, query)
+
     async def stats(self) -> StoreStats:
         """See ``StateStore.stats``; ``bytes`` is the pages in use (after a WAL checkpoint)."""
         return await self._call(self._stats)
@@ -333,13 +414,22 @@ class SqliteStateStore:
     def _error(self, action: str, exc: sqlite3.Error) -> StorageError:
         return storage_error(action, str(self.path), exc, STORE_ERRORS)
 
-    def _save_plan(self, plan_id: str, revision: int, plan_type: str, plan_json: str) -> bool:
+    def _save_plan(
+        self, plan_id: str, revision: int, plan_type: str, plan_json: str, goal: str
+    ) -> bool:
         conn = self._connection()
         now = time.time()
         try:
             with transaction(conn):
                 saved = _insert_plan(
-                    conn, plan_id, revision, plan_type, plan_json, PlanStatus.PENDING.value, now
+                    conn,
+                    plan_id,
+                    revision,
+                    plan_type,
+                    plan_json,
+                    PlanStatus.PENDING.value,
+                    now,
+                    goal,
                 )
         except sqlite3.Error as exc:
             raise self._error(f"save plan {plan_id!r}", exc) from exc
@@ -380,6 +470,7 @@ class SqliteStateStore:
                     plan_json,
                     PlanStatus.PENDING.value,
                     now,
+                    plan.goal,
                 )
                 if not saved:
                     raise StoreError(
@@ -475,13 +566,13 @@ class SqliteStateStore:
             self._seq = 0 if row is None or row[0] is None else int(row[0])
         seq = self._seq
         rows = []
-        statuses: dict[int, tuple[str, float]] = {}
+        statuses: dict[int, PlanStatusRecord] = {}
         for record in records:
             rowid = self._rowid(conn, record.plan_id, record.revision)
             seq += 1
             rows.append((rowid, seq, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):
-                statuses[rowid] = (record.status.value, record.at)
+                statuses[rowid] = record
         conn.executemany(
             "INSERT INTO events (plan, seq, kind, step_id, attempt, status, output, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -490,7 +581,22 @@ class SqliteStateStore:
         if statuses:
             conn.executemany(
                 "UPDATE plans SET status = ?, updated = ? WHERE id = ?",
-                [(status, at, rowid) for rowid, (status, at) in statuses.items()],
+                [(r.status.value, r.at, rowid) for rowid, r in statuses.items()],
+            )
+            conn.executemany(
+                "UPDATE plan_index SET status = ?, updated = ?, message = ?, trace_id = CASE "
+                "WHEN trace_id = '' THEN ? ELSE trace_id END WHERE plan_id = ? AND revision = ?",
+                [
+                    (
+                        r.status.value,
+                        r.at,
+                        r.message,
+                        trace_id_of(r.trace_context),
+                        r.plan_id,
+                        r.revision,
+                    )
+                    for r in statuses.values()
+                ],
             )
         self._seq = seq
 
@@ -587,11 +693,36 @@ class SqliteStateStore:
                 conn.executemany("DELETE FROM plan_bodies WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM plans WHERE id = ?", doomed)
                 conn.executemany("DELETE FROM revisions WHERE plan_id = ?", ids)
+                conn.executemany("DELETE FROM plan_index WHERE plan_id = ?", ids)
         except sqlite3.Error as exc:
             raise self._error("prune plans", exc) from exc
         self._rowids.clear()
         logger.info("state store %s: pruned %d finished plan(s)", self.path, len(doomed))
         return len(doomed)
+
+    def _history(self, query: HistoryQuery) -> list[PlanSummary]:
+        conn = self._connection()
+        where, params = where_clause(
+            query,
+            mark="?",
+            contains=lambda column, mark: f"instr(lower({column}), {mark}) > 0",
+            journal_text=(
+                "EXISTS (SELECT 1 FROM plans AS p JOIN plan_bodies AS b ON b.id = p.id "
+                "WHERE p.plan_id = plan_index.plan_id AND instr(lower(b.plan_json), ?) > 0) "
+                "OR EXISTS (SELECT 1 FROM plans AS p JOIN events AS e ON e.plan = p.id "
+                "WHERE p.plan_id = plan_index.plan_id AND (instr(lower(e.output), ?) > 0 "
+                "OR instr(lower(e.data), ?) > 0))"
+            ),
+        )
+        try:
+            rows = conn.execute(
+                "SELECT id, plan_id, revision, status, goal, created, updated, trace_id, message "
+                f"FROM plan_index WHERE {where} ORDER BY id DESC LIMIT ?",
+                [*params, max(0, query.limit)],
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise self._error("read the history", exc) from exc
+        return [_summary(row) for row in rows]
 
     def _stats(self) -> StoreStats:
         conn = self._connection()
@@ -615,8 +746,10 @@ def _insert_plan(
     plan_json: str,
     status: str,
     now: float,
+    goal: str,
 ) -> bool:
-    """Insert a plan revision and its body, inside the caller's transaction; False if stored."""
+    """Insert a plan revision and its body, and index it, inside the caller's transaction;
+    False if stored."""
     cursor = conn.execute(
         "INSERT OR IGNORE INTO plans (plan_id, revision, plan_type, status, created, updated) "
         "VALUES (?, ?, ?, ?, ?, ?)",
@@ -627,4 +760,25 @@ def _insert_plan(
     conn.execute(
         "INSERT INTO plan_bodies (id, plan_json) VALUES (?, ?)", (cursor.lastrowid, plan_json)
     )
+    # A new revision keeps the plan's place in the history (its first row's number and time).
+    conn.execute(
+        _INDEX_INSERT + " ON CONFLICT (plan_id) DO UPDATE SET revision = excluded.revision, "
+        "status = excluded.status, goal = excluded.goal, message = '', updated = excluded.updated "
+        "WHERE excluded.revision > plan_index.revision",
+        (plan_id, revision, status, goal, "", "", now, now),
+    )
     return True
+
+
+def _summary(row: Sequence[Any]) -> PlanSummary:
+    return PlanSummary(
+        plan_id=str(row[1]),
+        revision=int(row[2]),
+        status=PlanStatus(row[3]),
+        goal=str(row[4]),
+        created=float(row[5]),
+        updated=float(row[6]),
+        trace_id=str(row[7]),
+        message=str(row[8]),
+        cursor=int(row[0]),
+    )

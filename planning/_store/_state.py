@@ -40,6 +40,7 @@ from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._errors import StoreError
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
 from stratagem.planning._revisions import RevisionRecord
+from stratagem.planning._store._history import HistoryQuery, PlanSummary, matches, trace_id_of
 
 __all__ = [
     "BreakerState",
@@ -127,6 +128,7 @@ class StepIntent:
         attempt: The attempt number, from 1.
         cost: The cost units reserved for the attempt, for a plan with a budget (``None``
             otherwise). Every intent reserves one tool call.
+        at: Wall-clock time (``time.time()``); 0 in records stored before it was kept.
     """
 
     plan_id: str
@@ -134,6 +136,7 @@ class StepIntent:
     step_id: str
     attempt: int
     cost: float | None = None
+    at: float = field(default_factory=time.time, compare=False)
 
     @property
     def key(self) -> str:
@@ -155,6 +158,7 @@ class StepResult:
         output_json: The output as JSON, for ``succeeded``.
         failure_class: The failure's class, for the other statuses.
         message: A one-line description of the failure.
+        at: Wall-clock time (``time.time()``); 0 in records stored before it was kept.
     """
 
     plan_id: str
@@ -165,6 +169,7 @@ class StepResult:
     output_json: str | None = None
     failure_class: FailureClass | None = None
     message: str = ""
+    at: float = field(default_factory=time.time, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +284,8 @@ class StepState:
         output: The output, when the step succeeded.
         failure_class: The last failure's class.
         message: The last failure's message.
+        started: When its first attempt started (``None``: unknown, or it never ran).
+        ended: When its last recorded attempt ended (``None``: unknown, or not ended).
     """
 
     status: StepStatus
@@ -286,6 +293,8 @@ class StepState:
     output: dict[str, Any] | None = None
     failure_class: FailureClass | None = None
     message: str = ""
+    started: float | None = None
+    ended: float | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -418,7 +427,13 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 if record.trace_context and record.trace_context not in state.trace_contexts:
                     state.trace_contexts.append(record.trace_context)
             case StepIntent():
-                state.steps[record.step_id] = StepState(StepStatus.RUNNING, record.attempt)
+                earlier = state.steps.get(record.step_id)
+                started = earlier.started if earlier is not None else None
+                if started is None and record.at:
+                    started = record.at
+                state.steps[record.step_id] = StepState(
+                    StepStatus.RUNNING, record.attempt, started=started
+                )
                 state.spent_calls += 1
                 if record.cost is not None:
                     state.spent_cost += record.cost
@@ -427,8 +442,15 @@ def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record])
                 state.spent_cost += record.cost
             case StepResult():
                 output = None if record.output_json is None else json.loads(record.output_json)
+                earlier = state.steps.get(record.step_id)
                 state.steps[record.step_id] = StepState(
-                    record.status, record.attempt, output, record.failure_class, record.message
+                    record.status,
+                    record.attempt,
+                    output,
+                    record.failure_class,
+                    record.message,
+                    started=earlier.started if earlier is not None else None,
+                    ended=record.at or None,
                 )
             case GateRecord():
                 previous = state.gates.get(record.gate_id)
@@ -563,6 +585,14 @@ class StateStore(Protocol):
         """
         ...
 
+    async def history(self, query: HistoryQuery) -> list[PlanSummary]:
+        """The plans ``query`` asks for, newest first: at most ``query.limit`` of them.
+
+        Raises:
+            StoreError: When the store cannot be read.
+        """
+        ...
+
     async def stats(self) -> StoreStats:
         """How many plans and records the store holds and the bytes it uses."""
         ...
@@ -580,6 +610,20 @@ class _MemoryPlan:
     records: list[Record] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _MemoryIndex:
+    """A plan's entry in the in-memory history (the durable stores' ``plan_index`` row)."""
+
+    cursor: int
+    revision: int
+    goal: str
+    created: float
+    updated: float
+    status: PlanStatus = PlanStatus.PENDING
+    trace_id: str = ""
+    message: str = ""
+
+
 class InMemoryStateStore:
     """A ``StateStore`` in a dict: for tests and for runs that need control but not durability.
 
@@ -591,6 +635,7 @@ class InMemoryStateStore:
         self._plans: dict[tuple[str, int], _MemoryPlan] = {}
         self._revisions: dict[str, list[RevisionRecord]] = {}
         self._breakers: dict[str, BreakerState] = {}
+        self._index: dict[str, _MemoryIndex] = {}
         self.commits = 0
 
     async def save_plan(self, plan: Plan) -> bool:
@@ -600,7 +645,18 @@ class InMemoryStateStore:
             return False
         self._plans[key] = _MemoryPlan(plan.model_dump_json())
         self._revisions.setdefault(plan.id, []).append(RevisionRecord(plan.id, plan.revision, None))
+        self._indexed(plan)
         return True
+
+    def _indexed(self, plan: Plan) -> None:
+        now = time.time()
+        entry = self._index.get(plan.id)
+        if entry is None:
+            cursor = max((e.cursor for e in self._index.values()), default=0) + 1
+            self._index[plan.id] = _MemoryIndex(cursor, plan.revision, plan.goal, now, now)
+        elif plan.revision > entry.revision:
+            entry.revision, entry.goal, entry.updated = plan.revision, plan.goal, now
+            entry.status, entry.message = PlanStatus.PENDING, ""
 
     async def save_revision(
         self, plan: Plan, record: RevisionRecord, records: Sequence[Record]
@@ -613,6 +669,7 @@ class InMemoryStateStore:
             raise StoreError("carried records must belong to the new revision")
         self._plans[key] = _MemoryPlan(plan.model_dump_json(), records=list(records))
         self._revisions.setdefault(plan.id, []).append(record)
+        self._indexed(plan)
         self.commits += 1
 
     async def revisions(self, plan_id: str) -> list[RevisionRecord]:
@@ -648,6 +705,15 @@ class InMemoryStateStore:
             stored.updated = now
             if isinstance(record, PlanStatusRecord):
                 stored.status = record.status
+                entry = self._index.get(record.plan_id)
+                if entry is not None and entry.revision == record.revision:
+                    entry.status, entry.message, entry.updated = (
+                        record.status,
+                        record.message,
+                        record.at,
+                    )
+                    if not entry.trace_id and record.trace_context:
+                        entry.trace_id = trace_id_of(record.trace_context)
         self.commits += 1
 
     async def load(self, plan_id: str) -> PlanState | None:
@@ -687,7 +753,35 @@ class InMemoryStateStore:
             del self._plans[key]
         for plan_id in doomed:
             self._revisions.pop(plan_id, None)
+            self._index.pop(plan_id, None)
         return len(keys)
+
+    async def history(self, query: HistoryQuery) -> list[PlanSummary]:
+        """See ``StateStore.history``."""
+        found: list[PlanSummary] = []
+        for plan_id, entry in sorted(self._index.items(), key=lambda item: -item[1].cursor):
+            summary = PlanSummary(
+                plan_id=plan_id,
+                revision=entry.revision,
+                status=entry.status,
+                goal=entry.goal,
+                created=entry.created,
+                updated=entry.updated,
+                trace_id=entry.trace_id,
+                message=entry.message,
+                cursor=entry.cursor,
+            )
+            texts: list[str] = []
+            if query.text:
+                for (pid, _), stored in self._plans.items():
+                    if pid == plan_id:
+                        texts.append(stored.plan_json)
+                        texts.extend(repr(record) for record in stored.records)
+            if matches(summary, query, texts):
+                found.append(summary)
+                if len(found) >= query.limit:
+                    break
+        return found
 
     async def stats(self) -> StoreStats:
         """See ``StateStore.stats``; ``bytes`` counts the stored JSON and record reprs."""

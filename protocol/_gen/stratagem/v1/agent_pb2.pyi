@@ -940,6 +940,9 @@ Global___PlanEvent: _TypeAlias = PlanEvent  # noqa: Y015
 class PlansRequest(_message.Message):
     """Plans come a page at a time: a page holds at most page_size snapshots and never more bytes than
     the agent's message limit allows. Plans added while a client pages appear on later pages.
+    Plans are the agent's history: read from its durable store (whatever it holds in memory), newest
+    first, with filters; every filter left empty matches everything. A page token is the
+    next_page_token (or a snapshot's cursor) of an earlier answer to the same query.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -947,22 +950,56 @@ class PlansRequest(_message.Message):
     PLAN_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    FULL_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     """the plan and its sub-plans (ids starting with "<plan_id>/"); "" for all"""
     page_size: _builtins.int
     """at most this many snapshots (0: the agent's default, 100; at most 1000)"""
     page_token: _builtins.str
     """"" for the first page, else the previous page's next_page_token"""
+    status: _builtins.str
+    """only plans whose status is this (pending | running | blocked | ...)"""
+    goal: _builtins.str
+    """only plans whose goal contains this text (case-insensitive)"""
+    text: _builtins.str
+    """only plans whose id, goal, steps, outputs or messages contain this text"""
+    since: _builtins.float
+    """only plans created at or after this time (seconds since the epoch; 0: any)"""
+    until: _builtins.float
+    """only plans created before this time (seconds since the epoch; 0: any)"""
+    trace_id: _builtins.str
+    """only plans of this trace (32 hex characters)"""
+    view: _builtins.str
+    """"" : the plan and its step statuses (plan_json); "summary": no plan_json;"""
+    full: _builtins.bool
+    """"steps": plan_json and each step's record (StepRecord)
+    with view "steps": step values whole, as far as the message limit allows
+    """
     def __init__(
         self,
         *,
         plan_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        status: _builtins.str = ...,
+        goal: _builtins.str = ...,
+        text: _builtins.str = ...,
+        since: _builtins.float = ...,
+        until: _builtins.float = ...,
+        trace_id: _builtins.str = ...,
+        view: _builtins.str = ...,
+        full: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "plan_id", b"plan_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full", b"full", "goal", b"goal", "page_size", b"page_size", "page_token", b"page_token", "plan_id", b"plan_id", "since", b"since", "status", b"status", "text", b"text", "trace_id", b"trace_id", "until", b"until", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -977,12 +1014,35 @@ class PlanSnapshot(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     PLAN_JSON_FIELD_NUMBER: _builtins.int
+    GOAL_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
     plan_id: _builtins.str
     agent: _builtins.str
     revision: _builtins.int
     status: _builtins.str
     plan_json: _builtins.str
     """the typed plan and its step states, as JSON"""
+    goal: _builtins.str
+    """what the plan is for"""
+    created: _builtins.float
+    """when it was first stored (seconds since the epoch; 0 when unknown)"""
+    updated: _builtins.float
+    """when its status last changed (seconds since the epoch; 0 when unknown)"""
+    trace_id: _builtins.str
+    """the trace its runs belong to (32 hex characters; "" when unknown)"""
+    message: _builtins.str
+    """the last status's one line: for a failed plan, which step failed and why"""
+    cursor: _builtins.str
+    """a page token that lists the plans after this one (Plans only)"""
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepRecord]:
+        """with PlansRequest.view "steps": what each step did"""
+
     def __init__(
         self,
         *,
@@ -991,14 +1051,100 @@ class PlanSnapshot(_message.Message):
         revision: _builtins.int = ...,
         status: _builtins.str = ...,
         plan_json: _builtins.str = ...,
+        goal: _builtins.str = ...,
+        created: _builtins.float = ...,
+        updated: _builtins.float = ...,
+        trace_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+        steps: _abc.Iterable[Global___StepRecord] | None = ...,
+        cursor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "plan_id", b"plan_id", "plan_json", b"plan_json", "revision", b"revision", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "created", b"created", "cursor", b"cursor", "goal", b"goal", "message", b"message", "plan_id", b"plan_id", "plan_json", b"plan_json", "revision", b"revision", "status", b"status", "steps", b"steps", "trace_id", b"trace_id", "updated", b"updated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlanSnapshot: _TypeAlias = PlanSnapshot  # noqa: Y015
+
+@_typing.final
+class StepRecord(_message.Message):
+    """What one step of a plan did, from the agent's journal (PlansRequest.view "steps"). Values are
+    the agent's JSON; fields the audit log redacts are redacted here too.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DOES_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    INPUT_JSON_FIELD_NUMBER: _builtins.int
+    OUTPUT_JSON_FIELD_NUMBER: _builtins.int
+    FAILURE_CLASS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    CUT_FIELD_NUMBER: _builtins.int
+    DEPENDS_ON_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    kind: _builtins.str
+    """tool | cross_agent | gate"""
+    does: _builtins.str
+    """the tool, "<agent>.<capability>", or the gate's prompt"""
+    status: _builtins.str
+    """the step's status (pending | running | succeeded | failed | ...)"""
+    attempts: _builtins.int
+    """attempts started"""
+    started: _builtins.float
+    """when the first attempt started (seconds since the epoch; 0: never)"""
+    ended: _builtins.float
+    """when the last attempt ended (seconds since the epoch; 0: not ended)"""
+    input_json: _builtins.str
+    """the input it ran with, references resolved (a JSON object; "" none)"""
+    output_json: _builtins.str
+    """its output (a JSON object; "" none)"""
+    failure_class: _builtins.str
+    """transient | logic | policy | timeout | cancelled ("" none)"""
+    message: _builtins.str
+    """why it failed, or a gate's decision"""
+    revision: _builtins.int
+    """the plan revision that made the step as it is"""
+    author: _builtins.str
+    """who made that revision"""
+    cut: _builtins.bool
+    """input_json or output_json was cut to fit (see PlansRequest.full)"""
+    @_builtins.property
+    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        does: _builtins.str = ...,
+        status: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        started: _builtins.float = ...,
+        ended: _builtins.float = ...,
+        input_json: _builtins.str = ...,
+        output_json: _builtins.str = ...,
+        failure_class: _builtins.str = ...,
+        message: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        author: _builtins.str = ...,
+        cut: _builtins.bool = ...,
+        depends_on: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "author", b"author", "cut", b"cut", "depends_on", b"depends_on", "does", b"does", "ended", b"ended", "failure_class", b"failure_class", "input_json", b"input_json", "kind", b"kind", "message", b"message", "output_json", b"output_json", "revision", b"revision", "started", b"started", "status", b"status", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepRecord: _TypeAlias = StepRecord  # noqa: Y015
 
 @_typing.final
 class PlansResponse(_message.Message):
@@ -1006,19 +1152,25 @@ class PlansResponse(_message.Message):
 
     PLANS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    UNREADABLE_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """"" on the last page"""
     @_builtins.property
     def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanSnapshot]: ...
+    @_builtins.property
+    def unreadable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what the agent could not read, one line each (the rest is here)"""
+
     def __init__(
         self,
         *,
         plans: _abc.Iterable[Global___PlanSnapshot] | None = ...,
         next_page_token: _builtins.str = ...,
+        unreadable: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "plans", b"plans"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "plans", b"plans", "unreadable", b"unreadable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1027,22 +1179,27 @@ Global___PlansResponse: _TypeAlias = PlansResponse  # noqa: Y015
 @_typing.final
 class RunPlanRequest(_message.Message):
     """A plan written by a user for one agent: the agent validates it against its own tool registry
-    and runs it; the answer is the plan's final state.
+    and runs it; the answer is the plan's final state (or, with until_blocked, its state when it
+    first waits at a gate). The plan runs on after the call's deadline: it is never cancelled by it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PLAN_JSON_FIELD_NUMBER: _builtins.int
+    UNTIL_BLOCKED_FIELD_NUMBER: _builtins.int
     plan_json: _builtins.str
     """the agent's typed plan (e.g. a PerceptionPlan), as JSON"""
+    until_blocked: _builtins.bool
+    """answer as soon as the plan waits at a gate (status blocked), not only"""
     def __init__(
         self,
         *,
         plan_json: _builtins.str = ...,
+        until_blocked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_json", b"plan_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan_json", b"plan_json", "until_blocked", b"until_blocked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
