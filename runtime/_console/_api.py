@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
-from stratagem.runtime._console._data import act
-from stratagem.runtime._console._pages import _console, _offset, csrf_ok
+from stratagem.runtime._console._data import Gate, act
+from stratagem.runtime._console._pages import _console, csrf_ok
 from stratagem.runtime._input import InputError, PlanNotFoundError
 
 __all__ = ["action", "agents", "audit", "gates", "plan", "plans", "session"]
@@ -28,44 +28,63 @@ async def session(request: Request) -> JSONResponse:
     return _json({"csrf_token": record.csrf_token, "operator": "operator"})
 
 
-async def plans(request: Request) -> JSONResponse:
-    """``GET /api/plans?agent=&status=&q=&offset=``: one page of plans."""
+def _filters(request: Request) -> dict[str, str]:
+    """The plans list's filters from a query string (the same names on pages and the API)."""
     query = request.query_params
+    return {
+        "agent": query.get("agent", ""),
+        "status": query.get("status", ""),
+        "goal": query.get("goal", ""),
+        "text": query.get("q", ""),
+        "trace_id": query.get("trace", ""),
+        "since": query.get("since", ""),
+        "until": query.get("until", ""),
+    }
+
+
+async def plans(request: Request) -> JSONResponse:
+    """``GET /api/plans?agent=&status=&goal=&q=&trace=&since=&until=&page=``: one page of the
+    history API's plans, newest first; ``next_page_token`` goes in ``page`` for the next."""
     try:
         page = await _console(request).data.plans(
-            agent=query.get("agent") or None,
-            status=query.get("status") or None,
-            text=query.get("q", ""),
-            offset=_offset(request),
+            **_filters(request), page_token=request.query_params.get("page", "")
         )
     except InputError as exc:
         return _json({"error": str(exc)}, 400)
     return _json(
         {
-            "plans": [dataclasses.asdict(row) for row in page.rows],
-            "total": page.total,
-            "offset": page.offset,
-            "next_offset": page.next_offset,
-            "problems": page.problems,
+            "plans": [view.model_dump(mode="json") for view in page.plans],
+            "next_page_token": page.next_token,
+            "unreadable": page.problems,
         }
     )
 
 
+def _gate(gate: Gate) -> dict[str, Any]:
+    return {
+        "plan_id": gate.plan.plan_id,
+        "agent": gate.plan.agent,
+        "revision": gate.plan.revision,
+        "gate_id": gate.step.id,
+        "prompt": gate.prompt,
+    }
+
+
 async def plan(request: Request) -> JSONResponse:
-    """``GET /api/plans/{id}``: a plan and its sub-plans, steps, gates and revisions."""
+    """``GET /api/plans/{id}``: the history API's plan (with its sub-plans and what each step
+    did), its revisions and its open gates."""
     plan_id = request.path_params["plan_id"]
     try:
         detail = await _console(request).data.plan(plan_id)
     except PlanNotFoundError as exc:
         return _json({"error": str(exc)}, 404)
+    except InputError as exc:
+        return _json({"error": str(exc)}, 400)
     return _json(
         {
-            "plan": dataclasses.asdict(detail.root),
-            "subplans": [dataclasses.asdict(v) for v in detail.subplans],
-            "gates": [
-                dataclasses.asdict(g) for v in [detail.root, *detail.subplans] for g in v.gates
-            ],
+            **detail.history.model_dump(mode="json"),
             "revisions": [r.model_dump(mode="json") for r in detail.revisions],
+            "gates": [_gate(g) for g in detail.gates],
             "problems": detail.problems,
         }
     )
@@ -74,7 +93,7 @@ async def plan(request: Request) -> JSONResponse:
 async def gates(request: Request) -> JSONResponse:
     """``GET /api/gates``: every gate waiting for a decision."""
     found, problems = await _console(request).data.gates()
-    return _json({"gates": [dataclasses.asdict(g) for g in found], "problems": problems})
+    return _json({"gates": [_gate(g) for g in found], "problems": problems})
 
 
 async def agents(request: Request) -> JSONResponse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -85,6 +86,7 @@ class Console:
         )
         self.templates.filters["dom_id"] = dom_id
         self.templates.filters["clock"] = clock
+        self.templates.filters["pretty"] = pretty
         self.templates.globals["asset_problem"] = self.assets.problem()
 
     @property
@@ -157,12 +159,22 @@ def dom_id(*parts: str) -> str:
     return "x" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def clock(timestamp: float) -> str:
-    """A wall-clock time, as the page shows it (UTC, to the millisecond)."""
-    if not timestamp:
+def clock(moment: datetime | float | None) -> str:
+    """A wall-clock time (a datetime or epoch seconds), as the page shows it: UTC, to the
+    millisecond."""
+    if not moment:
         return ""
-    moment = datetime.fromtimestamp(timestamp, UTC)
+    if not isinstance(moment, datetime):
+        moment = datetime.fromtimestamp(moment, UTC)
+    moment = moment.astimezone(UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def pretty(value: Any) -> str:
+    """A step's input or output as indented JSON (``—`` for none); the template escapes it."""
+    if value is None:
+        return "—"
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
 class SessionGuard:
@@ -237,7 +249,7 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/plans", _pages.plans, methods=["GET"]),
         Route("/plans/{plan_id:path}", _pages.plan, methods=["GET"]),
         Route("/fragments/plan/{plan_id:path}", _pages.plan_body, methods=["GET"]),
-        Route("/fragments/trace/{plan_id:path}", _pages.trace, methods=["GET"]),
+        Route("/fragments/trace/{trace_id}", _pages.trace, methods=["GET"]),
         Route("/fragments/ray", _pages.ray, methods=["GET"]),
         Route("/live/{plan_id:path}", _pages.live, methods=["GET"]),
         Route("/gates", _pages.gates, methods=["GET"]),

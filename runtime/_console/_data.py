@@ -1,40 +1,40 @@
-"""What the console shows, read through the operator API (the one the CLI and the Python client
-read): plans with filters and pages, one plan with its sub-plans, steps, revisions and gates, the
-agents. Each read names what could not be read (an agent down, a store unreadable) instead of
-failing the whole page.
+"""What the console shows, read through the history API (``Operator.history``, ``plan``,
+``watch``: the one the CLI and the Python client read) and the operator API's other reads
+(revisions, agents' health and cards), plus the audit chain's verification. Each read names what
+could not be read (an agent down, a store unreadable) instead of failing the whole page.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from datetime import UTC, datetime
+from typing import Final
 
-from stratagem.protocol import PlanRevision, PlanSnapshot, ProtocolError, RemoteError
+from stratagem.protocol import PlanRevision, ProtocolError, RemoteError
 from stratagem.runtime._auditing import AuditCheck
 from stratagem.runtime._diagram import plan_diagram
+from stratagem.runtime._history import PlanHistory, PlanView, StepView
 from stratagem.runtime._input import InputError, PlanNotFoundError
 from stratagem.runtime._local import LaunchError
 from stratagem.runtime._operator import Operator
 from stratagem.runtime._restarts import gave_up_reason
-from stratagem.runtime._settings import Settings
 
 __all__ = [
     "ACTIONS",
     "FINAL_STATUSES",
+    "MAX_BLOCKED",
     "PAGE_SIZE",
     "ActionOutcome",
     "AgentView",
     "ConsoleData",
-    "GateView",
-    "PlanRow",
-    "PlanView",
+    "Gate",
+    "PlanDetail",
     "PlansPage",
-    "StepView",
     "act",
+    "open_gates",
     "problem_line",
 ]
 
@@ -42,11 +42,13 @@ logger = logging.getLogger(__name__)
 
 PAGE_SIZE: Final = 50
 """Plans on one page of the plans list."""
+MAX_BLOCKED: Final = 100
+"""The most blocked plans whose gates the gates page lists (the newest)."""
 FINAL_STATUSES: Final = frozenset({"succeeded", "failed", "cancelled"})
 """Plan statuses after which nothing changes (the live stream ends)."""
 
 READ_ERRORS: Final = (ProtocolError, LaunchError, InputError, OSError)
-"""What one agent's read may fail with that the page reports instead of failing."""
+"""What one read may fail with that the page reports instead of failing."""
 
 
 def problem_line(exc: BaseException) -> str:
@@ -57,189 +59,84 @@ def problem_line(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanRow:
-    """A plan in the plans list."""
-
-    plan_id: str
-    agent: str
-    status: str
-    revision: int
-    goal: str
-
-
-@dataclass(frozen=True, slots=True)
 class PlansPage:
-    """One page of the plans list.
+    """One page of the plans list: a page of the history API and how to get the next one.
 
     Attributes:
-        rows: The plans on it.
-        total: How many plans passed the filters.
-        offset: The index of its first plan among them.
-        problems: Per agent that could not be asked, why.
+        plans: The plans on it (the history API's summaries).
+        next_token: The next page's token (``""``: this is the last).
+        first: Whether it is the first page.
+        problems: What an agent could not read, one line each (the rest is listed).
     """
 
-    rows: list[PlanRow]
-    total: int
-    offset: int
-    problems: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def next_offset(self) -> int | None:
-        """Where the next page starts (``None``: this is the last)."""
-        following = self.offset + PAGE_SIZE
-        return following if following < self.total else None
-
-    @property
-    def previous_offset(self) -> int | None:
-        """Where the previous page starts (``None``: this is the first)."""
-        return max(0, self.offset - PAGE_SIZE) if self.offset > 0 else None
+    plans: list[PlanView]
+    next_token: str
+    first: bool
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
-class StepView:
-    """One step of a plan, as its record holds it."""
+class Gate:
+    """A gate waiting for a decision: the plan (as the history API has it) and the step."""
 
-    step_id: str
-    kind: str
-    what: str
-    status: str
-    depends_on: tuple[str, ...]
-    input: str
-    prompt: str = ""
-    output: str = ""
-    error: str = ""
-    attempts: int = 0
-    started: float = 0.0
-    finished: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class GateView:
-    """A gate waiting for a decision."""
-
-    plan_id: str
-    agent: str
-    gate_id: str
-    prompt: str
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class PlanView:
-    """One plan (root or sub-plan) with its steps."""
-
-    plan_id: str
-    agent: str
-    status: str
-    revision: int
-    goal: str
-    steps: list[StepView]
-    parent_id: str = ""
-    trace_id: str = ""
+    plan: PlanView
+    step: StepView
 
     @property
-    def gates(self) -> list[GateView]:
-        """Its gates waiting for a decision."""
-        return [
-            GateView(self.plan_id, self.agent, s.step_id, s.prompt, self.revision)
-            for s in self.steps
-            if s.status == "blocked"
-        ]
-
-    @property
-    def final(self) -> bool:
-        """Whether it is over."""
-        return self.status in FINAL_STATUSES
+    def prompt(self) -> str:
+        """What it asks."""
+        if self.step.kind == "gate":
+            return self.step.does
+        return f"reconcile step {self.step.id} ({self.step.does}): did its effect happen?"
 
 
-def _pretty(value: Any) -> str:
-    if value in (None, {}, []):
-        return ""
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
-
-
-def _what(step: dict[str, Any]) -> str:
-    kind = str(step.get("kind", ""))
-    if kind == "tool":
-        return f"tool {step.get('tool', '')}"
-    if kind == "cross_agent":
-        return f"{step.get('target', '')}.{step.get('capability', '')}"
-    return kind
-
-
-def _body(snapshot: PlanSnapshot) -> dict[str, Any]:
-    try:
-        body = json.loads(snapshot.plan_json) if snapshot.plan_json else {}
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-PLAN_ATTRIBUTE: Final = "stratagem.plan.id"
-
-
-def _trace_of(settings: Settings, plan_id: str) -> str:
-    """The trace of the first span in the span file that names ``plan_id`` (blocking)."""
-    path = settings.trace_file or settings.state_dir / "spans.jsonl"
-    needle = json.dumps(plan_id)
-    try:
-        with path.open(encoding="utf-8") as lines:
-            for line in lines:
-                if needle not in line:
-                    continue
-                try:
-                    raw = json.loads(line)
-                except ValueError:
-                    continue
-                if (raw.get("attributes") or {}).get(PLAN_ATTRIBUTE) == plan_id:
-                    return str(raw.get("trace_id", ""))
-    except OSError:
-        return ""
-    return ""
-
-
-def plan_view(snapshot: PlanSnapshot) -> PlanView:
-    """A snapshot as the page shows it."""
-    body = _body(snapshot)
-    steps = []
-    for raw in body.get("steps") or []:
-        kind = str(raw.get("kind", ""))
-        given = raw.get("input") if kind == "tool" else raw.get("request")
-        prompt = str(raw.get("prompt", "")) if kind == "gate" else ""
-        if not prompt and raw.get("status") == "blocked":
-            prompt = f"reconcile step {raw.get('id', '')}: did its effect happen?"
-        steps.append(
-            StepView(
-                step_id=str(raw.get("id", "")),
-                kind=kind,
-                what=_what(raw),
-                status=str(raw.get("status", "pending")),
-                depends_on=tuple(str(d) for d in raw.get("depends_on") or ()),
-                input=_pretty(given),
-                prompt=prompt,
-            )
-        )
-    parent = snapshot.plan_id.rsplit("/", 1)[0] if "/" in snapshot.plan_id else ""
-    return PlanView(
-        plan_id=snapshot.plan_id,
-        agent=snapshot.agent,
-        status=snapshot.status,
-        revision=snapshot.revision,
-        goal=str(body.get("goal", "")),
-        steps=steps,
-        parent_id=parent,
-    )
+def open_gates(plans: Sequence[PlanView]) -> list[Gate]:
+    """The gates of ``plans`` waiting for a decision."""
+    return [Gate(plan, step) for plan in plans for step in plan.steps if step.status == "blocked"]
 
 
 @dataclass(frozen=True, slots=True)
 class PlanDetail:
-    """A plan and every sub-plan it caused, with what the page draws from them."""
+    """A plan and every sub-plan it caused (the history API's ``PlanHistory``), with its
+    revisions and its diagram.
 
-    root: PlanView
-    subplans: list[PlanView]
-    diagram: str
+    Attributes:
+        history: The plan, then its sub-plans, with what each step did.
+        revisions: The plan's revisions, oldest first.
+        diagram: The DAG as Mermaid text (``plans show --format mermaid``).
+        problems: What could not be read, one line each.
+    """
+
+    history: PlanHistory
     revisions: list[PlanRevision]
-    problems: dict[str, str]
+    diagram: str
+    problems: list[str]
+
+    @property
+    def root(self) -> PlanView:
+        """The plan asked for."""
+        return self.history.plans[0]
+
+    @property
+    def subplans(self) -> list[PlanView]:
+        """The plans it caused."""
+        return self.history.plans[1:]
+
+    @property
+    def gates(self) -> list[Gate]:
+        """Its gates (and its sub-plans') waiting for a decision."""
+        return open_gates(self.history.plans)
+
+
+def _moment(value: str, name: str) -> datetime | None:
+    """A filter's time (``YYYY-MM-DDTHH:MM``, UTC when no zone is given)."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(f"{name} {value!r} is not a date and time (YYYY-MM-DDTHH:MM)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,95 +177,71 @@ class ConsoleData:
         """Every agent's role."""
         return self.operator.roles
 
-    async def _per_agent(self, roles: Sequence[str]) -> tuple[list[PlanSnapshot], dict[str, str]]:
-        async def one(role: str) -> list[PlanSnapshot]:
-            return await self.operator.plans(agent=role)
-
-        answers = await asyncio.gather(*(one(role) for role in roles), return_exceptions=True)
-        snapshots: list[PlanSnapshot] = []
-        problems: dict[str, str] = {}
-        for role, answer in zip(roles, answers, strict=True):
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, READ_ERRORS):
-                    raise answer
-                problems[role] = problem_line(answer)
-            else:
-                snapshots.extend(answer)
-        return snapshots, problems
-
     async def plans(
         self,
         *,
-        agent: str | None = None,
-        status: str | None = None,
+        agent: str = "",
+        status: str = "",
+        goal: str = "",
         text: str = "",
-        offset: int = 0,
+        trace_id: str = "",
+        since: str = "",
+        until: str = "",
+        page_token: str = "",
     ) -> PlansPage:
-        """One page of the plans the agents hold, newest first within each agent.
+        """One page of the plans, newest first (the history API's ``history``).
 
         Raises:
-            InputError: An unknown agent or status.
+            InputError: A filter or page token that is malformed or unknown.
         """
-        from stratagem.runtime._operator import check_role, check_status
-
-        if agent:
-            check_role(agent, self.roles)
-        if status:
-            check_status(status)
-        snapshots, problems = await self._per_agent([agent] if agent else list(self.roles))
-        wanted = text.strip().lower()
-        rows = []
-        for snapshot in snapshots:
-            if status and snapshot.status != status:
-                continue
-            body = _body(snapshot)
-            goal = str(body.get("goal", ""))
-            if wanted and wanted not in snapshot.plan_id.lower() and wanted not in goal.lower():
-                continue
-            rows.append(
-                PlanRow(snapshot.plan_id, snapshot.agent, snapshot.status, snapshot.revision, goal)
-            )
-        offset = max(0, min(offset, max(0, len(rows) - 1)))
-        return PlansPage(rows[offset : offset + PAGE_SIZE], len(rows), offset, problems)
+        page = await self.operator.history(
+            agent=agent or None,
+            status=status or None,
+            goal=goal or None,
+            text=text or None,
+            trace_id=trace_id or None,
+            since=_moment(since, "since"),
+            until=_moment(until, "until"),
+            page_size=PAGE_SIZE,
+            page_token=page_token,
+        )
+        more = page.next_page_token if len(page.plans) == PAGE_SIZE else ""
+        return PlansPage(page.plans, more, not page_token, list(page.unreadable))
 
     async def plan(self, plan_id: str) -> PlanDetail:
-        """A plan and its sub-plans, its revisions and its diagram.
+        """A plan and its sub-plans (the history API's ``plan``), its revisions and its diagram.
 
         Raises:
+            InputError: A malformed plan id.
             PlanNotFoundError: No agent holds it.
         """
-        snapshots = await self.operator.show(plan_id)
-        views = [plan_view(s) for s in snapshots]
-        root = next((v for v in views if v.plan_id == plan_id), None)
-        if root is None:
-            raise PlanNotFoundError(plan_id)
-        problems: dict[str, str] = {}
+        history = await self.operator.plan(plan_id)
+        problems = list(history.unreadable)
         revisions: list[PlanRevision] = []
         try:
             revisions = (await self.operator.revisions(plan_id)).revisions
         except READ_ERRORS as exc:
-            problems["revisions"] = problem_line(exc)
-        subplans = sorted(
-            (v for v in views if v.plan_id != plan_id),
-            key=lambda v: (v.plan_id.count("/"), v.plan_id),
+            problems.append(f"revisions: {problem_line(exc)}")
+        diagram = plan_diagram(history.plans, plan_id, "mermaid")
+        return PlanDetail(history, revisions, diagram, problems)
+
+    async def gates(self) -> tuple[list[Gate], list[str]]:
+        """Every gate waiting for a decision (of the newest ``MAX_BLOCKED`` blocked plans), and
+        what could not be read."""
+        page = await self.operator.history(status="blocked", page_size=MAX_BLOCKED)
+        problems = list(page.unreadable)
+        answers = await asyncio.gather(
+            *(self.operator.plan(view.plan_id) for view in page.plans), return_exceptions=True
         )
-        diagram = plan_diagram(snapshots, plan_id, "mermaid")
-        return PlanDetail(root, subplans, diagram, revisions, problems)
-
-    async def gates(self) -> tuple[list[GateView], dict[str, str]]:
-        """Every gate waiting for a decision, and the agents that could not be asked."""
-        snapshots, problems = await self._per_agent(list(self.roles))
-        gates = [
-            gate
-            for snapshot in snapshots
-            if snapshot.status == "blocked"
-            for gate in plan_view(snapshot).gates
-        ]
+        gates: list[Gate] = []
+        for view, answer in zip(page.plans, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, READ_ERRORS):
+                    raise answer
+                problems.append(f"{view.agent} plan {view.plan_id}: {problem_line(answer)}")
+                continue
+            gates.extend(open_gates([v for v in answer.plans if v.plan_id == view.plan_id]))
         return gates, problems
-
-    async def trace_id(self, plan_id: str) -> str:
-        """The trace ``plan_id`` ran in (``""`` when no span of it was recorded)."""
-        return await asyncio.to_thread(_trace_of, self.operator.settings, plan_id)
 
     async def audit(self, keep: int) -> tuple[AuditCheck | None, str]:
         """The audit chain verified, with its last ``keep`` records; or why it could not be."""

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Final
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -21,7 +23,6 @@ from stratagem.protocol import PlanEvent
 from stratagem.runtime._console._app import Console
 from stratagem.runtime._console._auth import CSRF_FIELD, CSRF_HEADER, Session
 from stratagem.runtime._console._data import (
-    ACTIONS,
     FINAL_STATUSES,
     READ_ERRORS,
     act,
@@ -55,6 +56,8 @@ AUDIT_RECORDS: Final = 50
 """The last audit records the audit page lists."""
 RELOAD_ON: Final = frozenset({"blocked", "paused", "running", *FINAL_STATUSES})
 """Plan statuses after which the plan's page body is drawn again (gates appear, outputs...)."""
+STEP_DONE: Final = frozenset({"succeeded", "failed", "blocked", "skipped", "cancelled"})
+"""Step statuses after which the page body is drawn again (the step's output, its error)."""
 
 
 def _console(request: Request) -> Console:
@@ -156,31 +159,32 @@ async def home(request: Request) -> Response:
 # -- plans ---------------------------------------------------------------------------------------
 
 
-def _offset(request: Request) -> int:
-    raw = request.query_params.get("offset", "0")
-    return int(raw) if raw.isdigit() and len(raw) < 10 else 0
-
-
 async def plans(request: Request) -> Response:
-    """The plans, filtered by agent, status and text, a page at a time."""
-    console = _console(request)
-    query = request.query_params
-    agent, status, text = query.get("agent", ""), query.get("status", ""), query.get("q", "")
+    """The plans, newest first, filtered as the history API filters them, a page at a time."""
     from stratagem.planning import PlanStatus
+    from stratagem.runtime._console._api import _filters
 
+    console = _console(request)
+    filters = _filters(request)
+    token = request.query_params.get("page", "")
     context: dict[str, Any] = {
-        "agent": agent,
-        "status": status,
-        "text": text,
+        "filters": filters,
         "roles": console.data.roles,
         "statuses": [s.value for s in PlanStatus],
     }
     try:
-        page = await console.data.plans(
-            agent=agent or None, status=status or None, text=text, offset=_offset(request)
-        )
+        page = await console.data.plans(**filters, page_token=token)
     except InputError as exc:
         return console.page(request, "plans.html", 400, page=None, error=str(exc), **context)
+    query = {
+        "q" if k == "text" else "trace" if k == "trace_id" else k: v
+        for k, v in filters.items()
+        if v
+    }
+    context["next_url"] = (
+        f"/plans?{urlencode({**query, 'page': page.next_token})}" if page.next_token else ""
+    )
+    context["first_url"] = "" if page.first else f"/plans?{urlencode(query)}"
     template = "plans_table.html" if request.headers.get("hx-target") == "plans" else "plans.html"
     return console.page(request, template, page=page, error="", **context)
 
@@ -191,7 +195,7 @@ async def _plan_context(request: Request, plan_id: str) -> dict[str, Any] | None
         detail = await console.data.plan(plan_id)
     except PlanNotFoundError:
         return None
-    return {"detail": detail, "plan_id": plan_id, "actions": ACTIONS}
+    return {"detail": detail, "plan_id": plan_id}
 
 
 async def plan(request: Request) -> Response:
@@ -200,11 +204,22 @@ async def plan(request: Request) -> Response:
     console = _console(request)
     try:
         context = await _plan_context(request, plan_id)
+    except InputError as exc:
+        return _missing(request, "plan", str(exc))
     except READ_ERRORS as exc:
-        return console.page(request, "missing.html", 502, what="plan", message=problem_line(exc))
+        return console.page(
+            request,
+            "missing.html",
+            502,
+            what="plan",
+            title=f"Cannot show plan {plan_id}",
+            message=problem_line(exc),
+        )
     if context is None:
         return _missing(request, "plan", f"no plan {plan_id!r} on any agent")
-    return console.page(request, "plan.html", quoted=quote(plan_id, safe="/"), **context)
+    return console.page(
+        request, "plan.html", quoted=quote(plan_id, safe="/"), drawn=time.time(), **context
+    )
 
 
 async def plan_body(request: Request) -> Response:
@@ -215,7 +230,7 @@ async def plan_body(request: Request) -> Response:
         context = await _plan_context(request, plan_id)
     except READ_ERRORS as exc:
         return HTMLResponse(
-            console.fragment("problems.html", problems={"plan": problem_line(exc)}),
+            console.fragment("problems.html", problems=[f"plan: {problem_line(exc)}"]),
             status_code=502,
         )
     if context is None:
@@ -223,16 +238,21 @@ async def plan_body(request: Request) -> Response:
     return console.page(request, "plan_body.html", **context)
 
 
+TRACE_ID: Final = re.compile(r"^[0-9a-f]{32}$")
+
+
 async def trace(request: Request) -> Response:
-    """A plan's trace as a waterfall (loaded after the page: a slow backend delays only this)."""
+    """A trace as a waterfall (loaded after the plan's page: a slow backend delays only this)."""
     from stratagem.runtime._console._trace import load_trace
 
-    plan_id = request.path_params["plan_id"]
+    trace_id = request.path_params["trace_id"]
     console = _console(request)
-    trace_id = await console.data.trace_id(plan_id)
-    view = None
-    if trace_id:
-        view = await asyncio.to_thread(load_trace, console.config.settings, trace_id)
+    if not TRACE_ID.match(trace_id):
+        return HTMLResponse(
+            console.fragment("outcome.html", ok=False, message=f"{trace_id!r} is no trace id"),
+            status_code=404,
+        )
+    view = await asyncio.to_thread(load_trace, console.config.settings, trace_id)
     return console.page(request, "trace.html", view=view, trace_id=trace_id)
 
 
@@ -256,6 +276,10 @@ async def live(request: Request) -> Response:
     console = _console(request)
     raw_last = request.headers.get("last-event-id", "0")
     last = int(raw_last) if raw_last.isdigit() and len(raw_last) < 10 else 0
+    try:  # when the page was drawn: older events are in it already, and ask for no redraw
+        after = float(request.query_params.get("after", "0"))
+    except ValueError:
+        after = 0.0
 
     async def stream() -> AsyncIterator[str]:
         queue: asyncio.Queue[PlanEvent | BaseException | None] = asyncio.Queue()
@@ -300,7 +324,12 @@ async def live(request: Request) -> Response:
                 yield _frame(
                     "update", console.fragment("live_event.html", event=item, root=plan_id), seen
                 )
-                if not item.step_id and item.status in RELOAD_ON and item.plan_id == plan_id:
+                # The page asks for its body again (at most once per quiet 300 ms: htmx's
+                # delay) when a plan changes status or a step ends: outputs, errors and gates
+                # come from the history API, never from the event itself.
+                if item.timestamp > after and item.status in (
+                    STEP_DONE if item.step_id else RELOAD_ON
+                ):
                     yield _frame("reload", "")
             yield _frame("end", "")
         finally:
