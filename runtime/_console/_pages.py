@@ -116,6 +116,7 @@ async def login(request: Request) -> Response:
     session = console.sessions.sign_in(request.query_params.get("token", ""))
     if session is None:
         return console.page(request, "signin.html", 403, spent=True)
+    request.scope["session_record"] = session
     response = console.page(request, "signedin.html")
     response.set_cookie(
         console.config.cookie_name,
