@@ -88,10 +88,35 @@ from stratagem.agents._world import FileWorldStore, WorldModel, WorldStore
 from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from stratagem.agents._mcp import (
+        JsonSchemaModel,
+        McpLoadError,
+        McpResult,
+        McpToolset,
+        json_schema_model,
+        tool_effects,
+    )
     from stratagem.agents._world._postgres import PostgresWorldStore
 
-# The PostgreSQL world store needs psycopg (the `postgres` extra): imported on first use.
-__getattr__ = lazy_exports(__name__, {"PostgresWorldStore": "._world._postgres"})
+# Imported on first use: the PostgreSQL world store needs psycopg (the `postgres` extra); the MCP
+# client needs the mcp SDK, httpx2 and jsonschema, which only an agent with MCP servers uses.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresWorldStore": "._world._postgres",
+        **dict.fromkeys(
+            (
+                "JsonSchemaModel",
+                "McpLoadError",
+                "McpResult",
+                "McpToolset",
+                "json_schema_model",
+                "tool_effects",
+            ),
+            "._mcp",
+        ),
+    },
+)
 
 __all__ = [
     "DEFAULT_PATTERNS",
@@ -113,6 +138,10 @@ __all__ = [
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "JsonSchemaModel",
+    "McpLoadError",
+    "McpResult",
+    "McpToolset",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -160,6 +189,7 @@ __all__ = [
     "extension_policy_rules",
     "import_extensions",
     "in_thread",
+    "json_schema_model",
     "load_extensions",
     "model_planner",
     "parse_json_answer",
@@ -169,4 +199,5 @@ __all__ = [
     "serve_in_memory",
     "slugify",
     "tool",
+    "tool_effects",
 ]

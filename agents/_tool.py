@@ -237,6 +237,9 @@ def tool(
 def _violations(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False):
+        if error["type"] == "json_schema" and not error["loc"]:
+            parts.append(error["msg"])  # a JSON Schema's check names its own paths
+            continue
         path = ""
         for part in error["loc"]:
             path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))

@@ -112,6 +112,7 @@ from stratagem.protocol._identity import (
     TokenSigner,
 )
 from stratagem.protocol._lazy import lazy_exports
+from stratagem.protocol._mcp import MCP_SERVER_NAME_PATTERN, McpServerConfig
 from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._models import (
     CONTROL_ACTIONS,
@@ -139,7 +140,7 @@ from stratagem.protocol._models import (
     StepRecord,
     control_capability,
 )
-from stratagem.protocol._policy import OPERATOR, READ_RPCS, Policy, PolicyRule
+from stratagem.protocol._policy import MCP_TARGET_PREFIX, OPERATOR, READ_RPCS, Policy, PolicyRule
 from stratagem.protocol._server import AgentServer, ServerConfig
 from stratagem.protocol._service import (
     AgentBackend,
@@ -160,6 +161,7 @@ from stratagem.protocol._storage import (
 if TYPE_CHECKING:
     from stratagem.protocol._answers._postgres import PostgresAnswerStore
     from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
+    from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
     from stratagem.protocol._tls import TlsFiles, certificate_identity, init_certificates
 
 # Imported on first use: the PostgreSQL backend needs psycopg (the `postgres` extra), and mutual
@@ -173,6 +175,9 @@ __getattr__ = lazy_exports(
         "PostgresAnswerStore": "._answers._postgres",
         "PostgresAuditHeads": "._audit._postgres",
         "PostgresAuditLog": "._audit._postgres",
+        # The MCP face needs the mcp SDK's server, Starlette and uvicorn: loaded by who serves it.
+        "McpFace": "._mcp._face",
+        "McpFaceConfig": "._mcp._face",
     },
 )
 
@@ -184,6 +189,8 @@ __all__ = [
     "EXTENSION_FIELD",
     "MAX_JSON_DEPTH",
     "MAX_PLANS_PAGE",
+    "MCP_SERVER_NAME_PATTERN",
+    "MCP_TARGET_PREFIX",
     "OPERATOR",
     "PLANS_VIEWS",
     "PLAN_ID_PATTERN",
@@ -233,6 +240,9 @@ __all__ = [
     "InMemoryAuditLog",
     "InternalError",
     "InvalidArgumentError",
+    "McpFace",
+    "McpFaceConfig",
+    "McpServerConfig",
     "MirroredHeads",
     "MissingSecretError",
     "NotFoundError",

@@ -15,6 +15,11 @@ pseudo-capability names the RPC table declares (``protocol._service``): the read
 (``READ_RPCS``: ``"Describe"``, ``"Watch"``, ``"Plans"``, ``"Revisions"``) and ``"RunPlan"``,
 ``"Replay"`` and ``"Control.<action>"``.
 
+MCP tools are authorized by the same rules: an agent may use tool ``T`` of the MCP server ``S``
+attached to it (``McpServerConfig``) when a rule names the agent as ``caller``, ``mcp.S`` as
+``target`` in so many words (a ``"*"`` target never covers an MCP server) and ``T`` (or ``"*"``)
+among its ``capabilities`` (``Policy.allows_tool``); the tools it may not use are not given to it.
+
 The caller is the identity the server authenticated (today the ``x-stratagem-caller`` metadata
 value, trusted; see the README); ``OPERATOR`` is the identity of the CLI's user.
 """
@@ -35,12 +40,15 @@ from stratagem.protocol._codec import field_path
 from stratagem.protocol._errors import ProtocolUsageError
 from stratagem.protocol._service import RPCS
 
-__all__ = ["ANY", "OPERATOR", "READ_RPCS", "Policy", "PolicyRule"]
+__all__ = ["ANY", "MCP_TARGET_PREFIX", "OPERATOR", "READ_RPCS", "Policy", "PolicyRule"]
 
 logger = logging.getLogger(__name__)
 
 OPERATOR: Final = "operator"
 """The identity of the CLI's user."""
+
+MCP_TARGET_PREFIX: Final = "mcp."
+"""A policy rule's target ``mcp.<server>`` names the MCP server ``<server>`` of its caller."""
 
 ANY: Final = "*"
 """The wildcard for a rule's target or capabilities (and, written explicitly, its caller)."""
@@ -115,6 +123,18 @@ class Policy:
         if not (caller and target and capability):
             return False
         return any(rule.matches(caller, target, capability) for rule in self._rules)
+
+    def allows_tool(self, agent: str, server: str, tool: str) -> bool:
+        """Whether ``agent`` may use tool ``tool`` of its MCP server ``server``: a rule whose
+        caller is ``agent`` (or ``"*"``) and whose target is exactly ``mcp.<server>`` names the
+        tool or ``"*"``. Deny by default: no such rule, no tool.
+        """
+        if not (agent and server and tool):
+            return False
+        target = f"{MCP_TARGET_PREFIX}{server}"
+        return any(
+            rule.target == target and rule.matches(agent, target, tool) for rule in self._rules
+        )
 
     @classmethod
     def from_toml(cls, text: str, *, source: str = "<string>") -> Policy:

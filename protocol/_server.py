@@ -68,7 +68,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -91,6 +91,7 @@ from stratagem.protocol._errors import (
     FieldViolation,
     InvalidArgumentError,
     ProtocolUsageError,
+    RemoteError,
     ResourceExhaustedError,
 )
 from stratagem.protocol._identity import Authenticator
@@ -101,7 +102,6 @@ from stratagem.protocol._rpc import (
     CAPABILITY_KEY,
     SERVER_KEEPALIVE_OPTIONS,
     SERVICE,
-    metadata_getter,
     span_attributes,
     span_name,
     stratagem_attributes,
@@ -321,6 +321,20 @@ class AgentServer:
             await self._health.set(service, status)
 
     @property
+    def role(self) -> str:
+        """The role of the agent served."""
+        return self._role
+
+    def authenticate(self, metadata: Mapping[str, str], context: Any) -> str:
+        """The identity this server's authenticator verifies from ``metadata`` (for a transport
+        that must refuse an unauthenticated request before it knows the RPC: the MCP face).
+
+        Raises:
+            UnauthenticatedError: No credentials, or credentials that do not verify.
+        """
+        return self._authenticator.authenticate(metadata, context)
+
+    @property
     def port(self) -> int:
         """The bound port (0 before ``start``)."""
         return self._port
@@ -385,9 +399,68 @@ class AgentServer:
         return grpc.unary_unary_rpc_method_handler(unary)
 
     async def _serve(self, method: str, request: bytes, context: Any, stage: Stage) -> bytes | None:
-        """Run one RPC's stages inside its server span; settle, audit and answer its outcome."""
-        metadata = tuple(context.invocation_metadata() or ())
-        exchange = Exchange(method=method, metadata=text_metadata(metadata))
+        """Run one RPC's stages; answer its outcome over gRPC."""
+        metadata = text_metadata(tuple(context.invocation_metadata() or ()))
+        answer, error = await self._run(method, metadata, request, context, stage)
+        if error is None:
+            return answer
+        if deadline_passed(context):
+            # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
+            raise asyncio.CancelledError
+        await context.abort_with_status(grpc_status(error))
+        raise AssertionError("grpc's abort returned instead of raising")
+
+    async def serve_foreign(
+        self,
+        method: str,
+        request: bytes,
+        metadata: Mapping[str, str],
+        context: Any,
+        *,
+        refusal: RemoteError | None = None,
+    ) -> bytes:
+        """Serve a unary RPC of the table that arrived by another transport (the MCP face).
+
+        It runs the stages a gRPC call runs (authentication from ``metadata``, policy, admission,
+        decoding, the answer store, audit, the server span); only the transport differs.
+
+        Args:
+            method: The RPC's name (``"Call"``, ``"Describe"``...).
+            request: Its request message's bytes.
+            metadata: What a gRPC call carries as metadata (``authorization``, routing keys).
+            context: Stands for grpc's servicer context: ``time_remaining()`` (``None`` for the
+                server's default deadline) and ``peer()`` (``"ipv4:HOST:PORT"``).
+            refusal: Refuse the call with this error once its caller is authenticated and
+                authorized (a request the other transport could not turn into ``request``).
+
+        Returns:
+            The answer's bytes.
+
+        Raises:
+            RemoteError: The refusal or failure, already audited as a gRPC call's would be.
+        """
+        spec = RPCS[method]
+        stage: Stage = self._calls.serve if spec is CALL else partial(self._serve_rpc, spec)
+        if refusal is not None:
+            refused = refusal
+
+            async def stage(exchange: Exchange, data: bytes, ctx: Any, span: Span) -> bytes:
+                read = None if spec is CALL else spec.authorized_as
+                await self._pipeline.admit(exchange, data, ctx, span, read=read, queue=False)
+                raise refused
+
+        answer, error = await self._run(method, dict(metadata), request, context, stage)
+        if error is not None:
+            raise error
+        assert answer is not None  # unary
+        return answer
+
+    async def _run(
+        self, method: str, metadata: dict[str, str], request: bytes, context: Any, stage: Stage
+    ) -> tuple[bytes | None, RemoteError | None]:
+        """Run one RPC's stages inside its server span; settle and audit its outcome. The span
+        has ended when this returns (before the answer or status leaves)."""
+        exchange = Exchange(method=method, metadata=metadata)
         pipeline = self._pipeline
         began = time.perf_counter()
         self._metrics.started(method)
@@ -395,14 +468,13 @@ class AgentServer:
         # without two generator context managers per call.
         span = self._tracer.start_span(
             span_name(method),
-            context=propagate.extract(metadata, getter=metadata_getter),
+            context=propagate.extract(metadata),
             kind=SpanKind.SERVER,
             attributes=span_attributes(method),
             record_exception=False,
             set_status_on_exception=False,
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-        ended = False
         try:
             try:
                 answer = await stage(exchange, request, context, span)
@@ -425,23 +497,13 @@ class AgentServer:
             else:
                 pipeline.release(exchange)
                 await pipeline.settle(exchange, span, None, answer, began)
-                return answer
+                return answer, None
             pipeline.release(exchange)
             await pipeline.settle(exchange, span, error, None, began, context)
-            if deadline_passed(context):
-                # The transport has ended the call with DEADLINE_EXCEEDED: nobody is left to answer.
-                raise asyncio.CancelledError
-            # Ended before the status leaves, as an answer's span is: whoever has the answer
-            # finds the server's span finished.
+            return None, error
+        finally:
             otel_context.detach(token)
             span.end()
-            ended = True
-            await context.abort_with_status(grpc_status(error))
-            raise AssertionError("grpc's abort returned instead of raising")
-        finally:
-            if not ended:
-                otel_context.detach(token)
-                span.end()
 
     async def _serve_rpc(
         self, spec: RpcSpec[Any, Any], exchange: Exchange, request: bytes, context: Any, span: Span

@@ -43,6 +43,7 @@ from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, acto
 from stratagem.runtime._extensions import import_agent_extensions
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
@@ -155,13 +156,17 @@ class AgentActor:
             store=self._store,
             world_store=open_world_store(settings, role),
         )
+        self._audit = open_audit_log(settings)
+        policy = load_policy(settings)
+        # Before the model planner is made and before any plan resumes: the MCP tools are the
+        # agent's tools (in its answer schema too) from its first request on.
+        self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         attach_model_planner(
             self._agent,
             settings,
             api_key=model_api_key,
             tracer_provider=self._tracer_provider,
         )
-        self._audit = open_audit_log(settings)
         self._sealer = AuditSealer(
             self._audit,
             audit_key or load_or_create_key(settings.audit_key_path),
@@ -172,7 +177,7 @@ class AgentActor:
         host = settings.grpc_host or self._node_ip
         self._server = AgentServer(
             self._agent,
-            policy=load_policy(settings),
+            policy=policy,
             authenticator=authenticator_for(settings, role, secret),
             audit=self._audit,
             config=ServerConfig(
@@ -189,6 +194,7 @@ class AgentActor:
             answers=self._answers,
         )
         await self._server.start()
+        self._mcp_face = await start_mcp_face(self._server, settings, role)
         try:
             publish_endpoint(settings.state_dir, role, self._server.endpoint, os.getpid())
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
@@ -227,6 +233,7 @@ class AgentActor:
             "node_labels": self._node_labels,
             "settings_digest": self._settings_digest,
             "secret_id": self._secret_id,
+            "mcp_url": self._mcp_face.url if self._mcp_face is not None else "",
         }
 
     def _restart_count(self) -> int | None:
@@ -261,10 +268,14 @@ class AgentActor:
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
+        if self._mcp_face is not None:
+            await self._mcp_face.aclose()
         await self._server.aclose()
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()
+        for toolset in self._mcp:
+            await toolset.aclose()
         await self._dispatcher.aclose()
         await self._answers.aclose()
         await self._store.aclose()

@@ -134,6 +134,7 @@ class AgentInfo:
             (``died: out of memory``, ...), or a store problem the agent found itself.
         secret_id: The key id of the cluster secret it verifies tokens with (token mode; empty
             otherwise): ``up`` compares it with the operator's secret.
+        mcp_url: Its MCP face's URL (``mcp_ports``), or "" when it has none.
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
@@ -154,6 +155,7 @@ class AgentInfo:
     settings_digest: str = ""
     secret_id: str = ""
     problem: str = ""
+    mcp_url: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from stratagem.protocol import ROLE_PATTERN, roles
+from stratagem.protocol import MCP_SERVER_NAME_PATTERN, ROLE_PATTERN, McpServerConfig, roles
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -32,6 +32,7 @@ def _importable(name: str) -> bool:
 
 
 _ROLE = re.compile(ROLE_PATTERN)
+_MCP_SERVER = re.compile(MCP_SERVER_NAME_PATTERN)
 
 
 def _role_names(value: Mapping[str, object]) -> None:
@@ -157,6 +158,14 @@ class Settings(BaseSettings):
             model on a CPU takes tens of seconds a call).
         model_max_concurrent: Model calls one agent has in flight at once; ``None``: 1 for the
             embedded server (a CPU answers one at a time), 4 otherwise.
+        mcp_servers: MCP servers whose tools become tools of an agent, by server name (JSON in
+            ``STRATAGEM_MCP_SERVERS``, or ``[default.mcp_servers.NAME]`` tables in the config
+            file; see ``protocol.McpServerConfig`` and docs/mcp.md). The policy decides which of
+            their tools each agent may use (rules with target ``mcp.NAME``).
+        mcp_ports: Per role, the loopback port of that agent's MCP face (its capabilities as
+            MCP tools over Streamable HTTP, behind the same authentication, policy and audit as
+            a gRPC call; 0 picks a free port). Off for a role not named (JSON in
+            ``STRATAGEM_MCP_PORTS``, e.g. ``{"tactical": 0}``).
         genai_capture_content: Whether model prompts and answers go on spans (OpenTelemetry's
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``); off by default.
     """
@@ -220,6 +229,8 @@ class Settings(BaseSettings):
     )
     deploy_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     allow_unauthenticated_ray: bool = False
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    mcp_ports: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("extensions", "extension_paths", mode="before")
     @classmethod
@@ -239,6 +250,25 @@ class Settings(BaseSettings):
         taken = [port for port in value.values() if list(value.values()).count(port) > 1]
         if taken:
             raise ValueError(f"port {taken[0]} is given to more than one role")
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_server_names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in sorted(value):
+            if not _MCP_SERVER.fullmatch(name):
+                raise ValueError(
+                    f"MCP server name {name!r} must match {MCP_SERVER_NAME_PATTERN} (lowercase)"
+                )
+        return value
+
+    @field_validator("mcp_ports")
+    @classmethod
+    def _mcp_port_roles(cls, value: dict[str, int]) -> dict[str, int]:
+        _role_names(value)
+        bad = sorted(role for role, port in value.items() if not 0 <= port <= 65535)
+        if bad:
+            raise ValueError(f"the MCP port of {bad[0]} must be in 0..65535, not {value[bad[0]]}")
         return value
 
     @field_validator("planners")
@@ -279,14 +309,16 @@ class Settings(BaseSettings):
         return value
 
     def unknown_roles(self, known: Collection[str]) -> list[tuple[str, str]]:
-        """The ``(setting, role)`` pairs of ``ports``, ``planners`` and ``placement`` that name a
-        role outside ``known``."""
+        """The ``(setting, role)`` pairs of ``ports``, ``planners``, ``placement``, ``mcp_ports``
+        and ``mcp_servers`` (their ``agent``) that name a role outside ``known``."""
         return [
             (setting, role)
             for setting, value in (
                 ("ports", self.ports),
                 ("planners", self.planners),
                 ("placement", self.placement),
+                ("mcp_ports", self.mcp_ports),
+                ("mcp_servers", {c.agent: c for c in self.mcp_servers.values()}),
             )
             for role in sorted(value)
             if role not in known

@@ -26,6 +26,10 @@ EXPECTED = [
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "JsonSchemaModel",
+    "McpLoadError",
+    "McpResult",
+    "McpToolset",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -73,6 +77,7 @@ EXPECTED = [
     "extension_policy_rules",
     "import_extensions",
     "in_thread",
+    "json_schema_model",
     "load_extensions",
     "model_planner",
     "parse_json_answer",
@@ -82,6 +87,7 @@ EXPECTED = [
     "serve_in_memory",
     "slugify",
     "tool",
+    "tool_effects",
 ]
 
 
