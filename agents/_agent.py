@@ -51,17 +51,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.metadata
 import inspect
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Mapping
+from typing import Any, Final, Protocol
 
+from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from stratagem.agents._control import PlanControl
+from stratagem.agents._history import INTERRUPTED, PlanHistory
 from stratagem.agents._records import (
     MAX_RECORDS,
     PlanBook,
@@ -92,10 +96,13 @@ from stratagem.planning import (
     PlanResult,
     PlanState,
     PlanStatus,
+    PlanStatusRecord,
     PlanValidationError,
     StateStore,
     StepError,
+    StepEvent,
     StepFailure,
+    StoreError,
     validate_plan,
 )
 from stratagem.protocol import (
@@ -109,6 +116,8 @@ from stratagem.protocol import (
     NotFoundError,
     PlanEvent,
     PlanSnapshot,
+    PlansPage,
+    PlansQuery,
     WireModel,
     current_call,
     json_object,
@@ -117,6 +126,10 @@ from stratagem.protocol import (
 __all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
 
 logger = logging.getLogger(__name__)
+
+_ANSWER_BYTES: Final = 1 << 20
+"""The message limit a snapshot answered in-process is built for (the server passes its own)."""
+_FINAL_STATUSES: Final = frozenset(status.value for status in PlanStatus if status.is_final)
 
 
 def _package_version() -> str:
@@ -221,6 +234,11 @@ class Agent(PlanControl):
         self._started: dict[str, asyncio.Event] = {}
         self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
         self._book = PlanBook(role, max_records)
+        self._history = PlanHistory(
+            role, plan_type, self._book, store, running=lambda plan_id: self._is_active(plan_id)
+        )
+        # Runs no caller's deadline may cancel (user plans, operators' top-level requests).
+        self._runs: set[asyncio.Task[PlanResult[Any]]] = set()
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
@@ -315,16 +333,31 @@ class Agent(PlanControl):
             # An id no plan may carry cannot be recorded; the caller still gets the error.
             with contextlib.suppress(ValidationError):
                 stub = Plan(id=plan_id, owner=self.role, goal=capability)
-                self._book.refuse(stub, capability, message)
+                await self._refuse(stub, capability, message)
             if isinstance(exc, StepError):
                 raise failure_error(exc.failure_class, message) from exc
             raise FailedPreconditionError(message) from exc
         if self.store is not None:
             plan = plan.model_copy(update={"goal": goal_marked(plan.goal, request_digest)})
-        result = await self._run(plan, capability)
+        if ctx.plan_id:
+            result = await self._run(plan, capability)
+        else:
+            # An operator's request (no caller plan): its deadline, or the caller going away,
+            # ends the call, never the plan, which runs on here (``cancel`` stops it).
+            result = await asyncio.shield(self._unbound(self._run(plan, capability), plan.id))
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
         return self._respond(planner, capability, request, result)
+
+    def _unbound(
+        self, run: Coroutine[Any, Any, PlanResult[Any]], plan_id: str
+    ) -> asyncio.Task[PlanResult[Any]]:
+        """``run`` in a task of its own, which no caller's cancellation reaches (``aclose``
+        interrupts it; the plan stays resumable from the store)."""
+        task = asyncio.get_running_loop().create_task(run, name=f"run {plan_id}")
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return task
 
     def _respond(
         self, planner: Planner, capability: str, request: WireModel, result: PlanResult[Any]
@@ -409,24 +442,25 @@ class Agent(PlanControl):
             protocol.FailedPreconditionError: The plan fails validation (for example a step names
                 a tool outside this agent's registry); the message names every problem.
         """
-        if isinstance(plan, Plan):
-            typed = plan
-        else:
-            try:
-                typed = self.plan_type.model_validate(plan)
-            except ValidationError as exc:
-                raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
-        return await self._run(typed, "")
+        return await self._run(self._typed(plan), "")
 
-    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
+    async def run_plan(
+        self, plan_json: str, ctx: CallContext, *, until_blocked: bool = False
+    ) -> PlanSnapshot:
         """Serve ``RunPlan``: validate a user's plan against this agent's registry and run it.
+
+        The plan runs in a task of its own: the call's deadline, or the caller going away, ends
+        the call and never the plan (``cancel`` stops it).
 
         Args:
             plan_json: The plan, as JSON of this agent's plan type.
             ctx: The call being served.
+            until_blocked: Answer as soon as the plan waits at a gate (its status ``blocked``),
+                not only when it ends.
 
         Returns:
-            The plan's final state when it succeeded.
+            The plan's state with each step's record: final when it succeeded, ``blocked`` when
+            ``until_blocked`` and it waits at a gate.
 
         Raises:
             protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type.
@@ -435,10 +469,43 @@ class Agent(PlanControl):
             protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
         """
         raw = json_object(plan_json, "the plan")
-        result = await self.submit_plan(raw)
+        plan = self._typed(raw)
+        run = self._unbound(self._run(plan, ""), plan.id)
+        if until_blocked:
+            waits = asyncio.get_running_loop().create_task(self._blocked(plan.id))
+            try:
+                await asyncio.wait({run, waits}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waits.cancel()
+            if not run.done():
+                return await self._answer(plan.id)
+        result = await asyncio.shield(run)
         if result.status is not PlanStatus.SUCCEEDED:
             raise run_failure(result, self.role)
-        return self._book.record(result.plan.id).snapshot(self.role)
+        return await self._answer(result.plan.id)
+
+    async def _blocked(self, plan_id: str) -> None:
+        """Return once plan ``plan_id`` waits at a gate here (or has ended)."""
+        async for event in self._book.watch(plan_id):
+            if event.plan_id == plan_id and not event.step_id and event.status == "blocked":
+                return
+
+    async def _answer(self, plan_id: str) -> PlanSnapshot:
+        """The plan's snapshot with its steps' records (from the store when there is one)."""
+        if self.store is not None:
+            with contextlib.suppress(StoreError):
+                snapshot = await self._history.snapshot(plan_id, max_bytes=_ANSWER_BYTES)
+                if snapshot is not None:
+                    return snapshot
+        return self._book.record(plan_id).snapshot(self.role)
+
+    def _typed(self, plan: Plan | Mapping[str, Any]) -> Plan:
+        if isinstance(plan, Plan):
+            return plan
+        try:
+            return self.plan_type.model_validate(plan)
+        except ValidationError as exc:
+            raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
 
     # --- progress ------------------------------------------------------------------------------
 
@@ -456,12 +523,60 @@ class Agent(PlanControl):
         Yields:
             The events, in the order they happened.
         """
+        # Plans no longer held in memory (this agent restarted): their stored events first.
+        for event in await self._history.stored_events(plan_id):
+            yield event
+            if event.plan_id == plan_id and not event.step_id and _final(event.status):
+                return
         async for event in self._book.watch(plan_id):
             yield event
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
-        """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan)."""
+        """Snapshots of ``plan_id`` and its sub-plans (``""``: every remembered plan), from
+        memory; ``history`` reads the store."""
         return self._book.plans(plan_id)
+
+    async def history(self, query: PlansQuery, max_bytes: int = _ANSWER_BYTES) -> PlansPage:
+        """Serve ``Plans``: one page of this agent's plans from its store (newest first, with
+        the query's filters and view), at most ``max_bytes`` of message; without a store, or
+        when it cannot be read, the plans held in memory, and the page says so.
+
+        Raises:
+            protocol.InvalidArgumentError: ``query.status`` is not a plan status.
+        """
+        return await self._history.page(query, max_bytes)
+
+    async def prune_history(
+        self, *, older_than_s: float | None = None, keep: int | None = None
+    ) -> int:
+        """Apply a retention to the store: delete finished plans last changed more than
+        ``older_than_s`` seconds ago, and those beyond the ``keep`` most recent (unfinished
+        plans are kept); how many plan revisions went. Nothing happens without a store.
+
+        Raises:
+            planning.StoreError: The store could not be written.
+        """
+        if self.store is None:
+            return 0
+        deleted = 0
+        if older_than_s is not None:
+            deleted += await self.store.prune(before=time.time() - older_than_s)
+        if keep is not None:
+            deleted += await self.store.prune(keep_last=keep)
+        if deleted:
+            logger.info(
+                "agent %s: %d plan revisions past the retention deleted", self.role, deleted
+            )
+        return deleted
+
+    async def aclose(self) -> None:
+        """Interrupt the runs and background resumptions (their plans stay resumable in the
+        store) and wait for them."""
+        runs = [task for task in self._runs if not task.done()]
+        for task in runs:
+            task.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        await super().aclose()
 
     def record(self, plan_id: str) -> PlanRecord:
         """The record of one plan.
@@ -504,20 +619,69 @@ class Agent(PlanControl):
         problems = self._problems(plan)
         if problems:
             message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
-            self._book.refuse(plan, capability, message)
+            await self._refuse(plan, capability, message)
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
         self._active.add(plan.id)
+        # A run interrupted (its caller went away) is not a cancelled plan: the store keeps it
+        # unfinished (a retry of the request, or a restart, resumes it), so its last event says
+        # so rather than "cancelled", and watch and the history agree.
+        ended: list[StepEvent] = []
+
+        def observe(event: StepEvent) -> None:
+            if (
+                self.store is not None
+                and not event.step_id
+                and event.status is PlanStatus.CANCELLED
+            ):
+                ended.append(event)
+                return
+            self._book.observe(record, event)
+
         try:
-            result = await self._engine.run(
-                plan, on_event=lambda event: self._book.observe(record, event)
-            )
+            result = await self._engine.run(plan, on_event=observe)
         except PlanControlError as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
+        except asyncio.CancelledError:
+            for event in ended:
+                self._book.observe(
+                    record,
+                    dataclasses.replace(event, status=PlanStatus.RUNNING, message=INTERRUPTED),
+                )
+            raise
         finally:
             self._active.discard(plan.id)
+        for event in ended:
+            self._book.observe(record, event)
         follow_revision(record, result)
         return result
+
+    async def _refuse(self, plan: Plan, capability: str, message: str) -> None:
+        """Record a plan refused before it ran, in memory and (durably, with the trace of the
+        call that asked for it) in the store, so the history shows it with its reason."""
+        self._book.refuse(plan, capability, message)
+        if self.store is None:
+            return
+        try:
+            state = await self.store.load(plan.id)
+            if state is not None:
+                if not state.status.is_final:
+                    return  # a plan of this id runs: the refusal is the request's alone
+                plan = plan.model_copy(update={"revision": max(plan.revision, state.revision + 1)})
+            if await self.store.save_plan(plan):
+                await self.store.commit(
+                    [
+                        PlanStatusRecord(
+                            plan.id,
+                            plan.revision,
+                            PlanStatus.FAILED,
+                            message,
+                            trace_context=_traceparent(),
+                        )
+                    ]
+                )
+        except StoreError as exc:
+            logger.warning("agent %s: refused plan %s not stored: %s", self.role, plan.id, exc)
 
     def _problems(self, plan: Plan) -> list[str]:
         """Why this agent may not run ``plan``: another owner, another plan type, a tool it does
@@ -561,3 +725,15 @@ def _in_memory_handler(agent: Agent, capability: str) -> Handler:
         return await agent.handle(capability, request, ctx)
 
     return handler
+
+
+def _final(status: str) -> bool:
+    return status in _FINAL_STATUSES
+
+
+def _traceparent() -> str:
+    """The W3C ``traceparent`` of the current span ("" outside any trace)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return ""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"

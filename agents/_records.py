@@ -139,6 +139,10 @@ class PlanBook:
     def __contains__(self, plan_id: str) -> bool:
         return plan_id in self._records
 
+    def records(self) -> list[PlanRecord]:
+        """Every record held, oldest first."""
+        return list(self._records.values())
+
     def get(self, plan_id: str) -> PlanRecord | None:
         """The record of ``plan_id``, or ``None`` when it is not remembered."""
         return self._records.get(plan_id)

@@ -45,6 +45,7 @@ __all__ = [
     "goal_marked",
     "invalid_argument",
     "one_line",
+    "plain_goal",
     "plan_event",
     "reason_of",
     "recorded_digest",
@@ -139,6 +140,11 @@ def goal_marked(goal: str, request_digest: str) -> str:
     """``goal`` ending with the digest of the request its plan serves."""
     mark = f" [request {request_digest}]"
     return goal[: _GOAL_LIMIT - len(mark)] + mark
+
+
+def plain_goal(goal: str) -> str:
+    """``goal`` without the request digest a durable agent ends it with."""
+    return _DIGEST_MARK.sub("", goal)
 
 
 def recorded_digest(plan_json: str) -> str | None:

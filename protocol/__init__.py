@@ -31,6 +31,8 @@ from stratagem.protocol._audit import (
     archived_segments,
     digest,
     load_or_create_key,
+    redact,
+    redact_value,
     verify_chain,
     verify_sealed,
 )
@@ -322,6 +324,8 @@ __all__ = [
     "init_certificates",
     "json_object",
     "load_or_create_key",
+    "redact",
+    "redact_value",
     "register_capability",
     "register_role",
     "remaining_time",

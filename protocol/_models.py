@@ -209,6 +209,10 @@ alone (``summary``: no ``plan_json``), or also each step's record (``steps``).""
 PLANS_VIEWS: Final[tuple[PlansView, ...]] = get_args(PlansView)
 
 
+_OVERHEAD: Final = 256
+"""What a snapshot or a step record takes in a message beside its texts, at most."""
+
+
 class StepRecord(WireModel):
     """What one step of a plan did, from its agent's journal (``PlansQuery.view == "steps"``).
 
@@ -277,6 +281,20 @@ class PlanSnapshot(WireModel):
     message: str = Field(default="", max_length=4000)
     steps: list[StepRecord] = Field(default_factory=list)
     cursor: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+
+    def size_hint(self) -> int:
+        """About how many bytes the snapshot takes in a message (its texts dominate it)."""
+        steps = sum(
+            len(step.input_json) + len(step.output_json) + len(step.message) + len(step.does)
+            for step in self.steps
+        )
+        return (
+            len(self.plan_json)
+            + len(self.goal)
+            + len(self.message)
+            + steps
+            + _OVERHEAD * (1 + len(self.steps))
+        )
 
 
 MAX_PLANS_PAGE: Final = 1000

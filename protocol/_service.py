@@ -38,7 +38,6 @@ from stratagem.protocol._context import CallContext
 from stratagem.protocol._errors import ProtocolUsageError
 from stratagem.protocol._gen.stratagem.v1 import agent_pb2 as pb
 from stratagem.protocol._models import (
-    DEFAULT_PLANS_PAGE,
     AgentCard,
     ControlRequest,
     NoQuery,
@@ -78,12 +77,11 @@ __all__ = [
     "plan_detail",
 ]
 
+# What a Plans page leaves free of its message limit.
+_PAGE_HEADROOM: Final = 4096
+
 Req = TypeVar("Req", bound=WireModel)
 Resp = TypeVar("Resp", bound=WireModel)
-
-# What a Plans page leaves free of its message limit, and what a snapshot costs beside its JSON.
-_PAGE_HEADROOM: Final = 4096
-_SNAPSHOT_OVERHEAD: Final = 256
 
 
 class AgentBackend(Protocol):
@@ -106,12 +104,19 @@ class AgentBackend(Protocol):
         """Events of the plan and its sub-plans: stored ones first, then live ones."""
         ...
 
-    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
-        """Validate a user's plan against this agent's registry, run it, return its final state."""
+    async def run_plan(
+        self, plan_json: str, ctx: CallContext, *, until_blocked: bool = False
+    ) -> PlanSnapshot:
+        """Validate a user's plan against this agent's registry, run it, return its final state
+        (or, ``until_blocked``, its state once it waits at a gate)."""
         ...
 
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         """Snapshots of the plan and its sub-plans, or of every plan for ""; must not block."""
+        ...
+
+    async def history(self, query: PlansQuery, max_bytes: int) -> PlansPage:
+        """One page of the agent's plans as ``query`` asks (``Plans``), at most ``max_bytes``."""
         ...
 
     async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
@@ -251,28 +256,30 @@ def _watch(serving: Serving[PlanQuery]) -> AsyncIterator[PlanEvent]:
 
 async def _plans(serving: Serving[PlansQuery]) -> tuple[PlansPage, str]:
     query = serving.request
-    snapshots = serving.backend.plans(query.plan_id)
-    start = int(query.page_token or 0)
-    size = query.page_size or DEFAULT_PLANS_PAGE
-    # A page ends at page_size snapshots or before its bytes would pass the message limit
-    # (a plan's JSON dominates its size); one snapshot too large alone is refused by the server.
+    page = await serving.backend.history(query, serving.max_message_bytes)
+    # A page ends before its bytes would pass the message limit (the agent cuts step values to
+    # fit already; this holds for any backend whose snapshots carry cursors).
     budget = serving.max_message_bytes - _PAGE_HEADROOM
-    page: list[PlanSnapshot] = []
     used = 0
-    for snapshot in snapshots[start : start + size]:
-        cost = len(snapshot.plan_json.encode()) + _SNAPSHOT_OVERHEAD
-        if page and used + cost > budget:
+    for kept, snapshot in enumerate(page.plans):
+        used += snapshot.size_hint()
+        if kept and used > budget and page.plans[kept - 1].cursor:
+            page = PlansPage(
+                plans=page.plans[:kept],
+                next_page_token=page.plans[kept - 1].cursor,
+                unreadable=page.unreadable,
+            )
             break
-        page.append(snapshot)
-        used += cost
-    end = start + len(page)
-    token = str(end) if end < len(snapshots) else ""
-    summary = f"{len(page)} of {len(snapshots)} plans from {start}"
-    return PlansPage(plans=page, next_page_token=token), summary
+    more = "more follow" if page.next_page_token else "the last page"
+    summary = f"{len(page.plans)} plans ({query.view or 'plans'}), {more}"
+    return page, summary
 
 
 async def _run_plan(serving: Serving[RunPlanRequest]) -> tuple[PlanSnapshot, str]:
-    snapshot = await serving.backend.run_plan(serving.request.plan_json, serving.call)
+    request = serving.request
+    snapshot = await serving.backend.run_plan(
+        request.plan_json, serving.call, until_blocked=request.until_blocked
+    )
     return snapshot, f"plan {snapshot.plan_id} {snapshot.status}"
 
 

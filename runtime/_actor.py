@@ -200,6 +200,7 @@ class AgentActor:
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
         resumed = await self._agent.resume_unfinished()
+        await self._prune()
         logger.info(
             "agent %s serving on %s (restarted=%s, resumed %d plans)",
             role,
@@ -265,6 +266,24 @@ class AgentActor:
                 await asyncio.to_thread(self._sealer.maybe_seal, 0)
             except Exception:
                 logger.exception("cannot seal the audit log's head")
+            if ticks % 60 == 0:
+                await self._prune()
+
+    async def _prune(self) -> None:
+        """Apply the history's retention (``history_days``, ``history_plans``) to the store; a
+        failure is logged and tried again at the next tick."""
+        settings = self._settings
+        if settings.history_days is None and settings.history_plans is None:
+            return
+        try:
+            await self._agent.prune_history(
+                older_than_s=None
+                if settings.history_days is None
+                else settings.history_days * 86400,
+                keep=settings.history_plans,
+            )
+        except Exception:
+            logger.exception("cannot apply the history's retention")
 
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""

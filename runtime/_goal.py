@@ -10,6 +10,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -36,7 +37,15 @@ from stratagem.protocol import (
 )
 from stratagem.runtime._history import PlanView, plan_history, plan_view
 
-__all__ = ["GoalOutcome", "goal_plans", "new_goal_id", "root_span", "run_goal"]
+__all__ = [
+    "GoalOutcome",
+    "GoalStarted",
+    "goal_plans",
+    "new_goal_id",
+    "root_span",
+    "run_goal",
+    "start_goal",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,21 @@ class GoalOutcome:
     trace_id: str
     response: SubmitGoalResponse
     plans: list[PlanView]
+
+
+@dataclass(frozen=True, slots=True)
+class GoalStarted:
+    """A goal the orchestrator runs, started without waiting for it (``submit --detach``).
+
+    Attributes:
+        plan_id: The goal's plan (the orchestrator's).
+        trace_id: The goal's trace.
+        status: The plan's status when it was last seen (``running``, or already final).
+    """
+
+    plan_id: str
+    trace_id: str
+    status: str
 
 
 async def _watch(client: AgentClient, plan_id: str, on_event: Callable[[PlanEvent], None]) -> None:
@@ -184,3 +208,68 @@ async def run_goal(
 def new_goal_id() -> str:
     """A fresh goal plan id, ``goal-<12 hex>``."""
     return f"goal-{uuid.uuid4().hex[:12]}"
+
+
+async def start_goal(
+    endpoint: str,
+    request: SubmitGoalRequest,
+    *,
+    timeout_s: float,
+    credentials: Credentials | None = None,
+) -> GoalStarted:
+    """Submit ``request`` to the orchestrator at ``endpoint`` and return once its plan runs.
+
+    The call is sent, then let go as soon as the orchestrator's first event for the plan
+    arrives: the orchestrator runs an operator's goal in a task of its own, which the caller
+    going away does not cancel.
+
+    Raises:
+        protocol.RemoteError: The goal was refused or failed before it was seen running (its
+            ``trace_id`` names the goal's trace).
+    """
+    plan_id = request.plan_id or new_goal_id()
+    request = request.model_copy(update={"plan_id": plan_id})
+    client = AgentClient(
+        endpoint,
+        caller=OPERATOR,
+        credentials=credentials,
+        config=ClientConfig(default_timeout_s=timeout_s),
+    )
+    try:
+        with root_span(
+            f"goal {request.goal}",
+            {"stratagem.plan.id": plan_id, "gen_ai.operation.name": "invoke_agent"},
+        ) as trace_id:
+            seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+            async def first_event() -> None:
+                async for event in client.watch(plan_id):
+                    if event.plan_id == plan_id and not event.step_id:
+                        if not seen.done():
+                            seen.set_result(event.status)
+                        return
+
+            watching = asyncio.create_task(first_event())
+            await asyncio.sleep(0.05)  # let the stream open: the plan's first event is live
+            call = asyncio.create_task(
+                client.call("orchestrator", "SubmitGoal", request, timeout=timeout_s)
+            )
+            try:
+                either: set[asyncio.Future[Any]] = {call, seen}
+                await asyncio.wait(either, timeout=timeout_s, return_when="FIRST_COMPLETED")
+                if call.done() or (seen.done() and seen.result() == "failed"):
+                    response = await call  # a refusal or a fast failure: its error is raised
+                    assert isinstance(response, SubmitGoalResponse)
+                    return GoalStarted(plan_id, trace_id, response.status)
+                status = seen.result() if seen.done() else "pending"
+                return GoalStarted(plan_id, trace_id, status)
+            except RemoteError as exc:
+                exc.trace_id = trace_id
+                raise
+            finally:
+                for task in (watching, call):
+                    if not task.done():
+                        task.cancel()
+                await asyncio.gather(watching, call, return_exceptions=True)
+    finally:
+        await client.aclose()

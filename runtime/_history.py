@@ -32,7 +32,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.protocol import PLAN_ID_PATTERN, TRACE_ID_PATTERN, PlanSnapshot, StepRecord
-from stratagem.runtime._input import InputError
+from stratagem.runtime._input import DEFAULT_HISTORY_PAGE, InputError
 
 __all__ = [
     "DEFAULT_HISTORY_PAGE",
@@ -50,9 +50,6 @@ __all__ = [
     "step_view",
     "trace_summaries",
 ]
-
-DEFAULT_HISTORY_PAGE: Final = 50
-"""The plans one ``Operator.history`` page holds when the caller names no size."""
 
 _PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
 _TRACE_ID: Final = re.compile(TRACE_ID_PATTERN)
@@ -325,7 +322,7 @@ def decode_page_token(token: str, query: HistoryFilter) -> dict[str, str | None]
         for role, cursor in cursors.items():
             if not isinstance(role, str) or not isinstance(cursor, str):
                 raise ValueError("not a page token")
-            if cursor != _EXHAUSTED and not cursor.isdigit():
+            if cursor not in (_EXHAUSTED, "") and not cursor.isdigit():
                 raise ValueError("not a page token")
             parsed[role] = None if cursor == _EXHAUSTED else cursor
     except (ValueError, KeyError, TypeError, binascii.Error, RecursionError):

@@ -15,8 +15,10 @@ import fcntl
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 __all__ = [
+    "DEFAULT_HISTORY_PAGE",
     "MAX_INPUT_BYTES",
     "MAX_INPUT_DEPTH",
     "MAX_INPUT_NODES",
@@ -35,11 +38,14 @@ __all__ = [
     "check_plan_steps",
     "check_timeout",
     "parse_json_object",
+    "parse_moment",
     "read_mapping",
     "unknown_name",
     "validation_line",
 ]
 
+DEFAULT_HISTORY_PAGE: Final = 50
+"""The plans one page of the history holds when the caller names no size."""
 MAX_INPUT_BYTES: Final = 4 * 1024 * 1024
 """The largest goal or plan file (or ``--json`` payload) the CLI reads, in bytes."""
 MAX_INPUT_DEPTH: Final = 64
@@ -216,3 +222,30 @@ def validation_line(what: str, exc: ValidationError) -> str:
         loc = ".".join(str(part) for part in err["loc"]) or what
         problems.append(f"{loc}: {err['msg']}")
     return f"invalid {what}: " + "; ".join(problems)
+
+
+_AGE = re.compile(r"^(\d{1,9})([smhdw])$")
+_AGE_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_moment(text: str, option: str) -> datetime:
+    """A time given on the command line: an ISO 8601 date or time (``2026-05-01``,
+    ``2026-05-01T12:00``, with or without an offset; local time without one) or an age before
+    now (``30m``, ``2h``, ``7d``).
+
+    Raises:
+        InputError: Naming ``option``, the value and the forms it takes.
+    """
+    value = text.strip()
+    age = _AGE.match(value)
+    if age is not None:
+        seconds = int(age.group(1)) * _AGE_SECONDS[age.group(2)]
+        return datetime.now(UTC) - timedelta(seconds=min(seconds, 100 * 365 * 86400))
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(
+            f"{option} {text!r} is not a time: give an ISO date or time (2026-05-01, "
+            "2026-05-01T12:00, 2026-05-01T12:00+02:00) or an age (30m, 2h, 7d)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.astimezone()

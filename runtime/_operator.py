@@ -71,7 +71,7 @@ from stratagem.protocol import (
     capability_for,
 )
 from stratagem.runtime._extensions import deployment_roles
-from stratagem.runtime._goal import GoalOutcome, run_goal
+from stratagem.runtime._goal import GoalOutcome, GoalStarted, root_span, run_goal, start_goal
 from stratagem.runtime._history import (
     DEFAULT_HISTORY_PAGE,
     HistoryFilter,
@@ -683,9 +683,17 @@ class Operator:
         (``InvalidArgumentError``) is raised: it is the caller's."""
         found: list[tuple[str, T]] = []
         unreadable: list[str] = []
+        endpoints, published = await self._endpoints(roles)
         for role in roles:
             try:
-                found.append((role, await self._at(role, functools.partial(send, role))))
+                try:
+                    found.append((role, await send(role, self._client(endpoints[role]))))
+                except UnavailableError:
+                    if not published:
+                        raise
+                    logger.info("no answer at %s's published endpoint: asking Ray", role)
+                    fresh, _ = await self._endpoints((role,), published=False)
+                    found.append((role, await send(role, self._client(fresh[role]))))
             except InvalidArgumentError:
                 raise
             except (RemoteError, LaunchError) as exc:
@@ -841,12 +849,15 @@ class Operator:
         """
         owner, plan_json = _plan_json(plan, self.settings)
         key = f"run-{uuid.uuid4().hex}"
-        snapshot = await self._at(
-            owner,
-            lambda client: client.run_plan(
-                plan_json, timeout=timeout, request_id=key, until_blocked=until_blocked
-            ),
-        )
+        plan_id = str(json.loads(plan_json).get("id", ""))
+        # The run's trace starts here, so a failure names it too (RemoteError.trace_id).
+        with root_span(f"run plan {plan_id}", {"stratagem.plan.id": plan_id}):
+            snapshot = await self._at(
+                owner,
+                lambda client: client.run_plan(
+                    plan_json, timeout=timeout, request_id=key, until_blocked=until_blocked
+                ),
+            )
         return plan_view(snapshot)
 
     async def submit(
@@ -875,6 +886,33 @@ class Operator:
             goal,
             timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
             on_event=on_event,
+            credentials=self._caller_credentials(),
+        )
+
+    async def start(
+        self,
+        goal: SubmitGoalRequest | Mapping[str, Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a deadline for the whole goal)
+    ) -> GoalStarted:
+        """Start a story goal and return as soon as the orchestrator runs it (what ``submit
+        --detach`` does): its plan id and trace id. The goal runs on without this caller;
+        ``watch``, ``plan`` and ``history`` follow it.
+
+        Raises:
+            InputError: A goal its model refuses.
+            protocol.RemoteError: The orchestrator refused the goal before it started.
+        """
+        if not isinstance(goal, SubmitGoalRequest):
+            try:
+                goal = SubmitGoalRequest.model_validate(dict(goal))
+            except ValidationError as exc:
+                raise InputError(validation_line("goal", exc)) from exc
+        endpoints = await self.endpoints(("orchestrator",))
+        return await start_goal(
+            endpoints["orchestrator"],
+            goal,
+            timeout_s=check_timeout(timeout) or self._config.default_timeout_s,
             credentials=self._caller_credentials(),
         )
 

@@ -24,7 +24,7 @@ from stratagem.protocol import (
     SubmitGoalRequest,
     WireModel,
 )
-from stratagem.runtime._goal import GoalOutcome
+from stratagem.runtime._goal import GoalOutcome, GoalStarted
 from stratagem.runtime._history import (
     DEFAULT_HISTORY_PAGE,
     HistoryPage,
@@ -216,6 +216,12 @@ class SyncOperator:
     ) -> GoalOutcome:
         """See ``Operator.submit``."""
         return self._runner.run(self._operator.submit(goal, timeout=timeout, on_event=on_event))
+
+    def start(
+        self, goal: SubmitGoalRequest | Mapping[str, Any], *, timeout: float | None = None
+    ) -> GoalStarted:
+        """See ``Operator.start``."""
+        return self._runner.run(self._operator.start(goal, timeout=timeout))
 
     def control(
         self,

@@ -24,6 +24,8 @@ __all__ = [
     "relation_text",
     "span_json",
     "span_tree",
+    "status_style",
+    "status_text",
 ]
 
 _STATUS_STYLE = {
@@ -35,6 +37,10 @@ _STATUS_STYLE = {
     "skipped": "dim",
     "cancelled": "red",
     "blocked": "cyan",
+    "paused": "cyan",
+    "compensating": "magenta",
+    "compensated": "magenta",
+    "compensation_failed": "bold red",
 }
 _STATUS_MARK = {
     "pending": "·",
@@ -45,11 +51,24 @@ _STATUS_MARK = {
     "skipped": "-",
     "cancelled": "✗",
     "blocked": "⏸",
+    "paused": "⏸",
+    "compensating": "↺",
+    "compensated": "↺",
+    "compensation_failed": "✗",
 }
 
 
-def _status(status: str) -> Text:
+def status_text(status: str) -> Text:
+    """A status with its mark and colour (``✓ succeeded`` in green)."""
     return Text(f"{_STATUS_MARK.get(status, '?')} {status}", style=_STATUS_STYLE.get(status, ""))
+
+
+def status_style(status: str) -> str:
+    """A status's colour."""
+    return _STATUS_STYLE.get(status, "bold")
+
+
+_status = status_text
 
 
 @dataclass

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
             caller and request id) so a repeated request gets the stored answer.
         answer_retention_s: How long (seconds) such answers are kept; a request repeated later
             runs its handler again, so this must outlast a caller's retries and resumes.
+        history_days: Each agent deletes finished plans older than this many days from its
+            store (checked at start and every minute); ``None`` keeps them. Unfinished plans are
+            always kept.
+        history_plans: Each agent keeps at most this many finished plans in its store, deleting
+            the oldest; ``None`` keeps them all.
         store_url: Where agents keep plans, answers and the audit log: ``None`` for SQLite files
             in ``state_dir`` (the embedded default), or ``postgresql://USER@HOST:PORT/DB`` for a
             PostgreSQL server every node reaches (needed when agents move between nodes).
@@ -194,6 +199,8 @@ class Settings(BaseSettings):
     audit_sync: Literal["normal", "full"] = "normal"
     answer_retention_count: int = Field(default=100_000, ge=0)
     answer_retention_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    history_days: float | None = Field(default=None, gt=0, le=36500)
+    history_plans: int | None = Field(default=None, ge=1)
     store_url: str | None = None
     auth: Literal["token", "mtls", "none"] = "token"
     audit_key_file: Path | None = None

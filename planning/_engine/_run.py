@@ -68,7 +68,9 @@ class _PlanRun(_Compensation[P]):
                     plan.revision,
                     PlanStatus.RUNNING,
                     at=now,
-                    trace_context=_traceparent(span) if self.tracing else "",
+                    # Also when this process does not trace: a run inside a caller's trace
+                    # keeps that trace's id, so the history can name it.
+                    trace_context=_traceparent(span) if span.get_span_context().is_valid else "",
                 )
             )
             try:

@@ -25,6 +25,7 @@ from stratagem.protocol._audit._log import (
     InMemoryAuditLog,
     digest,
     redact,
+    redact_value,
 )
 from stratagem.protocol._audit._seal import (
     KEY_BYTES,
@@ -62,6 +63,7 @@ __all__ = [
     "digest",
     "load_or_create_key",
     "redact",
+    "redact_value",
     "verify_chain",
     "verify_sealed",
 ]

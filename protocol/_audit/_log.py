@@ -26,10 +26,11 @@ from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _string
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 __all__ = [
     "GENESIS",
+    "MASK",
     "AsyncAuditLog",
     "AuditLog",
     "AuditRecord",
@@ -37,17 +38,25 @@ __all__ = [
     "InMemoryAuditLog",
     "digest",
     "redact",
+    "redact_value",
 ]
 
 
 GENESIS: Final = "0" * 64
 """The ``prev_hash`` of the first record."""
 
+# The words that name a secret, in free text and as keys of structured values.
+_SECRET_WORDS = r"password|passwd|secret|token|api[_-]?key|authorization|bearer|cookie"
 # A secret-looking key and its value ("password=x", "token: x", "Authorization: Bearer x").
 _SECRET = re.compile(
-    r"(?i)\b(password|passwd|secret|token|api[_-]?key|authorization|bearer|cookie)\b"
+    rf"(?i)\b({_SECRET_WORDS})\b"
     r"(\s*[:=]\s*|\s+)(?:(?:bearer|basic)\s+)?\S+"
 )
+# A key of a structured value that names a secret ("password", "api_key", "access_token"; not
+# "input_tokens").
+_SECRET_KEY = re.compile(rf"(?i)(?<![a-z])({_SECRET_WORDS})(?![a-z])")
+MASK: Final = "***"
+"""What a redacted secret becomes."""
 _TOKEN = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_.-]+")
 # Text without whitespace, ':' or '=' is one line already and ``_SECRET`` cannot match it (a key
 # must be followed by one of them): ids, names, codes and digests take this shortcut.
@@ -84,6 +93,41 @@ def redact(text: str, limit: int = _DETAIL_LIMIT) -> str:
         # A signed token (a JWT: ``protocol._identity``) is masked wherever it appears.
         line = _TOKEN.sub("eyJ***", line)
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _masked(text: str) -> str:
+    """``text`` with ``key=value`` secrets and signed tokens masked, its lines kept."""
+    if _PLAIN.fullmatch(text) is None:
+        text = _SECRET.sub(_mask, text)
+    if "eyJ" in text:
+        text = _TOKEN.sub("eyJ***", text)
+    return text
+
+
+def redact_value(value: Any) -> Any:
+    """A JSON value with what the audit log redacts masked, by the same rules as ``redact``:
+    the value under every key that names a secret (``password``, ``api_key``, ``access_token``,
+    ``Authorization``...) becomes ``"***"``, and every string has its ``key=value`` secrets and
+    signed tokens masked (its lines and length otherwise kept: cutting is the caller's).
+
+    Args:
+        value: Any JSON value (dicts, lists, strings, numbers, booleans, ``None``).
+
+    Returns:
+        A new value; ``value`` is not changed.
+    """
+    if isinstance(value, str):
+        return _masked(value)
+    if isinstance(value, dict):
+        return {
+            key: MASK
+            if isinstance(key, str) and _SECRET_KEY.search(key) and item is not None
+            else redact_value(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_value(item) for item in value]
+    return value
 
 
 def _canonical(fields: dict[str, object]) -> str:

@@ -68,7 +68,8 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend", "use_backend"),
     "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime._extensions": ("deployment_roles",),
-    "stratagem.runtime._goal": ("GoalOutcome",),
+    "stratagem.runtime._goal": ("GoalOutcome", "new_goal_id"),
+    "stratagem.runtime._history": ("PlanHistory", "PlanView"),
     "stratagem.runtime._local": ("LaunchError", "LocalCluster"),
     "stratagem.runtime._operator": (
         "Operator",
@@ -76,6 +77,13 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "capability_spec",
         "check_status",
         "operator_settings",
+    ),
+    "stratagem.runtime._show": (
+        "approve_commands",
+        "event_line",
+        "history_table",
+        "plan_details",
+        "traces_table",
     ),
     "stratagem.runtime._render": (
         "Progress",
@@ -256,12 +264,41 @@ StateDirOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+FullOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help="Step inputs and outputs whole (as far as the agents' message limit allows; a cut "
+        "value says so), not cut to a preview.",
+    ),
+]
 
 
 def _fail(message: str, code: int) -> NoReturn:
     # The message is text, not markup: "stratagem[postgres]" must not become a style tag.
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _fail_traced(exc: RemoteError, *, as_json: bool, plan_id: str, failure: str = "") -> NoReturn:
+    """Fail with ``exc`` (exit 1), naming where it went wrong, its trace and the plan on standard
+    error (and with ``--json``, the same on standard output)."""
+    if as_json:
+        _print_json(
+            {
+                "plan_id": plan_id,
+                "status": "failed",
+                "trace_id": exc.trace_id,
+                "error": str(exc),
+                "failure": failure,
+            }
+        )
+    hints = [f"where: {failure}"] if failure else []
+    if exc.trace_id:
+        hints.append(f"trace {exc.trace_id} (stratagem trace {exc.trace_id})")
+    if plan_id:
+        hints.append(f"stratagem plans show {plan_id}")
+    _fail(str(exc) + "".join(f"\n  {hint}" for hint in hints), 1)
 
 
 def _timeout_in_range(value: float | None) -> float | None:

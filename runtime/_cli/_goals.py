@@ -20,6 +20,7 @@ from stratagem.runtime._cli._app import (
     _audit_head,
     _deployment,
     _errors,
+    _fail_traced,
     _load_agents,
     _operate,
     _print_json,
@@ -37,9 +38,10 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.agents import DEMO_GOAL
-    from stratagem.protocol import SubmitGoalRequest
+    from stratagem.protocol import ProtocolError, RemoteError, SubmitGoalRequest
     from stratagem.runtime._backend import use_backend
-    from stratagem.runtime._goal import GoalOutcome
+    from stratagem.runtime._goal import GoalOutcome, new_goal_id
+    from stratagem.runtime._local import LaunchError
     from stratagem.runtime._render import (
         Progress,
         action_text,
@@ -64,9 +66,38 @@ def _load_goal(path: Path) -> SubmitGoalRequest:
         raise InputError(validation_line(f"goal file {path}", exc)) from exc
 
 
+def _start_goal(
+    request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
+) -> None:
+    """Start the goal on the running deployment and print its plan and trace ids at once."""
+    with _errors():
+        request = request.model_copy(update={"plan_id": request.plan_id or new_goal_id()})
+        try:
+            started = _operate(settings, lambda op: op.start(request), timeout=timeout)
+        except RemoteError as exc:
+            _fail_traced(exc, as_json=as_json, plan_id=request.plan_id)
+        if as_json:
+            _print_json(
+                {
+                    "plan_id": started.plan_id,
+                    "trace_id": started.trace_id,
+                    "status": started.status,
+                }
+            )
+            return
+        console.print(
+            f"goal {started.plan_id} {started.status} · trace {started.trace_id}\n"
+            f"  stratagem plans watch {started.plan_id}\n"
+            f"  stratagem plans show {started.plan_id}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def _execute_goal(
     request: SubmitGoalRequest, settings: Settings, *, as_json: bool, timeout: float | None
 ) -> None:
+    request = request.model_copy(update={"plan_id": request.plan_id or new_goal_id()})
     trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
@@ -91,23 +122,36 @@ def _execute_goal(
                     + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
                     + "[/]"
                 )
-            if as_json or not console.is_terminal:
-                outcome = _operate(
-                    settings, lambda op: op.submit(request), timeout=timeout, endpoints=endpoints
-                )
-            else:
-                with Live(progress.render(), console=console, refresh_per_second=8) as live:
-
-                    def on_event(event: Any) -> None:
-                        progress.add(event)
-                        live.update(progress.render())
-
+            try:
+                if as_json or not console.is_terminal:
                     outcome = _operate(
                         settings,
-                        lambda op: op.submit(request, on_event=on_event),
+                        lambda op: op.submit(request),
                         timeout=timeout,
                         endpoints=endpoints,
                     )
+                else:
+                    with Live(progress.render(), console=console, refresh_per_second=8) as live:
+
+                        def on_event(event: Any) -> None:
+                            progress.add(event)
+                            live.update(progress.render())
+
+                        outcome = _operate(
+                            settings,
+                            lambda op: op.submit(request, on_event=on_event),
+                            timeout=timeout,
+                            endpoints=endpoints,
+                        )
+            except RemoteError as exc:
+                dep.flush_telemetry()
+                provider.force_flush()
+                _fail_traced(
+                    exc,
+                    as_json=as_json,
+                    plan_id=request.plan_id,
+                    failure=_failure_of(settings, request.plan_id, endpoints),
+                )
             dep.flush_telemetry()
         provider.force_flush()
         shutdown_telemetry("stratagem-cli")
@@ -127,6 +171,16 @@ def _execute_goal(
             )
             return
         _print_outcome(outcome, spans, head)
+
+
+def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> str:
+    """The line naming where a failed goal went wrong, from the agents' histories ("" when it
+    cannot be read: the error says enough)."""
+    try:
+        history = _operate(settings, lambda op: op.plan(plan_id), endpoints=endpoints)
+    except (InputError, ProtocolError, LaunchError):
+        return ""
+    return history.failure
 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:
@@ -184,14 +238,26 @@ def demo(
 @app.command()
 def submit(
     goal_file: Annotated[Path, typer.Argument(help="YAML file with goal, passage and beats.")],
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="Start the goal on the running deployment and print its plan and trace ids at "
+            "once; it runs on ('plans watch ID' follows it).",
+        ),
+    ] = False,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     planner: PlannerOpt = None,
 ) -> None:
-    """Pursue the goal in GOAL_FILE across all agents."""
+    """Pursue the goal in GOAL_FILE across all agents; on failure, name where it went wrong and
+    its trace id (standard error, and standard output with --json)."""
     with _errors():
         request = _load_goal(goal_file)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
+    if detach:
+        _start_goal(request, settings, as_json=as_json, timeout=timeout)
+        return
     _execute_goal(request, settings, as_json=as_json, timeout=timeout)

@@ -15,6 +15,7 @@ from stratagem.runtime._cli._app import (
     StateDirOpt,
     _errors,
     _fail,
+    _operate,
     _print_json,
     _settings,
     _verify_audit,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
     from stratagem.runtime._extensions import deployment_roles
     from stratagem.runtime._render import span_json, span_tree
+    from stratagem.runtime._show import traces_table
     from stratagem.runtime._stores import open_audit_log
     from stratagem.runtime._telemetry import SpanRecord, read_spans
 
@@ -94,8 +96,15 @@ def _backend_spans(url: str, project: str, trace_id: str) -> list[SpanRecord]:
 @app.command("trace")
 def trace_command(
     trace_id: Annotated[
-        str, typer.Argument(help="The trace id demo printed (or a prefix of >= 8 hex chars).")
-    ],
+        str | None,
+        typer.Argument(
+            help="The trace id demo printed (or a prefix of >= 8 hex chars); none: list the "
+            "recent traces from the agents' histories."
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", help="How many recent traces to list.", min=1, max=1000)
+    ] = 20,
     file: Annotated[
         Path | None,
         typer.Option(
@@ -115,8 +124,20 @@ def trace_command(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a trace as a waterfall: the span tree with services, timing, events and status."""
+    """Print a trace as a waterfall: the span tree with services, timing, events and status;
+    with no id, list the recent traces (each goal's and plan's, failed ones included)."""
     with _errors():
+        if trace_id is None:
+            settings = _settings(None, state_dir)
+            traces = _operate(settings, lambda op: op.traces(limit=limit))
+            if as_json:
+                _print_json([entry.model_dump(mode="json") for entry in traces])
+            else:
+                console.print(traces_table(traces))
+                console.print(
+                    f"{len(traces)} traces; 'stratagem trace ID' prints one", highlight=False
+                )
+            return
         spans: list[SpanRecord] = []
         if file is None:
             settings = _settings(None, state_dir)

@@ -8,36 +8,52 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
 
 import typer
 from rich.markup import escape
 
 from stratagem.runtime._cli._app import (
     AddressOpt,
+    FullOpt,
     JsonOpt,
     StateDirOpt,
     TimeoutOpt,
     _errors,
+    _fail_traced,
     _operate,
     _print_json,
     _print_json_line,
     _settings,
     app,
     console,
+    err_console,
     lazy_scope,
     plans_app,
 )
-from stratagem.runtime._input import InputError, parse_json_object, unknown_name
+from stratagem.runtime._input import (
+    DEFAULT_HISTORY_PAGE,
+    InputError,
+    parse_json_object,
+    parse_moment,
+    read_mapping,
+    unknown_name,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.protocol import ControlAction, PlanSnapshot, RevisionsResponse
+    from stratagem.protocol import ControlAction, PlanSnapshot, RemoteError, RevisionsResponse
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
+    from stratagem.runtime._history import PlanHistory, PlanView
     from stratagem.runtime._operator import Operator, check_status
-    from stratagem.runtime._render import plan_forest
     from stratagem.runtime._settings import Settings
+    from stratagem.runtime._show import (
+        approve_commands,
+        event_line,
+        history_table,
+        plan_details,
+    )
     from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
@@ -62,33 +78,64 @@ def _plan_verb(name: str, help_text: str | None = None) -> Callable[[F], F]:
 # -- plans ---------------------------------------------------------------------------------------
 
 
+WAITING_AT_A_GATE: Final = 3
+"""The exit status of ``plans run`` when the plan waits at a gate (``approve`` lets it go on)."""
+
+
 @plans_app.command("run")
 def plans_run(
     plan_file: Annotated[Path, typer.Argument(help="YAML or JSON plan with id, owner and steps.")],
+    full: FullOpt = False,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Have the plan's owner validate and run a plan you wrote."""
+    """Have the plan's owner validate and run a plan you wrote; print what each step did and the
+    trace id. Returns as soon as the plan waits at a gate, with the 'approve' command to run (exit
+    3); a deadline never cancels the plan: it runs on at its owner."""
     with _errors():
         settings = _settings(address, state_dir)
         setup_telemetry("stratagem-cli", trace_file=settings.trace_file)
+
+        async def run(op: Operator) -> tuple[PlanView, PlanHistory]:
+            view = await op.run_plan(plan_file, until_blocked=True)
+            return view, await op.plan(view.plan_id, full=full)
+
         try:
-            snapshot = _operate(
-                settings, lambda op: op.run_plan(plan_file), timeout=timeout, embedded=True
-            )
+            view, history = _operate(settings, run, timeout=timeout, embedded=True)
+        except RemoteError as exc:
+            _fail_traced(exc, as_json=as_json, plan_id=_plan_id_in(plan_file))
         finally:
             shutdown_telemetry("stratagem-cli")
+        waiting = approve_commands(history.plans[0]) if view.status == "blocked" else []
         if as_json:
-            _print_json(json.loads(snapshot.model_dump_json()))
+            top = history.plans[0] if history.plans else view
+            _print_json(top.model_dump(mode="json") | {"approve": waiting})
         else:
-            console.print(plan_forest([snapshot], snapshot.plan_id))
+            console.print(plan_details(history, full=full))
+            for command in waiting:
+                console.print(
+                    f"plan {view.plan_id} waits at a gate; to let it go on:\n  {command}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+    if waiting:
+        raise typer.Exit(WAITING_AT_A_GATE)
+
+
+def _plan_id_in(plan_file: Path) -> str:
+    """The id a plan file names ("" when it cannot be read: the error says why already)."""
+    try:
+        return str(read_mapping(plan_file, "a plan").get("id", ""))
+    except InputError:
+        return ""
 
 
 @plans_app.command("show")
 def plans_show(
     plan_id: Annotated[str, typer.Argument(help="A plan id, e.g. the goal id demo printed.")],
+    full: FullOpt = False,
     revisions: Annotated[
         bool,
         typer.Option("--revisions", help="Print the plan's revision history from its owner."),
@@ -101,7 +148,9 @@ def plans_show(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a plan and every sub-plan it caused, from a running deployment."""
+    """Show a plan and every sub-plan it caused, from the agents' stores: each step's input,
+    output, error, attempts, timing, revision and author; a failed plan opens with the line
+    naming where it went wrong; the trace id follows."""
     with _errors():
         if fmt is not None and fmt not in DIAGRAM_FORMATS:
             raise InputError(unknown_name("format", fmt, DIAGRAM_FORMATS))
@@ -109,13 +158,13 @@ def plans_show(
         if revisions:
             _show_revisions(plan_id, settings, as_json=as_json)
             return
-        snapshots = _operate(settings, lambda op: op.show(plan_id))
+        history = _operate(settings, lambda op: op.plan(plan_id, full=full))
         if fmt is not None:
-            console.file.write(plan_diagram(snapshots, plan_id, fmt))
+            console.file.write(plan_diagram(history.plans, plan_id, fmt))
         elif as_json:
-            _print_json([json.loads(s.model_dump_json()) for s in snapshots])
+            _print_json(history.model_dump(mode="json"))
         else:
-            console.print(plan_forest(snapshots, plan_id))
+            console.print(plan_details(history, full=full))
 
 
 @plans_app.command("list")
@@ -126,65 +175,106 @@ def plans_list(
     status: Annotated[
         str | None, typer.Option("--status", help="Only plans in this status, e.g. blocked.")
     ] = None,
+    goal: Annotated[
+        str | None, typer.Option("--goal", help="Only plans whose goal contains this text.")
+    ] = None,
+    text: Annotated[
+        str | None,
+        typer.Option(
+            "--text", help="Only plans whose id, goal, steps, outputs or messages contain this."
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Only plans created since: an ISO time or an age (2h, 7d)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Only plans created before: an ISO time or an age."),
+    ] = None,
+    trace: Annotated[
+        str | None, typer.Option("--trace", help="Only plans of this trace (32 hex characters).")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", help="Plans per page (1 to 1000).", min=1, max=1000)
+    ] = DEFAULT_HISTORY_PAGE,
+    page_token: Annotated[
+        str,
+        typer.Option("--page-token", help="The next page: the token the previous page printed."),
+    ] = "",
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the plans the agents hold: id, agent, revision, status."""
+    """List the plans in the agents' stores, newest first, a page at a time (across restarts)."""
     with _errors():
         if status is not None:
             check_status(status)
-        settings = _settings(address, state_dir)  # the agent is checked by op.plans
-        snapshots = _operate(settings, lambda op: op.plans(agent=agent, status=status))
+        bounds = (
+            None if since is None else parse_moment(since, "--since"),
+            None if until is None else parse_moment(until, "--until"),
+        )
+        settings = _settings(address, state_dir)  # the agent is checked by op.history
+        page = _operate(
+            settings,
+            lambda op: op.history(
+                agent=agent,
+                status=status,
+                goal=goal,
+                text=text,
+                since=bounds[0],
+                until=bounds[1],
+                trace_id=trace,
+                page_size=limit,
+                page_token=page_token,
+            ),
+        )
         if as_json:
-            _print_json(
-                [
-                    {"plan_id": s.plan_id, "agent": s.agent, "revision": s.revision}
-                    | {"status": s.status}
-                    for s in snapshots
-                ]
-            )
+            _print_json(page.model_dump(mode="json"))
             return
-        table = Table(box=None, pad_edge=False)
-        for column in ("plan", "agent", "rev", "status"):
-            table.add_column(column)
-        for snap in snapshots:
-            table.add_row(snap.plan_id, snap.agent, str(snap.revision), snap.status)
-        console.print(table)
-        console.print(f"{len(snapshots)} plans", highlight=False)
+        console.print(history_table(page))
+        more = f"; next page: --page-token {page.next_page_token}" if page.next_page_token else ""
+        console.print(f"{len(page.plans)} plans{more}", highlight=False, soft_wrap=True)
+        for line in page.unreadable:
+            err_console.print(f"[yellow]not read:[/] {escape(line)}", highlight=False)
 
 
 @plans_app.command("watch")
 def plans_watch(
     plan_id: Annotated[str, typer.Argument(help="The plan to follow.")],
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            help="Seconds to wait for a plan no agent holds yet (one about to be submitted).",
+            min=0,
+            max=3600,
+        ),
+    ] = 0.0,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
 ) -> None:
-    """Follow a plan's events (and its sub-plans') as they happen, until the plan ends."""
+    """Follow a plan's events and its sub-plans' on every agent as they happen (a finished
+    plan's are replayed from the stores), until the plan ends."""
     with _errors():
         settings = _settings(address, state_dir)
 
-        async def follow(op: Operator) -> int:
-            owner = await op.owner(plan_id)
-            seen = 0
-            async for event in op.watch(plan_id, owner=owner):
+        async def follow(op: Operator) -> tuple[int, str]:
+            seen, final = 0, ""
+            async for event in op.watch(plan_id, wait_s=wait):
                 seen += 1
+                if event.plan_id == plan_id and not event.step_id:
+                    final = event.status
                 if as_json:
                     _print_json_line(json.loads(event.model_dump_json()))
                 else:
-                    step = f" step {event.step_id}" if event.step_id else ""
-                    why = f" ({event.failure_class}: {event.message})" if event.message else ""
-                    console.print(
-                        f"{event.agent or owner} {event.plan_id}{step} -> "
-                        f"[bold]{event.status}[/]{escape(why)}",
-                        highlight=False,
-                    )
-            return seen
+                    console.print(event_line(event), highlight=False, soft_wrap=True)
+            return seen, final
 
-        seen = _operate(settings, follow)
+        seen, final = _operate(settings, follow)
         if not as_json:
-            console.print(f"[dim]the plan ended; {seen} events[/]", highlight=False)
+            console.print(f"[dim]the plan ended {final}; {seen} events[/]", highlight=False)
 
 
 def _show_revisions(plan_id: str, settings: Settings, *, as_json: bool) -> None:
@@ -248,7 +338,7 @@ def replay(
         raise typer.Exit(1)
 
 
-PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans show lists plans).")]
+PlanArg = Annotated[str, typer.Argument(help="The plan's id (stratagem plans list lists plans).")]
 GateArg = Annotated[
     str, typer.Argument(help="The gate step's id, or the step a reconcile gate names.")
 ]

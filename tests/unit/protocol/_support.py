@@ -12,6 +12,7 @@ from pydantic.fields import FieldInfo
 
 from stratagem.protocol import (
     CAPABILITIES,
+    DEFAULT_PLANS_PAGE,
     Action,
     AgentCard,
     AnalyzeNarrativeRequest,
@@ -34,6 +35,8 @@ from stratagem.protocol import (
     PlanNarrativeArcResponse,
     PlanRevision,
     PlanSnapshot,
+    PlansPage,
+    PlansQuery,
     Relation,
     ReplayDivergence,
     ReplayResult,
@@ -154,7 +157,20 @@ class FakeBackend:
     def plans(self, plan_id: str) -> list[PlanSnapshot]:
         return [s for s in self.snapshots if not plan_id or s.plan_id.split("/")[0] == plan_id]
 
-    async def run_plan(self, plan_json: str, ctx: CallContext) -> PlanSnapshot:
+    async def history(self, query: PlansQuery, max_bytes: int) -> PlansPage:
+        """The snapshots as pages: a token is an offset, each snapshot's cursor the next one."""
+        held = self.plans(query.plan_id)
+        start = int(query.page_token or 0)
+        end = start + (query.page_size or DEFAULT_PLANS_PAGE)
+        page = [
+            snapshot.model_copy(update={"cursor": str(index)})
+            for index, snapshot in enumerate(held[start:end], start + 1)
+        ]
+        return PlansPage(plans=page, next_page_token=str(end) if end < len(held) else "")
+
+    async def run_plan(
+        self, plan_json: str, ctx: CallContext, *, until_blocked: bool = False
+    ) -> PlanSnapshot:
         self.calls.append(("RunPlan", PlanSnapshot(plan_id="p", agent="x", status="x"), ctx))
         if "cycle" in plan_json:
             raise FailedPreconditionError("plan 'p' refused: cycle: a -> b -> a")

@@ -145,6 +145,8 @@ EXPECTED = [
     "init_certificates",
     "json_object",
     "load_or_create_key",
+    "redact",
+    "redact_value",
     "register_capability",
     "register_role",
     "remaining_time",

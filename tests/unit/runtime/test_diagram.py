@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from stratagem.protocol import PlanSnapshot
 from stratagem.runtime._cli import app
 from stratagem.runtime._diagram import plan_diagram
+from stratagem.runtime._history import plan_view
 
 
 def _plan(plan_id: str, owner: str, steps: list[dict[str, object]]) -> str:
@@ -67,7 +68,7 @@ OTHER = PlanSnapshot(
 
 
 def test_mermaid_has_a_cluster_per_plan_edges_and_status_classes() -> None:
-    text = plan_diagram([ROOT, CHILD, OTHER], "goal-1", "mermaid")
+    text = plan_diagram([plan_view(s) for s in (ROOT, CHILD, OTHER)], "goal-1", "mermaid")
     lines = text.splitlines()
     assert lines[0] == "flowchart TD"
     assert sum(line.strip().startswith("subgraph ") for line in lines) == 2
@@ -86,7 +87,7 @@ def test_mermaid_has_a_cluster_per_plan_edges_and_status_classes() -> None:
 
 
 def test_dot_is_a_digraph_with_clusters_and_escaped_labels() -> None:
-    text = plan_diagram([ROOT, CHILD], "goal-1", "dot")
+    text = plan_diagram([plan_view(s) for s in (ROOT, CHILD)], "goal-1", "dot")
     assert text.startswith("digraph plan {")
     assert text.rstrip().endswith("}")
     assert text.count("subgraph cluster_") == 2
