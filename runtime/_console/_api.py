@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
-from stratagem.runtime._console._data import Gate, act
+from stratagem.runtime._console._data import READ_ERRORS, Gate, act, problem_line
 from stratagem.runtime._console._pages import _console, csrf_ok
 from stratagem.runtime._input import InputError, PlanNotFoundError
 
@@ -51,6 +51,8 @@ async def plans(request: Request) -> JSONResponse:
         )
     except InputError as exc:
         return _json({"error": str(exc)}, 400)
+    except READ_ERRORS as exc:
+        return _json({"error": problem_line(exc)}, 502)
     return _json(
         {
             "plans": [view.model_dump(mode="json") for view in page.plans],

@@ -177,6 +177,8 @@ async def plans(request: Request) -> Response:
         page = await console.data.plans(**filters, page_token=token)
     except InputError as exc:
         return console.page(request, "plans.html", 400, page=None, error=str(exc), **context)
+    except READ_ERRORS as exc:  # no agent could be asked at all: say why, keep the filters
+        return console.page(request, "plans.html", page=None, error=problem_line(exc), **context)
     query = {
         "q" if k == "text" else "trace" if k == "trace_id" else k: v
         for k, v in filters.items()
