@@ -6,11 +6,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-runtime
+# The web console's scripts, pinned by package-lock.json, installed with npm ci and copied into the
+# package (runtime/_console/static/vendor/, gitignored). `make demo` goes on without npm (the
+# console then says what is missing); `make test` needs them (the browser tests use them).
+CONSOLE_ASSETS := runtime/_console/static/vendor/.installed
 # Tests start one Ray per session; token authentication is for real clusters, not CI.
 export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: model-server model-server-stop otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fuzz load fmt clean help
+.PHONY: browser console-assets model-server model-server-stop otel-backend otel-backend-stop demo test lint typecheck imports unit integration e2e proto bench fuzz load fmt clean help
 
 help:
 	@echo "make demo   - start a local Ray, launch the four agents, pursue the built-in goal"
@@ -20,6 +24,7 @@ help:
 	@echo "make proto  - regenerate protocol/_gen/ from proto/"
 	@echo "make fuzz   - the long fuzz campaign of the server pipeline (>100,000 calls)"
 	@echo "make load   - 64 callers for 60 s per phase against one agent (below/above admission)"
+	@echo "make console-assets - the web console's scripts (htmx, Mermaid) from the npm registry"
 	@echo "make otel-backend / otel-backend-stop - Phoenix on 127.0.0.1:6006 for traces"
 	@echo "make model-server / model-server-stop - llama.cpp serving Gemma 3 270M on 127.0.0.1:8089"
 	@echo "make clean  - remove caches and build files (not the venvs, .pg, or any deployment's state)"
@@ -31,10 +36,22 @@ $(RUN_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml $(RUN_STAMP)
+$(STAMP): pyproject.toml $(RUN_STAMP) $(CONSOLE_ASSETS)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@$(MAKE) --no-print-directory .typecheck/stratagem
 	@touch $(STAMP)
+
+
+$(CONSOLE_ASSETS): package.json package-lock.json runtime/_console/vendor.txt
+	bash scripts/console_assets.sh
+
+console-assets:
+	bash scripts/console_assets.sh
+
+# The console's browser tests drive Debian's Chromium (a browser downloaded at test time cannot be
+# fetched): installed with apt-get when missing and this is root, else they say how.
+browser:
+	bash scripts/browser.sh
 
 # The layer folders install as stratagem.<layer> (pyproject's package-dir); an editable install
 # maps them with an import hook that mypy does not run, so mypy reads them through this link tree.
@@ -43,6 +60,7 @@ $(STAMP): pyproject.toml $(RUN_STAMP)
 	@for layer in agents planning protocol runtime; do ln -sfn ../../$$layer .typecheck/stratagem/$$layer; done
 
 demo: $(RUN_STAMP)
+	@test -f $(CONSOLE_ASSETS) || bash scripts/console_assets.sh --optional
 	$(BIN)/stratagem demo
 	@echo "Next: source $(BIN)/activate, then stratagem --help (README: Quick start)."
 
@@ -92,7 +110,7 @@ MODEL_STAMP := .model-venv/.model-server-installed
 $(MODEL_STAMP):
 	bash scripts/model_server.sh install
 
-test: lint typecheck imports $(MODEL_STAMP)
+test: lint typecheck imports browser $(MODEL_STAMP)
 	$(BIN)/pytest -q -ra
 
 bench: $(STAMP)
@@ -118,5 +136,5 @@ fmt: $(STAMP)
 # stop, then remove it) and a deployment's state: the state directory is the user's
 # (~/.local/state/stratagem) unless a .stratagem folder was made here ('stratagem down' stops it).
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .bench build dist
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .bench build dist node_modules runtime/_console/static/vendor
 	find . -name __pycache__ -type d -not -path './.*' -prune -exec rm -rf {} +

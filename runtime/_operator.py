@@ -535,6 +535,15 @@ class Operator:
             lambda client: client.call(agent, capability, body, request_id=key, timeout=timeout),
         )
 
+    async def health(self, agent: str) -> str:
+        """``agent``'s gRPC health status (``SERVING``, ``NOT_SERVING``...).
+
+        Raises:
+            protocol.UnavailableError: It does not answer.
+        """
+        self._check_role(agent)
+        return await self._at(agent, lambda client: client.health())
+
     async def describe(self, agent: str) -> AgentCard:
         """What ``agent`` serves: its capabilities (with their JSON schemas), versions, tools."""
         self._check_role(agent)

@@ -116,6 +116,10 @@ class SyncOperator:
             self._operator.call(agent, capability, payload, timeout=timeout, request_id=request_id)
         )
 
+    def health(self, agent: str) -> str:
+        """See ``Operator.health``."""
+        return self._runner.run(self._operator.health(agent))
+
     def describe(self, agent: str) -> AgentCard:
         """See ``Operator.describe``."""
         return self._runner.run(self._operator.describe(agent))

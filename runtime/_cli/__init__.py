@@ -19,7 +19,7 @@ from stratagem.runtime._cli._app import app, main
 
 __all__ = ["app", "main"]
 
-COMMAND_MODULES = ("_goals", "_agents", "_plans", "_worlds", "_deploy", "_ops")
+COMMAND_MODULES = ("_goals", "_agents", "_plans", "_worlds", "_deploy", "_ops", "_console")
 
 for _module in COMMAND_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -37,16 +36,11 @@ if TYPE_CHECKING:
         MissingSecretError,
         ProtocolError,
         RemoteError,
-        all_records,
-        load_or_create_key,
-        verify_chain,
-        verify_sealed,
     )
     from stratagem.runtime._launcher import Deployment
     from stratagem.runtime._local import LaunchError
     from stratagem.runtime._operator import Operator, RayDirectory, operator_settings
     from stratagem.runtime._settings import Settings
-    from stratagem.runtime._stores import open_audit_heads, open_audit_log
 
 # What the commands use beyond typer and rich's console: imported when a command runs (see
 # _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
@@ -73,11 +67,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "SubmitGoalRequest",
         "TokenSigner",
         "UnavailableError",
-        "all_records",
         "archive_audit",
-        "load_or_create_key",
-        "verify_chain",
-        "verify_sealed",
     ),
     "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend"),
     "stratagem.runtime._deployed": (
@@ -117,7 +107,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     ),
     "stratagem.runtime._security": ("check_operator_identity", "operator_key"),
     "stratagem.runtime._settings": ("Settings",),
-    "stratagem.runtime._stores": ("open_audit_heads", "open_audit_log"),
+    "stratagem.runtime._stores": ("open_audit_log",),
     "stratagem.runtime._telemetry": (
         "SpanRecord",
         "read_spans",
@@ -429,49 +419,11 @@ def _audit_head(settings: Settings) -> dict[str, Any]:
 def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[ChainVerdict, str]:
     """Verify the deployment's audit chain, its archived segments first (``archive``, default
     ``STATE_DIR/audit-archive``), and its signed heads when a sealing key exists; the verdict and
-    the chain's head."""
-    log = open_audit_log(settings)
-    heads = open_audit_heads(settings)
-    records = all_records(log, archive or settings.audit_archive_dir)
-    try:
-        if settings.audit_key_path.exists():
-            key = load_or_create_key(settings.audit_key_path)
-            verdict = verify_sealed(records, heads, key)
-        else:
-            verdict = verify_chain(records)
-            if verdict.ok and heads.read():
-                # Seals that cannot be checked vouch for nothing: a rewritten chain with
-                # recomputed hashes would pass a chain-only check.
-                verdict = dataclasses.replace(
-                    verdict,
-                    ok=False,
-                    reason=(
-                        f"signed heads exist in {heads.where} but the key to check them is missing "
-                        f"({settings.audit_key_path}): the chain cannot be vouched for; restore "
-                        "the key (or STRATAGEM_STATE_DIR's audit.key) and verify again"
-                    ),
-                )
-        copy = settings.audit_heads_copy
-        if (
-            verdict.ok
-            and copy is not None
-            and not copy.exists()
-            and (verdict.sealed or heads.read())
-        ):
-            # Every seal is also appended to the copy: a copy gone while heads exist was deleted
-            # (or its mount is missing), and heads cut from the primary would then go unnoticed.
-            verdict = dataclasses.replace(
-                verdict,
-                ok=False,
-                reason=(
-                    f"the audit heads copy {copy} (STRATAGEM_AUDIT_HEADS_COPY) is missing while "
-                    "signed heads exist: it was deleted or its volume is not mounted; restore it "
-                    "(or unset STRATAGEM_AUDIT_HEADS_COPY) and verify again"
-                ),
-            )
-        return verdict, log.head()
-    finally:
-        log.close()
+    the chain's head (``runtime._auditing.verify_audit``, which the console's audit page reads)."""
+    from stratagem.runtime._auditing import verify_audit
+
+    check = verify_audit(settings, archive)
+    return check.verdict, check.head
 
 
 def _operate(

@@ -22,6 +22,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 from tests.bench.auth import run_auth_benchmark
 from tests.bench.cli import run_cli_benchmark
 from tests.bench.cluster import run_cluster_benchmark
+from tests.bench.console import console_section, run_console_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.dynamic import run_map_benchmark, run_workflow_benchmark
 from tests.bench.engine import run_engine_benchmark
@@ -257,6 +258,12 @@ def _only_history() -> int:
     )
 
 
+def _only_console() -> int:
+    """``python -m tests.bench console``: the web console's section alone, merged into the last
+    results."""
+    return _only_section("console", run_console_benchmark, "## Web console", console_section)
+
+
 def _only_peers() -> int:
     """``python -m tests.bench peers``: this section alone, merged into the last results."""
     return _only_section("peers", _peers, "## Peers", peers_section)
@@ -334,6 +341,8 @@ def main() -> int:
         return _only_cluster()
     if sys.argv[1:] == ["peers"]:
         return _only_peers()
+    if sys.argv[1:] == ["console"]:
+        return _only_console()
     if sys.argv[1:] == ["cli"]:
         return _only_cli()
     if sys.argv[1:] == ["quality"]:

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from stratagem.planning import InMemoryDispatcher, StateStore
 from stratagem.protocol import (
     ROLES,
     AgentServer,
+    AuditLog,
     ClusterSecret,
     InMemoryAuditLog,
     Policy,
@@ -72,6 +73,11 @@ class Served:
     directory: RecordingDirectory
     stop: Callable[[], Awaitable[None]]
     agents: dict[str, Agent] | None = None
+    servers: dict[str, AgentServer] = field(default_factory=dict)
+
+    async def stop_agent(self, role: str) -> None:
+        """Stop one agent's server (its published endpoint then refuses connections)."""
+        await self.servers[role].aclose()
 
     def operator(self, **options: Any) -> Operator:
         return Operator(settings=self.settings, directory=self.directory, **options)
@@ -83,8 +89,9 @@ def settings_for(state_dir: Path) -> Settings:
     )
 
 
-async def serve(state_dir: Path) -> Served:
-    """The four agents, served and published in ``state_dir`` (this process as the Ray head)."""
+async def serve(state_dir: Path, *, audit: AuditLog | None = None) -> Served:
+    """The four agents, served and published in ``state_dir`` (this process as the Ray head),
+    auditing to ``audit`` (one in memory when ``None``)."""
     settings = settings_for(state_dir)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     secret = ClusterSecret.load_or_create(settings.secret_path)
@@ -102,7 +109,7 @@ async def serve(state_dir: Path) -> Served:
             agent,
             policy=Policy.default(),
             authenticator=TokenAuthenticator(TokenSigner(secret)),
-            audit=InMemoryAuditLog(),
+            audit=audit if audit is not None else InMemoryAuditLog(),
             config=ServerConfig(host="127.0.0.1", port=0, default_deadline_s=20.0),
         )
         for agent in agents.values()
@@ -122,7 +129,14 @@ async def serve(state_dir: Path) -> Served:
         for store in stores:
             await store.aclose()
 
-    return Served(settings, endpoints, RecordingDirectory(endpoints), stop, agents)
+    return Served(
+        settings,
+        endpoints,
+        RecordingDirectory(endpoints),
+        stop,
+        agents,
+        dict(zip(ROLES, servers, strict=True)),
+    )
 
 
 @contextmanager

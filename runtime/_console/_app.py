@@ -1,0 +1,275 @@
+"""The console's ASGI application: Starlette routes over the operator API, Jinja2 templates
+(autoescaped: a goal or an output holding HTML is shown as text), the session guard.
+
+``console_app(config)`` builds it; the ``Operator`` it reads through is opened on the server's
+event loop when the app starts and closed when it stops. Every route but ``/login`` and the static
+files needs a session: pages answer 401 with a page saying how to sign in, ``/api/`` answers 401
+with JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stratagem.protocol import OPERATOR
+from stratagem.runtime._console._assets import STATIC, Assets
+from stratagem.runtime._console._auth import Session, Sessions
+from stratagem.runtime._console._data import ConsoleData
+from stratagem.runtime._console._status import RayStatus
+from stratagem.runtime._operator import Directory, Operator
+from stratagem.runtime._settings import Settings
+
+__all__ = ["Console", "ConsoleConfig", "console_app"]
+
+logger = logging.getLogger(__name__)
+
+TEMPLATES: Final = Path(__file__).resolve().parent / "templates"
+OPEN_PATHS: Final = ("/login", "/static/", "/favicon.ico")
+"""What a browser may ask for without a session."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """How the console runs.
+
+    Attributes:
+        settings: The deployment's settings (as the CLI reads them).
+        secure_cookie: Mark the session cookie ``Secure`` (served over TLS).
+        cookie_name: The session cookie's name (the port makes two consoles on one host apart).
+        endpoints: The agents' endpoints when known (else found as the operator API finds them).
+        directory: Where endpoints come from when the published ones do not serve.
+        timeout_s: The deadline of the console's calls to the agents.
+    """
+
+    settings: Settings
+    secure_cookie: bool = False
+    cookie_name: str = "stratagem_console"
+    endpoints: dict[str, str] | None = None
+    directory: Directory | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(slots=True)
+class Console:
+    """What the routes share: the config, the sessions, the templates, the operator API."""
+
+    config: ConsoleConfig
+    sessions: Sessions = field(default_factory=Sessions)
+    assets: Assets = field(default_factory=Assets.find)
+    templates: jinja2.Environment = field(init=False)
+    _data: ConsoleData | None = None
+    _ray: RayStatus | None = None
+
+    def __post_init__(self) -> None:
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES),
+            autoescape=True,  # every template is HTML: nothing a plan holds is markup
+            undefined=jinja2.StrictUndefined,
+            auto_reload=False,
+        )
+        self.templates.filters["dom_id"] = dom_id
+        self.templates.filters["clock"] = clock
+        self.templates.filters["pretty"] = pretty
+        self.templates.globals["asset_problem"] = self.assets.problem()
+
+    @property
+    def data(self) -> ConsoleData:
+        """The operator API's reads (once the app started)."""
+        if self._data is None:
+            raise RuntimeError("the console's app has not started")
+        return self._data
+
+    @property
+    def ray(self) -> RayStatus:
+        """Ray's view of the agents."""
+        if self._ray is None:
+            self._ray = RayStatus(self.config.settings)
+        return self._ray
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The operator API, open while the app serves."""
+        operator = Operator(
+            settings=self.config.settings,
+            caller=OPERATOR,
+            timeout_s=self.config.timeout_s,
+            endpoints=self.config.endpoints,
+            directory=self.config.directory,
+        )
+        self._data = ConsoleData(operator)
+        try:
+            yield
+        finally:
+            self._data = None
+            await operator.aclose()
+
+    def page(
+        self, request: Request, template: str, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        """``template`` rendered with the request's session and ``context``."""
+        session: Session | None = request.scope.get("session_record")
+        body = self.templates.get_template(template).render(
+            request=request,
+            csrf_token=session.csrf_token if session else "",
+            signed_in=session is not None,
+            **context,
+        )
+        return HTMLResponse(body, status_code=status_code, headers=_NO_STORE)
+
+    def fragment(self, template: str, **context: Any) -> str:
+        """A template rendered without the page around it (for htmx and the live stream)."""
+        return self.templates.get_template(template).render(**context)
+
+
+_NO_STORE: Final = {"Cache-Control": "no-store"}
+
+SECURITY_HEADERS: Final = [
+    # Scripts only from the console itself (Mermaid needs inline styles in its SVG).
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        b"img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        b"form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+def dom_id(*parts: str) -> str:
+    """An element id for a plan (and step): any id is safe in HTML and in a CSS selector."""
+    return "x" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def clock(moment: datetime | float | None) -> str:
+    """A wall-clock time (a datetime or epoch seconds), as the page shows it: UTC, to the
+    millisecond."""
+    if not moment:
+        return ""
+    if not isinstance(moment, datetime):
+        moment = datetime.fromtimestamp(moment, UTC)
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def pretty(value: Any) -> str:
+    """A step's input or output as indented JSON (``—`` for none); the template escapes it."""
+    if value is None:
+        return "—"
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+class SessionGuard:
+    """Lets a request through only with a live session cookie (``OPEN_PATHS`` aside), and adds
+    the security headers to every answer.
+
+    Pure ASGI (not ``BaseHTTPMiddleware``): the live stream passes through unbuffered.
+    """
+
+    def __init__(self, app: ASGIApp, console: Console) -> None:
+        self.app = app
+        self.console = console
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + SECURITY_HEADERS
+            await send(message)
+
+        path: str = scope["path"]
+        if path.startswith(OPEN_PATHS):
+            await self.app(scope, receive, secured)
+            return
+        request = Request(scope)
+        session = self.console.sessions.session(
+            request.cookies.get(self.console.config.cookie_name)
+        )
+        if session is None:
+            response: Response
+            if path.startswith("/api/"):
+                response = JSONResponse(
+                    {"error": "not signed in: open the login URL 'stratagem console' printed"},
+                    status_code=401,
+                )
+            else:
+                response = self.console.page(request, "signin.html", status_code=401)
+            await response(scope, receive, secured)
+            return
+        scope["session_record"] = session
+        await self.app(scope, receive, secured)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def console_app(config: ConsoleConfig, console: Console | None = None) -> Starlette:
+    """The console's ASGI app for the deployment ``config`` names.
+
+    Args:
+        config: How it runs.
+        console: Its shared state (made from ``config`` when ``None``; a caller that prints the
+            login URL makes it first, to mint the token).
+    """
+    from stratagem.runtime._console import _api, _pages
+
+    console = console or Console(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with console.running():
+            yield
+
+    routes = [
+        Route("/login", _pages.login, methods=["GET"]),
+        Route("/logout", _pages.logout, methods=["POST"]),
+        Route("/", _pages.home, methods=["GET"]),
+        Route("/plans", _pages.plans, methods=["GET"]),
+        Route("/plans/{plan_id:path}", _pages.plan, methods=["GET"]),
+        Route("/fragments/plan/{plan_id:path}", _pages.plan_body, methods=["GET"]),
+        Route("/fragments/trace/{trace_id}", _pages.trace, methods=["GET"]),
+        Route("/fragments/ray", _pages.ray, methods=["GET"]),
+        Route("/live/{plan_id:path}", _pages.live, methods=["GET"]),
+        Route("/gates", _pages.gates, methods=["GET"]),
+        Route("/actions/{action}", _pages.action, methods=["POST"]),
+        Route("/agents", _pages.agents, methods=["GET"]),
+        Route("/agents/{role}", _pages.agent, methods=["GET"]),
+        Route("/audit", _pages.audit, methods=["GET"]),
+        Route("/api/session", _api.session, methods=["GET"]),
+        Route("/api/plans", _api.plans, methods=["GET"]),
+        Route("/api/plans/{plan_id:path}", _api.plan, methods=["GET"]),
+        Route("/api/gates", _api.gates, methods=["GET"]),
+        Route("/api/agents", _api.agents, methods=["GET"]),
+        Route("/api/audit", _api.audit, methods=["GET"]),
+        Route("/api/actions/{action}", _api.action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.console = console
+    app.state.started = time.time()
+    app.add_middleware(SessionGuard, console=console)
+    app.add_exception_handler(404, _pages.not_found)
+    app.add_exception_handler(405, _pages.not_found)
+    return app

@@ -1,0 +1,216 @@
+"""The console in a real browser: Debian's headless Chromium driven by Playwright, against the
+four real agents over gRPC (see ``conftest``). Each test leaves screenshots in the artifacts
+folder."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from stratagem.agents import DEMO_GOAL
+from stratagem.protocol import SqliteAuditLog
+from stratagem.runtime._console._app import dom_id
+from tests.integration.console.conftest import Running
+from tests.integration.runtime._served import gated_plan
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+
+
+def _sign_in(page: Any, running: Running) -> None:
+    page.goto(running.login_url())
+    page.wait_for_url(re.compile(r".*/plans$"))
+
+
+async def _until_status(running: Running, plan_id: str, status: str) -> None:
+    async with running.served.operator() as op:
+        for _ in range(400):
+            if any(s.plan_id == plan_id and s.status == status for s in await op.plans()):
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"plan {plan_id} never became {status}")
+
+
+def test_sign_in_find_a_finished_goal_and_see_a_step_output(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def pursue() -> Any:
+        async with running.served.operator() as op:
+            return await op.submit(DEMO_GOAL, timeout=60)
+
+    outcome = running.run(pursue(), timeout=90)
+    goal_plan = outcome.plan_id
+    _sign_in(page, running)
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    cookie = cookies[running.server.console.config.cookie_name]
+    assert cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
+    page.screenshot(path=str(artifacts / "plans.png"), full_page=True)
+    # Find the orchestrator's plan of the goal through the filters, then open it.
+    page.select_option("select[name=agent]", "orchestrator")
+    page.wait_for_selector("table.plans tbody tr td.mono a")
+    link = page.locator("table.plans tbody tr td.mono a").first
+    assert link.count() >= 1
+    plan_id = goal_plan
+    page.locator("table.plans a", has_text=plan_id).first.click()
+    page.wait_for_selector(f"#{dom_id(plan_id)}")
+    assert page.inner_text(f"#{dom_id(plan_id)}") == "succeeded"
+    # The DAG is drawn (Mermaid made an SVG of it) and the events came over the live stream.
+    page.wait_for_selector("#dag svg")
+    page.wait_for_selector("#events li")
+    page.wait_for_selector("#live-state:has-text('the plan ended')")
+    # A step's output.
+    first = page.locator("table.steps details").first
+    first.locator("summary").click()
+    output = first.locator("pre.output").inner_text()
+    assert output.strip() not in ("", "—")
+    page.screenshot(path=str(artifacts / "plan-finished-goal.png"), full_page=True)
+    assert page.errors == []
+
+
+def test_approve_a_waiting_gate_and_watch_the_plan_finish_live(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def gated() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(gated_plan("gated"), timeout=120)
+
+    finished = running.start(gated())
+    running.run(_until_status(running, "gated", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/gates")
+    page.wait_for_selector("form.gate")
+    assert "Go on?" in page.inner_text("form.gate")
+    page.screenshot(path=str(artifacts / "gates.png"), full_page=True)
+    page.locator("form.gate a", has_text="gated").click()
+    badge = f"#{dom_id('gated')}"
+    page.wait_for_selector(badge)
+    assert page.inner_text(badge) == "blocked"
+    page.wait_for_selector("#events li")  # the live stream is open
+    page.fill("#open-gates input[name=rationale]", "the browser test says yes")
+    page.screenshot(path=str(artifacts / "plan-blocked.png"), full_page=True)
+    page.click("#open-gates button.approve")
+    # No reload: the badge turns as the events arrive over SSE.
+    page.wait_for_selector(f"{badge}:has-text('succeeded')", timeout=30_000)
+    page.wait_for_selector("#action-outcome .outcome.ok")
+    assert finished.result(30).status == "succeeded"
+    page.wait_for_selector(f"#{dom_id('gated', 'protagonist')}:has-text('succeeded')")
+    page.screenshot(path=str(artifacts / "plan-approved-live.png"), full_page=True)
+    # Audited as from the CLI: the operator's Control.approve, accepted and answered OK.
+    records = list(SqliteAuditLog(running.served.settings.audit_path).records())
+    approvals = [r for r in records if r.capability == "Control.approve"]
+    assert {(r.actor, r.action, r.code) for r in approvals} >= {
+        ("operator", "call.accepted", ""),
+        ("operator", "call.outcome", "OK"),
+    }
+    # A second decision on the closed gate: a clear refusal, nothing applied again.
+    page.goto(f"{running.url}/plans/gated")
+    response = page.request.post(
+        f"{running.url}/api/actions/approve",
+        data={"plan_id": "gated", "gate_id": "ok", "rationale": "again"},
+        headers={"X-CSRF-Token": page.get_attribute("meta[name=csrf-token]", "content")},
+    )
+    assert response.status == 409
+    assert "not applied" in response.json()["message"]
+    assert (
+        len(
+            [
+                r
+                for r in SqliteAuditLog(running.served.settings.audit_path).records()
+                if r.capability == "Control.approve" and r.code == "OK"
+            ]
+        )
+        == 1
+    )
+    assert page.errors == []
+
+
+def test_a_step_output_with_script_renders_as_text(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    plan = {
+        "id": "xss",
+        "owner": "strategic",
+        "goal": f"Show {SCRIPT} as text",
+        "steps": [
+            {
+                "kind": "tool",
+                "id": "summary",
+                "tool": "summarize_narrative",
+                "input": {"protagonist": SCRIPT, "themes": ["<b>bold</b>"], "tension": 0.5},
+            }
+        ],
+    }
+
+    async def run() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(plan)
+
+    assert running.run(run()).status == "succeeded"
+    _sign_in(page, running)
+    page.goto(f"{running.url}/plans?q=xss")
+    assert SCRIPT in page.inner_text("table.plans")  # the goal, as text
+    page.goto(f"{running.url}/plans/xss")
+    page.wait_for_selector("#live-state:has-text('the plan ended')")
+    page.locator("table.steps summary").first.click()
+    assert SCRIPT in page.inner_text("#goal")
+    output = page.locator("pre.output").first.inner_text()  # JSON: its quotes escaped
+    assert "A story about <script>window.__xss = 1</script><img src=x onerror=" in output
+    assert page.locator("table.steps img").count() == 0
+    assert page.evaluate("window.__xss") is None
+    page.screenshot(path=str(artifacts / "plan-script-as-text.png"), full_page=True)
+
+
+def test_without_the_cookie_everything_is_refused(running: Running, page: Any) -> None:
+    with httpx.Client(base_url=running.url) as client:
+        api = client.get("/api/plans")
+        assert api.status_code == 401
+        assert "login URL" in api.json()["error"]
+        assert client.get("/plans").status_code == 401
+        assert client.post("/actions/cancel", data={"plan_id": "x"}).status_code == 401
+    page.goto(f"{running.url}/plans")
+    assert "Not signed in" in page.inner_text("main")
+    # A login URL works once: a second browser with the same URL is refused.
+    url = running.login_url()
+    page.goto(url)
+    page.wait_for_url(re.compile(r".*/plans$"))
+    other = page.context.browser.new_context()
+    try:
+        second = other.new_page()
+        answer = second.goto(url)
+        assert answer is not None
+        assert answer.status == 403
+    finally:
+        other.close()
+    # An action without the session's CSRF token is refused, even with the cookie.
+    refused = page.request.post(f"{running.url}/api/actions/cancel", data={"plan_id": "x"})
+    assert refused.status == 403
+
+
+def test_unknown_names_and_a_down_agent(running: Running, page: Any, artifacts: Path) -> None:
+    _sign_in(page, running)
+    answer = page.goto(f"{running.url}/plans/no-such-plan")
+    assert answer is not None
+    assert answer.status == 404
+    assert "no-such-plan" in page.inner_text("#missing")
+    answer = page.goto(f"{running.url}/agents/nobody")
+    assert answer is not None
+    assert answer.status == 404
+    assert "nobody" in page.inner_text("#missing")
+    # One agent down: its row says so, the others and the plans of the rest still show.
+    running.run(running.served.stop_agent("perception"))
+    page.goto(f"{running.url}/agents")
+    page.wait_for_selector("table.agents")
+    rows = page.inner_text("table.agents")
+    assert "perception" in rows
+    assert "down" in rows
+    assert "SERVING" in rows
+    page.goto(f"{running.url}/plans")
+    assert "perception" in page.inner_text(".problems")
+    page.screenshot(path=str(artifacts / "agent-down.png"), full_page=True)

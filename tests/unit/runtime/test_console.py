@@ -1,0 +1,259 @@
+"""The web console without a browser or agents: Starlette's TestClient in process (no socket),
+an operator API that knows no endpoint (every agent read fails, as when the agents are down)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from stratagem.protocol import PlanEvent
+from stratagem.runtime import load_settings
+from stratagem.runtime._console import Console, ConsoleConfig, check_host, console_app
+from stratagem.runtime._console._app import dom_id
+from stratagem.runtime._console._assets import Assets, vendor_files
+from stratagem.runtime._console._auth import Sessions
+from stratagem.runtime._console._data import PlanDetail, PlansPage
+from stratagem.runtime._history import PlanHistory, PlanView, StepView
+from stratagem.runtime._input import InputError
+
+SCRIPT = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+BASE = "http://127.0.0.1:8765"
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Console:
+    settings = load_settings(state_dir=tmp_path, auth="none", address=None)
+    return Console(ConsoleConfig(settings, endpoints={}))
+
+
+@pytest.fixture
+def client(console: Console) -> Iterator[TestClient]:
+    with TestClient(console_app(console.config, console), base_url=BASE) as test_client:
+        yield test_client
+
+
+def _signed_in(client: TestClient, console: Console) -> str:
+    answer = client.get(f"/login?token={console.sessions.login_token()}")
+    assert answer.status_code == 200
+    token = re.search(r'name="csrf-token" content="([^"]+)"', answer.text)
+    assert token is not None
+    return token.group(1)
+
+
+# -- signing in ----------------------------------------------------------------------------------
+
+
+def test_without_a_session_the_api_answers_401_and_pages_say_how_to_sign_in(
+    client: TestClient,
+) -> None:
+    for path in ("/api/plans", "/api/plans/x", "/api/gates", "/api/agents", "/api/audit"):
+        answer = client.get(path)
+        assert answer.status_code == 401, path
+        assert "login URL" in answer.json()["error"]
+    page = client.get("/plans")
+    assert page.status_code == 401
+    assert "stratagem console" in page.text
+    assert client.post("/api/actions/cancel", json={"plan_id": "x"}).status_code == 401
+    assert client.post("/actions/cancel", data={"plan_id": "x"}).status_code == 401
+
+
+def test_a_login_url_works_once_and_gives_a_strict_httponly_cookie(
+    client: TestClient, console: Console
+) -> None:
+    token = console.sessions.login_token()
+    first = client.get(f"/login?token={token}")
+    assert first.status_code == 200
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith("stratagem_console=")
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    assert "Secure" not in cookie
+    assert client.get("/api/plans").status_code == 502  # signed in; no agent to ask here
+    client.cookies.clear()
+    again = client.get(f"/login?token={token}")
+    assert again.status_code == 403
+    assert "set-cookie" not in again.headers
+    assert client.get("/api/plans").status_code == 401
+    assert client.get("/login?token=guessed").status_code == 403
+
+
+def test_signing_out_ends_the_session(client: TestClient, console: Console) -> None:
+    csrf = _signed_in(client, console)
+    assert client.post("/logout", data={"csrf_token": "wrong"}).status_code == 403
+    assert client.post("/logout", data={"csrf_token": csrf}).status_code == 200
+    assert client.get("/api/plans").status_code == 401
+
+
+def test_sessions_expire_when_idle() -> None:
+    now = [1000.0]
+    sessions = Sessions(idle_s=60, clock=lambda: now[0])
+    session = sessions.sign_in(sessions.login_token())
+    assert session is not None
+    now[0] += 59
+    assert sessions.session(session.session_id) is session
+    now[0] += 61
+    assert sessions.session(session.session_id) is None
+    assert not session.csrf_ok("")
+    assert not session.csrf_ok(None)
+    assert session.csrf_ok(session.csrf_token)
+
+
+def test_actions_need_the_sessions_csrf_token_and_the_consoles_origin(
+    client: TestClient, console: Console
+) -> None:
+    csrf = _signed_in(client, console)
+    form = {"plan_id": "p1", "csrf_token": csrf}
+    assert client.post("/actions/pause", data={"plan_id": "p1"}).status_code == 403
+    assert client.post("/actions/pause", data={**form, "csrf_token": "x"}).status_code == 403
+    elsewhere = client.post("/actions/pause", data=form, headers={"Origin": "http://evil.test"})
+    assert elsewhere.status_code == 403
+    cross = client.post("/actions/pause", data=form, headers={"Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403
+    assert client.post("/api/actions/pause", json={"plan_id": "p1"}).status_code == 403
+    # With the token the action reaches the operator API: no agent answers here, and the page
+    # gets one line saying so (no stack trace), nothing applied.
+    answer = client.post("/actions/pause", data=form, headers={"Origin": BASE})
+    assert answer.status_code == 502
+    assert "pause plan p1" in answer.text
+    assert "Traceback" not in answer.text
+    api = client.post("/api/actions/pause", json={"plan_id": "p1"}, headers={"X-CSRF-Token": csrf})
+    assert api.status_code == 502
+    assert api.json()["ok"] is False
+
+
+def test_a_gate_decision_needs_a_gate_and_a_rationale(client: TestClient, console: Console) -> None:
+    csrf = _signed_in(client, console)
+    headers = {"X-CSRF-Token": csrf}
+    no_gate = client.post("/api/actions/approve", json={"plan_id": "p"}, headers=headers)
+    assert (no_gate.status_code, no_gate.json()["message"]) == (400, "approve needs the gate's id")
+    no_why = client.post(
+        "/api/actions/reject", json={"plan_id": "p", "gate_id": "g"}, headers=headers
+    )
+    assert no_why.status_code == 400
+    assert "rationale" in no_why.json()["message"]
+    unknown = client.post("/api/actions/explode", json={"plan_id": "p"}, headers=headers)
+    assert unknown.status_code == 404
+
+
+# -- pages with agents down, unknown names -------------------------------------------------------
+
+
+def test_pages_name_what_is_down_and_unknown_names_are_404(
+    client: TestClient, console: Console
+) -> None:
+    _signed_in(client, console)
+    plans = client.get("/plans")
+    assert plans.status_code == 200
+    assert "no endpoint given" in plans.text
+    agents = client.get("/agents")
+    assert agents.status_code == 200
+    for role in console.data.roles:
+        assert role in agents.text
+    assert agents.text.count("no endpoint given") == len(console.data.roles)
+    nobody = client.get("/agents/nobody")
+    assert nobody.status_code == 404
+    assert "no agent &#39;nobody&#39;" in nobody.text
+    page = client.get("/no/such/page")
+    assert page.status_code == 404
+    assert "/no/such/page" in page.text
+    assert client.get("/api/no/such").json() == {"error": "no such path: /api/no/such"}
+    audit = client.get("/audit")
+    assert audit.status_code == 200
+    assert "no audit log at" in audit.text
+    assert client.get("/fragments/trace/not-a-trace").status_code == 404
+
+
+def test_every_answer_carries_the_security_headers(client: TestClient) -> None:
+    answer = client.get("/api/plans")
+    policy = answer.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "frame-ancestors 'none'" in policy
+    assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+# -- escaping ------------------------------------------------------------------------------------
+
+
+def _hostile_plan() -> PlanView:
+    return PlanView(
+        plan_id="p1",
+        agent="strategic",
+        status="succeeded",
+        goal=SCRIPT,
+        created=datetime(2026, 1, 2, tzinfo=UTC),
+        steps=[
+            StepView(
+                id="s1",
+                kind="tool",
+                does=SCRIPT,
+                status="succeeded",
+                input={"text": SCRIPT},
+                output={"summary": SCRIPT},
+                message=SCRIPT,
+            )
+        ],
+    )
+
+
+def test_goals_and_step_values_holding_markup_render_as_text(console: Console) -> None:
+    view = _hostile_plan()
+    listed = console.fragment(
+        "plans_table.html",
+        page=PlansPage([view], "", True, [SCRIPT]),
+        error="",
+        first_url="",
+        next_url="",
+    )
+    detail = PlanDetail(PlanHistory(plan_id="p1", plans=[view]), [], "flowchart TD", [])
+    shown = console.fragment("plan_body.html", detail=detail, csrf_token="t", plan_id="p1")
+    event = PlanEvent(plan_id="p1", step_id="s1", status="failed", message=SCRIPT, timestamp=1.0)
+    live = console.fragment("live_event.html", event=event, root="p1")
+    for html in (listed, shown, live):
+        assert "<script>" not in html
+        assert "<img" not in html
+        assert "&lt;script&gt;" in html
+
+
+def test_element_ids_are_safe_whatever_the_plan_and_step_ids() -> None:
+    for parts in (("a",), ("a/b", "c.d"), ('"><script>', "x y")):
+        assert re.fullmatch(r"x[0-9a-f]{16}", dom_id(*parts))
+    assert dom_id("a", "b") != dom_id("a/b")
+
+
+# -- serving -------------------------------------------------------------------------------------
+
+
+def test_only_loopback_is_served_without_tls_or_the_explicit_flag() -> None:
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert check_host(host, tls=False, allow_remote=False) == ""
+    with pytest.raises(InputError, match="--tls-cert"):
+        check_host("0.0.0.0", tls=False, allow_remote=False)
+    assert "in clear" in check_host("0.0.0.0", tls=False, allow_remote=True)
+    assert "TLS" in check_host("192.0.2.1", tls=True, allow_remote=False)
+
+
+def test_missing_scripts_are_named_with_how_to_install_them(tmp_path: Path) -> None:
+    assets = Assets.find(tmp_path)
+    assert not assets.complete
+    assert set(assets.missing) == set(vendor_files())
+    assert "make console-assets" in assets.problem()
+    for name in vendor_files():
+        (tmp_path / name).write_text("//")
+    assert Assets.find(tmp_path).problem() == ""
+
+
+def test_the_vendored_scripts_come_from_the_pinned_npm_packages() -> None:
+    import json
+
+    repo = Path(__file__).resolve().parents[3]
+    pinned = json.loads((repo / "package.json").read_text())["dependencies"]
+    locked = json.loads((repo / "package-lock.json").read_text())["packages"]
+    for source in vendor_files().values():
+        package = source.split("/dist/")[0]
+        assert package in pinned, package
+        assert locked[f"node_modules/{package}"]["version"] == pinned[package]
