@@ -18,9 +18,11 @@ stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finish
 decisions from its records.
 
 The agent comes in parts: this module serves requests (``handle``, ``run_plan``, ``submit_plan``);
-``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a base
-of ``Agent``) steers made plans and resumes them; ``_wire`` translates between planning and the
-protocol, errors included (one table, ``planning.FAILURE_CODES``).
+``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a
+collaborator the agent owns and delegates to, built with a ``ControlDeps``) steers made plans and
+resumes them; ``_runs.PlanRuns`` is the one owner of the runs in flight both use; ``_wire``
+translates between planning and the protocol, errors included (one table,
+``planning.FAILURE_CODES``).
 
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
@@ -57,14 +59,14 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from stratagem.agents._control import PlanControl
+from stratagem.agents._control import NO_VALUE, ControlDeps, PlanControl
 from stratagem.agents._history import PlanHistory
 from stratagem.agents._records import (
     MAX_RECORDS,
@@ -72,6 +74,7 @@ from stratagem.agents._records import (
     PlanRecord,
     follow_revision,
 )
+from stratagem.agents._runs import PlanRuns
 from stratagem.agents._tool import ToolRegistry
 from stratagem.agents._wire import (
     caller_deadline,
@@ -117,6 +120,7 @@ from stratagem.protocol import (
     CallContext,
     CapabilityCard,
     CapabilitySpec,
+    ControlRequest,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -126,6 +130,8 @@ from stratagem.protocol import (
     PlansPage,
     PlansQuery,
     Policy,
+    ReplayResult,
+    RevisionsResponse,
     WireModel,
     current_call,
     json_object,
@@ -176,13 +182,14 @@ class _PlannerReplanner:
     submitted directly (no capability) and planners without one are not replanned.
     """
 
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
+    def __init__(self, book: PlanBook, planner_of: Callable[[str], object | None]) -> None:
+        self._book = book
+        self._planner_of = planner_of
 
     async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        record = self._agent._book.get(plan.id)
-        handler = self._agent._handlers.get(record.capability) if record is not None else None
-        replan = getattr(handler[1], "replan", None) if handler is not None else None
+        record = self._book.get(plan.id)
+        planner = self._planner_of(record.capability) if record is not None else None
+        replan = getattr(planner, "replan", None)
         if not callable(replan):
             return None
         new_plan = replan(plan, failure)
@@ -191,7 +198,7 @@ class _PlannerReplanner:
         return new_plan if isinstance(new_plan, Plan) else None
 
 
-class Agent(PlanControl):
+class Agent:
     """A role agent: registry, typed plans, planners, engine and a record of its plans.
 
     Args:
@@ -227,6 +234,8 @@ class Agent(PlanControl):
         self.planner = planner
         self.dispatcher = dispatcher
         self.version = _package_version()
+        self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
+        self._book = PlanBook(role, max_records)
         self._engine = Engine(
             engine_config,
             tools=registry,
@@ -234,31 +243,42 @@ class Agent(PlanControl):
             agent=role,
             tracer_provider=tracer_provider,
             store=store,
-            replanner=_PlannerReplanner(self),
+            replanner=_PlannerReplanner(self._book, self._planner_of),
             nested_events=self._nested_events,
         )
         self.store = store
-        self._active: set[str] = set()
-        self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
-        self._started: dict[str, asyncio.Event] = {}
-        self._closing = False
+        self._runs = PlanRuns(role)
+        self._policy: Policy | None = None
+        self._control = PlanControl(
+            ControlDeps(
+                role=role,
+                plan_type=plan_type,
+                engine=self._engine,
+                store=store,
+                book=self._book,
+                runs=self._runs,
+                problems=self._problems,
+                policy=lambda: self._policy,
+                planner_of=self._planner_of,
+            )
+        )
         self.planning_timeout_s = 0.0
         """The longest planning one request may take (its model's limits; 0: no model plans):
         what its card tells a client setting a goal's deadline (``runtime`` sets it with the
         model planner)."""
-        self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
-        self._book = PlanBook(role, max_records)
         self._history = PlanHistory(
-            role, plan_type, self._book, store, running=lambda plan_id: self._is_active(plan_id)
+            role, plan_type, self._book, store, running=self._runs.is_active
         )
-        # Runs no caller's deadline may cancel (user plans, operators' top-level requests).
-        self._runs: set[asyncio.Task[PlanResult[Any]]] = set()
-        self._policy: Policy | None = None
         for spec in CAPABILITIES.values():
             if spec.role == role:
                 self._handlers[spec.name] = (spec, planner)
 
     # --- what the agent is ---------------------------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        """The agent's role."""
+        return self._role
 
     @property
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
@@ -413,7 +433,7 @@ class Agent(PlanControl):
         """Start ``plan`` for a caller that does not wait (a request with ``detach``): answer
         once it runs (``plan_id``, ``status`` of the capability's response), or with its outcome
         if it ends first. Nobody's deadline binds it; ``cancel`` stops it."""
-        run = self._unbound(self._run(plan, capability), plan.id)
+        run = self._runs.unbound(self._run(plan, capability), plan.id)
         started = asyncio.get_running_loop().create_task(self._first_event(plan.id))
         try:
             await asyncio.wait({run, started}, return_when=asyncio.FIRST_COMPLETED)
@@ -432,16 +452,6 @@ class Agent(PlanControl):
         async for event in self._book.watch(plan_id):
             if event.plan_id == plan_id:
                 return
-
-    def _unbound(
-        self, run: Coroutine[Any, Any, PlanResult[Any]], plan_id: str
-    ) -> asyncio.Task[PlanResult[Any]]:
-        """``run`` in a task of its own, which no caller's cancellation reaches (``aclose``
-        interrupts it; the plan stays resumable from the store)."""
-        task = asyncio.get_running_loop().create_task(run, name=f"run {plan_id}")
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
-        return task
 
     def _respond(
         self, planner: Planner, capability: str, request: WireModel, result: PlanResult[Any]
@@ -578,7 +588,7 @@ class Agent(PlanControl):
         if not until_blocked:
             result = await self._run(plan, "", caller_deadline(ctx))
         else:
-            run = self._unbound(self._run(plan, ""), plan.id)
+            run = self._runs.unbound(self._run(plan, ""), plan.id)
             waits = asyncio.get_running_loop().create_task(self._blocked(plan.id))
             try:
                 await asyncio.wait({run, waits}, return_when=asyncio.FIRST_COMPLETED)
@@ -676,15 +686,107 @@ class Agent(PlanControl):
             )
         return deleted
 
+    # --- steering made plans: ``PlanControl`` acts (its methods say how) ------------------------
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """Serve ``Control``: one action on one plan, decided by the verified caller."""
+        return await self._control.control(request, ctx)
+
+    async def decide_gate(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int | None = None,
+        output: dict[str, Any] | None = None,
+        value: Any = NO_VALUE,
+        arguments: dict[str, Any] | None = None,
+    ) -> PlanSnapshot:
+        """Approve or reject a gate of a plan (``value``: omitted, or the value of a gate that
+        asks); the plan's state after the decision."""
+        return await self._control.decide_gate(
+            plan_id,
+            gate_id,
+            approve=approve,
+            approver=approver,
+            rationale=rationale,
+            revision=revision,
+            output=output,
+            value=value,
+            arguments=arguments,
+        )
+
+    async def pause(self, plan_id: str) -> PlanSnapshot:
+        """Pause a plan: no new step starts, running ones finish; ``resume`` continues it."""
+        return await self._control.pause(plan_id)
+
+    async def cancel(self, plan_id: str) -> PlanSnapshot:
+        """Cancel a plan for good: running steps are cancelled, completed ones compensated."""
+        return await self._control.cancel(plan_id)
+
+    async def resume(self, plan_id: str) -> PlanSnapshot:
+        """Continue a stored, unfinished plan that is not running, in a background task."""
+        return await self._control.resume(plan_id)
+
+    async def resume_unfinished(self, *, resume: bool = True) -> list[str]:
+        """Take up the store's unfinished plans (at start): resume those that still have a
+        reason to run (``resume=False``: none), cancel the others; the ids resumed."""
+        return await self._control.resume_unfinished(resume=resume)
+
+    async def replan(
+        self, plan_id: str, plan_json: str, *, rationale: str, author: str
+    ) -> PlanSnapshot:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it."""
+        return await self._control.replan(plan_id, plan_json, rationale=rationale, author=author)
+
+    async def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str | None = None,
+        revision: int | None = None,
+        outputs: Mapping[str, Any] | None = None,
+        new_plan_id: str = "",
+        author: str,
+        rationale: str = "",
+    ) -> PlanSnapshot:
+        """Fork a stored plan into a new one that runs on from the fork point, here."""
+        return await self._control.fork(
+            plan_id,
+            at_step=at_step,
+            revision=revision,
+            outputs=outputs,
+            new_plan_id=new_plan_id,
+            author=author,
+            rationale=rationale,
+        )
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """Serve ``Revisions``: the plan's revision history from the store, oldest first."""
+        return await self._control.revisions(plan_id)
+
+    async def replay(
+        self,
+        plan_id: str,
+        ctx: CallContext | None = None,
+        *,
+        outputs: Mapping[str, dict[str, Any]] | None = None,
+    ) -> ReplayResult:
+        """Serve ``Replay``: re-run a finished plan from its recorded outputs and compare."""
+        return await self._control.replay(plan_id, ctx, outputs=outputs)
+
+    def closing(self) -> None:
+        """The agent is stopping: a plan whose call is cancelled from now on is interrupted (and
+        resumed at the next start), not cancelled as one whose caller went away."""
+        self._runs.close()
+
     async def aclose(self) -> None:
         """Interrupt the runs and background resumptions (their plans stay resumable in the
         store) and wait for them."""
-        self._closing = True  # interrupted, not cancelled: resumable at the next start
-        runs = [task for task in self._runs if not task.done()]
-        for task in runs:
-            task.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
-        await super().aclose()
+        await self._runs.aclose()
 
     def record(self, plan_id: str) -> PlanRecord:
         """The record of one plan.
@@ -731,18 +833,18 @@ class Agent(PlanControl):
         previous = self._book.get(plan.id)
         if previous is not None:
             latest = previous.plan.revision
-        if plan.id in self._active:
+        if self._runs.is_serving(plan.id):
             raise FailedPreconditionError(f"plan {plan.id!r} is already running here")
         if self.store is not None:
-            task = self._tasks.get(plan.id)
-            if task is not None and not task.done():
+            task = self._runs.task(plan.id)
+            if task is not None:
                 # A caller retrying after a restart: join the plan resumed from the store.
                 return await asyncio.shield(task)
             state = await self.store.load(plan.id)
             if state is not None and not state.status.is_final:
                 if state.status is PlanStatus.PAUSED:
                     raise FailedPreconditionError(f"plan {plan.id!r} is paused; resume it first")
-                return await asyncio.shield(self._start_resume(plan.id, capability))
+                return await asyncio.shield(self._control.start_resume(plan.id, capability))
             if state is not None:
                 latest = max(latest, state.revision)
         if plan.revision <= latest:
@@ -754,19 +856,17 @@ class Agent(PlanControl):
             await self._refuse(plan, capability, message)
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
-        self._active.add(plan.id)
-        run = asyncio.ensure_future(
-            self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
-        )
-        try:
-            result = await asyncio.shield(run)
-        except PlanControlError as exc:
-            raise FailedPreconditionError(one_line(str(exc))) from exc
-        except asyncio.CancelledError:
-            self._caller_gone(plan.id, run, record)
-            raise
-        finally:
-            self._active.discard(plan.id)
+        with self._runs.serving(plan.id):
+            run = asyncio.ensure_future(
+                self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
+            )
+            try:
+                result = await asyncio.shield(run)
+            except PlanControlError as exc:
+                raise FailedPreconditionError(one_line(str(exc))) from exc
+            except asyncio.CancelledError:
+                self._caller_gone(plan.id, run, record)
+                raise
         follow_revision(record, result)
         return result
 
@@ -805,11 +905,16 @@ class Agent(PlanControl):
         when it waits at a gate: a person's decision takes it up again."""
         if run.done():
             return
-        if self._closing or self.store is None or record.status is PlanStatus.BLOCKED:
+        if self._runs.closing or self.store is None or record.status is PlanStatus.BLOCKED:
             run.cancel()
             return
         logger.info("agent %s cancels plan %s: its caller is gone", self.role, plan_id)
-        self._start_settling(plan_id, self._cancel_abandoned(plan_id, run, record))
+        self._runs.background(
+            plan_id,
+            lambda _started: self._cancel_abandoned(plan_id, run, record),
+            name=f"cancel {plan_id}",
+            live=True,
+        )
 
     async def _cancel_abandoned(
         self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
