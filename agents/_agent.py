@@ -59,15 +59,22 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final, Protocol
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Final
 
-from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
+from stratagem.agents._admission import (
+    plan_problems,
+    served_before,
+    store_refusal,
+    stored_result,
+    tool_approvals,
+)
 from stratagem.agents._control import NO_VALUE, ControlDeps, PlanControl
 from stratagem.agents._history import PlanHistory
+from stratagem.agents._planners import Capabilities, Planner, PlannerReplanner
 from stratagem.agents._records import (
     MAX_RECORDS,
     PlanBook,
@@ -85,14 +92,12 @@ from stratagem.agents._wire import (
     invalid_argument,
     one_line,
     reason_of,
-    recorded_digest,
     run_failure,
 )
 from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
-    ExpressionError,
     GateNotifier,
     Handler,
     InMemoryDispatcher,
@@ -102,20 +107,12 @@ from stratagem.planning import (
     PlanResult,
     PlanState,
     PlanStatus,
-    PlanStatusRecord,
-    PlanValidationError,
     StateStore,
     StepError,
     StepEvent,
-    StepFailure,
-    StepStatus,
     StoreError,
-    ToolApproval,
-    expression,
-    validate_plan,
 )
 from stratagem.protocol import (
-    CAPABILITIES,
     AgentCard,
     CallContext,
     CapabilityCard,
@@ -151,51 +148,6 @@ def _package_version() -> str:
         return importlib.metadata.version("stratagem")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-class Planner(Protocol):
-    """Turns a capability request into a plan, and the plan's result into the response."""
-
-    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan | Awaitable[Plan]:
-        """The plan that serves ``request`` (a model planner returns an awaitable: the agent
-        awaits it on its event loop, serving other calls meanwhile).
-
-        Args:
-            capability: The capability's name.
-            request: The validated request model.
-            plan_id: The id the plan must carry.
-
-        Returns:
-            A plan of the agent's plan type, owned by the agent's role.
-        """
-        ...
-
-    def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
-        """The capability's response, built from a succeeded plan's outputs."""
-        ...
-
-
-class _PlannerReplanner:
-    """The engine's ``Replanner``: asks the planner that made a plan for its next revision.
-
-    A planner takes part by having a ``replan(plan, failure) -> Plan | None`` method; plans
-    submitted directly (no capability) and planners without one are not replanned.
-    """
-
-    def __init__(self, book: PlanBook, planner_of: Callable[[str], object | None]) -> None:
-        self._book = book
-        self._planner_of = planner_of
-
-    async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        record = self._book.get(plan.id)
-        planner = self._planner_of(record.capability) if record is not None else None
-        replan = getattr(planner, "replan", None)
-        if not callable(replan):
-            return None
-        new_plan = replan(plan, failure)
-        if inspect.isawaitable(new_plan):  # a model planner's repair
-            new_plan = await new_plan
-        return new_plan if isinstance(new_plan, Plan) else None
 
 
 class Agent:
@@ -234,7 +186,7 @@ class Agent:
         self.planner = planner
         self.dispatcher = dispatcher
         self.version = _package_version()
-        self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
+        self._capabilities = Capabilities(role, planner)
         self._book = PlanBook(role, max_records)
         self._engine = Engine(
             engine_config,
@@ -243,7 +195,7 @@ class Agent:
             agent=role,
             tracer_provider=tracer_provider,
             store=store,
-            replanner=_PlannerReplanner(self._book, self._planner_of),
+            replanner=PlannerReplanner(self._book, self._capabilities.planner_of),
             nested_events=self._nested_events,
         )
         self.store = store
@@ -259,7 +211,7 @@ class Agent:
                 runs=self._runs,
                 problems=self._problems,
                 policy=lambda: self._policy,
-                planner_of=self._planner_of,
+                planner_of=self._capabilities.planner_of,
             )
         )
         self.planning_timeout_s = 0.0
@@ -269,9 +221,6 @@ class Agent:
         self._history = PlanHistory(
             role, plan_type, self._book, store, running=self._runs.is_active
         )
-        for spec in CAPABILITIES.values():
-            if spec.role == role:
-                self._handlers[spec.name] = (spec, planner)
 
     # --- what the agent is ---------------------------------------------------------------------
 
@@ -283,18 +232,12 @@ class Agent:
     @property
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
         """The capabilities it serves, by name."""
-        return {name: spec for name, (spec, _) in self._handlers.items()}
-
-    def _planner_of(self, capability: str) -> object | None:
-        handler = self._handlers.get(capability)
-        return handler[1] if handler is not None else None
+        return self._capabilities.specs()
 
     def use_planner(self, planner: Planner) -> None:
         """Plan the built-in capabilities with ``planner`` (a model planner, say) from now on;
         extension capabilities keep theirs."""
-        for name, (spec, current) in list(self._handlers.items()):
-            if current is self.planner:
-                self._handlers[name] = (spec, planner)
+        self._capabilities.replace_planner(self.planner, planner)
         self.planner = planner
 
     def use_policy(self, policy: Policy) -> None:
@@ -306,35 +249,9 @@ class Agent:
         Raises:
             ValueError: An approval's ``when`` is not a valid expression (one line naming it).
         """
-        approvals = []
-        for rule in policy.approvals(self.role):
-            if rule.when is not None:
-                try:
-                    expression(rule.when)
-                except ExpressionError as exc:
-                    raise ValueError(
-                        f"the policy's approval of tool {rule.tool!r}: invalid when: {exc}"
-                    ) from None
-            if rule.tool not in self.registry:
-                logger.warning(
-                    "the policy asks approval of tool %r, which the %s agent does not have",
-                    rule.tool,
-                    self.role,
-                )
-            approvals.append(
-                ToolApproval(
-                    tool=rule.tool,
-                    when=rule.when,
-                    prompt=rule.prompt,
-                    deciders=rule.deciders,
-                    timeout_s=rule.timeout_s,
-                    on_timeout=rule.on_timeout,
-                    escalate_after_s=rule.escalate_after_s,
-                    escalate_to=rule.escalate_to,
-                )
-            )
+        approvals = tool_approvals(policy, self.role, self.registry)
         self._policy = policy
-        self._engine.approvals = tuple(approvals)
+        self._engine.approvals = approvals
 
     def use_notifier(self, notifier: GateNotifier | None) -> None:
         """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
@@ -352,15 +269,7 @@ class Agent:
         Raises:
             ValueError: The spec is for another role, is not registered, or the name is taken.
         """
-        if spec.role != self.role:
-            raise ValueError(f"capability {spec.name!r} is served by {spec.role}, not {self.role}")
-        if CAPABILITIES.get(spec.name) != spec:
-            raise ValueError(
-                f"capability {spec.name!r} is not registered; call protocol.register_capability"
-            )
-        if spec.name in self._handlers and self._handlers[spec.name][0] != spec:
-            raise ValueError(f"the {self.role} agent already serves {spec.name!r}")
-        self._handlers[spec.name] = (spec, planner)
+        self._capabilities.add(spec, planner)
 
     def card(self) -> AgentCard:
         """The agent's card: role, version, capabilities with their JSON Schemas, tool names, and
@@ -368,7 +277,7 @@ class Agent:
         return AgentCard(
             role=self.role,
             version=self.version,
-            capabilities=[CapabilityCard.from_spec(spec) for spec, _ in self._handlers.values()],
+            capabilities=[CapabilityCard.from_spec(spec) for spec in self.capabilities.values()],
             tools=self.registry.names(),
             planner="model" if self.planning_timeout_s > 0 else "deterministic",
             planning_timeout_s=self.planning_timeout_s,
@@ -395,7 +304,7 @@ class Agent:
             protocol.RemoteError: A subclass per refusal or failure class (see the module
                 docstring); the message is one line naming the plan and the step.
         """
-        handler = self._handlers.get(capability)
+        handler = self._capabilities.get(capability)
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
         spec, planner = handler
@@ -404,7 +313,7 @@ class Agent:
         # The digest ties a stored plan to the request it serves: without a store, nothing reads it.
         request_digest = "" if self.store is None else digest_of_request(capability, request)
         if self.store is not None:
-            state = await self._served_before(plan_id, capability, request_digest)
+            state = await served_before(self.store, plan_id, capability, request_digest)
             if state is not None:
                 return self._respond_from(state, capability, request, planner)
         try:
@@ -464,59 +373,12 @@ class Agent:
             )
             raise InternalError(f"{capability}: the response could not be built") from exc
 
-    async def _served_before(
-        self, plan_id: str, capability: str, request_digest: str
-    ) -> PlanState | None:
-        """The stored state of ``plan_id`` when it already succeeded for this very request.
-
-        This closes the gap the server's answer store leaves: when this agent died after the plan
-        succeeded but before the answer was stored, the repeated request is answered from the
-        plan's recorded outputs and nothing runs again.
-
-        Raises:
-            protocol.FailedPreconditionError: The plan id already served a different request, and
-                that plan succeeded or is still going (a failed or cancelled one may be retried
-                with another request, e.g. by a caller that replanned the step).
-        """
-        assert self.store is not None
-        state = await self.store.load(plan_id)
-        if state is None:
-            return None
-        recorded = recorded_digest(state.plan_json)
-        if recorded is None:
-            # Not made for a request (a user's plan), or stored before digests were kept.
-            return None
-        if recorded != request_digest:
-            if state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
-                return None
-            raise FailedPreconditionError(
-                f"{capability}: plan {plan_id!r} was already made for a different request"
-            )
-        return state if state.status is PlanStatus.SUCCEEDED else None
-
     def _respond_from(
         self, state: PlanState, capability: str, request: WireModel, planner: Planner
     ) -> WireModel:
         """The response of a plan that already succeeded, from its recorded outputs."""
         plan = state.plan(self.plan_type)
-        result: PlanResult[Any] = PlanResult(
-            status=PlanStatus.SUCCEEDED,
-            outputs=state.outputs,
-            failures=[],
-            statuses={
-                step.id: state.steps[step.id].status if step.id in state.steps else step.status
-                for step in plan.steps
-            },
-            events=0,
-            duration_s=0.0,
-            submitted=plan,
-            # A plan that succeeded failed only steps that a route on failure handled.
-            handled=[
-                StepFailure(step_id, step.failure_class, step.message, step.attempt)
-                for step_id, step in state.steps.items()
-                if step.status is StepStatus.FAILED and step.failure_class is not None
-            ],
-        )
+        result = stored_result(state, plan)
         record = self._book.recall(plan, state)
         record.capability = capability
         record.result = result
@@ -810,7 +672,7 @@ class Agent:
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:
             return f"{ctx.plan_id}/{ctx.step_id}"
-        if ctx.plan_id and ctx.capability in self._handlers:
+        if ctx.plan_id and ctx.capability in self._capabilities:
             # A caller naming a plan but no step of its own (an A2A task): the plan is that task.
             return ctx.plan_id
         own = getattr(request, "plan_id", "")
@@ -874,28 +736,8 @@ class Agent:
         """Record a plan refused before it ran, in memory and (durably, with the trace of the
         call that asked for it) in the store, so the history shows it with its reason."""
         self._book.refuse(plan, capability, message)
-        if self.store is None:
-            return
-        try:
-            state = await self.store.load(plan.id)
-            if state is not None:
-                if not state.status.is_final:
-                    return  # a plan of this id runs: the refusal is the request's alone
-                plan = plan.model_copy(update={"revision": max(plan.revision, state.revision + 1)})
-            if await self.store.save_plan(plan):
-                await self.store.commit(
-                    [
-                        PlanStatusRecord(
-                            plan.id,
-                            plan.revision,
-                            PlanStatus.FAILED,
-                            message,
-                            trace_context=_traceparent(),
-                        )
-                    ]
-                )
-        except StoreError as exc:
-            logger.warning("agent %s: refused plan %s not stored: %s", self.role, plan.id, exc)
+        if self.store is not None:
+            await store_refusal(self.store, plan, message, self.role)
 
     def _caller_gone(
         self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
@@ -933,19 +775,7 @@ class Agent:
     def _problems(self, plan: Plan) -> list[str]:
         """Why this agent may not run ``plan``: another owner, another plan type, a tool it does
         not have or a malformed DAG (empty when it may)."""
-        problems: list[str] = []
-        if plan.owner != self.role:
-            problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
-        if not isinstance(plan, self.plan_type):
-            problems.append(
-                f"the plan is a {type(plan).__name__}; the {self.role} agent runs "
-                f"{self.plan_type.__name__} plans"
-            )
-        try:
-            validate_plan(plan, tools=self.registry)
-        except PlanValidationError as exc:
-            problems.extend(exc.problems)
-        return problems
+        return plan_problems(plan, role=self.role, plan_type=self.plan_type, registry=self.registry)
 
 
 def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:
@@ -976,11 +806,3 @@ def _in_memory_handler(agent: Agent, capability: str) -> Handler:
 
 def _final(status: str) -> bool:
     return status in _FINAL_STATUSES
-
-
-def _traceparent() -> str:
-    """The W3C ``traceparent`` of the current span ("" outside any trace)."""
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return ""
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
