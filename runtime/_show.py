@@ -154,13 +154,33 @@ def _has_parent(plan_id: str, by_id: dict[str, PlanView]) -> bool:
 
 
 def approve_commands(view: PlanView) -> list[str]:
-    """The ``approve`` command of each gate ``view`` waits at (what ``plans run`` prints)."""
-    return [
-        f"stratagem approve {shlex.quote(view.plan_id)} {shlex.quote(step.id)} "
-        "--rationale 'why it may go on'"
-        for step in view.steps
-        if step.status == "blocked"
-    ]
+    """The ``approve`` command of each gate ``view`` waits at (what ``plans run`` prints); a
+    gate that asks for a value gets ``--value`` with one of its choices, or a placeholder."""
+    asks = {
+        gate.gate_id: gate for gate in view.gates if gate.choices_json or gate.input_schema_json
+    }
+    commands = []
+    for step in view.steps:
+        if step.status != "blocked":
+            continue
+        command = (
+            f"stratagem approve {shlex.quote(view.plan_id)} {shlex.quote(step.id)} "
+            "--rationale 'why it may go on'"
+        )
+        gate = asks.get(step.id)
+        if gate is not None:
+            command += " --value " + shlex.quote(_example_value(gate.choices_json))
+        commands.append(command)
+    return commands
+
+
+def _example_value(choices_json: str) -> str:
+    """One of a gate's choices as JSON, or ``VALUE`` for a gate with a schema."""
+    try:
+        choices = json.loads(choices_json) if choices_json else []
+    except ValueError:
+        choices = []
+    return json.dumps(choices[0], separators=(",", ":")) if choices else "VALUE"
 
 
 _WIDE: Final = 120

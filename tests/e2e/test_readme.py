@@ -41,7 +41,9 @@ def _commands(block: str) -> list[str]:
     return [" ".join(shlex.split(line, comments=True)) for line in block.splitlines() if line]
 
 
-def _run(command: str, state_dir: Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def _run(
+    command: str, state_dir: Path, cwd: Path = REPO, *, expect: int = 0
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="80")
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     for name in ("STRATAGEM_EXTENSIONS", "RAY_ADDRESS", "OTEL_EXPORTER_OTLP_ENDPOINT"):
@@ -56,7 +58,7 @@ def _run(command: str, state_dir: Path, cwd: Path = REPO) -> subprocess.Complete
         cwd=cwd,
     )
     print(f"\n$ {command}   (exit {result.returncode})\n{result.stdout}", end="")
-    assert result.returncode == 0, (command, result.stderr[-3000:])
+    assert result.returncode == expect, (command, result.stderr[-3000:])
     wide = [line for line in result.stdout.splitlines() if len(line) > 80]
     assert not wide, (command, wide[:3])
     return result
@@ -94,12 +96,13 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
     try:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
-        # Every bash block of the tutorial but the gate's (its plan waits for a decision).
+        # Every bash block of the tutorial but the gates' (their plans wait for a decision).
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b]
         assert len(blocks) == 2
         for block in blocks:
             for command in _commands(block):
                 _run(command, state_dir)
+        _the_gates_run(tutorial, state_dir)
     finally:
         subprocess.run(
             [str(BIN / "stratagem"), "down"],
@@ -108,3 +111,23 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
             timeout=300,
             check=False,
         )
+
+
+def _the_gates_run(tutorial: str, state_dir: Path) -> None:
+    """The gate blocks as the tutorial says: the plan waits (exit 3 and the approve command),
+    an approval lets it go on, a gate that asks passes its value on, a fork runs from a step."""
+    gated, asking = [b for b in _blocks(tutorial, "bash") if "approve" in b]
+    waits = _run("stratagem plans run examples/plans/gated.yaml", state_dir, expect=3)
+    assert "stratagem approve gated ask" in waits.stdout
+    approve = next(c for c in _commands(gated) if c.startswith("stratagem approve"))
+    _run(approve, state_dir)
+    run, answer, fork = _commands(asking)
+    assert "stratagem approve ask tension" in _run(run, state_dir, expect=3).stdout
+    _run(answer, state_dir)
+    forked = _run(fork, state_dir)
+    shown = _run("stratagem plans show ask --full", state_dir).stdout
+    assert "tension 0.80" in shown
+    new_id = re.findall(r"plan (ask-fork-[0-9a-f]+) on strategic", forked.stdout)
+    assert new_id, forked.stdout
+    _run(f"stratagem plans watch {new_id[0]}", state_dir)
+    assert "tension 0.20" in _run(f"stratagem plans show {new_id[0]} --full", state_dir).stdout

@@ -104,7 +104,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Debian's Chromium, headless, through Playwright (never a browser Playwright downloads)."""
     if not CHROMIUM.exists():

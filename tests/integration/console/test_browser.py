@@ -101,6 +101,8 @@ def test_approve_a_waiting_gate_and_watch_the_plan_finish_live(
     page.wait_for_selector("#action-outcome .outcome.ok")
     assert finished.result(30).status == "succeeded"
     page.wait_for_selector(f"#{dom_id('gated', 'protagonist')}:has-text('succeeded')")
+    # The plan's body is drawn again once it ends: the decided gate's form is gone.
+    page.wait_for_selector("#open-gates button.approve", state="detached", timeout=10_000)
     page.screenshot(path=str(artifacts / "plan-approved-live.png"), full_page=True)
     # Audited as from the CLI: the operator's Control.approve, accepted and answered OK.
     records = list(SqliteAuditLog(running.served.settings.audit_path).records())

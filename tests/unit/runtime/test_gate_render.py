@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from stratagem.planning import Fork, GateStep, Plan, ToolStep
-from stratagem.protocol import GateInfo, PlanSnapshot
+from stratagem.protocol import GateInfo, PlanSnapshot, StepRecord
 from stratagem.runtime._history import plan_view
 from stratagem.runtime._render import gate_text, plan_forest
 
@@ -63,3 +63,46 @@ def test_a_plans_gates_and_lineage_are_shown() -> None:
 def test_an_open_gate_says_what_it_asks() -> None:
     gate = GateInfo(gate_id="pick", choices_json='["a","b"]', deciders=["ana"])
     assert str(gate_text(gate)) == 'gate opened; choices ["a","b"]; for ana'
+
+
+def test_the_approve_command_of_a_gate_that_asks_carries_a_value() -> None:
+    from stratagem.runtime._show import approve_commands
+
+    plan = Plan(
+        id="ask",
+        owner="strategic",
+        goal="g",
+        steps=[
+            GateStep(id="tension", prompt="How tense?", choices=[0.2, 0.8]),
+            GateStep(id="budget", prompt="How much?", input_schema={"type": "integer"}),
+            GateStep(id="plain", prompt="Go?"),
+        ],
+    )
+    view = plan_view(
+        PlanSnapshot(
+            plan_id="ask",
+            agent="strategic",
+            revision=1,
+            status="blocked",
+            plan_json=plan.model_dump_json(),
+            steps=[
+                StepRecord(step_id=step, kind="gate", status="blocked")
+                for step in ("tension", "budget", "plain")
+            ],
+            gates=[
+                GateInfo(gate_id="tension", kind="gate", event="opened", choices_json="[0.2,0.8]"),
+                GateInfo(
+                    gate_id="budget",
+                    kind="gate",
+                    event="opened",
+                    input_schema_json='{"type": "integer"}',
+                ),
+                GateInfo(gate_id="plain", kind="gate", event="opened"),
+            ],
+        )
+    )
+    assert approve_commands(view) == [
+        "stratagem approve ask tension --rationale 'why it may go on' --value 0.2",
+        "stratagem approve ask budget --rationale 'why it may go on' --value VALUE",
+        "stratagem approve ask plain --rationale 'why it may go on'",
+    ]
