@@ -18,9 +18,11 @@ stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finish
 decisions from its records.
 
 The agent comes in parts: this module serves requests (``handle``, ``run_plan``, ``submit_plan``);
-``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a base
-of ``Agent``) steers made plans and resumes them; ``_wire`` translates between planning and the
-protocol, errors included (one table, ``planning.FAILURE_CODES``).
+``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a
+collaborator the agent owns and delegates to, built with a ``ControlDeps``) steers made plans and
+resumes them; ``_runs.PlanRuns`` is the one owner of the runs in flight both use; ``_wire``
+translates between planning and the protocol, errors included (one table,
+``planning.FAILURE_CODES``).
 
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
 over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
@@ -57,21 +59,29 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final, Protocol
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Final
 
-from opentelemetry import trace
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from stratagem.agents._control import PlanControl
+from stratagem.agents._admission import (
+    plan_problems,
+    served_before,
+    store_refusal,
+    stored_result,
+    tool_approvals,
+)
+from stratagem.agents._control import NO_VALUE, ControlDeps, PlanControl
 from stratagem.agents._history import PlanHistory
+from stratagem.agents._planners import Capabilities, Planner, PlannerReplanner
 from stratagem.agents._records import (
     MAX_RECORDS,
     PlanBook,
     PlanRecord,
     follow_revision,
 )
+from stratagem.agents._runs import PlanRuns
 from stratagem.agents._tool import ToolRegistry
 from stratagem.agents._wire import (
     caller_deadline,
@@ -82,14 +92,12 @@ from stratagem.agents._wire import (
     invalid_argument,
     one_line,
     reason_of,
-    recorded_digest,
     run_failure,
 )
 from stratagem.planning import (
     Dispatcher,
     Engine,
     EngineConfig,
-    ExpressionError,
     GateNotifier,
     Handler,
     InMemoryDispatcher,
@@ -99,24 +107,17 @@ from stratagem.planning import (
     PlanResult,
     PlanState,
     PlanStatus,
-    PlanStatusRecord,
-    PlanValidationError,
     StateStore,
     StepError,
     StepEvent,
-    StepFailure,
-    StepStatus,
     StoreError,
-    ToolApproval,
-    expression,
-    validate_plan,
 )
 from stratagem.protocol import (
-    CAPABILITIES,
     AgentCard,
     CallContext,
     CapabilityCard,
     CapabilitySpec,
+    ControlRequest,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -126,6 +127,8 @@ from stratagem.protocol import (
     PlansPage,
     PlansQuery,
     Policy,
+    ReplayResult,
+    RevisionsResponse,
     WireModel,
     current_call,
     json_object,
@@ -147,51 +150,7 @@ def _package_version() -> str:
         return "0+unknown"
 
 
-class Planner(Protocol):
-    """Turns a capability request into a plan, and the plan's result into the response."""
-
-    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan | Awaitable[Plan]:
-        """The plan that serves ``request`` (a model planner returns an awaitable: the agent
-        awaits it on its event loop, serving other calls meanwhile).
-
-        Args:
-            capability: The capability's name.
-            request: The validated request model.
-            plan_id: The id the plan must carry.
-
-        Returns:
-            A plan of the agent's plan type, owned by the agent's role.
-        """
-        ...
-
-    def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
-        """The capability's response, built from a succeeded plan's outputs."""
-        ...
-
-
-class _PlannerReplanner:
-    """The engine's ``Replanner``: asks the planner that made a plan for its next revision.
-
-    A planner takes part by having a ``replan(plan, failure) -> Plan | None`` method; plans
-    submitted directly (no capability) and planners without one are not replanned.
-    """
-
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
-
-    async def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        record = self._agent._book.get(plan.id)
-        handler = self._agent._handlers.get(record.capability) if record is not None else None
-        replan = getattr(handler[1], "replan", None) if handler is not None else None
-        if not callable(replan):
-            return None
-        new_plan = replan(plan, failure)
-        if inspect.isawaitable(new_plan):  # a model planner's repair
-            new_plan = await new_plan
-        return new_plan if isinstance(new_plan, Plan) else None
-
-
-class Agent(PlanControl):
+class Agent:
     """A role agent: registry, typed plans, planners, engine and a record of its plans.
 
     Args:
@@ -227,6 +186,8 @@ class Agent(PlanControl):
         self.planner = planner
         self.dispatcher = dispatcher
         self.version = _package_version()
+        self._capabilities = Capabilities(role, planner)
+        self._book = PlanBook(role, max_records)
         self._engine = Engine(
             engine_config,
             tools=registry,
@@ -234,47 +195,49 @@ class Agent(PlanControl):
             agent=role,
             tracer_provider=tracer_provider,
             store=store,
-            replanner=_PlannerReplanner(self),
+            replanner=PlannerReplanner(self._book, self._capabilities.planner_of),
             nested_events=self._nested_events,
         )
         self.store = store
-        self._active: set[str] = set()
-        self._tasks: dict[str, asyncio.Task[PlanResult[Any]]] = {}
-        self._started: dict[str, asyncio.Event] = {}
-        self._closing = False
+        self._runs = PlanRuns(role)
+        self._policy: Policy | None = None
+        self._control = PlanControl(
+            ControlDeps(
+                role=role,
+                plan_type=plan_type,
+                engine=self._engine,
+                store=store,
+                book=self._book,
+                runs=self._runs,
+                problems=self._problems,
+                policy=lambda: self._policy,
+                planner_of=self._capabilities.planner_of,
+            )
+        )
         self.planning_timeout_s = 0.0
         """The longest planning one request may take (its model's limits; 0: no model plans):
         what its card tells a client setting a goal's deadline (``runtime`` sets it with the
         model planner)."""
-        self._handlers: dict[str, tuple[CapabilitySpec, Planner]] = {}
-        self._book = PlanBook(role, max_records)
         self._history = PlanHistory(
-            role, plan_type, self._book, store, running=lambda plan_id: self._is_active(plan_id)
+            role, plan_type, self._book, store, running=self._runs.is_active
         )
-        # Runs no caller's deadline may cancel (user plans, operators' top-level requests).
-        self._runs: set[asyncio.Task[PlanResult[Any]]] = set()
-        self._policy: Policy | None = None
-        for spec in CAPABILITIES.values():
-            if spec.role == role:
-                self._handlers[spec.name] = (spec, planner)
 
     # --- what the agent is ---------------------------------------------------------------------
 
     @property
+    def role(self) -> str:
+        """The agent's role."""
+        return self._role
+
+    @property
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
         """The capabilities it serves, by name."""
-        return {name: spec for name, (spec, _) in self._handlers.items()}
-
-    def _planner_of(self, capability: str) -> object | None:
-        handler = self._handlers.get(capability)
-        return handler[1] if handler is not None else None
+        return self._capabilities.specs()
 
     def use_planner(self, planner: Planner) -> None:
         """Plan the built-in capabilities with ``planner`` (a model planner, say) from now on;
         extension capabilities keep theirs."""
-        for name, (spec, current) in list(self._handlers.items()):
-            if current is self.planner:
-                self._handlers[name] = (spec, planner)
+        self._capabilities.replace_planner(self.planner, planner)
         self.planner = planner
 
     def use_policy(self, policy: Policy) -> None:
@@ -286,35 +249,9 @@ class Agent(PlanControl):
         Raises:
             ValueError: An approval's ``when`` is not a valid expression (one line naming it).
         """
-        approvals = []
-        for rule in policy.approvals(self.role):
-            if rule.when is not None:
-                try:
-                    expression(rule.when)
-                except ExpressionError as exc:
-                    raise ValueError(
-                        f"the policy's approval of tool {rule.tool!r}: invalid when: {exc}"
-                    ) from None
-            if rule.tool not in self.registry:
-                logger.warning(
-                    "the policy asks approval of tool %r, which the %s agent does not have",
-                    rule.tool,
-                    self.role,
-                )
-            approvals.append(
-                ToolApproval(
-                    tool=rule.tool,
-                    when=rule.when,
-                    prompt=rule.prompt,
-                    deciders=rule.deciders,
-                    timeout_s=rule.timeout_s,
-                    on_timeout=rule.on_timeout,
-                    escalate_after_s=rule.escalate_after_s,
-                    escalate_to=rule.escalate_to,
-                )
-            )
+        approvals = tool_approvals(policy, self.role, self.registry)
         self._policy = policy
-        self._engine.approvals = tuple(approvals)
+        self._engine.approvals = approvals
 
     def use_notifier(self, notifier: GateNotifier | None) -> None:
         """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
@@ -332,15 +269,7 @@ class Agent(PlanControl):
         Raises:
             ValueError: The spec is for another role, is not registered, or the name is taken.
         """
-        if spec.role != self.role:
-            raise ValueError(f"capability {spec.name!r} is served by {spec.role}, not {self.role}")
-        if CAPABILITIES.get(spec.name) != spec:
-            raise ValueError(
-                f"capability {spec.name!r} is not registered; call protocol.register_capability"
-            )
-        if spec.name in self._handlers and self._handlers[spec.name][0] != spec:
-            raise ValueError(f"the {self.role} agent already serves {spec.name!r}")
-        self._handlers[spec.name] = (spec, planner)
+        self._capabilities.add(spec, planner)
 
     def card(self) -> AgentCard:
         """The agent's card: role, version, capabilities with their JSON Schemas, tool names, and
@@ -348,7 +277,7 @@ class Agent(PlanControl):
         return AgentCard(
             role=self.role,
             version=self.version,
-            capabilities=[CapabilityCard.from_spec(spec) for spec, _ in self._handlers.values()],
+            capabilities=[CapabilityCard.from_spec(spec) for spec in self.capabilities.values()],
             tools=self.registry.names(),
             planner="model" if self.planning_timeout_s > 0 else "deterministic",
             planning_timeout_s=self.planning_timeout_s,
@@ -375,7 +304,7 @@ class Agent(PlanControl):
             protocol.RemoteError: A subclass per refusal or failure class (see the module
                 docstring); the message is one line naming the plan and the step.
         """
-        handler = self._handlers.get(capability)
+        handler = self._capabilities.get(capability)
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
         spec, planner = handler
@@ -384,7 +313,7 @@ class Agent(PlanControl):
         # The digest ties a stored plan to the request it serves: without a store, nothing reads it.
         request_digest = "" if self.store is None else digest_of_request(capability, request)
         if self.store is not None:
-            state = await self._served_before(plan_id, capability, request_digest)
+            state = await served_before(self.store, plan_id, capability, request_digest)
             if state is not None:
                 return self._respond_from(state, capability, request, planner)
         try:
@@ -413,7 +342,7 @@ class Agent(PlanControl):
         """Start ``plan`` for a caller that does not wait (a request with ``detach``): answer
         once it runs (``plan_id``, ``status`` of the capability's response), or with its outcome
         if it ends first. Nobody's deadline binds it; ``cancel`` stops it."""
-        run = self._unbound(self._run(plan, capability), plan.id)
+        run = self._runs.unbound(self._run(plan, capability), plan.id)
         started = asyncio.get_running_loop().create_task(self._first_event(plan.id))
         try:
             await asyncio.wait({run, started}, return_when=asyncio.FIRST_COMPLETED)
@@ -433,16 +362,6 @@ class Agent(PlanControl):
             if event.plan_id == plan_id:
                 return
 
-    def _unbound(
-        self, run: Coroutine[Any, Any, PlanResult[Any]], plan_id: str
-    ) -> asyncio.Task[PlanResult[Any]]:
-        """``run`` in a task of its own, which no caller's cancellation reaches (``aclose``
-        interrupts it; the plan stays resumable from the store)."""
-        task = asyncio.get_running_loop().create_task(run, name=f"run {plan_id}")
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
-        return task
-
     def _respond(
         self, planner: Planner, capability: str, request: WireModel, result: PlanResult[Any]
     ) -> WireModel:
@@ -454,59 +373,12 @@ class Agent(PlanControl):
             )
             raise InternalError(f"{capability}: the response could not be built") from exc
 
-    async def _served_before(
-        self, plan_id: str, capability: str, request_digest: str
-    ) -> PlanState | None:
-        """The stored state of ``plan_id`` when it already succeeded for this very request.
-
-        This closes the gap the server's answer store leaves: when this agent died after the plan
-        succeeded but before the answer was stored, the repeated request is answered from the
-        plan's recorded outputs and nothing runs again.
-
-        Raises:
-            protocol.FailedPreconditionError: The plan id already served a different request, and
-                that plan succeeded or is still going (a failed or cancelled one may be retried
-                with another request, e.g. by a caller that replanned the step).
-        """
-        assert self.store is not None
-        state = await self.store.load(plan_id)
-        if state is None:
-            return None
-        recorded = recorded_digest(state.plan_json)
-        if recorded is None:
-            # Not made for a request (a user's plan), or stored before digests were kept.
-            return None
-        if recorded != request_digest:
-            if state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
-                return None
-            raise FailedPreconditionError(
-                f"{capability}: plan {plan_id!r} was already made for a different request"
-            )
-        return state if state.status is PlanStatus.SUCCEEDED else None
-
     def _respond_from(
         self, state: PlanState, capability: str, request: WireModel, planner: Planner
     ) -> WireModel:
         """The response of a plan that already succeeded, from its recorded outputs."""
         plan = state.plan(self.plan_type)
-        result: PlanResult[Any] = PlanResult(
-            status=PlanStatus.SUCCEEDED,
-            outputs=state.outputs,
-            failures=[],
-            statuses={
-                step.id: state.steps[step.id].status if step.id in state.steps else step.status
-                for step in plan.steps
-            },
-            events=0,
-            duration_s=0.0,
-            submitted=plan,
-            # A plan that succeeded failed only steps that a route on failure handled.
-            handled=[
-                StepFailure(step_id, step.failure_class, step.message, step.attempt)
-                for step_id, step in state.steps.items()
-                if step.status is StepStatus.FAILED and step.failure_class is not None
-            ],
-        )
+        result = stored_result(state, plan)
         record = self._book.recall(plan, state)
         record.capability = capability
         record.result = result
@@ -578,7 +450,7 @@ class Agent(PlanControl):
         if not until_blocked:
             result = await self._run(plan, "", caller_deadline(ctx))
         else:
-            run = self._unbound(self._run(plan, ""), plan.id)
+            run = self._runs.unbound(self._run(plan, ""), plan.id)
             waits = asyncio.get_running_loop().create_task(self._blocked(plan.id))
             try:
                 await asyncio.wait({run, waits}, return_when=asyncio.FIRST_COMPLETED)
@@ -676,15 +548,107 @@ class Agent(PlanControl):
             )
         return deleted
 
+    # --- steering made plans: ``PlanControl`` acts (its methods say how) ------------------------
+
+    async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
+        """Serve ``Control``: one action on one plan, decided by the verified caller."""
+        return await self._control.control(request, ctx)
+
+    async def decide_gate(
+        self,
+        plan_id: str,
+        gate_id: str,
+        *,
+        approve: bool,
+        approver: str,
+        rationale: str,
+        revision: int | None = None,
+        output: dict[str, Any] | None = None,
+        value: Any = NO_VALUE,
+        arguments: dict[str, Any] | None = None,
+    ) -> PlanSnapshot:
+        """Approve or reject a gate of a plan (``value``: omitted, or the value of a gate that
+        asks); the plan's state after the decision."""
+        return await self._control.decide_gate(
+            plan_id,
+            gate_id,
+            approve=approve,
+            approver=approver,
+            rationale=rationale,
+            revision=revision,
+            output=output,
+            value=value,
+            arguments=arguments,
+        )
+
+    async def pause(self, plan_id: str) -> PlanSnapshot:
+        """Pause a plan: no new step starts, running ones finish; ``resume`` continues it."""
+        return await self._control.pause(plan_id)
+
+    async def cancel(self, plan_id: str) -> PlanSnapshot:
+        """Cancel a plan for good: running steps are cancelled, completed ones compensated."""
+        return await self._control.cancel(plan_id)
+
+    async def resume(self, plan_id: str) -> PlanSnapshot:
+        """Continue a stored, unfinished plan that is not running, in a background task."""
+        return await self._control.resume(plan_id)
+
+    async def resume_unfinished(self, *, resume: bool = True) -> list[str]:
+        """Take up the store's unfinished plans (at start): resume those that still have a
+        reason to run (``resume=False``: none), cancel the others; the ids resumed."""
+        return await self._control.resume_unfinished(resume=resume)
+
+    async def replan(
+        self, plan_id: str, plan_json: str, *, rationale: str, author: str
+    ) -> PlanSnapshot:
+        """Make a new revision of a stored plan that is not running here; ``resume`` runs it."""
+        return await self._control.replan(plan_id, plan_json, rationale=rationale, author=author)
+
+    async def fork(
+        self,
+        plan_id: str,
+        *,
+        at_step: str | None = None,
+        revision: int | None = None,
+        outputs: Mapping[str, Any] | None = None,
+        new_plan_id: str = "",
+        author: str,
+        rationale: str = "",
+    ) -> PlanSnapshot:
+        """Fork a stored plan into a new one that runs on from the fork point, here."""
+        return await self._control.fork(
+            plan_id,
+            at_step=at_step,
+            revision=revision,
+            outputs=outputs,
+            new_plan_id=new_plan_id,
+            author=author,
+            rationale=rationale,
+        )
+
+    async def revisions(self, plan_id: str) -> RevisionsResponse:
+        """Serve ``Revisions``: the plan's revision history from the store, oldest first."""
+        return await self._control.revisions(plan_id)
+
+    async def replay(
+        self,
+        plan_id: str,
+        ctx: CallContext | None = None,
+        *,
+        outputs: Mapping[str, dict[str, Any]] | None = None,
+    ) -> ReplayResult:
+        """Serve ``Replay``: re-run a finished plan from its recorded outputs and compare."""
+        return await self._control.replay(plan_id, ctx, outputs=outputs)
+
+    def closing(self) -> None:
+        """The agent is stopping: a plan whose call is cancelled from now on is interrupted (and
+        resumed at the next start), not cancelled as one whose caller went away."""
+        self._runs.close()
+
     async def aclose(self) -> None:
         """Interrupt the runs and background resumptions (their plans stay resumable in the
         store) and wait for them."""
-        self._closing = True  # interrupted, not cancelled: resumable at the next start
-        runs = [task for task in self._runs if not task.done()]
-        for task in runs:
-            task.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
-        await super().aclose()
+        await self._runs.aclose()
 
     def record(self, plan_id: str) -> PlanRecord:
         """The record of one plan.
@@ -708,7 +672,7 @@ class Agent(PlanControl):
     def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
         if ctx.plan_id and ctx.step_id:
             return f"{ctx.plan_id}/{ctx.step_id}"
-        if ctx.plan_id and ctx.capability in self._handlers:
+        if ctx.plan_id and ctx.capability in self._capabilities:
             # A caller naming a plan but no step of its own (an A2A task): the plan is that task.
             return ctx.plan_id
         own = getattr(request, "plan_id", "")
@@ -731,18 +695,18 @@ class Agent(PlanControl):
         previous = self._book.get(plan.id)
         if previous is not None:
             latest = previous.plan.revision
-        if plan.id in self._active:
+        if self._runs.is_serving(plan.id):
             raise FailedPreconditionError(f"plan {plan.id!r} is already running here")
         if self.store is not None:
-            task = self._tasks.get(plan.id)
-            if task is not None and not task.done():
+            task = self._runs.task(plan.id)
+            if task is not None:
                 # A caller retrying after a restart: join the plan resumed from the store.
                 return await asyncio.shield(task)
             state = await self.store.load(plan.id)
             if state is not None and not state.status.is_final:
                 if state.status is PlanStatus.PAUSED:
                     raise FailedPreconditionError(f"plan {plan.id!r} is paused; resume it first")
-                return await asyncio.shield(self._start_resume(plan.id, capability))
+                return await asyncio.shield(self._control.start_resume(plan.id, capability))
             if state is not None:
                 latest = max(latest, state.revision)
         if plan.revision <= latest:
@@ -754,19 +718,17 @@ class Agent(PlanControl):
             await self._refuse(plan, capability, message)
             raise FailedPreconditionError(message)
         record = self._book.remember(PlanRecord(plan=plan, capability=capability))
-        self._active.add(plan.id)
-        run = asyncio.ensure_future(
-            self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
-        )
-        try:
-            result = await asyncio.shield(run)
-        except PlanControlError as exc:
-            raise FailedPreconditionError(one_line(str(exc))) from exc
-        except asyncio.CancelledError:
-            self._caller_gone(plan.id, run, record)
-            raise
-        finally:
-            self._active.discard(plan.id)
+        with self._runs.serving(plan.id):
+            run = asyncio.ensure_future(
+                self._engine.run(plan, on_event=lambda event: self._book.observe(record, event))
+            )
+            try:
+                result = await asyncio.shield(run)
+            except PlanControlError as exc:
+                raise FailedPreconditionError(one_line(str(exc))) from exc
+            except asyncio.CancelledError:
+                self._caller_gone(plan.id, run, record)
+                raise
         follow_revision(record, result)
         return result
 
@@ -774,28 +736,8 @@ class Agent(PlanControl):
         """Record a plan refused before it ran, in memory and (durably, with the trace of the
         call that asked for it) in the store, so the history shows it with its reason."""
         self._book.refuse(plan, capability, message)
-        if self.store is None:
-            return
-        try:
-            state = await self.store.load(plan.id)
-            if state is not None:
-                if not state.status.is_final:
-                    return  # a plan of this id runs: the refusal is the request's alone
-                plan = plan.model_copy(update={"revision": max(plan.revision, state.revision + 1)})
-            if await self.store.save_plan(plan):
-                await self.store.commit(
-                    [
-                        PlanStatusRecord(
-                            plan.id,
-                            plan.revision,
-                            PlanStatus.FAILED,
-                            message,
-                            trace_context=_traceparent(),
-                        )
-                    ]
-                )
-        except StoreError as exc:
-            logger.warning("agent %s: refused plan %s not stored: %s", self.role, plan.id, exc)
+        if self.store is not None:
+            await store_refusal(self.store, plan, message, self.role)
 
     def _caller_gone(
         self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
@@ -805,11 +747,16 @@ class Agent(PlanControl):
         when it waits at a gate: a person's decision takes it up again."""
         if run.done():
             return
-        if self._closing or self.store is None or record.status is PlanStatus.BLOCKED:
+        if self._runs.closing or self.store is None or record.status is PlanStatus.BLOCKED:
             run.cancel()
             return
         logger.info("agent %s cancels plan %s: its caller is gone", self.role, plan_id)
-        self._start_settling(plan_id, self._cancel_abandoned(plan_id, run, record))
+        self._runs.background(
+            plan_id,
+            lambda _started: self._cancel_abandoned(plan_id, run, record),
+            name=f"cancel {plan_id}",
+            live=True,
+        )
 
     async def _cancel_abandoned(
         self, plan_id: str, run: asyncio.Future[PlanResult[Any]], record: PlanRecord
@@ -828,19 +775,7 @@ class Agent(PlanControl):
     def _problems(self, plan: Plan) -> list[str]:
         """Why this agent may not run ``plan``: another owner, another plan type, a tool it does
         not have or a malformed DAG (empty when it may)."""
-        problems: list[str] = []
-        if plan.owner != self.role:
-            problems.append(f"the plan is owned by {plan.owner!r}, not by the {self.role} agent")
-        if not isinstance(plan, self.plan_type):
-            problems.append(
-                f"the plan is a {type(plan).__name__}; the {self.role} agent runs "
-                f"{self.plan_type.__name__} plans"
-            )
-        try:
-            validate_plan(plan, tools=self.registry)
-        except PlanValidationError as exc:
-            problems.extend(exc.problems)
-        return problems
+        return plan_problems(plan, role=self.role, plan_type=self.plan_type, registry=self.registry)
 
 
 def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:
@@ -871,11 +806,3 @@ def _in_memory_handler(agent: Agent, capability: str) -> Handler:
 
 def _final(status: str) -> bool:
     return status in _FINAL_STATUSES
-
-
-def _traceparent() -> str:
-    """The W3C ``traceparent`` of the current span ("" outside any trace)."""
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return ""
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"

@@ -1,11 +1,13 @@
 """Steering an agent's plans: gates, pause, cancel, resume, replan, fork, revisions and replay.
 
-``PlanControl`` is the part of ``Agent`` that acts on plans already made: the ``Control`` RPC and
-the methods behind it, the revision history, replay, and resumption — after a restart every
-unfinished stored plan continues in a background task (``resume_unfinished``), and a control call
-waits until such a task is live in the engine before it acts. Refusals are ``RemoteError``
-subclasses (``NotFoundError`` for an unknown plan, ``FailedPreconditionError`` for an action that
-does not apply).
+``PlanControl`` is the collaborator of ``Agent`` that acts on plans already made: the ``Control``
+RPC and the methods behind it, the revision history, replay, and resumption — after a restart
+every unfinished stored plan continues in a background task (``resume_unfinished``), and a control
+call waits until such a task is live in the engine before it acts. ``Agent`` owns one and
+delegates to it; it is built with a ``ControlDeps`` naming all it uses (it knows nothing else of
+the agent), and the runs in flight it shares with the agent are a ``PlanRuns``, their one writer.
+Refusals are ``RemoteError`` subclasses (``NotFoundError`` for an unknown plan,
+``FailedPreconditionError`` for an action that does not apply).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from pydantic import ValidationError
 
 from stratagem.agents._records import PlanBook, follow_revision
+from stratagem.agents._runs import PlanRuns
 from stratagem.agents._wire import (
     MESSAGE_LIMIT,
     digest_of_request,
@@ -65,11 +69,11 @@ from stratagem.protocol import (
     json_value,
 )
 
-__all__ = ["PlanControl"]
+__all__ = ["NO_VALUE", "ControlDeps", "PlanControl"]
 
 logger = logging.getLogger(__name__)
 
-_NO_VALUE: Any = object()
+NO_VALUE: Any = object()
 """``decide_gate``'s ``value`` when none is given (``None`` is JSON's null)."""
 
 
@@ -78,40 +82,50 @@ def _fork_id(plan_id: str) -> str:
     return f"{plan_id[:180]}-fork-{uuid.uuid4().hex[:8]}"
 
 
-class PlanControl:
-    """Control, revisions, replay and resumption of an agent's plans (a part of ``Agent``).
+@dataclass(frozen=True, slots=True)
+class ControlDeps:
+    """What ``PlanControl`` uses, and all it may touch (``Agent`` makes it).
 
-    It works on the state ``Agent.__init__`` sets: the engine, the store, the plan book and the
-    background resumptions.
+    Attributes:
+        role: The agent's role.
+        plan_type: The agent's plan type (stored plans are read as it).
+        engine: The agent's engine (it decides, pauses, cancels, resumes, replans, forks).
+        store: The engine's store (``None``: nothing is stored, little can be steered).
+        book: The records of the agent's plans.
+        runs: The plans running here and the tasks carrying them (shared with the agent).
+        problems: Why the agent may not run a plan (empty when it may).
+        policy: Who may decide gates (roles, an agent's default deciders) as the agent's policy
+            says now; ``None``: anyone allowed to call ``Control.approve``.
+        planner_of: The planner serving a capability (``None`` if none), for ``replay`` to
+            re-derive a model's plan.
     """
 
-    _role: str
+    role: str
     plan_type: type[Plan]
+    engine: Engine
     store: StateStore | None
-    _engine: Engine
-    _book: PlanBook
-    # Plans running through ``Agent._run`` here, and background resumptions, by plan id.
-    _active: set[str]
-    _tasks: dict[str, asyncio.Task[PlanResult[Any]]]
-    # Set once a background resumption's run is live in the engine (its first event) or over,
-    # so a control call never races the engine's own load of the plan.
-    _started: dict[str, asyncio.Event]
-    # Set while the agent stops: a call cancelled under a running plan then interrupts it
-    # (resumable) instead of cancelling it (its caller is not gone; the agent is).
-    _closing: bool
-    _problems: Callable[[Plan], list[str]]
-    # Who may decide gates (roles, an agent's default deciders); ``None``: anyone allowed to
-    # call Control.approve.
-    _policy: Policy | None
+    book: PlanBook
+    runs: PlanRuns
+    problems: Callable[[Plan], list[str]]
+    policy: Callable[[], Policy | None]
+    planner_of: Callable[[str], object | None]
 
-    @property
-    def role(self) -> str:
-        """The agent's role."""
-        return self._role
 
-    def _planner_of(self, capability: str) -> object | None:
-        """The planner serving ``capability`` (``Agent`` knows its handlers), ``None`` if none."""
-        return None
+class PlanControl:
+    """Control, revisions, replay and resumption of an agent's plans (``Agent`` delegates).
+
+    Args:
+        deps: All it uses.
+    """
+
+    def __init__(self, deps: ControlDeps) -> None:
+        self._deps = deps
+        self.role = deps.role
+        self._plan_type = deps.plan_type
+        self._engine = deps.engine
+        self._store = deps.store
+        self._book = deps.book
+        self._runs = deps.runs
 
     async def control(self, request: ControlRequest, ctx: CallContext) -> PlanSnapshot:
         """Serve ``Control``: one control action on one plan, decided by the verified caller.
@@ -199,20 +213,20 @@ class PlanControl:
             protocol.FailedPreconditionError: The plan is running here (pause it first), stopped
                 with a step in flight, the agent has no store, or the new plan fails validation.
         """
-        await self._ready(plan_id)
+        await self._runs.ready(plan_id)
         await self._revision_of(plan_id)
         raw = json_object(plan_json, "the plan")
         raw = {**raw, "id": plan_id}
         try:
-            new_plan = self.plan_type.model_validate(raw)
+            new_plan = self._plan_type.model_validate(raw)
         except ValidationError as exc:
-            raise invalid_argument(f"not a valid {self.plan_type.__name__}", exc) from None
-        problems = self._problems(new_plan)
+            raise invalid_argument(f"not a valid {self._plan_type.__name__}", exc) from None
+        problems = self._deps.problems(new_plan)
         if problems:
             raise FailedPreconditionError(
                 one_line(f"replan of {plan_id!r} refused: " + "; ".join(problems))
             )
-        if self._is_active(plan_id):
+        if self._runs.is_active(plan_id):
             raise FailedPreconditionError(
                 f"plan {plan_id!r} is running; pause it before replanning"
             )
@@ -240,10 +254,10 @@ class PlanControl:
         Raises:
             protocol.NotFoundError: No such plan in the store (or the agent has no store).
         """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if self.store is None or state is None:
+        state = await self._store.load(plan_id) if self._store is not None else None
+        if self._store is None or state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        records = await self.store.revisions(plan_id)
+        records = await self._store.revisions(plan_id)
         listed = [revision_entry(record) for record in records]
         first = records[0].parent if records and records[0].parent else None
         if not records:
@@ -277,22 +291,22 @@ class PlanControl:
             protocol.NotFoundError: No such plan in the store (or the agent has no store).
             protocol.FailedPreconditionError: The plan is not finished.
         """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if self.store is None or state is None:
+        state = await self._store.load(plan_id) if self._store is not None else None
+        if self._store is None or state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
         try:
             report = await replay_plan(
-                self.store, plan_id, plan_type=self.plan_type, outputs=outputs
+                self._store, plan_id, plan_type=self._plan_type, outputs=outputs
             )
         except PlanControlError as exc:
             raise FailedPreconditionError(one_line(str(exc))) from exc
-        plan = state.plan(self.plan_type)
+        plan = state.plan(self._plan_type)
         steps = len(plan.steps)
         # A model's plan: re-derived from the model calls journaled with it, no model asked,
         # the first revision and every repair the model made while it ran.
         rederived: list[str] | None = None
         capability = plan.provenance.capability if plan.provenance is not None else ""
-        rederive = getattr(self._planner_of(capability), "rederive", None)
+        rederive = getattr(self._deps.planner_of(capability), "rederive", None)
         if callable(rederive) and plan.provenance is not None:
             repaired = await self._model_repairs(plan_id, plan.revision)
             if repaired is not None:
@@ -334,10 +348,10 @@ class PlanControl:
         """The failure each revision before ``revision`` ended with, when every later revision
         is a model's repair of it (``None``: a revision was made another way, say an operator's
         replan, so the journal alone cannot re-derive the plan)."""
-        if revision == 1 or self.store is None:
+        if revision == 1 or self._store is None:
             return []
         failures: list[StepFailure] = []
-        for record in await self.store.revisions(plan_id):
+        for record in await self._store.revisions(plan_id):
             if record.revision < 2 or record.revision > revision:
                 continue
             failure = failure_repaired(record)
@@ -366,7 +380,7 @@ class PlanControl:
         rationale: str,
         revision: int | None = None,
         output: dict[str, Any] | None = None,
-        value: Any = _NO_VALUE,
+        value: Any = NO_VALUE,
         arguments: dict[str, Any] | None = None,
     ) -> PlanSnapshot:
         """Approve or reject a gate (a gate step, or a reconcile, policy or tool gate named
@@ -402,11 +416,11 @@ class PlanControl:
             protocol.FailedPreconditionError: The gate is unknown, not open or already decided,
                 the revision is not the plan's, or ``output`` was given for a gate step.
         """
-        await self._ready(plan_id)
+        await self._runs.ready(plan_id)
         current = await self._revision_of(plan_id)
-        policy, role = self._policy, self.role
+        policy, role = self._deps.policy(), self.role
         given: dict[str, Any] = {}
-        if value is not _NO_VALUE:
+        if value is not NO_VALUE:
             given["value"] = value
         try:
             await self._engine.decide(
@@ -479,8 +493,8 @@ class PlanControl:
             protocol.FailedPreconditionError: ``new_plan_id`` is taken, or the plan cannot run
                 here any more (its tools changed).
         """
-        state = await self.store.load(plan_id) if self.store is not None else None
-        if self.store is None or state is None:
+        state = await self._store.load(plan_id) if self._store is not None else None
+        if self._store is None or state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
         new_id = new_plan_id or _fork_id(plan_id)
         try:
@@ -491,7 +505,7 @@ class PlanControl:
                 revision=revision,
                 outputs=outputs,
                 author=author,
-                plan_type=self.plan_type,
+                plan_type=self._plan_type,
             )
         except ForkError as exc:
             raise InvalidArgumentError(
@@ -507,27 +521,27 @@ class PlanControl:
             author,
             rationale,
         )
-        problems = self._problems(plan)
+        problems = self._deps.problems(plan)
         if problems:
             raise FailedPreconditionError(
                 one_line(f"fork {new_id!r} of {plan_id!r} cannot run here: " + "; ".join(problems))
             )
-        self._start_resume(new_id)
-        await self._ready(new_id)
+        self.start_resume(new_id)
+        await self._runs.ready(new_id)
         return await self._settled(new_id)
 
     async def _continue_orphan(self, plan_id: str) -> None:
         """Resume a stored plan that no run here carries on (its runner went with an abandoned
         call, ``plans run`` past its deadline): the decision just recorded then takes effect
         now, not at an unannounced ``resume``. A paused plan stays paused."""
-        if self.store is None or self._is_active(plan_id):
+        if self._store is None or self._runs.is_active(plan_id):
             return
-        state = await self.store.load(plan_id)
+        state = await self._store.load(plan_id)
         if state is None or state.status.is_final or state.status is PlanStatus.PAUSED:
             return
         logger.info("agent %s resumes plan %s: its runner is gone", self.role, plan_id)
-        self._start_resume(plan_id)
-        await self._ready(plan_id)
+        self.start_resume(plan_id)
+        await self._runs.ready(plan_id)
 
     async def pause(self, plan_id: str) -> PlanSnapshot:
         """Pause a plan: no new step starts, running ones finish; ``resume`` continues it.
@@ -549,7 +563,7 @@ class PlanControl:
 
     async def _stop(self, plan_id: str, action: Callable[[str], Awaitable[object]]) -> PlanSnapshot:
         """Pause or cancel through the engine, once the plan is known here and loaded."""
-        await self._ready(plan_id)
+        await self._runs.ready(plan_id)
         await self._revision_of(plan_id)
         try:
             await action(plan_id)
@@ -566,15 +580,15 @@ class PlanControl:
             protocol.NotFoundError: No such plan in the store (or the agent has no store).
             protocol.FailedPreconditionError: The plan is running already, or finished.
         """
-        state = await self.store.load(plan_id) if self.store is not None else None
+        state = await self._store.load(plan_id) if self._store is not None else None
         if state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        if self._is_active(plan_id):
+        if self._runs.is_active(plan_id):
             raise FailedPreconditionError(f"plan {plan_id!r} is already running")
         if state.status.is_final:
             raise FailedPreconditionError(f"plan {plan_id!r} is already {state.status.value}")
-        self._start_resume(plan_id)
-        await self._ready(plan_id)
+        self.start_resume(plan_id)
+        await self._runs.ready(plan_id)
         return await self._settled(plan_id)
 
     async def resume_unfinished(self, *, resume: bool = True) -> list[str]:
@@ -595,28 +609,28 @@ class PlanControl:
         Returns:
             The ids of the plans resumed.
         """
-        if self.store is None:
+        if self._store is None:
             return []
         resumed: list[str] = []
         cancelled: list[str] = []
         now = time.time()
-        for plan_id in await self.store.unfinished():
-            if self._is_active(plan_id):
+        for plan_id in await self._store.unfinished():
+            if self._runs.is_active(plan_id):
                 continue
-            state = await self.store.load(plan_id)
+            state = await self._store.load(plan_id)
             if state is None:
                 continue
-            plan = state.plan(self.plan_type)
+            plan = state.plan(self._plan_type)
             self._book.recall(plan, state)
             if state.status is PlanStatus.PAUSED or plan.parent is not None:
                 continue  # a nested plan is resumed by the step of its parent that runs it
             if state.status is PlanStatus.BLOCKED and not resume:
                 continue
             if not resume or (plan.deadline is not None and plan.deadline <= now):
-                self._start_settling(plan_id, self._cancel_stored(plan_id))
+                self._start_cancel(plan_id)
                 cancelled.append(plan_id)
                 continue
-            self._start_resume(plan_id)
+            self.start_resume(plan_id)
             resumed.append(plan_id)
         if resumed:
             logger.info("agent %s resumed %d unfinished plans", self.role, len(resumed))
@@ -629,58 +643,32 @@ class PlanControl:
             )
         return resumed
 
+    def _start_cancel(self, plan_id: str) -> None:
+        """Cancel the stored plan ``plan_id`` in a background task, which a call for the plan
+        meanwhile joins instead of running it again."""
+        self._runs.background(
+            plan_id,
+            lambda _started: self._cancel_stored(plan_id),
+            name=f"cancel {plan_id}",
+            live=True,
+        )
+
     async def _cancel_stored(self, plan_id: str) -> PlanResult[Any]:
         """Cancel a stored plan no run carries (recorded, compensated), and its final state."""
-        assert self.store is not None
+        assert self._store is not None
         await self._engine.cancel(plan_id)
-        state = await self.store.load(plan_id)
+        state = await self._store.load(plan_id)
         if state is not None:
-            self._book.recall(state.plan(self.plan_type), state)
-        return await self._engine.resume(plan_id, plan_type=self.plan_type)
-
-    def _start_settling(
-        self, plan_id: str, settling: Coroutine[Any, Any, PlanResult[Any]]
-    ) -> asyncio.Task[PlanResult[Any]]:
-        """Run ``settling`` (a plan being cancelled) as the plan's background task, so that a
-        call for the plan meanwhile joins it instead of running it again."""
-        task = asyncio.get_running_loop().create_task(settling, name=f"cancel {plan_id}")
-        self._tasks[plan_id] = task
-        started = self._started[plan_id] = asyncio.Event()
-        started.set()
-        task.add_done_callback(self._resumed)
-        return task
-
-    def closing(self) -> None:
-        """The agent is stopping: a plan whose call is cancelled from now on is interrupted (and
-        resumed at the next start), not cancelled as one whose caller went away."""
-        self._closing = True
-
-    async def aclose(self) -> None:
-        """Interrupt the background resumptions (their plans stay resumable) and wait for them."""
-        self._closing = True
-        tasks = [task for task in self._tasks.values() if not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _ready(self, plan_id: str) -> None:
-        """Wait until a background resumption of ``plan_id`` (if any) is live in the engine."""
-        task = self._tasks.get(plan_id)
-        started = self._started.get(plan_id)
-        if task is not None and not task.done() and started is not None:
-            await started.wait()
-
-    def _is_active(self, plan_id: str) -> bool:
-        task = self._tasks.get(plan_id)
-        return plan_id in self._active or (task is not None and not task.done())
+            self._book.recall(state.plan(self._plan_type), state)
+        return await self._engine.resume(plan_id, plan_type=self._plan_type)
 
     async def _revision_of(self, plan_id: str) -> int:
         """The plan's current revision, from the store or the records (``NotFoundError``)."""
-        if self.store is not None:
-            state = await self.store.load(plan_id)
+        if self._store is not None:
+            state = await self._store.load(plan_id)
             if state is not None:
                 if plan_id not in self._book:
-                    self._book.recall(state.plan(self.plan_type), state)
+                    self._book.recall(state.plan(self._plan_type), state)
                 return state.revision
         return self._book.record(plan_id).plan.revision
 
@@ -689,50 +677,37 @@ class PlanControl:
         run here reports its events."""
         # Let a run woken by the action take its next step before the snapshot is taken.
         await asyncio.sleep(0)
-        if self.store is not None and not self._is_active(plan_id):
-            state = await self.store.load(plan_id)
+        if self._store is not None and not self._runs.is_active(plan_id):
+            state = await self._store.load(plan_id)
             if state is not None:
-                return self._book.recall(state.plan(self.plan_type), state).snapshot(self.role)
+                return self._book.recall(state.plan(self._plan_type), state).snapshot(self.role)
         return self._book.record(plan_id).snapshot(self.role)
 
-    def _start_resume(self, plan_id: str, capability: str = "") -> asyncio.Task[PlanResult[Any]]:
-        task = self._tasks.get(plan_id)
-        if task is not None and not task.done():
-            return task
-        task = asyncio.get_running_loop().create_task(
-            self._resume(plan_id, capability), name=f"resume {plan_id}"
+    def start_resume(self, plan_id: str, capability: str = "") -> asyncio.Task[PlanResult[Any]]:
+        """Carry the stored plan ``plan_id`` on in a background task (the one already doing so,
+        if any); ``capability``: the capability it serves, when known."""
+        return self._runs.background(
+            plan_id,
+            lambda started: self._resume(plan_id, capability, started),
+            name=f"resume {plan_id}",
         )
-        self._tasks[plan_id] = task
-        self._started[plan_id] = asyncio.Event()
-        task.add_done_callback(self._resumed)
-        return task
 
-    def _resumed(self, task: asyncio.Task[PlanResult[Any]]) -> None:
-        for plan_id, known in list(self._tasks.items()):
-            if known is task:
-                del self._tasks[plan_id]
-                self._started.pop(plan_id, asyncio.Event()).set()
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            logger.error("agent %s: resuming %s failed: %s", self.role, task.get_name(), exc)
-
-    async def _resume(self, plan_id: str, capability: str) -> PlanResult[Any]:
-        assert self.store is not None
-        state = await self.store.load(plan_id)
+    async def _resume(
+        self, plan_id: str, capability: str, started: asyncio.Event
+    ) -> PlanResult[Any]:
+        assert self._store is not None
+        state = await self._store.load(plan_id)
         if state is None:
             raise NotFoundError(f"the {self.role} agent has no stored plan {plan_id!r}")
-        record = self._book.recall(state.plan(self.plan_type), state)
+        record = self._book.recall(state.plan(self._plan_type), state)
         if capability:
             record.capability = capability
-        started = self._started.get(plan_id, asyncio.Event())
 
         def on_event(event: StepEvent) -> None:
             started.set()
             self._book.observe(record, event)
 
-        result = await self._engine.resume(plan_id, plan_type=self.plan_type, on_event=on_event)
+        result = await self._engine.resume(plan_id, plan_type=self._plan_type, on_event=on_event)
         record.status = result.status
         record.result = result
         follow_revision(record, result)

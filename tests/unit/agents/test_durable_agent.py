@@ -254,7 +254,7 @@ def _call_until(deadline_s: float) -> CallContext:
 
 
 async def _settled(agent: Agent, plan_id: str) -> None:
-    task = agent._tasks.get(plan_id)
+    task = agent._runs.task(plan_id)
     if task is not None:
         await asyncio.gather(task, return_exceptions=True)
 

@@ -1,0 +1,176 @@
+"""The agent's structure: ``Agent`` composes its parts, it does not inherit them.
+
+Read from the source with ``ast`` (the engine's check, ``tests/unit/planning/
+test_engine_structure.py``, applied to the agents package): no import cycle among the agents
+modules (imports under ``TYPE_CHECKING`` and inside functions included), no part of the agent
+inheriting from another, ``PlanControl`` built from its ``ControlDeps`` alone, and no module but
+``_runs.py`` touching the runs in flight it owns.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+from stratagem.agents import Agent
+from stratagem.agents._control import ControlDeps, PlanControl
+from tests.unit.planning.test_engine_structure import MUTATORS, _cycle, _imports
+
+AGENTS = Path(__file__).resolve().parents[3] / "agents"
+PACKAGE = "stratagem.agents"
+# The modules ``Agent`` is made of.
+PARTS = ("_agent", "_control", "_runs", "_planners", "_admission")
+# What ``PlanRuns`` alone holds: the plans running for a caller, the background tasks, their
+# started events, the unbound runs, the closing flag (and the names they had on ``Agent``).
+RUNS_FIELDS = frozenset({"_serving", "_active", "_tasks", "_started", "_unbound", "_closing"})
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(AGENTS).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGE, *parts])
+
+
+def _graph(replaced: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the agents modules it imports (``replaced``: module -> another source)."""
+    modules = {_module_name(path): path for path in sorted(AGENTS.rglob("*.py"))}
+    modules.update(replaced or {})
+    known = set(modules)
+    return {name: _imports(path, name, known) for name, path in modules.items()}
+
+
+def _below_init(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    # The package's __init__ re-exports everything (and nothing imports it back).
+    graph.pop(PACKAGE)
+    for deps in graph.values():
+        deps.discard(PACKAGE)
+    return graph
+
+
+def test_the_agents_package_has_no_import_cycle_below_its_init() -> None:
+    graph = _below_init(_graph())
+    assert {f"{PACKAGE}.{part}" for part in PARTS} <= set(graph)
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
+
+
+def test_the_control_and_the_runs_know_nothing_of_the_agent() -> None:
+    graph = _below_init(_graph())
+    assert f"{PACKAGE}._agent" not in graph[f"{PACKAGE}._control"]
+    assert graph[f"{PACKAGE}._runs"] == set()  # the bookkeeping needs no other part
+
+
+def test_a_type_only_import_of_the_agent_in_the_control_is_a_cycle(tmp_path: Path) -> None:
+    # The check itself, on the very regression it guards against: the control module as it is,
+    # plus a type-only import of ``Agent`` (the mixin's old way to name its host).
+    control = tmp_path / "_control.py"
+    control.write_text(
+        (AGENTS / "_control.py").read_text()
+        + "\nfrom typing import TYPE_CHECKING\n"
+        + "if TYPE_CHECKING:\n"
+        + "    from stratagem.agents._agent import Agent\n"
+    )
+    graph = _below_init(_graph({f"{PACKAGE}._control": control}))
+    found = _cycle(graph)
+    assert found is not None
+    assert {f"{PACKAGE}._agent", f"{PACKAGE}._control"} <= set(found)
+
+
+def _classes() -> dict[str, tuple[str, ast.ClassDef]]:
+    classes: dict[str, tuple[str, ast.ClassDef]] = {}
+    for part in PARTS:
+        for node in ast.walk(ast.parse((AGENTS / f"{part}.py").read_text())):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (part, node)
+    return classes
+
+
+def test_no_part_of_the_agent_inherits_from_another() -> None:
+    classes = _classes()
+    assert {"Agent", "PlanControl", "ControlDeps", "PlanRuns", "Capabilities"} <= set(classes)
+    inheriting = {
+        name: base.id
+        for name, (_, node) in classes.items()
+        for base in node.bases
+        if isinstance(base, ast.Name) and base.id in classes
+    }
+    assert inheriting == {}
+    assert Agent.__mro__ == (Agent, object)
+
+
+def test_plan_control_is_built_from_its_dependencies_alone() -> None:
+    parameters = list(inspect.signature(PlanControl.__init__).parameters)
+    assert parameters == ["self", "deps"]
+    assert dataclasses.is_dataclass(ControlDeps)
+    assert ControlDeps.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert {field.name for field in dataclasses.fields(ControlDeps)} == {
+        "role",
+        "plan_type",
+        "engine",
+        "store",
+        "book",
+        "runs",
+        "problems",
+        "policy",
+        "planner_of",
+    }
+
+
+def _touches(source: str) -> list[tuple[int, str, bool]]:
+    """Each access to a field of ``RUNS_FIELDS``: (line, field, whether it writes it)."""
+    tree = ast.parse(source)
+    written: set[int] = set()
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in MUTATORS
+        ):
+            targets = [node.func.value]
+        for target in targets:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            written.add(id(target))
+    return [
+        (node.lineno, node.attr, id(node) in written)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in RUNS_FIELDS
+    ]
+
+
+def test_the_access_check_sees_reads_and_writes() -> None:
+    source = (
+        "self._active.add('a')\n"
+        "self._closing = True\n"
+        "del self._tasks['a']\n"
+        "x = self._started.get('a')\n"
+        "self._unbound.discard(t)\n"
+        "y = self._other\n"
+    )
+    assert sorted(_touches(source)) == [
+        (1, "_active", True),
+        (2, "_closing", True),
+        (3, "_tasks", True),
+        (4, "_started", False),
+        (5, "_unbound", True),
+    ]
+
+
+@pytest.mark.parametrize("part", [p for p in PARTS if p != "_runs"])
+def test_only_the_runs_touch_the_runs_in_flight(part: str) -> None:
+    # Not even a read: the agent and its control ask ``PlanRuns`` (``is_active``, ``task``, ...).
+    assert _touches((AGENTS / f"{part}.py").read_text()) == [], f"{part}.py touches them"
+
+
+def test_the_runs_module_is_their_one_writer() -> None:
+    written = {field for _, field, writes in _touches((AGENTS / "_runs.py").read_text()) if writes}
+    assert written == {"_serving", "_tasks", "_started", "_unbound", "_closing"}
