@@ -110,6 +110,10 @@ def death_cause(record: dict[str, Any]) -> str:
         why = "cause unknown"
     restarts = record.get("NumRestarts")
     spent = f"; restarts spent ({restarts})" if restarts else ""
+    if why == _DEATH_REASONS["RAY_KILL"]:
+        # Killed for good: 'stratagem down', a redeploy, or someone's ray.kill (a restartable
+        # kill, as a crash test makes, leaves it alive, restarted).
+        return f"removed: killed (ray.kill) by 'stratagem down', a redeploy or by hand{spent}"
     return f"died: {why.strip()}{spent}"[:300]
 
 

@@ -251,13 +251,17 @@ def status(
         with _running(deployment):
             infos = deployment.status()
         _show_agents(infos, deployment.mode, as_json)
-        sick = [
-            info.role + (f" ({info.problem})" if info.problem else "")
-            for info in infos
-            if info.health != "serving"
-        ]
-        if sick:
-            raise LaunchError(f"not serving: {', '.join(sick)}")
+        gone = [_named(info) for info in infos if info.health == "not deployed"]
+        sick = [_named(info) for info in infos if info.health not in ("serving", "not deployed")]
+        problems = [f"agents not deployed: {', '.join(gone)}"] if gone else []
+        problems += [f"not serving: {', '.join(sick)}"] if sick else []
+        if problems:
+            raise LaunchError("; ".join(problems))
+
+
+def _named(info: AgentInfo) -> str:
+    """An agent's role, with its problem when it has one."""
+    return info.role + (f" ({info.problem})" if info.problem else "")
 
 
 @secret_app.command("rotate")

@@ -342,10 +342,10 @@ def demo(
 
       stratagem demo --json | jq -r .trace_id
     """
+    _load_agents()  # binds DEMO_GOAL
     with _errors():
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
         request = _in_world(DEMO_GOAL, world)
-    _load_agents()
     _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=None)
 
 

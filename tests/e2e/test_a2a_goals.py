@@ -84,7 +84,7 @@ def test_submit_consults_the_external_agent_and_shows_its_answer(
     assert served.echo.seen.message_ids == ["goal-consulted@1:consult_reviewer"]
     # The orchestrator's plan shows the step; the audit log has the call, never the token.
     (plan,) = [p for p in out["plans"] if p["plan_id"] == "goal-consulted"]
-    steps = {s["id"]: s["status"] for s in json.loads(plan["plan_json"])["steps"]}
+    steps = {s["id"]: s["status"] for s in plan["plan"]["steps"]}
     assert (steps["consult_reviewer"], steps["waive_reviewer"]) == ("succeeded", "skipped")
     with sqlite3.connect(served.state_dir / "audit.sqlite3") as db:
         rows = db.execute(

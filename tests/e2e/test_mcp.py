@@ -255,7 +255,7 @@ def test_a_written_plan_runs_the_stdio_servers_tools(
     assert ran.returncode == 0, ran.stderr[-2000:]
     snapshot = json.loads(ran.stdout)
     assert (snapshot["agent"], snapshot["status"]) == ("tactical", "succeeded"), snapshot
-    steps = {step["id"]: step["status"] for step in json.loads(snapshot["plan_json"])["steps"]}
+    steps = {step["id"]: step["status"] for step in snapshot["plan"]["steps"]}
     assert steps == {"sum": "succeeded", "note": "succeeded"}
     assert (stdio_state / "add.count").read_text() == "1"
     assert (stdio_state / "append_note.txt").read_text() == "the sum is 42\n"

@@ -50,10 +50,17 @@ def test_an_unreachable_model_fails_the_goal_in_one_line_audited_and_applies_not
             **UNREACHABLE,
         )
         # One error line (after the progress lines), naming the model server that could not be
-        # reached and the step it stopped; no traceback.
+        # reached and the step it stopped, then where it went wrong, the trace and the command to
+        # see the plan (indented); no traceback.
         assert submit.returncode == 1, submit.stdout[-2000:]
-        errors = [line for line in submit.stderr.splitlines() if line.startswith("error: ")]
-        assert errors == submit.stderr.strip().splitlines()[-1:], submit.stderr[-3000:]
+        lines = submit.stderr.strip().splitlines()
+        errors = [line for line in lines if line.startswith("error: ")]
+        assert len(errors) == 1, submit.stderr[-3000:]
+        after = lines[lines.index(errors[0]) + 1 :]
+        assert after, submit.stderr[-3000:]
+        assert all(line.startswith("  ") for line in after), submit.stderr[-3000:]
+        assert any("where: tactical plan" in line for line in after), after
+        assert any(line.strip().startswith("trace ") for line in after), after
         assert "model server http://127.0.0.1:9/v1 unreachable" in errors[0]
         assert "(transient)" in errors[0]
         assert "Traceback" not in submit.stderr + submit.stdout

@@ -59,10 +59,10 @@ def test_status_says_why_a_dead_agent_is_gone(
         assert (gone.health, gone.state, gone.problem) == (
             "not deployed",
             "DEAD",
-            "died: killed (ray.kill)",
+            "removed: killed (ray.kill) by 'stratagem down', a redeploy or by hand",
         )
         # What needs every agent (a goal) stops there, naming it, and deploys nothing.
-        with pytest.raises(LaunchError, match=r"perception \(died: killed \(ray\.kill\)\)"):
+        with pytest.raises(LaunchError, match=r"perception \(removed: killed \(ray\.kill\)"):
             own.serving_endpoints(timeout_s=5)
         assert own._handle("perception") is None
     finally:

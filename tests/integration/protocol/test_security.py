@@ -35,6 +35,7 @@ from stratagem.protocol import (
     FailedPreconditionError,
     IdentityKey,
     InMemoryAuditLog,
+    InvalidArgumentError,
     MissingSecretError,
     PermissionDeniedError,
     Policy,
@@ -415,14 +416,15 @@ async def test_a_plan_naming_another_agents_tool_is_refused_before_it_runs(
     }
     async with serve_secure(agent) as server:  # type: ignore[attr-defined]
         client = _client(server.endpoint, tracing, credentials=TokenCredentials(signer, "operator"))
-        with pytest.raises(FailedPreconditionError, match="tool 'extract_entities', which is not"):
+        # A user's plan that does not validate is the caller's bad input.
+        with pytest.raises(InvalidArgumentError, match="tool 'extract_entities', which is not"):
             await client.run_plan(json.dumps(plan))
         await client.aclose()
     record = await _refusal(audit, "call.outcome")
     assert (record.actor, record.capability, record.code) == (
         "operator",
         "RunPlan",
-        "FAILED_PRECONDITION",
+        "INVALID_ARGUMENT",
     )
     # Recorded as refused (failed) at revision 1, with nothing run: the tool is not the agent's.
     assert [(p.plan_id, p.status) for p in agent.plans("")] == [("grab", "failed")]
