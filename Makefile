@@ -136,5 +136,6 @@ fmt: $(STAMP)
 # stop, then remove it) and a deployment's state: the state directory is the user's
 # (~/.local/state/stratagem) unless a .stratagem folder was made here ('stratagem down' stops it).
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .bench build dist node_modules runtime/_console/static/vendor
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .bench build dist node_modules
+	find runtime/_console/static/vendor -mindepth 1 ! -name README.md -delete
 	find . -name __pycache__ -type d -not -path './.*' -prune -exec rm -rf {} +

@@ -82,4 +82,13 @@ def test_every_package_folder_is_installed() -> None:
         for layer in ("agents", "planning", "protocol", "runtime")
         for init in (REPO / layer).rglob("__init__.py")
     }
-    assert sorted(found) == sorted(config["packages"])
+    # Besides them, folders of package data (no Python in them) inside an installed package.
+    data = {
+        name
+        for name in config["packages"]
+        if name not in found
+        and (folder := REPO.joinpath(*name.split(".")[1:])).is_dir()
+        and not any(folder.glob("*.py"))
+        and name.rpartition(".")[0] in config["packages"]
+    }
+    assert sorted(found | data) == sorted(config["packages"])
