@@ -640,7 +640,7 @@ def _missing_agent(role: str, why: str) -> AgentInfo:
         restarted=False,
         plans_running=0,
         restarts=None,
-        state="DEAD" if why.startswith(("gave up", "died")) else "MISSING",
+        state="DEAD" if why.startswith(("gave up", "died", "removed")) else "MISSING",
         health="not deployed",
         problem=why,
     )

@@ -38,7 +38,7 @@ def _blocks(text: str, language: str) -> list[str]:
 
 def _commands(block: str) -> list[str]:
     """The block's commands, comments dropped."""
-    return [" ".join(shlex.split(line, comments=True)) for line in block.splitlines() if line]
+    return [shlex.join(shlex.split(line, comments=True)) for line in block.splitlines() if line]
 
 
 def _run(
