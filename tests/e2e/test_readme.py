@@ -96,13 +96,18 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
     try:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
-        # Every bash block of the tutorial but the gates' (their plans wait for a decision).
-        blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b]
+        # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
+        # the A2A one (a script: its commands share a variable).
+        blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
         assert len(blocks) == 2
         for block in blocks:
             for command in _commands(block):
                 _run(command, state_dir)
         _the_gates_run(tutorial, state_dir)
+        [a2a] = [b for b in _blocks(tutorial, "bash") if "a2a_url" in b]
+        called = _run(a2a, state_dir)
+        assert '"ExtractEntities"' in called.stdout
+        assert '"state":"TASK_STATE_COMPLETED"' in called.stdout
     finally:
         subprocess.run(
             [str(BIN / "stratagem"), "down"],
