@@ -15,9 +15,20 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from tests.unit._registry import registries_kept
+
 # Ray started by tests runs without token authentication and without usage reporting.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(autouse=True)
+def _registries_unchanged() -> Iterator[None]:
+    """What a test's extensions register in this process (roles, capabilities, agents, imported
+    extension modules) is undone after it: an extension imported by one test (say the critic, to
+    read its capability) must not make every later test's deployment expect a fifth agent."""
+    with registries_kept():
+        yield
 
 
 # --- Kinds of test -------------------------------------------------------------------------------
