@@ -63,6 +63,11 @@ def status_text(status: str) -> Text:
     return Text(f"{_STATUS_MARK.get(status, '?')} {status}", style=_STATUS_STYLE.get(status, ""))
 
 
+def status_mark(status: str) -> Text:
+    """A status as its mark alone, in its colour (``✓`` in green): for narrow terminals."""
+    return Text(_STATUS_MARK.get(status, "?"), style=_STATUS_STYLE.get(status, ""))
+
+
 def status_style(status: str) -> str:
     """A status's colour."""
     return _STATUS_STYLE.get(status, "bold")

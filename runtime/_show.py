@@ -18,7 +18,13 @@ from rich.tree import Tree
 
 from stratagem.protocol import PlanEvent
 from stratagem.runtime._history import HistoryPage, PlanHistory, PlanView, StepView, TraceSummary
-from stratagem.runtime._render import gate_text, lineage_text, status_style, status_text
+from stratagem.runtime._render import (
+    gate_text,
+    lineage_text,
+    status_mark,
+    status_style,
+    status_text,
+)
 
 __all__ = [
     "approve_commands",
@@ -183,6 +189,8 @@ def _example_value(choices_json: str) -> str:
     return json.dumps(choices[0], separators=(",", ":")) if choices else "VALUE"
 
 
+_NARROW: Final = 100
+"""Terminal columns below which a status is its mark alone."""
 _WIDE: Final = 120
 """Terminal columns from which the tables add a note (why a plan failed, a trace's goal)."""
 
@@ -191,12 +199,14 @@ def history_table(page: HistoryPage, width: int = _WIDE) -> Table:
     """A page of plans: when, agent, plan, rev, status, trace (short), and in a terminal of
     ``_WIDE`` columns or more why a plan failed (one line; ``plans show`` has it whole)."""
     wide = width >= _WIDE
+    # Below 100 columns a status is its mark alone (as in the plan tree): the plan id gets the room.
+    marks = width < _NARROW
     table = Table(box=None, pad_edge=False)
     table.add_column("created", no_wrap=True)
     table.add_column("agent", no_wrap=True)
     table.add_column("plan", overflow="fold", min_width=12)
     table.add_column("rev", no_wrap=True, justify="right")
-    table.add_column("status", no_wrap=True)
+    table.add_column("" if marks else "status", no_wrap=True)
     table.add_column("trace", no_wrap=True)
     if wide:
         table.add_column("note", no_wrap=True, overflow="ellipsis", max_width=width - 90)
@@ -207,7 +217,7 @@ def history_table(page: HistoryPage, width: int = _WIDE) -> Table:
             view.agent,
             view.plan_id,
             str(view.revision),
-            status_text(view.status),
+            status_mark(view.status) if marks else status_text(view.status),
             view.trace_id[:8],
             *([note] if wide else []),
         )

@@ -232,3 +232,39 @@ def test_the_trace_command_fits_an_80_column_terminal(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 80
     assert "serve AnalyzeNarrative" in result.stdout
+
+
+def test_the_plans_table_keeps_a_sub_plans_id_on_one_line_at_80_columns() -> None:
+    from datetime import UTC, datetime
+
+    from stratagem.runtime._history import HistoryPage, PlanView
+    from stratagem.runtime._show import history_table
+
+    now = datetime.now(UTC)
+    views = [
+        PlanView(
+            plan_id=f"goal-5e171763e55c/{step}",
+            agent=agent,
+            revision=1,
+            status=status,
+            created=now,
+            updated=now,
+            trace_id="2ef172f2" * 4,
+        )
+        for step, agent, status in (
+            ("observe", "perception", "succeeded"),
+            ("beat_1", "tactical", "failed"),
+        )
+    ]
+    narrow = Console(width=80, record=True, color_system=None)
+    narrow.print(history_table(HistoryPage(plans=views), 80))
+    lines = narrow.export_text().splitlines()
+    # Two plans, two lines (the id never folds); a status is its mark alone.
+    assert len(lines) == 3
+    assert "goal-5e171763e55c/observe" in lines[1]
+    assert "✓" in lines[1]
+    assert "✗" in lines[2]
+    assert "succeeded" not in lines[1]
+    wide = Console(width=140, record=True, color_system=None)
+    wide.print(history_table(HistoryPage(plans=views), 140))
+    assert "✗ failed" in wide.export_text()
