@@ -24,7 +24,7 @@ export VIRTUAL_ENV="$repo/$venv"
 import importlib.metadata as m
 names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentelemetry-sdk",
          "typer", "rich", "pyyaml", "cryptography", "jmespath", "psycopg", "psycopg-pool",
-         "openai"]
+         "openai", "mcp", "a2a-sdk", "starlette", "jinja2"]
 print("lowest:", ", ".join(f"{n} {m.version(n)}" for n in names))
 PY
 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
