@@ -173,6 +173,19 @@ class Extraction(BaseModel):
     entity_ids: dict[str, str]
 
 
+def spatial_step(extract: Extraction, world: str) -> CrossAgentStep:
+    """The ``spatial`` step of a goal's plan: the extracted entities' spatial context in
+    ``world``."""
+    return CrossAgentStep(
+        id="spatial",
+        title="find the entities' spatial context",
+        target="perception",
+        capability="FindSpatialContext",
+        depends_on=["extract"],
+        request={"entity_ids": extract.entity_ids, "world": world},
+    )
+
+
 def extraction(passage: str, world: str) -> Extraction:
     """The ``extract`` step of a goal's plan (in ``world``): the passage in one request (whose
     sentences must read as facts), or, for a passage of several paragraphs, a map over them (a
@@ -360,14 +373,7 @@ class OrchestratorPlanner:
         extract = extraction(request.passage, world)
         steps: list[Step] = [
             extract.step,
-            CrossAgentStep(
-                id="spatial",
-                title="find the entities' spatial context",
-                target="perception",
-                capability="FindSpatialContext",
-                depends_on=["extract"],
-                request={"entity_ids": extract.entity_ids, "world": world},
-            ),
+            spatial_step(extract, world),
             CrossAgentStep(
                 id="analyze",
                 title="analyse the narrative",

@@ -30,6 +30,7 @@ from stratagem.agents._orchestrator import (
     extraction,
     goal_response,
     goal_world,
+    spatial_step,
 )
 from stratagem.agents._strategic import (
     SIGNATURES,
@@ -289,14 +290,7 @@ def _direct_plan(
     extract = extraction(request.passage, world)
     steps: list[Step] = [
         extract.step,
-        CrossAgentStep(
-            id="spatial",
-            title="find the entities' spatial context",
-            target="perception",
-            capability="FindSpatialContext",
-            depends_on=["extract"],
-            request={"entity_ids": extract.entity_ids, "world": world},
-        ),
+        spatial_step(extract, world),
         CrossAgentStep(
             id="beat_1",
             title="action sequence for the goal",
