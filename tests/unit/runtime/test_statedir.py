@@ -188,6 +188,12 @@ def test_a_recorded_head_is_proven_by_its_start_time_and_the_id_in_its_environme
     env = {**os.environ, HEAD_ID: head_id}
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
     try:
+        # Until the child has exec'd, /proc shows the environment it was forked with (no id).
+        cmdline = Path(f"/proc/{process.pid}/cmdline")
+        for _ in range(500):
+            if b"time.sleep" in cmdline.read_bytes():
+                break
+            time.sleep(0.01)
         started = _start_ticks(process.pid)
         assert started is not None
         head = LocalCluster("127.0.0.1:1", process.pid, started, head_id)
