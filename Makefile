@@ -64,10 +64,10 @@ demo: $(RUN_STAMP)
 	$(BIN)/stratagem demo
 	@echo "Next: source $(BIN)/activate, then stratagem --help (README: Quick start)."
 
-# Arize Phoenix in its own venv (.otel-venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
+# Arize Phoenix in its own venv (under ~/.cache/stratagem: scripts/otel_backend.sh venv), on 127.0.0.1 only: UI/API :6006, OTLP gRPC :4317.
 # `make demo` and `stratagem trace` use it while it runs (scripts/otel_backend.sh).
-# llama.cpp's OpenAI-compatible server with Gemma 3 270M (Q4_K_M) in its own venv (.model-venv,
-# built from source once), on 127.0.0.1:8089 only (scripts/model_server.sh).
+# llama.cpp's OpenAI-compatible server with Gemma 3 270M (Q4_K_M) in its own venv (built from
+# source once, kept outside the checkout under ~/.cache/stratagem: scripts/model_server.sh venv), on 127.0.0.1:8089 only (scripts/model_server.sh).
 model-server:
 	bash scripts/model_server.sh start
 
@@ -104,8 +104,9 @@ e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e
 
 # The model integration tests run against the embedded model server: built once (about 10 minutes
-# on 2 cores, then cached in .model-venv) before the tests, which start and stop it themselves.
-MODEL_STAMP := .model-venv/.model-server-installed
+# on 2 cores, then kept under ~/.cache/stratagem, where a fresh clone on the same machine finds it)
+# before the tests, which start and stop it themselves.
+MODEL_STAMP := $(shell bash scripts/model_server.sh venv)/.model-server-installed
 
 $(MODEL_STAMP):
 	bash scripts/model_server.sh install
@@ -131,8 +132,9 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# What the tools and tests leave in this folder. Kept: the virtual environments (.venv, .otel-venv,
-# .model-venv, .lowest-venv: minutes to rebuild), a PostgreSQL cluster in .pg (scripts/postgres.sh
+# What the tools and tests leave in this folder. Kept: the virtual environments (.venv, .lowest-venv,
+# and .otel-venv/.model-venv of older checkouts: minutes to rebuild; the tool venvs now live under
+# ~/.cache/stratagem), a PostgreSQL cluster in .pg (scripts/postgres.sh
 # stop, then remove it) and a deployment's state: the state directory is the user's
 # (~/.local/state/stratagem) unless a .stratagem folder was made here ('stratagem down' stops it).
 clean:

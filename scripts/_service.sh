@@ -15,6 +15,20 @@ default_state_dir() {
     echo "${XDG_STATE_HOME:-$HOME/.local/state}/stratagem"
 }
 
+# Where the development services' own virtual environments are built and kept (the model server
+# takes about ten minutes to build): outside the checkout, so a fresh clone on the same machine (CI
+# runs on one) reuses them. One folder per pinned spec: a new pin builds anew beside the old one.
+tools_cache_dir() {
+    echo "${STRATAGEM_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/stratagem}"
+}
+
+# A short name for what a tool venv holds: the pinned specs and the interpreter that makes it.
+spec_key() {
+    local version
+    version="$("${PYTHON:-python3}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    printf '%s\n' "$@" "$version" | sha256sum | cut -c1-12
+}
+
 # The recorded PID, if that process is still alive.
 running_pid() {
     [[ -f "$PID_FILE" ]] || return 1

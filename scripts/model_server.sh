@@ -9,9 +9,12 @@
 #   scripts/model_server.sh stop      stop the server this script started (by its recorded PID)
 #   scripts/model_server.sh status    exit 0 and print the state file when it runs, else exit 1
 #   scripts/model_server.sh url       print the OpenAI-compatible base URL (http://127.0.0.1:PORT/v1)
+#   scripts/model_server.sh venv      print the virtual environment's folder
 #
 # Environment (all optional):
-#   MODEL_SERVER_VENV   the virtual environment          (default .model-venv; the build is cached there)
+#   MODEL_SERVER_VENV   the virtual environment          (default: a folder per pinned spec and Python
+#                       under ~/.cache/stratagem, STRATAGEM_TOOLS_CACHE or XDG_CACHE_HOME; the build
+#                       is kept there, outside the checkout, so a fresh clone reuses it)
 #   MODEL_SERVER_DIR    PID, state file, log, the model  (default $STRATAGEM_STATE_DIR/model-server, the
 #                       state directory defaulting as the CLI's does)
 #   MODEL_SERVER_PORT   HTTP port                        (default 8089)
@@ -21,7 +24,6 @@ set -euo pipefail
 # shellcheck source=scripts/_service.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_service.sh"
 
-VENV="${MODEL_SERVER_VENV:-.model-venv}"
 DIR="${MODEL_SERVER_DIR:-${STRATAGEM_STATE_DIR:-$(default_state_dir)}/model-server}"
 HOST=127.0.0.1
 PORT="${MODEL_SERVER_PORT:-8089}"
@@ -33,6 +35,7 @@ MODEL_ALIAS="gemma-3-270m"
 PID_FILE="$DIR/server.pid"
 STATE_FILE="$DIR/server.json"
 LOG_FILE="$DIR/server.log"
+VENV="${MODEL_SERVER_VENV:-$(tools_cache_dir)/model-server-$(spec_key "$SERVER_SPEC" "$MODEL_SPEC")}"
 STAMP="$VENV/.model-server-installed"
 
 log() { echo "model-server: $*" >&2; }
@@ -108,5 +111,6 @@ case "${1:-}" in
     stop) stop ;;
     status) running_pid >/dev/null && cat "$STATE_FILE" ;;
     url) echo "http://$HOST:$PORT/v1" ;;
-    *) echo "usage: $0 install|start|stop|status|url" >&2; exit 2 ;;
+    venv) echo "$VENV" ;;
+    *) echo "usage: $0 install|start|stop|status|url|venv" >&2; exit 2 ;;
 esac

@@ -7,9 +7,12 @@
 #   scripts/otel_backend.sh stop      stop the Phoenix this script started (by its recorded PID)
 #   scripts/otel_backend.sh status    exit 0 and print the state file when it runs, else exit 1
 #   scripts/otel_backend.sh url       print the UI/API URL of the running Phoenix
+#   scripts/otel_backend.sh venv      print the virtual environment's folder
 #
 # Environment (all optional):
-#   OTEL_BACKEND_VENV   the virtual environment                 (default .otel-venv)
+#   OTEL_BACKEND_VENV   the virtual environment                 (default: a folder per spec and Python
+#                       under ~/.cache/stratagem, STRATAGEM_TOOLS_CACHE or XDG_CACHE_HOME, outside the
+#                       checkout, so a fresh clone reuses it)
 #   OTEL_BACKEND_DIR    PID, state file, log and Phoenix's data (default $STRATAGEM_STATE_DIR/otel-backend,
 #                       STRATAGEM_STATE_DIR defaulting as the CLI's does: the nearest .stratagem folder
 #                       here or above, else ${XDG_STATE_HOME:-~/.local/state}/stratagem)
@@ -26,13 +29,13 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/_service.sh
 source "$HERE/_service.sh"
-VENV="${OTEL_BACKEND_VENV:-.otel-venv}"
 DIR="${OTEL_BACKEND_DIR:-${STRATAGEM_STATE_DIR:-$(default_state_dir)}/otel-backend}"
 HOST=127.0.0.1
 PORT="${PHOENIX_PORT:-6006}"
 GRPC_PORT="${PHOENIX_GRPC_PORT:-4317}"
 SPEC="${PHOENIX_SPEC:-arize-phoenix}"
 PYTHON="${PYTHON:-python3}"
+VENV="${OTEL_BACKEND_VENV:-$(tools_cache_dir)/otel-backend-$(spec_key "$SPEC")}"
 PID_FILE="$DIR/phoenix.pid"
 STATE_FILE="$DIR/backend.json"
 LOG_FILE="$DIR/phoenix.log"
@@ -125,8 +128,9 @@ case "${1:-}" in
     stop) stop ;;
     status) status ;;
     url) url ;;
+    venv) echo "$VENV" ;;
     *)
-        echo "usage: $0 install|start|stop|status|url" >&2
+        echo "usage: $0 install|start|stop|status|url|venv" >&2
         exit 2
         ;;
 esac

@@ -1,6 +1,6 @@
 """One trace per goal in a real backend: Arize Phoenix, started by this module on 127.0.0.1.
 
-``scripts/otel_backend.sh`` installs Phoenix into its own virtual environment (``.otel-venv``, once:
+``scripts/otel_backend.sh`` installs Phoenix into its own virtual environment (under ``~/.cache/stratagem``, once:
 it takes minutes) and starts it on free loopback ports. The driver and the four agents export their
 spans with the real OTLP gRPC exporter; the test reads them back through Phoenix's REST API
 (``GET /v1/projects/{project}/spans?trace_id=…``) and checks the trace's shape. Where Phoenix
@@ -62,7 +62,6 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendState]:
     env = {
         **os.environ,
         "OTEL_BACKEND_DIR": str(folder),
-        "OTEL_BACKEND_VENV": str(REPO / ".otel-venv"),
         "PHOENIX_PORT": str(_free_port()),
         "PHOENIX_GRPC_PORT": str(_free_port()),
     }
