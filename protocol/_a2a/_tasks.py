@@ -7,7 +7,7 @@ answered from the agent's answer store instead of running again. A message names
 meant. Its body is the first data part holding a JSON object (the capability's request as JSON,
 its fields named in snake_case or ProtoJSON's lowerCamelCase), or else its text, which fills the
 request's one required text field when it has exactly one. The answer's data part holds the
-response's JSON under ProtoJSON names (``_names.py``).
+response's JSON under ProtoJSON names (``_names.py``), unless the response is an ``A2AReply``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from google.protobuf.struct_pb2 import Value
 from pydantic import ValidationError
 
 from stratagem.protocol._a2a._names import NameClashError, from_proto_json, to_proto_json
+from stratagem.protocol._a2a._reply import A2AReply, parts_of
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel
 from stratagem.protocol._codec import violations_from
 from stratagem.protocol._errors import Code, InvalidArgumentError, RemoteError
@@ -213,8 +214,10 @@ def task_of(
 
 
 def result_parts(result: WireModel) -> list[Part]:
-    """A capability's response as A2A parts: one data part holding its JSON under ProtoJSON's
-    (lowerCamelCase) names."""
+    """A capability's response as A2A parts: those an ``A2AReply`` chooses, else one data part
+    holding its JSON under ProtoJSON's (lowerCamelCase) names."""
+    if isinstance(result, A2AReply):
+        return parts_of(result)
     return [Part(data=ParseDict(to_proto_json(result), Value()), media_type=JSON_MEDIA)]
 
 
