@@ -12,7 +12,9 @@ shrink with it).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Final
@@ -61,3 +63,46 @@ def test_the_tck_must_requirements_pass() -> None:
     now_passing = KNOWN.keys() - failed
     assert not now_passing, f"these pass now; take them off KNOWN: {sorted(now_passing)}"
     assert passed >= 72, run.stdout[-3000:]
+
+
+def test_the_script_stops_its_agent_and_exits_cleanly(tmp_path: Path) -> None:
+    """``run`` serves the agent, runs the TCK (here a stand-in that only succeeds) and, on its
+    way out, stops the agent: no ``unbound variable`` from its trap, nothing left listening."""
+    tck = tmp_path / "tck"
+    tck.mkdir()
+    (tck / "run_tck.py").write_text("import sys\nprint('stand-in TCK', sys.argv[1:])\n")
+    # A venv the script takes as installed: the interpreter, and the stamp of what it imports.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    wanted = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'eval "$(sed -n "/^requirements=(/,/^)/p" "$0")"; echo "${requirements[*]}"',
+            str(REPO / "scripts" / "a2a_tck.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert wanted.startswith("pytest")
+    (venv / ".requirements").write_text(wanted + "\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "A2A_TCK_DIR": str(tck), "TCK_VENV": str(venv), "TCK_PORT": str(port)}
+    run = subprocess.run(
+        ["bash", "scripts/a2a_tck.sh", "run", "must"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "stand-in TCK" in run.stdout
+    assert "unbound variable" not in run.stderr
+    with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+        client.connect(("127.0.0.1", port))  # the agent is gone
