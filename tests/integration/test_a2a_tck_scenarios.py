@@ -6,6 +6,7 @@ this is what its artifact and message checks ask for."""
 from __future__ import annotations
 
 import base64
+import importlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +15,6 @@ import httpx
 import pytest
 
 from stratagem.protocol import A2AServer
-from tests.integration.a2a_tck_sut import serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,7 +23,10 @@ VERSION = {"A2A-Version": "1.0"}
 
 @pytest.fixture
 async def sut() -> AsyncIterator[A2AServer]:
-    async with serving() as a2a:
+    # Imported here, not when the file is collected: the scenario agent it defines is forgotten
+    # after each test (tests/conftest.py), so no other test's deployment sees a fifth agent.
+    module = importlib.import_module("tests.integration.a2a_tck_sut")
+    async with module.serving() as a2a:
         yield a2a
 
 
