@@ -184,7 +184,7 @@ from stratagem.protocol._storage import (
 )
 
 if TYPE_CHECKING:
-    from stratagem.protocol._a2a import A2AConfig, A2AServer
+    from stratagem.protocol._a2a import A2AConfig, A2APart, A2AReply, A2AServer
     from stratagem.protocol._answers._postgres import PostgresAnswerStore
     from stratagem.protocol._audit._postgres import PostgresAuditHeads, PostgresAuditLog
     from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
@@ -197,6 +197,8 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "A2AConfig": "._a2a",
+        "A2APart": "._a2a",
+        "A2AReply": "._a2a",
         "A2AServer": "._a2a",
         "TlsFiles": "._tls",
         "certificate_identity": "._tls",
@@ -232,6 +234,8 @@ __all__ = [
     "TRACE_ID_PATTERN",
     "WORLD_PATTERN",
     "A2AConfig",
+    "A2APart",
+    "A2AReply",
     "A2AServer",
     "Action",
     "AgentBackend",

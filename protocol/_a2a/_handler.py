@@ -7,7 +7,7 @@ limits, validation, audit records, span and metrics as the same call over gRPC.
 
 | A2A method | the agent's RPC | authorized as |
 |---|---|---|
-| ``SendMessage`` | ``Call`` | the skill's capability |
+| ``SendMessage`` | ``Call`` (a message when its ``A2AReply`` asks) | the skill's capability |
 | ``SendStreamingMessage`` | ``Call``, with ``Watch`` on its plan | the capability, and ``Watch`` |
 | ``GetTask`` | ``Plans`` of the task's plan | ``Plans`` |
 | ``CancelTask`` | ``Control`` ``cancel`` | ``Control.cancel`` |
@@ -46,6 +46,7 @@ from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
+    Role,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
@@ -64,6 +65,7 @@ from a2a.utils.errors import (
 )
 from pydantic import ValidationError
 
+from stratagem.protocol._a2a._reply import A2AReply, parts_of
 from stratagem.protocol._a2a._tasks import (
     FINAL_STATES,
     TaskBook,
@@ -77,7 +79,7 @@ from stratagem.protocol._a2a._tasks import (
     task_id_for,
     task_of,
 )
-from stratagem.protocol._capabilities import CapabilitySpec, capability_for
+from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import decode_response, encode_call
 from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
 from stratagem.protocol._models import MAX_PLANS_PAGE, ControlRequest, PlanQuery, PlanSnapshot
@@ -131,11 +133,13 @@ class StratagemRequestHandler(RequestHandler):
         self._card = card
         self._skills = [skill.id for skill in card.skills]
         self._tasks = tasks
-        self._background: set[asyncio.Future[Task]] = set()
+        self._background: set[asyncio.Future[Task | Message]] = set()
 
     # --- messages -----------------------------------------------------------------------------
 
-    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task:
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | Message:
         prepared = await self._prepare(params.message, context)
         if params.configuration.return_immediately:
             finishing = asyncio.ensure_future(self._finish(prepared, context))
@@ -149,7 +153,10 @@ class StratagemRequestHandler(RequestHandler):
             )
         return await self._finish(prepared, context)
 
-    async def _finish(self, prepared: _Prepared, context: ServerCallContext) -> Task:
+    async def _finish(self, prepared: _Prepared, context: ServerCallContext) -> Task | Message:
+        """The outcome of a message's ``Call``: its task, or the message an ``A2AReply`` asks
+        to be answered with (its task is kept all the same, for ``GetTask``)."""
+        result: WireModel | None = None
         try:
             answer = await self._call("Call", prepared.request, prepared.call)
         except RemoteError as error:
@@ -158,15 +165,24 @@ class StratagemRequestHandler(RequestHandler):
                 raise a2a_error(error) from None
             task = failed_task(prepared.task_id, prepared.context_id, error, prepared.history)
         else:
+            result = decode_response(answer).body
             task = task_of(
                 prepared.task_id,
                 prepared.context_id,
                 TaskState.TASK_STATE_COMPLETED,
                 skill=prepared.spec.name,
-                result=decode_response(answer).body,
+                result=result,
                 history=prepared.history,
             )
         self._tasks.keep(task, prepared.caller)
+        if isinstance(result, A2AReply) and result.message:
+            return Message(
+                message_id=f"{task.id}:reply",
+                context_id=task.context_id,
+                task_id=task.id,
+                role=Role.ROLE_AGENT,
+                parts=parts_of(result),
+            )
         return task
 
     async def on_message_send_stream(

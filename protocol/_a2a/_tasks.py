@@ -4,8 +4,10 @@ A task is the plan that serves the request: its id is the plan's id, and the sam
 the same caller always names the same task (``task_id_for``), so a repeated ``SendMessage`` is
 answered from the agent's answer store instead of running again. A message names the skill
 (capability) it asks for in its metadata (``"skill"``); without one, the first skill of the card is
-meant. Its body is the first data part holding a JSON object (the capability's request as JSON),
-or else its text, which fills the request's one required text field when it has exactly one.
+meant. Its body is the first data part holding a JSON object (the capability's request as JSON,
+its fields named in snake_case or ProtoJSON's lowerCamelCase), or else its text, which fills the
+request's one required text field when it has exactly one. The answer's data part holds the
+response's JSON under ProtoJSON names (``_names.py``), unless the response is an ``A2AReply``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
 from pydantic import ValidationError
 
+from stratagem.protocol._a2a._names import NameClashError, from_proto_json, to_proto_json
+from stratagem.protocol._a2a._reply import A2AReply, parts_of
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel
 from stratagem.protocol._codec import violations_from
 from stratagem.protocol._errors import Code, InvalidArgumentError, RemoteError
@@ -51,6 +55,7 @@ __all__ = [
     "failed_task",
     "request_body",
     "request_id_for",
+    "result_parts",
     "skill_of",
     "state_of",
     "task_id_for",
@@ -149,7 +154,12 @@ def request_body(message: Message, spec: CapabilitySpec) -> WireModel:
             )
         data = {field: "\n".join(texts)}
     try:
-        return spec.request.model_validate(data)
+        return spec.request.model_validate(from_proto_json(data, spec.request))
+    except NameClashError as exc:
+        raise InvalidParamsError(
+            message=f"{spec.name}: invalid request",
+            data={"violations": [{"field": exc.field, "description": exc.description}]},
+        ) from None
     except ValidationError as exc:
         violations = violations_from(exc)
         raise InvalidParamsError(
@@ -195,15 +205,20 @@ def task_of(
         )
     task = Task(id=task_id, context_id=context_id, status=status, history=history or [])
     if result is not None:
-        value = ParseDict(result.model_dump(mode="json"), Value())
         task.artifacts.append(
             Artifact(
-                artifact_id=f"{task_id}:result",
-                name=skill or "result",
-                parts=[Part(data=value, media_type=JSON_MEDIA)],
+                artifact_id=f"{task_id}:result", name=skill or "result", parts=result_parts(result)
             )
         )
     return task
+
+
+def result_parts(result: WireModel) -> list[Part]:
+    """A capability's response as A2A parts: those an ``A2AReply`` chooses, else one data part
+    holding its JSON under ProtoJSON's (lowerCamelCase) names."""
+    if isinstance(result, A2AReply):
+        return parts_of(result)
+    return [Part(data=ParseDict(to_proto_json(result), Value()), media_type=JSON_MEDIA)]
 
 
 def failed_task(task_id: str, context_id: str, error: RemoteError, history: list[Message]) -> Task:

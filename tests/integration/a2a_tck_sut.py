@@ -1,20 +1,23 @@
-"""A Stratagem agent served over A2A for the official A2A TCK (``a2aproject/a2a-tck``).
+"""The A2A TCK's system under test: the TCK's scenario agent served by Stratagem's A2A face.
 
-``python -m tests.integration.a2a_tck_sut PORT`` serves the perception agent behind its real
-``AgentServer`` (the default policy plus the TCK's identity, an audit log in memory) and its
-``A2AServer`` on 127.0.0.1:PORT, prints ``ready URL`` and serves until terminated.
+``python -m tests.integration.a2a_tck_sut PORT`` serves the scenario agent
+(``a2a_tck_agent``: an agent of the SUT's own, defined with ``define_agent``) behind its real
+``AgentServer`` (the default policy plus the agent's entries and the TCK's reading rights, an
+audit log in memory) and its ``A2AServer`` on 127.0.0.1:PORT, prints ``ready URL`` and serves
+until terminated.
 
 The TCK sends no credentials, so this agent verifies callers with ``AnonymousAuthenticator``: a
-call without credentials is the TCK's identity (``tck``), which the policy lets extract entities,
+call without credentials is the TCK's identity (``tck``), which the policy lets play scenarios,
 read its plans, watch them and cancel them, nothing more. Everything else is the product's path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from stratagem.agents import build_agent
@@ -27,8 +30,7 @@ from stratagem.protocol import (
     PolicyRule,
     ServerConfig,
 )
-
-IDENTITY = "tck"
+from tests.integration.a2a_tck_agent import IDENTITY, ROLE, SCENARIO_AGENT
 
 
 class AnonymousAuthenticator:
@@ -45,15 +47,18 @@ class AnonymousAuthenticator:
         return None
 
 
-async def serve(port: int) -> None:
-    agent = build_agent("perception")
+@contextlib.asynccontextmanager
+async def serving(port: int = 0) -> AsyncIterator[A2AServer]:
+    """The scenario agent, served over A2A on 127.0.0.1:``port`` (0: a free one)."""
+    agent = build_agent(ROLE, entry_points=False)
     policy = Policy(
         [
             *Policy.default().rules,
+            *SCENARIO_AGENT.policy_rules(),
             PolicyRule(
                 caller=IDENTITY,
-                target="perception",
-                capabilities=frozenset({"ExtractEntities", "Plans", "Watch", "Control.cancel"}),
+                target=ROLE,
+                capabilities=frozenset({"Plans", "Watch", "Control.cancel"}),
             ),
         ]
     )
@@ -65,19 +70,22 @@ async def serve(port: int) -> None:
         config=ServerConfig(default_deadline_s=30.0, grace_s=1.0),
     )
     await server.start()
-    a2a = A2AServer(server, agent, A2AConfig(port=port))
-    await a2a.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"ready {a2a.url}", flush=True)
     try:
-        await stop.wait()
+        async with A2AServer(server, agent, A2AConfig(port=port)) as a2a:
+            yield a2a
     finally:
-        await a2a.aclose()
         await server.aclose()
         await agent.aclose()
+
+
+async def serve(port: int) -> None:
+    async with serving(port) as a2a:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"ready {a2a.url}", flush=True)
+        await stop.wait()
 
 
 if __name__ == "__main__":

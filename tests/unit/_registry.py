@@ -11,7 +11,12 @@ from stratagem.agents import _definition
 from stratagem.protocol import CAPABILITIES, _capabilities
 
 # Modules a test may import as extensions (dropped afterwards, so the next import runs them again).
-EXTENSION_MODULES = ("examples", "stratagem_extension_", "tests.unit.agents.ext_")
+EXTENSION_MODULES = (
+    "examples",
+    "stratagem_extension_",
+    "tests.unit.agents.ext_",
+    "tests.integration.a2a_tck_",  # the A2A TCK's scenario agent and the SUT that serves it
+)
 
 
 @contextmanager

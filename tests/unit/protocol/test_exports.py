@@ -26,6 +26,8 @@ EXPECTED = [
     "TRACE_ID_PATTERN",
     "WORLD_PATTERN",
     "A2AConfig",
+    "A2APart",
+    "A2AReply",
     "A2AServer",
     "Action",
     "AgentBackend",
