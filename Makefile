@@ -111,8 +111,12 @@ MODEL_STAMP := $(shell bash scripts/model_server.sh venv)/.model-server-installe
 $(MODEL_STAMP):
 	bash scripts/model_server.sh install
 
+# The tests of one file run in one worker (--dist loadfile: a module's deployment, browser or
+# server is made once); TEST_WORKERS=0 runs them all in this process, in order.
+TEST_WORKERS ?= 3
+
 test: lint typecheck imports browser $(MODEL_STAMP)
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)
 	@$(BIN)/python -m tests.bench

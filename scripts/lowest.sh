@@ -19,7 +19,7 @@ export VIRTUAL_ENV="$repo/$venv"
 # grpcio-tools, which needs the newest grpcio, nor import-linter, which needs a newer rich: the
 # freshness of protocol/_gen/ and the import contracts are make test's checks).
 "$venv/bin/uv" pip install --quiet "pytest>=8" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" \
-  "hypothesis>=6.100" "psycopg[binary]"
+  "pytest-xdist>=3.5" "hypothesis>=6.100" "psycopg[binary]"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as m
 names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentelemetry-sdk",
@@ -27,7 +27,7 @@ names = ["ray", "grpcio", "protobuf", "pydantic", "pydantic-settings", "opentele
          "openai", "mcp", "a2a-sdk", "starlette", "jinja2"]
 print("lowest:", ", ".join(f"{n} {m.version(n)}" for n in names))
 PY
-RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-3}" \
   tests/unit -m "not postgres" \
   --deselect tests/unit/test_architecture.py::test_generated_protobuf_code_is_fresh \
   --deselect tests/unit/test_architecture.py::test_import_contracts_hold \
