@@ -9,6 +9,7 @@ the audit records and the refusals are the pipeline's own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -226,7 +227,9 @@ async def test_unknown_method_is_method_not_found(served: Served) -> None:
 
 async def test_malformed_json_is_a_parse_error(served: Served) -> None:
     async with httpx.AsyncClient() as http:
-        answer = await http.post(served.url, content=b'{"jsonrpc": "2.0", "id": ', headers=VERSION)
+        answer = await http.post(
+            served.url, content=b'{"jsonrpc": "2.0", "id": ', headers=served.headers()
+        )
     assert answer.json()["error"]["code"] == -32700
 
 
@@ -328,3 +331,79 @@ async def test_many_requests_at_once_are_all_answered(served: Served) -> None:
         return int(answer.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED")
 
     assert sum(await asyncio.gather(*(one() for _ in range(20)))) == 20
+
+
+# --- a flood of malformed or unauthenticated requests costs the log and the audit little ------
+
+_MALFORMED = (
+    b'{"jsonrpc": "2.0", "id": ',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":5}}',
+    b'{"jsonrpc":"2.0","id":1}',
+    b"[1,2,3]",
+    b'"hi"',
+    b'{"jsonrpc":"2.0","id":1,"method":"Nope","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x"}}',
+)
+
+
+async def test_a_flood_without_credentials_is_refused_counted_and_aggregated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    signer = TokenSigner(ClusterSecret.generate())
+    audit = InMemoryAuditLog()
+    agent = build_agent("perception", entry_points=False)
+    server = AgentServer(
+        agent,
+        policy=Policy.default(),
+        authenticator=TokenAuthenticator(signer),
+        audit=audit,
+        config=ServerConfig(grace_s=1.0),
+    )
+    await server.start()
+    a2a = A2AServer(server, agent)
+    await a2a.start()
+    caplog.set_level(logging.INFO)
+    sent = 0
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(60):
+                for body in _MALFORMED:
+                    answer = await http.post(
+                        a2a.url,
+                        content=body,
+                        headers={"content-type": "application/json", **VERSION},
+                    )
+                    sent += 1
+                    assert answer.status_code == 401
+                    assert answer.headers["www-authenticate"].startswith("Bearer")
+                    assert answer.json()["error"]["code"] == -32600
+    finally:
+        await a2a.aclose()
+        await server.aclose()
+        await agent.aclose()
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text]
+    # A record of its own for the first few refusals, the rest counted in one aggregate.
+    refused = [r for r in audit.records() if r.action == "call.refused"]
+    assert 1 <= len(refused) <= 10
+    assert {r.code for r in refused} == {"UNAUTHENTICATED"}
+    aggregates = [r for r in audit.records() if r.action == "call.refused.aggregate"]
+    counted = sum(int(r.detail.split()[0]) for r in aggregates)
+    assert len(refused) + counted == sent
+    # What the agent logged (the test's own HTTP client logs each request it sends).
+    logged = sum(len(r.getMessage()) for r in caplog.records if not r.name.startswith("httpx"))
+    assert logged < 8_000, f"{logged} bytes logged for {sent} refusals"
+
+
+async def test_malformed_requests_of_a_known_caller_leave_no_tracebacks(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="a2a")
+    async with httpx.AsyncClient(timeout=30) as http:
+        for body in _MALFORMED:
+            answer = await http.post(
+                served.url,
+                content=body,
+                headers={"content-type": "application/json", **served.headers()},
+            )
+            assert answer.json()["error"]["code"] in (-32700, -32600, -32601, -32602, -32001)
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text]
