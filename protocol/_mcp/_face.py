@@ -34,8 +34,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import re
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
