@@ -174,6 +174,8 @@ class Settings(BaseSettings):
         a2a_host: The address agents bind their A2A servers to: loopback unless set.
         a2a_ports: Per role, a fixed port its A2A server binds (JSON in ``STRATAGEM_A2A_PORTS``, as
             ``ports``); a role not named gets a free port.
+        a2a_task_deadline_s: How long an A2A task sent with ``returnImmediately`` may run (its
+            call's deadline; a caller that waits for the answer gets ``default_deadline_s``).
         a2a_agents: External A2A agents plans may call, by the name a cross-agent step's
             ``agent`` gives them (JSON in ``STRATAGEM_A2A_AGENTS``, e.g.
             ``{"echo": {"url": "http://127.0.0.1:9999/", "token": "..."}}``); each may be named
@@ -267,6 +269,7 @@ class Settings(BaseSettings):
     a2a: bool = True
     a2a_host: str = "127.0.0.1"
     a2a_ports: dict[str, int] = Field(default_factory=dict)
+    a2a_task_deadline_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
     a2a_agents: dict[str, A2APeer] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)

@@ -58,6 +58,7 @@ _CONTENT_TYPE_NOT_SUPPORTED: Final = -32005
 # The card changes only when the agent restarts with other capabilities.
 _CARD_CACHING: Final = "public, max-age=300"
 _SDK_DISPATCHER: Final = "a2a.server.routes.jsonrpc_dispatcher"
+_MAX_TASK_DEADLINE_S: Final = 7 * 86400.0
 
 
 class _ClientErrors(logging.Filter):
@@ -89,6 +90,10 @@ class A2AConfig:
         public_url: The base URL the card names, when clients reach the agent through another
             address (a proxy); ``None``: ``http://HOST:PORT/``.
         tasks_kept: How many answered tasks are kept for ``GetTask``'s artifacts.
+        task_deadline_s: How long a ``returnImmediately`` task may run: its ``Call``'s deadline
+            (the server's default deadline is for callers that wait for the answer; nobody waits
+            for such a task, so it gets its own). Past it the task ends ``failed``, and its
+            status message says so.
     """
 
     host: str = "127.0.0.1"
@@ -96,12 +101,18 @@ class A2AConfig:
     max_message_bytes: int = 1 << 20
     public_url: str | None = None
     tasks_kept: int = 1024
+    task_deadline_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ProtocolUsageError(f"A2AConfig.port must be in 0..65535, not {self.port}")
         if self.max_message_bytes <= 0 or self.tasks_kept < 1:
             raise ProtocolUsageError("A2AConfig.max_message_bytes and tasks_kept must be positive")
+        if not 0 < self.task_deadline_s <= _MAX_TASK_DEADLINE_S:
+            raise ProtocolUsageError(
+                f"A2AConfig.task_deadline_s must be in (0, {_MAX_TASK_DEADLINE_S:.0f}], "
+                f"not {self.task_deadline_s}"
+            )
 
 
 class _Uvicorn(uvicorn.Server):
@@ -231,6 +242,7 @@ class A2AServer:
             self._backend.role,
             self._card,
             TaskBook(self._config.tasks_kept),
+            task_deadline_s=self._config.task_deadline_s,
         )
         dispatcher = JsonRpcDispatcher(handler, _ContextBuilder(), enable_v0_3_compat=True)
         limit = self._config.max_message_bytes
