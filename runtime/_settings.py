@@ -622,6 +622,7 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
     check_state_dir(settings.state_dir)  # before any file in it is read
+    _check_mcp_folders(settings)
     if "extensions" not in settings.model_fields_set:
         settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
@@ -644,6 +645,25 @@ def _with_recorded_extensions(
     paths += [path for path in record.extension_paths if path not in paths]
     values = {**given, **from_file, "extensions": list(record.extensions), "extension_paths": paths}
     return Settings(**values)
+
+
+def _check_mcp_folders(settings: Settings) -> None:
+    """Refuse a stdio MCP server whose working directory is in the state directory, where the
+    agents' secrets are (``docs/mcp.md``, "Trust boundary").
+
+    Raises:
+        SettingsError: The first such server, named.
+    """
+    state = settings.state_dir.expanduser().resolve()
+    for name, server in settings.mcp_servers.items():
+        if server.cwd is None:
+            continue
+        cwd = server.cwd.expanduser().resolve()
+        if cwd == state or state in cwd.parents:
+            raise SettingsError(
+                f"mcp_servers.{name}.cwd: {server.cwd} is in the state directory {state}, "
+                "whose secrets an MCP server must not reach; give the server a folder of its own"
+            )
 
 
 def _check_roles(settings: Settings) -> None:
