@@ -387,7 +387,7 @@ async def _no_stream(send: _Send) -> None:
         {
             "type": "http.response.start",
             "status": 405,
-            "headers": [(b"allow", b"POST, DELETE"), (b"content-length", b"0")],
+            "headers": [(b"allow", b"POST"), (b"content-length", b"0")],
         }
     )
     await send({"type": "http.response.body", "body": b""})

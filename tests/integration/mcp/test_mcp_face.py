@@ -179,3 +179,20 @@ async def test_a_retry_within_one_session_is_answered_from_the_store(face: Any) 
     actions = [r.action for r in audit.records() if r.capability == "ExtractEntities"]
     assert actions.count("call.accepted") == 2
     assert actions.count("call.replayed") == 1
+
+
+async def test_a_flood_without_credentials_costs_a_bounded_audit(face: Any) -> None:
+    # A regression guard: the face refused and aggregated such floods before this change too.
+    mcp_face, _, audit = face
+    bodies = [b'{"jsonrpc": "2.0", "id": ', b"[1, 2]", b'{"jsonrpc":"2.0","id":1}']
+    async with httpx2.AsyncClient() as http:
+        for index in range(150):
+            answer = await http.post(
+                mcp_face.url,
+                content=bodies[index % len(bodies)],
+                headers={"Accept": "application/json, text/event-stream"},
+            )
+            assert answer.status_code == 401
+    refused = [r for r in audit.records() if r.action == "call.refused"]
+    assert 1 <= len(refused) <= 10
+    assert {r.code for r in refused} == {"UNAUTHENTICATED"}
