@@ -160,15 +160,16 @@ class StratagemRequestHandler(RequestHandler):
                 call.metadata,
                 HttpCall(call.context.peer(), deadline_s=self._task_deadline_s),
             )
-            self._tasks.keep(
-                task_of(
-                    prepared.task_id,
-                    prepared.context_id,
-                    TaskState.TASK_STATE_SUBMITTED,
-                    history=prepared.history,
-                ),
-                prepared.caller,
-            )
+            if self._tasks.get(prepared.task_id) is None:  # a repeat keeps the answer it has
+                self._tasks.keep(
+                    task_of(
+                        prepared.task_id,
+                        prepared.context_id,
+                        TaskState.TASK_STATE_SUBMITTED,
+                        history=prepared.history,
+                    ),
+                    prepared.caller,
+                )
             finishing = asyncio.ensure_future(self._finish(prepared, context, background=True))
             self._background.add(finishing)
             finishing.add_done_callback(self._background.discard)
