@@ -196,13 +196,18 @@ class HttpCall:
 
     Args:
         peer: The peer as gRPC names one (``ipv4:127.0.0.1:5555``).
+        deadline_s: The call's deadline, seconds from now, as a gRPC client's deadline would be
+            (``None``: the server's default deadline).
     """
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, *, deadline_s: float | None = None) -> None:
         self._peer = peer
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
 
     def time_remaining(self) -> float | None:
-        return None  # the server's default deadline
+        if self._deadline is None:
+            return None  # the server's default deadline
+        return self._deadline - time.monotonic()
 
     def peer(self) -> str:
         return self._peer
@@ -516,6 +521,10 @@ class AgentServer:
 
             async def stage(exchange: Exchange, data: bytes, ctx: Any, span: Span) -> bytes:
                 read = None if spec is CALL else spec.authorized_as
+                if read is not None and spec.action:
+                    # ``Control.{action}``: the capability the request names, when it has one.
+                    with contextlib.suppress(Exception):
+                        read = spec.authorization(spec.decode_request(data))
                 await self._pipeline.admit(exchange, data, ctx, span, read=read, queue=False)
                 raise refused
 

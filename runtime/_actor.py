@@ -278,6 +278,7 @@ class AgentActor:
                     host=settings.a2a_host,
                     port=settings.a2a_ports.get(role, 0),
                     max_message_bytes=settings.max_message_bytes,
+                    task_deadline_s=settings.a2a_task_deadline_s,
                 ),
             )
             await self._a2a.start()

@@ -174,6 +174,8 @@ class Settings(BaseSettings):
         a2a_host: The address agents bind their A2A servers to: loopback unless set.
         a2a_ports: Per role, a fixed port its A2A server binds (JSON in ``STRATAGEM_A2A_PORTS``, as
             ``ports``); a role not named gets a free port.
+        a2a_task_deadline_s: How long an A2A task sent with ``returnImmediately`` may run (its
+            call's deadline; a caller that waits for the answer gets ``default_deadline_s``).
         a2a_agents: External A2A agents plans may call, by the name a cross-agent step's
             ``agent`` gives them (JSON in ``STRATAGEM_A2A_AGENTS``, e.g.
             ``{"echo": {"url": "http://127.0.0.1:9999/", "token": "..."}}``); each may be named
@@ -267,6 +269,7 @@ class Settings(BaseSettings):
     a2a: bool = True
     a2a_host: str = "127.0.0.1"
     a2a_ports: dict[str, int] = Field(default_factory=dict)
+    a2a_task_deadline_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
     a2a_agents: dict[str, A2APeer] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
@@ -619,6 +622,7 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
         from_file["state_dir"] = default_state_dir()
     settings = Settings(**given, **from_file)
     check_state_dir(settings.state_dir)  # before any file in it is read
+    _check_mcp_folders(settings)
     if "extensions" not in settings.model_fields_set:
         settings = _with_recorded_extensions(settings, given, from_file)
     if settings.address is None and os.environ.get("RAY_ADDRESS"):
@@ -641,6 +645,25 @@ def _with_recorded_extensions(
     paths += [path for path in record.extension_paths if path not in paths]
     values = {**given, **from_file, "extensions": list(record.extensions), "extension_paths": paths}
     return Settings(**values)
+
+
+def _check_mcp_folders(settings: Settings) -> None:
+    """Refuse a stdio MCP server whose working directory is in the state directory, where the
+    agents' secrets are (``docs/mcp.md``, "Trust boundary").
+
+    Raises:
+        SettingsError: The first such server, named.
+    """
+    state = settings.state_dir.expanduser().resolve()
+    for name, server in settings.mcp_servers.items():
+        if server.cwd is None:
+            continue
+        cwd = server.cwd.expanduser().resolve()
+        if cwd == state or state in cwd.parents:
+            raise SettingsError(
+                f"mcp_servers.{name}.cwd: {server.cwd} is in the state directory {state}, "
+                "whose secrets an MCP server must not reach; give the server a folder of its own"
+            )
 
 
 def _check_roles(settings: Settings) -> None:

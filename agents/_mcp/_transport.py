@@ -7,20 +7,34 @@ the server is stopped and the read stream closed, so the call waiting for it fai
 ``bounded_http_client`` caps each HTTP response body the same way (the SDK already caps each
 server-sent event).
 
-A stdio server's standard error goes on to the agent's (as the SDK's transport lets it), and its
-last line is kept: when the server exits, ``bounded_stdio`` says so with its status and that
-line, so a server that cannot start is refused with why (``exited with status 1:
-ModuleNotFoundError: ...``) rather than only "Connection closed".
+A stdio server's standard error goes on to the agent's (as the SDK's transport lets it), bounded:
+at most ``STDERR_BYTES`` per ``STDERR_WINDOW_S``; the rest is read and dropped, and one note on the
+agent's standard error says how much (``_StderrBudget``), so a chatty or hostile server cannot
+fill the agent's log. Its last line is kept: when the server exits, ``bounded_stdio`` says so with
+its status and that line, so a server that cannot start is refused with why (``exited with status
+1: ModuleNotFoundError: ...``) rather than only "Connection closed".
+
+What a stdio server gets of the agent: the minimal environment of the SDK (``PATH``, ``HOME``,
+``USER``, ...) and its configured ``env`` (which may not name ``STRATAGEM_*`` or ``RAY_*``), and,
+unless its ``cwd`` is configured, a fresh empty working directory of its own, removed when it stops:
+not the agent's, which may be the state folder with its secrets. That keeps the secrets out of
+reach of relative paths and of the environment; it is no sandbox: the server runs as the agent's
+OS user and can read by absolute path whatever that user can (docs/mcp.md, "Trust boundary").
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -32,13 +46,68 @@ from mcp_types import jsonrpc_message_adapter
 
 from stratagem.protocol import McpServerConfig
 
-__all__ = ["OutputTooLarge", "bounded_http_client", "bounded_stdio", "transport_for"]
+__all__ = [
+    "STDERR_BYTES",
+    "STDERR_WINDOW_S",
+    "OutputTooLarge",
+    "bounded_http_client",
+    "bounded_stdio",
+    "transport_for",
+]
 
 logger = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 2.0
 _EXIT_WAIT_S = 1.0
 _STDERR_LINE_CHARS = 300
+STDERR_BYTES: Final = 64 * 1024
+"""The most of a stdio server's standard error passed on to the agent's per window."""
+STDERR_WINDOW_S: Final = 60.0
+"""That window, seconds."""
+
+
+class _StderrBudget:
+    """How much of a server's standard error goes on to the agent's: ``limit`` bytes per window;
+    past that the output is counted, not written, and one note says how much was dropped."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        limit: int = STDERR_BYTES,
+        window_s: float = STDERR_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._what = what
+        self._limit = limit
+        self._window_s = window_s
+        self._clock = clock
+        self._started = clock()
+        self._passed = 0
+        self._dropped = 0
+
+    def admit(self, chunk: bytes) -> bytes:
+        """What of ``chunk`` to write (a note first when an earlier window dropped output)."""
+        now = self._clock()
+        note = b""
+        if now - self._started >= self._window_s:
+            note = self.flush()
+            self._started, self._passed = now, 0
+        room = max(0, self._limit - self._passed)
+        kept = chunk[:room]
+        self._passed += len(kept)
+        self._dropped += len(chunk) - len(kept)
+        return note + kept
+
+    def flush(self) -> bytes:
+        """The note of the output dropped since the last one (``b""``: none)."""
+        if not self._dropped:
+            return b""
+        dropped, self._dropped = self._dropped, 0
+        return (
+            f"\n[stratagem: {self._what} wrote more than {self._limit} bytes to its standard error "
+            f"in {self._window_s:.0f} s; {dropped} bytes dropped]\n"
+        ).encode()
 
 
 class OutputTooLarge(Exception):
@@ -90,12 +159,19 @@ async def bounded_stdio(
     """
     assert config.command is not None
     limit = config.max_output_bytes
-    process = await anyio.open_process(
-        [config.command, *config.args],
-        env={**get_default_environment(), **config.env},
-        cwd=config.cwd,
-        stderr=subprocess.PIPE,
-    )
+    command, own_dir = _placed(config.command, config.cwd)
+    try:
+        process = await anyio.open_process(
+            [command, *config.args],
+            env={**get_default_environment(), **config.env},
+            cwd=config.cwd if config.cwd is not None else own_dir,
+            stderr=subprocess.PIPE,
+        )
+    except BaseException:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        raise
+    budget = _StderrBudget(f"MCP server {os.path.basename(command)!r} (pid {process.pid})")
     read_in, read_out = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_in, write_out = anyio.create_memory_object_stream[SessionMessage](0)
     last_error = _LastLine()
@@ -107,9 +183,8 @@ async def bounded_stdio(
             async for chunk in process.stderr:
                 last_error.feed(chunk)
                 # On to the agent's own standard error, where the server's would have gone.
-                with suppress(OSError, ValueError):
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.flush()
+                _write_stderr(budget.admit(chunk))
+        _write_stderr(budget.flush())
         last_error.close()
         errors_read.set()
 
@@ -167,6 +242,24 @@ async def bounded_stdio(
                 for stream in (read_out, write_in):
                     await stream.aclose()
             tasks.cancel_scope.cancel()
+            _write_stderr(budget.flush())
+            if own_dir is not None:
+                shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def _placed(command: str, cwd: Path | None) -> tuple[str, str | None]:
+    """The command to run (a relative path resolved from the agent's directory, as it was
+    meant) and the fresh folder to run it in when no ``cwd`` is configured (``None``: one is)."""
+    if os.sep in command and not os.path.isabs(command):
+        command = os.path.abspath(command)
+    return command, None if cwd is not None else tempfile.mkdtemp(prefix="stratagem-mcp-")
+
+
+def _write_stderr(data: bytes) -> None:
+    if data:
+        with suppress(OSError, ValueError):
+            sys.stderr.buffer.write(data)
+            sys.stderr.flush()
 
 
 async def _stop(process: anyio.abc.Process) -> None:

@@ -81,7 +81,12 @@ from stratagem.protocol._a2a._tasks import (
 )
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import decode_response, encode_call
-from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
+from stratagem.protocol._errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    ProtocolUsageError,
+    RemoteError,
+)
 from stratagem.protocol._models import MAX_PLANS_PAGE, ControlRequest, PlanQuery, PlanSnapshot
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
 from stratagem.protocol._server import AgentServer, HttpCall
@@ -125,9 +130,19 @@ class StratagemRequestHandler(RequestHandler):
         role: The agent's role.
         card: The agent's A2A card (its skills are the capabilities a message may name).
         tasks: The tasks answered lately (their artifacts for ``GetTask``).
+        task_deadline_s: The deadline of a ``returnImmediately`` task's ``Call``, seconds.
     """
 
-    def __init__(self, server: AgentServer, role: str, card: A2ACard, tasks: TaskBook) -> None:
+    def __init__(
+        self,
+        server: AgentServer,
+        role: str,
+        card: A2ACard,
+        tasks: TaskBook,
+        *,
+        task_deadline_s: float = 3600.0,
+    ) -> None:
+        self._task_deadline_s = task_deadline_s
         self._server = server
         self._role = role
         self._card = card
@@ -142,7 +157,24 @@ class StratagemRequestHandler(RequestHandler):
     ) -> Task | Message:
         prepared = await self._prepare(params.message, context)
         if params.configuration.return_immediately:
-            finishing = asyncio.ensure_future(self._finish(prepared, context))
+            # Nobody waits for the answer: the call runs under the task's own deadline, not the
+            # one the server gives a caller that waits (the default, ~30 s).
+            call = prepared.call
+            prepared.call = _Call(
+                call.metadata,
+                HttpCall(call.context.peer(), deadline_s=self._task_deadline_s),
+            )
+            if self._tasks.get(prepared.task_id) is None:  # a repeat keeps the answer it has
+                self._tasks.keep(
+                    task_of(
+                        prepared.task_id,
+                        prepared.context_id,
+                        TaskState.TASK_STATE_SUBMITTED,
+                        history=prepared.history,
+                    ),
+                    prepared.caller,
+                )
+            finishing = asyncio.ensure_future(self._finish(prepared, context, background=True))
             self._background.add(finishing)
             finishing.add_done_callback(self._background.discard)
             return task_of(
@@ -153,17 +185,22 @@ class StratagemRequestHandler(RequestHandler):
             )
         return await self._finish(prepared, context)
 
-    async def _finish(self, prepared: _Prepared, context: ServerCallContext) -> Task | Message:
+    async def _finish(
+        self, prepared: _Prepared, context: ServerCallContext, *, background: bool = False
+    ) -> Task | Message:
         """The outcome of a message's ``Call``: its task, or the message an ``A2AReply`` asks
         to be answered with (its task is kept all the same, for ``GetTask``)."""
         result: WireModel | None = None
         try:
             answer = await self._call("Call", prepared.request, prepared.call)
         except RemoteError as error:
-            if is_refusal(error):
+            if is_refusal(error) and not background:
                 _remember_status(context, error)
                 raise a2a_error(error) from None
+            # In the background nobody gets the error: the task keeps it (a refusal: rejected).
             task = failed_task(prepared.task_id, prepared.context_id, error, prepared.history)
+            if is_refusal(error):
+                task.status.state = TaskState.TASK_STATE_REJECTED
         else:
             result = decode_response(answer).body
             task = task_of(
@@ -280,16 +317,27 @@ class StratagemRequestHandler(RequestHandler):
     # --- tasks --------------------------------------------------------------------------------
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
-        snapshot = await self._snapshot(params.id, context)
+        await self._hide_others(params.id, PLANS.name, _plans_query(params.id), context)
         kept = self._tasks.get(params.id)
-        state = state_of(snapshot.status)
-        if kept is not None and kept.status.state == state:
+        try:
+            snapshot: PlanSnapshot | None = await self._snapshot(params.id, context)
+        except TaskNotFoundError:
+            if kept is None:
+                raise
+            snapshot = None  # not started yet, or rejected before its plan existed
+        if snapshot is None or (
+            kept is not None and kept.status.state == state_of(snapshot.status)
+        ):
+            assert kept is not None
             task = Task()
             task.CopyFrom(kept)
         else:
+            state = state_of(snapshot.status)
             context_id = kept.context_id if kept is not None else params.id
             history = list(kept.history) if kept is not None else []
-            task = task_of(params.id, context_id, state, history=history)
+            task = task_of(
+                params.id, context_id, state, note=_why(state, snapshot, kept), history=history
+            )
         if params.HasField("history_length"):
             keep = max(0, params.history_length)
             del task.history[: max(0, len(task.history) - keep)]
@@ -321,6 +369,7 @@ class StratagemRequestHandler(RequestHandler):
             control = ControlRequest(plan_id=params.id, action="cancel")
         except ValidationError:
             raise TaskNotFoundError(message=f"no task {params.id[:200]!r} on this agent") from None
+        await self._hide_others(params.id, CONTROL.name, CONTROL.encode_request(control), context)
         call = call_of(context.state, {CAPABILITY_KEY: "Control.cancel"})
         try:
             answer = await self._call(CONTROL.name, CONTROL.encode_request(control), call)
@@ -330,10 +379,15 @@ class StratagemRequestHandler(RequestHandler):
         snapshot = CONTROL.decode_response(answer)
         kept = self._tasks.get(params.id)
         context_id = kept.context_id if kept is not None else params.id
+        state = state_of(snapshot.status)
+        note = ""
+        if state == TaskState.TASK_STATE_CANCELED:
+            note = f"cancelled by {self._caller_of(call) or 'a caller'} (CancelTask)"
         task = task_of(
             params.id,
             context_id,
-            state_of(snapshot.status),
+            state,
+            note=note,
             history=list(kept.history) if kept is not None else [],
         )
         self._tasks.keep(task)
@@ -441,6 +495,33 @@ class StratagemRequestHandler(RequestHandler):
         """One unary RPC of the agent's, through its gRPC server's stages."""
         return await self._server.serve_foreign(method, request, call.metadata, call.context)
 
+    async def _hide_others(
+        self, task_id: str, method: str, request: bytes, context: ServerCallContext
+    ) -> None:
+        """Answer "not found" for a task another identity asked for, as for one that does not
+        exist (its existence is not told); the refusal is audited as ``NOT_FOUND`` under the
+        verified caller, after authentication and authorization, as the method's would be.
+
+        Raises:
+            TaskNotFoundError: The task is someone else's.
+        """
+        owner = self._tasks.owner(task_id)
+        if owner is None:
+            return
+        call = call_of(context.state)
+        if self._caller_of(call) == owner:
+            return
+        missing = TaskNotFoundError(message=f"no task {task_id[:200]!r} on this agent")
+        try:
+            await self._server.serve_foreign(
+                method, request, call.metadata, call.context, refusal=NotFoundError(missing.message)
+            )
+        except RemoteError as error:
+            if not isinstance(error, NotFoundError):
+                _remember_status(context, error)
+                raise a2a_error(error, task_id=task_id) from None
+        raise missing
+
     def _caller_of(self, call: _Call) -> str:
         """Who the call's credentials name ("": nobody verified; the stages refuse it then)."""
         try:
@@ -457,6 +538,9 @@ class StratagemRequestHandler(RequestHandler):
         try:
             if message.task_id:
                 # A task is one request's plan: it takes no further messages.
+                await self._hide_others(
+                    message.task_id, PLANS.name, _plans_query(message.task_id), context
+                )
                 await self._snapshot(message.task_id, context)
                 raise UnsupportedOperationError(
                     message=f"task {message.task_id!r} takes no further messages; send a new one"
@@ -529,6 +613,26 @@ class _Prepared:
         self.task_id = task_id
         self.context_id = context_id
         self.history = history
+
+
+def _plans_query(task_id: str) -> bytes:
+    """A ``Plans`` request for ``task_id`` (what a refusal of a read of the task records)."""
+    try:
+        return PLANS.encode_request(PLANS.build(plan_id=task_id, page_size=1))
+    except ProtocolUsageError:
+        return b""
+
+
+def _why(state: TaskState, snapshot: PlanSnapshot, kept: Task | None) -> str:
+    """The status message of a task whose plan ended without success: why, from the reason the
+    task was given when its call ended (kept), else the plan's last status line."""
+    if state not in (TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED):
+        return ""
+    if kept is not None and kept.status.state in FINAL_STATES:
+        told = "".join(part.text for part in kept.status.message.parts)
+        if told:
+            return told
+    return snapshot.message or f"the task's plan ended {snapshot.status}; no reason was recorded"
 
 
 def _remember_status(context: ServerCallContext, error: RemoteError) -> None:

@@ -8,6 +8,14 @@ being read further) and notes the peer; every method then runs through the agent
 (``_handler.py``). A body that is not ``application/json`` is refused with ``-32005`` (HTTP 415).
 A refusal for want of credentials or rights is answered with its JSON-RPC error
 and HTTP 401 (``WWW-Authenticate: Bearer``) or 403.
+
+Authentication comes first, before the body is read or parsed: a request whose credentials do not
+verify is refused by the pipeline's first stage (``Describe`` stands for it, as on the MCP face),
+so the refusal is audited and counted as a gRPC one is (``protocol._refusals``: a few records per
+peer and window, then one aggregate), and it is answered ``-32600`` with HTTP 401 whatever its body
+(malformed JSON included). The SDK's dispatcher logs each malformed request it answers with a
+traceback; ``_ClientErrors`` drops those records (the error is the caller's, and answered to it):
+a flood of bad requests costs the log nothing, while the SDK's own failures are still logged.
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stratagem.protocol._a2a._card import a2a_card
-from stratagem.protocol._a2a._handler import HTTP_STATUS_KEY, StratagemRequestHandler
+from stratagem.protocol._a2a._handler import HTTP_STATUS_KEY, StratagemRequestHandler, call_of
 from stratagem.protocol._a2a._tasks import TaskBook
-from stratagem.protocol._errors import ProtocolUsageError
+from stratagem.protocol._errors import ProtocolUsageError, RemoteError
+from stratagem.protocol._models import NoQuery
 from stratagem.protocol._server import AgentServer
-from stratagem.protocol._service import AgentBackend
+from stratagem.protocol._service import DESCRIBE, AgentBackend
 
 __all__ = ["A2AConfig", "A2AServer"]
 
@@ -48,6 +57,26 @@ _INVALID_REQUEST: Final = -32600
 _CONTENT_TYPE_NOT_SUPPORTED: Final = -32005
 # The card changes only when the agent restarts with other capabilities.
 _CARD_CACHING: Final = "public, max-age=300"
+_SDK_DISPATCHER: Final = "a2a.server.routes.jsonrpc_dispatcher"
+_MAX_TASK_DEADLINE_S: Final = 7 * 86400.0
+
+
+class _ClientErrors(logging.Filter):
+    """Drops the SDK dispatcher's records of requests it refused as malformed (its WARNING
+    ``Request Error`` line and the tracebacks of requests that fail to parse): the caller's error,
+    answered to it, is no event of the agent's. Its ERROR records of internal errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return False
+        message = str(record.msg)
+        return not message.startswith(("Failed to validate", "Failed to parse"))
+
+
+def _quiet_sdk_dispatcher() -> None:
+    sdk = logging.getLogger(_SDK_DISPATCHER)
+    if not any(isinstance(f, _ClientErrors) for f in sdk.filters):
+        sdk.addFilter(_ClientErrors())
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +90,10 @@ class A2AConfig:
         public_url: The base URL the card names, when clients reach the agent through another
             address (a proxy); ``None``: ``http://HOST:PORT/``.
         tasks_kept: How many answered tasks are kept for ``GetTask``'s artifacts.
+        task_deadline_s: How long a ``returnImmediately`` task may run: its ``Call``'s deadline
+            (the server's default deadline is for callers that wait for the answer; nobody waits
+            for such a task, so it gets its own). Past it the task ends ``failed``, and its
+            status message says so.
     """
 
     host: str = "127.0.0.1"
@@ -68,12 +101,18 @@ class A2AConfig:
     max_message_bytes: int = 1 << 20
     public_url: str | None = None
     tasks_kept: int = 1024
+    task_deadline_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ProtocolUsageError(f"A2AConfig.port must be in 0..65535, not {self.port}")
         if self.max_message_bytes <= 0 or self.tasks_kept < 1:
             raise ProtocolUsageError("A2AConfig.max_message_bytes and tasks_kept must be positive")
+        if not 0 < self.task_deadline_s <= _MAX_TASK_DEADLINE_S:
+            raise ProtocolUsageError(
+                f"A2AConfig.task_deadline_s must be in (0, {_MAX_TASK_DEADLINE_S:.0f}], "
+                f"not {self.task_deadline_s}"
+            )
 
 
 class _Uvicorn(uvicorn.Server):
@@ -89,10 +128,19 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
 
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
-        client = request.client
-        context.state["peer"] = f"ipv4:{client.host}:{client.port}" if client else "unknown"
+        context.state["peer"] = _peer(request)
         context.state[HTTP_STATUS_KEY] = request.scope.setdefault(HTTP_STATUS_KEY, {})
         return context
+
+
+def _peer(request: Request) -> str:
+    """The peer as gRPC names one (``ipv4:127.0.0.1:5555``)."""
+    client = request.client
+    if not client:
+        return "unknown"
+    if ":" in client.host:
+        return f"ipv6:[{client.host}]:{client.port}"
+    return f"ipv4:{client.host}:{client.port}"
 
 
 class A2AServer:
@@ -194,11 +242,16 @@ class A2AServer:
             self._backend.role,
             self._card,
             TaskBook(self._config.tasks_kept),
+            task_deadline_s=self._config.task_deadline_s,
         )
         dispatcher = JsonRpcDispatcher(handler, _ContextBuilder(), enable_v0_3_compat=True)
         limit = self._config.max_message_bytes
+        _quiet_sdk_dispatcher()
 
         async def jsonrpc(request: Request) -> Response:
+            refusal = await self._unauthenticated(request)
+            if refusal is not None:
+                return refusal
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if media and media != "application/json":
                 return _refused(
@@ -246,6 +299,38 @@ class A2AServer:
                 Route("/", jsonrpc, methods=["POST"]),
             ]
         )
+
+    async def _unauthenticated(self, request: Request) -> Response | None:
+        """The 401 answer of a request whose credentials do not verify (``None``: they do),
+        after the pipeline has refused it: audited, and counted per peer (module docstring)."""
+        call = call_of({"headers": request.headers, "peer": _peer(request)})
+        try:
+            self._server.authenticate(call.metadata, call.context)
+        except RemoteError:
+            pass
+        else:
+            return None
+        message = "no valid credentials: send 'Authorization: Bearer <token>'"
+        try:
+            await self._server.serve_foreign(
+                DESCRIBE.name, DESCRIBE.encode_request(NoQuery()), call.metadata, call.context
+            )
+        except RemoteError as error:
+            message = error.message
+        response = JSONResponse(
+            {
+                "jsonrpc": "2.0",
+                "id": None,
+                "error": {
+                    "code": _INVALID_REQUEST,
+                    "message": message,
+                    "data": {"code": "UNAUTHENTICATED"},
+                },
+            },
+            status_code=401,
+        )
+        response.headers["WWW-Authenticate"] = 'Bearer realm="stratagem"'
+        return response
 
     def _base_url(self) -> str:
         host = self._config.host

@@ -284,11 +284,15 @@ class TaskBook:
     """The latest tasks this agent answered over A2A, by id, with who asked: their artifacts and
     history, which a plan snapshot does not carry (``GetTask``), and the list ``ListTasks`` shows
     a caller (its own tasks only). Bounded: the oldest are forgotten first; a forgotten task is
-    still found by ``GetTask`` (from its plan), without its artifacts."""
+    still found by ``GetTask`` (from its plan), without its artifacts. Who owns a task is kept
+    longer (``owners_kept``, a few dozen bytes each): ``GetTask``, ``CancelTask`` and
+    ``SubscribeToTask`` answer "not found" to anyone else."""
 
-    def __init__(self, limit: int = 1024) -> None:
+    def __init__(self, limit: int = 1024, *, owners_kept: int | None = None) -> None:
         self._limit = limit
+        self._owners_kept = owners_kept if owners_kept is not None else 16 * limit
         self._tasks: OrderedDict[str, tuple[str, Task]] = OrderedDict()
+        self._owners: OrderedDict[str, str] = OrderedDict()
 
     def keep(self, task: Task, owner: str | None = None) -> None:
         """Remember ``task`` (``owner``: who asked; ``None`` keeps the one known)."""
@@ -298,6 +302,15 @@ class TaskBook:
         self._tasks.move_to_end(task.id)
         while len(self._tasks) > self._limit:
             self._tasks.popitem(last=False)
+        if owner:
+            self._owners[task.id] = owner
+            self._owners.move_to_end(task.id)
+            while len(self._owners) > self._owners_kept:
+                self._owners.popitem(last=False)
+
+    def owner(self, task_id: str) -> str | None:
+        """Who asked for ``task_id`` (``None``: not known here, or forgotten)."""
+        return self._owners.get(task_id)
 
     def get(self, task_id: str) -> Task | None:
         kept = self._tasks.get(task_id)

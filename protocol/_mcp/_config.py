@@ -13,6 +13,9 @@ MCP_SERVER_NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 """A server's name: its tools are ``<name>.<tool>`` in the agent's registry, and the policy
 names it as the target ``mcp.<name>``."""
 
+# The agent's own settings (its secret files, Ray's token): never a server's business.
+_AGENT_PREFIXES: Final = ("STRATAGEM_", "RAY_")
+
 ServerName = Annotated[str, StringConstraints(pattern=rf"^{MCP_SERVER_NAME_PATTERN}$")]
 
 
@@ -27,8 +30,10 @@ class McpServerConfig(BaseModel):
         command: The executable of a stdio server.
         args: Its arguments.
         env: Environment variables of the subprocess, over a minimal default environment (the
-            agent's own environment is not passed on).
-        cwd: Its working directory.
+            agent's own environment is not passed on); ``STRATAGEM_*`` and ``RAY_*`` are
+            refused (the agent's settings and secrets stay with the agent).
+        cwd: Its working directory (by default a fresh empty folder of its own, not the
+            agent's: a relative path in ``command`` is resolved against the agent's first).
         url: The ``http(s)://.../mcp`` endpoint of a Streamable HTTP server.
         headers: HTTP headers sent with every request (an ``Authorization`` header, say); kept
             out of logs, spans and audit records.
@@ -68,6 +73,12 @@ class McpServerConfig(BaseModel):
             raise ValueError("headers are for a url server")
         if self.command is None and (self.args or self.env or self.cwd):
             raise ValueError("args, env and cwd are for a command server")
+        for name in self.env:
+            if name.upper().startswith(_AGENT_PREFIXES):
+                raise ValueError(
+                    f"env: {name} is one of the agent's settings; STRATAGEM_* and RAY_* "
+                    "variables are not given to an MCP server"
+                )
         return self
 
     @property

@@ -12,11 +12,18 @@ here decides who may do what: every request goes through the agent's ``AgentServ
 - ``tools/list`` is a ``Describe`` (authorized as the ``Describe`` pseudo-capability);
 - ``tools/call`` of capability ``C`` is a ``Call`` of ``C``: the policy (``PERMISSION_DENIED``,
   audited as ``call.denied``), admission, validation (field violations), the answer store (the
-  JSON-RPC request id and the caller make the request id: a repeated call gets the stored
-  answer), ``call.accepted`` / ``call.outcome`` records and the server span. A refusal or failure
-  is a tool result with ``isError`` and one line ``CODE: message``.
+  session and the JSON-RPC request id make the request id, kept per caller: a call repeated
+  within one session gets the stored answer), ``call.accepted`` / ``call.outcome`` records and the
+  server span. A refusal or failure is a tool result with ``isError`` and one line
+  ``CODE: message``.
 
-The face speaks stateless Streamable HTTP with JSON answers (no server-held session); it binds
+The face speaks stateless Streamable HTTP with JSON answers: it holds no session state, but it
+names sessions so that request ids do not collide. A POST without an ``Mcp-Session-Id`` header is
+answered with a fresh one (the SDK's clients send it back on every later request); the request id
+of a ``tools/call`` is ``mcp-<digest of the session id>-<JSON-RPC id>``. Every client numbers its
+requests from the same start, so a JSON-RPC id alone would make a second session's call collide
+with the first's (refused as a reused request id, or answered with the first session's answer).
+A GET (a stream for server-initiated messages) is answered 405: the face sends none. It binds
 127.0.0.1 by default and refuses browsers' cross-origin requests (DNS rebinding protection).
 ``auth=mtls`` deployments cannot serve it (HTTP here carries no client certificate).
 """
@@ -25,8 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -60,6 +69,10 @@ _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _START_S: Final = 10.0
 _REQUEST_ID_CHARS: Final = 120
+_SESSION_HEADER: Final = "mcp-session-id"
+# The MCP specification's session id: visible ASCII; a longer one than this is not ours.
+_SESSION_ID: Final = re.compile(r"^[\x21-\x7e]{1,128}$")
+_SESSION_KEY: Final = "stratagem.mcp_session"
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +244,27 @@ class McpFace:
                 )
             await _unauthorized(send)
             return
-        await self._app(scope, receive, send)
+        if scope.get("method") == "GET":
+            await _no_stream(send)
+            return
+        session = headers.get(_SESSION_HEADER, "")
+        if _SESSION_ID.fullmatch(session):
+            scope["state"][_SESSION_KEY] = session
+            await self._app(scope, receive, send)
+            return
+        # A new session: named here, and the name handed to the client with the answer.
+        session = uuid.uuid4().hex
+        scope["state"][_SESSION_KEY] = session
+
+        async def send_naming_the_session(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                named = [
+                    (k, v) for k, v in message.get("headers", ()) if k.lower() != b"mcp-session-id"
+                ]
+                message["headers"] = [*named, (_SESSION_HEADER.encode(), session.encode())]
+            await send(message)
+
+        await self._app(scope, receive, send_naming_the_session)
 
     # --- MCP: tools are capabilities -----------------------------------------------------------
 
@@ -263,7 +296,7 @@ class McpFace:
         metadata, call, caller = self._metadata(ctx)
         name = params.name
         arguments = params.arguments or {}
-        request_id = _request_id(ctx)
+        request_id = _request_id(ctx, _session_of(ctx))
         metadata.update(
             {TARGET_KEY: self._role, CAPABILITY_KEY: name[:64], REQUEST_ID_KEY: request_id}
         )
@@ -315,12 +348,22 @@ class McpFace:
         return metadata, HttpCall(_peer(scope)), caller
 
 
-def _request_id(ctx: Any) -> str:
-    """The Call's request id: the JSON-RPC id, prefixed so it cannot collide with gRPC callers'
-    ids (a fresh one when the id is not usable)."""
+def _session_of(ctx: Any) -> str:
+    """The MCP session the request belongs to (named by ``McpFace._asgi``)."""
+    request = getattr(ctx, "request", None)
+    scope: _Scope = getattr(request, "scope", {}) or {}
+    return str(scope.get("state", {}).get(_SESSION_KEY, ""))
+
+
+def _request_id(ctx: Any, session: str) -> str:
+    """The Call's request id: the session's and the JSON-RPC id, prefixed so it cannot collide
+    with gRPC callers' ids (a fresh one when either is not usable)."""
     raw = str(getattr(ctx, "request_id", "") or "")
-    usable = raw and all(ch.isalnum() or ch in "-_.:" for ch in raw)
-    return f"mcp-{raw[:_REQUEST_ID_CHARS]}" if usable else f"mcp-{uuid.uuid4().hex}"
+    usable = session and raw and all(ch.isalnum() or ch in "-_.:" for ch in raw)
+    if not usable:
+        return f"mcp-{uuid.uuid4().hex}"
+    scope = hashlib.sha256(session.encode()).hexdigest()[:16]
+    return f"mcp-{scope}-{raw[:_REQUEST_ID_CHARS]}"
 
 
 def _tool_error(error: RemoteError) -> types.CallToolResult:
@@ -336,6 +379,18 @@ def _mcp_error(error: RemoteError) -> Exception:
     from mcp import MCPError
 
     return MCPError(code=types.INVALID_REQUEST, message=f"{error.code.value}: {error.message}")
+
+
+async def _no_stream(send: _Send) -> None:
+    """A GET's answer: the face sends no server-initiated messages, so it opens no stream."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 405,
+            "headers": [(b"allow", b"POST"), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _unauthorized(send: _Send) -> None:

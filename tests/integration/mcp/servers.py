@@ -100,6 +100,22 @@ TOOLS = [
         annotations=_READ_ONLY,
     ),
     types.Tool(
+        name="where",
+        description="Say where the server runs and what of the agent's it can see.",
+        input_schema={"type": "object", "properties": {}},
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(
+        name="shout",
+        description="Write n bytes to standard error, then answer.",
+        input_schema={
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0}},
+            "required": ["n"],
+        },
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(
         name="fail",
         description="Answer isError.",
         input_schema={"type": "object", "properties": {}},
@@ -160,6 +176,19 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         return _text("awake")
     if name == "flood":
         return _text("x" * int(args["n"]))
+    if name == "where":
+        seen = {
+            "cwd": os.getcwd(),
+            "files": sorted(os.listdir(".")),
+            "env": sorted(k for k in os.environ if k.startswith(("STRATAGEM_", "RAY_"))),
+        }
+        return _text(str(seen), seen)
+    if name == "shout":
+        line = b"e" * 1023 + b"\n"
+        for _ in range(int(args["n"]) // 1024):
+            sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+        return _text("shouted")
     if name == "bad_sum":
         return _text("many", {"sum": "many"})
     if name == "fail":

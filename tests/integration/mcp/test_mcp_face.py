@@ -130,3 +130,69 @@ async def test_without_a_valid_token_the_answer_is_401_and_the_refusal_audited(
     with pytest.raises(BaseException):  # noqa: B017, PT011 - the SDK wraps it in a group
         async with Client(mcp_face.url) as mcp:
             await mcp.list_tools()
+
+
+async def test_two_sessions_using_the_same_json_rpc_id_do_not_collide(face: Any) -> None:
+    # Every MCP client numbers its requests from the same start: two sessions of one caller
+    # send tools/call with the same JSON-RPC id, and each must get its own answer.
+    mcp_face, signer, audit = face
+    token = signer.issue("operator", 60)
+    answers = []
+    for text in ("Mira waits in the courtyard.", "Oren sleeps in the tower."):
+        async with client(mcp_face.url, token) as mcp:
+            result = await mcp.call_tool("ExtractEntities", {"text": text})
+        assert not result.is_error, result.content
+        assert result.structured_content is not None
+        answers.append({entity["id"] for entity in result.structured_content["entities"]})
+    assert "mira" in answers[0]
+    assert "oren" in answers[1]
+    assert "mira" not in answers[1]
+    accepted = [r for r in audit.records() if r.action == "call.accepted"]
+    ids = [r.request_id for r in accepted if r.capability == "ExtractEntities"]
+    assert len(ids) == 2
+    assert ids[0] != ids[1]
+
+
+async def test_a_retry_within_one_session_is_answered_from_the_store(face: Any) -> None:
+    mcp_face, signer, audit = face
+    headers = {
+        "Authorization": f"Bearer {signer.issue('operator', 60)}",
+        "Accept": "application/json, text/event-stream",
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "ExtractEntities", "arguments": {"text": "Mira waits."}},
+    }
+    async with httpx2.AsyncClient(headers=headers) as http:
+        first = await http.post(mcp_face.url, json=call)
+        session = first.headers["mcp-session-id"]
+        again = await http.post(mcp_face.url, json=call, headers={"mcp-session-id": session})
+        other = await http.post(mcp_face.url, json=call)  # no session: a new one
+        # The face keeps no stream for server-initiated messages.
+        stream = await http.get(mcp_face.url, headers={"mcp-session-id": session})
+    assert first.status_code == again.status_code == other.status_code == 200
+    assert other.headers["mcp-session-id"] != session
+    assert again.json()["result"] == first.json()["result"]
+    assert stream.status_code == 405
+    actions = [r.action for r in audit.records() if r.capability == "ExtractEntities"]
+    assert actions.count("call.accepted") == 2
+    assert actions.count("call.replayed") == 1
+
+
+async def test_a_flood_without_credentials_costs_a_bounded_audit(face: Any) -> None:
+    # A regression guard: the face refused and aggregated such floods before this change too.
+    mcp_face, _, audit = face
+    bodies = [b'{"jsonrpc": "2.0", "id": ', b"[1, 2]", b'{"jsonrpc":"2.0","id":1}']
+    async with httpx2.AsyncClient() as http:
+        for index in range(150):
+            answer = await http.post(
+                mcp_face.url,
+                content=bodies[index % len(bodies)],
+                headers={"Accept": "application/json, text/event-stream"},
+            )
+            assert answer.status_code == 401
+    refused = [r for r in audit.records() if r.action == "call.refused"]
+    assert 1 <= len(refused) <= 10
+    assert {r.code for r in refused} == {"UNAUTHENTICATED"}

@@ -326,3 +326,67 @@ async def test_calls_in_flight_share_one_session(toolset: Any) -> None:
         *(registry.run_tool("t.add", {"a": i, "b": 1}, ctx) for i in range(8))
     )
     assert [a["sum"] for a in answers] == [i + 1 for i in range(8)]
+
+
+# --- what a stdio server gets of the agent: not its secrets, not unbounded log space ----------
+
+
+async def test_a_stdio_server_runs_outside_the_agents_folder_without_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent runs in its state folder, with its settings in its environment.
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "cluster.secret").write_text("c2VjcmV0\n")
+    (state / "audit.key").write_text("key\n")
+    monkeypatch.chdir(state)
+    monkeypatch.setenv("STRATAGEM_STATE_DIR", str(state))
+    monkeypatch.setenv("STRATAGEM_SECRET_FILE", str(state / "cluster.secret"))
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "ray-token")
+    registry = ToolRegistry("tactical")
+    tools = McpToolset("t", stdio_config(tmp_path / "traces"), audit=InMemoryAuditLog())
+    (tmp_path / "traces").mkdir()
+    from stratagem.planning import ToolContext
+
+    await tools.start(registry)
+    try:
+        seen = await registry.run_tool("t.where", {}, ToolContext("p", "s", 1, "tactical", 1))
+    finally:
+        await tools.aclose()
+    where, home = _resolved(seen["structured"]["cwd"]), _resolved(str(state))
+    assert where != home
+    assert home not in where.parents
+    assert "cluster.secret" not in seen["structured"]["files"]
+    assert seen["structured"]["env"] == []
+
+
+def _resolved(path: str) -> Path:
+    return Path(path).resolve()
+
+
+def test_agent_settings_are_refused_in_a_servers_environment() -> None:
+    for name in ("STRATAGEM_SECRET_FILE", "RAY_AUTH_TOKEN"):
+        with pytest.raises(ValueError, match=rf"env: {name} is one of the agent's settings"):
+            McpServerConfig(agent="tactical", command="server", env={name: "x"})
+
+
+async def test_a_stdio_servers_standard_error_is_bounded_with_a_note(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from stratagem.planning import ToolContext
+
+    registry = ToolRegistry("tactical")
+    tools = McpToolset("t", stdio_config(tmp_path), audit=InMemoryAuditLog())
+    await tools.start(registry)
+    try:
+        ctx = ToolContext("p", "s", 1, "tactical", 1)
+        for _ in range(3):
+            said = await registry.run_tool("t.shout", {"n": 1 << 20}, ctx)
+            assert said["text"] == "shouted"
+    finally:
+        await tools.aclose()
+    err = capfd.readouterr().err
+    # 3 MiB written; the agent's standard error got a bounded part of it, and a note.
+    assert len(err) < 128 * 1024, len(err)
+    assert "standard error" in err
+    assert "bytes dropped" in err

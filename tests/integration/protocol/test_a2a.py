@@ -9,8 +9,11 @@ the audit records and the refusals are the pipeline's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +43,8 @@ from stratagem.protocol import (
     TokenAuthenticator,
     TokenSigner,
 )
+from stratagem.protocol._models import ControlRequest, PlanSnapshot
+from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,6 +77,12 @@ async def served() -> AsyncIterator[Served]:
             *Policy.default().rules,
             PolicyRule(
                 caller="reader", target="perception", capabilities=frozenset({"ExtractEntities"})
+            ),
+            # Another identity that may read, follow and cancel plans: not others' tasks.
+            PolicyRule(
+                caller="auditor",
+                target="perception",
+                capabilities=frozenset({"ExtractEntities", "Plans", "Watch", "Control.cancel"}),
             ),
         ]
     )
@@ -226,7 +237,9 @@ async def test_unknown_method_is_method_not_found(served: Served) -> None:
 
 async def test_malformed_json_is_a_parse_error(served: Served) -> None:
     async with httpx.AsyncClient() as http:
-        answer = await http.post(served.url, content=b'{"jsonrpc": "2.0", "id": ', headers=VERSION)
+        answer = await http.post(
+            served.url, content=b'{"jsonrpc": "2.0", "id": ', headers=served.headers()
+        )
     assert answer.json()["error"]["code"] == -32700
 
 
@@ -328,3 +341,224 @@ async def test_many_requests_at_once_are_all_answered(served: Served) -> None:
         return int(answer.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED")
 
     assert sum(await asyncio.gather(*(one() for _ in range(20)))) == 20
+
+
+# --- a flood of malformed or unauthenticated requests costs the log and the audit little ------
+
+_MALFORMED = (
+    b'{"jsonrpc": "2.0", "id": ',
+    b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":5}}',
+    b'{"jsonrpc":"2.0","id":1}',
+    b"[1,2,3]",
+    b'"hi"',
+    b'{"jsonrpc":"2.0","id":1,"method":"Nope","params":{}}',
+    b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x"}}',
+)
+
+
+async def test_a_flood_without_credentials_is_refused_counted_and_aggregated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    signer = TokenSigner(ClusterSecret.generate())
+    audit = InMemoryAuditLog()
+    agent = build_agent("perception", entry_points=False)
+    server = AgentServer(
+        agent,
+        policy=Policy.default(),
+        authenticator=TokenAuthenticator(signer),
+        audit=audit,
+        config=ServerConfig(grace_s=1.0),
+    )
+    await server.start()
+    a2a = A2AServer(server, agent)
+    await a2a.start()
+    caplog.set_level(logging.INFO)
+    sent = 0
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(60):
+                for body in _MALFORMED:
+                    answer = await http.post(
+                        a2a.url,
+                        content=body,
+                        headers={"content-type": "application/json", **VERSION},
+                    )
+                    sent += 1
+                    assert answer.status_code == 401
+                    assert answer.headers["www-authenticate"].startswith("Bearer")
+                    assert answer.json()["error"]["code"] == -32600
+    finally:
+        await a2a.aclose()
+        await server.aclose()
+        await agent.aclose()
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text]
+    # A record of its own for the first few refusals, the rest counted in one aggregate.
+    refused = [r for r in audit.records() if r.action == "call.refused"]
+    assert 1 <= len(refused) <= 10
+    assert {r.code for r in refused} == {"UNAUTHENTICATED"}
+    aggregates = [r for r in audit.records() if r.action == "call.refused.aggregate"]
+    counted = sum(int(r.detail.split()[0]) for r in aggregates)
+    assert len(refused) + counted == sent
+    # What the agent logged (the test's own HTTP client logs each request it sends).
+    logged = sum(len(r.getMessage()) for r in caplog.records if not r.name.startswith("httpx"))
+    assert logged < 8_000, f"{logged} bytes logged for {sent} refusals"
+
+
+async def test_malformed_requests_of_a_known_caller_leave_no_tracebacks(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="a2a")
+    async with httpx.AsyncClient(timeout=30) as http:
+        for body in _MALFORMED:
+            answer = await http.post(
+                served.url,
+                content=body,
+                headers={"content-type": "application/json", **served.headers()},
+            )
+            assert answer.json()["error"]["code"] in (-32700, -32600, -32601, -32602, -32001)
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text]
+
+
+# --- returnImmediately tasks: their own deadline, and a reason when they end badly -------------
+
+
+@asynccontextmanager
+async def _fake_served(
+    backend: FakeBackend, config: A2AConfig | None = None
+) -> AsyncIterator[Served]:
+    """A ``FakeBackend`` behind a real server whose default deadline is short (1 s)."""
+    signer = TokenSigner(ClusterSecret.generate())
+    audit = InMemoryAuditLog()
+    server = AgentServer(
+        backend,
+        policy=Policy.default(),
+        authenticator=TokenAuthenticator(signer),
+        audit=audit,
+        config=ServerConfig(default_deadline_s=1.0, grace_s=1.0),
+    )
+    await server.start()
+    a2a = A2AServer(server, backend, config)
+    await a2a.start()
+    try:
+        yield Served(a2a.url, signer, audit, a2a)
+    finally:
+        await a2a.aclose()
+        await server.aclose()
+
+
+async def _submit(served: Served, text: str = "slow") -> str:
+    params = {"message": _message(text), "configuration": {"returnImmediately": True}}
+    answer = await _rpc(served, "SendMessage", params, **served.headers())
+    task = answer.json()["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
+    return str(task["id"])
+
+
+async def _task(served: Served, task_id: str) -> dict[str, Any]:
+    answer = await _rpc(served, "GetTask", {"id": task_id}, **served.headers())
+    return dict(answer.json()["result"])
+
+
+def _note(task: dict[str, Any]) -> str:
+    return " ".join(part["text"] for part in task["status"].get("message", {}).get("parts", []))
+
+
+async def test_a_return_immediately_task_outlives_the_default_deadline() -> None:
+    backend = FakeBackend()
+    remaining: list[float | None] = []
+    finished = asyncio.Event()
+
+    async def slow(request: Any, ctx: Any) -> Any:
+        remaining.append(ctx.remaining())
+        await asyncio.sleep(1.5)  # past the server's default deadline (1 s)
+        finished.set()
+        return SAMPLES["ExtractEntities"][1]
+
+    backend.behaviour["ExtractEntities"] = slow
+    async with _fake_served(backend) as served:
+        task_id = await _submit(served)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(20):
+                await finished.wait()
+        backend.snapshots = [PlanSnapshot(plan_id=task_id, agent="perception", status="succeeded")]
+        for _ in range(100):
+            task = await _task(served, task_id)
+            if task.get("artifacts"):
+                break
+            await asyncio.sleep(0.05)
+    # Its call ran under the task's deadline (an hour by default), not the server's 1 s.
+    assert remaining
+    assert remaining[0] is not None
+    assert remaining[0] > 600
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert task["artifacts"][0]["name"] == "ExtractEntities"
+
+
+async def test_a_task_past_its_own_deadline_fails_and_says_why() -> None:
+    backend = FakeBackend()
+
+    async def hangs(request: Any, ctx: Any) -> Any:
+        await asyncio.sleep(60)
+
+    backend.behaviour["ExtractEntities"] = hangs
+    async with _fake_served(backend, A2AConfig(task_deadline_s=2.0)) as served:
+        task_id = await _submit(served)
+        # The plan's own record says only that it was cancelled (the agent cancels a plan
+        # whose caller is gone): the task says why.
+        backend.snapshots = [PlanSnapshot(plan_id=task_id, agent="perception", status="cancelled")]
+        for _ in range(300):  # the task's deadline is 2 s: up to 30 s to see it end
+            task = await _task(served, task_id)
+            if _note(task).startswith("DEADLINE"):
+                break
+            await asyncio.sleep(0.1)
+    assert task["status"]["state"] == "TASK_STATE_CANCELED"
+    assert _note(task).startswith("DEADLINE_EXCEEDED: ")
+
+
+class _Cancelling(FakeBackend):
+    async def control(self, request: ControlRequest, ctx: Any) -> PlanSnapshot:
+        await super().control(request, ctx)
+        return PlanSnapshot(plan_id=request.plan_id, agent=self.role, status="cancelled")
+
+
+async def test_a_cancelled_task_says_who_cancelled_it() -> None:
+    backend = _Cancelling()
+
+    async def hangs(request: Any, ctx: Any) -> Any:
+        await asyncio.sleep(60)
+
+    backend.behaviour["ExtractEntities"] = hangs
+    async with _fake_served(backend) as served:
+        task_id = await _submit(served)
+        answer = await _rpc(served, "CancelTask", {"id": task_id}, **served.headers())
+        cancelled = answer.json()["result"]
+        backend.snapshots = [PlanSnapshot(plan_id=task_id, agent="perception", status="cancelled")]
+        fetched = await _task(served, task_id)
+    assert cancelled["status"]["state"] == "TASK_STATE_CANCELED"
+    assert _note(cancelled) == "cancelled by operator (CancelTask)"
+    assert fetched["status"]["state"] == "TASK_STATE_CANCELED"
+    assert _note(fetched) == "cancelled by operator (CancelTask)"
+
+
+# --- a task is its owner's: nobody else reads, cancels or follows it ---------------------------
+
+
+async def test_another_identity_is_told_the_task_does_not_exist(served: Served) -> None:
+    sent = await _rpc(served, "SendMessage", {"message": _message()}, **served.headers())
+    task_id = sent.json()["result"]["task"]["id"]
+    other = served.headers("auditor")
+    for method in ("GetTask", "CancelTask", "SubscribeToTask"):
+        answer = await _rpc(served, method, {"id": task_id}, **other)
+        assert answer.json()["error"]["code"] == -32001, (method, answer.text)
+        assert answer.json()["error"]["message"] == f"no task {task_id!r} on this agent"
+    follow_up = {**_message(), "taskId": task_id}
+    answer = await _rpc(served, "SendMessage", {"message": follow_up}, **other)
+    assert answer.json()["error"]["code"] == -32001
+    # The same answer as for a task that does not exist.
+    missing = await _rpc(served, "GetTask", {"id": "a2a-" + "0" * 32}, **other)
+    assert missing.json()["error"]["message"] == f"no task {'a2a-' + '0' * 32!r} on this agent"
+    # The owner still reads it; the attempts are audited under the one who made them.
+    mine = await _rpc(served, "GetTask", {"id": task_id}, **served.headers())
+    assert mine.json()["result"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    probes = [r for r in served.audit.records() if r.actor == "auditor" and r.code == "NOT_FOUND"]
+    assert len(probes) >= 4

@@ -151,3 +151,33 @@ def test_settings_take_mcp_servers_and_faces_and_check_their_names() -> None:
     assert ("mcp_servers", "nobody") in Settings(
         mcp_servers={"x": {"agent": "nobody", "command": "x"}}
     ).unknown_roles(["tactical"])
+
+
+def test_a_stdio_server_may_not_run_in_the_state_directory(tmp_path: Any) -> None:
+    from pydantic_settings import SettingsError
+
+    from stratagem.runtime._settings import load_settings
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    for cwd in (state, state / "servers"):
+        servers = {"files": {"agent": "tactical", "command": "mcp-files", "cwd": str(cwd)}}
+        with pytest.raises(SettingsError, match=r"^mcp_servers\.files\.cwd: .* state directory"):
+            load_settings(state_dir=state, mcp_servers=servers)
+    servers = {"files": {"agent": "tactical", "command": "mcp-files", "cwd": str(tmp_path)}}
+    assert load_settings(state_dir=state, mcp_servers=servers).mcp_servers["files"].cwd
+
+
+def test_a_servers_standard_error_passes_within_its_budget_and_the_rest_is_counted() -> None:
+    from stratagem.agents._mcp._transport import _StderrBudget
+
+    now = [0.0]
+    budget = _StderrBudget("server 'x'", limit=10, window_s=60.0, clock=lambda: now[0])
+    assert budget.admit(b"12345") == b"12345"
+    assert budget.admit(b"67890abc") == b"67890"
+    assert budget.admit(b"d" * 1000) == b""
+    now[0] = 61.0  # a new window: the note of what the last one dropped, then the output
+    passed = budget.admit(b"next")
+    assert passed.endswith(b"next")
+    assert b"1003 bytes dropped" in passed
+    assert budget.flush() == b""

@@ -133,6 +133,16 @@ def test_the_task_book_is_bounded_and_lists_a_callers_own_tasks_newest_first() -
     assert [task.id for task in book.owned_by("b")] == ["t1"]
 
 
+def test_the_task_book_remembers_owners_longer_than_tasks() -> None:
+    book = TaskBook(limit=1, owners_kept=2)
+    for index, owner in enumerate(("a", "b", "c")):
+        book.keep(task_of(f"t{index}", "c", TaskState.TASK_STATE_COMPLETED), owner)
+    assert book.get("t1") is None
+    assert (book.owner("t0"), book.owner("t1"), book.owner("t2")) == (None, "b", "c")
+    book.keep(task_of("t3", "c", TaskState.TASK_STATE_CANCELED))  # who asked is not known
+    assert book.owner("t3") is None
+
+
 def test_the_card_has_a_skill_per_capability_and_the_bearer_scheme() -> None:
     agent = build_agent("perception")
     card = a2a_card(agent.card(), "http://127.0.0.1:1/", auth_mode="token")
