@@ -25,7 +25,9 @@ from stratagem.runtime._console._auth import CSRF_FIELD, CSRF_HEADER, Session
 from stratagem.runtime._console._data import (
     FINAL_STATUSES,
     READ_ERRORS,
+    ActionOutcome,
     act,
+    decision_from_form,
     problem_line,
 )
 from stratagem.runtime._input import InputError, PlanNotFoundError
@@ -370,13 +372,19 @@ async def action(request: Request) -> Response:
             ),
             status_code=403,
         )
-    outcome = await act(
-        console.data,
-        request.path_params["action"],
-        form.get("plan_id", ""),
-        form.get("gate_id", ""),
-        form.get("rationale", ""),
-    )
+    try:
+        decision = decision_from_form(form)
+    except InputError as exc:
+        outcome = ActionOutcome(False, 400, f"not sent: {exc}")
+    else:
+        outcome = await act(
+            console.data,
+            request.path_params["action"],
+            form.get("plan_id", ""),
+            form.get("gate_id", ""),
+            form.get("rationale", ""),
+            decision,
+        )
     body = console.fragment("outcome.html", ok=outcome.ok, message=outcome.message)
     # htmx swaps only 2xx answers by default; the line says what went wrong either way.
     status = outcome.status_code if request.headers.get("hx-request") is None else 200

@@ -216,3 +216,120 @@ def test_unknown_names_and_a_down_agent(running: Running, page: Any, artifacts: 
     page.goto(f"{running.url}/plans")
     assert "perception" in page.inner_text(".problems")
     page.screenshot(path=str(artifacts / "agent-down.png"), full_page=True)
+
+
+ASKING_PLAN: dict[str, Any] = {
+    "id": "asks",
+    "owner": "strategic",
+    "goal": "ask for a budget and a region, then find the protagonist",
+    "steps": [
+        {
+            "kind": "gate",
+            "id": "budget",
+            "prompt": "How much may it spend?",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "amount": {"type": "integer", "minimum": 1, "maximum": 500},
+                    "note": {"type": "string"},
+                },
+                "required": ["amount"],
+            },
+        },
+        {
+            "kind": "gate",
+            "id": "region",
+            "prompt": "Which region first?",
+            "choices": ["north", "south"],
+        },
+        {
+            "kind": "tool",
+            "id": "protagonist",
+            "tool": "find_protagonist",
+            "input": {"text": "Mira wants the silver crown.", "entities": []},
+            "depends_on": ["budget", "region"],
+        },
+    ],
+}
+APPROVAL_POLICY = """
+[[approval]]
+agent = "strategic"
+tool = "find_protagonist"
+prompt = "Find the protagonist"
+"""
+
+
+def _gate(page: Any, gate_id: str) -> Any:
+    return page.locator(f"#open-gates form.gate:has(input[name=gate_id][value='{gate_id}'])")
+
+
+def _decide(page: Any, gate_id: str, rationale: str, *, ok: bool) -> str:
+    """Approve ``gate_id`` from the plan's page; the outcome line it answers."""
+    form = _gate(page, gate_id)
+    form.locator("input[name=rationale]").fill(rationale)
+    form.locator("button.approve").click()
+    kind = "ok" if ok else "refused"
+    page.wait_for_selector(f"#action-outcome .outcome.{kind}")
+    return str(page.inner_text(f"#action-outcome .outcome.{kind}"))
+
+
+def test_the_console_decides_what_the_cli_can_values_choices_and_edited_arguments(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    from stratagem.protocol import Policy
+
+    running.served.agents["strategic"].use_policy(Policy.from_toml(APPROVAL_POLICY))
+
+    async def asks() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(ASKING_PLAN, timeout=150)
+
+    finished = running.start(asks())
+    running.run(_until_status(running, "asks", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/plans/asks")
+    page.wait_for_selector("#events li")  # the live stream is open
+    # A value that does not fit its schema: refused in one line naming the field, nothing kept.
+    budget = _gate(page, "budget")
+    budget.locator("[data-field='value.amount']").fill("900")
+    refused = _decide(page, "budget", "too much", ok=False)
+    assert "value.amount" in refused
+    assert "500" in refused
+    page.screenshot(path=str(artifacts / "gate-value-refused.png"), full_page=True)
+    _gate(page, "budget").locator("[data-field='value.amount']").fill("200")
+    _gate(page, "budget").locator("[data-field='value.note']").fill("for the launch")
+    assert "budget" in _decide(page, "budget", "within the limit", ok=True)
+    # The line saying it was applied goes once read.
+    page.wait_for_selector("#action-outcome .outcome", state="detached", timeout=15_000)
+    page.wait_for_selector("#open-gates form.gate:has(input[value='budget'])", state="detached")
+    # A gate with choices: a pick of them.
+    _gate(page, "region").locator("select[data-field='value']").select_option('"south"')
+    _decide(page, "region", "south first", ok=True)
+    # The tool's approval: its arguments shown to edit; edits that do not fit its input model
+    # are refused naming the field; edits that fit run as a new revision by the operator.
+    page.wait_for_selector("#open-gates form.gate:has(input[value='protagonist'])", timeout=30_000)
+    arguments = _gate(page, "protagonist").locator("textarea[name=arguments]")
+    assert "Mira wants the silver crown." in arguments.input_value()
+    arguments.fill('{"text": 5, "entities": []}')
+    assert "arguments.text" in _decide(page, "protagonist", "a bad edit", ok=False)
+    _gate(page, "protagonist").locator("textarea[name=arguments]").fill(
+        '{"text": "Tomas keeps the iron key; Tomas waits.", "entities": []}'
+    )
+    page.screenshot(path=str(artifacts / "gate-tool-arguments.png"), full_page=True)
+    _decide(page, "protagonist", "about Tomas instead", ok=True)
+    assert finished.result(60).status == "succeeded"
+    page.wait_for_selector(f"#{dom_id('asks')}:has-text('succeeded')", timeout=30_000)
+    page.wait_for_selector("table.revisions td:has-text('operator')", timeout=10_000)
+    page.screenshot(path=str(artifacts / "gate-decided.png"), full_page=True)
+
+    async def history() -> Any:
+        async with running.served.operator() as op:
+            return await op.plan("asks")
+
+    steps = {s.id: s for s in running.run(history()).plans[0].steps}
+    assert steps["budget"].output is not None
+    assert steps["budget"].output["value"] == {"amount": 200, "note": "for the launch"}
+    assert steps["region"].output is not None
+    assert steps["region"].output["value"] == "south"
+    assert steps["protagonist"].output == {"protagonist": "tomas"}
+    assert page.errors == []
