@@ -82,12 +82,16 @@ class PlansPage:
         next_token: The next page's token (``""``: this is the last).
         first: Whether it is the first page.
         problems: What an agent could not read, one line each (the rest is listed).
+        folded: Whether it lists top-level plans only, their sub-plans counted in
+            ``sub_plans`` (by plan id).
     """
 
     plans: list[PlanView]
     next_token: str
     first: bool
     problems: list[str] = field(default_factory=list)
+    folded: bool = False
+    sub_plans: dict[str, int] = field(default_factory=dict)
 
 
 FieldKind = Literal["string", "integer", "number", "boolean", "json"]
@@ -317,12 +321,16 @@ class ConsoleData:
         since: str = "",
         until: str = "",
         page_token: str = "",
+        every: bool = True,
     ) -> PlansPage:
-        """One page of the plans, newest first (the history API's ``history``).
+        """One page of the plans, newest first (the history API's ``history``): unless
+        ``every``, and when no filter but time narrows it, the top-level plans only (a goal's,
+        one run by hand), each with its sub-plans counted (``plans list`` without ``--all``).
 
         Raises:
             InputError: A filter or page token that is malformed or unknown.
         """
+        folded = not every and not any((agent, status, goal, text, trace_id))
         page = await self.operator.history(
             agent=agent or None,
             status=status or None,
@@ -333,9 +341,17 @@ class ConsoleData:
             until=_moment(until, "until"),
             page_size=PAGE_SIZE,
             page_token=page_token,
+            top_level=folded,
         )
         more = page.next_page_token if len(page.plans) == PAGE_SIZE else ""
-        return PlansPage(page.plans, more, not page_token, list(page.unreadable))
+        return PlansPage(
+            page.plans,
+            more,
+            not page_token,
+            list(page.unreadable),
+            folded,
+            dict(page.sub_plans),
+        )
 
     async def plan(self, plan_id: str) -> PlanDetail:
         """A plan and its sub-plans (the history API's ``plan``), its revisions and its diagram.

@@ -163,20 +163,24 @@ async def home(request: Request) -> Response:
 
 
 async def plans(request: Request) -> Response:
-    """The plans, newest first, filtered as the history API filters them, a page at a time."""
+    """The plans, newest first, filtered as the history API filters them, a page at a time;
+    goals first (each top-level plan a row, its sub-plans counted) unless ``all=1`` or a filter
+    other than time."""
     from stratagem.planning import PlanStatus
     from stratagem.runtime._console._api import _filters
 
     console = _console(request)
     filters = _filters(request)
     token = request.query_params.get("page", "")
+    every = request.query_params.get("all", "") == "1"  # the expand control: sub-plans too
     context: dict[str, Any] = {
         "filters": filters,
+        "every": every,
         "roles": console.data.roles,
         "statuses": [s.value for s in PlanStatus],
     }
     try:
-        page = await console.data.plans(**filters, page_token=token)
+        page = await console.data.plans(**filters, page_token=token, every=every)
     except InputError as exc:
         return console.page(request, "plans.html", 400, page=None, error=str(exc), **context)
     except READ_ERRORS as exc:  # no agent could be asked at all: say why, keep the filters
@@ -186,6 +190,8 @@ async def plans(request: Request) -> Response:
         for k, v in filters.items()
         if v
     }
+    if every:
+        query["all"] = "1"
     context["next_url"] = (
         f"/plans?{urlencode({**query, 'page': page.next_token})}" if page.next_token else ""
     )

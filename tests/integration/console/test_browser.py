@@ -333,3 +333,46 @@ def test_the_console_decides_what_the_cli_can_values_choices_and_edited_argument
     assert steps["region"].output["value"] == "south"
     assert steps["protagonist"].output == {"protagonist": "tomas"}
     assert page.errors == []
+
+
+STEP: dict[str, Any] = {
+    "kind": "tool",
+    "id": "protagonist",
+    "tool": "find_protagonist",
+    "input": {"text": "Mira wants the silver crown.", "entities": []},
+}
+
+
+def test_the_plans_page_shows_goals_first_and_expands_to_every_plan(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def pursue() -> tuple[Any, Any]:
+        async with running.served.operator() as op:
+            first = await op.submit(DEMO_GOAL, timeout=60)
+            await op.run_plan(
+                {"id": "by-hand", "owner": "strategic", "goal": "run by hand", "steps": [STEP]}
+            )
+            return first, await op.submit(DEMO_GOAL, timeout=60)
+
+    first, second = running.run(pursue(), timeout=150)
+    subs = len(first.plans) - 1
+    assert subs >= 3
+    _sign_in(page, running)
+    rows = page.locator("table.plans tbody tr")
+    assert rows.count() == 3
+    ids = [rows.nth(i).locator("td.mono a").first.inner_text() for i in range(3)]
+    assert ids == [second.plan_id, "by-hand", first.plan_id]
+    counted = rows.nth(0).locator("a.subs")
+    assert counted.inner_text() == f"+{subs} sub-plans"
+    assert rows.nth(1).locator("a.subs").count() == 0
+    page.screenshot(path=str(artifacts / "plans-goals-first.png"), full_page=True)
+    # The expand control: every plan, sub-plans as rows of their own (kept in the URL).
+    page.check("#every")
+    page.wait_for_selector("table.plans tbody tr:nth-child(4)")
+    assert rows.count() == 2 * (subs + 1) + 1
+    assert "all=1" in page.url
+    assert page.locator("table.plans a.subs").count() == 0
+    page.uncheck("#every")
+    page.wait_for_selector("table.plans tbody tr:nth-child(4)", state="detached")
+    assert rows.count() == 3
+    assert page.errors == []
