@@ -35,6 +35,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -142,10 +143,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _FINAL = frozenset({"succeeded", "failed", "cancelled"})
-_SCAN_FACTOR = 10
-"""A page of top-level plans asks the agents for this many plans per plan wanted (a goal's plan
-and its sub-plans: 10 with the demo's agents)."""
 """The plan statuses that end it (``planning.PlanStatus.is_final``; not imported here)."""
+_FIRST_SCAN = 1
+"""A page of top-level plans first asks the agents for this many plans per plan wanted; then
+for as many as the plans scanned so far held per top-level plan (10 for a demo goal)."""
 
 _DRAIN_S = 0.25
 """How long ``watch`` takes sub-plans' last events after the plan itself ended."""
@@ -624,7 +625,9 @@ class Operator:
         seen: list[PlanView] = []
         unreadable = []
         while len(roots) < page_size:
-            ask = min(MAX_PLANS_PAGE, (page_size - len(roots)) * _SCAN_FACTOR)
+            need = page_size - len(roots)
+            per_root = len(seen) / len(roots) if roots else (_FIRST_SCAN if not seen else 10)
+            ask = min(MAX_PLANS_PAGE, max(need, math.ceil(need * per_root * 1.2)))
             views, cursors, problems = await self._history_round(
                 query, ask, cursors, roots=page_size - len(roots)
             )
