@@ -46,7 +46,7 @@ __all__ = [
     "plan",
     "plan_body",
     "plans",
-    "ray",
+    "status",
     "trace",
 ]
 
@@ -401,7 +401,7 @@ async def action(request: Request) -> Response:
 
 
 async def agents(request: Request) -> Response:
-    """Each agent's endpoint, health, capabilities and tools; Ray's view loads after."""
+    """Each agent's endpoint, health, capabilities and tools; their status loads after."""
     console = _console(request)
     return console.page(request, "agents.html", agents=await console.data.agents(), role="")
 
@@ -419,10 +419,11 @@ async def agent(request: Request) -> Response:
     return console.page(request, "agents.html", agents=[await console.data.agent(role)], role=role)
 
 
-async def ray(request: Request) -> Response:
-    """Ray's view of the agents: node, process, restarts, why one is gone."""
+async def status(request: Request) -> Response:
+    """How the agents are doing: node, process, recent restarts, plans running and blocked,
+    why one gave up (asked in this process through the operator API)."""
     console = _console(request)
-    return console.page(request, "ray.html", view=await console.ray.view())
+    return console.page(request, "status.html", view=await console.status.view())
 
 
 async def audit(request: Request) -> Response:

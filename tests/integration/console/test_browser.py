@@ -376,3 +376,34 @@ def test_the_plans_page_shows_goals_first_and_expands_to_every_plan(
     page.wait_for_selector("table.plans tbody tr:nth-child(4)", state="detached")
     assert rows.count() == 3
     assert page.errors == []
+
+
+def test_the_agents_page_shows_their_status_from_the_console_itself(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    import os
+
+    async def gated() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(gated_plan("waits"), timeout=120)
+
+    finished = running.start(gated())
+    running.run(_until_status(running, "waits", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/agents")
+    row = "#agent-status tr[data-role='strategic']"
+    page.wait_for_selector(row, timeout=10_000)
+    assert page.inner_text(f"{row} td.blocked") == "1"
+    assert page.inner_text(f"{row} td.running") == "0"
+    cells = page.locator(f"{row} td").all_inner_texts()
+    assert cells[1:5] == ["serving", "SERVING", "127.0.0.1", str(os.getpid())]
+    assert page.locator("#agent-status tr[data-role]").count() == 4
+    page.screenshot(path=str(artifacts / "agents-status.png"), full_page=True)
+
+    async def approve() -> None:
+        async with running.served.operator() as op:
+            await op.approve("waits", "ok", "done looking")
+
+    running.run(approve())
+    assert finished.result(30).status == "succeeded"
+    assert page.errors == []

@@ -377,3 +377,33 @@ def test_an_approval_carries_the_value_arguments_and_output_and_a_refusal_names_
     outcome = asyncio.run(act(data, "approve", "p", "g", "ok", decided))
     assert (outcome.ok, outcome.status_code) == (False, 400)
     assert "value.amount: 900 is greater than the maximum of 500" in outcome.message
+
+
+# -- the agents' status --------------------------------------------------------------------------
+
+
+def test_the_agents_status_is_asked_in_process_and_names_an_agent_that_gave_up(
+    client: TestClient, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the console started a child process: {args}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
+    settings = console.config.settings
+    reason = "gave up: restarted 6 times within 60 s, more than STRATAGEM_MAX_RESTARTS=5"
+    restarts = {"restarts": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "gave_up": reason}
+    settings.restarts_path("tactical").write_text(json.dumps(restarts))
+    _signed_in(client, console)
+    page = client.get("/agents")
+    assert page.status_code == 200
+    assert 'hx-get="/fragments/status"' in page.text
+    answer = client.get("/fragments/status")
+    assert answer.status_code == 200
+    rows = dict(re.findall(r'<tr data-role="(\w+)">(.*?)</tr>', answer.text, re.S))
+    assert set(rows) == {"orchestrator", "perception", "strategic", "tactical"}
+    assert "<td>gave up</td>" in rows["tactical"]
+    assert reason in rows["tactical"]
+    assert "<td>6</td>" in rows["tactical"]  # its recent restarts
+    assert "<td>down</td>" in rows["strategic"]  # no endpoint known: named, not hidden
