@@ -213,6 +213,13 @@ def test_unknown_names_and_a_down_agent(running: Running, page: Any, artifacts: 
     assert "perception" in rows
     assert "down" in rows
     assert "SERVING" in rows
+    # Its status row says so too, its plans not counted (not shown as none).
+    gone = "#agent-status tr[data-role='perception']"
+    page.wait_for_selector(gone, timeout=10_000)
+    cells = page.locator(f"{gone} td").all_inner_texts()
+    assert (cells[1], cells[6], cells[7]) == ("down", "?", "?")
+    assert cells[8]
+    assert page.locator("#agent-status tr[data-role='strategic'] td.running").inner_text() == "0"
     page.goto(f"{running.url}/plans")
     assert "perception" in page.inner_text(".problems")
     page.screenshot(path=str(artifacts / "agent-down.png"), full_page=True)
