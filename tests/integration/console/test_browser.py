@@ -414,3 +414,23 @@ def test_the_agents_page_shows_their_status_from_the_console_itself(
     running.run(approve())
     assert finished.result(30).status == "succeeded"
     assert page.errors == []
+
+
+def test_a_gate_approved_on_the_gates_page_leaves_it(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def gated() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(gated_plan("leaves"), timeout=120)
+
+    finished = running.start(gated())
+    running.run(_until_status(running, "leaves", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/gates")
+    page.fill("form.gate input[name=rationale]", "yes")
+    page.click("form.gate button.approve")
+    page.wait_for_selector("form.gate .outcome.ok")
+    assert finished.result(30).status == "succeeded"
+    # The decided gate's form goes with the line saying it was applied.
+    page.wait_for_selector("form.gate", state="detached", timeout=15_000)
+    assert page.errors == []
