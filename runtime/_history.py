@@ -194,11 +194,14 @@ class HistoryPage(_View):
         next_page_token: Pass it as ``page_token`` for the next page (``""`` on the last).
         unreadable: What an agent could not read, or an agent that did not answer (one line
             each); the plans of the others are here.
+        sub_plans: For a page of top-level plans (``history(top_level=True)``): how many
+            sub-plans each caused, by plan id (empty otherwise).
     """
 
     plans: list[PlanView] = Field(default_factory=list)
     next_page_token: str = ""
     unreadable: list[str] = Field(default_factory=list)
+    sub_plans: dict[str, int] = Field(default_factory=dict)
 
 
 class TraceSummary(_View):

@@ -35,6 +35,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -143,6 +144,9 @@ T = TypeVar("T")
 
 _FINAL = frozenset({"succeeded", "failed", "cancelled"})
 """The plan statuses that end it (``planning.PlanStatus.is_final``; not imported here)."""
+_FIRST_SCAN = 1
+"""A page of top-level plans first asks the agents for this many plans per plan wanted; then
+for as many as the plans scanned so far held per top-level plan (10 for a demo goal)."""
 
 _DRAIN_S = 0.25
 """How long ``watch`` takes sub-plans' last events after the plan itself ended."""
@@ -564,6 +568,7 @@ class Operator:
         plan_id: str | None = None,
         page_size: int = DEFAULT_HISTORY_PAGE,
         page_token: str = "",
+        top_level: bool = False,
     ) -> HistoryPage:
         """One page of the deployment's plans, newest first, from every agent's durable store
         (whatever the agents hold in memory, across restarts): the history API.
@@ -580,6 +585,9 @@ class Operator:
             page_size: At most this many plans (1 to 1000).
             page_token: ``""`` for the first page, else the previous page's
                 ``next_page_token`` (made for the same filters).
+            top_level: Only plans that are no other plan's sub-plan (a goal's plan, a plan run
+                by hand: no ``/`` in the id), each with how many sub-plans it caused
+                (``HistoryPage.sub_plans``, counted on every agent).
 
         Returns:
             The page: plan summaries, the next page's token, and what an agent could not read
@@ -603,6 +611,50 @@ class Operator:
         if not 1 <= page_size <= MAX_PLANS_PAGE:
             raise InputError(f"page size must be from 1 to {MAX_PLANS_PAGE}, not {page_size}")
         cursors = decode_page_token(page_token, query)
+        if not top_level:
+            views, cursors, unreadable = await self._history_round(query, page_size, cursors)
+            return HistoryPage(
+                plans=views,
+                next_page_token=encode_page_token(query, cursors),
+                unreadable=unreadable,
+            )
+        # Rounds until the page holds page_size top-level plans or nothing is left; the plans
+        # scanned on the way are the sub-plans folded under them.
+        started_at_top = not page_token and query.until is None
+        roots: list[PlanView] = []
+        seen: list[PlanView] = []
+        unreadable = []
+        while len(roots) < page_size:
+            need = page_size - len(roots)
+            per_root = len(seen) / len(roots) if roots else (_FIRST_SCAN if not seen else 10)
+            ask = min(MAX_PLANS_PAGE, max(need, math.ceil(need * per_root * 1.2)))
+            views, cursors, problems = await self._history_round(
+                query, ask, cursors, roots=page_size - len(roots)
+            )
+            unreadable.extend(problems)
+            seen.extend(views)
+            roots.extend(view for view in views if "/" not in view.plan_id)
+            if not views or all(cursor is None for cursor in cursors.values()):
+                break
+        counts = await self._sub_plan_counts(roots, seen, exact_from_scan=started_at_top)
+        return HistoryPage(
+            plans=roots,
+            next_page_token=encode_page_token(query, cursors),
+            unreadable=unreadable,
+            sub_plans=counts,
+        )
+
+    async def _history_round(
+        self,
+        query: HistoryFilter,
+        page_size: int,
+        cursors: dict[str, str | None],
+        *,
+        roots: int = 0,
+    ) -> tuple[list[PlanView], dict[str, str | None], list[str]]:
+        """One merged page of every agent's history after ``cursors``: the plans (at most
+        ``page_size``; with ``roots``, cut after that many top-level ones), each agent's cursor
+        after them, and what could not be read."""
         roles = (query.agent,) if query.agent else self.roles
         asked = [role for role in roles if role not in cursors or cursors[role] is not None]
         wire = self._plans_query(query, page_size=page_size, view="summary")
@@ -620,6 +672,10 @@ class Operator:
             key=lambda item: (way * item[1].created, item[1].agent, item[1].plan_id),
         )
         taken = merged[:page_size]
+        if roots:
+            tops = [i for i, (_, snapshot) in enumerate(taken) if "/" not in snapshot.plan_id]
+            if len(tops) >= roots:  # cut after the last top-level plan wanted
+                taken = taken[: tops[roots - 1] + 1]
         next_cursors: dict[str, str | None] = {role: cursors[role] for role in cursors}
         for role, page in found:
             mine = [snapshot for owner, snapshot in taken if owner == role]
@@ -632,11 +688,39 @@ class Operator:
                 next_cursors[role] = cursors.get(role) or ""
         for role in asked:
             next_cursors.setdefault(role, cursors.get(role) or "")
-        return HistoryPage(
-            plans=[plan_view(snapshot) for _, snapshot in taken],
-            next_page_token=encode_page_token(query, next_cursors),
-            unreadable=unreadable,
-        )
+        return [plan_view(snapshot) for _, snapshot in taken], next_cursors, unreadable
+
+    async def _sub_plan_counts(
+        self, roots: Sequence[PlanView], seen: Sequence[PlanView], *, exact_from_scan: bool
+    ) -> dict[str, int]:
+        """How many sub-plans each of ``roots`` caused. A sub-plan is made after its plan and,
+        once the plan ended, never again: a scan from the newest plan saw them all, and so did
+        any scan for a plan that ended before the newest plan scanned was made; the others are
+        asked for (their sub-plans, on every agent)."""
+        counts = {root.plan_id: 0 for root in roots}
+        for view in seen:
+            top = view.plan_id.split("/", 1)[0]
+            if top != view.plan_id and top in counts:
+                counts[top] += 1
+        if exact_from_scan or not seen:
+            return counts
+        newest = max((view.created for view in seen if view.created is not None), default=None)
+        unsure = [
+            root.plan_id
+            for root in roots
+            if root.status not in _FINAL
+            or root.updated is None
+            or newest is None
+            or root.updated >= newest
+        ]
+
+        async def count(plan_id: str) -> tuple[str, int]:
+            query = PlansQuery(plan_id=plan_id, page_size=MAX_PLANS_PAGE, view="summary")
+            snapshots, _ = await self._every_page(self.roles, query)
+            return plan_id, sum(1 for s in snapshots if s.plan_id != plan_id)
+
+        counts.update(await asyncio.gather(*(count(plan_id) for plan_id in unsure)))
+        return counts
 
     async def plan(self, plan_id: str, *, full: bool = False) -> PlanHistory:
         """One plan and every sub-plan it caused, from every agent's store: what each step did

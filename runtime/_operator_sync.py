@@ -137,6 +137,7 @@ class SyncOperator:
         plan_id: str | None = None,
         page_size: int = DEFAULT_HISTORY_PAGE,
         page_token: str = "",
+        top_level: bool = False,
     ) -> HistoryPage:
         """See ``Operator.history``."""
         return self._runner.run(
@@ -151,6 +152,7 @@ class SyncOperator:
                 plan_id=plan_id,
                 page_size=page_size,
                 page_token=page_token,
+                top_level=top_level,
             )
         )
 

@@ -208,10 +208,17 @@ def history_table(page: HistoryPage, width: int = _WIDE) -> Table:
     table.add_column("rev", no_wrap=True, justify="right")
     table.add_column("" if marks else "status", no_wrap=True)
     table.add_column("trace", no_wrap=True)
+    # A page of top-level plans says how many sub-plans each folds (``plans list --all``: all).
+    folded = bool(page.sub_plans)
+    if folded:
+        table.add_column("sub-plans" if wide else "subs", no_wrap=True, justify="right")
     if wide:
-        table.add_column("note", no_wrap=True, overflow="ellipsis", max_width=width - 90)
+        table.add_column(
+            "note", no_wrap=True, overflow="ellipsis", max_width=width - (100 if folded else 90)
+        )
     for view in page.plans:
         note = view.failure or (view.message if view.status != "succeeded" else "")
+        subs = page.sub_plans.get(view.plan_id, 0)
         table.add_row(
             _when(view.created),
             view.agent,
@@ -219,6 +226,7 @@ def history_table(page: HistoryPage, width: int = _WIDE) -> Table:
             str(view.revision),
             status_mark(view.status) if marks else status_text(view.status),
             view.trace_id[:8],
+            *([f"+{subs}" if subs else ""] if folded else []),
             *([note] if wide else []),
         )
     return table

@@ -232,13 +232,25 @@ def plans_list(
         str,
         typer.Option("--page-token", help="The next page: the token the previous page printed."),
     ] = "",
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="Every plan, sub-plans as rows of their own (else folded under theirs)."
+        ),
+    ] = False,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List the plans in the agents' stores, newest first, a page at a time (across restarts).
 
+    Goals first: each top-level plan (a goal's, or one run by hand) is one row, with how many
+    sub-plans it caused on the agents folded under it; --all lists every plan. A filter by
+    agent, status, goal, text or trace lists every plan that matches, sub-plans included.
+
     Examples:
+
+      stratagem plans list --all
 
       stratagem plans list --status blocked
 
@@ -252,6 +264,8 @@ def plans_list(
             None if until is None else parse_moment(until, "--until"),
         )
         settings = _settings(address, state_dir)  # the agent is checked by op.history
+        # A filter names what it looks for: a blocked or failed sub-plan is never folded away.
+        folded = not every and not any((agent, status, goal, text, trace))
         page = _operate(
             settings,
             lambda op: op.history(
@@ -264,6 +278,7 @@ def plans_list(
                 trace_id=trace,
                 page_size=limit,
                 page_token=page_token,
+                top_level=folded,
             ),
         )
         if as_json:
@@ -271,7 +286,11 @@ def plans_list(
             return
         console.print(history_table(page, console.width))
         more = f"; next page: --page-token {page.next_page_token}" if page.next_page_token else ""
-        console.print(f"{len(page.plans)} plans{more}", highlight=False, soft_wrap=True)
+        subs = sum(page.sub_plans.values())
+        what = f"{len(page.plans)} plans"
+        if folded:
+            what += f" and {subs} sub-plans (--all lists them)" if subs else " (no sub-plans)"
+        console.print(f"{what}{more}", highlight=False, soft_wrap=True)
         for line in page.unreadable:
             err_console.print(f"[yellow]not read:[/] {escape(line)}", highlight=False)
 

@@ -4,9 +4,9 @@ operator API.
 
 Modules: ``_app`` (the ASGI app, the session guard), ``_auth`` (login tokens, sessions, CSRF),
 ``_data`` (the reads and actions over the operator API), ``_pages`` and ``_api`` (HTML and JSON
-routes, the live stream), ``_trace`` (a trace's waterfall), ``_status`` (Ray's view, asked in a
-child process), ``_assets`` (the scripts from the npm registry), ``_serve`` (uvicorn, the login
-URL, the browser).
+routes, the live stream), ``_trace`` (a trace's waterfall), ``_status`` (how the agents are
+doing, asked in process through the operator API), ``_assets`` (the scripts from the npm
+registry), ``_serve`` (uvicorn, the login URL, the browser).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ async def plans(request: Request) -> JSONResponse:
     history API's plans, newest first; ``next_page_token`` goes in ``page`` for the next."""
     try:
         page = await _console(request).data.plans(
-            **_filters(request), page_token=request.query_params.get("page", "")
+            **_filters(request), page_token=request.query_params.get("page", ""), every=True
         )
     except InputError as exc:
         return _json({"error": str(exc)}, 400)

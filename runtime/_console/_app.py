@@ -32,7 +32,7 @@ from stratagem.protocol import OPERATOR
 from stratagem.runtime._console._assets import STATIC, Assets
 from stratagem.runtime._console._auth import Session, Sessions
 from stratagem.runtime._console._data import ConsoleData
-from stratagem.runtime._console._status import RayStatus
+from stratagem.runtime._console._status import StatusCache
 from stratagem.runtime._operator import Directory, Operator
 from stratagem.runtime._settings import Settings
 
@@ -75,7 +75,7 @@ class Console:
     assets: Assets = field(default_factory=Assets.find)
     templates: jinja2.Environment = field(init=False)
     _data: ConsoleData | None = None
-    _ray: RayStatus | None = None
+    _status: StatusCache | None = None
 
     def __post_init__(self) -> None:
         self.templates = jinja2.Environment(
@@ -97,11 +97,11 @@ class Console:
         return self._data
 
     @property
-    def ray(self) -> RayStatus:
-        """Ray's view of the agents."""
-        if self._ray is None:
-            self._ray = RayStatus(self.config.settings)
-        return self._ray
+    def status(self) -> StatusCache:
+        """How the agents are doing (once the app started)."""
+        if self._status is None:
+            self._status = StatusCache(self.data.operator)
+        return self._status
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -118,6 +118,7 @@ class Console:
             yield
         finally:
             self._data = None
+            self._status = None
             await operator.aclose()
 
     def page(
@@ -250,7 +251,7 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/plans/{plan_id:path}", _pages.plan, methods=["GET"]),
         Route("/fragments/plan/{plan_id:path}", _pages.plan_body, methods=["GET"]),
         Route("/fragments/trace/{trace_id}", _pages.trace, methods=["GET"]),
-        Route("/fragments/ray", _pages.ray, methods=["GET"]),
+        Route("/fragments/status", _pages.status, methods=["GET"]),
         Route("/live/{plan_id:path}", _pages.live, methods=["GET"]),
         Route("/gates", _pages.gates, methods=["GET"]),
         Route("/actions/{action}", _pages.action, methods=["POST"]),

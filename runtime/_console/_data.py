@@ -7,17 +7,29 @@ could not be read (an agent down, a store unreadable) instead of failing the who
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final, Literal
 
-from stratagem.protocol import PlanRevision, ProtocolError, RemoteError
+from stratagem.protocol import (
+    GateInfo,
+    InvalidArgumentError,
+    PlanRevision,
+    ProtocolError,
+    RemoteError,
+)
 from stratagem.runtime._auditing import AuditCheck
 from stratagem.runtime._diagram import plan_diagram
 from stratagem.runtime._history import PlanHistory, PlanView, StepView
-from stratagem.runtime._input import InputError, PlanNotFoundError
+from stratagem.runtime._input import (
+    InputError,
+    PlanNotFoundError,
+    parse_json_object,
+    parse_json_value,
+)
 from stratagem.runtime._local import LaunchError
 from stratagem.runtime._operator import Operator
 from stratagem.runtime._restarts import gave_up_reason
@@ -30,10 +42,13 @@ __all__ = [
     "ActionOutcome",
     "AgentView",
     "ConsoleData",
+    "Decision",
     "Gate",
+    "GateField",
     "PlanDetail",
     "PlansPage",
     "act",
+    "decision_from_form",
     "open_gates",
     "problem_line",
 ]
@@ -67,12 +82,108 @@ class PlansPage:
         next_token: The next page's token (``""``: this is the last).
         first: Whether it is the first page.
         problems: What an agent could not read, one line each (the rest is listed).
+        folded: Whether it lists top-level plans only, their sub-plans counted in
+            ``sub_plans`` (by plan id).
     """
 
     plans: list[PlanView]
     next_token: str
     first: bool
     problems: list[str] = field(default_factory=list)
+    folded: bool = False
+    sub_plans: dict[str, int] = field(default_factory=dict)
+
+
+FieldKind = Literal["string", "integer", "number", "boolean", "json"]
+"""How a gate's form field is read: the JSON Schema type of a property, or any JSON."""
+SIMPLE_KINDS: Final = frozenset({"string", "integer", "number", "boolean"})
+
+
+@dataclass(frozen=True, slots=True)
+class GateField:
+    """One field of a gate's approval form, derived from what the gate asks.
+
+    Attributes:
+        name: The form field's name: ``value:KIND:PROPERTY`` (``PROPERTY`` empty: the whole
+            value), ``arguments`` or ``output``; ``decision_from_form`` reads it back.
+        label: What the page calls it.
+        kind: How the text is read.
+        required: Whether the schema requires it (the agent checks; the page marks it).
+        options: The values to pick from, each as JSON (a ``choices`` gate, an ``enum``).
+        initial: What the field holds at first (a tool gate's arguments as proposed).
+        hint: A short description (the schema's ``description``, bounds).
+    """
+
+    name: str
+    label: str
+    kind: FieldKind = "json"
+    required: bool = False
+    options: tuple[str, ...] = ()
+    initial: str = ""
+    hint: str = ""
+
+
+def _schema_hint(schema: Mapping[str, Any]) -> str:
+    parts = [str(schema["description"])] if isinstance(schema.get("description"), str) else []
+    for key, word in (("minimum", "at least"), ("maximum", "at most")):
+        if isinstance(schema.get(key), int | float):
+            parts.append(f"{word} {schema[key]}")
+    return "; ".join(parts)
+
+
+def _value_field(prop: str, schema: Any, required: bool) -> GateField:
+    label = f"value.{prop}" if prop else "value"
+    if not isinstance(schema, dict):
+        return GateField(f"value:json:{prop}", label, "json", required)
+    kind = schema.get("type")
+    if isinstance(schema.get("enum"), list):
+        options = tuple(json.dumps(v) for v in schema["enum"])
+        return GateField(f"value:json:{prop}", label, "json", required, options, "", "")
+    if kind in SIMPLE_KINDS:
+        return GateField(f"value:{kind}:{prop}", label, kind, required, hint=_schema_hint(schema))
+    return GateField(f"value:json:{prop}", label, "json", required, hint="JSON")
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def gate_fields(info: GateInfo | None, step: StepView) -> list[GateField]:
+    """The form fields an approval of this gate carries: its value (one field per property of
+    an object schema of simple types, a pick of its choices, or JSON), a tool gate's arguments
+    (to edit), a reconcile gate's output (optional). Empty: the gate asks nothing."""
+    kind = info.kind if info is not None else ("gate" if step.kind == "gate" else "reconcile")
+    if kind == "tool":
+        arguments = _loads(info.arguments_json) if info is not None else None
+        initial = json.dumps(arguments, indent=2, sort_keys=True) if arguments else ""
+        return [GateField("arguments", "arguments", "json", False, initial=initial, hint="JSON")]
+    if kind == "reconcile":
+        return [
+            GateField(
+                "output",
+                "output",
+                "json",
+                hint="the step's output as it happened (a JSON object); empty: run it again",
+            )
+        ]
+    if info is None:
+        return []
+    choices = _loads(info.choices_json)
+    if isinstance(choices, list) and choices:
+        options = tuple(json.dumps(c) for c in choices)
+        return [GateField("value:json:", "value", "json", True, options)]
+    schema = _loads(info.input_schema_json)
+    if not isinstance(schema, dict):
+        return []
+    properties = schema.get("properties")
+    if schema.get("type") == "object" and isinstance(properties, dict) and properties:
+        listed = schema.get("required")
+        required: list[Any] = listed if isinstance(listed, list) else []
+        return [_value_field(str(p), sub, p in required) for p, sub in properties.items()]
+    return [_value_field("", schema, True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +194,33 @@ class Gate:
     step: StepView
 
     @property
+    def info(self) -> GateInfo | None:
+        """What the agent says the gate asks (its last open record), when it says."""
+        found = [g for g in self.plan.gates if g.gate_id == self.step.id and g.event != "decided"]
+        return found[-1] if found else None
+
+    @property
+    def kind(self) -> str:
+        """``gate``, ``reconcile``, ``policy`` or ``tool``."""
+        info = self.info
+        if info is not None:
+            return info.kind
+        return "gate" if self.step.kind == "gate" else "reconcile"
+
+    @property
     def prompt(self) -> str:
         """What it asks."""
+        info = self.info
+        if info is not None and info.prompt:
+            return info.prompt
         if self.step.kind == "gate":
             return self.step.does
         return f"reconcile step {self.step.id} ({self.step.does}): did its effect happen?"
+
+    @property
+    def fields(self) -> list[GateField]:
+        """What an approval carries besides the rationale."""
+        return gate_fields(self.info, self.step)
 
 
 def open_gates(plans: Sequence[PlanView]) -> list[Gate]:
@@ -188,12 +321,16 @@ class ConsoleData:
         since: str = "",
         until: str = "",
         page_token: str = "",
+        every: bool = True,
     ) -> PlansPage:
-        """One page of the plans, newest first (the history API's ``history``).
+        """One page of the plans, newest first (the history API's ``history``): unless
+        ``every``, and when no filter but time narrows it, the top-level plans only (a goal's,
+        one run by hand), each with its sub-plans counted (``plans list`` without ``--all``).
 
         Raises:
             InputError: A filter or page token that is malformed or unknown.
         """
+        folded = not every and not any((agent, status, goal, text, trace_id))
         page = await self.operator.history(
             agent=agent or None,
             status=status or None,
@@ -204,9 +341,17 @@ class ConsoleData:
             until=_moment(until, "until"),
             page_size=PAGE_SIZE,
             page_token=page_token,
+            top_level=folded,
         )
         more = page.next_page_token if len(page.plans) == PAGE_SIZE else ""
-        return PlansPage(page.plans, more, not page_token, list(page.unreadable))
+        return PlansPage(
+            page.plans,
+            more,
+            not page_token,
+            list(page.unreadable),
+            folded,
+            dict(page.sub_plans),
+        )
 
     async def plan(self, plan_id: str) -> PlanDetail:
         """A plan and its sub-plans (the history API's ``plan``), its revisions and its diagram.
@@ -311,12 +456,105 @@ class ActionOutcome:
     plan_status: str = ""
 
 
+_NO_VALUE: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What an approval carries besides its rationale (each as the CLI's ``approve`` options).
+
+    Attributes:
+        value: A gate's value (``--value``); ``has_value`` says whether there is one (a value
+            may be JSON's null).
+        arguments: A tool gate's arguments as edited (``--arguments``).
+        output: A reconcile gate's output, recorded instead of running the step (``--output``).
+    """
+
+    value: Any = None
+    has_value: bool = False
+    arguments: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None
+
+
+def _read_field(kind: str, text: str, label: str) -> Any:
+    if kind == "string":
+        return text
+    if kind == "integer":
+        try:
+            return int(text.strip())
+        except ValueError:
+            raise InputError(f"{label}: {text!r} is not an integer") from None
+    if kind == "number":
+        try:
+            number = float(text.strip())
+        except ValueError:
+            raise InputError(f"{label}: {text!r} is not a number") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise InputError(f"{label}: {text!r} is not a finite number")
+        return int(number) if number.is_integer() and "." not in text else number
+    if kind == "boolean":
+        if text not in ("true", "false"):
+            raise InputError(f"{label}: {text!r} is not true or false")
+        return text == "true"
+    if kind == "json":
+        return parse_json_value(text, label)
+    raise InputError(f"{label}: unknown field kind {kind!r}")
+
+
+def decision_from_form(form: Mapping[str, str]) -> Decision:
+    """An approval's value, arguments and output from a gate form's fields (see ``GateField``):
+    ``value:KIND:PROPERTY`` fields make the value (an object of the properties filled in, or the
+    whole value when ``PROPERTY`` is empty), ``arguments`` and ``output`` are JSON objects.
+    An empty field is left out (the agent then names a required one that is missing).
+
+    Raises:
+        InputError: A field that cannot be read, in one line naming it (``value.amount: 'x' is
+            not an integer``).
+    """
+    whole: Any = _NO_VALUE
+    properties: dict[str, Any] = {}
+    for name, text in form.items():
+        if not name.startswith("value:") or text == "":
+            continue
+        _, kind, prop = [*name.split(":", 2), "", ""][:3]
+        label = f"value.{prop}" if prop else "value"
+        read = _read_field(kind, text, label)
+        if prop:
+            properties[prop] = read
+        else:
+            whole = read
+    value: Any = properties if properties else whole
+    arguments = form.get("arguments", "").strip()
+    output = form.get("output", "").strip()
+    return Decision(
+        value=None if value is _NO_VALUE else value,
+        has_value=value is not _NO_VALUE,
+        arguments=parse_json_object(arguments, "arguments") if arguments else None,
+        output=parse_json_object(output, "output") if output else None,
+    )
+
+
+def _refusal(exc: InvalidArgumentError) -> str:
+    """An agent's INVALID_ARGUMENT in one line, its field violations named."""
+    if exc.violations:
+        return "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+    return exc.message
+
+
 async def act(
-    data: ConsoleData, action: str, plan_id: str, gate_id: str = "", rationale: str = ""
+    data: ConsoleData,
+    action: str,
+    plan_id: str,
+    gate_id: str = "",
+    rationale: str = "",
+    decision: Decision | None = None,
 ) -> ActionOutcome:
     """Apply ``action`` to ``plan_id`` as the operator, through the operator API (audited by the
-    agent exactly as the CLI's command: the caller is the operator). A gate that is not open, a
-    plan that does not exist or bad arguments come back as a refusal, nothing applied."""
+    agent exactly as the CLI's command: the caller is the operator). An approval carries
+    ``decision`` (a value, edited arguments, a reconcile output) as ``stratagem approve`` carries
+    ``--value``, ``--arguments``, ``--output``. A gate that is not open, a plan that does not
+    exist, a value or arguments that do not fit or bad arguments come back as a refusal, nothing
+    applied."""
     from stratagem.protocol import FailedPreconditionError, NotFoundError
 
     if action not in ACTIONS:
@@ -330,17 +568,28 @@ async def act(
         if not rationale.strip():
             return ActionOutcome(False, 400, f"{action} needs a rationale (it is audited)")
         gate = f" gate {gate_id} of"
+    carried: dict[str, Any] = {}
+    if action == "approve" and decision is not None:
+        if decision.has_value:
+            carried["value"] = decision.value
+        if decision.arguments is not None:
+            carried["arguments"] = decision.arguments
+        if decision.output is not None:
+            carried["output"] = decision.output
     try:
         snapshot = await data.operator.control(
             plan_id,
             action,  # type: ignore[arg-type]  # checked against ACTIONS above
             gate_id=gate_id if action in GATE_ACTIONS else "",
             rationale=rationale.strip(),
+            **carried,
         )
     except PlanNotFoundError as exc:
         return ActionOutcome(False, 404, str(exc))
     except InputError as exc:
         return ActionOutcome(False, 400, str(exc))
+    except InvalidArgumentError as exc:
+        return ActionOutcome(False, 400, f"{action}{gate} plan {plan_id}: refused: {_refusal(exc)}")
     except FailedPreconditionError as exc:
         return ActionOutcome(
             False, 409, f"{action}{gate} plan {plan_id}: not applied: {exc.message}"

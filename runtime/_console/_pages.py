@@ -25,7 +25,9 @@ from stratagem.runtime._console._auth import CSRF_FIELD, CSRF_HEADER, Session
 from stratagem.runtime._console._data import (
     FINAL_STATUSES,
     READ_ERRORS,
+    ActionOutcome,
     act,
+    decision_from_form,
     problem_line,
 )
 from stratagem.runtime._input import InputError, PlanNotFoundError
@@ -44,7 +46,7 @@ __all__ = [
     "plan",
     "plan_body",
     "plans",
-    "ray",
+    "status",
     "trace",
 ]
 
@@ -161,20 +163,24 @@ async def home(request: Request) -> Response:
 
 
 async def plans(request: Request) -> Response:
-    """The plans, newest first, filtered as the history API filters them, a page at a time."""
+    """The plans, newest first, filtered as the history API filters them, a page at a time;
+    goals first (each top-level plan a row, its sub-plans counted) unless ``all=1`` or a filter
+    other than time."""
     from stratagem.planning import PlanStatus
     from stratagem.runtime._console._api import _filters
 
     console = _console(request)
     filters = _filters(request)
     token = request.query_params.get("page", "")
+    every = request.query_params.get("all", "") == "1"  # the expand control: sub-plans too
     context: dict[str, Any] = {
         "filters": filters,
+        "every": every,
         "roles": console.data.roles,
         "statuses": [s.value for s in PlanStatus],
     }
     try:
-        page = await console.data.plans(**filters, page_token=token)
+        page = await console.data.plans(**filters, page_token=token, every=every)
     except InputError as exc:
         return console.page(request, "plans.html", 400, page=None, error=str(exc), **context)
     except READ_ERRORS as exc:  # no agent could be asked at all: say why, keep the filters
@@ -184,6 +190,8 @@ async def plans(request: Request) -> Response:
         for k, v in filters.items()
         if v
     }
+    if every:
+        query["all"] = "1"
     context["next_url"] = (
         f"/plans?{urlencode({**query, 'page': page.next_token})}" if page.next_token else ""
     )
@@ -370,13 +378,19 @@ async def action(request: Request) -> Response:
             ),
             status_code=403,
         )
-    outcome = await act(
-        console.data,
-        request.path_params["action"],
-        form.get("plan_id", ""),
-        form.get("gate_id", ""),
-        form.get("rationale", ""),
-    )
+    try:
+        decision = decision_from_form(form)
+    except InputError as exc:
+        outcome = ActionOutcome(False, 400, f"not sent: {exc}")
+    else:
+        outcome = await act(
+            console.data,
+            request.path_params["action"],
+            form.get("plan_id", ""),
+            form.get("gate_id", ""),
+            form.get("rationale", ""),
+            decision,
+        )
     body = console.fragment("outcome.html", ok=outcome.ok, message=outcome.message)
     # htmx swaps only 2xx answers by default; the line says what went wrong either way.
     status = outcome.status_code if request.headers.get("hx-request") is None else 200
@@ -387,7 +401,7 @@ async def action(request: Request) -> Response:
 
 
 async def agents(request: Request) -> Response:
-    """Each agent's endpoint, health, capabilities and tools; Ray's view loads after."""
+    """Each agent's endpoint, health, capabilities and tools; their status loads after."""
     console = _console(request)
     return console.page(request, "agents.html", agents=await console.data.agents(), role="")
 
@@ -405,10 +419,11 @@ async def agent(request: Request) -> Response:
     return console.page(request, "agents.html", agents=[await console.data.agent(role)], role=role)
 
 
-async def ray(request: Request) -> Response:
-    """Ray's view of the agents: node, process, restarts, why one is gone."""
+async def status(request: Request) -> Response:
+    """How the agents are doing: node, process, recent restarts, plans running and blocked,
+    why one gave up (asked in this process through the operator API)."""
     console = _console(request)
-    return console.page(request, "ray.html", view=await console.ray.view())
+    return console.page(request, "status.html", view=await console.status.view())
 
 
 async def audit(request: Request) -> Response:

@@ -213,6 +213,224 @@ def test_unknown_names_and_a_down_agent(running: Running, page: Any, artifacts: 
     assert "perception" in rows
     assert "down" in rows
     assert "SERVING" in rows
+    # Its status row says so too, its plans not counted (not shown as none).
+    gone = "#agent-status tr[data-role='perception']"
+    page.wait_for_selector(gone, timeout=10_000)
+    cells = page.locator(f"{gone} td").all_inner_texts()
+    assert (cells[1], cells[6], cells[7]) == ("down", "?", "?")
+    assert cells[8]
+    assert page.locator("#agent-status tr[data-role='strategic'] td.running").inner_text() == "0"
     page.goto(f"{running.url}/plans")
     assert "perception" in page.inner_text(".problems")
     page.screenshot(path=str(artifacts / "agent-down.png"), full_page=True)
+
+
+ASKING_PLAN: dict[str, Any] = {
+    "id": "asks",
+    "owner": "strategic",
+    "goal": "ask for a budget and a region, then find the protagonist",
+    "steps": [
+        {
+            "kind": "gate",
+            "id": "budget",
+            "prompt": "How much may it spend?",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "amount": {"type": "integer", "minimum": 1, "maximum": 500},
+                    "note": {"type": "string"},
+                },
+                "required": ["amount"],
+            },
+        },
+        {
+            "kind": "gate",
+            "id": "region",
+            "prompt": "Which region first?",
+            "choices": ["north", "south"],
+        },
+        {
+            "kind": "tool",
+            "id": "protagonist",
+            "tool": "find_protagonist",
+            "input": {"text": "Mira wants the silver crown.", "entities": []},
+            "depends_on": ["budget", "region"],
+        },
+    ],
+}
+APPROVAL_POLICY = """
+[[approval]]
+agent = "strategic"
+tool = "find_protagonist"
+prompt = "Find the protagonist"
+"""
+
+
+def _gate(page: Any, gate_id: str) -> Any:
+    return page.locator(f"#open-gates form.gate:has(input[name=gate_id][value='{gate_id}'])")
+
+
+def _decide(page: Any, gate_id: str, rationale: str, *, ok: bool) -> str:
+    """Approve ``gate_id`` from the plan's page; the outcome line it answers."""
+    form = _gate(page, gate_id)
+    form.locator("input[name=rationale]").fill(rationale)
+    form.locator("button.approve").click()
+    kind = "ok" if ok else "refused"
+    page.wait_for_selector(f"#action-outcome .outcome.{kind}")
+    return str(page.inner_text(f"#action-outcome .outcome.{kind}"))
+
+
+def test_the_console_decides_what_the_cli_can_values_choices_and_edited_arguments(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    from stratagem.protocol import Policy
+
+    running.served.agents["strategic"].use_policy(Policy.from_toml(APPROVAL_POLICY))
+
+    async def asks() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(ASKING_PLAN, timeout=150)
+
+    finished = running.start(asks())
+    running.run(_until_status(running, "asks", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/plans/asks")
+    page.wait_for_selector("#events li")  # the live stream is open
+    # A value that does not fit its schema: refused in one line naming the field, nothing kept.
+    budget = _gate(page, "budget")
+    budget.locator("[data-field='value.amount']").fill("900")
+    refused = _decide(page, "budget", "too much", ok=False)
+    assert "value.amount" in refused
+    assert "500" in refused
+    page.screenshot(path=str(artifacts / "gate-value-refused.png"), full_page=True)
+    _gate(page, "budget").locator("[data-field='value.amount']").fill("200")
+    _gate(page, "budget").locator("[data-field='value.note']").fill("for the launch")
+    assert "budget" in _decide(page, "budget", "within the limit", ok=True)
+    # The line saying it was applied goes once read.
+    page.wait_for_selector("#action-outcome .outcome", state="detached", timeout=15_000)
+    page.wait_for_selector("#open-gates form.gate:has(input[value='budget'])", state="detached")
+    # A gate with choices: a pick of them.
+    _gate(page, "region").locator("select[data-field='value']").select_option('"south"')
+    _decide(page, "region", "south first", ok=True)
+    # The tool's approval: its arguments shown to edit; edits that do not fit its input model
+    # are refused naming the field; edits that fit run as a new revision by the operator.
+    page.wait_for_selector("#open-gates form.gate:has(input[value='protagonist'])", timeout=30_000)
+    arguments = _gate(page, "protagonist").locator("textarea[name=arguments]")
+    assert "Mira wants the silver crown." in arguments.input_value()
+    arguments.fill('{"text": 5, "entities": []}')
+    assert "arguments.text" in _decide(page, "protagonist", "a bad edit", ok=False)
+    _gate(page, "protagonist").locator("textarea[name=arguments]").fill(
+        '{"text": "Tomas keeps the iron key; Tomas waits.", "entities": []}'
+    )
+    page.screenshot(path=str(artifacts / "gate-tool-arguments.png"), full_page=True)
+    _decide(page, "protagonist", "about Tomas instead", ok=True)
+    assert finished.result(60).status == "succeeded"
+    page.wait_for_selector(f"#{dom_id('asks')}:has-text('succeeded')", timeout=30_000)
+    page.wait_for_selector("table.revisions td:has-text('operator')", timeout=10_000)
+    page.screenshot(path=str(artifacts / "gate-decided.png"), full_page=True)
+
+    async def history() -> Any:
+        async with running.served.operator() as op:
+            return await op.plan("asks")
+
+    steps = {s.id: s for s in running.run(history()).plans[0].steps}
+    assert steps["budget"].output is not None
+    assert steps["budget"].output["value"] == {"amount": 200, "note": "for the launch"}
+    assert steps["region"].output is not None
+    assert steps["region"].output["value"] == "south"
+    assert steps["protagonist"].output == {"protagonist": "tomas"}
+    assert page.errors == []
+
+
+STEP: dict[str, Any] = {
+    "kind": "tool",
+    "id": "protagonist",
+    "tool": "find_protagonist",
+    "input": {"text": "Mira wants the silver crown.", "entities": []},
+}
+
+
+def test_the_plans_page_shows_goals_first_and_expands_to_every_plan(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def pursue() -> tuple[Any, Any]:
+        async with running.served.operator() as op:
+            first = await op.submit(DEMO_GOAL, timeout=60)
+            await op.run_plan(
+                {"id": "by-hand", "owner": "strategic", "goal": "run by hand", "steps": [STEP]}
+            )
+            return first, await op.submit(DEMO_GOAL, timeout=60)
+
+    first, second = running.run(pursue(), timeout=150)
+    subs = len(first.plans) - 1
+    assert subs >= 3
+    _sign_in(page, running)
+    rows = page.locator("table.plans tbody tr")
+    assert rows.count() == 3
+    ids = [rows.nth(i).locator("td.mono a").first.inner_text() for i in range(3)]
+    assert ids == [second.plan_id, "by-hand", first.plan_id]
+    counted = rows.nth(0).locator("a.subs")
+    assert counted.inner_text() == f"+{subs} sub-plans"
+    assert rows.nth(1).locator("a.subs").count() == 0
+    page.screenshot(path=str(artifacts / "plans-goals-first.png"), full_page=True)
+    # The expand control: every plan, sub-plans as rows of their own (kept in the URL).
+    page.check("#every")
+    page.wait_for_selector("table.plans tbody tr:nth-child(4)")
+    assert rows.count() == 2 * (subs + 1) + 1
+    assert "all=1" in page.url
+    assert page.locator("table.plans a.subs").count() == 0
+    page.uncheck("#every")
+    page.wait_for_selector("table.plans tbody tr:nth-child(4)", state="detached")
+    assert rows.count() == 3
+    assert page.errors == []
+
+
+def test_the_agents_page_shows_their_status_from_the_console_itself(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    import os
+
+    async def gated() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(gated_plan("waits"), timeout=120)
+
+    finished = running.start(gated())
+    running.run(_until_status(running, "waits", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/agents")
+    row = "#agent-status tr[data-role='strategic']"
+    page.wait_for_selector(row, timeout=10_000)
+    assert page.inner_text(f"{row} td.blocked") == "1"
+    assert page.inner_text(f"{row} td.running") == "0"
+    cells = page.locator(f"{row} td").all_inner_texts()
+    assert cells[1:5] == ["serving", "SERVING", "127.0.0.1", str(os.getpid())]
+    assert page.locator("#agent-status tr[data-role]").count() == 4
+    page.screenshot(path=str(artifacts / "agents-status.png"), full_page=True)
+
+    async def approve() -> None:
+        async with running.served.operator() as op:
+            await op.approve("waits", "ok", "done looking")
+
+    running.run(approve())
+    assert finished.result(30).status == "succeeded"
+    assert page.errors == []
+
+
+def test_a_gate_approved_on_the_gates_page_leaves_it(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    async def gated() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(gated_plan("leaves"), timeout=120)
+
+    finished = running.start(gated())
+    running.run(_until_status(running, "leaves", "blocked"))
+    _sign_in(page, running)
+    page.goto(f"{running.url}/gates")
+    page.fill("form.gate input[name=rationale]", "yes")
+    page.click("form.gate button.approve")
+    page.wait_for_selector("form.gate .outcome.ok")
+    assert finished.result(30).status == "succeeded"
+    # The decided gate's form goes with the line saying it was applied.
+    page.wait_for_selector("form.gate", state="detached", timeout=15_000)
+    assert page.errors == []

@@ -3,6 +3,7 @@ an operator API that knows no endpoint (every agent read fails, as when the agen
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -257,3 +258,152 @@ def test_the_vendored_scripts_come_from_the_pinned_npm_packages() -> None:
         package = source.split("/dist/")[0]
         assert package in pinned, package
         assert locked[f"node_modules/{package}"]["version"] == pinned[package]
+
+
+# -- what a gate's form carries ------------------------------------------------------------------
+
+
+def test_a_gate_form_is_built_from_what_the_gate_asks() -> None:
+    from stratagem.protocol import GateInfo
+    from stratagem.runtime._console._data import Gate
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "amount": {"type": "integer", "maximum": 500},
+            "urgent": {"type": "boolean"},
+            "size": {"enum": ["s", "m"]},
+            "tags": {"type": "array"},
+        },
+        "required": ["amount"],
+    }
+
+    def gate(info: GateInfo, kind: str = "gate") -> Gate:
+        step = StepView(id=info.gate_id, kind=kind, does="x", status="blocked")
+        plan = PlanView(plan_id="p", agent="strategic", status="blocked", gates=[info])
+        return Gate(plan, step)
+
+    fields = gate(GateInfo(gate_id="g", input_schema_json=json.dumps(schema))).fields
+    assert [(f.name, f.required) for f in fields] == [
+        ("value:integer:amount", True),
+        ("value:boolean:urgent", False),
+        ("value:json:size", False),
+        ("value:json:tags", False),
+    ]
+    assert fields[0].hint == "at most 500"
+    assert fields[2].options == ('"s"', '"m"')
+    picked = gate(GateInfo(gate_id="g", choices_json='["north", 2]')).fields
+    assert [(f.name, f.options) for f in picked] == [("value:json:", ('"north"', "2"))]
+    whole = gate(GateInfo(gate_id="g", input_schema_json='{"type": "integer"}')).fields
+    assert [f.name for f in whole] == ["value:integer:"]
+    assert gate(GateInfo(gate_id="g")).fields == []
+    tool = gate(GateInfo(gate_id="s", kind="tool", tool="t", arguments_json='{"a": 1}'), "tool")
+    assert [(f.name, json.loads(f.initial)) for f in tool.fields] == [("arguments", {"a": 1})]
+    reconcile = gate(GateInfo(gate_id="s", kind="reconcile"), "tool")
+    assert [f.name for f in reconcile.fields] == ["output"]
+
+
+def test_a_gate_forms_fields_are_read_back_or_refused_naming_the_field() -> None:
+    from stratagem.runtime._console._data import decision_from_form
+
+    read = decision_from_form(
+        {"value:integer:amount": "200", "value:boolean:urgent": "true", "value:string:note": ""}
+    )
+    assert (read.has_value, read.value) == (True, {"amount": 200, "urgent": True})
+    assert decision_from_form({"value:json:": '"south"'}).value == "south"
+    assert decision_from_form({"value:json:": "null"}).has_value  # a null is a value
+    assert not decision_from_form({"rationale": "ok"}).has_value
+    output = decision_from_form({"output": '{"done": true}', "arguments": ""})
+    assert (output.output, output.arguments) == ({"done": True}, None)
+    for form, field in (
+        ({"value:integer:amount": "lots"}, "value.amount: 'lots' is not an integer"),
+        ({"value:number:": "nan"}, "value: 'nan' is not a finite number"),
+        ({"value:boolean:urgent": "yes"}, "value.urgent: 'yes' is not true or false"),
+        ({"arguments": "[1]"}, "arguments must be a JSON object"),
+        ({"output": "{"}, "output is not valid JSON"),
+    ):
+        with pytest.raises(InputError, match=re.escape(field)):
+            decision_from_form(form)
+
+
+class _RecordingOperator:
+    """An operator API that records the control calls (and refuses as an agent would)."""
+
+    def __init__(self, refuse: Exception | None = None) -> None:
+        self.calls: list[dict[str, object]] = []
+        self.refuse = refuse
+
+    async def control(self, plan_id: str, action: str, **given: object) -> object:
+        from stratagem.protocol import PlanSnapshot
+
+        self.calls.append({"plan_id": plan_id, "action": action, **given})
+        if self.refuse is not None:
+            raise self.refuse
+        return PlanSnapshot(plan_id=plan_id, agent="strategic", status="running")
+
+
+def test_an_approval_carries_the_value_arguments_and_output_and_a_refusal_names_the_field() -> None:
+    import asyncio
+
+    from stratagem.protocol import FieldViolation, InvalidArgumentError
+    from stratagem.runtime._console._data import ConsoleData, Decision, act
+
+    operator = _RecordingOperator()
+    data = ConsoleData(operator)  # type: ignore[arg-type]  # only control is used
+    decided = Decision(value=None, has_value=True, arguments={"a": 1}, output={"o": 2})
+    outcome = asyncio.run(act(data, "approve", "p", "g", "ok", decided))
+    assert outcome.ok
+    assert operator.calls[-1] == {
+        "plan_id": "p",
+        "action": "approve",
+        "gate_id": "g",
+        "rationale": "ok",
+        "value": None,
+        "arguments": {"a": 1},
+        "output": {"o": 2},
+    }
+    asyncio.run(act(data, "reject", "p", "g", "no", decided))  # a rejection carries nothing
+    assert operator.calls[-1] == {
+        "plan_id": "p",
+        "action": "reject",
+        "gate_id": "g",
+        "rationale": "no",
+    }
+    refused = InvalidArgumentError(
+        "the value does not fit",
+        violations=(FieldViolation("value.amount", "900 is greater than the maximum of 500"),),
+    )
+    data = ConsoleData(_RecordingOperator(refused))  # type: ignore[arg-type]
+    outcome = asyncio.run(act(data, "approve", "p", "g", "ok", decided))
+    assert (outcome.ok, outcome.status_code) == (False, 400)
+    assert "value.amount: 900 is greater than the maximum of 500" in outcome.message
+
+
+# -- the agents' status --------------------------------------------------------------------------
+
+
+def test_the_agents_status_is_asked_in_process_and_names_an_agent_that_gave_up(
+    client: TestClient, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the console started a child process: {args}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_child)
+    settings = console.config.settings
+    reason = "gave up: restarted 6 times within 60 s, more than STRATAGEM_MAX_RESTARTS=5"
+    restarts = {"restarts": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "gave_up": reason}
+    settings.restarts_path("tactical").write_text(json.dumps(restarts))
+    _signed_in(client, console)
+    page = client.get("/agents")
+    assert page.status_code == 200
+    assert 'hx-get="/fragments/status"' in page.text
+    answer = client.get("/fragments/status")
+    assert answer.status_code == 200
+    rows = dict(re.findall(r'<tr data-role="(\w+)">(.*?)</tr>', answer.text, re.S))
+    assert set(rows) == {"orchestrator", "perception", "strategic", "tactical"}
+    assert "<td>gave up</td>" in rows["tactical"]
+    assert reason in rows["tactical"]
+    assert "<td>6</td>" in rows["tactical"]  # its recent restarts
+    assert "<td>down</td>" in rows["strategic"]  # no endpoint known: named, not hidden
