@@ -257,3 +257,82 @@ def test_the_vendored_scripts_come_from_the_pinned_npm_packages() -> None:
         package = source.split("/dist/")[0]
         assert package in pinned, package
         assert locked[f"node_modules/{package}"]["version"] == pinned[package]
+
+
+# -- bounds: action bodies, live streams ---------------------------------------------------------
+
+
+def test_an_action_body_is_bounded_in_size_and_depth_without_a_traceback(
+    client: TestClient, console: Console
+) -> None:
+    limit = 64 * 1024  # _api.MAX_ACTION_BYTES, as docs/console.md gives it
+    headers = {"X-CSRF-Token": _signed_in(client, console), "Content-Type": "application/json"}
+    big = b'{"plan_id": "p1", "rationale": "' + b"x" * (2 * limit) + b'"}'
+    declared = client.post("/api/actions/pause", content=big, headers=headers)
+    assert declared.status_code == 413
+    assert declared.json() == {"error": f"the body is larger than {limit} bytes"}
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"plan_id": "p1", "rationale": "'
+        for _ in range(64):
+            yield b"x" * 4096
+        yield b'"}'
+
+    streamed = client.post("/api/actions/pause", content=chunks(), headers=headers)
+    assert streamed.status_code == 413
+    deep = b"[" * 30_000 + b"]" * 30_000  # within the size bound, far past the depth bound
+    nested = client.post("/api/actions/pause", content=deep, headers=headers)
+    assert nested.status_code == 400
+    assert nested.json() == {"error": "the body is nested deeper than 64 levels"}
+    objects = client.post(
+        "/api/actions/pause", content=b'{"a":' * 100 + b"1" + b"}" * 100, headers=headers
+    )
+    assert (objects.status_code, "Traceback" in objects.text) == (400, False)
+    for junk, why in ((b"\xff\xfe", "not UTF-8"), (b"[1]", "must be a JSON object")):
+        refused = client.post("/api/actions/pause", content=junk, headers=headers)
+        assert refused.status_code == 400
+        assert why in refused.json()["error"]
+
+
+def test_live_streams_are_capped_per_session_and_say_so(
+    client: TestClient, console: Console
+) -> None:
+    _signed_in(client, console)
+    session_id = client.cookies.get(console.config.cookie_name)
+    assert session_id
+    per_session = console.config.max_live_per_session
+    held = [console.live.take(session_id) for _ in range(per_session)]
+    assert all(callable(release) for release in held)
+    refused = client.get("/live/p1")
+    assert refused.status_code == 429
+    assert f"this session has {per_session} live streams open" in refused.text
+    # Another session still gets a stream.
+    other = console.live.take("another session")
+    assert callable(other)
+    other()
+    release = held.pop()
+    assert callable(release)
+    release()
+    # A slot free: the stream opens (no agent answers here: it says so and ends), and its slot
+    # is given back when it ends.
+    answer = client.get("/live/p1")
+    assert answer.status_code == 200
+    assert "event: end" in answer.text
+    assert len(console.live) == per_session - 1
+
+
+def test_the_console_caps_its_live_streams_together() -> None:
+    from stratagem.runtime._console._app import LiveStreams
+
+    streams = LiveStreams(limit=3, per_session=2)
+    taken = [streams.take("a"), streams.take("a"), streams.take("b")]
+    assert all(callable(t) for t in taken)
+    full = streams.take("c")
+    assert isinstance(full, str)
+    assert "the console has 3 live streams open" in full
+    first = taken[0]
+    assert callable(first)
+    first()
+    first()  # given back once, however often it is called
+    assert len(streams) == 2
+    assert callable(streams.take("c"))
