@@ -3,8 +3,11 @@ an operator API that knows no endpoint (every agent read fails, as when the agen
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -319,6 +322,51 @@ def test_live_streams_are_capped_per_session_and_say_so(
     assert answer.status_code == 200
     assert "event: end" in answer.text
     assert len(console.live) == per_session - 1
+
+
+def test_a_session_cannot_take_every_watch_slot_with_live_streams(
+    client: TestClient, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _signed_in(client, console)
+    opened: list[str] = []
+    ends: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def watching(plan_id: str) -> AsyncIterator[PlanEvent]:
+        opened.append(plan_id)  # one Watch stream on the plan's agent, open until it ends
+        ended = asyncio.Event()
+        ends.append((asyncio.get_running_loop(), ended))
+        await ended.wait()
+        yield PlanEvent(plan_id=plan_id, status="succeeded")
+
+    monkeypatch.setattr(console.data.operator, "watch", watching)
+    answers: list[int] = []
+    live = []
+    with contextlib.ExitStack() as streams:
+        for n in range(20):
+            answer = streams.enter_context(client.stream("GET", f"/live/p{n}"))
+            answers.append(answer.status_code)
+            live.append(answer)
+            if answer.status_code == 429:
+                refusal = answer.read().decode()
+                break
+        # The session's 17th stream is refused before it opens a Watch, and says why.
+        assert answers == [200] * 16 + [429]
+        assert "this session has 16 live streams open" in refusal
+        for _ in range(500):
+            if len(opened) == 16:
+                break
+            time.sleep(0.01)
+        assert len(opened) == 16
+        for loop, ended in ends:  # the plans end: so do their streams
+            loop.call_soon_threadsafe(ended.set)
+        for answer in live[:16]:
+            assert "event: end" in answer.read().decode()
+    # Ended streams give their slots back.
+    for _ in range(500):
+        if not len(console.live):
+            break
+        time.sleep(0.01)
+    assert len(console.live) == 0
 
 
 def test_the_console_caps_its_live_streams_together() -> None:
