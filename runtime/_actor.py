@@ -53,7 +53,7 @@ from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import own_log_files, publish_endpoint
 from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
 from stratagem.runtime._models import attach_model_planner
-from stratagem.runtime._notify import GateOutbox
+from stratagem.runtime._notify import GateOutbox, WebhookSender
 from stratagem.runtime._restarts import RestartBudget
 from stratagem.runtime._security import authenticator_for, credentials_for
 from stratagem.runtime._settings import Settings, settings_digest
@@ -223,6 +223,7 @@ class AgentActor:
             else b"",
             attempts=settings.gate_webhook_attempts,
             timeout_s=settings.gate_webhook_timeout_s,
+            send=WebhookSender(settings.gate_webhook_allowed_networks),
         )
         await self._notices.start()
         self._agent.use_notifier(self._notices)

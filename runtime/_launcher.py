@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import ray
 
-from stratagem.protocol import ROLES, UnavailableError, load_or_create_key
+from stratagem.protocol import ROLES, ClusterSecret, UnavailableError, load_or_create_key
 from stratagem.runtime._actor import AgentActor
 from stratagem.runtime._directory import (
     AgentInfo,
@@ -313,9 +313,20 @@ class Deployment:
             for key, value in os.environ.items()
             if key.startswith(_FORWARDED_PREFIXES) and key not in _NOT_FORWARDED
         }
-        secret = cluster_secret(self.settings, create=create_secret)
-        if secret is not None:
-            save_operator_key(self.settings, secret)
+        # A secret made now is written only once the agents hold it and agree (below): an `up`
+        # that fails leaves the state directory's secret and operator key as they were.
+        made: ClusterSecret | None = None
+        secret: ClusterSecret | None
+        if (
+            create_secret
+            and self.settings.auth == "token"
+            and not self.settings.secret_path.exists()
+        ):
+            secret = made = ClusterSecret.generate()
+        else:
+            secret = cluster_secret(self.settings, create=create_secret)
+            if secret is not None:
+                save_operator_key(self.settings, secret)
         private_dir(self.settings.state_dir)
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
@@ -350,7 +361,16 @@ class Deployment:
         digest = settings_digest(settings_json)
         self.stale = [i.role for i in infos if i.role in running and i.settings_digest != digest]
         if secret is not None:
-            _check_secret(infos, secret.key_id, self.settings.secret_path)
+            try:
+                _check_secret(
+                    infos, secret.key_id, self.settings.secret_path, made=made is not None
+                )
+            except LaunchError:
+                # The agents this call created hold a secret no one will have: they go again.
+                self._stop_agents(kill=True, roles=[role for role in roles if role not in running])
+                raise
+        if made is not None:
+            _save_new_secret(self.settings, made)
         return infos
 
     def _other_extensions(self, roles: Sequence[str], timeout_s: float = 10.0) -> list[str]:
@@ -576,18 +596,45 @@ class Deployment:
         return removed
 
 
-def _check_secret(infos: list[AgentInfo], key_id: str, path: Path) -> None:
+def _check_secret(infos: list[AgentInfo], key_id: str, path: Path, *, made: bool = False) -> None:
     """Refuse agents that verify tokens with another secret than ``key_id`` (agents from before
-    key ids, which publish none, are not judged)."""
+    key ids, which publish none, are not judged); ``made``: the secret is a new one, not written
+    (there was none at ``path``)."""
     others = sorted({info.secret_id for info in infos if info.secret_id} - {key_id})
-    if others:
-        roles = [info.role for info in infos if info.secret_id and info.secret_id != key_id]
+    if not others:
+        return
+    roles = [info.role for info in infos if info.secret_id and info.secret_id != key_id]
+    if made:
         raise LaunchError(
-            f"agents {', '.join(roles)} hold another cluster secret (key id {', '.join(others)}) "
-            f"than {path} (key id {key_id}), so every command from here would be "
-            "UNAUTHENTICATED: copy the deployment's cluster.secret here, or give the agents "
-            "this one with 'stratagem secret rotate' or 'stratagem up --replace'"
+            f"agents {', '.join(roles)} are running and hold a cluster secret (key id "
+            f"{', '.join(others)}), but there is none at {path}: copy the deployment's "
+            "cluster.secret there, or give the agents a new one with 'stratagem up --replace' "
+            "(nothing was written)"
         )
+    raise LaunchError(
+        f"agents {', '.join(roles)} hold another cluster secret (key id {', '.join(others)}) "
+        f"than {path} (key id {key_id}), so every command from here would be "
+        "UNAUTHENTICATED: copy the deployment's cluster.secret here, or give the agents "
+        "this one with 'stratagem secret rotate' or 'stratagem up --replace'"
+    )
+
+
+def _save_new_secret(settings: Settings, secret: ClusterSecret) -> None:
+    """Write a secret the agents took up (and the operator's key from it), unless another
+    process wrote one meanwhile: that one stays, and this call's agents were checked against
+    nothing else (they are those of the same call)."""
+    path = settings.secret_path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        logger.warning("a cluster secret appeared at %s meanwhile; it is kept", path)
+        return
+    except OSError as exc:
+        raise LaunchError(f"cannot write the cluster secret {path}: {exc}") from exc
+    os.close(fd)
+    secret.save(path)
+    save_operator_key(settings, secret)
 
 
 def placement_options(settings: Settings, role: str) -> dict[str, Any]:

@@ -9,6 +9,15 @@ after a restart is the same row), writes one audit record for it (``gate.opened`
 growing delay (0.5 s doubling to 5 min) up to ``STRATAGEM_GATE_WEBHOOK_ATTEMPTS`` times. The
 rows survive restarts: a restarted agent delivers what its predecessor had not.
 
+Each delivery is bounded as a whole (``STRATAGEM_GATE_WEBHOOK_TIMEOUT_S`` from the name lookup to
+the status line, not per read) and runs as its own task, up to ``MAX_IN_FLIGHT`` at once: a
+receiver that trickles its answer holds one delivery for that long, never the notices behind it.
+``WebhookSender`` speaks just enough HTTP/1.1 for that: it follows no redirect (a 3xx is a failed
+attempt, so the signature headers go nowhere but the configured URL), and it refuses a host that
+resolves to an address that is not global (loopback, private, link-local such as 169.254.169.254,
+shared, reserved) unless ``STRATAGEM_GATE_WEBHOOK_ALLOWED_NETWORKS`` allows it; it connects to
+the address it checked, so a second lookup cannot swap it.
+
 The body (``docs/gates.md``): ``{"type": "gate.<event>", "key": ..., "agent": ..., "plan_id":
 ..., "revision": ..., "gate": <GateInfo as JSON>}``; the headers ``X-Stratagem-Delivery`` (the
 key: a receiver drops one it has seen), ``X-Stratagem-Event``, ``X-Stratagem-Timestamp`` (Unix
@@ -22,13 +31,15 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 import sqlite3
+import ssl
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,12 +49,22 @@ from stratagem.protocol import AuditLog
 from stratagem.protocol._storage import StoreWorker
 from stratagem.protocol._storage._sqlite import connect
 
-__all__ = ["SIGNATURE_HEADER", "GateOutbox", "sign"]
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "SIGNATURE_HEADER",
+    "GateOutbox",
+    "WebhookRefusedError",
+    "WebhookSender",
+    "sign",
+]
 
 logger = logging.getLogger(__name__)
 
 SIGNATURE_HEADER: Final = "X-Stratagem-Signature"
 """The header that carries ``v1=<hex HMAC-SHA256 of "<timestamp>." + body>``."""
+
+MAX_IN_FLIGHT: Final = 8
+"""Deliveries one outbox has under way at once (each bounded by its timeout)."""
 
 _MAX_DELAY_S: Final = 300.0
 _FIRST_DELAY_S: Final = 0.5
@@ -68,8 +89,9 @@ class GateOutbox:
         url: The webhook (``None``: notices are kept and audited, not sent).
         key: The signing key.
         attempts: Deliveries tried per notice before it is given up.
-        timeout_s: How long one delivery may take.
-        send: Sends one delivery (tests may give their own); urllib's by default.
+        timeout_s: How long one delivery may take, as a whole.
+        send: Sends one delivery (tests may give their own); by default a ``WebhookSender``
+            that refuses internal addresses.
     """
 
     def __init__(
@@ -91,11 +113,13 @@ class GateOutbox:
         self._key = key
         self._attempts = attempts
         self._timeout_s = timeout_s
-        self._send = send or _post
+        self._send = send or WebhookSender()
         self._worker = StoreWorker(f"stratagem-notices-{role}")
         self._conn: sqlite3.Connection | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._busy: set[str] = set()
 
     async def start(self) -> None:
         """Open the outbox and start delivering what it holds (a predecessor's too)."""
@@ -124,10 +148,12 @@ class GateOutbox:
     async def aclose(self) -> None:
         """Stop delivering (what is left stays for the next start) and close the outbox."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        tasks = [*self._in_flight, *([task] if task is not None else [])]
+        for each in tasks:
+            each.cancel()
+        for each in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await each
         with contextlib.suppress(Exception):
             await self._worker.call(self._close)
         self._worker.stop()
@@ -135,29 +161,58 @@ class GateOutbox:
     # --- delivery ------------------------------------------------------------------------------
 
     async def _deliver(self) -> None:
-        assert self.url is not None
+        # Each due notice is sent by a task of its own (up to MAX_IN_FLIGHT at once): a slow
+        # receiver holds that delivery for at most its timeout, and the notices behind it go out
+        # meanwhile. A notice under way is not picked again until its attempt is marked.
         while True:
             self._wake.clear()
-            for key, body, attempts in await self._worker.call(self._due, time.time()):
-                timestamp = str(int(time.time()))
-                data = body.encode()
-                headers = {
-                    "Content-Type": "application/json",
-                    "X-Stratagem-Delivery": key,
-                    "X-Stratagem-Event": json.loads(body)["type"],
-                    "X-Stratagem-Timestamp": timestamp,
-                    SIGNATURE_HEADER: sign(self._key, timestamp, data),
-                }
-                try:
-                    status = await self._send(self.url, data, headers, self._timeout_s)
-                except Exception as exc:  # the sender's own failure: counted as no answer
-                    logger.warning("gate webhook %s: %s", key, exc)
-                    status = 0
-                await self._worker.call(self._mark, key, 200 <= status < 300, attempts + 1)
-            soonest = await self._worker.call(self._soonest)
+            free = MAX_IN_FLIGHT - len(self._busy)
+            if free > 0:
+                busy = sorted(self._busy)
+                for key, body, attempts in await self._worker.call(
+                    self._due, time.time(), busy, free
+                ):
+                    self._busy.add(key)
+                    task = asyncio.get_running_loop().create_task(
+                        self._deliver_one(key, body, attempts), name=f"gate webhook {key}"
+                    )
+                    self._in_flight.add(task)
+                    task.add_done_callback(self._in_flight.discard)
+            soonest = await self._worker.call(self._soonest, sorted(self._busy))
             wait = None if soonest is None else max(0.0, soonest - time.time())
+            if free <= 0:
+                wait = None  # a finishing delivery wakes the loop
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _deliver_one(self, key: str, body: str, attempts: int) -> None:
+        assert self.url is not None
+        timestamp = str(int(time.time()))
+        data = body.encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Stratagem-Delivery": key,
+            "X-Stratagem-Event": json.loads(body)["type"],
+            "X-Stratagem-Timestamp": timestamp,
+            SIGNATURE_HEADER: sign(self._key, timestamp, data),
+        }
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                status = await self._send(self.url, data, headers, self._timeout_s)
+        except TimeoutError:
+            logger.warning("gate webhook %s: no answer within %.3g s", key, self._timeout_s)
+            status = 0
+        except WebhookRefusedError as exc:
+            logger.error("gate webhook %s: %s", key, exc)
+            status = 0
+        except Exception as exc:  # the sender's own failure: counted as no answer
+            logger.warning("gate webhook %s: %s", key, exc)
+            status = 0
+        try:
+            await self._worker.call(self._mark, key, 200 <= status < 300, attempts + 1)
+        finally:
+            self._busy.discard(key)
+            self._wake.set()
 
     async def _record(self, notice: GateNotice) -> None:
         audit = self._audit
@@ -224,11 +279,12 @@ class GateOutbox:
         )
         return cursor.rowcount == 1
 
-    def _due(self, now: float) -> list[tuple[str, str, int]]:
+    def _due(self, now: float, busy: Sequence[str], limit: int) -> list[tuple[str, str, int]]:
+        marks = ",".join("?" * len(busy))
         rows = self._db().execute(
             "SELECT key, body, attempts FROM notices WHERE delivered IS NULL AND given_up = 0 "
-            "AND next_at <= ? ORDER BY created, key LIMIT 100",
-            (now,),
+            f"AND next_at <= ? AND key NOT IN ({marks}) ORDER BY created, key LIMIT ?",
+            (now, *busy, limit),
         )
         return [(str(k), str(b), int(a)) for k, b, a in rows.fetchall()]
 
@@ -252,10 +308,15 @@ class GateOutbox:
             (attempts, time.time() + delay, key),
         )
 
-    def _soonest(self) -> float | None:
+    def _soonest(self, busy: Sequence[str]) -> float | None:
+        marks = ",".join("?" * len(busy))
         row = (
             self._db()
-            .execute("SELECT min(next_at) FROM notices WHERE delivered IS NULL AND given_up = 0")
+            .execute(
+                "SELECT min(next_at) FROM notices WHERE delivered IS NULL AND given_up = 0 "
+                f"AND key NOT IN ({marks})",
+                tuple(busy),
+            )
             .fetchone()
         )
         return None if row is None or row[0] is None else float(row[0])
@@ -295,18 +356,116 @@ def _body(notice: GateNotice, role: str) -> str:
     )
 
 
-async def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
-    """POST ``body`` with urllib on a thread; the status (0: no answer, or not HTTP)."""
+class WebhookRefusedError(Exception):
+    """The webhook's URL or address is refused before anything is sent (an internal address not
+    allowed, a URL it cannot use); the message says which and how to allow it."""
 
-    def send() -> int:
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class WebhookSender:
+    """POSTs one delivery over HTTP/1.1 (``https://`` with the system's trust store) and returns
+    the status of the answer: no redirect followed, internal addresses refused.
+
+    Args:
+        allowed_networks: Networks of addresses that are not global (loopback, private,
+            link-local...) that may still be sent to; every global address is allowed.
+        ssl_context: For ``https://`` (default: the system's CAs, hostname checked).
+    """
+
+    def __init__(
+        self,
+        allowed_networks: Sequence[Network] = (),
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.allowed_networks = tuple(allowed_networks)
+        self._ssl = ssl_context
+
+    async def __call__(
+        self, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> int:
+        """POST ``body`` to ``url`` within ``timeout_s`` in all; the status (0: no answer).
+
+        Raises:
+            WebhookRefusedError: The URL cannot be used, or its host resolves to an address
+                that is not allowed (nothing is sent).
+        """
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise WebhookRefusedError(f"the webhook URL {url!r} is not an http(s) URL with a host")
+        if any(c in value for value in headers.values() for c in "\r\n"):
+            raise WebhookRefusedError("a webhook header holds a line break")
+        host = parts.hostname
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                return int(answer.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+            async with asyncio.timeout(timeout_s):
+                address = await self._address(host, port)
+                tls = None
+                if parts.scheme == "https":
+                    tls = self._ssl or ssl.create_default_context()
+                reader, writer = await asyncio.open_connection(
+                    address, port, ssl=tls, server_hostname=host if tls else None
+                )
+                try:
+                    target = parts.path or "/"
+                    if parts.query:
+                        target += "?" + parts.query
+                    netloc = host if ":" not in host else f"[{host}]"
+                    if parts.port is not None:
+                        netloc += f":{parts.port}"
+                    head = [
+                        f"POST {target} HTTP/1.1",
+                        f"Host: {netloc}",
+                        "User-Agent: stratagem-gate-webhook",
+                        f"Content-Length: {len(body)}",
+                        "Connection: close",
+                        *(f"{name}: {value}" for name, value in headers.items()),
+                    ]
+                    writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+                    await writer.drain()
+                    return _status(await reader.readline())
+                finally:
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+        except WebhookRefusedError:
+            raise
+        except TimeoutError:
+            logger.info("gate webhook %s: no answer within %.3g s", url, timeout_s)
+            return 0
+        except (OSError, ValueError, UnicodeError) as exc:
             logger.info("gate webhook %s: %s", url, exc)
             return 0
 
-    return await asyncio.to_thread(send)
+    async def _address(self, host: str, port: int) -> str:
+        """The first address of ``host``, once every address it resolves to is allowed."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not addresses:
+            raise OSError(f"{host} resolves to no address")
+        for text in addresses:
+            address = ipaddress.ip_address(text.split("%", 1)[0])
+            if not self.allowed(address):
+                raise WebhookRefusedError(
+                    f"the webhook host {host} resolves to {address}, an internal address; "
+                    "STRATAGEM_GATE_WEBHOOK_ALLOWED_NETWORKS must name its network to allow it"
+                )
+        return addresses[0]
+
+    def allowed(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        """Whether a delivery may go to ``address``: a global one, or one of an allowed network."""
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if address.is_global and not address.is_multicast:
+            return True
+        return any(address in network for network in self.allowed_networks)
+
+
+def _status(line: bytes) -> int:
+    """The status of an HTTP status line (0: not one)."""
+    parts = line.split(None, 2)
+    if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
+        return int(parts[1])
+    return 0

@@ -444,7 +444,10 @@ class Operator:
 
     def _caller_credentials(self) -> Credentials | None:
         if not self._credentials_made:
-            self._credentials = credentials_for(self.settings, self.caller)
+            try:
+                self._credentials = credentials_for(self.settings, self.caller)
+            except IdentityRefusedError as exc:  # a key of another identity: the caller's input
+                raise InputError(str(exc)) from exc
             self._credentials_made = True
         return self._credentials
 

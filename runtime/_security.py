@@ -8,7 +8,10 @@ operator's own key, ``STATE_DIR/operator.key`` (mode 0600, ``protocol.IdentityKe
 operator's commands sign with it and nothing else, so they cannot act as an agent. An operator on
 another machine copies ``operator.key`` (``STRATAGEM_OPERATOR_KEY_FILE``); a copy of the cluster
 secret (``STRATAGEM_SECRET_FILE``) still works where no operator key is found, from which only the
-operator's key is derived.
+operator's key is derived. A person who decides gates as themselves (``ana``) gets a key of their
+own the same way (``stratagem secret issue ana --out ana.key``, ``issue_identity_key``): pointed to
+by ``STRATAGEM_OPERATOR_KEY_FILE``, the commands sign with it as ``ana`` (``--as ana``) and as
+no one else.
 
 ``mtls``: each process presents the certificate of its identity from ``STRATAGEM_TLS_DIR``
 (``stratagem certs init``); every node needs the folder (or at least the CA, its own agents'
@@ -47,6 +50,7 @@ __all__ = [
     "check_operator_identity",
     "cluster_secret",
     "credentials_for",
+    "issue_identity_key",
     "operator_key",
     "save_operator_key",
 ]
@@ -98,11 +102,12 @@ def save_operator_key(settings: Settings, secret: ClusterSecret) -> None:
 
 def check_operator_identity(settings: Settings, identity: str, agents: Sequence[str]) -> None:
     """Refuse an identity the operator's commands may not act as: one that is not an identity,
-    an agent of the deployment (``agents``), or (token mode) one the operator's key does not sign
-    as.
+    an agent of the deployment (``agents``), or (token mode) one the key they sign with
+    (``operator_key``: ``STRATAGEM_OPERATOR_KEY_FILE``, say ana's own) does not sign as.
 
     Raises:
         IdentityRefusedError: One line naming the identity and why.
+        MissingSecretError: Token mode, and no key to sign with.
     """
     if not _IDENTITY.fullmatch(identity):
         raise IdentityRefusedError(
@@ -113,10 +118,51 @@ def check_operator_identity(settings: Settings, identity: str, agents: Sequence[
             f"the operator cannot act as {identity!r}: it is one of the deployment's agents, "
             "which sign with keys the operator does not hold"
         )
-    if settings.auth == "token" and identity != OPERATOR:
+    if settings.auth == "token":
+        _check_key(settings, operator_key(settings), identity)
+
+
+def _check_key(settings: Settings, key: IdentityKey, identity: str) -> None:
+    """Refuse ``identity`` when ``key`` (the operator's key file, or the key derived from a
+    cluster secret) signs as another."""
+    if key.identity == identity:
+        return
+    if key.identity == OPERATOR:
         raise IdentityRefusedError(
-            f"the operator's key signs only as {OPERATOR!r}, not as {identity!r}"
+            f"the operator's key signs only as {OPERATOR!r}, not as {identity!r}; 'stratagem "
+            f"secret issue {identity} --out FILE' writes a key for {identity!r} (then "
+            "STRATAGEM_OPERATOR_KEY_FILE=FILE)"
         )
+    raise IdentityRefusedError(
+        f"the key in {settings.operator_key_path} (STRATAGEM_OPERATOR_KEY_FILE) signs only as "
+        f"{key.identity!r}, not as {identity!r}; call with --as {key.identity}, or point "
+        f"STRATAGEM_OPERATOR_KEY_FILE at a key for {identity!r}"
+    )
+
+
+def issue_identity_key(settings: Settings, identity: str, agents: Sequence[str]) -> IdentityKey:
+    """The token key of ``identity`` (a person, say a gate's decider), derived from the cluster
+    secret: what signs as that identity and no other. A copy of the cluster secret is needed
+    (``up`` writes it); agents' identities are refused, as is another mode than ``token``.
+
+    Raises:
+        IdentityRefusedError: Not an identity, an agent's, or not token mode.
+        MissingSecretError: No cluster secret here.
+    """
+    if settings.auth != "token":
+        raise IdentityRefusedError(
+            f"identity keys are for STRATAGEM_AUTH=token; this deployment uses {settings.auth} "
+            "(mtls: 'stratagem certs init --identity NAME')"
+        )
+    if not _IDENTITY.fullmatch(identity):
+        raise IdentityRefusedError(
+            f"{identity[:64]!r} is not an identity (lowercase, {IDENTITY_PATTERN})"
+        )
+    if identity in agents:
+        raise IdentityRefusedError(
+            f"no key is issued for {identity!r}: it is one of the deployment's agents"
+        )
+    return IdentityKey.derive(ClusterSecret.load(settings.secret_path), identity)
 
 
 def cluster_secret(settings: Settings, *, create: bool = True) -> ClusterSecret | None:
@@ -178,10 +224,8 @@ def credentials_for(
     """
     if settings.auth == "token":
         signing: ClusterSecret | IdentityKey = secret or operator_key(settings)
-        if isinstance(signing, IdentityKey) and signing.identity != identity:
-            raise IdentityRefusedError(
-                f"the operator's key signs only as {signing.identity!r}, not as {identity!r}"
-            )
+        if isinstance(signing, IdentityKey):
+            _check_key(settings, signing, identity)
         signer = TokenSigner(signing, max_ttl_s=settings.token_ttl_s)
         return TokenCredentials(signer, identity, ttl_s=settings.token_ttl_s)
     if settings.auth == "mtls":

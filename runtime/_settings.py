@@ -7,6 +7,7 @@ reads the environment at import time; ``load_settings`` is the one place that do
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import tomllib
@@ -219,7 +220,12 @@ class Settings(BaseSettings):
         gate_webhook_key_file: The webhook's signing key (else ``STATE_DIR/gate-webhook.key``,
             made on first use, mode 0600); the receiver checks signatures with it.
         gate_webhook_attempts: Deliveries tried per notice before it is given up (logged).
-        gate_webhook_timeout_s: How long one delivery may take.
+        gate_webhook_timeout_s: How long one delivery may take, as a whole (name lookup,
+            connection, request and the answer's status line).
+        gate_webhook_allowed_networks: Networks of internal addresses (loopback, private,
+            link-local...) the webhook may still be sent to (comma-separated CIDRs in the
+            environment, e.g. ``127.0.0.1/32``); a host resolving to any other internal address
+            is refused, never sent to.
         log_level: How much Stratagem logs: an agent (``None``: ``INFO``, to its Ray worker log,
             which ``stratagem logs AGENT`` prints) and the CLI (``None``: ``ERROR``; the CLI
             reads ``STRATAGEM_LOG_LEVEL`` itself, before any setting).
@@ -299,6 +305,26 @@ class Settings(BaseSettings):
     gate_webhook_key_file: Path | None = None
     gate_webhook_attempts: int = Field(default=20, ge=1, le=1000)
     gate_webhook_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    gate_webhook_allowed_networks: Annotated[
+        list[ipaddress.IPv4Network | ipaddress.IPv6Network], NoDecode
+    ] = Field(default_factory=list)
+
+    @field_validator("gate_webhook_allowed_networks", mode="before")
+    @classmethod
+    def _networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            return value
+        networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for item in value:
+            try:
+                networks.append(ipaddress.ip_network(str(item).strip(), strict=False))
+            except ValueError:
+                raise ValueError(
+                    f"{str(item)[:64]!r} is not a network (a CIDR such as 127.0.0.1/32)"
+                ) from None
+        return networks
 
     @field_validator("gate_webhook_url")
     @classmethod

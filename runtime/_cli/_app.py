@@ -105,7 +105,11 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "span_json",
         "span_tree",
     ),
-    "stratagem.runtime._security": ("check_operator_identity", "operator_key"),
+    "stratagem.runtime._security": (
+        "check_operator_identity",
+        "issue_identity_key",
+        "operator_key",
+    ),
     "stratagem.runtime._settings": ("Settings",),
     "stratagem.runtime._stores": ("open_audit_log",),
     "stratagem.runtime._telemetry": (

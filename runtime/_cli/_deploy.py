@@ -238,7 +238,8 @@ def status(
 ) -> None:
     """Show each agent's health, node, gRPC endpoint, process, restarts and running plans.
 
-    Exits 1 when an agent is not serving (a readiness check for scripts).
+    Exits 1 when an agent is not serving, or there is no deployment (a readiness check for
+    scripts; --json then prints {"found": false, "mode": null, "agents": [], "problem": ...}).
 
     Examples:
 
@@ -248,9 +249,17 @@ def status(
     """
     with _errors():
         deployment = _deployment(_settings(address, state_dir))
-        with _running(deployment):
-            infos = deployment.status()
-        _show_agents(infos, deployment.mode, as_json)
+        try:
+            with _running(deployment):
+                infos = deployment.status()
+        except LaunchError as exc:
+            if as_json and deployment.mode is None:  # none found, or Ray not reached
+                _print_json({"found": False, "mode": None, "agents": [], "problem": str(exc)})
+            raise
+        if as_json:
+            _print_json({"found": True, **_infos_json(infos, deployment.mode)})
+        else:
+            _show_agents(infos, deployment.mode, False)
         gone = [_named(info) for info in infos if info.health == "not deployed"]
         sick = [_named(info) for info in infos if info.health not in ("serving", "not deployed")]
         problems = [f"agents not deployed: {', '.join(gone)}"] if gone else []

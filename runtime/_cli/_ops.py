@@ -25,6 +25,7 @@ from stratagem.runtime._cli._app import (
     console,
     err_console,
     lazy_scope,
+    secret_app,
 )
 from stratagem.runtime._input import (
     InputError,
@@ -42,7 +43,11 @@ if TYPE_CHECKING:
     from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
     from stratagem.runtime._extensions import settings_roles
     from stratagem.runtime._render import span_json, span_tree
-    from stratagem.runtime._security import check_operator_identity, operator_key
+    from stratagem.runtime._security import (
+        check_operator_identity,
+        issue_identity_key,
+        operator_key,
+    )
     from stratagem.runtime._show import traces_table
     from stratagem.runtime._stores import open_audit_log
     from stratagem.runtime._telemetry import SpanRecord, read_spans
@@ -318,7 +323,8 @@ def token(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Print a bearer token (a JWT signed with the operator's key) for a client of your own: send
-    it as 'authorization: Bearer <token>'. It speaks as the operator, never as an agent."""
+    it as 'authorization: Bearer <token>'. It speaks as the key's identity (the operator, or who
+    STRATAGEM_OPERATOR_KEY_FILE's key is for), never as an agent."""
     with _errors():
         settings = _settings(None, state_dir)
         if settings.auth != "token":
@@ -336,6 +342,41 @@ def token(
         except ProtocolUsageError as exc:
             raise InputError(str(exc)) from None
         console.file.write(issued + "\n")
+
+
+@secret_app.command("issue")
+def secret_issue(
+    identity: Annotated[str, typer.Argument(help="Who the key signs as (a person, not an agent).")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Where to write the key (mode 0600; not replaced).")
+    ],
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write IDENTITY's own token key, derived from the cluster secret, for that person's
+    machine: with STRATAGEM_OPERATOR_KEY_FILE pointing at it, the commands sign as IDENTITY
+    ('stratagem approve PLAN GATE --as IDENTITY') and as no one else. 'secret rotate' voids it."""
+    with _errors():
+        settings = _settings(None, state_dir)
+        path = out.expanduser()
+        if path.exists() or path.is_symlink():
+            raise InputError(f"--out {path} exists; remove it first or choose another file")
+        try:
+            key = issue_identity_key(settings, identity, settings_roles(settings))
+            key.save(path)
+        except ProtocolUsageError as exc:
+            raise InputError(str(exc)) from None
+        if as_json:
+            _print_json({"identity": key.identity, "key_id": key.key_id, "file": str(path)})
+            return
+        console.print(
+            f"key for {key.identity!r} (secret {key.key_id}) written to {path}; on that "
+            f"person's machine: STRATAGEM_OPERATOR_KEY_FILE={path.name} stratagem approve PLAN "
+            f"GATE --as {key.identity}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
 
 
 # -- certificates --------------------------------------------------------------------------------

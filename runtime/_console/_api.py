@@ -1,21 +1,27 @@
 """The console's JSON API under ``/api/``: the same reads and actions as its pages, for scripts
 holding a session (``401`` without one, answered by the session guard). Actions need the session's
-CSRF token in the ``X-CSRF-Token`` header (``GET /api/session`` gives it)."""
+CSRF token in the ``X-CSRF-Token`` header (``GET /api/session`` gives it); their body is at most
+``MAX_ACTION_BYTES`` (else ``413``, read no further) and nested at most ``MAX_JSON_DEPTH`` deep
+(else ``400``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from stratagem.protocol import InvalidArgumentError, json_object
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
 from stratagem.runtime._console._data import READ_ERRORS, Gate, act, problem_line
 from stratagem.runtime._console._pages import _console, csrf_ok
 from stratagem.runtime._input import InputError, PlanNotFoundError
 
-__all__ = ["action", "agents", "audit", "gates", "plan", "plans", "session"]
+__all__ = ["MAX_ACTION_BYTES", "action", "agents", "audit", "gates", "plan", "plans", "session"]
+
+MAX_ACTION_BYTES: Final = 64 * 1024
+"""The largest body an action takes (a plan id, a gate id and a rationale fit many times)."""
 
 
 def _json(data: Any, status_code: int = 200) -> JSONResponse:
@@ -127,12 +133,15 @@ async def action(request: Request) -> JSONResponse:
     """``POST /api/actions/{action}`` with ``{"plan_id", "gate_id", "rationale"}``."""
     if not csrf_ok(request, request.headers.get(CSRF_HEADER)):
         return _json({"error": "refused: send the session's X-CSRF-Token"}, 403)
+    raw = await _bounded_body(request, MAX_ACTION_BYTES)
+    if raw is None:
+        return _json({"error": f"the body is larger than {MAX_ACTION_BYTES} bytes"}, 413)
     try:
-        body = await request.json()
-    except ValueError:
-        return _json({"error": "the body must be a JSON object"}, 400)
-    if not isinstance(body, dict):
-        return _json({"error": "the body must be a JSON object"}, 400)
+        body = json_object(raw.decode("utf-8"), "the body")
+    except UnicodeDecodeError:
+        return _json({"error": "the body is not UTF-8"}, 400)
+    except InvalidArgumentError as exc:
+        return _json({"error": exc.message}, 400)
     outcome = await act(
         _console(request).data,
         request.path_params["action"],
@@ -144,3 +153,19 @@ async def action(request: Request) -> JSONResponse:
         {"ok": outcome.ok, "message": outcome.message, "status": outcome.plan_status},
         outcome.status_code,
     )
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or ``None`` once it is known to be longer than ``limit`` (by its
+    ``Content-Length`` or by what arrived: the rest is not read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -36,7 +36,7 @@ from stratagem.runtime._console._status import StatusCache
 from stratagem.runtime._operator import Directory, Operator
 from stratagem.runtime._settings import Settings
 
-__all__ = ["Console", "ConsoleConfig", "console_app"]
+__all__ = ["Console", "ConsoleConfig", "LiveStreams", "console_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ class ConsoleConfig:
         endpoints: The agents' endpoints when known (else found as the operator API finds them).
         directory: Where endpoints come from when the published ones do not serve.
         timeout_s: The deadline of the console's calls to the agents.
+        max_live: Live streams (``/live``) the console keeps open at once, all sessions
+            together; each holds one ``Watch`` stream on the plan's agent, so this keeps the
+            agents' ``STRATAGEM_MAX_WATCH_STREAMS`` slots (1024 each) for others.
+        max_live_per_session: Live streams one session keeps open at once (its tabs).
     """
 
     settings: Settings
@@ -64,6 +68,50 @@ class ConsoleConfig:
     endpoints: dict[str, str] | None = None
     directory: Directory | None = None
     timeout_s: float | None = None
+    max_live: int = 128
+    max_live_per_session: int = 16
+
+
+class LiveStreams:
+    """The live streams open, per session: a slot is taken before a stream opens its ``Watch``
+    and given back when it ends (each slot once)."""
+
+    def __init__(self, limit: int, per_session: int) -> None:
+        self.limit = limit
+        self.per_session = per_session
+        self._open: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return sum(self._open.values())
+
+    def take(self, session_id: str) -> Callable[[], None] | str:
+        """A slot's release (call it once the stream ends), or why there is none."""
+        mine = self._open.get(session_id, 0)
+        if mine >= self.per_session:
+            return (
+                f"this session has {mine} live streams open, the most one session may; "
+                "close a plan's page to open another"
+            )
+        if len(self) >= self.limit:
+            return (
+                f"the console has {self.limit} live streams open, the most it keeps (each holds "
+                "a Watch stream on an agent); try again when one ends"
+            )
+        self._open[session_id] = mine + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._open.get(session_id, 0) - 1
+            if left > 0:
+                self._open[session_id] = left
+            else:
+                self._open.pop(session_id, None)
+
+        return release
 
 
 @dataclass(slots=True)
@@ -74,10 +122,12 @@ class Console:
     sessions: Sessions = field(default_factory=Sessions)
     assets: Assets = field(default_factory=Assets.find)
     templates: jinja2.Environment = field(init=False)
+    live: LiveStreams = field(init=False)
     _data: ConsoleData | None = None
     _status: StatusCache | None = None
 
     def __post_init__(self) -> None:
+        self.live = LiveStreams(self.config.max_live, self.config.max_live_per_session)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             autoescape=True,  # every template is HTML: nothing a plan holds is markup

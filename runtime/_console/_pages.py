@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 from urllib.parse import parse_qs, quote, urlencode
 
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -292,6 +293,18 @@ async def live(request: Request) -> Response:
     except ValueError:
         after = 0.0
 
+    session: Session = request.scope["session_record"]
+    slot = console.live.take(session.session_id)
+    if isinstance(slot, str):
+        logger.warning("live stream of %s refused: %s", plan_id, slot)
+        return Response(
+            f"refused: {slot}\n",
+            status_code=429,
+            media_type="text/plain",
+            headers={"Retry-After": "5", "Cache-Control": "no-store"},
+        )
+    release = slot
+
     async def stream() -> AsyncIterator[str]:
         queue: asyncio.Queue[PlanEvent | BaseException | None] = asyncio.Queue()
 
@@ -344,14 +357,18 @@ async def live(request: Request) -> Response:
                     yield _frame("reload", "")
             yield _frame("end", "")
         finally:
+            release()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    # The slot is given back when the stream ends, and (if the client left before the stream
+    # started, so its ``finally`` never ran) after the response, whichever comes first.
     return StreamingResponse(
         stream(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        background=BackgroundTask(release),
     )
 
 

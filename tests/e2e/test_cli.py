@@ -259,7 +259,12 @@ def test_a_bad_setting_is_one_line_and_exit_2_for_every_command(
             "which sign with keys the operator does not hold",
         ),
         ("Bad Name", "'Bad Name' is not an identity (lowercase, ^[a-z][a-z0-9_-]{0,63}$)"),
-        ("auditor", "the operator's key signs only as 'operator', not as 'auditor'"),
+        (
+            "auditor",
+            "the operator's key signs only as 'operator', not as 'auditor'; 'stratagem secret "
+            "issue auditor --out FILE' writes a key for 'auditor' (then "
+            "STRATAGEM_OPERATOR_KEY_FILE=FILE)",
+        ),
     ],
 )
 def test_the_operator_cannot_pose_as_an_agent_or_another_identity(

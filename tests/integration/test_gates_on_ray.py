@@ -131,6 +131,7 @@ def gated(
             "tests.integration.ledger_extension",
             policy_file=policy,
             gate_webhook_url=hooks.url,
+            gate_webhook_allowed_networks=["127.0.0.1/32"],
         ) as ours:
             yield ours
     finally:

@@ -56,18 +56,29 @@ async def test_up_notices_agents_holding_another_secret_and_rotate_mends_it(
         infos = own.deploy(detached=False)
         old = ClusterSecret.load(secret_path)
         assert {info.secret_id for info in infos} == {old.key_id}
-        # The operator's secret is deleted: `up` makes a new one, which the running agents do
-        # not hold. It says so instead of reporting success.
+        # The operator's secret is deleted: a new one would not be the running agents'. `up`
+        # says so and fails, and changes nothing: no secret written, the operator's key kept.
+        operator_key = own.settings.operator_key_path.read_bytes()
         secret_path.unlink()
-        with pytest.raises(LaunchError, match=r"another cluster secret.*secret rotate"):
+        with pytest.raises(
+            LaunchError, match=r"hold a cluster secret .* but there is none at .*nothing was"
+        ):
             Deployment(own.settings).deploy(detached=False)
-        new_here = ClusterSecret.load(secret_path)
-        assert new_here.key_id != old.key_id
-        # The old secret's tokens still pass until the agents are given the new one ...
+        assert not secret_path.exists()
+        assert own.settings.operator_key_path.read_bytes() == operator_key
+        # The old secret's tokens still pass: the agents were left as they were ...
         endpoint = {info.role: info.endpoint for info in own.status()}["perception"]
         await _plans_as(endpoint, old)
-        # ... which rotate does (a new secret again, agents redeployed with it).
-        key_id, rotated = rotate_secret(own)
+        # ... and `up --replace`, which gives the agents a new secret, succeeds and writes it.
+        # (This process owns those agents through `fresh`: it is kept, and rotated below.)
+        fresh = Deployment(own.settings)
+        replaced = fresh.deploy(detached=False, replace=True)
+        new_here = ClusterSecret.load(secret_path)
+        assert new_here.key_id != old.key_id
+        assert {info.secret_id for info in replaced} == {new_here.key_id}
+        assert IdentityKey.load(own.settings.operator_key_path).key_id == new_here.key_id
+        # Rotate makes a new secret again and redeploys the agents with it.
+        key_id, rotated = rotate_secret(fresh)
         assert {info.secret_id for info in rotated} == {key_id}
         current = ClusterSecret.load(secret_path)
         assert current.key_id == key_id != new_here.key_id

@@ -89,9 +89,12 @@ def settings_for(state_dir: Path) -> Settings:
     )
 
 
-async def serve(state_dir: Path, *, audit: AuditLog | None = None) -> Served:
+async def serve(
+    state_dir: Path, *, audit: AuditLog | None = None, policy: Policy | None = None
+) -> Served:
     """The four agents, served and published in ``state_dir`` (this process as the Ray head),
-    auditing to ``audit`` (one in memory when ``None``)."""
+    auditing to ``audit`` (one in memory when ``None``), under ``policy`` (the default one when
+    ``None``)."""
     settings = settings_for(state_dir)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     secret = ClusterSecret.load_or_create(settings.secret_path)
@@ -107,7 +110,7 @@ async def serve(state_dir: Path, *, audit: AuditLog | None = None) -> Served:
     servers = [
         AgentServer(
             agent,
-            policy=Policy.default(),
+            policy=policy or Policy.default(),
             authenticator=TokenAuthenticator(TokenSigner(secret)),
             audit=audit if audit is not None else InMemoryAuditLog(),
             config=ServerConfig(host="127.0.0.1", port=0, default_deadline_s=20.0),
@@ -140,12 +143,12 @@ async def serve(state_dir: Path, *, audit: AuditLog | None = None) -> Served:
 
 
 @contextmanager
-def served_in_a_thread(state_dir: Path) -> Iterator[Served]:
+def served_in_a_thread(state_dir: Path, *, policy: Policy | None = None) -> Iterator[Served]:
     """The agents served on an event loop of their own, so blocking code can call them."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    served = asyncio.run_coroutine_threadsafe(serve(state_dir), loop).result(30)
+    served = asyncio.run_coroutine_threadsafe(serve(state_dir, policy=policy), loop).result(30)
     try:
         yield served
     finally:

@@ -4,8 +4,11 @@ an operator API that knows no endpoint (every agent read fails, as when the agen
 from __future__ import annotations
 
 import json
+import asyncio
+import contextlib
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -407,3 +410,125 @@ def test_the_agents_status_is_asked_in_process_and_names_an_agent_that_gave_up(
     assert reason in rows["tactical"]
     assert "<td>6</td>" in rows["tactical"]  # its recent restarts
     assert "<td>down</td>" in rows["strategic"]  # no endpoint known: named, not hidden
+# -- bounds: action bodies, live streams ---------------------------------------------------------
+
+
+def test_an_action_body_is_bounded_in_size_and_depth_without_a_traceback(
+    client: TestClient, console: Console
+) -> None:
+    limit = 64 * 1024  # _api.MAX_ACTION_BYTES, as docs/console.md gives it
+    headers = {"X-CSRF-Token": _signed_in(client, console), "Content-Type": "application/json"}
+    big = b'{"plan_id": "p1", "rationale": "' + b"x" * (2 * limit) + b'"}'
+    declared = client.post("/api/actions/pause", content=big, headers=headers)
+    assert declared.status_code == 413
+    assert declared.json() == {"error": f"the body is larger than {limit} bytes"}
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"plan_id": "p1", "rationale": "'
+        for _ in range(64):
+            yield b"x" * 4096
+        yield b'"}'
+
+    streamed = client.post("/api/actions/pause", content=chunks(), headers=headers)
+    assert streamed.status_code == 413
+    deep = b"[" * 30_000 + b"]" * 30_000  # within the size bound, far past the depth bound
+    nested = client.post("/api/actions/pause", content=deep, headers=headers)
+    assert nested.status_code == 400
+    assert nested.json() == {"error": "the body is nested deeper than 64 levels"}
+    objects = client.post(
+        "/api/actions/pause", content=b'{"a":' * 100 + b"1" + b"}" * 100, headers=headers
+    )
+    assert (objects.status_code, "Traceback" in objects.text) == (400, False)
+    for junk, why in ((b"\xff\xfe", "not UTF-8"), (b"[1]", "must be a JSON object")):
+        refused = client.post("/api/actions/pause", content=junk, headers=headers)
+        assert refused.status_code == 400
+        assert why in refused.json()["error"]
+
+
+def test_live_streams_are_capped_per_session_and_say_so(
+    client: TestClient, console: Console
+) -> None:
+    _signed_in(client, console)
+    session_id = client.cookies.get(console.config.cookie_name)
+    assert session_id
+    per_session = console.config.max_live_per_session
+    held = [console.live.take(session_id) for _ in range(per_session)]
+    assert all(callable(release) for release in held)
+    refused = client.get("/live/p1")
+    assert refused.status_code == 429
+    assert f"this session has {per_session} live streams open" in refused.text
+    # Another session still gets a stream.
+    other = console.live.take("another session")
+    assert callable(other)
+    other()
+    release = held.pop()
+    assert callable(release)
+    release()
+    # A slot free: the stream opens (no agent answers here: it says so and ends), and its slot
+    # is given back when it ends.
+    answer = client.get("/live/p1")
+    assert answer.status_code == 200
+    assert "event: end" in answer.text
+    assert len(console.live) == per_session - 1
+
+
+def test_a_session_cannot_take_every_watch_slot_with_live_streams(
+    client: TestClient, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _signed_in(client, console)
+    opened: list[str] = []
+    ends: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def watching(plan_id: str) -> AsyncIterator[PlanEvent]:
+        opened.append(plan_id)  # one Watch stream on the plan's agent, open until it ends
+        ended = asyncio.Event()
+        ends.append((asyncio.get_running_loop(), ended))
+        await ended.wait()
+        yield PlanEvent(plan_id=plan_id, status="succeeded")
+
+    monkeypatch.setattr(console.data.operator, "watch", watching)
+    answers: list[int] = []
+    live = []
+    with contextlib.ExitStack() as streams:
+        for n in range(20):
+            answer = streams.enter_context(client.stream("GET", f"/live/p{n}"))
+            answers.append(answer.status_code)
+            live.append(answer)
+            if answer.status_code == 429:
+                refusal = answer.read().decode()
+                break
+        # The session's 17th stream is refused before it opens a Watch, and says why.
+        assert answers == [200] * 16 + [429]
+        assert "this session has 16 live streams open" in refusal
+        for _ in range(500):
+            if len(opened) == 16:
+                break
+            time.sleep(0.01)
+        assert len(opened) == 16
+        for loop, ended in ends:  # the plans end: so do their streams
+            loop.call_soon_threadsafe(ended.set)
+        for answer in live[:16]:
+            assert "event: end" in answer.read().decode()
+    # Ended streams give their slots back.
+    for _ in range(500):
+        if not len(console.live):
+            break
+        time.sleep(0.01)
+    assert len(console.live) == 0
+
+
+def test_the_console_caps_its_live_streams_together() -> None:
+    from stratagem.runtime._console._app import LiveStreams
+
+    streams = LiveStreams(limit=3, per_session=2)
+    taken = [streams.take("a"), streams.take("a"), streams.take("b")]
+    assert all(callable(t) for t in taken)
+    full = streams.take("c")
+    assert isinstance(full, str)
+    assert "the console has 3 live streams open" in full
+    first = taken[0]
+    assert callable(first)
+    first()
+    first()  # given back once, however often it is called
+    assert len(streams) == 2
+    assert callable(streams.take("c"))

@@ -140,3 +140,111 @@ async def test_without_a_webhook_notices_are_kept_and_audited(tmp_path: Path) ->
     finally:
         await outbox.aclose()
     assert [(r.action, r.actor) for r in audit.records()] == [("gate.timed_out", "(timeout)")]
+
+
+class Hanging:
+    """Never answers the first delivery of ``slow`` (it ignores its time limit, as a receiver
+    that trickles its answer would hold a per-read timeout); answers every other one at once."""
+
+    def __init__(self, slow: str) -> None:
+        self.slow = slow
+        self.hung = 0
+        self.taken: dict[str, asyncio.Event] = {}
+
+    def event(self, key: str) -> asyncio.Event:
+        return self.taken.setdefault(key, asyncio.Event())
+
+    async def __call__(
+        self, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> int:
+        key = headers["X-Stratagem-Delivery"]
+        if key == self.slow and not self.hung:
+            self.hung += 1
+            await asyncio.Event().wait()  # forever
+        self.event(key).set()
+        return 200
+
+
+async def test_a_delivery_that_hangs_does_not_hold_the_next_notice(tmp_path: Path) -> None:
+    first, second = notice("opened", at=1000.0), notice("escalated", at=1500.0)
+    receiver = Hanging(first.key)
+    outbox = GateOutbox(
+        role="tactical",
+        path=tmp_path / "n.sqlite3",
+        audit=None,
+        url="http://hooks.example/",
+        key=KEY,
+        timeout_s=300.0,
+        send=receiver,
+    )
+    await outbox.start()
+    try:
+        await outbox.notify(first)
+        for _ in range(2_000):
+            if receiver.hung:
+                break
+            await asyncio.sleep(0.002)
+        assert receiver.hung  # the first delivery is under way and will not answer
+        await outbox.notify(second)
+        # Sequential deliveries kept the second behind the first's 300 s.
+        await asyncio.wait_for(receiver.event(second.key).wait(), 10)
+        assert await outbox.delivered() == [second.key]
+    finally:
+        await outbox.aclose()
+
+
+async def test_a_delivery_is_bounded_as_a_whole(tmp_path: Path) -> None:
+    only = notice()
+    receiver = Hanging(only.key)  # the first attempt never ends by itself; the second is taken
+    outbox = GateOutbox(
+        role="tactical",
+        path=tmp_path / "n.sqlite3",
+        audit=None,
+        url="http://hooks.example/",
+        key=KEY,
+        timeout_s=0.5,
+        send=receiver,
+    )
+    await outbox.start()
+    try:
+        await outbox.notify(only)
+        await asyncio.wait_for(receiver.event(only.key).wait(), 20)
+        assert receiver.hung == 1
+        for _ in range(2_000):
+            if await outbox.delivered():
+                break
+            await asyncio.sleep(0.005)
+        assert await outbox.delivered() == [only.key]
+    finally:
+        await outbox.aclose()
+
+
+def test_the_sender_allows_global_addresses_and_only_the_internal_ones_it_is_told() -> None:
+    import ipaddress
+
+    from stratagem.runtime._notify import WebhookSender
+
+    strict = WebhookSender()
+    lenient = WebhookSender([ipaddress.ip_network("127.0.0.0/8")])
+    internal = [
+        "127.0.0.1",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "0.0.0.0",
+        "224.0.0.1",
+        "::1",
+        "fe80::1",
+        "fd00::1",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+    ]
+    for text in internal:
+        assert not strict.allowed(ipaddress.ip_address(text)), text
+    assert lenient.allowed(ipaddress.ip_address("127.0.0.1"))
+    assert lenient.allowed(ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert not lenient.allowed(ipaddress.ip_address("169.254.169.254"))
+    for text in ("93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"):
+        assert strict.allowed(ipaddress.ip_address(text)), text

@@ -99,3 +99,22 @@ def test_a_bad_external_a2a_agent_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("STRATAGEM_A2A_AGENTS", '{"x": {"url": "ftp://nowhere"}}')
     with pytest.raises(Exception, match="url"):
         load_settings()
+
+
+def test_the_webhooks_allowed_networks_come_as_cidrs_and_a_bad_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ipaddress
+
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("STRATAGEM_GATE_WEBHOOK_ALLOWED_NETWORKS", "10.20.0.0/16, 127.0.0.1,::1")
+    assert load_settings().gate_webhook_allowed_networks == [
+        ipaddress.ip_network("10.20.0.0/16"),
+        ipaddress.ip_network("127.0.0.1/32"),
+        ipaddress.ip_network("::1/128"),
+    ]
+    assert load_settings(gate_webhook_allowed_networks=[]).gate_webhook_allowed_networks == []
+    monkeypatch.setenv("STRATAGEM_GATE_WEBHOOK_ALLOWED_NETWORKS", "10.20.0.0/16,intranet")
+    with pytest.raises(ValidationError, match="'intranet' is not a network"):
+        load_settings()
