@@ -3,9 +3,9 @@ an operator API that knows no endpoint (every agent read fails, as when the agen
 
 from __future__ import annotations
 
-import json
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -410,6 +410,8 @@ def test_the_agents_status_is_asked_in_process_and_names_an_agent_that_gave_up(
     assert reason in rows["tactical"]
     assert "<td>6</td>" in rows["tactical"]  # its recent restarts
     assert "<td>down</td>" in rows["strategic"]  # no endpoint known: named, not hidden
+
+
 # -- bounds: action bodies, live streams ---------------------------------------------------------
 
 
