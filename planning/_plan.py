@@ -16,7 +16,7 @@ fields.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -574,6 +574,10 @@ class Plan(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    planner_fields: ClassVar[frozenset[str]] = frozenset()
+    """Fields of a subclass that record what the role's planner decided and that nothing runs:
+    a plan a user submits may not set them (the agent refuses it, naming the field)."""
 
     id: Annotated[str, StringConstraints(pattern=rf"^{PLAN_ID_PATTERN}$")]
     revision: int = Field(default=1, ge=1)
