@@ -57,6 +57,15 @@ def child_id(plan: Plan, step_id: str, iteration: int | None) -> str:
     return base if iteration is None else f"{base}.{iteration}"
 
 
+def nested_plan_id(plan: Plan, step: LoopStep | SubplanStep, index: int) -> str:
+    """The id of the nested plan of ``step``'s iteration ``index`` in ``plan`` (for a sub-plan,
+    its attempt ``index``: ``.a{index}`` from the second)."""
+    if isinstance(step, LoopStep):
+        return child_id(plan, step.id, index)
+    base = child_id(plan, step.id, None)
+    return base if index == 1 else f"{base}.a{index}"
+
+
 class _Nested:
     """Runs loop and sub-plan steps through the engine's ``Children``.
 
@@ -85,10 +94,7 @@ class _Nested:
 
     def plan_id_of(self, step: LoopStep | SubplanStep, index: int) -> str:
         """The id of the nested plan of ``step``'s iteration (a sub-plan's attempt) ``index``."""
-        if isinstance(step, LoopStep):
-            return child_id(self.state.plan, step.id, index)
-        base = child_id(self.state.plan, step.id, None)
-        return base if index == 1 else f"{base}.a{index}"
+        return nested_plan_id(self.state.plan, step, index)
 
     def nested_id(self, key: str) -> str:
         """The id of the nested plan an expansion key (``f"{step_id}.{iteration}"``) names."""

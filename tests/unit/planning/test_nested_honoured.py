@@ -24,6 +24,7 @@ from stratagem.planning import (
     SqliteStateStore,
     ToolContext,
     TransientError,
+    replay,
     validate_plan,
 )
 
@@ -183,6 +184,18 @@ async def test_a_subplans_retry_runs_it_again_after_undoing_the_failed_attempt()
         "do p/s.a3",
     ]
     assert result.outputs["s"]["b"] == {"ok": True}
+
+
+async def test_a_retried_subplan_replays_each_attempt_from_its_own_nested_plan() -> None:
+    effects = Effects(fail_first=1)
+    store = InMemoryStateStore()
+    flaky = {"kind": "tool", "id": "b", "tool": "flaky", "retry": {"max_attempts": 1}}
+    step = {"kind": "subplan", "id": "s", "retry": FAST, "steps": [flaky]}
+    engine = Engine(tools=effects.runner(), agent="tactical", store=store)
+    result = await asyncio.wait_for(engine.run(plan_of(step)), BOUND_S)
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    replayed = await replay(store, "p", timeout_s=BOUND_S)
+    assert not replayed.diverged, replayed.divergences
 
 
 async def test_a_subplan_without_retry_makes_one_attempt() -> None:
