@@ -360,8 +360,11 @@ class LoopStep(StepBase):
 
     ``timeout_s`` is a timebox over the whole step, from its first iteration's start (journaled,
     so it holds across a restart): when it expires, the running iteration is cancelled (its nested
-    plan compensates itself) and the step fails with class ``timeout``. A loop has no ``retry``
-    (``validate_plan`` refuses one): its body's steps retry on their own.
+    plan compensates itself) and the step fails with class ``timeout``. ``retry`` (one attempt
+    by default) runs a failed iteration again (the same ``inputs.iteration`` and ``inputs.last``)
+    after a ``transient`` or ``timeout`` failure: its attempt ``k`` is a new nested plan
+    (``f"{plan_id}/{id}.{n}.a{k}"`` from the second), started once the failed one has ended and
+    compensated itself; ``max_attempts`` counts per iteration.
 
     Attributes:
         steps: The body: steps of the same agent, as in a plan (their own ids).

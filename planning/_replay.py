@@ -654,14 +654,15 @@ async def _load(
     plans[plan.id] = _Replayed(
         plan, label, status, _recorded(plan, records), _Observer(plan, records, served)
     )
-    seen: set[tuple[str, int]] = set()
+    started: dict[tuple[str, int], int] = {}  # a loop's iteration -> its attempts so far
     for record in records:
-        if not isinstance(record, IterationRecord) or (record.step_id, record.iteration) in seen:
+        if not isinstance(record, IterationRecord) or record.outcome != "started":
             continue
-        seen.add((record.step_id, record.iteration))
+        iteration = (record.step_id, record.iteration)
+        attempt = started[iteration] = started.get(iteration, 0) + 1
         step = steps.get(record.step_id)
         if isinstance(step, LoopStep | SubplanStep):
-            nested_id = nested_plan_id(plan, step, record.iteration)
+            nested_id = nested_plan_id(plan, step, record.iteration, attempt)
         else:
             nested_id = child_id(plan, record.step_id, record.iteration)
         nested = await store.load(nested_id)
@@ -669,6 +670,8 @@ async def _load(
             continue
         nested_records = await store.journal(nested_id)
         prefix = f"{record.step_id}.{record.iteration}/"
+        if attempt > 1:  # a loop's iteration retried: each attempt's steps named apart
+            prefix = f"{record.step_id}.{record.iteration}.a{attempt}/"
         await _load(
             store,
             nested.plan(Plan),

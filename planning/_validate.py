@@ -241,11 +241,6 @@ def _nested_problems(
     problems.extend(_ref_problems(step, step.inputs, deps))
     body = {inner.id for inner in step.steps}
     if isinstance(step, LoopStep):
-        if step.retry != LoopStep.model_fields["retry"].default:
-            problems.append(
-                f"step {step.id!r} is a loop: it has no retry (an iteration is not retried); "
-                f"give its body's steps a retry"
-            )
         if step.max_iterations is None and step.timebox_s is None:
             problems.append(
                 f"step {step.id!r} is a loop without a bound: give max_iterations, timebox_s "

@@ -57,11 +57,12 @@ def child_id(plan: Plan, step_id: str, iteration: int | None) -> str:
     return base if iteration is None else f"{base}.{iteration}"
 
 
-def nested_plan_id(plan: Plan, step: LoopStep | SubplanStep, index: int) -> str:
-    """The id of the nested plan of ``step``'s iteration ``index`` in ``plan`` (for a sub-plan,
-    its attempt ``index``: ``.a{index}`` from the second)."""
+def nested_plan_id(plan: Plan, step: LoopStep | SubplanStep, index: int, attempt: int = 1) -> str:
+    """The id of the nested plan of ``step``'s iteration ``index`` (its ``attempt``) in ``plan``;
+    a sub-plan's attempts are its iterations: ``.a{index}`` from the second."""
     if isinstance(step, LoopStep):
-        return child_id(plan, step.id, index)
+        base = child_id(plan, step.id, index)
+        return base if attempt == 1 else f"{base}.a{attempt}"
     base = child_id(plan, step.id, None)
     return base if index == 1 else f"{base}.a{index}"
 
@@ -94,7 +95,9 @@ class _Nested:
 
     def plan_id_of(self, step: LoopStep | SubplanStep, index: int) -> str:
         """The id of the nested plan of ``step``'s iteration (a sub-plan's attempt) ``index``."""
-        return nested_plan_id(self.state.plan, step, index)
+        found = self.state.iterations.get(step.id)
+        attempt = 1 if found is None else found.attempts.get(index, 1)
+        return nested_plan_id(self.state.plan, step, index, attempt)
 
     def nested_id(self, key: str) -> str:
         """The id of the nested plan an expansion key (``f"{step_id}.{iteration}"``) names."""
@@ -181,7 +184,6 @@ class _Nested:
         state = self.state
         found = state.iterations.get(step.id)
         index = 1 if found is None or found.current == 0 else found.current
-        rng: random.Random | None = None
         while True:
             ended = found is not None and found.ended == index  # charged already: read it back
             if not ended:
@@ -195,20 +197,29 @@ class _Nested:
                     self._ended(step, index, "held", "null", result)
                 return _Outcome(dict(result.outputs), None, "", index)
             outcome = self._child_failed(step, index, result, charge=not ended)
-            outcome.attempts = index
-            assert outcome.failure_class is not None
-            action = self.policy.after_attempt(step, outcome.failure_class, index)
-            if action is not Action.RETRY:
+            if not await self._retried(step, index, outcome):
                 return outcome
-            if rng is None:
-                plan = state.plan
-                rng = random.Random(step_run_id(plan.id, plan.revision, step.id))
-            delay = backoff_delay(step.retry, index, rng)
-            state.retrying(step.id, index, outcome.failure_class, outcome.message, delay)
-            await self.sleep(delay)
             index += 1
             found = None
-            state.start(step.id, index)
+
+    async def _retried(self, step: LoopStep | SubplanStep, tries: int, outcome: _Outcome) -> bool:
+        """The nested plan (a sub-plan's, or a loop's iteration's) failed after ``tries`` attempts
+        with ``outcome``: whether the step's ``retry`` runs it again, once its backoff is over (the
+        retry journaled first). ``outcome.attempts`` becomes the step's attempts either way."""
+        state = self.state
+        attempt = state.attempts.get(step.id, 1)
+        outcome.attempts = attempt
+        failure_class = outcome.failure_class
+        assert failure_class is not None
+        if self.policy.after_attempt(step, failure_class, tries) is not Action.RETRY:
+            return False
+        plan = state.plan
+        rng = random.Random(f"{step_run_id(plan.id, plan.revision, step.id)}:{attempt}")
+        delay = backoff_delay(step.retry, tries, rng)
+        state.retrying(step.id, attempt, failure_class, outcome.message, delay)
+        await self.sleep(delay)
+        state.start(step.id, attempt + 1)
+        return True
 
     async def _loop(self, step: LoopStep, inputs: dict[str, Any]) -> _Outcome:
         state = self.state
@@ -220,17 +231,24 @@ class _Nested:
                 await self.resume_outputs(step.id, found.ended)
             if found.ended and found.holds:
                 return _done(found.ended, True, found.last)
-            if found.failed:  # it failed before the step's failure was recorded: read it back
-                ended = await self._child(
-                    step, found.ended, {**inputs, LOOP_ITERATION: found.ended, LOOP_LAST: None}
-                )
-                if isinstance(ended, _Outcome):
-                    return ended
-                return self._child_failed(step, found.ended, ended, charge=False)
             started_at = found.started_at
             last = found.last
             resuming = found.current > found.ended
             iteration = found.current if resuming else found.ended + 1
+            if found.failed:  # it failed before the step's failure was recorded: read it back
+                iteration = found.ended
+                ended = await self._child(
+                    step, iteration, {**inputs, LOOP_ITERATION: iteration, LOOP_LAST: None}
+                )
+                if isinstance(ended, _Outcome):
+                    return ended
+                outcome = self._child_failed(step, iteration, ended, charge=False)
+                if not await self._retried(step, found.attempts.get(iteration, 1), outcome):
+                    return outcome
+                last = None
+                if iteration > 1:  # the retried iteration reads the one before it as ``last``
+                    previous = self.plan_id_of(step, iteration - 1)
+                    last = await self.children.outputs(previous)
         until = None if step.until is None else expression(step.until)
         while True:
             if not resuming:
@@ -252,7 +270,11 @@ class _Nested:
             if isinstance(result, _Outcome):
                 return result
             if result.status is not PlanStatus.SUCCEEDED:
-                return self._child_failed(step, iteration, result)
+                outcome = self._child_failed(step, iteration, result)
+                tries = state.iterations[step.id].attempts.get(iteration, 1)
+                if not await self._retried(step, tries, outcome):
+                    return outcome
+                continue  # the same iteration again: its next attempt
             holds, value_json = False, "null"
             if until is not None:
                 try:

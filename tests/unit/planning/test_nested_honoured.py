@@ -1,9 +1,9 @@
-"""A loop's and a sub-plan's own ``timeout_s`` and ``retry``: honoured, durably, or refused.
+"""A loop's and a sub-plan's own ``timeout_s`` and ``retry``: honoured, durably.
 
 ``timeout_s`` is a timebox over the whole step (the running nested plan is cancelled and
 compensates itself; the step fails ``timeout``); a sub-plan's ``retry`` runs the whole nested plan
-again, each attempt a new nested plan started once the failed one has compensated itself; a loop
-refuses ``retry``. Both hold across a restart (issue 32).
+again, and a loop's its failed iteration, each attempt a new nested plan started once the failed
+one has compensated itself. Both hold across a restart (issue 32).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from stratagem.planning import (
     InMemoryStateStore,
     Plan,
     PlanStatus,
-    PlanValidationError,
     SqliteStateStore,
     ToolContext,
     TransientError,
     replay,
-    validate_plan,
 )
 
 from ._support import DictToolRunner, noop
@@ -249,17 +247,86 @@ async def test_a_subplans_retry_resumes_the_attempt_that_was_running(tmp_path: P
     assert effects.log == ["do p/s", "undo p/s", "do p/s.a2"]  # nothing redone
 
 
-def test_a_loop_refuses_retry_naming_the_step_and_the_field() -> None:
-    step = {
-        "kind": "loop",
-        "id": "l",
-        "max_iterations": 2,
-        "retry": {"max_attempts": 3},
-        "steps": [{"kind": "tool", "id": "t", "tool": "noop"}],
-    }
-    with pytest.raises(PlanValidationError) as caught:
-        validate_plan(plan_of(step), tools={"noop"})
-    assert caught.value.problems == [
-        "step 'l' is a loop: it has no retry (an iteration is not retried); give its body's "
-        "steps a retry"
-    ]
+async def test_a_loops_retry_runs_a_failed_iteration_again_after_undoing_it() -> None:
+    effects = Effects(fail_first=1)
+    seen: list[tuple[str, int]] = []
+
+    async def flaky(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        seen.append((ctx.plan_id, input["n"]))
+        return await effects.flaky(input, ctx)
+
+    runner = effects.runner()
+    runner.tools["flaky"] = flaky
+    [a, b] = body("flaky")
+    b["input"] = {"n": {"$expr": "inputs.iteration"}}
+    step = {"kind": "loop", "id": "l", "max_iterations": 2, "retry": FAST, "steps": [a, b]}
+    store = InMemoryStateStore()
+    engine = Engine(tools=runner, agent="tactical", store=store)
+    result = await asyncio.wait_for(engine.run(plan_of(step)), BOUND_S)
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    assert result.outputs["l"]["iterations"] == 2
+    # Iteration 1 again (the same inputs.iteration) as a nested plan of its own, once the
+    # failed attempt had undone its effect; iteration 2 after it.
+    assert effects.log == ["do p/l.1", "undo p/l.1", "do p/l.1.a2", "do p/l.2"]
+    assert seen == [("p/l.1", 1), ("p/l.1.a2", 1), ("p/l.2", 2)]
+
+
+async def test_a_loops_iteration_retries_at_most_max_attempts_each() -> None:
+    effects = Effects(fail_first=5)
+    step = {"kind": "loop", "id": "l", "max_iterations": 3, "retry": FAST, "steps": body("flaky")}
+    result = await Engine(tools=effects.runner(), agent="tactical").run(plan_of(step))
+    assert result.status is PlanStatus.FAILED
+    [failure] = result.failures
+    assert failure.failure_class is FailureClass.TRANSIENT
+    assert failure.attempts == 3
+    assert failure.message.startswith("iteration 1 (p/l.1.a3) failed")
+
+
+async def test_a_retried_loop_replays_each_attempt_from_its_own_nested_plan() -> None:
+    effects = Effects(fail_first=1)
+    store = InMemoryStateStore()
+    flaky = {"kind": "tool", "id": "b", "tool": "flaky", "retry": {"max_attempts": 1}}
+    step = {"kind": "loop", "id": "l", "max_iterations": 2, "retry": FAST, "steps": [flaky]}
+    engine = Engine(tools=effects.runner(), agent="tactical", store=store)
+    result = await asyncio.wait_for(engine.run(plan_of(step)), BOUND_S)
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    replayed = await replay(store, "p", timeout_s=BOUND_S)
+    assert not replayed.diverged, replayed.divergences
+
+
+async def test_a_loops_retry_resumes_the_attempt_that_was_running(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    effects = Effects()
+
+    async def second(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        if ctx.plan_id == "p/l.1":
+            raise TransientError("first attempt fails")
+        await effects.stuck(input, ctx)
+        return {}
+
+    class Runner(DictToolRunner):
+        def is_idempotent(self, name: str) -> bool:
+            return name == "second"
+
+    runner = Runner(effects.runner().tools)
+    runner.tools["second"] = second
+    step = {"kind": "loop", "id": "l", "max_iterations": 1, "retry": FAST, "steps": body("second")}
+    async with SqliteStateStore(path) as store:
+        engine = Engine(tools=runner, agent="tactical", store=store)
+        running = asyncio.create_task(engine.run(plan_of(step)))
+        await asyncio.wait_for(effects.stuck_started.wait(), BOUND_S)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    assert effects.log == ["do p/l.1", "undo p/l.1", "do p/l.1.a2"]
+
+    async def done(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        return {"ok": ctx.plan_id}
+
+    runner.tools["second"] = done
+    async with SqliteStateStore(path) as store:
+        engine = Engine(tools=runner, agent="tactical", store=store)
+        result = await asyncio.wait_for(engine.resume("p"), BOUND_S)
+    assert result.status is PlanStatus.SUCCEEDED, result.failures
+    assert result.outputs["l"]["last"]["b"] == {"ok": "p/l.1.a2"}
+    assert effects.log == ["do p/l.1", "undo p/l.1", "do p/l.1.a2"]  # nothing redone

@@ -154,7 +154,7 @@ EVIDENCE: dict[str, dict[str, Test | Refused]] = {
         **SHARED,
         **NO_COMPENSATION,
         "timeout_s": (HONOURED, "test_a_timeout_covers_a_loops_iterations_not_each_one"),
-        "retry": Refused({"max_attempts": 2}, "it has no retry"),
+        "retry": (HONOURED, "test_a_loops_retry_runs_a_failed_iteration_again_after_undoing_it"),
         "steps": (DYNAMIC, "test_a_loop_repeats_its_body_until_its_condition_holds"),
         "until": (DYNAMIC, "test_a_loop_repeats_its_body_until_its_condition_holds"),
         "max_iterations": (
