@@ -242,9 +242,9 @@ class _Nested:
                 )
                 if isinstance(ended, _Outcome):
                     return ended
-                outcome = self._child_failed(step, iteration, ended, charge=False)
-                if not await self._retried(step, found.attempts.get(iteration, 1), outcome):
-                    return outcome
+                failure = self._child_failed(step, iteration, ended, charge=False)
+                if not await self._retried(step, found.attempts.get(iteration, 1), failure):
+                    return failure
                 last = None
                 if iteration > 1:  # the retried iteration reads the one before it as ``last``
                     previous = self.plan_id_of(step, iteration - 1)
@@ -270,10 +270,10 @@ class _Nested:
             if isinstance(result, _Outcome):
                 return result
             if result.status is not PlanStatus.SUCCEEDED:
-                outcome = self._child_failed(step, iteration, result)
+                failure = self._child_failed(step, iteration, result)
                 tries = state.iterations[step.id].attempts.get(iteration, 1)
-                if not await self._retried(step, tries, outcome):
-                    return outcome
+                if not await self._retried(step, tries, failure):
+                    return failure
                 continue  # the same iteration again: its next attempt
             holds, value_json = False, "null"
             if until is not None:
