@@ -1,9 +1,10 @@
 """What an agent checks before it runs a plan, and what it keeps of a plan it does not run.
 
 Functions ``Agent`` calls with the few things each needs: why a plan may not run here
-(``plan_problems``), the tool approvals its policy asks (``tool_approvals``), a refused plan kept
-in the store with its reason (``store_refusal``), and a request already served: its stored state
-(``served_before``) and the result rebuilt from it (``stored_result``).
+(``plan_problems``; for a user's plan, ``planner_fields_set`` too), the tool approvals its
+policy asks (``tool_approvals``), a refused plan kept in the store with its reason
+(``store_refusal``), and a request already served: its stored state (``served_before``) and the
+result rebuilt from it (``stored_result``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from stratagem.planning import (
 )
 from stratagem.protocol import FailedPreconditionError, Policy
 
-__all__ = ["plan_problems", "served_before", "store_refusal", "stored_result", "tool_approvals"]
+__all__ = [
+    "plan_problems",
+    "planner_fields_set",
+    "served_before",
+    "store_refusal",
+    "stored_result",
+    "tool_approvals",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +62,29 @@ def plan_problems(
         validate_plan(plan, tools=registry)
     except PlanValidationError as exc:
         problems.extend(exc.problems)
+    return problems
+
+
+def planner_fields_set(plan: Plan, plan_type: type[Plan]) -> list[str]:
+    """The planner's fields a user's ``plan`` sets (one problem each; empty: none).
+
+    The typed fields a role's plan type adds to ``Plan`` (``TacticalPlan.dependencies``,
+    ``PerceptionPlan.extraction_patterns``, ...) record what the role's planner decided; neither
+    the planner nor the engine acts on them in a plan a user submits (the steps alone say what
+    runs), so a user's plan may not set them: accepted, they would be ignored. The plan type
+    names them (``Plan.planner_fields``); an extension's plan type whose fields its tools read
+    names none.
+    """
+    problems = []
+    for name, info in type(plan).model_fields.items():
+        if name not in plan.planner_fields or name not in plan.model_fields_set:
+            continue
+        if getattr(plan, name) == info.get_default(call_default_factory=True):
+            continue  # the default, as an exported plan carries it: nothing was asked
+        problems.append(
+            f"field {name!r} is set by the {plan.owner} agent's planner and nothing runs it in a "
+            f"user's plan: leave it out (the steps say what runs)"
+        )
     return problems
 
 

@@ -67,6 +67,7 @@ from pydantic import ValidationError
 
 from stratagem.agents._admission import (
     plan_problems,
+    planner_fields_set,
     served_before,
     store_refusal,
     stored_result,
@@ -412,7 +413,7 @@ class Agent:
         """A user's plan that this agent may not run is the caller's bad input: refused as such
         (``InvalidArgumentError`` naming every problem) before anything runs, and kept in the
         history with its reason (``_refuse``)."""
-        problems = self._problems(plan)
+        problems = [*planner_fields_set(plan, self.plan_type), *self._problems(plan)]
         if problems:
             message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
             await self._refuse(plan, "", message)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -278,7 +278,7 @@ class PlanHistory:
         if view == "steps":
             update["steps"] = _fitted(
                 [
-                    _step_record(step, statuses[step.id], state, made)
+                    _step_record(step, statuses[step.id], state, made, plan.inputs)
                     for step, made in zip(plan.steps, _makers(plan, revisions), strict=True)
                 ],
                 full=full,
@@ -415,8 +415,14 @@ def _makers(plan: Plan, revisions: Sequence[RevisionRecord]) -> list[tuple[int, 
 
 
 def _step_record(
-    step: Step, status: StepStatus, state: PlanState, made: tuple[int, str]
+    step: Step,
+    status: StepStatus,
+    state: PlanState,
+    made: tuple[int, str],
+    inputs: Mapping[str, Any],
 ) -> StepRecord:
+    """The record of ``step``: its input as the engine resolved it for the tool (references
+    and expressions over earlier outputs and the plan's ``inputs``), its status and result."""
     recorded = state.steps.get(step.id)
     gate = state.gates.get(step.id)
     attempts = recorded.attempt if recorded is not None else 0
@@ -433,7 +439,7 @@ def _step_record(
     given: Any = declared
     if declared is not None and attempts:
         try:
-            given = resolve_refs(declared, state.outputs)
+            given = resolve_refs(declared, state.outputs, inputs)
         except RefError:
             given = declared
     message = recorded.message if recorded is not None else ""

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
@@ -247,6 +247,9 @@ class OrchestrationPlan(Plan):
     Attributes:
         assignments: One per step, in plan order.
     """
+
+    # What the planner decided, for the record: nothing runs these in a user's plan.
+    planner_fields: ClassVar[frozenset[str]] = frozenset({"assignments"})
 
     assignments: list[Assignment] = Field(default_factory=list)
 

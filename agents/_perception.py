@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
@@ -111,6 +111,11 @@ class PerceptionPlan(Plan):
         entity_resolution_strategy: How noun phrases become entities.
         state_update_sequence: The world-model reads and changes, in order.
     """
+
+    # What the planner decided, for the record: nothing runs these in a user's plan.
+    planner_fields: ClassVar[frozenset[str]] = frozenset(
+        {"extraction_patterns", "entity_resolution_strategy", "state_update_sequence"}
+    )
 
     extraction_patterns: list[ExtractionPattern] = Field(default_factory=list)
     entity_resolution_strategy: ResolutionStrategy = "head_noun"

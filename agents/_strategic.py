@@ -12,7 +12,7 @@ Plans:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,6 +95,11 @@ class StrategicPlan(Plan):
         thematic_elements: The themes considered (given by the request, or the lexicon's themes).
         dramatic_beats: The beats the arc will have.
     """
+
+    # What the planner decided, for the record: nothing runs these in a user's plan.
+    planner_fields: ClassVar[frozenset[str]] = frozenset(
+        {"narrative_goals", "thematic_elements", "dramatic_beats"}
+    )
 
     narrative_goals: list[NarrativeGoal] = Field(default_factory=list)
     thematic_elements: list[str] = Field(default_factory=list)

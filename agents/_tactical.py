@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,6 +100,11 @@ class TacticalPlan(Plan):
         dependencies: Step id -> the steps it waits for.
         resource_requirements: Actors, goals and search bounds.
     """
+
+    # What the planner decided, for the record: nothing runs these in a user's plan.
+    planner_fields: ClassVar[frozenset[str]] = frozenset(
+        {"execution_steps", "dependencies", "resource_requirements"}
+    )
 
     execution_steps: list[TacticalStep] = Field(default_factory=list)
     dependencies: dict[str, list[str]] = Field(default_factory=dict)

@@ -16,7 +16,7 @@ fields.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -167,6 +167,8 @@ class RetryPolicy(BaseModel):
 
 
 _DEFAULT_RETRY: Final = RetryPolicy()
+# A loop's or a sub-plan's default: one attempt (its body's steps retry on their own).
+_ONE_ATTEMPT: Final = RetryPolicy(max_attempts=1)
 
 
 class StepBase(BaseModel):
@@ -356,6 +358,14 @@ class LoopStep(StepBase):
     before each iteration starts, from the loop's first start) or both. An iteration that fails
     fails the loop. The step's output is ``{"iterations": n, "done": bool, "last": {...}}``.
 
+    ``timeout_s`` is a timebox over the whole step, from its first iteration's start (journaled,
+    so it holds across a restart): when it expires, the running iteration is cancelled (its nested
+    plan compensates itself) and the step fails with class ``timeout``. ``retry`` (one attempt
+    by default) runs a failed iteration again (the same ``inputs.iteration`` and ``inputs.last``)
+    after a ``transient`` or ``timeout`` failure: its attempt ``k`` is a new nested plan
+    (``f"{plan_id}/{id}.{n}.a{k}"`` from the second), started once the failed one has ended and
+    compensated itself; ``max_attempts`` counts per iteration.
+
     Attributes:
         steps: The body: steps of the same agent, as in a plan (their own ids).
         until: When the loop is done: an expression over the iteration's outputs and ``inputs``;
@@ -371,6 +381,7 @@ class LoopStep(StepBase):
     """
 
     kind: Literal["loop"] = "loop"
+    retry: RetryPolicy = _ONE_ATTEMPT
     steps: list[Step] = Field(min_length=1, max_length=MAX_BODY_STEPS)
     until: ExpressionText | None = None
     max_iterations: int | None = Field(default=None, ge=1, le=MAX_ITERATIONS)
@@ -390,6 +401,13 @@ class SubplanStep(StepBase):
     plan's outputs by step id, and fails when the nested plan fails (with its first failure's
     class).
 
+    ``timeout_s`` is a timebox over the whole step, attempts and backoffs included, from its first
+    attempt's start (journaled, so it holds across a restart): when it expires, the running nested
+    plan is cancelled (it compensates itself) and the step fails with class ``timeout``. ``retry``
+    (one attempt by default) runs the whole nested plan again after a ``transient`` or
+    ``timeout`` failure: attempt ``n`` is a new nested plan (id ``f"{plan_id}/{id}.a{n}"`` from
+    the second), started only once the failed one has ended and compensated itself.
+
     Attributes:
         steps: The nested plan's steps.
         inputs: The nested plan's inputs; values may be expressions.
@@ -398,6 +416,7 @@ class SubplanStep(StepBase):
     """
 
     kind: Literal["subplan"] = "subplan"
+    retry: RetryPolicy = _ONE_ATTEMPT
     steps: list[Step] = Field(min_length=1, max_length=MAX_BODY_STEPS)
     inputs: dict[str, Any] = Field(default_factory=dict)
     max_in_flight: int | None = Field(default=None, ge=1, le=10_000)
@@ -558,6 +577,10 @@ class Plan(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    planner_fields: ClassVar[frozenset[str]] = frozenset()
+    """Fields of a subclass that record what the role's planner decided and that nothing runs:
+    a plan a user submits may not set them (the agent refuses it, naming the field)."""
 
     id: Annotated[str, StringConstraints(pattern=rf"^{PLAN_ID_PATTERN}$")]
     revision: int = Field(default=1, ge=1)

@@ -30,9 +30,9 @@ The **decisions** compared, per step, in plan order:
 
 and for the plan, ``plan_status``. The nested plans of loop and sub-plan steps replay with their
 parent, served from their own journals; their steps' decisions are compared too, each named
-``"{step}.{iteration}/{inner step}"`` (``"{step}.1/..."`` for a sub-plan), outputs aside (they
-show in the decisions of the step that reads them). Backoff delays, timings and wall-time
-budgets are not decisions (they depend on the clock); neither is the interleaving of
+``"{step}.{iteration}/{inner step}"`` (``"{step}.N/..."`` for a sub-plan's attempt N), outputs
+aside (they show in the decisions of the step that reads them). Backoff delays, timings and
+wall-time budgets are not decisions (they depend on the clock); neither is the interleaving of
 independent steps. A tool's call costs the cost units its recorded intents reserved, so a
 ``cost_units`` budget runs out where it did.
 
@@ -61,7 +61,7 @@ from typing import Any, Final
 
 from stratagem.planning._dispatch import CrossAgentCall
 from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolContext, ToolRunner
-from stratagem.planning._engine._nested import child_id
+from stratagem.planning._engine._nested import child_id, nested_plan_id
 from stratagem.planning._engine._state import key_owner
 from stratagem.planning._errors import PlanControlError, StepError
 from stratagem.planning._plan import (
@@ -476,7 +476,8 @@ async def replay(
         tools: A tool runner **without side effects** to call for tool steps instead of serving
             the recorded outputs (e.g. a new version of the tools).
         outputs: Step id -> an output to serve instead of the step's recorded one; a step of a
-            nested plan is named ``"{step}.{iteration}/{inner step}"`` (``.1`` for a sub-plan).
+            nested plan is named ``"{step}.{iteration}/{inner step}"`` (``.N`` for a sub-plan's
+            attempt N, ``.1`` without a retry).
         plan_type: The class to load the stored plan as.
         timeout_s: The replay's limit; a replay that has not ended by then reports
             ``plan_status`` diverging as ``"stuck"``.
@@ -653,19 +654,24 @@ async def _load(
     plans[plan.id] = _Replayed(
         plan, label, status, _recorded(plan, records), _Observer(plan, records, served)
     )
-    seen: set[tuple[str, int]] = set()
+    started: dict[tuple[str, int], int] = {}  # a loop's iteration -> its attempts so far
     for record in records:
-        if not isinstance(record, IterationRecord) or (record.step_id, record.iteration) in seen:
+        if not isinstance(record, IterationRecord) or record.outcome != "started":
             continue
-        seen.add((record.step_id, record.iteration))
+        iteration = (record.step_id, record.iteration)
+        attempt = started[iteration] = started.get(iteration, 0) + 1
         step = steps.get(record.step_id)
-        iteration = None if isinstance(step, SubplanStep) else record.iteration
-        nested_id = child_id(plan, record.step_id, iteration)
+        if isinstance(step, LoopStep | SubplanStep):
+            nested_id = nested_plan_id(plan, step, record.iteration, attempt)
+        else:
+            nested_id = child_id(plan, record.step_id, record.iteration)
         nested = await store.load(nested_id)
         if nested is None:
             continue
         nested_records = await store.journal(nested_id)
         prefix = f"{record.step_id}.{record.iteration}/"
+        if attempt > 1:  # a loop's iteration retried: each attempt's steps named apart
+            prefix = f"{record.step_id}.{record.iteration}.a{attempt}/"
         await _load(
             store,
             nested.plan(Plan),

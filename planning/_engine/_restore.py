@@ -104,6 +104,9 @@ class _Restore(Generic[P]):
                 case StepStatus.RETRYING:  # its last attempt failed and was to be retried
                     state.load_attempt(step_id, attempt)
                     state.load_resumed_mid_way(step_id, attempt + 1)
+                    if isinstance(step, LoopStep | SubplanStep):  # it retries a nested plan
+                        for record in recorded.iterations.get(step.id, ()):
+                            state.load_iteration(record)
                 case StepStatus.BLOCKED:  # held at a policy gate
                     state.load_attempt(step_id, attempt)
                     self._policy_gate(step, entry.message, recorded)

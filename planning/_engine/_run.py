@@ -118,7 +118,9 @@ class _PlanRun(Generic[P]):
             default_timeout=config.default_timeout_s,
         )
         self.maps = _Maps(self.state, self.attempts, self.runner)
-        self.nested = _Nested(self.state, deps.children, self.admission, deps.clock)
+        self.nested = _Nested(
+            self.state, deps.children, self.admission, deps.clock, deps.policy, deps.sleep
+        )
         self.compensation = _Compensation(
             self.state,
             self.attempts,

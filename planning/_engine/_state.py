@@ -86,6 +86,8 @@ class _Iterations:
         last: The outputs of the latest iteration that ended, by step id.
         holds: Whether ``until`` held after the latest iteration that ended.
         failed: Whether the latest iteration that ended failed.
+        attempts: A loop's iteration -> its latest attempt, for an iteration retried (its
+            ``retry``); absent: its first.
     """
 
     started_at: float | None = None
@@ -94,6 +96,14 @@ class _Iterations:
     last: dict[str, Any] | None = None
     holds: bool = False
     failed: bool = False
+    attempts: dict[int, int] = field(default_factory=dict)
+
+    def start(self, iteration: int) -> None:
+        """Iteration ``iteration`` starts; the one that just failed starts its next attempt."""
+        if iteration == self.ended and self.failed:
+            self.attempts[iteration] = self.attempts.get(iteration, 1) + 1
+            self.ended, self.failed, self.holds, self.last = iteration - 1, False, False, None
+        self.current = iteration
 
 
 class _Ready:
@@ -692,7 +702,7 @@ class _RunState(Generic[P]):
             loop = self.iterations[step_id] = _Iterations()
         if loop.started_at is None:
             loop.started_at = at
-        loop.current = iteration
+        loop.start(iteration)
         key = expansion_key(step_id, iteration)
         new = key not in self.compensation
         if new:
@@ -745,7 +755,7 @@ class _RunState(Generic[P]):
         if record.outcome == "started":
             if loop.started_at is None:
                 loop.started_at = record.at
-            loop.current = record.iteration
+            loop.start(record.iteration)
         else:
             loop.ended = record.iteration
             loop.holds = record.outcome == "held"

@@ -302,3 +302,49 @@ async def test_the_retention_deletes_old_and_surplus_finished_plans(tmp_path: Pa
         assert await agent.prune_history(older_than_s=0.0) == 2
         assert await _page(agent) == []
         assert await _agent(None).prune_history(keep=1) == 0  # no store: nothing to do
+
+
+async def test_a_steps_input_is_shown_as_its_tool_received_it(tmp_path: Path) -> None:
+    """Expressions over the plan's ``inputs`` included: they showed null (issue 32)."""
+    received: dict[str, dict[str, Any]] = {}
+    registry = ToolRegistry("strategic")
+
+    @tool(name="note")
+    async def note(text: str, tension: Any, session: Any = None) -> dict[str, Any]:
+        """Record what it was given."""
+        received[text] = {"text": text, "tension": tension, "session": session}
+        return {"user": text}
+
+    registry.register(note)
+    plan = Plan(
+        id="given",
+        owner="strategic",
+        goal="show what ran",
+        inputs={"text": "Mira waits.", "hint": "high"},
+        steps=[
+            ToolStep(
+                id="first",
+                tool="note",
+                input={"text": {"$expr": "inputs.text"}, "tension": {"$expr": "inputs.hint"}},
+            ),
+            ToolStep(
+                id="second",
+                tool="note",
+                depends_on=["first"],
+                input={
+                    "text": "again",
+                    "tension": {"$expr": "join(' ', [inputs.hint, first.result.user])"},
+                    "session": ref("first.result.user"),
+                },
+            ),
+        ],
+    )
+    async with SqliteStateStore(tmp_path / "s.db") as store:
+        agent = Agent("strategic", registry, Plan, _NoPlanner(), store=store)
+        await agent.submit_plan(plan)
+        (shown,) = await _page(agent, plan_id="given", view="steps")
+    first, second = (json.loads(step.input_json) for step in shown.steps)
+    assert first == {"text": "Mira waits.", "tension": "high"}  # "tension": null before
+    assert received["Mira waits."] == first | {"session": None}  # the tool's default
+    assert second == {"text": "again", "tension": "high Mira waits.", "session": "Mira waits."}
+    assert received["again"] == second

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from stratagem.agents import StrategicAgent
-from stratagem.planning import PlanStatus, StepStatus
-from stratagem.protocol import CallContext, InvalidArgumentError
+from stratagem.planning import PlanStatus, SqliteStateStore, StepStatus
+from stratagem.protocol import CallContext, InvalidArgumentError, PlansQuery
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "plans" / "decide.yaml"
 
@@ -177,3 +177,16 @@ async def test_bad_dynamic_steps_are_refused_in_one_line_before_anything_runs(
     assert "\n" not in message
     assert problem in message
     assert not [s for s in agent.plans(plan["id"]) if s.plan_id != plan["id"]]  # nothing nested
+
+
+async def test_the_example_shows_each_steps_input_as_its_tool_received_it(tmp_path: Path) -> None:
+    """``plans show`` reads these records: ``protagonist`` showed ``"text": null`` and
+    ``hinted`` ``"tension": null`` (issue 32)."""
+    plan = example()
+    async with SqliteStateStore(tmp_path / "s.db") as store:
+        agent = StrategicAgent(store=store)
+        await agent.submit_plan(plan)
+        page = await agent.history(PlansQuery(plan_id=plan["id"], view="steps"), 1 << 20)
+    shown = {step.step_id: json.loads(step.input_json) for step in page.plans[0].steps}
+    assert shown["protagonist"] == {"text": plan["inputs"]["text"], "entities": []}
+    assert shown["hinted"]["tension"] == "high"
