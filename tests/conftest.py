@@ -170,8 +170,8 @@ def _no_model_server(reason: str) -> None:
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The embedded model server (llama.cpp's OpenAI-compatible server, Gemma 3 270M): its
     ``url`` and ``model``. ``STRATAGEM_TEST_MODEL_URL`` names one already running; otherwise
-    scripts/model_server.sh installs it (built once per machine under ~/.cache/stratagem) and starts one on a free
-    port for this session, stopped by its PID at the end."""
+    scripts/model_server.sh installs it (built once per machine under ~/.cache/stratagem) and
+    starts one on a free port for this session, stopped by its PID at the end."""
     url = os.environ.get("STRATAGEM_TEST_MODEL_URL")
     if url:
         yield {"url": url, "model": os.environ.get("STRATAGEM_TEST_MODEL", "gemma-3-270m")}

@@ -1,8 +1,9 @@
 """One trace per goal in a real backend: Arize Phoenix, started by this module on 127.0.0.1.
 
-``scripts/otel_backend.sh`` installs Phoenix into its own virtual environment (under ``~/.cache/stratagem``, once:
-it takes minutes) and starts it on free loopback ports. The driver and the four agents export their
-spans with the real OTLP gRPC exporter; the test reads them back through Phoenix's REST API
+``scripts/otel_backend.sh`` installs Phoenix into its own virtual environment (under
+``~/.cache/stratagem``, once: it takes minutes) and starts it on free loopback ports. The driver
+and the four agents export their spans with the real OTLP gRPC exporter; the test reads them back
+through Phoenix's REST API
 (``GET /v1/projects/{project}/spans?trace_id=…``) and checks the trace's shape. Where Phoenix
 cannot be installed the module is skipped, except under ``CI=true``, where that is a failure.
 """
