@@ -473,6 +473,30 @@ async def test_a_reused_request_id_with_another_payload_is_failed_precondition(
     assert len(backend.calls) == 1
 
 
+async def test_a_request_repeated_on_nobodys_behalf_is_the_same_request(
+    server: AgentServer, backend: FakeBackend, connect: Connect
+) -> None:
+    # A plan's step first asked while its agent served the operator's call (delegation
+    # ["operator"]); the plan resumed after a restart asks again on nobody's behalf.
+    client = connect(server.endpoint, caller="orchestrator")
+    serving = CallContext("operator", "orchestrator", "RunPlan", "run-1")
+    token = current_call.set(serving)
+    try:
+        first = await client.call(
+            "perception", "ExtractEntities", EXTRACT, request_id="goal@1:read.17"
+        )
+    finally:
+        current_call.reset(token)
+    again = await client.call("perception", "ExtractEntities", EXTRACT, request_id="goal@1:read.17")
+    assert again == first
+    assert [ctx.delegation for _, _, ctx in backend.calls] == [("operator",)]
+    # Another request under that id is still refused, whoever it is on behalf of.
+    other = type(EXTRACT)(text="Something else entirely.")
+    with pytest.raises(FailedPreconditionError, match="already used for a different request"):
+        await client.call("perception", "ExtractEntities", other, request_id="goal@1:read.17")
+    assert len(backend.calls) == 1
+
+
 class _SlowAudit(InMemoryAuditLog):
     """An audit log whose writes take a while, as a busy disk's would."""
 
