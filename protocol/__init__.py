@@ -95,6 +95,7 @@ from stratagem.protocol._codec import (
 )
 from stratagem.protocol._context import CallContext, current_call, remaining_time
 from stratagem.protocol._errors import (
+    AbortedError,
     CancelledError,
     Code,
     DeadlineExceededError,
@@ -233,6 +234,7 @@ __all__ = [
     "WORLD_PATTERN",
     "A2AConfig",
     "A2AServer",
+    "AbortedError",
     "Action",
     "AgentBackend",
     "AgentCard",

@@ -27,6 +27,7 @@ EXPECTED = [
     "WORLD_PATTERN",
     "A2AConfig",
     "A2AServer",
+    "AbortedError",
     "Action",
     "AgentBackend",
     "AgentCard",
