@@ -5,6 +5,7 @@ plan answers the same under ``plans`` as at the top level."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -181,3 +182,29 @@ def test_plans_run_of_a_plan_that_fails_transiently_runs_it_once_and_exits_1(
         shown = stratagem(served, "plans", "show", plan_id, "--json")
         (one,) = json.loads(shown.stdout)["plans"]
         assert (one["revision"], one["status"]) == (1, "failed")
+
+
+def test_plans_run_past_its_deadline_prints_the_plans_real_status(
+    served: Served, tmp_path: Path
+) -> None:
+    # The call ends at its deadline, the plan runs on at its owner: it is "running", not
+    # "failed" (what the command printed for any error before).
+    async def linger(text: str) -> ExtractEntitiesResponse:
+        await asyncio.sleep(3)
+        return ExtractEntitiesResponse(entities=[])
+
+    assert served.agents is not None
+    served.agents["tactical"].registry.register(tool(linger, name="slow.linger"))
+    plan = {
+        "id": "lingering",
+        "owner": "tactical",
+        "goal": "take a while",
+        "steps": [{"kind": "tool", "id": "only", "tool": "slow.linger", "input": {"text": "x"}}],
+    }
+    path = tmp_path / "lingering.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    result = stratagem(served, "plans", "run", str(path), "--json", "--timeout", "1")
+    assert result.exit_code == 1, result.output
+    said = json.loads(result.stdout)
+    assert (said["plan_id"], said["status"]) == ("lingering", "running"), said
+    assert said["error"].startswith("DEADLINE_EXCEEDED"), said
