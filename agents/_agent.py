@@ -460,12 +460,13 @@ class Agent:
         """
         raw = json_object(plan_json, "the plan")
         plan = self._typed(raw)
+        # Checked first: a plan refused is refused again, whichever request sends it.
+        await self._check_users_plan(plan)
         if ctx.request_id:
             mark = run_digest(ctx.caller, ctx.request_id)
             plan = plan.model_copy(update={"goal": goal_marked(plan.goal, mark)})
             if await self._ran_for(plan.id, mark):
                 return await self._rejoin(plan, until_blocked=until_blocked)
-        await self._check_users_plan(plan)
         if not until_blocked:
             result = await self._run(plan, "", caller_deadline(ctx))
         else:

@@ -25,6 +25,7 @@ from stratagem.planning import (
     Plan,
     PlanResult,
     PlanState,
+    PlanStatus,
     RevisionRecord,
     Step,
     StepError,
@@ -39,6 +40,7 @@ from stratagem.protocol import (
     CallContext,
     CancelledError,
     CapabilitySpec,
+    FailedPreconditionError,
     FieldViolation,
     GateInfo,
     InvalidArgumentError,
@@ -133,6 +135,11 @@ def stored_failure(state: PlanState, plan: Plan, role: str) -> RemoteError:
         )
         if step.status is StepStatus.FAILED and step.failure_class is not None
     ]
+    if not failed and state.status is not PlanStatus.CANCELLED:
+        # Failed as a whole (its caller's deadline, a refusal): what its status record says.
+        return FailedPreconditionError(
+            one_line(f"plan {plan.id!r} on the {role} agent failed: {state.message}")
+        )
     result: PlanResult[Any] = PlanResult(
         status=state.status,
         outputs=state.outputs,

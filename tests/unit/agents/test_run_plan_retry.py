@@ -23,6 +23,7 @@ from stratagem.protocol import (
     AnalyzeNarrativeResponse,
     CallContext,
     FailedPreconditionError,
+    InvalidArgumentError,
     RemoteError,
     UnavailableError,
 )
@@ -162,3 +163,19 @@ async def test_a_retry_while_the_plan_runs_joins_it() -> None:
     finally:
         RELEASE.get("slow", asyncio.Event()).set()
         await agent.aclose()
+
+
+async def test_a_refused_plan_sent_again_is_refused_again(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "plans.db")
+    await store.start()
+    agent = _agent(store)
+    cyclic = json.loads(_plan("cyclic"))
+    cyclic["steps"][0]["depends_on"] = ["second"]
+    try:
+        for _ in range(2):
+            with pytest.raises(InvalidArgumentError, match="cycle"):
+                await agent.run_plan(json.dumps(cyclic), _ctx("run-1"), until_blocked=True)
+        assert RAN == []
+    finally:
+        await agent.aclose()
+        await store.aclose()
