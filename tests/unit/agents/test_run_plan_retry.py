@@ -179,3 +179,31 @@ async def test_a_refused_plan_sent_again_is_refused_again(tmp_path: Path) -> Non
     finally:
         await agent.aclose()
         await store.aclose()
+
+
+async def test_a_retry_of_a_plan_waiting_at_a_gate_answers_blocked() -> None:
+    agent = _agent()
+    gated = {
+        "id": "gated-run",
+        "owner": "strategic",
+        "goal": "wait for a yes",
+        "steps": [
+            {"kind": "gate", "id": "ok", "prompt": "Go on?"},
+            {
+                "kind": "tool",
+                "id": "after",
+                "tool": "note",
+                "input": {"text": "after"},
+                "depends_on": ["ok"],
+            },
+        ],
+    }
+    try:
+        first = await agent.run_plan(json.dumps(gated), _ctx("run-1"), until_blocked=True)
+        # Before: FAILED_PRECONDITION "already running here" (the plan waits at its gate).
+        again = await agent.run_plan(json.dumps(gated), _ctx("run-1"), until_blocked=True)
+        assert (first.status, again.status) == ("blocked", "blocked")
+        assert (first.revision, again.revision) == (1, 1)
+        assert RAN == []
+    finally:
+        await agent.aclose()
