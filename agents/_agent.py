@@ -41,8 +41,9 @@ plan fails validation       a planner's plan: ``FailedPreconditionError`` naming
                             ``InvalidArgumentError``, the plan itself is the bad input.
 step failed: logic          ``FailedPreconditionError``
 step failed: policy         ``PermissionDeniedError``
-step failed: timeout        ``DeadlineExceededError``
-step failed: transient      ``UnavailableError``
+step failed: timeout        ``DeadlineExceededError`` (``AbortedError`` for ``RunPlan``: the plan
+                            ran and failed, the call did not; see ``users_run_failure``)
+step failed: transient      ``UnavailableError`` (``AbortedError`` for ``RunPlan``)
 plan cancelled              ``CancelledError``
 control of an unknown plan  ``NotFoundError``
 control refused             ``FailedPreconditionError`` (a gate not open, a finished plan, a plan
@@ -91,9 +92,14 @@ from stratagem.agents._wire import (
     failure_error,
     goal_marked,
     invalid_argument,
+    marked_digest,
     one_line,
     reason_of,
+    recorded_digest,
+    run_digest,
     run_failure,
+    stored_failure,
+    users_run_failure,
 )
 from stratagem.planning import (
     Dispatcher,
@@ -429,6 +435,12 @@ class Agent:
         caller comes back for it (``plans run``): the plan runs in a task of its own, bound by no
         caller's deadline, and ``cancel`` stops it.
 
+        The same request again (its caller and ``request_id``: a client retrying a call it got
+        no answer to) runs nothing: the plan is marked with the request (``run_digest``), and a
+        retry waits for that plan as the first call would have (until it ends, or waits at a
+        gate) and answers as it would have, failure included; after a restart too, from the
+        store. Another request with the same plan id is another run of it (a new revision).
+
         Args:
             plan_json: The plan, as JSON of this agent's plan type.
             ctx: The call being served.
@@ -443,11 +455,19 @@ class Agent:
             protocol.InvalidArgumentError: ``plan_json`` is not JSON or not a plan of this type,
                 or the plan fails validation (a cycle, a tool outside this agent's registry, a
                 map over something that is not a list, ...); the message names every problem.
-            protocol.RemoteError: The plan ran and failed: the subclass of its failure class.
+            protocol.RemoteError: The plan ran and failed: the subclass of its failure class,
+                but ``AbortedError`` for a transient or timeout failure (``users_run_failure``:
+                the plan's failure is not the call's).
         """
         raw = json_object(plan_json, "the plan")
         plan = self._typed(raw)
+        # Checked first: a plan refused is refused again, whichever request sends it.
         await self._check_users_plan(plan)
+        if ctx.request_id:
+            mark = run_digest(ctx.caller, ctx.request_id)
+            plan = plan.model_copy(update={"goal": goal_marked(plan.goal, mark)})
+            if await self._ran_for(plan.id, mark):
+                return await self._rejoin(plan, until_blocked=until_blocked)
         if not until_blocked:
             result = await self._run(plan, "", caller_deadline(ctx))
         else:
@@ -461,8 +481,49 @@ class Agent:
                 return await self._answer(plan.id)
             result = run.result()
         if result.status is not PlanStatus.SUCCEEDED:
-            raise run_failure(result, self.role)
+            raise users_run_failure(result, self.role)
         return await self._answer(result.plan.id)
+
+    async def _ran_for(self, plan_id: str, mark: str) -> bool:
+        """Whether the newest run of ``plan_id`` here is the one the request marked ``mark``
+        started (from memory, else from the store)."""
+        record = self._book.get(plan_id)
+        if record is not None:
+            return marked_digest(record.plan.goal) == mark
+        if self.store is None:
+            return False
+        state = await self.store.load(plan_id)
+        return state is not None and recorded_digest(state.plan_json) == mark
+
+    async def _rejoin(self, plan: Plan, *, until_blocked: bool) -> PlanSnapshot:
+        """Answer a repeated ``RunPlan`` as its first call answers: wait for the plan while it
+        runs here (until it ends, or with ``until_blocked`` until it waits at a gate), then its
+        snapshot, or the error of its failure. A plan the store holds unfinished and nothing
+        runs (this agent restarted) is taken up as ``_run`` takes it up."""
+        if not self._runs.is_active(plan.id):
+            state = None if self.store is None else await self.store.load(plan.id)
+            if state is not None and not state.status.is_final:
+                result = await self._run(plan, "")
+                if result.status is not PlanStatus.SUCCEEDED:
+                    raise users_run_failure(result, self.role)
+                return await self._answer(plan.id)
+        else:
+            async for _ in self._book.watch(plan.id):
+                record = self._book.get(plan.id)
+                if record is None or not self._runs.is_active(plan.id):
+                    break
+                status = record.status
+                if status.is_final or (until_blocked and status is PlanStatus.BLOCKED):
+                    break
+        record = self._book.get(plan.id)
+        if record is not None and record.result is not None:
+            if record.result.status is not PlanStatus.SUCCEEDED:
+                raise users_run_failure(record.result, self.role)
+            return await self._answer(plan.id)
+        state = None if self.store is None else await self.store.load(plan.id)
+        if state is not None and state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
+            raise stored_failure(state, state.plan(self.plan_type), self.role)
+        return await self._answer(plan.id)
 
     async def _blocked(self, plan_id: str) -> None:
         """Return once plan ``plan_id`` waits at a gate here (or has ended)."""
@@ -731,6 +792,7 @@ class Agent:
                 self._caller_gone(plan.id, run, record)
                 raise
         follow_revision(record, result)
+        record.result = result
         return result
 
     async def _refuse(self, plan: Plan, capability: str, message: str) -> None:

@@ -22,18 +22,25 @@ from stratagem.planning import (
     GateNotice,
     GateState,
     GateStep,
+    Plan,
     PlanResult,
+    PlanState,
+    PlanStatus,
     RevisionRecord,
     Step,
     StepError,
     StepEvent,
+    StepFailure,
+    StepStatus,
     ToolStep,
     code_for_failure_class,
 )
 from stratagem.protocol import (
+    AbortedError,
     CallContext,
     CancelledError,
     CapabilitySpec,
+    FailedPreconditionError,
     FieldViolation,
     GateInfo,
     InvalidArgumentError,
@@ -62,8 +69,11 @@ __all__ = [
     "reason_of",
     "recorded_digest",
     "revision_entry",
+    "run_digest",
     "run_failure",
+    "stored_failure",
     "stored_gate",
+    "users_run_failure",
 ]
 
 MESSAGE_LIMIT: Final = 4000
@@ -74,6 +84,9 @@ MESSAGE_LIMIT: Final = 4000
 _DIGEST_MARK: Final = re.compile(r" \[request ([0-9a-f]{32})\]$")
 
 _GOAL_LIMIT: Final = 2000
+
+# The failure classes whose codes ask a client to send the same call again.
+_RETRIED_CLASSES: Final = frozenset({FailureClass.TRANSIENT, FailureClass.TIMEOUT})
 
 
 def failure_error(failure_class: FailureClass, message: str) -> RemoteError:
@@ -97,6 +110,46 @@ def run_failure(result: PlanResult[Any], role: str) -> RemoteError:
         f"({first.failure_class.value}): {first.message}"
     )
     return failure_error(first.failure_class, message)
+
+
+def users_run_failure(result: PlanResult[Any], role: str) -> RemoteError:
+    """``RunPlan``'s error for a user's plan that ran and did not succeed: ``run_failure``'s,
+    except that a ``transient`` or ``timeout`` failure is ``AbortedError``, not ``UNAVAILABLE`` or
+    ``DEADLINE_EXCEEDED``. The plan is over: those codes say the call did not get through (a
+    client retries them, and the retry answers the same), where running the plan again is a new
+    request (``plans run`` again)."""
+    error = run_failure(result, role)
+    if result.failures and result.failures[0].failure_class in _RETRIED_CLASSES:
+        return AbortedError(error.message)
+    return error
+
+
+def stored_failure(state: PlanState, plan: Plan, role: str) -> RemoteError:
+    """``users_run_failure`` of a user's plan that ended failed or cancelled, from its stored
+    ``state``: the failure of the step that failed first (a handled one aside, which a succeeded
+    plan may have too)."""
+    failed = [
+        StepFailure(step_id, step.failure_class, step.message, step.attempt)
+        for step_id, step in sorted(
+            state.steps.items(), key=lambda item: item[1].ended or float("inf")
+        )
+        if step.status is StepStatus.FAILED and step.failure_class is not None
+    ]
+    if not failed and state.status is not PlanStatus.CANCELLED:
+        # Failed as a whole (its caller's deadline, a refusal): what its status record says.
+        return FailedPreconditionError(
+            one_line(f"plan {plan.id!r} on the {role} agent failed: {state.message}")
+        )
+    result: PlanResult[Any] = PlanResult(
+        status=state.status,
+        outputs=state.outputs,
+        failures=failed[:1],
+        statuses={},
+        events=0,
+        duration_s=0.0,
+        submitted=plan,
+    )
+    return users_run_failure(result, role)
 
 
 def plan_event(event: StepEvent, role: str) -> PlanEvent:
@@ -224,6 +277,13 @@ def digest_of_request(capability: str, request: WireModel) -> str:
     return hashlib.sha256(f"{capability}\n{body}".encode()).hexdigest()[:32]
 
 
+def run_digest(caller: str, request_id: str) -> str:
+    """The digest a user's plan run for ``RunPlan`` is marked with (``goal_marked``): of the
+    request (its caller and id), so a retry of the same request is known from the plan itself,
+    and the same plan sent by another request is another run."""
+    return hashlib.sha256(f"RunPlan\n{caller}\n{request_id}".encode()).hexdigest()[:32]
+
+
 def goal_marked(goal: str, request_digest: str) -> str:
     """``goal`` ending with the digest of the request its plan serves."""
     mark = f" [request {request_digest}]"
@@ -241,7 +301,12 @@ def recorded_digest(plan_json: str) -> str | None:
         goal = json.loads(plan_json).get("goal", "")
     except (ValueError, RecursionError, AttributeError):
         return None
-    found = _DIGEST_MARK.search(goal) if isinstance(goal, str) else None
+    return marked_digest(goal) if isinstance(goal, str) else None
+
+
+def marked_digest(goal: str) -> str | None:
+    """The request digest ``goal`` ends with (``goal_marked``), or ``None``."""
+    found = _DIGEST_MARK.search(goal)
     return found.group(1) if found else None
 
 

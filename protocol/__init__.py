@@ -95,6 +95,7 @@ from stratagem.protocol._codec import (
 )
 from stratagem.protocol._context import CallContext, current_call, remaining_time
 from stratagem.protocol._errors import (
+    AbortedError,
     CancelledError,
     Code,
     DeadlineExceededError,
@@ -237,6 +238,7 @@ __all__ = [
     "A2APart",
     "A2AReply",
     "A2AServer",
+    "AbortedError",
     "Action",
     "AgentBackend",
     "AgentCard",

@@ -3,14 +3,17 @@
 After the shared admission (``Pipeline.admit``) a ``Call`` must name a capability this agent
 serves (``NOT_FOUND``, told only to a caller the policy allowed) in the schema version it speaks
 (``FAILED_PRECONDITION``); its envelope must agree with the call's metadata (``INVALID_ARGUMENT``).
-A ``request_id`` seen before from the same caller gets the stored answer (another payload under the
+A ``request_id`` seen before from the same caller gets the stored answer (another request under the
 same id is ``FAILED_PRECONDITION``) and a duplicate of a call still running waits for it, so the
-handler runs once; answers are stored before they are sent.
+handler runs once; answers are stored before they are sent. Two requests are the same request when
+``same_request_digest`` says so: what the caller asked, not how it came to ask (see there).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import time
 from typing import Any
@@ -81,19 +84,21 @@ class CallPipeline:
         _check_routing(envelope, exchange)
         exchange.request_id = envelope.request_id
         key = (exchange.caller, envelope.request_id)
+        same = same_request_digest(envelope)
         budget = pipeline.budget(context)
         running = self._running.get(key)
         if running is None:
             kept = await self._answers.get(*key)
             if kept is not None:
-                return await self._replay(exchange, (kept.request_digest, kept.answer), budget)
+                stored = (kept.request_digest, kept.answer)
+                return await self._replay(exchange, same, stored, budget)
             # A duplicate may have started while the store was read.
             running = self._running.get(key)
         if running is not None:
-            return await self._replay(exchange, running, budget)
+            return await self._replay(exchange, same, running, budget)
         # Registered before the next await, so a duplicate arriving meanwhile waits for this one.
         outcome: asyncio.Future[bytes | RemoteError] = asyncio.get_running_loop().create_future()
-        self._running[key] = (exchange.request_digest, outcome)
+        self._running[key] = (same, outcome)
         try:
             detail = plan_step(envelope.plan_id, envelope.step_id)
             await pipeline.accept(exchange, detail, defer=True)
@@ -103,7 +108,7 @@ class CallPipeline:
             pipeline.append_outcome(exchange, answer)
             # Stored before the call leaves ``_running`` and before it is answered, so a repeat
             # (even after this server restarts, with a durable store) never runs the handler again.
-            await uninterrupted(self._keep(key, exchange.request_digest, answer))
+            await uninterrupted(self._keep(key, same, answer))
         except Exception as exc:
             outcome.set_result(as_remote_error(exc))
             raise
@@ -125,12 +130,16 @@ class CallPipeline:
     async def _replay(
         self,
         exchange: Exchange,
+        same: str,
         stored: tuple[str, bytes | asyncio.Future[bytes | RemoteError]],
         budget: Budget,
     ) -> bytes:
-        """Answer a duplicate ``request_id`` with the first attempt's outcome."""
+        """Answer a duplicate ``request_id`` with the first attempt's outcome, when it is the same
+        request (``same``: its ``same_request_digest``)."""
         request_digest, answer = stored
-        if request_digest != exchange.request_digest:
+        # An answer stored before requests were compared by ``same_request_digest`` carries the
+        # digest of the whole request message: the same request sent again has that one too.
+        if request_digest not in (same, exchange.request_digest):
             raise FailedPreconditionError(
                 f"request_id {exchange.request_id!r} was already used for a different request"
             )
@@ -166,6 +175,22 @@ class CallPipeline:
         answer = encode_answer(spec, envelope.request_id, self._role, response)
         self._pipeline.limit(len(answer), "response")
         return answer
+
+
+def same_request_digest(envelope: RequestEnvelope) -> str:
+    """What makes two requests under one ``request_id`` the same request: the capability asked
+    of which target, the caller's plan and step, and the body (as canonical JSON).
+
+    Not how the caller came to ask: the delegation chain (a plan resumed after its agent restarted
+    asks again on nobody's behalf, where the first attempt carried ``["operator"]``), nor what
+    travels in metadata (deadline, trace context, credentials), which a retry changes anyway. The
+    caller is part of the key the answer is stored under.
+    """
+    body = json.dumps(envelope.body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    routed = "\n".join(
+        (envelope.capability, envelope.target, envelope.plan_id, envelope.step_id, body)
+    )
+    return hashlib.sha256(routed.encode()).hexdigest()
 
 
 def _check_routing(envelope: RequestEnvelope, exchange: Exchange) -> None:

@@ -372,6 +372,9 @@ class AgentClient:
             FailedPreconditionError: The plan fails the agent's validation (e.g. a cycle, a tool
                 outside its registry); the message names every problem.
             InvalidArgumentError: ``plan_json`` is not a plan of the agent's type.
+            RemoteError: The plan ran and failed: the subclass of its failure's code, but
+                ``AbortedError`` for a transient or timeout failure. Sending the same
+                ``request_id`` again runs nothing: it answers with the run the first call started.
         """
         return await self._rpc(
             RUN_PLAN,

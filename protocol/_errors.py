@@ -17,6 +17,8 @@
         ├── FailedPreconditionError    FAILED_PRECONDITION
         ├── ResourceExhaustedError     RESOURCE_EXHAUSTED
         ├── DeadlineExceededError      DEADLINE_EXCEEDED
+        ├── AbortedError               ABORTED (a plan run for RunPlan ended failed: not the
+        │                              call's fault, and the same call again answers the same)
         ├── UnavailableError           UNAVAILABLE
         ├── CancelledError             CANCELLED
         └── InternalError              INTERNAL and UNKNOWN; never carries a stack trace
@@ -34,6 +36,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 __all__ = [
+    "AbortedError",
     "CancelledError",
     "Code",
     "DeadlineExceededError",
@@ -159,6 +162,13 @@ class DeadlineExceededError(RemoteError):
     code = Code.DEADLINE_EXCEEDED
 
 
+class AbortedError(RemoteError):
+    """The operation ran and was aborted: retrying the same call does not help, doing it again
+    (a new request) may. ``RunPlan`` answers so for a plan that failed transiently or timed out."""
+
+    code = Code.ABORTED
+
+
 class UnavailableError(RemoteError):
     """The target is down or unreachable; retrying later may succeed."""
 
@@ -187,6 +197,7 @@ _BY_CODE: dict[Code, type[RemoteError]] = {
         FailedPreconditionError,
         ResourceExhaustedError,
         DeadlineExceededError,
+        AbortedError,
         UnavailableError,
         CancelledError,
         InternalError,

@@ -295,8 +295,10 @@ class AgentServer:
         self._calls = CallPipeline(
             self._pipeline,
             backend,
+            # Not ``answers or ...``: an empty InMemoryAnswerStore is falsy (it has a length).
             answers
-            or InMemoryAnswerStore(
+            if answers is not None
+            else InMemoryAnswerStore(
                 AnswerRetention(
                     max_entries=self._config.answer_cache_size,
                     max_bytes=self._config.answer_cache_bytes,

@@ -10,8 +10,8 @@ Three problems are looked for, when the agent starts and each time it is asked f
   (a table of its own in the database) that is also kept beside it in ``<role>.plans.marker``
   with the number of plans the agent held, so a deleted store recreated empty is noticed instead
   of an agent that silently remembers no plans. Deleting the marker accepts the new store;
-- its state directory is not writable (a probe file cannot be created there), where answers,
-  audit records and plans are written;
+- its state directory is not writable (a probe file, one of its own per probe, cannot be
+  created there), where answers, audit records and plans are written;
 - after a restart, its world snapshot (``<role>.world.json``, the perception agent's facts) is
   gone although the marker says one was saved: the facts the agent's answers and plans rely on
   are lost, which it says instead of serving from an empty world as if nothing happened. Deleting
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -137,10 +137,12 @@ class StoreWatch:
                 )
             elif plans_written != self._known or self._world_appeared():
                 self._write_marker(plans_written)
-        probe = self._state_dir / f".probe-{os.getpid()}"
         try:
-            probe.write_bytes(b"")
-            probe.unlink()
+            # A file of its own per probe (made with O_EXCL, or without a name at all), removed
+            # when closed: probes run concurrently, from threads and from the agents sharing
+            # this state dir, and a name they shared was deleted under one by another.
+            with tempfile.TemporaryFile(dir=self._state_dir, prefix=".probe-"):
+                pass
         except OSError as exc:
             found.append(f"state dir not writable: {self._state_dir} ({exc.strerror})")
         return found

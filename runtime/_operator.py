@@ -1035,6 +1035,9 @@ class Operator:
 
         Raises:
             InputError: The plan is not one its owner would run (every problem named).
+            protocol.RemoteError: The plan ran and failed (``AbortedError`` for a transient or
+                timeout failure); a request the agent's published endpoint did not answer is sent
+                again with the same request id, which runs nothing twice.
         """
         owner, plan_json = await self._checked_plan(plan)
         key = f"run-{uuid.uuid4().hex}"

@@ -303,14 +303,17 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _fail_traced(exc: RemoteError, *, as_json: bool, plan_id: str, failure: str = "") -> NoReturn:
+def _fail_traced(
+    exc: RemoteError, *, as_json: bool, plan_id: str, failure: str = "", status: str = "failed"
+) -> NoReturn:
     """Fail with ``exc`` (exit 1), naming where it went wrong, its trace and the plan on standard
-    error (and with ``--json``, the same on standard output)."""
+    error (and with ``--json``, the same on standard output, with the plan's ``status`` when it
+    is known)."""
     if as_json:
         _print_json(
             {
                 "plan_id": plan_id,
-                "status": "failed",
+                "status": status,
                 "trace_id": exc.trace_id,
                 "error": str(exc),
                 "failure": failure,

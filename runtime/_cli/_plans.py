@@ -52,11 +52,13 @@ if TYPE_CHECKING:
         FailedPreconditionError,
         InvalidArgumentError,
         PlanSnapshot,
+        ProtocolError,
         RemoteError,
         RevisionsResponse,
     )
     from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
     from stratagem.runtime._history import PlanHistory, PlanView
+    from stratagem.runtime._local import LaunchError
     from stratagem.runtime._operator import Operator, check_status
     from stratagem.runtime._settings import Settings
     from stratagem.runtime._show import (
@@ -126,7 +128,10 @@ def plans_run(
         try:
             view, history = _operate(settings, run, timeout=timeout, embedded=embedded)
         except RemoteError as exc:
-            _fail_traced(exc, as_json=as_json, plan_id=_plan_id_in(plan_file))
+            plan_id = _plan_id_in(plan_file)
+            # Its agent's own embedded Ray ended with the command: nothing to ask then.
+            status, failure = ("failed", "") if embedded else _outcome_of(settings, plan_id)
+            _fail_traced(exc, as_json=as_json, plan_id=plan_id, failure=failure, status=status)
         finally:
             shutdown_telemetry("stratagem-cli")
         waiting = approve_commands(history.plans[0]) if view.status == "blocked" else []
@@ -143,6 +148,20 @@ def plans_run(
                 )
     if waiting:
         raise typer.Exit(WAITING_AT_A_GATE)
+
+
+def _outcome_of(settings: Settings, plan_id: str) -> tuple[str, str]:
+    """The status of a plan whose run answered an error, and where it went wrong, from its
+    owner's history: ``running`` past the call's deadline (it runs on), ``failed`` when it failed
+    (``("failed", "")`` when it cannot be read: a plan refused before it was stored)."""
+    if not plan_id:
+        return "failed", ""
+    try:
+        history = _operate(settings, lambda op: op.plan(plan_id))
+    except (InputError, ProtocolError, LaunchError):
+        return "failed", ""
+    top = next((plan for plan in history.plans if plan.plan_id == plan_id), None)
+    return (top.status if top is not None else "failed"), history.failure
 
 
 def _plan_id_in(plan_file: Path) -> str:

@@ -28,6 +28,7 @@ from stratagem.protocol import (
     ClientConfig,
     DeadlineExceededError,
     FailedPreconditionError,
+    InMemoryAnswerStore,
     InMemoryAuditLog,
     InternalError,
     InvalidArgumentError,
@@ -471,6 +472,59 @@ async def test_a_reused_request_id_with_another_payload_is_failed_precondition(
     with pytest.raises(FailedPreconditionError, match="already used for a different request"):
         await client.call("perception", "ExtractEntities", other, request_id="once")
     assert len(backend.calls) == 1
+
+
+async def test_a_request_repeated_on_nobodys_behalf_is_the_same_request(
+    server: AgentServer, backend: FakeBackend, connect: Connect
+) -> None:
+    # A plan's step first asked while its agent served the operator's call (delegation
+    # ["operator"]); the plan resumed after a restart asks again on nobody's behalf.
+    client = connect(server.endpoint, caller="orchestrator")
+    serving = CallContext("operator", "orchestrator", "RunPlan", "run-1")
+    token = current_call.set(serving)
+    try:
+        first = await client.call(
+            "perception", "ExtractEntities", EXTRACT, request_id="goal@1:read.17"
+        )
+    finally:
+        current_call.reset(token)
+    again = await client.call("perception", "ExtractEntities", EXTRACT, request_id="goal@1:read.17")
+    assert again == first
+    assert [ctx.delegation for _, _, ctx in backend.calls] == [("operator",)]
+    # Another request under that id is still refused, whoever it is on behalf of.
+    other = type(EXTRACT)(text="Something else entirely.")
+    with pytest.raises(FailedPreconditionError, match="already used for a different request"):
+        await client.call("perception", "ExtractEntities", other, request_id="goal@1:read.17")
+    assert len(backend.calls) == 1
+
+
+async def test_an_answer_stored_under_the_whole_message_digest_still_answers_its_repeat(
+    backend: FakeBackend, audit: InMemoryAuditLog, connect: Connect
+) -> None:
+    # Answers a server kept before requests were compared by ``same_request_digest`` carry the
+    # digest of the whole request message (the one the audit log records).
+    answers = InMemoryAnswerStore()
+    server = AgentServer(
+        backend,
+        policy=Policy.default(),
+        authenticator=CallerMetadataAuthenticator(),
+        audit=audit,
+        answers=answers,
+    )
+    await server.start()
+    try:
+        client = connect(server.endpoint)
+        first = await client.call("perception", "ExtractEntities", EXTRACT, request_id="old")
+        (accepted,) = [r for r in audit.records() if r.action == "call.accepted"]
+        kept = await answers.get("operator", "old")
+        assert kept is not None
+        assert kept.request_digest != accepted.digest
+        await answers.put("operator", "old", accepted.digest, kept.answer)
+        again = await client.call("perception", "ExtractEntities", EXTRACT, request_id="old")
+        assert again == first
+        assert len(backend.calls) == 1
+    finally:
+        await server.aclose()
 
 
 class _SlowAudit(InMemoryAuditLog):

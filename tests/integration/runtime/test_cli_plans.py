@@ -5,6 +5,7 @@ plan answers the same under ``plans`` as at the top level."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from stratagem.protocol import RemoteError
+from stratagem.agents import tool
+from stratagem.planning import TransientError
+from stratagem.protocol import AbortedError, ExtractEntitiesResponse, RemoteError
 from stratagem.runtime import SyncOperator
 from stratagem.runtime._cli import app
 from tests.integration.runtime._served import WHO_LEADS, Served, gated_plan, served_in_a_thread
@@ -112,3 +115,96 @@ def test_the_control_verbs_answer_the_same_under_plans(served: Served) -> None:
         running.join(30)
     assert ended
     assert served.directory.asked == 0
+
+
+def test_plans_run_of_a_plan_that_fails_transiently_runs_it_once_and_exits_1(
+    served: Served, tmp_path: Path
+) -> None:
+    # Issue 31: a tactical plan whose second step (an MCP tool slower than its call timeout)
+    # fails transiently three times. Its RunPlan was answered UNAVAILABLE, the client sent it
+    # again, and the agent ran revision 2 (the first step again); the command said "running"
+    # and exited 0.
+    ran: list[str] = []
+
+    async def note(text: str) -> ExtractEntitiesResponse:
+        ran.append(text)
+        return ExtractEntitiesResponse(entities=[])
+
+    async def fetch(text: str) -> ExtractEntitiesResponse:
+        ran.append("fetch")
+        raise TransientError("slow.fetch: no answer within its 5 s call timeout")
+
+    assert served.agents is not None
+    registry = served.agents["tactical"].registry
+    registry.register(tool(note, name="slow.note"))
+    registry.register(tool(fetch, name="slow.fetch"))
+    registry.register(tool(fetch, name="late.fetch"))  # its own circuit breaker
+    retry = {"max_attempts": 3, "initial_backoff_s": 0.0, "max_backoff_s": 0.0}
+    plan = {
+        "id": "twice",
+        "owner": "tactical",
+        "goal": "note, then fetch",
+        "steps": [
+            {"kind": "tool", "id": "first", "tool": "slow.note", "input": {"text": "once"}},
+            {
+                "kind": "tool",
+                "id": "second",
+                "tool": "slow.fetch",
+                "depends_on": ["first"],
+                "input": {"text": "x"},
+                "retry": retry,
+            },
+        ],
+    }
+    # Through the operator API, whose client asks the directory again and resends the same
+    # request when the published endpoint answers UNAVAILABLE (the directory here answers as
+    # Ray's would: the same endpoint).
+    with SyncOperator(settings=served.settings, directory=served.directory) as op:
+        try:
+            view = op.run_plan(plan, until_blocked=True)
+            # Before: the resent request ran revision 2 and answered 'running'.
+            outcome = f"answered {view.status!r} for revision {view.revision}"
+        except AbortedError as exc:
+            outcome = exc.message
+    assert "step 'second' failed (transient)" in outcome, (outcome, ran)
+    assert ran == ["once", "fetch", "fetch", "fetch"]  # the first step ran once
+    assert served.directory.asked == 0  # the plan's failure is not the transport's: no resend
+    # The command: exit 1 and the plan's real status.
+    path = tmp_path / "twice.json"
+    again = json.loads(json.dumps(plan).replace("slow.fetch", "late.fetch"))
+    path.write_text(json.dumps(again | {"id": "twice-again"}), encoding="utf-8")
+    result = stratagem(served, "plans", "run", str(path), "--json")
+    assert result.exit_code == 1, result.output
+    said = json.loads(result.stdout)
+    assert (said["plan_id"], said["status"]) == ("twice-again", "failed")
+    assert said["error"].startswith("ABORTED: plan 'twice-again' step 'second' failed (transient)")
+    for plan_id in ("twice", "twice-again"):
+        shown = stratagem(served, "plans", "show", plan_id, "--json")
+        (one,) = json.loads(shown.stdout)["plans"]
+        assert (one["revision"], one["status"]) == (1, "failed")
+
+
+def test_plans_run_past_its_deadline_prints_the_plans_real_status(
+    served: Served, tmp_path: Path
+) -> None:
+    # The call ends at its deadline, the plan runs on at its owner: it is "running", not
+    # "failed" (what the command printed for any error before).
+    async def linger(text: str) -> ExtractEntitiesResponse:
+        await asyncio.sleep(3)
+        return ExtractEntitiesResponse(entities=[])
+
+    assert served.agents is not None
+    served.agents["tactical"].registry.register(tool(linger, name="slow.linger"))
+    plan = {
+        "id": "lingering",
+        "owner": "tactical",
+        "goal": "take a while",
+        "steps": [{"kind": "tool", "id": "only", "tool": "slow.linger", "input": {"text": "x"}}],
+    }
+    path = tmp_path / "lingering.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    result = stratagem(served, "plans", "run", str(path), "--json", "--timeout", "1")
+    assert result.exit_code == 1, result.output
+    said = json.loads(result.stdout)
+    assert (said["plan_id"], said["status"]) == ("lingering", "running"), said
+    assert said["error"].startswith("DEADLINE_EXCEEDED"), said

@@ -29,6 +29,7 @@ EXPECTED = [
     "A2APart",
     "A2AReply",
     "A2AServer",
+    "AbortedError",
     "Action",
     "AgentBackend",
     "AgentCard",

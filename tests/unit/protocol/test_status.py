@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from stratagem.protocol import (
+    AbortedError,
     CancelledError,
     Code,
     FieldViolation,
@@ -62,9 +63,16 @@ def test_anything_but_a_remote_error_becomes_a_bare_internal_error() -> None:
 
 
 def test_codes_without_a_class_of_their_own_are_internal_and_named() -> None:
-    error = from_rpc_error(_failed_call(grpc_status(error_for_code(Code.ABORTED, "conflict"))))
+    error = from_rpc_error(_failed_call(grpc_status(error_for_code(Code.OUT_OF_RANGE, "past"))))
     assert isinstance(error, InternalError)
-    assert "ABORTED" in error.message
+    assert "OUT_OF_RANGE" in error.message
+
+
+def test_aborted_has_a_class_of_its_own() -> None:
+    # RunPlan's answer for a plan that ran and failed transiently (not UNAVAILABLE).
+    error = from_rpc_error(_failed_call(grpc_status(AbortedError("plan 'p' step 's' failed"))))
+    assert isinstance(error, AbortedError)
+    assert (error.code, error.message) == (Code.ABORTED, "plan 'p' step 's' failed")
 
 
 def test_a_status_from_the_transport_itself_converts() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
 from stratagem.runtime._health import StoreWatch
@@ -115,3 +116,24 @@ def test_answers_of_a_lost_world_are_set_aside_and_named(tmp_path: Path) -> None
     assert len(moved) == 2  # the database and its WAL, under one name
     (problem,) = watch.problems(0)
     assert problem.endswith(f"; its stored answers were set aside to {moved[0]}")
+
+
+def test_concurrent_probes_do_not_trip_over_each_other(tmp_path: Path) -> None:
+    # Health is asked from threads (``info`` runs ``problems`` in one per request; several
+    # agents may share a process and a state dir): each probe must use its own file, or one
+    # probe deletes the file of another, which then reports the state dir as not writable.
+    watch, _ = _watched(tmp_path)
+    other = StoreWatch(Settings(state_dir=tmp_path / "state"), "tactical")
+    found: list[str] = []
+
+    def probe(watched: StoreWatch) -> None:
+        for _ in range(200):
+            found.extend(watched.problems(0))
+
+    threads = [threading.Thread(target=probe, args=(watched,)) for watched in (watch, other) * 8]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert found == []
+    assert [path.name for path in (tmp_path / "state").iterdir() if "probe" in path.name] == []
