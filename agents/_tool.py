@@ -367,8 +367,11 @@ class ToolRegistry:
         if item is None:
             known = ", ".join(self._tools) or "none"
             raise LogicError(f"agent {self.agent!r} has no tool {name!r} (tools: {known})")
+        # Validation runs in a worker thread: a tool's models may apply a foreign JSON Schema (an
+        # MCP tool's), whose check is bounded in time (planning.schema_errors) but must not hold
+        # the event loop, which answers the agent's other calls meanwhile.
         try:
-            data = item.input_model.model_validate(input)
+            data = await asyncio.to_thread(item.input_model.model_validate, input)
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid input: {_violations(exc)}") from None
         result = await item.fn(data, ctx)
@@ -376,8 +379,9 @@ class ToolRegistry:
             if isinstance(result, item.output_model):
                 output = result
             else:
-                output = item.output_model.model_validate(
-                    result.model_dump() if isinstance(result, BaseModel) else result
+                output = await asyncio.to_thread(
+                    item.output_model.model_validate,
+                    result.model_dump() if isinstance(result, BaseModel) else result,
                 )
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid output: {_violations(exc)}") from None
