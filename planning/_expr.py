@@ -42,6 +42,16 @@ INPUTS: Final = "inputs"
 MAX_LENGTH: Final = 2000
 """The longest expression accepted, in characters."""
 
+MAX_DEPTH: Final = 64
+"""The deepest nesting accepted: of brackets in the text, and of the parsed expression's tree.
+JMESPath parses and evaluates recursively, so a deeper expression (500 nested parentheses) would
+exhaust Python's stack; it is refused when the plan is validated."""
+
+_OPENING: Final = frozenset("([{")
+_CLOSING: Final = frozenset(")]}")
+# Quoted identifiers, raw strings and JSON literals: their brackets are text, not nesting.
+_QUOTES: Final = frozenset("\"'`")
+
 _FUNCTIONS: Final = Functions().FUNCTION_TABLE
 # Nodes whose children are evaluated against what their left part gives, not the current node.
 _SCOPED: Final = frozenset({"projection", "value_projection", "filter_projection", "pipe"})
@@ -109,14 +119,60 @@ def _parse(text: str) -> Expression:
         raise ExpressionError(text, "the expression is empty")
     if len(text) > MAX_LENGTH:
         raise ExpressionError(text[:40] + "...", f"longer than {MAX_LENGTH} characters")
+    too_deep = f"nested deeper than {MAX_DEPTH} levels"
+    if _bracket_depth(text) > MAX_DEPTH:
+        raise ExpressionError(_shown(text), too_deep)
     try:
         parsed = jmespath.compile(text)
     except jmespath_errors.JMESPathError as exc:
         raise ExpressionError(text, _one_line(exc)) from exc
+    except RecursionError:  # nesting without brackets (``!!!...a``): the parser recursed
+        raise ExpressionError(_shown(text), too_deep) from None
+    if _tree_depth(parsed.parsed) > MAX_DEPTH:
+        raise ExpressionError(_shown(text), too_deep)
     names: set[str] = set()
     for problem in _check(parsed.parsed, True, names):
         raise ExpressionError(text, problem)
     return Expression(text, frozenset(names - {INPUTS}), INPUTS in names, parsed)
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest nesting of brackets in ``text``, quoted parts skipped, without recursion."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for char in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in _QUOTES:
+            quote = char
+        elif char in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in _CLOSING:
+            depth -= 1
+    return deepest
+
+
+def _tree_depth(root: Any) -> int:
+    """The depth of a parsed expression's tree, without recursion."""
+    deepest = 0
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.get("children", []))
+    return deepest
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _check(node: Any, at_root: bool, names: set[str]) -> Iterator[str]:
