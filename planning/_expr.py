@@ -31,6 +31,7 @@ import jmespath
 from jmespath import exceptions as jmespath_errors
 from jmespath.functions import Functions
 from jmespath.parser import ParsedResult
+from jmespath.visitor import TreeInterpreter
 
 from stratagem.planning._errors import ExpressionError
 
@@ -77,14 +78,19 @@ class Expression:
         outputs: Mapping[str, Any],
         inputs: Mapping[str, Any] | None,
         bound: Mapping[str, Any] | None = None,
+        *,
+        max_items: int | None = None,
     ) -> Any:
         """The expression's value over the succeeded steps' ``outputs`` and the plan's ``inputs``.
 
         ``bound`` names values that are not steps' outputs (a map's ``item`` and ``index``); a
-        bound name hides a step of the same id.
+        bound name hides a step of the same id. ``max_items`` bounds every list the evaluation
+        builds (projections, filters, flattening): it stops as soon as one passes the bound,
+        rather than building it whole first.
 
         Raises:
-            ExpressionError: When evaluating fails (a function given the wrong type, ...).
+            ExpressionError: When evaluating fails (a function given the wrong type, ...), or a
+                list it builds passes ``max_items``.
         """
         document: dict[str, Any] = {
             step_id: outputs[step_id] for step_id in self.steps if step_id in outputs
@@ -94,11 +100,83 @@ class Expression:
         if bound:
             document.update((name, value) for name, value in bound.items() if name in self.steps)
         try:
-            return self._parsed.search(document)
+            if max_items is None:
+                return self._parsed.search(document)
+            return _BoundedInterpreter(max_items).visit(self._parsed.parsed, document)
+        except _TooMany:
+            raise ExpressionError(
+                self.text, f"it gives more than max_items {max_items} items (stopped there)"
+            ) from None
         except jmespath_errors.JMESPathError as exc:
             raise ExpressionError(self.text, _one_line(exc)) from exc
         except (TypeError, ValueError) as exc:  # jmespath lets some comparisons of types through
             raise ExpressionError(self.text, f"{type(exc).__name__}: {exc}") from exc
+
+
+class _TooMany(Exception):
+    """A list being built passed its bound."""
+
+
+class _BoundedInterpreter(TreeInterpreter):
+    """JMESPath's evaluation, each list it builds counted as it grows: a projection, filter or
+    flattening that would pass ``limit`` items stops at the next one (``_TooMany``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self._limit = limit
+
+    def _add(self, collected: list[Any], value: Any) -> None:
+        if value is not None:
+            if len(collected) >= self._limit:
+                raise _TooMany
+            collected.append(value)
+
+    def visit_projection(self, node: Any, value: Any) -> Any:
+        left, right = node["children"][0], node["children"][1]
+        base = self.visit(left, value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_value_projection(self, node: Any, value: Any) -> Any:
+        left, right = node["children"][0], node["children"][1]
+        base = self.visit(left, value)
+        if not isinstance(base, dict):
+            return None
+        collected: list[Any] = []
+        for element in base.values():
+            self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_filter_projection(self, node: Any, value: Any) -> Any:
+        left, right, condition = node["children"][0], node["children"][1], node["children"][2]
+        base = self.visit(left, value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            if truthy(self.visit(condition, element)):
+                self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_flatten(self, node: Any, value: Any) -> Any:
+        base = self.visit(node["children"][0], value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            if isinstance(element, list):
+                if len(collected) + len(element) > self._limit:
+                    raise _TooMany
+                collected.extend(element)
+            else:
+                if len(collected) >= self._limit:
+                    raise _TooMany
+                collected.append(element)
+        return collected
 
 
 def expression(text: str) -> Expression:
