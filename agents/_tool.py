@@ -234,6 +234,17 @@ def tool(
     return make
 
 
+def _field_lines(exc: ValidationError) -> list[str]:
+    """One ``"field.path[0]: message"`` line per error (the message alone at the top)."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        problems.append(f"{path}: {error['msg']}" if path else str(error["msg"]))
+    return problems
+
+
 def _violations(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False):
@@ -322,17 +333,22 @@ class ToolRegistry:
         try:
             item.input_model.model_validate(input)
         except ValidationError as exc:
-            problems = []
-            for error in exc.errors(include_url=False):
-                path = ""
-                for part in error["loc"]:
-                    path += (
-                        f"[{part}]"
-                        if isinstance(part, int)
-                        else (f".{part}" if path else str(part))
-                    )
-                problems.append(f"{path}: {error['msg']}" if path else str(error["msg"]))
-            return problems
+            return _field_lines(exc)
+        return []
+
+    def output_problems(self, name: str, output: dict[str, Any]) -> list[str]:
+        """What is wrong with ``output`` as tool ``name``'s output (its JSON form, as a step's
+        output holds it): one line per field, naming it; empty when it fits its output model.
+
+        The engine asks this of an output substituted when a plan is forked.
+        """
+        item = self._tools.get(name)
+        if item is None:
+            return [f"agent {self.agent!r} has no tool {name!r}"]
+        try:
+            item.output_model.model_validate(output)
+        except ValidationError as exc:
+            return _field_lines(exc)
         return []
 
     def names(self) -> list[str]:

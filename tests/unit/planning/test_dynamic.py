@@ -24,6 +24,7 @@ from stratagem.planning import (
     CrossAgentCall,
     Engine,
     EngineConfig,
+    ForkError,
     GateDecisionError,
     InMemoryDispatcher,
     InMemoryStateStore,
@@ -1032,3 +1033,30 @@ async def test_a_map_of_a_tool_that_needs_an_approval_per_call_does_not_run_it()
     assert failure.failure_class.value == "policy"
     assert "needs an approval per call" in failure.message
     assert runner.calls == []  # fail closed: no item ran unasked
+
+
+async def test_a_fork_refuses_an_output_that_does_not_fit_a_cross_agent_steps_response() -> None:
+    dispatcher = InMemoryDispatcher()
+
+    async def analyze(request: WireModel) -> WireModel:
+        return AnalyzeNarrativeResponse(protagonist="mira", tension=0.5)
+
+    dispatcher.register("strategic", "AnalyzeNarrative", analyze)
+    store = InMemoryStateStore()
+    eng = Engine(tools=tools(), dispatcher=dispatcher, agent="tactical", store=store)
+    ask = {
+        "kind": "cross_agent",
+        "id": "ask",
+        "target": "strategic",
+        "capability": "AnalyzeNarrative",
+        "request": {"text": "Mira waits."},
+    }
+    assert (await eng.run(plan_of(ask))).status is PlanStatus.SUCCEEDED
+    with pytest.raises(ForkError) as refused:  # before: taken, to fail whoever read it later
+        await eng.fork("p", "p2", outputs={"ask": {"tension": "high"}}, author="ann")
+    assert refused.value.field == "set.ask"
+    assert refused.value.reason.startswith(
+        "the output does not fit step 'ask''s output: tension: Input should be a valid number"
+    )
+    assert await store.load("p2") is None
+    await eng.fork("p", "p3", outputs={"ask": {"protagonist": "tomas"}}, author="ann")
