@@ -26,6 +26,7 @@ from stratagem.protocol._capabilities import (
     EXTENSION_FIELD,
     INT32_MAX,
     CapabilitySpec,
+    NewPlanId,
     PlanId,
     WireModel,
 )
@@ -485,7 +486,7 @@ class ControlRequest(WireModel):
     at_step: PlanId = ""
     at_revision: Count = 0
     set_json: str = Field(default="", max_length=16 << 20)
-    new_plan_id: PlanId = ""
+    new_plan_id: NewPlanId = ""
 
     @model_validator(mode="after")
     def _gate_given(self) -> ControlRequest:
