@@ -63,9 +63,9 @@ MAX_TIMEOUT_S: Final = 7 * 24 * 3600.0
 MIN_TIMEOUT_S: Final = 0.001
 """The shortest ``--timeout`` accepted."""
 MIN_GOAL_TIMEOUT_S: Final = 1.0
-"""The shortest ``--timeout`` of a goal (``submit``, ``demo``): finding the agents and crossing
-them takes longer than that, so a shorter one could only fail, after the seconds spent finding
-them; it is refused before anything starts."""
+"""The shortest ``--timeout`` of a goal (``submit``, ``demo``). The command's deadline includes
+finding the agents (connecting to Ray), which alone takes longer, so a shorter one could only
+fail, after the seconds spent finding them; it is refused before anything starts."""
 
 
 class InputError(Exception):
@@ -84,8 +84,8 @@ def check_goal_timeout(value: float | None) -> float | None:
     """``value`` when a goal could meet it (or ``None``), else :class:`InputError`."""
     if value is not None and value < MIN_GOAL_TIMEOUT_S:
         raise InputError(
-            f"--timeout {value:g} s is too short for a goal: finding the agents and crossing them "
-            f"takes longer; give at least {MIN_GOAL_TIMEOUT_S:g}"
+            f"--timeout {value:g} s is too short for a goal: its deadline includes finding the "
+            f"agents, which alone takes longer; give at least {MIN_GOAL_TIMEOUT_S:g}"
         )
     return value
 
