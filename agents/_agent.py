@@ -420,6 +420,14 @@ class Agent:
         (``InvalidArgumentError`` naming every problem) before anything runs, and kept in the
         history with its reason (``_refuse``)."""
         problems = [*planner_fields_set(plan, self.plan_type), *self._problems(plan)]
+        if "/" in plan.id:  # PLAN/STEP is a sub-plan's id: a user's plan must not pass for one
+            problems.insert(
+                0,
+                "its id has a '/', which marks a sub-plan's id (PLAN/STEP): name it without one",
+            )
+            raise InvalidArgumentError(
+                one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
+            )
         if problems:
             message = one_line(f"plan {plan.id!r} refused: " + "; ".join(problems))
             await self._refuse(plan, "", message)

@@ -90,7 +90,8 @@ class ChatResponse:
         model: The model that answered, as the server names it.
         finish_reason: ``stop``, ``length`` (cut at ``max_tokens``), ``content_filter``, ...;
             ``refusal`` when the model declined to answer (``content`` is then its reason, as the
-            API's ``message.refusal`` gave it).
+            API's ``message.refusal`` gave it); ``unreadable`` when the stream could not be read
+            (a chunk nested too deeply; ``content`` is then empty).
         input_tokens: Tokens of the prompt, as the server counted them.
         output_tokens: Tokens of the answer.
         latency_s: Wall time of the call, from when it was sent.
@@ -289,6 +290,12 @@ class OpenAIModelClient:
                     if answer.take(chunk):
                         break  # longer than any answer is let be: cut, and critiqued
             why = "cut" if answer.cut else ""
+        except RecursionError:
+            # The client library parses each chunk's JSON itself, recursively: a chunk nested past
+            # Python's limit is the server's bad answer, critiqued like any other
+            # (parse_json_answer), never an internal error.
+            why = "unreadable"
+            answer.unreadable = True
         except TimeoutError as exc:
             why = "timeout"
             limit = (
@@ -327,16 +334,26 @@ class OpenAIModelClient:
                 # Closing an unfinished stream closes the connection: the server stops.
                 with contextlib.suppress(Exception):
                     await stream.close()
-            if why in ("timeout", "cancelled", "cut"):
+            if why in ("timeout", "cancelled", "cut", "unreadable"):
                 # The server may still be busy with it: the turn waits until it is not.
                 turn.release_after(self._settled())
                 self._metrics.abandoned(
                     self._config.model, why, time.perf_counter() - started, answer.chunks, span
                 )
         latency = time.perf_counter() - started
+        prompt = sum(len(m["content"]) for m in arguments["messages"])
+        if answer.unreadable:
+            return ChatResponse(
+                content="",
+                model=answer.model or self._config.model,
+                finish_reason=UNREADABLE,
+                input_tokens=max(1, prompt // 4),
+                output_tokens=answer.chunks,
+                latency_s=latency,
+                queued_s=turn.waited_s,
+            )
         if not answer.seen_choice:
             raise LogicError(f"model server {self._config.url} answered no choice")
-        prompt = sum(len(m["content"]) for m in arguments["messages"])
         return ChatResponse(
             content=answer.text(),
             model=answer.model or self._config.model,
@@ -372,6 +389,9 @@ class OpenAIModelClient:
         )
 
 
+UNREADABLE: Final = "unreadable"
+"""The finish reason of an answer whose stream could not be read (a chunk nested too deeply)."""
+
 _ANSWER_LIMIT: Final = 1 << 20
 """The most characters of an answer read from a stream (far past any planner's limit)."""
 
@@ -388,6 +408,7 @@ class _Answer:
     model: str = ""
     seen_choice: bool = False
     cut: bool = False
+    unreadable: bool = False
     input_tokens: int | None = None
     output_tokens: int | None = None
 
@@ -576,6 +597,10 @@ def parse_json_answer(response: ChatResponse) -> Any:
     if response.finish_reason == "refusal":
         reason = " ".join(response.content.split())[:300] or "no reason given"
         raise LogicError(f"the model refused to answer: {reason}")
+    if response.finish_reason == UNREADABLE:
+        raise LogicError(
+            "the model server's stream could not be read: a chunk is nested too deeply"
+        )
     if response.finish_reason == "content_filter":
         raise LogicError("the model's answer was withheld by the server's content filter")
     if response.finish_reason == "length":

@@ -234,6 +234,17 @@ def tool(
     return make
 
 
+def _field_lines(exc: ValidationError) -> list[str]:
+    """One ``"field.path[0]: message"`` line per error (the message alone at the top)."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        path = ""
+        for part in error["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        problems.append(f"{path}: {error['msg']}" if path else str(error["msg"]))
+    return problems
+
+
 def _violations(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False):
@@ -322,17 +333,22 @@ class ToolRegistry:
         try:
             item.input_model.model_validate(input)
         except ValidationError as exc:
-            problems = []
-            for error in exc.errors(include_url=False):
-                path = ""
-                for part in error["loc"]:
-                    path += (
-                        f"[{part}]"
-                        if isinstance(part, int)
-                        else (f".{part}" if path else str(part))
-                    )
-                problems.append(f"{path}: {error['msg']}" if path else str(error["msg"]))
-            return problems
+            return _field_lines(exc)
+        return []
+
+    def output_problems(self, name: str, output: dict[str, Any]) -> list[str]:
+        """What is wrong with ``output`` as tool ``name``'s output (its JSON form, as a step's
+        output holds it): one line per field, naming it; empty when it fits its output model.
+
+        The engine asks this of an output substituted when a plan is forked.
+        """
+        item = self._tools.get(name)
+        if item is None:
+            return [f"agent {self.agent!r} has no tool {name!r}"]
+        try:
+            item.output_model.model_validate(output)
+        except ValidationError as exc:
+            return _field_lines(exc)
         return []
 
     def names(self) -> list[str]:
@@ -367,8 +383,11 @@ class ToolRegistry:
         if item is None:
             known = ", ".join(self._tools) or "none"
             raise LogicError(f"agent {self.agent!r} has no tool {name!r} (tools: {known})")
+        # Validation runs in a worker thread: a tool's models may apply a foreign JSON Schema (an
+        # MCP tool's), whose check is bounded in time (planning.schema_errors) but must not hold
+        # the event loop, which answers the agent's other calls meanwhile.
         try:
-            data = item.input_model.model_validate(input)
+            data = await asyncio.to_thread(item.input_model.model_validate, input)
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid input: {_violations(exc)}") from None
         result = await item.fn(data, ctx)
@@ -376,8 +395,9 @@ class ToolRegistry:
             if isinstance(result, item.output_model):
                 output = result
             else:
-                output = item.output_model.model_validate(
-                    result.model_dump() if isinstance(result, BaseModel) else result
+                output = await asyncio.to_thread(
+                    item.output_model.model_validate,
+                    result.model_dump() if isinstance(result, BaseModel) else result,
                 )
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid output: {_violations(exc)}") from None

@@ -80,6 +80,7 @@ from stratagem.planning._revisions import (
     replan_rationale,
     unchanged_steps,
 )
+from stratagem.planning._schema_check import SCHEMA_CHECK_SECONDS, schema_errors, schema_validator
 from stratagem.planning._store._history import HistoryQuery, PlanSummary
 from stratagem.planning._store._sqlite import SqliteStateStore
 from stratagem.planning._store._state import (
@@ -120,6 +121,7 @@ __getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"}
 __all__ = [
     "DECIDER_PATTERN",
     "FAILURE_CODES",
+    "SCHEMA_CHECK_SECONDS",
     "STEP_ID_PATTERN",
     "TIMEOUT_APPROVER",
     "BreakerState",
@@ -220,6 +222,8 @@ __all__ = [
     "replan_rationale",
     "replay",
     "resolve_refs",
+    "schema_errors",
+    "schema_validator",
     "topological_layers",
     "unchanged_steps",
     "validate_plan",

@@ -31,6 +31,7 @@ import jmespath
 from jmespath import exceptions as jmespath_errors
 from jmespath.functions import Functions
 from jmespath.parser import ParsedResult
+from jmespath.visitor import TreeInterpreter
 
 from stratagem.planning._errors import ExpressionError
 
@@ -41,6 +42,16 @@ INPUTS: Final = "inputs"
 
 MAX_LENGTH: Final = 2000
 """The longest expression accepted, in characters."""
+
+MAX_DEPTH: Final = 64
+"""The deepest nesting accepted: of brackets in the text, and of the parsed expression's tree.
+JMESPath parses and evaluates recursively, so a deeper expression (500 nested parentheses) would
+exhaust Python's stack; it is refused when the plan is validated."""
+
+_OPENING: Final = frozenset("([{")
+_CLOSING: Final = frozenset(")]}")
+# Quoted identifiers, raw strings and JSON literals: their brackets are text, not nesting.
+_QUOTES: Final = frozenset("\"'`")
 
 _FUNCTIONS: Final = Functions().FUNCTION_TABLE
 # Nodes whose children are evaluated against what their left part gives, not the current node.
@@ -67,14 +78,19 @@ class Expression:
         outputs: Mapping[str, Any],
         inputs: Mapping[str, Any] | None,
         bound: Mapping[str, Any] | None = None,
+        *,
+        max_items: int | None = None,
     ) -> Any:
         """The expression's value over the succeeded steps' ``outputs`` and the plan's ``inputs``.
 
         ``bound`` names values that are not steps' outputs (a map's ``item`` and ``index``); a
-        bound name hides a step of the same id.
+        bound name hides a step of the same id. ``max_items`` bounds every list the evaluation
+        builds (projections, filters, flattening): it stops as soon as one passes the bound,
+        rather than building it whole first.
 
         Raises:
-            ExpressionError: When evaluating fails (a function given the wrong type, ...).
+            ExpressionError: When evaluating fails (a function given the wrong type, ...), or a
+                list it builds passes ``max_items``.
         """
         document: dict[str, Any] = {
             step_id: outputs[step_id] for step_id in self.steps if step_id in outputs
@@ -84,11 +100,83 @@ class Expression:
         if bound:
             document.update((name, value) for name, value in bound.items() if name in self.steps)
         try:
-            return self._parsed.search(document)
+            if max_items is None:
+                return self._parsed.search(document)
+            return _BoundedInterpreter(max_items).visit(self._parsed.parsed, document)
+        except _TooMany:
+            raise ExpressionError(
+                self.text, f"it gives more than max_items {max_items} items (stopped there)"
+            ) from None
         except jmespath_errors.JMESPathError as exc:
             raise ExpressionError(self.text, _one_line(exc)) from exc
         except (TypeError, ValueError) as exc:  # jmespath lets some comparisons of types through
             raise ExpressionError(self.text, f"{type(exc).__name__}: {exc}") from exc
+
+
+class _TooMany(Exception):
+    """A list being built passed its bound."""
+
+
+class _BoundedInterpreter(TreeInterpreter):
+    """JMESPath's evaluation, each list it builds counted as it grows: a projection, filter or
+    flattening that would pass ``limit`` items stops at the next one (``_TooMany``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self._limit = limit
+
+    def _add(self, collected: list[Any], value: Any) -> None:
+        if value is not None:
+            if len(collected) >= self._limit:
+                raise _TooMany
+            collected.append(value)
+
+    def visit_projection(self, node: Any, value: Any) -> Any:
+        left, right = node["children"][0], node["children"][1]
+        base = self.visit(left, value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_value_projection(self, node: Any, value: Any) -> Any:
+        left, right = node["children"][0], node["children"][1]
+        base = self.visit(left, value)
+        if not isinstance(base, dict):
+            return None
+        collected: list[Any] = []
+        for element in base.values():
+            self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_filter_projection(self, node: Any, value: Any) -> Any:
+        left, right, condition = node["children"][0], node["children"][1], node["children"][2]
+        base = self.visit(left, value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            if truthy(self.visit(condition, element)):
+                self._add(collected, self.visit(right, element))
+        return collected
+
+    def visit_flatten(self, node: Any, value: Any) -> Any:
+        base = self.visit(node["children"][0], value)
+        if not isinstance(base, list):
+            return None
+        collected: list[Any] = []
+        for element in base:
+            if isinstance(element, list):
+                if len(collected) + len(element) > self._limit:
+                    raise _TooMany
+                collected.extend(element)
+            else:
+                if len(collected) >= self._limit:
+                    raise _TooMany
+                collected.append(element)
+        return collected
 
 
 def expression(text: str) -> Expression:
@@ -109,14 +197,60 @@ def _parse(text: str) -> Expression:
         raise ExpressionError(text, "the expression is empty")
     if len(text) > MAX_LENGTH:
         raise ExpressionError(text[:40] + "...", f"longer than {MAX_LENGTH} characters")
+    too_deep = f"nested deeper than {MAX_DEPTH} levels"
+    if _bracket_depth(text) > MAX_DEPTH:
+        raise ExpressionError(_shown(text), too_deep)
     try:
         parsed = jmespath.compile(text)
     except jmespath_errors.JMESPathError as exc:
         raise ExpressionError(text, _one_line(exc)) from exc
+    except RecursionError:  # nesting without brackets (``!!!...a``): the parser recursed
+        raise ExpressionError(_shown(text), too_deep) from None
+    if _tree_depth(parsed.parsed) > MAX_DEPTH:
+        raise ExpressionError(_shown(text), too_deep)
     names: set[str] = set()
     for problem in _check(parsed.parsed, True, names):
         raise ExpressionError(text, problem)
     return Expression(text, frozenset(names - {INPUTS}), INPUTS in names, parsed)
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest nesting of brackets in ``text``, quoted parts skipped, without recursion."""
+    depth = deepest = 0
+    quote = ""
+    escaped = False
+    for char in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char in _QUOTES:
+            quote = char
+        elif char in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in _CLOSING:
+            depth -= 1
+    return deepest
+
+
+def _tree_depth(root: Any) -> int:
+    """The depth of a parsed expression's tree, without recursion."""
+    deepest = 0
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.get("children", []))
+    return deepest
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _check(node: Any, at_root: bool, names: set[str]) -> Iterator[str]:

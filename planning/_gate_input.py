@@ -13,12 +13,12 @@ import functools
 import json
 from typing import Any, Final
 
-from jsonschema import Draft202012Validator, SchemaError
+from jsonschema import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 
 from stratagem.planning._plan import GateStep
+from stratagem.planning._schema_check import schema_errors, schema_validator
 
 __all__ = ["VALUE", "choices_problem", "schema_problem", "value_problem"]
 
@@ -77,7 +77,7 @@ def value_problem(step: GateStep, value: Any, given: bool) -> tuple[str, str] | 
     assert step.input_schema is not None
     validator = _validator(_canonical(step.input_schema))
     error = min(
-        validator.iter_errors(value),
+        schema_errors(validator, value),
         key=lambda e: (len(e.absolute_path), str(e.message)),
         default=None,
     )
@@ -88,14 +88,12 @@ def value_problem(step: GateStep, value: Any, given: bool) -> tuple[str, str] | 
 
 @functools.lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Validator:
-    """A validator of the schema (its draft, 2020-12 by default), checked; cached by its JSON."""
+    """A validator of the schema (its draft, 2020-12 by default), checked, its patterns matched
+    within a deadline; cached by its JSON."""
     schema = json.loads(schema_json)
     if not isinstance(schema, dict):
         raise SchemaError("a JSON Schema must be an object")
-    cls = validator_for(schema, default=Draft202012Validator)
-    cls.check_schema(schema)
-    validator: Validator = cls(schema)
-    return validator
+    return schema_validator(schema)
 
 
 def _canonical(value: Any) -> str:

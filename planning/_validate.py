@@ -182,7 +182,7 @@ def _map_problems(
             )
         elif not found and inputs is not None:  # it reads only the plan's inputs: known now
             try:
-                values = expression(step.over).evaluate({}, inputs)
+                values = expression(step.over).evaluate({}, inputs, max_items=step.max_items)
             except ExpressionError as exc:
                 problems.append(f"step {step.id!r} has an invalid list ('over'): {exc}")
             else:

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from google.protobuf.message import Message
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from stratagem.protocol._drift import schema_drift
 
@@ -82,6 +89,25 @@ Word = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 Title = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 PlanId = Annotated[str, StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:/-]{0,199})?$")]
+
+
+def _no_sub_plan_mark(plan_id: object) -> object:
+    if isinstance(plan_id, str) and "/" in plan_id:
+        raise ValueError(
+            "a '/' marks a sub-plan's id (PLAN/STEP), which only the engine makes: a plan you "
+            "name may not have one"
+        )
+    return plan_id
+
+
+# The check before the pattern: its message says why ``/`` is refused.
+NewPlanId = Annotated[
+    str,
+    BeforeValidator(_no_sub_plan_mark),
+    StringConstraints(pattern=r"^([A-Za-z0-9][A-Za-z0-9_.:-]{0,199})?$"),
+]
+"""The id a caller gives a plan it starts: a ``PlanId`` without ``/`` (sub-plans are
+``PLAN/STEP``; a user's plan must not pass for one)."""
 WORLD_PATTERN: Final = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 """What a world's name must be: a lowercase letter or digit, then up to 63 letters, digits, ``_``,
 ``.`` or ``-`` (it names a file in the state directory)."""
@@ -328,7 +354,7 @@ class SubmitGoalRequest(WireModel):
     goal: Title
     passage: Text
     beats: int = Field(default=3, ge=1, le=8)
-    plan_id: PlanId = ""
+    plan_id: NewPlanId = ""
     world: OptionalWorldName = ""
     consult: list[Annotated[str, StringConstraints(pattern=CONSULT_PATTERN)]] = Field(
         default_factory=list, max_length=MAX_CONSULTED

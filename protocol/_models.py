@@ -12,6 +12,7 @@ import json
 from typing import Annotated, ClassVar, Final, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     Field,
     SerializeAsAny,
     StringConstraints,
@@ -25,6 +26,7 @@ from stratagem.protocol._capabilities import (
     EXTENSION_FIELD,
     INT32_MAX,
     CapabilitySpec,
+    NewPlanId,
     PlanId,
     WireModel,
 )
@@ -358,6 +360,24 @@ DEFAULT_PLANS_PAGE: Final = 100
 """The page size an agent uses when the request names none."""
 
 
+PAGE_TOKEN_MAX: Final = 2**63 - 1
+"""The largest page token: an agent's plans are numbered by a 64-bit SQL integer."""
+
+
+def _page_token_in_range(token: str) -> str:
+    if token and int(token) > PAGE_TOKEN_MAX:
+        raise ValueError(f"a page token is a plan number up to {PAGE_TOKEN_MAX}")
+    return token
+
+
+PageToken = Annotated[
+    str,
+    StringConstraints(max_length=20, pattern=r"^[0-9]*$"),
+    AfterValidator(_page_token_in_range),
+]
+"""A page token on the wire: "" or the number of the plan the page starts after."""
+
+
 class PlansPage(WireModel):
     """The body of ``PlansResponse``: one page of snapshots and the next page's token.
 
@@ -368,7 +388,7 @@ class PlansPage(WireModel):
     """
 
     plans: list[PlanSnapshot] = Field(default_factory=list)
-    next_page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+    next_page_token: PageToken = ""
     unreadable: list[str] = Field(default_factory=list, max_length=100)
 
 
@@ -403,7 +423,7 @@ class PlansQuery(PlanQuery):
     """
 
     page_size: int = Field(default=0, ge=0, le=MAX_PLANS_PAGE)
-    page_token: str = Field(default="", max_length=20, pattern=r"^[0-9]*$")
+    page_token: PageToken = ""
     status: str = Field(default="", max_length=32)
     goal: str = Field(default="", max_length=200)
     text: str = Field(default="", max_length=200)
@@ -466,7 +486,7 @@ class ControlRequest(WireModel):
     at_step: PlanId = ""
     at_revision: Count = 0
     set_json: str = Field(default="", max_length=16 << 20)
-    new_plan_id: PlanId = ""
+    new_plan_id: NewPlanId = ""
 
     @model_validator(mode="after")
     def _gate_given(self) -> ControlRequest:

@@ -36,6 +36,7 @@ from stratagem.protocol import (
     TRACE_ID_PATTERN,
     GateInfo,
     PlanSnapshot,
+    PlansQuery,
     StepRecord,
 )
 from stratagem.runtime._input import DEFAULT_HISTORY_PAGE, InputError
@@ -335,6 +336,8 @@ def decode_page_token(token: str, query: HistoryFilter) -> dict[str, str | None]
                 raise ValueError("not a page token")
             if cursor not in (_EXHAUSTED, "") and not cursor.isdigit():
                 raise ValueError("not a page token")
+            if cursor != _EXHAUSTED:
+                PlansQuery(page_token=cursor)  # the agent's own bound (ValidationError: malformed)
             parsed[role] = None if cursor == _EXHAUSTED else cursor
     except (ValueError, KeyError, TypeError, binascii.Error, RecursionError):
         raise InputError(f"page token {shown!r} is malformed: {valid}") from None

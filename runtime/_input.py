@@ -32,9 +32,11 @@ __all__ = [
     "MAX_INPUT_NODES",
     "MAX_PLAN_STEPS",
     "MAX_TIMEOUT_S",
+    "MIN_GOAL_TIMEOUT_S",
     "InputError",
     "PlanNotFoundError",
     "check_encoded_size",
+    "check_goal_timeout",
     "check_plan_steps",
     "check_timeout",
     "parse_json_object",
@@ -60,6 +62,10 @@ MAX_TIMEOUT_S: Final = 7 * 24 * 3600.0
 """The longest ``--timeout`` accepted (a week)."""
 MIN_TIMEOUT_S: Final = 0.001
 """The shortest ``--timeout`` accepted."""
+MIN_GOAL_TIMEOUT_S: Final = 1.0
+"""The shortest ``--timeout`` of a goal (``submit``, ``demo``). The command's deadline includes
+finding the agents (connecting to Ray), which alone takes longer, so a shorter one could only
+fail, after the seconds spent finding them; it is refused before anything starts."""
 
 
 class InputError(Exception):
@@ -72,6 +78,16 @@ class PlanNotFoundError(InputError):
     def __init__(self, plan_id: str) -> None:
         super().__init__(f"no plan {plan_id!r} on any agent")
         self.plan_id = plan_id
+
+
+def check_goal_timeout(value: float | None) -> float | None:
+    """``value`` when a goal could meet it (or ``None``), else :class:`InputError`."""
+    if value is not None and value < MIN_GOAL_TIMEOUT_S:
+        raise InputError(
+            f"--timeout {value:g} s is too short for a goal: its deadline includes finding the "
+            f"agents, which alone takes longer; give at least {MIN_GOAL_TIMEOUT_S:g}"
+        )
+    return value
 
 
 def check_timeout(value: float | None) -> float | None:

@@ -14,9 +14,10 @@ from typing import Any, ClassVar, Final
 
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
+
+from stratagem.planning import schema_errors, schema_validator
 
 __all__ = ["SCHEMA_ERROR", "JsonSchemaModel", "json_schema_model"]
 
@@ -43,7 +44,9 @@ class JsonSchemaModel(BaseModel):
     def _conforms(cls, data: Any) -> Any:
         if isinstance(data, JsonSchemaModel):
             data = data.model_dump(mode="json")
-        errors = sorted(cls.validator_.iter_errors(data), key=lambda e: list(e.absolute_path))
+        # Bounded: a pattern that backtracks, or a value nested past the recursion limit, ends
+        # the check by its deadline with one error (planning.schema_errors).
+        errors = sorted(schema_errors(cls.validator_, data), key=lambda e: list(e.absolute_path))
         if errors:
             problems = [_problem(error) for error in errors[:_MAX_PROBLEMS]]
             if len(errors) > _MAX_PROBLEMS:
@@ -85,15 +88,14 @@ def json_schema_model(name: str, schema: dict[str, Any]) -> type[JsonSchemaModel
         raise ValueError(f"{name}: the schema is {type(schema).__name__}, not an object")
     if schema.get("type", "object") != "object":
         raise ValueError(f"{name}: the schema describes {schema.get('type')!r}, not an object")
+    owned = copy.deepcopy(schema)
     try:
-        cls = validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(schema)
+        validator = schema_validator(owned)
     except SchemaError as exc:
         raise ValueError(f"{name}: not a valid JSON Schema: {_problem(exc)}") from None
-    owned = copy.deepcopy(schema)
     model: type[JsonSchemaModel] = type(
         name,
         (JsonSchemaModel,),
-        {"schema_": owned, "validator_": cls(owned), "__module__": __name__},
+        {"schema_": owned, "validator_": validator, "__module__": __name__},
     )
     return model

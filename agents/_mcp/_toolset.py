@@ -138,6 +138,11 @@ class _Connection:
                 transport_for(self.config, self._flooded, self._exited), raise_exceptions=False
             )
             async with client:
+                # The registry checks a tool's structured output against its outputSchema, off
+                # the event loop and within a deadline (ToolRegistry.run_tool); the SDK's own check
+                # would match the schema's patterns with Python's re on the loop, unbounded (a
+                # backtracking pattern held the agent for a minute).
+                client.session.validate_tool_result = _checked_by_the_registry  # type: ignore[method-assign]
                 self.client = client
                 if not ready.done():
                     ready.set_result(client)
@@ -421,6 +426,10 @@ class McpToolset:
                 await asyncio.shield(asyncio.to_thread(audit.append, **fields))
         except Exception:
             logger.exception("cannot audit the MCP call %s of %s", call_id, tool)
+
+
+async def _checked_by_the_registry(name: str, result: CallToolResult) -> None:
+    """Stands in for the SDK's check of a tool's structured output (see ``_Connection._hold``)."""
 
 
 def _alive(connection: _Connection) -> bool:

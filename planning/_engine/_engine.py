@@ -480,7 +480,8 @@ class Engine:
 
         Raises:
             ForkError: No such revision or step, or an output for a step not before the fork
-                point (nothing is stored then).
+                point, or one that does not fit the step's output model (the tool's output
+                model, a capability's response) (nothing is stored then).
             PlanControlError: No store, an unknown plan, or ``new_plan_id`` taken.
             StoreError: When the store fails.
         """
@@ -495,6 +496,7 @@ class Engine:
             author=author,
             plan_type=plan_type,
             clock=self.clock,
+            tools=self._tools,
         )
 
     def _deps(self, nested: bool = False) -> RunDeps:

@@ -19,8 +19,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from stratagem.planning._errors import ForkError, PlanControlError
-from stratagem.planning._plan import Fork, Plan, StepStatus
+from pydantic import ValidationError
+
+from stratagem.planning._errors import ForkError, PlanControlError, field_problems
+from stratagem.planning._plan import CrossAgentStep, Fork, Plan, Step, StepStatus, ToolStep
 from stratagem.planning._revisions import RevisionRecord
 from stratagem.planning._store import (
     CompensationRecord,
@@ -33,6 +35,7 @@ from stratagem.planning._store import (
     StepIntent,
     StepResult,
 )
+from stratagem.protocol import CAPABILITIES
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +53,17 @@ async def make_fork(
     author: str,
     plan_type: type[P],
     clock: Callable[[], float],
+    tools: object = None,
 ) -> P:
     """Store the fork of ``plan_id`` as ``new_plan_id`` (see the module docstring).
 
+    ``tools`` (the engine's tool runner) is asked whether a tool step's substituted output fits
+    the tool's output model (``output_problems``, as ``agents.ToolRegistry`` has it); a
+    cross-agent step's must fit its capability's response.
+
     Raises:
         ForkError: No such revision or fork step, or an output given for a step that is not
-            before the fork point (or is not a JSON object).
+            before the fork point (or is not a JSON object, or does not fit the step's output).
         PlanControlError: The plan is unknown, or ``new_plan_id`` is taken.
         StoreError: When the store fails.
     """
@@ -101,6 +109,13 @@ async def make_fork(
             )
         if not isinstance(output, dict):
             raise ForkError(plan_id, f"set.{step_id}", "an output must be a JSON object")
+        unfit = _output_problems(plan.step(step_id), output, tools)
+        if unfit:
+            raise ForkError(
+                plan_id,
+                f"set.{step_id}",
+                f"the output does not fit step {step_id!r}'s output: {'; '.join(unfit[:3])}",
+            )
     redo = _descendants(plan, set(outputs))
     carried = [step_id for step_id in before if step_id not in redo]
     fork = Fork(
@@ -157,6 +172,24 @@ async def make_fork(
         len(carried),
     )
     return new
+
+
+def _output_problems(step: Step, output: dict[str, Any], tools: object) -> list[str]:
+    """What is wrong with ``output`` as ``step``'s output, one line a field (empty: it fits, or
+    the step's kind declares no output model)."""
+    if isinstance(step, ToolStep):
+        check = getattr(tools, "output_problems", None)
+        found = check(step.tool, output) if callable(check) else []
+        return [str(line) for line in found]
+    if isinstance(step, CrossAgentStep):
+        spec = CAPABILITIES.get(step.capability)
+        if spec is None:
+            return []
+        try:
+            spec.response.model_validate(output)
+        except ValidationError as exc:
+            return field_problems(exc)
+    return []
 
 
 def _before(records: list[Record], at_step: str | None) -> dict[str, tuple[int, Any]]:

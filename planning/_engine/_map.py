@@ -126,7 +126,10 @@ class _Maps:
         state = self.state
         plan = state.plan
         try:
-            values = expression(step.over).evaluate(state.outputs, plan.inputs)
+            # Bounded while it is built: a list of 10^7 items took seconds before it was counted.
+            values = expression(step.over).evaluate(
+                state.outputs, plan.inputs, max_items=step.max_items
+            )
         except ExpressionError as exc:
             return _failed(f"its list cannot be evaluated: {exc}", attempt)
         if not isinstance(values, list):

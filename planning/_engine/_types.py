@@ -113,7 +113,9 @@ class ToolRunner(Protocol):
     ``input`` as tool ``name``'s input, one line each naming the field (``"amount: Input should
     be a valid number"``). The engine asks it about arguments an approver edited at a tool's
     approval gate before it takes them (``agents.ToolRegistry`` has it); without it they are
-    checked when the tool runs.
+    checked when the tool runs. Likewise ``output_problems(name, output) -> list[str]``: the
+    engine asks it about an output substituted for a tool step when a plan is forked; without it
+    such an output is taken as given.
     """
 
     async def run_tool(self, name: str, input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 
 from stratagem.runtime._input import InputError, check_timeout
 
@@ -266,8 +268,30 @@ def _root(
         _PROFILE.append(profile)
 
 
-console = Console()
-err_console = Console(stderr=True)
+# C0 controls but tab and newline, DEL and C1: what a terminal acts on instead of showing.
+_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with each terminal control character written out (``ESC`` as ``\\x1b``)."""
+    return _TERMINAL_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+class _SafeConsole(Console):
+    """A console that never lets stored data drive the terminal: every text it renders (a
+    goal, a step's message, a world's entity, wherever it sits in a table or a tree) has its
+    control characters written out; rich's own styling is control segments, left as they are."""
+
+    def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control is None and _TERMINAL_CONTROL.search(segment.text):
+                yield Segment(terminal_safe(segment.text), segment.style)
+            else:
+                yield segment
+
+
+console: Console = _SafeConsole()
+err_console: Console = _SafeConsole(stderr=True)
 
 T = TypeVar("T")
 _OPERATOR = "operator"

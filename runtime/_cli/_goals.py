@@ -35,7 +35,12 @@ from stratagem.runtime._cli._app import (
     err_console,
     lazy_scope,
 )
-from stratagem.runtime._input import InputError, read_mapping, validation_line
+from stratagem.runtime._input import (
+    InputError,
+    check_goal_timeout,
+    read_mapping,
+    validation_line,
+)
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -344,6 +349,7 @@ def demo(
     """
     _load_agents()  # binds DEMO_GOAL
     with _errors():
+        check_goal_timeout(timeout)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
         request = _in_world(DEMO_GOAL, world)
     _execute_goal(request, settings, as_json=as_json, timeout=timeout, embedded=None)
@@ -387,6 +393,7 @@ def submit(
       stratagem submit examples/lighthouse.yaml --detach
     """
     with _errors():
+        check_goal_timeout(timeout)  # before the seconds spent finding the agents
         request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
         if detach and embedded:

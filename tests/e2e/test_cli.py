@@ -288,12 +288,14 @@ def test_the_operator_cannot_pose_as_an_agent_or_another_identity(
     assert json.loads(verify.stdout)["ok"] is True
 
 
-def test_expired_deadline_is_deadline_exceeded(deployed: Path) -> None:
+def test_a_deadline_no_goal_could_meet_is_refused_up_front(deployed: Path) -> None:
+    # Before: DEADLINE_EXCEEDED, once the agents had been found (seconds later). The deadline
+    # passing while a goal runs is tests/integration/runtime/test_goal_deadline.py's.
     result = run(
         "submit", str(EXAMPLES / "crown.yaml"), "--timeout", "0.005", state_dir=deployed, timeout=60
     )
-    assert result.returncode == 1
-    assert "DEADLINE_EXCEEDED" in result.stderr
+    assert result.returncode == 2
+    assert "--timeout 0.005 s is too short for a goal" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -116,6 +116,21 @@ TOOLS = [
         annotations=_READ_ONLY,
     ),
     types.Tool(
+        name="greedy",
+        description="Answers n a's and a '!' where its outputSchema's pattern backtracks badly.",
+        input_schema={
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0}},
+            "required": ["n"],
+        },
+        output_schema={
+            "type": "object",
+            "properties": {"word": {"type": "string", "pattern": "^(a+)+$"}},
+            "required": ["word"],
+        },
+        annotations=_READ_ONLY,
+    ),
+    types.Tool(
         name="fail",
         description="Answer isError.",
         input_schema={"type": "object", "properties": {}},
@@ -191,6 +206,9 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         return _text("shouted")
     if name == "bad_sum":
         return _text("many", {"sum": "many"})
+    if name == "greedy":
+        word = "a" * int(args["n"]) + "!"
+        return _text(word, {"word": word})
     if name == "fail":
         return types.CallToolResult(
             content=[types.TextContent(type="text", text="no such file:\n/tmp/nothing")],

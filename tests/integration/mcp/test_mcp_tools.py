@@ -166,6 +166,40 @@ async def test_bad_input_and_bad_output_are_logic_failures_in_one_line(toolset: 
         await registry.run_tool("t.fail", {}, ctx)
 
 
+async def test_a_backtracking_output_pattern_neither_holds_the_loop_nor_the_step(
+    toolset: Any,
+) -> None:
+    # ``^(a+)+$`` against 28 a's and a '!': Python's re takes many seconds (a minute at 30),
+    # holding the GIL; it ran on the event loop twice (the SDK's check and the registry's).
+    from stratagem.planning import LogicError, ToolContext
+
+    _, registry, _ = toolset
+    ctx = ToolContext("p", "s", 1, "tactical", 1)
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        with pytest.raises(LogicError) as refused:
+            await registry.run_tool("t.greedy", {"n": 28}, ctx)
+    finally:
+        ticker.cancel()
+    took = time.monotonic() - started
+    # Generous bounds: the loop went on answering, and the call ended well before a freeze's time.
+    assert max(gaps, default=0.0) < 2.0, f"the event loop was held {max(gaps):.1f} s"
+    assert took < 10.0
+    assert str(refused.value).startswith("tool 't.greedy': invalid output: word: 'aaaa")
+    assert "does not match '^(a+)+$'" in str(refused.value)
+
+
 async def test_a_schema_violation_fails_the_step_as_logic_without_retry(tmp_path: Path) -> None:
     agent = build_agent("tactical", entry_points=False)
     tools = McpToolset("t", stdio_config(tmp_path))

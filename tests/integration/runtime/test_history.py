@@ -18,6 +18,7 @@ from typer.testing import CliRunner, Result
 from stratagem.protocol import FailedPreconditionError, InvalidArgumentError, PlansQuery
 from stratagem.runtime import InputError, PlanNotFoundError, SyncOperator
 from stratagem.runtime._cli import app
+from stratagem.runtime._history import HistoryFilter, encode_page_token
 from tests.integration.runtime._served import (
     WHO_LEADS,
     Served,
@@ -164,9 +165,22 @@ def test_bad_filters_tokens_and_ids_are_one_line_naming_the_valid_form(served: S
     with pytest.raises(InvalidArgumentError) as info:
         asyncio.run(ask())
     assert info.value.violations[0].field == "status"
+
+    # A page token past 2^63 - 1 (the agent's plans are numbered by a 64-bit SQL integer), sent
+    # as is: INVALID_ARGUMENT naming the field (before: INTERNAL on every agent).
+    async def ask_past() -> None:
+        async with served.operator() as op:
+            client = op._client(served.endpoints["strategic"])
+            await client.history(PlansQuery.model_construct(page_token=str(2**63)))
+
+    with pytest.raises(InvalidArgumentError) as info:
+        asyncio.run(ask_past())
+    assert info.value.violations[0].field == "page_token"
+    past = encode_page_token(HistoryFilter(), {"strategic": "9" * 20})
     for args, fragment in (
         (("plans", "list", "--since", "yesterday"), "--since 'yesterday' is not a time"),
         (("plans", "list", "--page-token", "xyz"), "page token 'xyz' is malformed"),
+        (("plans", "list", "--page-token", past), f"page token '{past[:40]}"),
         (("plans", "list", "--trace", "abc"), "trace id 'abc' is malformed"),
         (("plans", "show", "a b"), "plan id 'a b' is malformed"),
         (("plans", "watch", "no-such-plan"), "no plan 'no-such-plan' on any agent"),

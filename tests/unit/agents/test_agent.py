@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from stratagem.agents import (
     Agent,
@@ -33,6 +34,7 @@ from stratagem.protocol import (
     AnalyzeNarrativeResponse,
     CallContext,
     CancelledError,
+    ControlRequest,
     DeadlineExceededError,
     ExtractEntitiesRequest,
     FailedPreconditionError,
@@ -41,6 +43,7 @@ from stratagem.protocol import (
     PermissionDeniedError,
     PlanEvent,
     RemoteError,
+    SubmitGoalRequest,
     UnavailableError,
     WireModel,
 )
@@ -216,6 +219,35 @@ async def test_plans_owned_by_another_role_or_of_another_type_are_refused() -> N
     with pytest.raises(InvalidArgumentError) as info:
         await agent.submit_plan({"id": "p", "owner": "strategic"})
     assert [v.field for v in info.value.violations] == ["goal"]
+
+
+async def test_a_users_plan_may_not_pass_for_a_sub_plan() -> None:
+    # A sub-plan's id is PLAN/STEP: before, a user's plan 'mine/x' ran and was listed as a
+    # sub-plan of 'mine'.
+    agent = StrategicAgent()
+    await agent.submit_plan(
+        {
+            "id": "mine",
+            "owner": "strategic",
+            "goal": "how tense is it?",
+            "steps": [
+                {"kind": "tool", "id": "t", "tool": "measure_tension", "input": {"text": TEXT}}
+            ],
+        }
+    )
+    with pytest.raises(InvalidArgumentError) as info:
+        await agent.submit_plan({"id": "mine/x", "owner": "strategic", "goal": "impersonate"})
+    assert info.value.message == (
+        "plan 'mine/x' refused: its id has a '/', which marks a sub-plan's id (PLAN/STEP): name "
+        "it without one"
+    )
+    assert [snapshot.plan_id for snapshot in agent.plans("mine")] == ["mine"]
+    # Nor may a goal or a fork be named so, on the wire.
+    with pytest.raises(ValidationError, match=r"plan_id\n.*a '/' marks a sub-plan's id"):
+        SubmitGoalRequest(goal="g", passage="p.", plan_id="mine/x")
+    with pytest.raises(ValidationError, match=r"new_plan_id\n.*a '/' marks a sub-plan's id"):
+        ControlRequest(plan_id="mine", action="fork", new_plan_id="mine/x")
+    assert SubmitGoalRequest(goal="g", passage="p.", plan_id="mine-2").plan_id == "mine-2"
 
 
 async def test_submit_plan_runs_a_users_plan() -> None:

@@ -289,6 +289,17 @@ async def test_a_fork_over_control_runs_on_from_its_fork_point(store: SqliteStat
             fork.model_copy(update={"set_json": '{"c": {"amount": 9}}'}), _ctx("operator", "fork")
         )
     assert info.value.violations[0].field == "set.c"
+    # A substituted output must fit the tool's output model (before: taken, and failed later).
+    with pytest.raises(InvalidArgumentError) as info:
+        await agent.control(
+            fork.model_copy(update={"set_json": '{"b": {"result": {"amount": "seven"}}}'}),
+            _ctx("operator", "fork"),
+        )
+    (violation,) = info.value.violations
+    assert violation.field == "set.b"
+    assert violation.description.startswith(
+        "the output does not fit step 'b''s output: result.amount: Input should be a valid integer"
+    )
     assert await store.load("chain-2") is None  # nothing applied
     snapshot = await agent.control(
         fork.model_copy(update={"set_json": '{"b": {"result": {"amount": 7}}}'}),

@@ -198,3 +198,25 @@ async def test_llama_cpp_servers_get_the_schema_in_their_own_style() -> None:
     await client.chat(REQUEST)
     body = json.loads(seen[0].content)
     assert body["response_format"] == {"type": "json_object", "schema": SCHEMA}
+
+
+def _deep_first_chunk(depth: int) -> httpx2.Response:
+    """A stream whose first chunk carries a field nested ``depth`` deep: the client library's own
+    JSON parse of the chunk recurses past Python's limit."""
+    deep = "[" * depth + "]" * depth
+    first = json.dumps(_chunk({"content": "{"}))[:-1] + f', "extra": {deep}}}'
+    body = f"data: {first}\n\n" + f"data: {json.dumps(_chunk({}, 'stop'))}\n\ndata: [DONE]\n\n"
+    return httpx2.Response(
+        200, headers={"content-type": "text/event-stream"}, content=body.encode("utf-8")
+    )
+
+
+async def test_a_stream_chunk_nested_too_deeply_is_a_bad_answer_not_a_crash() -> None:
+    client, _ = _client(lambda r: _deep_first_chunk(10_000))
+    answer = await client.chat(REQUEST)  # before: RecursionError out of the client library
+    assert answer.finish_reason == "unreadable"
+    with pytest.raises(LogicError) as critique:
+        parse_json_answer(answer)
+    assert str(critique.value) == (
+        "the model server's stream could not be read: a chunk is nested too deeply"
+    )

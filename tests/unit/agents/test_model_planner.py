@@ -528,3 +528,47 @@ async def test_a_plan_whose_goal_is_not_the_users_is_a_critique() -> None:
         "'Mira recovers the crown': a plan may choose how to reach the goal, not what it is"
     )
     assert second.outcome == "accepted"
+
+
+async def test_a_stream_chunk_nested_too_deeply_falls_back_not_internal() -> None:
+    # A real OpenAI client over a fake transport: the first chunk carries a field 10,000 deep,
+    # which the client library's JSON parse recursed on (before: the goal failed INTERNAL).
+    import httpx2
+
+    from stratagem.agents import ModelConfig, OpenAIModelClient
+
+    deep = "[" * 10_000 + "]" * 10_000
+    chunk = (
+        '{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "tiny", '
+        '"choices": [{"index": 0, "delta": {"content": "{", "extra": ' + deep + "}}]}"
+    )
+    body = f"data: {chunk}\n\ndata: [DONE]\n\n".encode()
+    http = httpx2.AsyncClient(
+        transport=httpx2.MockTransport(
+            lambda r: httpx2.Response(
+                200, headers={"content-type": "text/event-stream"}, content=body
+            )
+        )
+    )
+    client = OpenAIModelClient(
+        ModelConfig(url="http://127.0.0.1:8089/v1", model="tiny", timeout_s=5.0), http_client=http
+    )
+    planner = ModelPlanner(
+        role="perception",
+        plan_type=Plan,
+        registry=_registry(),
+        client=client,
+        deterministic=Responding(),
+        config=ModelPlanningConfig(transient_delays_s=(0.0, 0.0), max_repairs=1),
+    )
+    agent = Agent("perception", _registry(), Plan, planner)
+    answer = await agent.handle("ExtractEntities", REQUEST, call("ExtractEntities", "perception"))
+    assert answer is not None
+    record = agent.record(agent.plans("")[0].plan_id)
+    assert record.plan.provenance is not None
+    assert record.plan.provenance.author == "planner:perception"
+    outcomes = [c.outcome for c in record.plan.provenance.calls]
+    assert (
+        outcomes
+        == ["the model server's stream could not be read: a chunk is nested too deeply"] * 2
+    )

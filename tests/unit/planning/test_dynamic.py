@@ -24,6 +24,7 @@ from stratagem.planning import (
     CrossAgentCall,
     Engine,
     EngineConfig,
+    ForkError,
     GateDecisionError,
     InMemoryDispatcher,
     InMemoryStateStore,
@@ -150,6 +151,38 @@ async def test_a_map_over_what_is_not_a_list_or_too_long_fails_before_any_item(
     [failure] = result.failures
     assert (failure.step_id, failure.message) == ("m", message)
     assert [call[0] for call in runner.calls] == ["echo"]  # no item ran
+
+
+@pytest.mark.parametrize("over", ["src.rows[]", "src.rows[*][*]", "src.rows[*][?@ > `-1`]"])
+async def test_a_map_list_is_bounded_while_it_is_built_not_after(over: str) -> None:
+    # 10,000 rows of 1,000 (one list shared, as an in-process tool may answer): flattening or
+    # projecting them built 10^7 items (4-5 s of the event loop) before max_items was checked.
+    async def rows(input: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        return {"rows": [list(range(1000))] * 10_000}
+
+    runner = DictToolRunner({"rows": rows, "double": double})
+    plan = plan_of(
+        {"kind": "tool", "id": "src", "tool": "rows"},
+        mapping(over=over, depends_on=["src"], max_items=4),
+    )
+    result = await Engine(tools=runner, agent="tactical").run(plan)
+    assert result.status is PlanStatus.FAILED
+    [failure] = result.failures
+    assert failure.message == (
+        f"its list cannot be evaluated: expression {over!r}: it gives more than max_items 4 "
+        "items (stopped there)"
+    )
+    assert [call[0] for call in runner.calls] == ["rows"]  # no item ran
+
+
+def test_a_bounded_list_is_the_same_list_when_within_the_bound() -> None:
+    from stratagem.planning import expression
+
+    outputs = {"src": {"rows": [[1, 2], [3]], "hits": [{"u": "a", "s": 1}, {"u": "b", "s": 0}]}}
+    for text in ("src.rows[]", "src.rows[*][0]", "src.hits[?s > `0`].u", "src.hits[0].*"):
+        assert expression(text).evaluate(outputs, None, max_items=3) == expression(text).evaluate(
+            outputs, None
+        )
 
 
 async def test_a_failed_item_fails_the_map_and_items_and_steps_compensate_newest_first() -> None:
@@ -1000,3 +1033,30 @@ async def test_a_map_of_a_tool_that_needs_an_approval_per_call_does_not_run_it()
     assert failure.failure_class.value == "policy"
     assert "needs an approval per call" in failure.message
     assert runner.calls == []  # fail closed: no item ran unasked
+
+
+async def test_a_fork_refuses_an_output_that_does_not_fit_a_cross_agent_steps_response() -> None:
+    dispatcher = InMemoryDispatcher()
+
+    async def analyze(request: WireModel) -> WireModel:
+        return AnalyzeNarrativeResponse(protagonist="mira", tension=0.5)
+
+    dispatcher.register("strategic", "AnalyzeNarrative", analyze)
+    store = InMemoryStateStore()
+    eng = Engine(tools=tools(), dispatcher=dispatcher, agent="tactical", store=store)
+    ask = {
+        "kind": "cross_agent",
+        "id": "ask",
+        "target": "strategic",
+        "capability": "AnalyzeNarrative",
+        "request": {"text": "Mira waits."},
+    }
+    assert (await eng.run(plan_of(ask))).status is PlanStatus.SUCCEEDED
+    with pytest.raises(ForkError) as refused:  # before: taken, to fail whoever read it later
+        await eng.fork("p", "p2", outputs={"ask": {"tension": "high"}}, author="ann")
+    assert refused.value.field == "set.ask"
+    assert refused.value.reason.startswith(
+        "the output does not fit step 'ask''s output: tension: Input should be a valid number"
+    )
+    assert await store.load("p2") is None
+    await eng.fork("p", "p3", outputs={"ask": {"protagonist": "tomas"}}, author="ann")

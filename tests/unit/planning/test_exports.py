@@ -7,6 +7,7 @@ from stratagem import planning
 EXPECTED = [
     "DECIDER_PATTERN",
     "FAILURE_CODES",
+    "SCHEMA_CHECK_SECONDS",
     "STEP_ID_PATTERN",
     "TIMEOUT_APPROVER",
     "BreakerState",
@@ -107,6 +108,8 @@ EXPECTED = [
     "replan_rationale",
     "replay",
     "resolve_refs",
+    "schema_errors",
+    "schema_validator",
     "topological_layers",
     "unchanged_steps",
     "validate_plan",

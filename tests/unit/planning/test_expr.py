@@ -233,3 +233,37 @@ async def test_an_expression_failing_at_run_time_fails_its_step_as_logic() -> No
     failure = result.failures[0]
     assert (failure.step_id, failure.failure_class) == ("use", FailureClass.LOGIC)
     assert failure.message.startswith("expression 'abs(read.step)': In function abs()")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(" * 500 + "a" + ")" * 500,  # before: RecursionError, INTERNAL and a 3,000-line traceback
+        "!" * 900 + "a",  # nesting without brackets: the parser recursed
+        "[" * 300 + "a" + "]" * 300,
+        " || ".join(["a"] * 100),  # a flat text whose tree is 100 deep
+    ],
+)
+def test_an_expression_nested_too_deeply_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(ExpressionError) as refused:
+        expression(text)
+    message = str(refused.value)
+    assert message.endswith("...': nested deeper than 64 levels")
+    assert len(message) < 120
+
+
+def test_nesting_up_to_the_bound_and_brackets_in_quotes_are_fine() -> None:
+    assert expression("(" * 64 + "a" + ")" * 64).steps == {"a"}
+    assert expression("a.b[?x == `" + "[" * 100 + "1" + "]" * 100 + "`]").steps == {"a"}
+    assert expression("a == '" + "(" * 100 + "'").steps == {"a"}
+
+
+def test_a_condition_nested_too_deeply_is_a_validation_problem_naming_step_and_field() -> None:
+    deep = "(" * 500 + "a.ok" + ")" * 500
+    plan = make_plan(tool_step("a"), tool_step("b", "a", when=deep))
+    with pytest.raises(PlanValidationError) as info:
+        validate_plan(plan, tools={"noop"})
+    assert info.value.problems == [
+        "step 'b' has an invalid condition: expression '" + "(" * 40 + "...': nested deeper "
+        "than 64 levels"
+    ]

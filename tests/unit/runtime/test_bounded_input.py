@@ -118,6 +118,17 @@ def test_a_timeout_out_of_range_is_one_line(value: str, tmp_path: Path) -> None:
     assert not (tmp_path / "local-ray.json").exists()  # refused before anything started
 
 
+@pytest.mark.parametrize("command", [("submit", GOAL), ("demo",)])
+def test_a_goal_deadline_no_goal_could_meet_is_refused_up_front(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    # Before: `submit --timeout 0.001` looked for the deployment first and failed 5.7 s later.
+    result = run(*command, "--timeout", "0.001", state_dir=tmp_path)
+    assert_one_line(result, "--timeout 0.001 s is too short for a goal")
+    assert "give at least 1" in result.stderr
+    assert not (tmp_path / "local-ray.json").exists()  # refused before anything started
+
+
 def test_a_timeout_in_range_is_accepted() -> None:
     from stratagem.runtime._input import check_timeout
 

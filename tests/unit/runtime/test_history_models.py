@@ -37,6 +37,17 @@ def test_a_page_token_names_its_filter_and_each_agents_cursor() -> None:
             decode_page_token(bad, query)
 
 
+def test_a_page_token_whose_cursor_is_past_two_to_the_63_is_malformed() -> None:
+    # Before: it reached every agent, which answered INTERNAL, and `plans list` exited 0.
+    query = HistoryFilter()
+    for cursor in (str(2**63), "9" * 20, "9" * 40):
+        token = encode_page_token(query, {"strategic": cursor})
+        with pytest.raises(InputError, match="is malformed"):
+            decode_page_token(token, query)
+    token = encode_page_token(query, {"strategic": str(2**63 - 1)})
+    assert decode_page_token(token, query) == {"strategic": str(2**63 - 1)}
+
+
 def _snapshot(plan_id: str, agent: str, status: str, **fields: object) -> PlanSnapshot:
     return PlanSnapshot(plan_id=plan_id, agent=agent, status=status, **fields)  # type: ignore[arg-type]
 
