@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import jsonschema
 import pytest
 
 from stratagem.agents import ChatMessage, ChatRequest, ModelConfig, OpenAIModelClient
@@ -172,3 +173,23 @@ async def test_a_refused_request_names_what_the_server_said() -> None:
     ):
         await _client(server.url).chat(REQUEST)
     assert server.forms() == ["json_schema"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(1800)
+async def test_the_projects_own_model_server_addressed_by_url_answers_in_the_form_it_takes(
+    model_server: dict[str, str],
+) -> None:
+    """``make model-server``'s llama.cpp server, named by URL with the default form: it refuses
+    ``json_schema`` (before: every call failed "answered 500"), takes ``json_object``."""
+    client = OpenAIModelClient(
+        ModelConfig(url=model_server["url"], model=model_server["model"], timeout_s=600)
+    )
+    request = ChatRequest(
+        messages=(ChatMessage("user", "Give a goal for Mira, as JSON."),),
+        schema=SCHEMA,
+        max_tokens=48,
+    )
+    answer = await client.chat(request)
+    jsonschema.validate(json.loads(answer.content), SCHEMA)
+    assert client.schema_form == "json_object"
