@@ -11,10 +11,14 @@ Two implementations ship:
 
 Failures are the engine's failure classes: a server that cannot be reached, times out, limits the
 rate or fails (5xx) raises ``TransientError`` (retried with backoff); a request the server refuses
-(4xx) raises ``LogicError``. An answer the model declined to give (a refusal, or one the
-server's content filter withheld) is an answer, not a failure of the call: ``parse_json_answer``
-turns it into the critique a planner sends back. The API key is a secret: it is kept out of every
-``repr`` and message.
+(4xx) raises ``LogicError``; either names what the server said (its error body, bounded, the
+API key never). A server that refuses the structured-output form of ``response_format`` (say
+llama-cpp-python's, which takes ``json_object`` but not ``json_schema``) is asked again in the
+next form down, ``json_schema`` -> ``json_object`` -> plain text with the schema in the prompt,
+and the form it took is remembered for that server (per process). An answer the model declined
+to give (a refusal, or one the server's content filter withheld) is an answer, not a failure of
+the call: ``parse_json_answer`` turns it into the critique a planner sends back. The API key is
+a secret: it is kept out of every ``repr`` and message.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +57,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Role = Literal["system", "user", "assistant"]
+
+SchemaForm = Literal["json_schema", "json_object", "text"]
+SCHEMA_FORMS: Final[tuple[SchemaForm, ...]] = ("json_schema", "json_object", "text")
+"""The forms a JSON Schema is asked in, most constrained first: OpenAI's ``json_schema``,
+``json_object`` with the schema beside it (llama-cpp-python's server constrains decoding with
+it), and plain text with the schema in the prompt (nothing else carries it)."""
+
+_learned_forms: dict[str, SchemaForm] = {}
+"""The form each server (by base URL) was found to take after refusing a more constrained one."""
+
+_BODY_LIMIT: Final = 300
+"""The most characters of a server's error body quoted in a failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +148,9 @@ class ModelConfig:
         schema_style: How the server takes a JSON Schema: ``json_schema`` (OpenAI's
             ``{"type": "json_schema", "json_schema": {...}}``: OpenAI, vLLM, Ollama, LM Studio) or
             ``json_object`` (``{"type": "json_object", "schema": {...}}``: llama-cpp-python's
-            server, which refuses the other).
+            server, which refuses the other) or ``text`` (the schema in the prompt). The form
+            asked first: a server that refuses it is asked in the next one down and remembered
+            (``json_schema`` -> ``json_object`` -> ``text``).
         max_concurrent: Calls the server is given at once, by every client sharing its limiter
             (``OpenAIModelClient``'s ``limiter``); more wait their turn before they are sent (their
             ``timeout_s`` starts when they are; the caller's deadline bounds the wait). A CPU
@@ -142,7 +161,7 @@ class ModelConfig:
     model: str
     api_key: str = field(default="", repr=False)
     timeout_s: float = 60.0
-    schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    schema_style: SchemaForm = "json_schema"
     max_concurrent: int = 4
 
     def __repr__(self) -> str:
@@ -151,11 +170,11 @@ class ModelConfig:
 
 
 def response_format(
-    request: ChatRequest, style: Literal["json_schema", "json_object"] = "json_schema"
+    request: ChatRequest, style: SchemaForm = "json_schema"
 ) -> dict[str, Any] | None:
-    """The ``response_format`` argument for ``request``'s schema (``None`` without one), in the
-    server's ``style`` (see ``ModelConfig.schema_style``)."""
-    if request.schema is None:
+    """The ``response_format`` argument for ``request``'s schema (``None`` without one, or in the
+    ``text`` form), in the server's ``style`` (see ``ModelConfig.schema_style``)."""
+    if request.schema is None or style == "text":
         return None
     if style == "json_object":
         return {"type": "json_object", "schema": dict(request.schema)}
@@ -241,18 +260,56 @@ class OpenAIModelClient:
     def model(self) -> str:
         return self._config.model
 
+    @property
+    def schema_form(self) -> SchemaForm:
+        """The form a schema is asked in next: the configured one, or the one this server was
+        found to take after refusing it."""
+        return _learned_forms.get(self._config.url, self._config.schema_style)
+
     async def chat(self, request: ChatRequest) -> ChatResponse:
+        form = self.schema_form
+        while True:
+            try:
+                return await self._chat(request, form)
+            except _FormRefusedError as exc:
+                following = SCHEMA_FORMS[SCHEMA_FORMS.index(form) + 1]
+                logger.warning(
+                    "model server %s refused response_format %s (%s); asking in the %s form",
+                    self._config.url,
+                    form,
+                    exc.body,
+                    following,
+                )
+                _learned_forms[self._config.url] = following
+                form = following
+
+    def _arguments(self, request: ChatRequest, form: SchemaForm) -> dict[str, Any]:
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        if request.schema is not None and form == "text":
+            schema = json.dumps(dict(request.schema), separators=(",", ":"))
+            messages.insert(
+                0,
+                {
+                    "role": "system",
+                    "content": "Answer with one JSON object, nothing else, that follows this "
+                    f"JSON Schema: {schema}",
+                },
+            )
         arguments: dict[str, Any] = {
             "model": self._config.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": messages,
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        fmt = response_format(request, self._config.schema_style)
+        fmt = response_format(request, form)
         if fmt is not None:
             arguments["response_format"] = fmt
+        return arguments
+
+    async def _chat(self, request: ChatRequest, form: SchemaForm) -> ChatResponse:
+        arguments = self._arguments(request, form)
         left = remaining_time()
         deadline = None if left is None else time.monotonic() + left
         span = trace.get_current_span()
@@ -325,10 +382,15 @@ class OpenAIModelClient:
             ) from exc
         except openai.APIStatusError as exc:
             why = ""
+            body = _quoted_body(exc, self._config.api_key)
+            fmt = arguments.get("response_format")
+            if fmt is not None and _refuses_form(exc.status_code, body, fmt["type"]):
+                raise _FormRefusedError(body) from exc
             what = f"model server {self._config.url} answered {exc.status_code}"
+            said = f': "{body}"' if body else ""
             if exc.status_code >= 500:
-                raise TransientError(what) from exc
-            raise LogicError(f"{what}: the request was refused") from exc
+                raise TransientError(f"{what}{said}") from exc
+            raise LogicError(f"{what}: the request was refused{said}") from exc
         finally:
             if stream is not None:
                 # Closing an unfinished stream closes the connection: the server stops.
@@ -391,6 +453,46 @@ class OpenAIModelClient:
 
 UNREADABLE: Final = "unreadable"
 """The finish reason of an answer whose stream could not be read (a chunk nested too deeply)."""
+
+
+class _FormRefusedError(Exception):
+    """The server refused the ``response_format`` it was sent (``body``: what it said)."""
+
+    def __init__(self, body: str) -> None:
+        super().__init__(body)
+        self.body = body
+
+
+def _refuses_form(status: int, body: str, form: str) -> bool:
+    """Whether an error answer refuses the ``response_format`` form sent: a 400, 422 or 500
+    (llama-cpp-python's server answers 500 for a request it cannot validate) whose body names
+    ``response_format`` or the form."""
+    if status not in (400, 422, 500):
+        return False
+    said = body.lower()
+    return "response_format" in said or form in said
+
+
+_SECRETS: Final = re.compile(r"(?i)(bearer\s+|api[_-]?key\W+|sk-)[A-Za-z0-9._~+/=-]+")
+
+
+def _quoted_body(exc: Any, api_key: str) -> str:
+    """What the server's error answer said: its ``error.message`` (or its body), on one line, at
+    most ``_BODY_LIMIT`` characters, the API key and anything shaped like a credential taken
+    out."""
+    body: Any = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        body = error.get("message", error) if isinstance(error, dict) else error
+    if body is None:
+        with contextlib.suppress(Exception):
+            body = exc.response.text
+    text = body if isinstance(body, str) else json.dumps(body, default=str)
+    if api_key:
+        text = text.replace(api_key, "<key>")
+    text = " ".join(_SECRETS.sub(lambda m: f"{m.group(1)}<redacted>", text).split())
+    return text if len(text) <= _BODY_LIMIT else text[: _BODY_LIMIT - 1] + "…"
+
 
 _ANSWER_LIMIT: Final = 1 << 20
 """The most characters of an answer read from a stream (far past any planner's limit)."""

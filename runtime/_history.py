@@ -174,7 +174,12 @@ class PlanHistory(_View):
         status: Its status.
         trace_id: Its trace (``""`` when unknown).
         failure: For a failed plan, one line naming the step where it went wrong, deepest sub-plan
-            first: which agent, plan and step, which class, why (``""`` otherwise).
+            first: which agent, plan and step, which class, why (``""`` otherwise): ``failed_at``
+            and ``cause`` joined by ``": "``.
+        failed_at: Where it went wrong: the deepest failed plan, ``"AGENT plan PLAN_ID"``.
+        cause: The deepest failed step, its class and why: ``"step 'ID' failed (CLASS): WHY"``
+            (a plan that failed before any step ran, e.g. one that could not be planned, gives
+            the step that asked for it and the plan's own reason).
         plans: The plan first, then its sub-plans by id.
         unreadable: What an agent could not read (one line each); the rest is here.
     """
@@ -183,6 +188,8 @@ class PlanHistory(_View):
     status: str = ""
     trace_id: str = ""
     failure: str = ""
+    failed_at: str = ""
+    cause: str = ""
     plans: list[PlanView] = Field(default_factory=list)
     unreadable: list[str] = Field(default_factory=list)
 
@@ -399,18 +406,28 @@ def plan_view(snapshot: PlanSnapshot) -> PlanView:
     )
 
 
-def _root_cause(views: dict[str, PlanView], view: PlanView) -> str:
-    """The deepest failed step's line under ``view``: a failed cross-agent step whose sub-plan
-    failed too names the sub-plan's failure instead."""
+def _root_cause(
+    views: dict[str, PlanView], view: PlanView, asked_by: tuple[str, StepView] | None = None
+) -> tuple[str, str]:
+    """Where under ``view`` it went wrong and why: the deepest failed plan and its failed step
+    (class, message); a failed cross-agent step whose sub-plan failed too names the sub-plan's
+    instead, and a sub-plan that failed before any step ran (it could not be planned) is named
+    after the step that asked for it, with the sub-plan's reason."""
+    where = f"{view.agent} plan {view.plan_id}"
     for step in view.steps:
         if step.status != "failed":
             continue
         sub = views.get(step.sub_plan) if step.sub_plan else None
         if sub is not None and sub.failure and sub is not view:
-            return _root_cause(views, sub)
-        line = f"step {step.id!r} failed ({step.failure_class or 'unknown'}): {step.message}"
-        return f"{view.agent} plan {view.plan_id}: {line}"
-    return f"{view.agent} plan {view.plan_id}: {view.failure}" if view.failure else ""
+            return _root_cause(views, sub, (where, step))
+        return where, f"step {step.id!r} failed ({step.failure_class or 'unknown'}): {step.message}"
+    if not view.failure:
+        return "", ""
+    if asked_by is None:
+        return where, view.failure
+    parent, step = asked_by
+    cause = f"step {step.id!r} failed ({step.failure_class or 'unknown'}): {view.failure}"
+    return f"{where} (asked for by step {step.id!r} of {parent})", cause
 
 
 def plan_history(plan_id: str, views: list[PlanView], unreadable: list[str]) -> PlanHistory:
@@ -418,9 +435,10 @@ def plan_history(plan_id: str, views: list[PlanView], unreadable: list[str]) -> 
     ordered = sorted(views, key=lambda v: (v.plan_id != plan_id, v.plan_id, v.agent))
     by_id = {view.plan_id: view for view in ordered}
     top = by_id.get(plan_id)
-    failure = ""
+    failed_at = cause = ""
     if top is not None and top.failure:
-        failure = _root_cause(by_id, top)
+        failed_at, cause = _root_cause(by_id, top)
+    failure = f"{failed_at}: {cause}" if cause else ""
     trace_id = top.trace_id if top is not None else ""
     if not trace_id:
         trace_id = next((view.trace_id for view in ordered if view.trace_id), "")
@@ -429,6 +447,8 @@ def plan_history(plan_id: str, views: list[PlanView], unreadable: list[str]) -> 
         status=top.status if top is not None else "",
         trace_id=trace_id,
         failure=failure,
+        failed_at=failed_at,
+        cause=cause,
         plans=ordered,
         unreadable=unreadable,
     )

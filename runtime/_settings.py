@@ -196,7 +196,8 @@ class Settings(BaseSettings):
         model_max_tokens: The most tokens one model answer may have.
         model_token_budget: Tokens the model calls of one plan may use; ``None``: no limit.
         model_schema_style: How the server takes a JSON Schema: ``json_schema`` (OpenAI, vLLM,
-            Ollama, LM Studio) or ``json_object`` (llama.cpp's Python server).
+            Ollama, LM Studio), ``json_object`` (llama.cpp's Python server) or ``text`` (the
+            schema in the prompt): the form asked first, a refused one is followed by the next.
         step_timeout_s: The limit on one attempt of a plan step without its own (a cross-agent
             request included); ``None``: 30 s, or 600 s when any role plans with a model (a small
             model on a CPU takes tens of seconds a call).
@@ -286,7 +287,7 @@ class Settings(BaseSettings):
     model_max_repairs: int = Field(default=2, ge=0, le=10)
     model_max_tokens: int = Field(default=512, ge=1, le=32768)
     model_token_budget: int | None = Field(default=None, ge=0)
-    model_schema_style: Literal["json_schema", "json_object"] = "json_schema"
+    model_schema_style: Literal["json_schema", "json_object", "text"] = "json_schema"
     model_max_concurrent: int | None = Field(default=None, ge=1, le=256)
     step_timeout_s: float | None = Field(default=None, gt=0, le=86400)
     genai_capture_content: bool = Field(

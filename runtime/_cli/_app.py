@@ -328,11 +328,23 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _fail_traced(
-    exc: RemoteError, *, as_json: bool, plan_id: str, failure: str = "", status: str = "failed"
+    exc: RemoteError,
+    *,
+    as_json: bool,
+    plan_id: str,
+    failure: str = "",
+    failed_at: str = "",
+    cause: str = "",
+    status: str = "failed",
 ) -> NoReturn:
     """Fail with ``exc`` (exit 1), naming where it went wrong, its trace and the plan on standard
     error (and with ``--json``, the same on standard output, with the plan's ``status`` when it
-    is known)."""
+    is known).
+
+    With the plan's history read (``cause``, ``failed_at``: ``PlanHistory``'s), the failure is
+    said once: the deepest failed step, its class and why, then where; the error's own text, which
+    carries every level's copy of the same reason, is left out.
+    """
     if as_json:
         _print_json(
             {
@@ -343,12 +355,13 @@ def _fail_traced(
                 "failure": failure,
             }
         )
-    hints = [f"where: {failure}"] if failure else []
+    line = cause or str(exc)
+    hints = [f"where: {failed_at}"] if cause and failed_at else []
     if exc.trace_id:
         hints.append(f"trace {exc.trace_id} (stratagem trace {exc.trace_id})")
     if plan_id:
         hints.append(f"stratagem plans show {plan_id}")
-    _fail(str(exc) + "".join(f"\n  {hint}" for hint in hints), 1)
+    _fail(line + "".join(f"\n  {hint}" for hint in hints), 1)
 
 
 def _timeout_in_range(value: float | None) -> float | None:

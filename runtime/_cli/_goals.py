@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     )
     from stratagem.runtime._backend import find_backend
     from stratagem.runtime._goal import GoalOutcome, new_goal_id
+    from stratagem.runtime._history import PlanHistory
     from stratagem.runtime._local import LaunchError, LocalCluster
     from stratagem.runtime._render import (
         Progress,
@@ -201,11 +202,14 @@ def _execute_goal(
                         )
             except RemoteError as exc:
                 dep.flush_telemetry()
+                failed = _failure_of(settings, request.plan_id, endpoints)
                 _fail_traced(
                     exc,
                     as_json=as_json,
                     plan_id=request.plan_id,
-                    failure=_failure_of(settings, request.plan_id, endpoints),
+                    failure=failed.failure if failed else "",
+                    failed_at=failed.failed_at if failed else "",
+                    cause=failed.cause if failed else "",
                 )
             dep.flush_telemetry()
         shutdown_telemetry("stratagem-cli")
@@ -237,14 +241,14 @@ def _nothing_runs(settings: Settings) -> bool:
     return recorded is None or not recorded.alive
 
 
-def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> str:
-    """The line naming where a failed goal went wrong, from the agents' histories ("" when it
-    cannot be read: the error says enough)."""
+def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> PlanHistory | None:
+    """The failed goal's history, which names where it went wrong (``None`` when it cannot be
+    read: the error says enough)."""
     try:
         history = _operate(settings, lambda op: op.plan(plan_id), endpoints=endpoints)
     except (InputError, ProtocolError, LaunchError):
-        return ""
-    return history.failure
+        return None
+    return history if history.failure else None
 
 
 def _print_outcome(outcome: GoalOutcome, spans: list[Any], head: dict[str, Any]) -> None:

@@ -1,40 +1,37 @@
-"""A client that knows only ``proto/`` and the documented token format (docs/security-tls.md,
-"Tokens from another language").
+"""A client that knows only ``proto/`` and the documented token format: the token recipe of
+``docs/security.md``, as the page gives it.
 
 Run as a script by ``tests/e2e/test_foreign_client.py``, in a process of its own::
 
-    python foreign_client.py GENERATED_DIR OPERATOR_KEY_FILE ENDPOINTS_JSON
+    python foreign_client.py GENERATED_DIR OPERATOR_KEY_FILE ENDPOINTS_JSON RECIPE_FILE
 
-``GENERATED_DIR`` holds the Python code ``grpc_tools.protoc`` generated from ``proto/`` alone.
-This file imports no Stratagem module: it mints the JWT with PyJWT from the operator's key file
-(``STATE_DIR/operator.key``) as the docs say, calls ``Describe`` on every agent in
-``ENDPOINTS_JSON`` (``{role: "host:port"}``) and one capability on each built-in agent, and prints
-what it got as one JSON object.
+``GENERATED_DIR`` holds the Python code ``grpc_tools.protoc`` generated from ``proto/`` alone;
+``RECIPE_FILE`` the page's Python block that defines ``operator_token``, extracted from the page
+and executed here unchanged. This file imports no Stratagem module: it mints the JWT from the
+operator's key file (``STATE_DIR/operator.key``) with the page's ``operator_token``, calls
+``Describe`` on every agent in ``ENDPOINTS_JSON`` (``{role: "host:port"}``) and one capability on
+each built-in agent, and prints what it got as one JSON object.
 """
 
 from __future__ import annotations
 
-import base64
 import json
+import runpy
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 
-def _token(key_file: Path) -> str:
-    import jwt
-
-    # The docs: operator.key is a JSON object {"identity", "key_id", "key"}; sign HS256 with the
-    # base64-decoded key, header kid = key_id, claims sub = identity, aud = "stratagem", iat, exp.
-    stored = json.loads(key_file.read_text())
-    key = base64.b64decode(stored["key"])
-    now = int(time.time())
-    claims = {"sub": stored["identity"], "aud": "stratagem", "iat": now, "exp": now + 300}
-    return jwt.encode(claims, key, algorithm="HS256", headers={"kid": stored["key_id"]})
+def _token(key_file: Path, recipe: Path) -> str:
+    """A token made by the documented recipe (its ``operator_token``), as written on the page."""
+    page = runpy.run_path(str(recipe))
+    token: str = page["operator_token"](key_file)
+    return token
 
 
-def main(generated: Path, key_file: Path, endpoints: dict[str, str]) -> dict[str, Any]:
+def main(
+    generated: Path, key_file: Path, endpoints: dict[str, str], recipe: Path
+) -> dict[str, Any]:
     sys.path.insert(0, str(generated))
     import grpc
     from google.protobuf import json_format
@@ -42,7 +39,7 @@ def main(generated: Path, key_file: Path, endpoints: dict[str, str]) -> dict[str
     from stratagem.v1 import agent_pb2 as pb
 
     assert Path(pb.__file__).resolve().is_relative_to(generated.resolve()), pb.__file__
-    metadata = (("authorization", f"Bearer {_token(key_file)}"),)
+    metadata = (("authorization", f"Bearer {_token(key_file, recipe)}"),)
     requests = {
         "perception": pb.AgentRequest(
             extract_entities=pb.ExtractEntitiesRequest(text="Mira waits in the courtyard.")
@@ -184,5 +181,6 @@ def _wire_values(
 
 
 if __name__ == "__main__":
-    generated_dir, key_file, endpoint_file = (Path(a) for a in sys.argv[1:4])
-    print(json.dumps(main(generated_dir, key_file, json.loads(endpoint_file.read_text()))))
+    generated_dir, key_file, endpoint_file, recipe_file = (Path(a) for a in sys.argv[1:5])
+    endpoints = json.loads(endpoint_file.read_text())
+    print(json.dumps(main(generated_dir, key_file, endpoints, recipe_file)))

@@ -1,5 +1,6 @@
 """A client that knows only ``proto/`` and the documented token format is served by a deployment:
-``Describe`` on every agent and one capability on each built-in agent (issue 14, "done when")."""
+``Describe`` on every agent and one capability on each built-in agent (issue 14, "done when"); its
+token is minted by the recipe of ``docs/security.md``, extracted from the page and executed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_blocks import token_recipe
 from tests.e2e.test_cli import REPO, run
 
 pytestmark = pytest.mark.e2e
@@ -77,10 +79,13 @@ def test_a_client_from_proto_alone_describes_every_agent_and_calls_each_built_in
     endpoint_file = tmp_path / "endpoints.json"
     endpoint_file.write_text(json.dumps(endpoints))
     generated = _generate(tmp_path / "generated")
+    # The token is made as docs/security.md says, by its own block (the page's text, run).
+    recipe = tmp_path / "security_md_recipe.py"
+    recipe.write_text(token_recipe())
 
     client = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("foreign_client.py")), str(generated),
-         str(deployed / "operator.key"), str(endpoint_file)],
+         str(deployed / "operator.key"), str(endpoint_file), str(recipe)],
         capture_output=True, text=True, check=False, timeout=300, cwd=tmp_path,
     )  # fmt: skip
 

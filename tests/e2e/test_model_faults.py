@@ -4,6 +4,7 @@ request is audited, and nothing of the goal is half-applied to the world model."
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -63,6 +64,17 @@ def test_an_unreachable_model_fails_the_goal_in_one_line_audited_and_applies_not
         assert any(line.strip().startswith("trace ") for line in after), after
         assert "model server http://127.0.0.1:9/v1 unreachable" in errors[0]
         assert "(transient)" in errors[0]
+        # Said once: the deepest failed step, its class and why on the error line; below it only
+        # where (the plan that could not be planned, the step that asked for it) and the trace.
+        assert re.match(r"error: step 'beat_\d' failed \(transient\): ", errors[0]), errors[0]
+        said = submit.stderr.count("unreachable: APIConnectionError")
+        assert said == 1, submit.stderr[-3000:]
+        [where] = [line for line in after if line.strip().startswith("where: ")]
+        assert re.fullmatch(
+            r"  where: tactical plan (goal-\w+)/beat_\d \(asked for by step 'beat_\d' of "
+            r"orchestrator plan \1\)",
+            where,
+        ), where
         assert "Traceback" not in submit.stderr + submit.stdout
 
         # The passage was read (perception has Mira in the courtyard), but no action of the goal

@@ -87,7 +87,35 @@ def test_a_failed_goal_names_its_deepest_failed_step() -> None:
     history = plan_history("g", [plan_view(sub), plan_view(top)], [])
     assert [v.plan_id for v in history.plans] == ["g", "g/extract"]
     assert history.failure == "perception plan g/extract: step 'read' failed (logic): nothing found"
+    assert history.failed_at == "perception plan g/extract"
+    assert history.cause == "step 'read' failed (logic): nothing found"
     assert history.plans[1].steps[0].output == {"n": 1}
     assert history.plans[0].steps[0].sub_plan == "g/extract"
     (trace,) = trace_summaries(history.plans, 5)
     assert (trace.plan_id, trace.plans, trace.agents) == ("g", 2, ["orchestrator", "perception"])
+
+
+def test_a_sub_plan_that_could_not_be_planned_is_named_after_the_step_that_asked_for_it() -> None:
+    top = _snapshot(
+        "g",
+        "orchestrator",
+        "failed",
+        message="step 'beat_1' failed (transient): UNAVAILABLE: cannot plan 'g/beat_1': down",
+        steps=[
+            StepRecord(
+                step_id="beat_1",
+                kind="cross_agent",
+                status="failed",
+                failure_class="transient",
+                message="UNAVAILABLE: PlanExecutionSequence: cannot plan 'g/beat_1': down",
+            )
+        ],
+    )
+    sub = _snapshot("g/beat_1", "tactical", "failed", message="cannot plan 'g/beat_1': down")
+    history = plan_history("g", [plan_view(top), plan_view(sub)], [])
+    # The reason once, with the class of the step that failed on it; the place below it.
+    assert history.cause == "step 'beat_1' failed (transient): cannot plan 'g/beat_1': down"
+    assert history.failed_at == (
+        "tactical plan g/beat_1 (asked for by step 'beat_1' of orchestrator plan g)"
+    )
+    assert history.failure == f"{history.failed_at}: {history.cause}"
