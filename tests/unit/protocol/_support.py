@@ -282,7 +282,9 @@ def _strategy(annotation: Any, metadata: list[Any]) -> st.SearchStrategy[Any]:
     if origin is list:
         low = _constraint(metadata, "min_length") or 0
         high = min(_constraint(metadata, "max_length") or 3, low + 3)
-        return st.lists(_strategy(get_args(annotation)[0], []), min_size=low, max_size=high)
+        # Items drawn distinct: a model may refuse a name given twice (SubmitGoal's consult).
+        item = _strategy(get_args(annotation)[0], [])
+        return st.lists(item, min_size=low, max_size=high, unique_by=repr)
     if origin is Literal:
         return st.sampled_from(get_args(annotation))
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
