@@ -20,7 +20,7 @@ an unknown skill) is refused through the pipeline too (``AgentServer.serve_forei
 offered (``PushNotificationNotSupportedError``).
 
 A plan that comes to wait at a gate that asks (``input_schema`` or ``choices``) makes its task
-``input-required`` (seen through ``Watch`` once the call runs past ``_ASKS_AFTER_S``); its call
+``input-required`` (``GateWatch`` sees it through ``Watch``); its call
 goes on, and the next message naming the task answers the gate (``_answer_gate``).
 ``ListTasks`` lists the caller's own tasks among those the agent answered over A2A lately
 (authorized and audited as ``Plans``).
@@ -72,6 +72,7 @@ from a2a.utils.errors import (
 )
 from pydantic import ValidationError
 
+from stratagem.protocol._a2a._asking import GateWatch, asked_at
 from stratagem.protocol._a2a._reply import A2AReply, parts_of
 from stratagem.protocol._a2a._tasks import (
     FINAL_STATES,
@@ -117,8 +118,6 @@ HTTP_STATUS_KEY: Final = "stratagem.a2a.http_status"
 _FORWARDED: Final = ("authorization", "traceparent", "tracestate", "x-stratagem-caller")
 _HTTP_STATUS: Final = {"UNAUTHENTICATED": 401, "PERMISSION_DENIED": 403}
 _LIST_LIMIT: Final = 100
-_ASKS_AFTER_S: Final = 0.5
-"""How long a message's Call may run before the face watches its plan for a gate that asks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +167,7 @@ class StratagemRequestHandler(RequestHandler):
         # The Call of each task whose plan waits at a gate that asks (``input-required``): a
         # follow-up message answers the gate and waits on it for what comes next.
         self._waiting: dict[str, _Waiting] = {}
+        self._gates = GateWatch(server)
 
     # --- messages -----------------------------------------------------------------------------
 
@@ -215,7 +215,8 @@ class StratagemRequestHandler(RequestHandler):
         to be answered with (its task is kept all the same, for ``GetTask``)."""
         calling = asyncio.ensure_future(self._call("Call", prepared.request, prepared.call))
         waiting = _Waiting(calling, prepared)
-        gate = await self._until_asked(prepared.task_id, context, calling)
+        call = call_of(context.state)
+        gate = await self._gates.until_asked(prepared.task_id, call.metadata, call.context, calling)
         if gate is not None:
             return self._input_required(waiting, gate)
         return await self._outcome(waiting, context, background=background)
@@ -279,86 +280,11 @@ class StratagemRequestHandler(RequestHandler):
         if self._waiting.get(task_id) is waiting:
             del self._waiting[task_id]
 
-    async def _until_asked(
-        self,
-        task_id: str,
-        context: ServerCallContext,
-        calling: asyncio.Future[bytes],
-        *,
-        answered: str = "",
-    ) -> GateInfo | None:
-        """The gate that asks (``input_schema`` or ``choices``) at which the task's plan comes to
-        wait, or ``None`` once its Call ended first (through ``Watch``: a caller the policy
-        denies ``Watch`` waits for the Call). ``answered``: a gate just decided (its opening, if
-        the stream tells it again, is not a new question).
-
-        A Call that ends within ``_ASKS_AFTER_S`` (most do) is waited for without a ``Watch``
-        (one more audited call each); a later one's ``Watch`` still tells a gate opened before
-        it (stored events come first)."""
-        await asyncio.wait({calling}, timeout=_ASKS_AFTER_S)
-        if calling.done():
-            return None
-        call = call_of(context.state)
-        events = self._server.stream_foreign(
-            WATCH.name,
-            WATCH.encode_request(PlanQuery(plan_id=task_id)),
-            call.metadata,
-            call.context,
-        )
-        upcoming: asyncio.Future[bytes] | None = None
-        try:
-            while not calling.done():
-                if upcoming is None:
-                    upcoming = asyncio.ensure_future(anext(events))
-                await asyncio.wait({upcoming, calling}, return_when=asyncio.FIRST_COMPLETED)
-                if not upcoming.done():
-                    break
-                try:
-                    raw = upcoming.result()
-                except (StopAsyncIteration, RemoteError):
-                    break
-                upcoming = None
-                event = WATCH.decode_response(raw)
-                gate = event.gate
-                if (
-                    event.plan_id == task_id
-                    and gate is not None
-                    and _asks(gate)
-                    and gate.event in ("opened", "escalated")
-                    and gate.gate_id != answered
-                ):
-                    # The stream may tell a gate's opening long after it was decided (stored
-                    # events first): the plan's snapshot says whether it still waits there.
-                    try:
-                        waiting_at = await self._still_asking(task_id, context)
-                    except RemoteError:  # the plan cannot be read: the stream's word stands
-                        return gate
-                    if waiting_at is not None and waiting_at.gate_id != answered:
-                        return waiting_at
-        finally:
-            if upcoming is not None and not upcoming.done():
-                upcoming.cancel()
-                with contextlib.suppress(BaseException):
-                    await upcoming
-            await events.aclose()
-        if not calling.done():
-            await asyncio.wait({calling})
-        return None
-
     async def _asking_gate(self, task_id: str, context: ServerCallContext) -> GateInfo | None:
         """The gate that asks at which the task's plan waits now (its snapshot, through
         ``Plans``), if any."""
         snapshot = await self._snapshot(task_id, context)
-        return _asked_at(snapshot)
-
-    async def _still_asking(self, task_id: str, context: ServerCallContext) -> GateInfo | None:
-        """``_asking_gate`` while the message's call runs on: a plan that cannot be read is
-        ``RemoteError`` (the answer's HTTP status is the call's, not this read's)."""
-        answer = await self._call(PLANS.name, _plans_query(task_id), call_of(context.state))
-        for snapshot in PLANS.decode_response(answer).plans:
-            if snapshot.plan_id == task_id:
-                return _asked_at(snapshot)
-        return None
+        return asked_at(snapshot)
 
     async def _answer_gate(
         self, message: Message, context: ServerCallContext
@@ -401,7 +327,10 @@ class StratagemRequestHandler(RequestHandler):
             task.history.extend(history)
             return task
         waiting.prepared.history = history
-        asked = await self._until_asked(task_id, context, waiting.calling, answered=gate.gate_id)
+        plain = call_of(context.state)
+        asked = await self._gates.until_asked(
+            task_id, plain.metadata, plain.context, waiting.calling, answered=gate.gate_id
+        )
         if asked is not None:
             return self._input_required(waiting, asked)
         return await self._outcome(waiting, context)
@@ -810,19 +739,6 @@ class _Waiting:
     def __init__(self, calling: asyncio.Future[bytes], prepared: _Prepared) -> None:
         self.calling = calling
         self.prepared = prepared
-
-
-def _asked_at(snapshot: PlanSnapshot) -> GateInfo | None:
-    """The gate that asks at which a plan waits (its snapshot's), if any."""
-    if snapshot.status != "blocked":
-        return None
-    open_gates = [g for g in snapshot.gates if _asks(g) and g.event != "decided"]
-    return open_gates[-1] if open_gates else None
-
-
-def _asks(gate: GateInfo) -> bool:
-    """Whether a gate asks for input an A2A message can give (a gate step's value)."""
-    return gate.kind == "gate" and bool(gate.input_schema_json or gate.choices_json)
 
 
 def _plans_query(task_id: str) -> bytes:
