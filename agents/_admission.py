@@ -65,7 +65,9 @@ def plan_problems(
     return problems
 
 
-def planner_fields_set(plan: Plan, plan_type: type[Plan]) -> list[str]:
+def planner_fields_set(
+    plan: Plan, plan_type: type[Plan], *, replacing: Plan | None = None
+) -> list[str]:
     """The planner's fields a user's ``plan`` sets (one problem each; empty: none).
 
     The typed fields a role's plan type adds to ``Plan`` (``TacticalPlan.dependencies``,
@@ -74,6 +76,12 @@ def planner_fields_set(plan: Plan, plan_type: type[Plan]) -> list[str]:
     runs), so a user's plan may not set them: accepted, they would be ignored. The plan type
     names them (``Plan.planner_fields``); an extension's plan type whose fields its tools read
     names none.
+
+    Args:
+        plan: The user's plan.
+        plan_type: The agent's plan type.
+        replacing: The revision a replan's ``plan`` replaces: a field it keeps as that revision
+            has it (the planner's decision, as an exported plan carries it) is not the user's.
     """
     problems = []
     for name, info in type(plan).model_fields.items():
@@ -81,6 +89,8 @@ def planner_fields_set(plan: Plan, plan_type: type[Plan]) -> list[str]:
             continue
         if getattr(plan, name) == info.get_default(call_default_factory=True):
             continue  # the default, as an exported plan carries it: nothing was asked
+        if replacing is not None and getattr(replacing, name, None) == getattr(plan, name):
+            continue  # the replaced revision's own value: nothing new was asked
         problems.append(
             f"field {name!r} is set by the {plan.owner} agent's planner and nothing runs it in a "
             f"user's plan: leave it out (the steps say what runs)"

@@ -22,6 +22,7 @@ from typing import Any, assert_never
 
 from pydantic import ValidationError
 
+from stratagem.agents._admission import planner_fields_set
 from stratagem.agents._records import PlanBook, follow_revision
 from stratagem.agents._runs import PlanRuns
 from stratagem.agents._wire import (
@@ -209,7 +210,8 @@ class PlanControl:
 
         Raises:
             protocol.NotFoundError: No such plan here.
-            protocol.InvalidArgumentError: ``plan_json`` is not a plan of this agent's type.
+            protocol.InvalidArgumentError: ``plan_json`` is not a plan of this agent's type, or
+                it sets a planner's field (``planner_fields_set``) to a value of its own.
             protocol.FailedPreconditionError: The plan is running here (pause it first), stopped
                 with a step in flight, the agent has no store, or the new plan fails validation.
         """
@@ -221,6 +223,13 @@ class PlanControl:
             new_plan = self._plan_type.model_validate(raw)
         except ValidationError as exc:
             raise invalid_argument(f"not a valid {self._plan_type.__name__}", exc) from None
+        asked = planner_fields_set(
+            new_plan, self._plan_type, replacing=self._book.record(plan_id).plan
+        )
+        if asked:
+            raise InvalidArgumentError(
+                one_line(f"replan of {plan_id!r} refused: " + "; ".join(asked))
+            )
         problems = self._deps.problems(new_plan)
         if problems:
             raise FailedPreconditionError(

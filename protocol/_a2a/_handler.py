@@ -8,6 +8,7 @@ limits, validation, audit records, span and metrics as the same call over gRPC.
 | A2A method | the agent's RPC | authorized as |
 |---|---|---|
 | ``SendMessage`` | ``Call`` (a message when its ``A2AReply`` asks) | the skill's capability |
+| ``SendMessage`` to a task asking | ``Control`` ``approve`` of its gate | ``Control.approve`` |
 | ``SendStreamingMessage`` | ``Call``, with ``Watch`` on its plan | the capability, and ``Watch`` |
 | ``GetTask`` | ``Plans`` of the task's plan | ``Plans`` |
 | ``CancelTask`` | ``Control`` ``cancel`` | ``Control.cancel`` |
@@ -16,14 +17,20 @@ limits, validation, audit records, span and metrics as the same call over gRPC.
 A message that cannot become a request (no usable part, a request breaking the capability's model,
 an unknown skill) is refused through the pipeline too (``AgentServer.serve_foreign`` with a
 ``refusal``), after the authentication and authorization a ``Call`` gets. Push notifications are not
-offered (``PushNotificationNotSupportedError``). ``ListTasks`` lists the caller's own tasks among
-those the agent answered over A2A lately (authorized and audited as ``Plans``).
+offered (``PushNotificationNotSupportedError``).
+
+A plan that comes to wait at a gate that asks (``input_schema`` or ``choices``) makes its task
+``input-required`` (``GateWatch`` sees it through ``Watch``); its call
+goes on, and the next message naming the task answers the gate (``_answer_gate``).
+``ListTasks`` lists the caller's own tasks among those the agent answered over A2A lately
+(authorized and audited as ``Plans``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -65,6 +72,7 @@ from a2a.utils.errors import (
 )
 from pydantic import ValidationError
 
+from stratagem.protocol._a2a._asking import GateWatch, asked_at
 from stratagem.protocol._a2a._reply import A2AReply, parts_of
 from stratagem.protocol._a2a._tasks import (
     FINAL_STATES,
@@ -78,6 +86,7 @@ from stratagem.protocol._a2a._tasks import (
     state_of,
     task_id_for,
     task_of,
+    value_of,
 )
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import decode_response, encode_call
@@ -87,7 +96,13 @@ from stratagem.protocol._errors import (
     ProtocolUsageError,
     RemoteError,
 )
-from stratagem.protocol._models import MAX_PLANS_PAGE, ControlRequest, PlanQuery, PlanSnapshot
+from stratagem.protocol._models import (
+    MAX_PLANS_PAGE,
+    ControlRequest,
+    GateInfo,
+    PlanQuery,
+    PlanSnapshot,
+)
 from stratagem.protocol._rpc import CAPABILITY_KEY, REQUEST_ID_KEY, TARGET_KEY
 from stratagem.protocol._server import AgentServer, HttpCall
 from stratagem.protocol._service import CONTROL, PLANS, WATCH
@@ -149,12 +164,20 @@ class StratagemRequestHandler(RequestHandler):
         self._skills = [skill.id for skill in card.skills]
         self._tasks = tasks
         self._background: set[asyncio.Future[Task | Message]] = set()
+        # The Call of each task whose plan waits at a gate that asks (``input-required``): a
+        # follow-up message answers the gate and waits on it for what comes next.
+        self._waiting: dict[str, _Waiting] = {}
+        self._gates = GateWatch(server)
 
     # --- messages -----------------------------------------------------------------------------
 
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
+        if params.message.task_id:
+            answered = await self._answer_gate(params.message, context)
+            if answered is not None:
+                return answered
         prepared = await self._prepare(params.message, context)
         if params.configuration.return_immediately:
             # Nobody waits for the answer: the call runs under the task's own deadline, not the
@@ -190,9 +213,22 @@ class StratagemRequestHandler(RequestHandler):
     ) -> Task | Message:
         """The outcome of a message's ``Call``: its task, or the message an ``A2AReply`` asks
         to be answered with (its task is kept all the same, for ``GetTask``)."""
+        calling = asyncio.ensure_future(self._call("Call", prepared.request, prepared.call))
+        waiting = _Waiting(calling, prepared)
+        call = call_of(context.state)
+        gate = await self._gates.until_asked(prepared.task_id, call.metadata, call.context, calling)
+        if gate is not None:
+            return self._input_required(waiting, gate)
+        return await self._outcome(waiting, context, background=background)
+
+    async def _outcome(
+        self, waiting: _Waiting, context: ServerCallContext, *, background: bool = False
+    ) -> Task | Message:
+        """The task (or message) a finished ``Call`` answers."""
+        prepared = waiting.prepared
         result: WireModel | None = None
         try:
-            answer = await self._call("Call", prepared.request, prepared.call)
+            answer = await waiting.calling
         except RemoteError as error:
             if is_refusal(error) and not background:
                 _remember_status(context, error)
@@ -221,6 +257,83 @@ class StratagemRequestHandler(RequestHandler):
                 parts=parts_of(result),
             )
         return task
+
+    def _input_required(self, waiting: _Waiting, gate: GateInfo) -> Task:
+        """The task of a plan waiting at a gate that asks: ``input-required``, saying what the
+        gate asks; its Call goes on, and the next message to the task answers the gate."""
+        prepared = waiting.prepared
+        task_id = prepared.task_id
+        self._waiting[task_id] = waiting
+        waiting.calling.add_done_callback(lambda _: self._forget(task_id, waiting))
+        waiting.calling.add_done_callback(_retrieved)
+        task = task_of(
+            task_id,
+            prepared.context_id,
+            TaskState.TASK_STATE_INPUT_REQUIRED,
+            note=gate.prompt or f"the plan waits for input at gate {gate.gate_id}",
+            history=prepared.history,
+        )
+        self._tasks.keep(task, prepared.caller)
+        return task
+
+    def _forget(self, task_id: str, waiting: _Waiting) -> None:
+        if self._waiting.get(task_id) is waiting:
+            del self._waiting[task_id]
+
+    async def _asking_gate(self, task_id: str, context: ServerCallContext) -> GateInfo | None:
+        """The gate that asks at which the task's plan waits now (its snapshot, through
+        ``Plans``), if any."""
+        snapshot = await self._snapshot(task_id, context)
+        return asked_at(snapshot)
+
+    async def _answer_gate(
+        self, message: Message, context: ServerCallContext
+    ) -> Task | Message | None:
+        """A message to a task whose plan waits at a gate that asks: the gate approved with the
+        message's content as its value (through ``Control``, authorized as ``Control.approve``
+        and checked against the gate's schema and deciders as the CLI's approval is), then what
+        the task does next (``None``: the task waits for no input; the message is refused as
+        before)."""
+        task_id = message.task_id
+        await self._hide_others(task_id, PLANS.name, _plans_query(task_id), context)
+        gate = await self._asking_gate(task_id, context)
+        if gate is None:
+            return None
+        if not message.message_id:
+            raise InvalidParamsError(message="the message needs a messageId")
+        try:
+            control = ControlRequest(
+                plan_id=task_id,
+                action="approve",
+                gate_id=gate.gate_id,
+                value_json=json.dumps(value_of(message)),
+                rationale=f"A2A message {message.message_id}",
+            )
+        except ValidationError as exc:
+            raise InvalidParamsError(message=f"the answer does not fit: {exc}"[:500]) from None
+        call = call_of(context.state, {CAPABILITY_KEY: "Control.approve"})
+        try:
+            await self._call(CONTROL.name, CONTROL.encode_request(control), call)
+        except RemoteError as error:
+            _remember_status(context, error)
+            raise a2a_error(error, task_id=task_id) from None
+        kept = self._tasks.get(task_id)
+        history = [*(kept.history if kept is not None else []), message]
+        waiting = self._waiting.get(task_id)
+        if waiting is None:  # its Call is not here (answered in the background, or gone)
+            task = await self.on_get_task(GetTaskRequest(id=task_id), context)
+            assert task is not None
+            del task.history[:]
+            task.history.extend(history)
+            return task
+        waiting.prepared.history = history
+        plain = call_of(context.state)
+        asked = await self._gates.until_asked(
+            task_id, plain.metadata, plain.context, waiting.calling, answered=gate.gate_id
+        )
+        if asked is not None:
+            return self._input_required(waiting, asked)
+        return await self._outcome(waiting, context)
 
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
@@ -305,7 +418,10 @@ class StratagemRequestHandler(RequestHandler):
                 yield TaskStatusUpdateEvent(
                     task_id=task_id,
                     context_id=context_id,
-                    status=task_of(task_id, context_id, state, note=note).status,
+                    # When the plan's event happened: every reader of it is told the same.
+                    status=task_of(
+                        task_id, context_id, state, note=note, at=event.timestamp
+                    ).status,
                 )
         finally:
             if upcoming is not None and not upcoming.done():
@@ -613,6 +729,16 @@ class _Prepared:
         self.task_id = task_id
         self.context_id = context_id
         self.history = history
+
+
+class _Waiting:
+    """A message's ``Call``, running, and the message made into it."""
+
+    __slots__ = ("calling", "prepared")
+
+    def __init__(self, calling: asyncio.Future[bytes], prepared: _Prepared) -> None:
+        self.calling = calling
+        self.prepared = prepared
 
 
 def _plans_query(task_id: str) -> bytes:

@@ -13,7 +13,11 @@ Authentication comes first, before the body is read or parsed: a request whose c
 verify is refused by the pipeline's first stage (``Describe`` stands for it, as on the MCP face),
 so the refusal is audited and counted as a gRPC one is (``protocol._refusals``: a few records per
 peer and window, then one aggregate), and it is answered ``-32600`` with HTTP 401 whatever its body
-(malformed JSON included). The SDK's dispatcher logs each malformed request it answers with a
+(malformed JSON included). A malformed request of a caller whose credentials verify (a body that
+is not JSON-RPC, an unknown method, parameters that do not parse, too large, not JSON) is refused
+through the pipeline too, after authentication and authorization (``Describe`` standing for it):
+one ``call.refused`` ``INVALID_ARGUMENT`` record each under the verified caller, never aggregated
+(the caller is accountable). The SDK's dispatcher logs each malformed request it answers with a
 traceback; ``_ClientErrors`` drops those records (the error is the caller's, and answered to it):
 a flood of bad requests costs the log nothing, while the SDK's own failures are still logged.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import time
@@ -44,7 +49,7 @@ from starlette.routing import Route
 from stratagem.protocol._a2a._card import a2a_card
 from stratagem.protocol._a2a._handler import HTTP_STATUS_KEY, StratagemRequestHandler, call_of
 from stratagem.protocol._a2a._tasks import TaskBook
-from stratagem.protocol._errors import ProtocolUsageError, RemoteError
+from stratagem.protocol._errors import InvalidArgumentError, ProtocolUsageError, RemoteError
 from stratagem.protocol._models import NoQuery
 from stratagem.protocol._server import AgentServer
 from stratagem.protocol._service import DESCRIBE, AgentBackend
@@ -59,6 +64,9 @@ _CONTENT_TYPE_NOT_SUPPORTED: Final = -32005
 _CARD_CACHING: Final = "public, max-age=300"
 _SDK_DISPATCHER: Final = "a2a.server.routes.jsonrpc_dispatcher"
 _MAX_TASK_DEADLINE_S: Final = 7 * 86400.0
+_PARSED: Final = "stratagem.a2a.parsed"
+"""Set in a request's scope once the SDK parsed it into a method's request (its handler then
+runs the request through the pipeline: audited there)."""
 
 
 class _ClientErrors(logging.Filter):
@@ -128,6 +136,7 @@ class _ContextBuilder(DefaultServerCallContextBuilder):
 
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
+        request.scope[_PARSED] = True
         context.state["peer"] = _peer(request)
         context.state[HTTP_STATUS_KEY] = request.scope.setdefault(HTTP_STATUS_KEY, {})
         return context
@@ -252,6 +261,12 @@ class A2AServer:
             refusal = await self._unauthenticated(request)
             if refusal is not None:
                 return refusal
+            response = await answer(request)
+            if not request.scope.get(_PARSED):  # refused before any method's handler ran
+                await self._refuse_malformed(request, response)
+            return response
+
+        async def answer(request: Request) -> Response:
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if media and media != "application/json":
                 return _refused(
@@ -332,6 +347,21 @@ class A2AServer:
         response.headers["WWW-Authenticate"] = 'Bearer realm="stratagem"'
         return response
 
+    async def _refuse_malformed(self, request: Request, response: Response) -> None:
+        """Audit the refusal of an authenticated caller's request that never became a method's
+        request (the SDK or the route refused it as malformed): through the pipeline, as
+        ``Describe``, with the answer's reason."""
+        reason = _error_of(response) or f"refused with HTTP {response.status_code}"
+        call = call_of({"headers": request.headers, "peer": _peer(request)})
+        with contextlib.suppress(RemoteError):  # the refusal, recorded; the answer is sent
+            await self._server.serve_foreign(
+                DESCRIBE.name,
+                DESCRIBE.encode_request(NoQuery()),
+                call.metadata,
+                call.context,
+                refusal=InvalidArgumentError(f"malformed A2A request: {reason}"[:1000]),
+            )
+
     def _base_url(self) -> str:
         host = self._config.host
         shown = f"[{host}]" if ":" in host else host
@@ -354,6 +384,28 @@ class A2AServer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def _error_of(response: Response) -> str:
+    """The JSON-RPC error's message of an answer ("" : none, or a stream)."""
+    body = getattr(response, "body", b"")
+    if not isinstance(body, bytes) or not body.startswith(b"{"):
+        return ""
+    try:
+        error = json.loads(body).get("error")
+    except ValueError:
+        return ""
+    if not isinstance(error, dict):
+        return ""
+    message = str(error.get("message", "") or "") or f"JSON-RPC error {error.get('code')}"
+    # The SDK's own reason (a parameter that does not parse) is in its details' metadata.
+    data = error.get("data")
+    for detail in data if isinstance(data, list) else [data]:
+        metadata = detail.get("metadata") if isinstance(detail, dict) else None
+        why = metadata.get("parseError") if isinstance(metadata, dict) else None
+        if isinstance(why, str) and why:
+            return f"{message}: {why}"
+    return message
 
 
 def _too_large(limit: int) -> Response:

@@ -60,6 +60,7 @@ __all__ = [
     "state_of",
     "task_id_for",
     "task_of",
+    "value_of",
 ]
 
 SKILL_KEY: Final = "skill"
@@ -122,6 +123,30 @@ def skill_of(message: Message, skills: list[str]) -> str:
             message=f"unknown skill {skill[:64]!r}; this agent's skills: {', '.join(skills)}"
         )
     return skill
+
+
+def value_of(message: Message) -> Any:
+    """The value a message gives a gate that asks: its first data part's JSON, else its text
+    parts joined by newlines.
+
+    Raises:
+        ContentTypeNotSupportedError: A file part (raw bytes or a URL).
+        InvalidParamsError: No data part and no text.
+    """
+    texts: list[str] = []
+    for part in message.parts:
+        kind = part.WhichOneof("content")
+        if kind in ("raw", "url"):
+            raise ContentTypeNotSupportedError(
+                message="file parts are not accepted: send a data part (JSON) or text"
+            )
+        if kind == "data":
+            return MessageToDict(part.data)
+        if kind == "text":
+            texts.append(part.text)
+    if not texts:
+        raise InvalidParamsError(message="the answer needs a data part (JSON) or text")
+    return "\n".join(texts)
 
 
 def request_body(message: Message, spec: CapabilitySpec) -> WireModel:
@@ -189,10 +214,15 @@ def task_of(
     skill: str = "",
     result: WireModel | None = None,
     history: list[Message] | None = None,
+    at: float = 0.0,
 ) -> Task:
-    """A task in ``state``, with its result as a data artifact when it has one."""
+    """A task in ``state``, with its result as a data artifact when it has one; ``at``: when
+    the state began, seconds since the epoch (0: now)."""
     status = TaskStatus(state=state)
-    status.timestamp.GetCurrentTime()
+    if at > 0:
+        status.timestamp.FromNanoseconds(int(at * 1e9))
+    else:
+        status.timestamp.GetCurrentTime()
     if note:
         status.message.CopyFrom(
             Message(

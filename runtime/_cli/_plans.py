@@ -130,8 +130,16 @@ def plans_run(
         except RemoteError as exc:
             plan_id = _plan_id_in(plan_file)
             # Its agent's own embedded Ray ended with the command: nothing to ask then.
-            status, failure = ("failed", "") if embedded else _outcome_of(settings, plan_id)
-            _fail_traced(exc, as_json=as_json, plan_id=plan_id, failure=failure, status=status)
+            status, failed = ("failed", None) if embedded else _outcome_of(settings, plan_id)
+            _fail_traced(
+                exc,
+                as_json=as_json,
+                plan_id=plan_id,
+                failure=failed.failure if failed else "",
+                failed_at=failed.failed_at if failed else "",
+                cause=failed.cause if failed else "",
+                status=status,
+            )
         finally:
             shutdown_telemetry("stratagem-cli")
         waiting = approve_commands(history.plans[0]) if view.status == "blocked" else []
@@ -150,18 +158,19 @@ def plans_run(
         raise typer.Exit(WAITING_AT_A_GATE)
 
 
-def _outcome_of(settings: Settings, plan_id: str) -> tuple[str, str]:
-    """The status of a plan whose run answered an error, and where it went wrong, from its
-    owner's history: ``running`` past the call's deadline (it runs on), ``failed`` when it failed
-    (``("failed", "")`` when it cannot be read: a plan refused before it was stored)."""
+def _outcome_of(settings: Settings, plan_id: str) -> tuple[str, PlanHistory | None]:
+    """The status of a plan whose run answered an error, and its history when that names where
+    it went wrong (``failure``, ``failed_at``, ``cause``), from its owner: ``running`` past the
+    call's deadline (it runs on), ``failed`` when it failed (``("failed", None)`` when it cannot
+    be read: a plan refused before it was stored)."""
     if not plan_id:
-        return "failed", ""
+        return "failed", None
     try:
         history = _operate(settings, lambda op: op.plan(plan_id))
     except (InputError, ProtocolError, LaunchError):
-        return "failed", ""
+        return "failed", None
     top = next((plan for plan in history.plans if plan.plan_id == plan_id), None)
-    return (top.status if top is not None else "failed"), history.failure
+    return (top.status if top is not None else "failed"), (history if history.failure else None)
 
 
 def _plan_id_in(plan_file: Path) -> str:

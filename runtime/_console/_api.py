@@ -2,11 +2,14 @@
 holding a session (``401`` without one, answered by the session guard). Actions need the session's
 CSRF token in the ``X-CSRF-Token`` header (``GET /api/session`` gives it); their body is at most
 ``MAX_ACTION_BYTES`` (else ``413``, read no further) and nested at most ``MAX_JSON_DEPTH`` deep
-(else ``400``)."""
+(else ``400``). An approval decides what the CLI's ``approve`` can (``value``, ``arguments``,
+``output``), and ``/api/gates`` says what each gate asks."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from typing import Any, Final
 
 from starlette.requests import Request
@@ -14,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from stratagem.protocol import InvalidArgumentError, json_object
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
-from stratagem.runtime._console._data import READ_ERRORS, Gate, act, problem_line
+from stratagem.runtime._console._data import READ_ERRORS, Decision, Gate, act, problem_line
 from stratagem.runtime._console._pages import _console, csrf_ok
 from stratagem.runtime._input import InputError, PlanNotFoundError
 
@@ -22,6 +25,12 @@ __all__ = ["MAX_ACTION_BYTES", "action", "agents", "audit", "gates", "plan", "pl
 
 MAX_ACTION_BYTES: Final = 64 * 1024
 """The largest body an action takes (a plan id, a gate id and a rationale fit many times)."""
+
+TEXT_FIELDS: Final = ("plan_id", "gate_id", "rationale")
+"""An action body's text fields."""
+DECISION_FIELDS: Final = ("value", "arguments", "output")
+"""What an approval carries besides its rationale (the CLI's ``--value``, ``--arguments``,
+``--output``)."""
 
 
 def _json(data: Any, status_code: int = 200) -> JSONResponse:
@@ -68,13 +77,33 @@ async def plans(request: Request) -> JSONResponse:
     )
 
 
+def _parsed(text: str) -> Any:
+    """A gate record's JSON field (``None`` when empty or unreadable)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
 def _gate(gate: Gate) -> dict[str, Any]:
+    """A gate as the API shows it: where it is and what an approval of it carries (its value's
+    ``input_schema`` or ``choices``, a tool approval's ``tool`` and proposed ``arguments``), as
+    the page's form is built."""
+    info = gate.info
     return {
         "plan_id": gate.plan.plan_id,
         "agent": gate.plan.agent,
         "revision": gate.plan.revision,
         "gate_id": gate.step.id,
+        "kind": gate.kind,
         "prompt": gate.prompt,
+        "input_schema": _parsed(info.input_schema_json) if info else None,
+        "choices": _parsed(info.choices_json) if info else None,
+        "tool": info.tool if info else "",
+        "arguments": _parsed(info.arguments_json) if info else None,
+        "deciders": list(info.deciders) if info else [],
+        "deadline": info.deadline if info else 0.0,
+        "carries": sorted({f.name.split(":", 1)[0] for f in gate.fields}),
     }
 
 
@@ -130,7 +159,9 @@ async def audit(request: Request) -> JSONResponse:
 
 
 async def action(request: Request) -> JSONResponse:
-    """``POST /api/actions/{action}`` with ``{"plan_id", "gate_id", "rationale"}``."""
+    """``POST /api/actions/{action}`` with ``{"plan_id", "gate_id", "rationale"}`` and, for an
+    approval, any of ``value`` (any JSON, ``null`` too), ``arguments`` and ``output`` (JSON
+    objects), as ``stratagem approve`` takes ``--value``, ``--arguments`` and ``--output``."""
     if not csrf_ok(request, request.headers.get(CSRF_HEADER)):
         return _json({"error": "refused: send the session's X-CSRF-Token"}, 403)
     raw = await _bounded_body(request, MAX_ACTION_BYTES)
@@ -142,17 +173,48 @@ async def action(request: Request) -> JSONResponse:
         return _json({"error": "the body is not UTF-8"}, 400)
     except InvalidArgumentError as exc:
         return _json({"error": exc.message}, 400)
-    outcome = await act(
-        _console(request).data,
-        request.path_params["action"],
-        str(body.get("plan_id", "")),
-        str(body.get("gate_id", "")),
-        str(body.get("rationale", "")),
-    )
+    name = request.path_params["action"]
+    try:
+        texts, decision = _action_body(body, name)
+    except InputError as exc:
+        return _json({"error": str(exc)}, 400)
+    outcome = await act(_console(request).data, name, *texts, decision)
     return _json(
         {"ok": outcome.ok, "message": outcome.message, "status": outcome.plan_status},
         outcome.status_code,
     )
+
+
+def _action_body(body: Mapping[str, Any], action: str) -> tuple[tuple[str, str, str], Decision]:
+    """An action body's plan id, gate id and rationale, and what an approval carries.
+
+    Raises:
+        InputError: A field that is not known, not of its type, or not carried by ``action``
+            (a rejection carries no value), in one line naming it.
+    """
+    known = (*TEXT_FIELDS, *DECISION_FIELDS)
+    for key in body:
+        if key not in known:
+            raise InputError(f"unknown field {key!r}; an action takes {', '.join(known)}")
+    texts: list[str] = []
+    for key in TEXT_FIELDS:
+        text = body.get(key, "")
+        if not isinstance(text, str):
+            raise InputError(f"{key} must be a string")
+        texts.append(text)
+    carried = [key for key in DECISION_FIELDS if key in body]
+    if carried and action != "approve":
+        raise InputError(f"{carried[0]}: only an approval carries it, not {action}")
+    for key in ("arguments", "output"):
+        if key in body and not isinstance(body[key], dict):
+            raise InputError(f"{key} must be a JSON object")
+    decision = Decision(
+        value=body.get("value"),
+        has_value="value" in body,
+        arguments=body.get("arguments"),
+        output=body.get("output"),
+    )
+    return (texts[0], texts[1], texts[2]), decision
 
 
 async def _bounded_body(request: Request, limit: int) -> bytes | None:

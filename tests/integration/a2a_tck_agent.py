@@ -13,9 +13,13 @@ idempotency key); the plan's one step, ``play_scenario``, answers with the scena
 ``A2AReply`` (the parts of the task's artifact, or a message). A message id no scenario names is
 answered with the text ``Unhandled messageId prefix: <id>``, as the SDKs' SUTs do.
 
-Not scripted here: the scenarios the A2A face has no way to play (``tck-input-required``, which
-asks the task to stop in ``input-required``; ``tck-reject-task``; ``tck-stream-artifact-chunked``,
-an artifact sent in two chunks); their messages get the default answer.
+``tck-input-required`` asks the task to stop in ``input-required``: its plan opens a gate that
+asks (a string), which the A2A face maps to ``input-required``; the next message to the task
+answers the gate (its rationale names that message's id), and that message's own scenario says
+what comes next: another ``tck-input-required`` asks again (up to ``TURNS`` times), any other is
+played as a first message would be. Not scripted here: the scenarios the A2A face has no way to
+play (``tck-reject-task``; ``tck-stream-artifact-chunked``, an artifact sent in two chunks);
+their messages get the default answer.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any, Final
 from pydantic import Field
 
 from stratagem.agents import define_agent, tool
-from stratagem.planning import Plan, PlanResult, ToolStep
+from stratagem.planning import GateStep, Plan, PlanResult, Step, ToolStep
 from stratagem.protocol import (
     EXTENSION_FIELD,
     A2APart,
@@ -100,9 +104,19 @@ SCENARIO: Final = CapabilitySpec(
 )
 
 
+ASKS: Final = "tck-input-required"
+"""The scenario whose task waits for input."""
+TURNS: Final = 4
+"""How many times in a row one task asks for input."""
+ANSWERED_BY: Final = "A2A message "
+"""How the A2A face's approval of a gate names the message that answered it (its rationale)."""
+
+
 @tool
 async def play_scenario(message_id: str) -> A2AReply:
-    """The scripted answer to a TCK message (by its id's prefix)."""
+    """The scripted answer to a TCK message (by its id's prefix; a gate's rationale,
+    ``A2A message <id>``, names the message that answered it)."""
+    message_id = message_id.removeprefix(ANSWERED_BY)
     scenario = scenario_of(message_id)
     if scenario in SLOW:
         await asyncio.sleep(SLOW[scenario])
@@ -122,15 +136,52 @@ class ScenarioPlanner:
         call = current_call.get()
         request_id = call.request_id if call is not None else ""
         message_id = request_id.removeprefix("a2a:")
+        steps: list[Step] = [
+            ToolStep(id="play", tool="play_scenario", input={"message_id": message_id})
+        ]
+        if message_id.startswith(ASKS):
+            steps = _asking_steps()
         return ScenarioPlan(
             id=plan_id,
             owner=ROLE,
             goal=f"TCK scenario {scenario_of(message_id) or 'default'}",
-            steps=[ToolStep(id="play", tool="play_scenario", input={"message_id": message_id})],
+            steps=steps,
         )
 
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
-        return A2AReply.model_validate(result.outputs["play"])
+        played = [out for step, out in result.outputs.items() if step.startswith("play") and out]
+        return A2AReply.model_validate(played[-1])
+
+
+def _asking_steps() -> list[Step]:
+    """Gates that ask, one a turn: each answer either asks again (a message of the asking
+    scenario) or is played (any other), the last one always."""
+    steps: list[Step] = []
+    for turn in range(1, TURNS + 1):
+        ask = f"ask{turn}"
+        again = f"starts_with({ask}.rationale, '{ANSWERED_BY}{ASKS}')"
+        previous = f"ask{turn - 1}"
+        steps.append(
+            GateStep(
+                id=ask,
+                prompt="TCK: send the input this task needs",
+                input_schema={"type": "string"},
+                depends_on=[previous] if turn > 1 else [],
+                when=f"starts_with({previous}.rationale, '{ANSWERED_BY}{ASKS}')"
+                if turn > 1
+                else None,
+            )
+        )
+        steps.append(
+            ToolStep(
+                id=f"play{turn}",
+                tool="play_scenario",
+                depends_on=[ask],
+                input={"message_id": {"$expr": f"{ask}.rationale"}},
+                when=None if turn == TURNS else f"!{again}",
+            )
+        )
+    return steps
 
 
 SCENARIO_AGENT: Final = define_agent(

@@ -8,7 +8,8 @@ until terminated.
 
 The TCK sends no credentials, so this agent verifies callers with ``AnonymousAuthenticator``: a
 call without credentials is the TCK's identity (``tck``), which the policy lets play scenarios,
-read its plans, watch them and cancel them, nothing more. Everything else is the product's path.
+read its plans, watch them, cancel them and answer what they ask (``Control.approve``), nothing
+more. Everything else is the product's path.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ async def serving(port: int = 0) -> AsyncIterator[A2AServer]:
             PolicyRule(
                 caller=IDENTITY,
                 target=ROLE,
-                capabilities=frozenset({"Plans", "Watch", "Control.cancel"}),
+                capabilities=frozenset({"Plans", "Watch", "Control.cancel", "Control.approve"}),
             ),
         ]
     )

@@ -419,6 +419,43 @@ async def test_malformed_requests_of_a_known_caller_leave_no_tracebacks(
     assert not [r for r in caplog.records if r.exc_info or r.exc_text]
 
 
+async def test_each_malformed_request_of_a_known_caller_is_audited_under_it(
+    served: Served,
+) -> None:
+    # Issue 32 follow-up: only refusals before authentication were audited; a verified caller's
+    # malformed requests (refused by the SDK before any method's handler ran, or by the route)
+    # left no record at all.
+    oversized = b'{"jsonrpc": "2.0", "id": 1, "params": "' + b"a" * (200 * 1024) + b'"}'
+    sent = [
+        (b'{"jsonrpc": "2.0", "id": ', "application/json"),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":5}}',
+            "application/json",
+        ),
+        (b'{"jsonrpc":"2.0","id":1}', "application/json"),
+        (b"[1,2,3]", "application/json"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"Nope","params":{}}', "application/json"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{}}', "text/plain"),
+        (oversized, "application/json"),
+    ]
+    async with httpx.AsyncClient(timeout=30) as http:
+        for body, media in sent:
+            before = len(list(served.audit.records()))
+            answer = await http.post(
+                served.url, content=body, headers={**served.headers(), "content-type": media}
+            )
+            assert answer.json()["error"]["code"] in (-32700, -32600, -32601, -32602, -32005)
+            new = list(served.audit.records())[before:]
+            assert [(r.action, r.actor, r.code) for r in new] == [
+                ("call.refused", "operator", "INVALID_ARGUMENT")
+            ], (body[:60], new)
+            assert "malformed A2A request" in new[0].detail, new[0].detail
+    details = [r.detail for r in served.records("call.refused")]
+    assert any("Invalid params: Failed to parse message field" in d for d in details), details
+    assert not served.records("call.accepted")
+    assert not served.records("call.refused.aggregate")  # accountable: never aggregated
+
+
 # --- returnImmediately tasks: their own deadline, and a reason when they end badly -------------
 
 

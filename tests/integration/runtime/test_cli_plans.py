@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from stratagem.agents import tool
-from stratagem.planning import TransientError
+from stratagem.planning import LogicError, TransientError
 from stratagem.protocol import AbortedError, ExtractEntitiesResponse, RemoteError
 from stratagem.runtime import SyncOperator
 from stratagem.runtime._cli import app
@@ -182,6 +182,36 @@ def test_plans_run_of_a_plan_that_fails_transiently_runs_it_once_and_exits_1(
         shown = stratagem(served, "plans", "show", plan_id, "--json")
         (one,) = json.loads(shown.stdout)["plans"]
         assert (one["revision"], one["status"]) == (1, "failed")
+
+
+def test_a_failed_plans_run_says_its_failure_once_then_where_the_trace_and_the_show_command(
+    served: Served, tmp_path: Path
+) -> None:
+    # Issue 32 point 7 for `plans run`: it printed the error's own text (the agent's status, the
+    # plan's and the step's copies of one reason) and no "where:".
+    async def refuse(text: str) -> ExtractEntitiesResponse:
+        raise LogicError("the ledger is closed for the day")
+
+    assert served.agents is not None
+    served.agents["tactical"].registry.register(tool(refuse, name="ledger.post"))
+    plan = {
+        "id": "closed-ledger",
+        "owner": "tactical",
+        "goal": "post to the ledger",
+        "steps": [{"kind": "tool", "id": "post", "tool": "ledger.post", "input": {"text": "x"}}],
+    }
+    path = tmp_path / "closed-ledger.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    result = stratagem(served, "plans", "run", str(path))
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0] == ("error: step 'post' failed (logic): the ledger is closed for the day"), (
+        result.stderr
+    )
+    assert lines[1] == "  where: tactical plan closed-ledger", result.stderr
+    assert lines[2].startswith("  trace "), result.stderr
+    assert lines[3] == "  stratagem plans show closed-ledger", result.stderr
+    assert result.stderr.count("the ledger is closed for the day") == 1, result.stderr
 
 
 def test_plans_run_past_its_deadline_prints_the_plans_real_status(

@@ -9,6 +9,8 @@ later and not listed fails ``test_the_table_covers_every_role_field``.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from stratagem.agents import (
     TacticalAgent,
     TacticalPlan,
 )
-from stratagem.planning import Plan, PlanStatus
+from stratagem.planning import Plan, PlanStatus, SqliteStateStore
 from stratagem.protocol import InvalidArgumentError
 
 ROLES: dict[str, tuple[type[RoleAgent], type[Plan], str]] = {
@@ -112,3 +114,45 @@ async def test_a_users_plan_with_the_defaults_still_runs(role: str) -> None:
     plan = plan_type.model_validate(users_plan(role, **defaults))
     result = await agent_type().submit_plan(plan.model_dump(mode="json"))
     assert result.status is PlanStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("role", "field"), [(role, field) for role in sorted(SET) for field in sorted(SET[role])]
+)
+async def test_a_replan_setting_a_role_field_is_refused_naming_it(
+    role: str, field: str, tmp_path: Path
+) -> None:
+    """``replan`` takes a user's plan too: a planner's field it sets is refused as ``plans run``
+    refuses it (before, the new revision was stored with it, and nothing ran it)."""
+    agent_type, plan_type, _ = ROLES[role]
+    async with SqliteStateStore(tmp_path / "plans.sqlite3") as store:
+        agent = agent_type(store=store)
+        plan_id = f"mine-{role}"
+        await agent.submit_plan(users_plan(role))
+        first = await agent.revisions(plan_id)
+        raw = users_plan(role, **{field: SET[role][field]})
+        with pytest.raises(InvalidArgumentError) as info:
+            await agent.replan(plan_id, json.dumps(raw), rationale="r", author="operator")
+        assert info.value.message == (
+            f"replan of {plan_id!r} refused: field {field!r} is set by the {role} agent's "
+            f"planner and nothing runs it in a user's plan: leave it out (the steps say what runs)"
+        )
+        assert len((await agent.revisions(plan_id)).revisions) == len(first.revisions)
+        # The plan as exported (the fields at the revision's values) is a replan as before.
+        kept = plan_type.model_validate(users_plan(role)).model_dump(mode="json")
+        snapshot = await agent.replan(plan_id, json.dumps(kept), rationale="r", author="operator")
+        assert snapshot.revision == first.revisions[-1].revision + 1
+        await agent.aclose()
+
+
+def test_a_replan_keeping_the_revisions_own_planner_values_passes() -> None:
+    """A planner's plan exported and given back by ``replan`` carries the planner's values:
+    nothing new is asked, nothing refused (a changed value is)."""
+    from stratagem.agents._admission import planner_fields_set
+
+    planned = TacticalPlan.model_validate(users_plan("tactical", **SET["tactical"]))
+    assert len(planner_fields_set(planned, TacticalPlan)) == len(SET["tactical"])
+    assert planner_fields_set(planned, TacticalPlan, replacing=planned) == []
+    changed = planned.model_copy(update={"dependencies": {"zzz": ["other"]}})
+    (problem,) = planner_fields_set(changed, TacticalPlan, replacing=planned)
+    assert problem.startswith("field 'dependencies' is set by the tactical agent's planner")

@@ -382,6 +382,64 @@ def test_an_approval_carries_the_value_arguments_and_output_and_a_refusal_names_
     assert "value.amount: 900 is greater than the maximum of 500" in outcome.message
 
 
+def test_the_json_api_decides_what_the_cli_can_and_lists_what_a_gate_asks(
+    client: TestClient, console: Console, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stratagem.protocol import GateInfo
+    from stratagem.runtime._console._data import Gate
+
+    headers = {"X-CSRF-Token": _signed_in(client, console)}
+    operator = _RecordingOperator()
+    monkeypatch.setattr(console.data, "operator", operator)
+    body = {"plan_id": "p", "gate_id": "g", "rationale": "ok"}
+    decided = {"value": {"amount": 200}, "arguments": {"a": 1}, "output": {"o": 2}}
+    answer = client.post("/api/actions/approve", json={**body, **decided}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert operator.calls[-1] == {"plan_id": "p", "action": "approve", **body, **decided}
+    null = client.post("/api/actions/approve", json={**body, "value": None}, headers=headers)
+    assert null.status_code == 200
+    assert operator.calls[-1]["value"] is None  # null is a value
+    client.post("/api/actions/approve", json=body, headers=headers)
+    assert "value" not in operator.calls[-1]  # none sent: none carried
+    sent = len(operator.calls)
+    for extra, action, why in (
+        ({"arguments": [1]}, "approve", "arguments must be a JSON object"),
+        ({"output": "done"}, "approve", "output must be a JSON object"),
+        ({"value": 1}, "reject", "value: only an approval carries it, not reject"),
+        ({"valeu": 1}, "approve", "unknown field 'valeu'"),
+        ({"gate_id": 7}, "approve", "gate_id must be a string"),
+    ):
+        refused = client.post(f"/api/actions/{action}", json={**body, **extra}, headers=headers)
+        assert refused.status_code == 400, extra
+        assert why in refused.json()["error"], refused.json()
+    assert len(operator.calls) == sent  # nothing refused reached an agent
+
+    def blocked(info: GateInfo, kind: str) -> Gate:
+        step = StepView(id=info.gate_id, kind=kind, does="decide", status="blocked")
+        plan = PlanView(plan_id="p", agent="strategic", status="blocked", gates=[info])
+        return Gate(plan, step)
+
+    schema = {"type": "object", "properties": {"amount": {"type": "integer"}}}
+    found = [
+        blocked(
+            GateInfo(gate_id="g", prompt="how much?", input_schema_json=json.dumps(schema)), "gate"
+        ),
+        blocked(GateInfo(gate_id="c", choices_json='["north", 2]'), "gate"),
+        blocked(GateInfo(gate_id="s", kind="tool", tool="t", arguments_json='{"a": 1}'), "tool"),
+    ]
+
+    async def gates() -> tuple[list[Gate], list[str]]:
+        return found, []
+
+    monkeypatch.setattr(console.data, "gates", gates)
+    listed = {g["gate_id"]: g for g in client.get("/api/gates").json()["gates"]}
+    assert listed["g"]["input_schema"] == schema
+    assert (listed["g"]["prompt"], listed["g"]["carries"]) == ("how much?", ["value"])
+    assert listed["c"]["choices"] == ["north", 2]
+    assert (listed["s"]["kind"], listed["s"]["tool"]) == ("tool", "t")
+    assert (listed["s"]["arguments"], listed["s"]["carries"]) == ({"a": 1}, ["arguments"])
+
+
 # -- the agents' status --------------------------------------------------------------------------
 
 
