@@ -13,6 +13,10 @@ input and passes what a hand-written plan passes, and more:
 5. the role's ``judge``, the agent's deterministic tools (the tactical agent simulates a proposed
    sequence).
 
+A role whose model answers something narrower than a plan (the built-in roles: ``_model_roles``)
+composes a ``ModelAnswer`` (``answer=``): its prompt, its schema, how its answer becomes the
+role's plan and the judge of that plan; the checks above and what follows are the same for it.
+
 A refused answer goes back to the model as a critique naming every problem, for at most
 ``max_repairs`` more attempts; then the deterministic planner's plan is used when ``fallback`` is
 on, else planning fails with class ``logic`` naming the last problems. A logic failure while the
@@ -470,7 +474,8 @@ class ModelPlanner:
                 names the last problems.
             planning.PolicyError: A call would pass the plan's model token budget.
             planning.TransientError: The model server could not be reached, after retries.
-            ValueError: The role's answer refuses the request before the model is asked.
+            protocol.InvalidArgumentError: The role answer's ``check`` refused the request before
+                the model was asked (the orchestrator's: a consulted agent it does not know).
         """
         if self.answer is not None:
             answer = self._answer_for(request)
