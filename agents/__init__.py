@@ -6,7 +6,7 @@ describes how they fit the layers around this one.
 
 from typing import TYPE_CHECKING
 
-from stratagem.agents._agent import Agent, Planner, PlanRecord, serve_in_memory
+from stratagem.agents._agent import Agent, Planner, PlanRecord
 from stratagem.agents._definition import (
     AgentSpec,
     define_agent,
@@ -28,6 +28,7 @@ from stratagem.agents._extract import (
     ResolutionStrategy,
     slugify,
 )
+from stratagem.agents._in_memory import serve_in_memory
 from stratagem.agents._model import (
     ChatMessage,
     ChatRequest,

@@ -14,8 +14,9 @@ from typing import Any
 
 from opentelemetry import trace
 
+from stratagem.agents._records import PlanBook
 from stratagem.agents._tool import ToolRegistry
-from stratagem.agents._wire import recorded_digest
+from stratagem.agents._wire import marked_digest, recorded_digest
 from stratagem.planning import (
     ExpressionError,
     Plan,
@@ -37,6 +38,7 @@ from stratagem.protocol import FailedPreconditionError, Policy
 __all__ = [
     "plan_problems",
     "planner_fields_set",
+    "ran_for",
     "served_before",
     "store_refusal",
     "stored_result",
@@ -220,3 +222,15 @@ def _traceparent() -> str:
     if not context.is_valid:
         return ""
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+async def ran_for(book: PlanBook, store: StateStore | None, plan_id: str, mark: str) -> bool:
+    """Whether the newest run of ``plan_id`` is the one the request marked ``mark`` started
+    (from ``book``, else from ``store``)."""
+    record = book.get(plan_id)
+    if record is not None:
+        return marked_digest(record.plan.goal) == mark
+    if store is None:
+        return False
+    state = await store.load(plan_id)
+    return state is not None and recorded_digest(state.plan_json) == mark

@@ -25,42 +25,20 @@ translates between planning and the protocol, errors included (one table,
 ``planning.FAILURE_CODES``).
 
 An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
-over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (see :func:`serve_in_memory`).
+over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (``_in_memory.serve_in_memory``).
 
-Refusals and failures are raised as protocol ``RemoteError`` subclasses, one per failure class:
-
-==========================  ========================================================================
-situation                   raised
-==========================  ========================================================================
-unknown capability          ``NotFoundError``
-request of the wrong model  ``InvalidArgumentError`` (with field violations)
-plan fails validation       a planner's plan: ``FailedPreconditionError`` naming every problem
-                            (e.g. a step naming a tool outside this agent's registry): the request
-                            was well formed, the plan made for it cannot run here, so retrying the
-                            same request cannot help. A user's plan (``submit_plan``, ``RunPlan``):
-                            ``InvalidArgumentError``, the plan itself is the bad input.
-step failed: logic          ``FailedPreconditionError``
-step failed: policy         ``PermissionDeniedError``
-step failed: timeout        ``DeadlineExceededError`` (``AbortedError`` for ``RunPlan``: the plan
-                            ran and failed, the call did not; see ``users_run_failure``)
-step failed: transient      ``UnavailableError`` (``AbortedError`` for ``RunPlan``)
-plan cancelled              ``CancelledError``
-control of an unknown plan  ``NotFoundError``
-control refused             ``FailedPreconditionError`` (a gate not open, a finished plan, a plan
-                            already running, another revision)
-==========================  ========================================================================
+Refusals and failures are raised as protocol ``RemoteError`` subclasses, one per failure class
+(the table is in ``_wire``, which translates them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import inspect
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 from opentelemetry.trace import TracerProvider
@@ -69,6 +47,7 @@ from pydantic import ValidationError
 from stratagem.agents._admission import (
     plan_problems,
     planner_fields_set,
+    ran_for,
     served_before,
     store_refusal,
     stored_result,
@@ -92,10 +71,10 @@ from stratagem.agents._wire import (
     failure_error,
     goal_marked,
     invalid_argument,
-    marked_digest,
     one_line,
+    package_version,
+    plan_id_for,
     reason_of,
-    recorded_digest,
     run_digest,
     run_failure,
     stored_failure,
@@ -106,8 +85,6 @@ from stratagem.planning import (
     Engine,
     EngineConfig,
     GateNotifier,
-    Handler,
-    InMemoryDispatcher,
     Plan,
     PlanControlError,
     PlanningError,
@@ -137,24 +114,16 @@ from stratagem.protocol import (
     ReplayResult,
     RevisionsResponse,
     WireModel,
-    current_call,
     json_object,
 )
 
-__all__ = ["Agent", "PlanRecord", "Planner", "serve_in_memory"]
+__all__ = ["Agent", "PlanRecord", "Planner"]
 
 logger = logging.getLogger(__name__)
 
 _ANSWER_BYTES: Final = 1 << 20
 """The message limit a snapshot answered in-process is built for (the server passes its own)."""
 _FINAL_STATUSES: Final = frozenset(status.value for status in PlanStatus if status.is_final)
-
-
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("stratagem")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 class Agent:
@@ -192,7 +161,7 @@ class Agent:
         self.plan_type = plan_type
         self.planner = planner
         self.dispatcher = dispatcher
-        self.version = _package_version()
+        self.version = package_version()
         self._capabilities = Capabilities(role, planner)
         self._book = PlanBook(role, max_records)
         self._engine = Engine(
@@ -316,7 +285,7 @@ class Agent:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
         spec, planner = handler
         request = coerce_request(spec, request)
-        plan_id = self._plan_id_for(request, ctx)
+        plan_id = plan_id_for(request, ctx, self.role, served=ctx.capability in self._capabilities)
         # The digest ties a stored plan to the request it serves: without a store, nothing reads it.
         request_digest = "" if self.store is None else digest_of_request(capability, request)
         if self.store is not None:
@@ -350,7 +319,7 @@ class Agent:
         once it runs (``plan_id``, ``status`` of the capability's response), or with its outcome
         if it ends first. Nobody's deadline binds it; ``cancel`` stops it."""
         run = self._runs.unbound(self._run(plan, capability), plan.id)
-        started = asyncio.get_running_loop().create_task(self._first_event(plan.id))
+        started = asyncio.get_running_loop().create_task(self._book.first_event(plan.id))
         try:
             await asyncio.wait({run, started}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -362,12 +331,6 @@ class Agent:
         record = self._book.get(plan.id)
         status = record.status.value if record is not None else PlanStatus.RUNNING.value
         return spec.response.model_validate({"plan_id": plan.id, "status": status})
-
-    async def _first_event(self, plan_id: str) -> None:
-        """Return once plan ``plan_id`` reports its first event here."""
-        async for event in self._book.watch(plan_id):
-            if event.plan_id == plan_id:
-                return
 
     def _respond(
         self, planner: Planner, capability: str, request: WireModel, result: PlanResult[Any]
@@ -474,13 +437,13 @@ class Agent:
         if ctx.request_id:
             mark = run_digest(ctx.caller, ctx.request_id)
             plan = plan.model_copy(update={"goal": goal_marked(plan.goal, mark)})
-            if await self._ran_for(plan.id, mark):
+            if await ran_for(self._book, self.store, plan.id, mark):
                 return await self._rejoin(plan, until_blocked=until_blocked)
         if not until_blocked:
             result = await self._run(plan, "", caller_deadline(ctx))
         else:
             run = self._runs.unbound(self._run(plan, ""), plan.id)
-            waits = asyncio.get_running_loop().create_task(self._blocked(plan.id))
+            waits = asyncio.get_running_loop().create_task(self._book.blocked(plan.id))
             try:
                 await asyncio.wait({run, waits}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -491,17 +454,6 @@ class Agent:
         if result.status is not PlanStatus.SUCCEEDED:
             raise users_run_failure(result, self.role)
         return await self._answer(result.plan.id)
-
-    async def _ran_for(self, plan_id: str, mark: str) -> bool:
-        """Whether the newest run of ``plan_id`` here is the one the request marked ``mark``
-        started (from memory, else from the store)."""
-        record = self._book.get(plan_id)
-        if record is not None:
-            return marked_digest(record.plan.goal) == mark
-        if self.store is None:
-            return False
-        state = await self.store.load(plan_id)
-        return state is not None and recorded_digest(state.plan_json) == mark
 
     async def _rejoin(self, plan: Plan, *, until_blocked: bool) -> PlanSnapshot:
         """Answer a repeated ``RunPlan`` as its first call answers: wait for the plan while it
@@ -532,12 +484,6 @@ class Agent:
         if state is not None and state.status in (PlanStatus.FAILED, PlanStatus.CANCELLED):
             raise stored_failure(state, state.plan(self.plan_type), self.role)
         return await self._answer(plan.id)
-
-    async def _blocked(self, plan_id: str) -> None:
-        """Return once plan ``plan_id`` waits at a gate here (or has ended)."""
-        async for event in self._book.watch(plan_id):
-            if event.plan_id == plan_id and not event.step_id and event.status == "blocked":
-                return
 
     async def _answer(self, plan_id: str) -> PlanSnapshot:
         """The plan's snapshot with its steps' records (from the store when there is one)."""
@@ -739,17 +685,6 @@ class Agent:
         book = self._book
         return lambda event: book.observe(record, event)
 
-    def _plan_id_for(self, request: WireModel, ctx: CallContext) -> str:
-        if ctx.plan_id and ctx.step_id:
-            return f"{ctx.plan_id}/{ctx.step_id}"
-        if ctx.plan_id and ctx.capability in self._capabilities:
-            # A caller naming a plan but no step of its own (an A2A task): the plan is that task.
-            return ctx.plan_id
-        own = getattr(request, "plan_id", "")
-        if isinstance(own, str) and own:
-            return own
-        return f"{self.role}-{uuid.uuid4().hex[:12]}"
-
     async def _run(
         self, plan: Plan, capability: str, deadline: float | None = None
     ) -> PlanResult[Any]:
@@ -847,32 +782,6 @@ class Agent:
         """Why this agent may not run ``plan``: another owner, another plan type, a tool it does
         not have or a malformed DAG (empty when it may)."""
         return plan_problems(plan, role=self.role, plan_type=self.plan_type, registry=self.registry)
-
-
-def serve_in_memory(dispatcher: InMemoryDispatcher, agents: Iterable[Agent]) -> None:
-    """Serve every capability of ``agents`` through an in-memory dispatcher.
-
-    Each cross-agent call becomes ``agent.handle(capability, request, ctx)`` with the call context
-    the dispatcher sets, so plan ids, deadlines and errors behave as they do behind the gRPC
-    server (without authorization, audit or the wire).
-
-    Args:
-        dispatcher: The dispatcher the agents were built with.
-        agents: The agents to serve.
-    """
-    for agent in agents:
-        for name in agent.capabilities:
-            dispatcher.register(agent.role, name, _in_memory_handler(agent, name))
-
-
-def _in_memory_handler(agent: Agent, capability: str) -> Handler:
-    async def handler(request: WireModel) -> WireModel:
-        ctx = current_call.get() or CallContext(
-            caller="", target=agent.role, capability=capability, request_id=uuid.uuid4().hex
-        )
-        return await agent.handle(capability, request, ctx)
-
-    return handler
 
 
 def _final(status: str) -> bool:

@@ -13,6 +13,10 @@ input and passes what a hand-written plan passes, and more:
 5. the role's ``judge``, the agent's deterministic tools (the tactical agent simulates a proposed
    sequence).
 
+A role whose model answers something narrower than a plan (the built-in roles: ``_model_roles``)
+composes a ``ModelAnswer`` (``answer=``): its prompt, its schema, how its answer becomes the
+role's plan and the judge of that plan; the checks above and what follows are the same for it.
+
 A refused answer goes back to the model as a critique naming every problem, for at most
 ``max_repairs`` more attempts; then the deterministic planner's plan is used when ``fallback`` is
 on, else planning fails with class ``logic`` naming the last problems. A logic failure while the
@@ -35,9 +39,9 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -49,9 +53,10 @@ from stratagem.agents._model import (
     ScriptedModelClient,
     parse_json_answer,
 )
+from stratagem.agents._model_answer import DeterministicPlanner, ModelAnswer, PlanJudge
+from stratagem.agents._model_schema import plan_answer_schema
 from stratagem.agents._tool import ToolRegistry
 from stratagem.planning import (
-    STEP_ID_PATTERN,
     Budget,
     LogicError,
     ModelCall,
@@ -67,6 +72,7 @@ from stratagem.planning import (
 from stratagem.protocol import CAPABILITIES, WireModel, remaining_time
 
 __all__ = [
+    "ModelAnswer",
     "ModelPlanner",
     "ModelPlanningConfig",
     "PlanJudge",
@@ -82,18 +88,6 @@ INVALID_USAGE: Final = "invalid_usage"
 _TRANSIENT_DELAYS_S: Final = (0.5, 1.0, 2.0)
 # A rough count of the prompt's tokens (reserved before a call): four characters a token.
 _CHARS_PER_TOKEN: Final = 4
-
-
-class DeterministicPlanner(Protocol):
-    """What a model planner falls back on and answers with (the role's own planner)."""
-
-    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan: ...
-
-    def respond(self, capability: str, request: WireModel, result: Any) -> WireModel: ...
-
-
-PlanJudge = Callable[[Plan, WireModel], Awaitable[list[str]]]
-"""A role's deterministic check of a proposed plan: the problems found ([] accepts it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,176 +113,6 @@ class ModelPlanningConfig:
     def __post_init__(self) -> None:
         if self.max_repairs < 0 or self.max_tokens < 1 or self.max_steps < 1:
             raise ValueError("max_repairs must be >= 0, max_tokens and max_steps >= 1")
-
-
-# --- the schema the model answers in -------------------------------------------------------------
-
-
-def _hoist(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with its ``$defs`` moved into ``defs`` under ``prefix`` (refs rewritten)."""
-    own = schema.pop("$defs", {})
-
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, dict):
-            out = {}
-            for key, value in node.items():
-                if key == "$ref" and isinstance(value, str) and value.startswith("#/$defs/"):
-                    out[key] = f"#/$defs/{prefix}{value.removeprefix('#/$defs/')}"
-                else:
-                    out[key] = rewrite(value)
-            return out
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
-        return node
-
-    for name, definition in own.items():
-        defs[f"{prefix}{name}"] = rewrite(definition)
-    return rewrite(schema)  # type: ignore[no-any-return]
-
-
-_EXPRESSION: Final = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["$expr"],
-    "properties": {"$expr": {"type": "string", "minLength": 1, "maxLength": 300}},
-}
-"""A value written as an expression (``{"$expr": "search.hits[0]"}``), in place of a literal."""
-
-_INPUT_VALUE: Final = {
-    "anyOf": [
-        {"type": "string", "maxLength": 2000},
-        {"type": "number"},
-        {"type": "boolean"},
-        {"type": "array", "maxItems": 20, "items": {"type": "string", "maxLength": 2000}},
-    ]
-}
-
-
-def plan_answer_schema(
-    registry: ToolRegistry,
-    *,
-    max_steps: int = 8,
-    max_items: int = 50,
-    max_iterations: int = 5,
-    max_body_steps: int = 4,
-) -> dict[str, Any]:
-    """The JSON Schema a model's plan must follow: a goal, optional plan inputs and failure
-    mode, and steps (arrays and strings bounded, as small models need).
-
-    A step calls one tool of ``registry`` with that tool's input, each field a literal or an
-    expression (``{"$expr": ...}``); it may depend on earlier steps, run only ``when`` a condition
-    holds, run on a dependency's failure (``runs_on``) and have a ``priority``. A ``map`` step
-    runs one tool per item of a list (``over``; its input reads ``item``), at most ``max_items``
-    items; a ``loop`` repeats a body of at most ``max_body_steps`` tool steps ``until`` a
-    condition holds, at most ``max_iterations`` times (required); a ``subplan`` runs such a body
-    once. Bodies hold tool steps only: nothing nests further.
-
-    Raises:
-        ValueError: The registry has no tool (a model could write no step).
-    """
-    if not registry.names():
-        raise ValueError(f"the {registry.agent} agent has no tool a model's plan could call")
-    defs: dict[str, Any] = {"expr": _EXPRESSION}
-    step_id = {"type": "string", "pattern": f"^{STEP_ID_PATTERN}$", "maxLength": 64}
-    flow: dict[str, Any] = {
-        "depends_on": {"type": "array", "items": step_id, "maxItems": max_steps},
-        "when": {"type": "string", "minLength": 1, "maxLength": 300},
-        "runs_on": {"type": "string", "enum": ["success", "failure"]},
-        "priority": {"type": "integer", "minimum": -10, "maximum": 10},
-    }
-    tools: list[dict[str, Any]] = []
-    maps: list[dict[str, Any]] = []
-    for name in registry.names():
-        item = registry.get(name)
-        tool_input = _hoist(item.input_model.model_json_schema(), f"{name}__", defs)
-        tool_input.pop("title", None)
-        for key, value in list(tool_input.get("properties", {}).items()):
-            tool_input["properties"][key] = {"anyOf": [value, {"$ref": "#/$defs/expr"}]}
-        defs[f"input__{name}"] = tool_input
-        defs[f"tool__{name}"] = {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["id", "tool", "input"],
-            "properties": {
-                "id": step_id,
-                "tool": {"type": "string", "enum": [name]},
-                "input": {"$ref": f"#/$defs/input__{name}"},
-                **flow,
-            },
-        }
-        tools.append({"$ref": f"#/$defs/tool__{name}"})
-        maps.append(
-            {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["kind", "id", "over", "max_items", "tool", "input"],
-                "properties": {
-                    "kind": {"type": "string", "enum": ["map"]},
-                    "id": step_id,
-                    "over": {"type": "string", "minLength": 1, "maxLength": 300},
-                    "max_items": {"type": "integer", "minimum": 1, "maximum": max_items},
-                    "max_parallel": {"type": "integer", "minimum": 1, "maximum": 8},
-                    "tool": {"type": "string", "enum": [name]},
-                    "input": {"$ref": f"#/$defs/input__{name}"},
-                    **flow,
-                },
-            }
-        )
-    body = {
-        "type": "array",
-        "minItems": 1,
-        "maxItems": max_body_steps,
-        "items": {"anyOf": tools} if len(tools) > 1 else tools[0],
-    }
-    inputs = {"type": "object", "maxProperties": 8, "additionalProperties": _INPUT_VALUE}
-    nested: dict[str, dict[str, Any]] = {
-        "loop": {
-            "required": ["kind", "id", "steps", "max_iterations"],
-            "properties": {
-                "until": {"type": "string", "minLength": 1, "maxLength": 300},
-                "max_iterations": {"type": "integer", "minimum": 1, "maximum": max_iterations},
-            },
-        },
-        "subplan": {"required": ["kind", "id", "steps"], "properties": {}},
-    }
-    composites = [
-        {
-            "type": "object",
-            "additionalProperties": False,
-            "required": shape["required"],
-            "properties": {
-                "kind": {"type": "string", "enum": [kind]},
-                "id": step_id,
-                "steps": body,
-                "inputs": {
-                    "type": "object",
-                    "maxProperties": 8,
-                    "additionalProperties": {"$ref": "#/$defs/expr"},
-                },
-                **shape["properties"],
-                **flow,
-            },
-        }
-        for kind, shape in nested.items()
-    ]
-    schema: dict[str, Any] = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["goal", "steps"],
-        "properties": {
-            "goal": {"type": "string", "minLength": 1, "maxLength": 300},
-            "inputs": inputs,
-            "on_failure": {"type": "string", "enum": ["fail_fast", "continue_independent"]},
-            "steps": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": max_steps,
-                "items": {"anyOf": [*tools, *maps, *composites]},
-            },
-        },
-        "$defs": defs,
-    }
-    return schema
 
 
 # --- the planner ---------------------------------------------------------------------------------
@@ -372,6 +196,8 @@ class ModelPlanner:
         judge: The role's deterministic check of a proposed plan (problems, or [] to accept).
         instructions: What the system prompt adds for this role (a few lines, an example).
         budget: The budget given to every plan made (``model_tokens`` bounds the model calls).
+        answer: A role's narrow answer (``ModelAnswer``) in place of a plan over the agent's
+            tools: its requests are asked as it says, others go to ``deterministic`` unasked.
     """
 
     def __init__(
@@ -386,6 +212,7 @@ class ModelPlanner:
         judge: PlanJudge | None = None,
         instructions: str = "",
         budget: Budget | None = None,
+        answer: ModelAnswer[Any] | None = None,
     ) -> None:
         self.role = role
         self.plan_type = plan_type
@@ -393,7 +220,8 @@ class ModelPlanner:
         self.client = client
         self.deterministic = deterministic
         self.config = config or ModelPlanningConfig()
-        self.judge = judge
+        self.answer = answer
+        self.judge = judge if judge is not None or answer is None else answer.judge
         self.instructions = instructions
         self.budget = budget
         self._schema: dict[str, Any] | None = None
@@ -409,8 +237,15 @@ class ModelPlanner:
 
     # --- the prompt --------------------------------------------------------------------------
 
+    def _answer_for(self, request: WireModel) -> ModelAnswer[Any] | None:
+        """The role's answer when ``request`` is one it answers, else ``None`` (a plan)."""
+        answer = self.answer
+        return answer if answer is not None and answer.answers(request) else None
+
     def system(self) -> str:
-        """The system message: the role, its tools, the answer's shape."""
+        """The system message: the role's own, else the agent's tools and the plan's shape."""
+        if self.answer is not None:
+            return self.answer.system
         tools = "\n".join(
             f"- {name}: {self.registry.get(name).description}" for name in self.registry.names()
         )
@@ -425,10 +260,10 @@ class ModelPlanner:
         ).strip()
 
     def ask(self, capability: str, request: WireModel) -> str:
-        """The user message: what to plan (a role may say it more briefly)."""
-        return self._ask(capability, request)
-
-    def _ask(self, capability: str, request: WireModel) -> str:
+        """The user message: what to plan (a role's answer says it more briefly)."""
+        answer = self._answer_for(request)
+        if answer is not None:
+            return answer.ask(request)
         return f"Plan {capability} for this request:\n{request.model_dump_json()}"
 
     # --- calling -----------------------------------------------------------------------------
@@ -488,17 +323,22 @@ class ModelPlanner:
 
     # --- checking ----------------------------------------------------------------------------
 
-    # --- what a role may change: the answer's shape and how it becomes a plan ------------------
+    # --- the answer's shape and how it becomes a plan (a role's answer, or a plan) -------------
 
     def schema_for(self, capability: str, request: WireModel) -> dict[str, Any]:
-        """The JSON Schema the answer must follow (by default: a plan of this agent's tools)."""
-        return self.schema
+        """The JSON Schema the answer must follow (without a role's answer: a plan of this
+        agent's tools)."""
+        answer = self._answer_for(request)
+        return self.schema if answer is None else answer.schema(request)
 
     def build(
         self, answer: Any, capability: str, request: WireModel, plan_id: str
     ) -> tuple[Plan | None, list[str]]:
-        """The answer as this agent's plan (by default: the answer is the plan's goal and
-        steps), or the problems that refuse it."""
+        """The answer as this agent's plan (without a role's answer: the answer is the plan's
+        goal and steps), or the problems that refuse it."""
+        role_answer = self._answer_for(request)
+        if role_answer is not None:
+            return role_answer.build(answer, request, plan_id, self.deterministic)
         if not isinstance(answer, dict):
             return None, ["the answer is not a JSON object with a goal and steps"]
         fields = {k: v for k, v in answer.items() if k in _ANSWER_FIELDS}
@@ -634,7 +474,15 @@ class ModelPlanner:
                 names the last problems.
             planning.PolicyError: A call would pass the plan's model token budget.
             planning.TransientError: The model server could not be reached, after retries.
+            protocol.InvalidArgumentError: The role answer's ``check`` refused the request before
+                the model was asked (the orchestrator's: a consulted agent it does not know).
         """
+        if self.answer is not None:
+            answer = self._answer_for(request)
+            if answer is None:  # not a request the role asks its model about: its own rules
+                return self.deterministic.plan(capability, request, plan_id=plan_id)
+            if answer.check is not None:
+                answer.check(request, self.deterministic)
         attempts = _Attempts(
             messages=[
                 ChatMessage("system", self.system()),
@@ -714,7 +562,13 @@ class ModelPlanner:
             return None
 
     def respond(self, capability: str, request: WireModel, result: Any) -> WireModel:
-        """The response, built by the role's own planner from the plan's outputs."""
+        """The response, built by the role's own planner from the plan's outputs (or by the
+        role's answer, when it builds one for this result)."""
+        answer = self._answer_for(request)
+        if answer is not None and answer.respond is not None:
+            own = answer.respond(request, result)
+            if own is not None:
+                return own
         return self.deterministic.respond(capability, request, result)
 
     async def rederive(

@@ -278,7 +278,11 @@ def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
     """
     if isinstance(worlds, WorldModel):
         worlds = Worlds(None, worlds)
-    kept = worlds
+    return [*_reading_tools(), *_world_tools(worlds), *_admin_tools(worlds)]
+
+
+def _reading_tools() -> list[Tool[Any, Any]]:
+    """The tools that read a passage: sentences, the patterns' mentions, entities and facts."""
 
     @tool(name="split_sentences")
     async def split_text(text: str) -> Sentences:
@@ -308,6 +312,12 @@ def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
         """Turn mentions into entities (slug ids) and facts."""
         entities, relations = resolve_mentions(mentions, strategy)
         return Resolved(entities=entities, relations=relations)
+
+    return [split_text, match_patterns, resolve_entities]
+
+
+def _world_tools(kept: Worlds) -> list[Tool[Any, Any]]:
+    """The tools that read and change one world of ``kept``."""
 
     @tool(side_effects=True, idempotent=True)
     async def merge_world(
@@ -353,6 +363,12 @@ def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
         await kept.keep(world)
         return changes
 
+    return [merge_world, locate_entities, world_facts, check_actions, apply_actions]
+
+
+def _admin_tools(kept: Worlds) -> list[Tool[Any, Any]]:
+    """The tools over the worlds themselves: list, show and reset them."""
+
     @tool
     async def list_worlds(prefix: str = "") -> WorldList:
         """The worlds whose name starts with ``prefix``, with their sizes (at most 1000)."""
@@ -393,19 +409,7 @@ def perception_tools(worlds: Worlds | WorldModel) -> list[Tool[Any, Any]]:
             world=world, version=fresh.version, entities_removed=entities, facts_removed=facts
         )
 
-    return [
-        split_text,
-        match_patterns,
-        resolve_entities,
-        merge_world,
-        locate_entities,
-        world_facts,
-        check_actions,
-        apply_actions,
-        list_worlds,
-        show_world,
-        reset_world,
-    ]
+    return [list_worlds, show_world, reset_world]
 
 
 def _unknown_world(world: str, names: Sequence[str]) -> str:
@@ -453,46 +457,7 @@ class PerceptionPlanner:
         """
         world = world_input(getattr(request, "world", ""))
         if isinstance(request, ExtractEntitiesRequest):
-            patterns = [p.model_dump() for p in self.patterns]
-            return PerceptionPlan(
-                id=plan_id,
-                owner="perception",
-                goal=f"extract entities and relations from a passage of {len(request.text)} chars",
-                extraction_patterns=self.patterns,
-                entity_resolution_strategy=self.strategy,
-                state_update_sequence=[
-                    StateUpdate(step="merge", operation="merge", description="extracted facts")
-                ],
-                steps=[
-                    ToolStep(id="split", tool="split_sentences", input={"text": request.text}),
-                    ToolStep(
-                        id="match",
-                        tool="match_patterns",
-                        depends_on=["split"],
-                        input={
-                            "sentences": ref("split.sentences"),
-                            "patterns": patterns,
-                            **({"required": True} if request.require_facts else {}),
-                        },
-                    ),
-                    ToolStep(
-                        id="resolve",
-                        tool="resolve_entities",
-                        depends_on=["match"],
-                        input={"mentions": ref("match.mentions"), "strategy": self.strategy},
-                    ),
-                    ToolStep(
-                        id="merge",
-                        tool="merge_world",
-                        depends_on=["resolve"],
-                        input={
-                            "entities": ref("resolve.entities"),
-                            "relations": ref("resolve.relations"),
-                            **world,
-                        },
-                    ),
-                ],
-            )
+            return self._extract_plan(request, plan_id, world)
         if isinstance(request, FindSpatialContextRequest):
             return PerceptionPlan(
                 id=plan_id,
@@ -547,6 +512,51 @@ class PerceptionPlanner:
         if isinstance(request, ListWorldsRequest | ShowWorldRequest | ResetWorldRequest):
             return self._world_plan(request, plan_id)
         raise ValueError(f"the perception planner cannot plan {capability!r}")
+
+    def _extract_plan(
+        self, request: ExtractEntitiesRequest, plan_id: str, world: dict[str, str]
+    ) -> PerceptionPlan:
+        """Read a passage with the patterns and merge what they find into the world."""
+        patterns = [p.model_dump() for p in self.patterns]
+        return PerceptionPlan(
+            id=plan_id,
+            owner="perception",
+            goal=f"extract entities and relations from a passage of {len(request.text)} chars",
+            extraction_patterns=self.patterns,
+            entity_resolution_strategy=self.strategy,
+            state_update_sequence=[
+                StateUpdate(step="merge", operation="merge", description="extracted facts")
+            ],
+            steps=[
+                ToolStep(id="split", tool="split_sentences", input={"text": request.text}),
+                ToolStep(
+                    id="match",
+                    tool="match_patterns",
+                    depends_on=["split"],
+                    input={
+                        "sentences": ref("split.sentences"),
+                        "patterns": patterns,
+                        **({"required": True} if request.require_facts else {}),
+                    },
+                ),
+                ToolStep(
+                    id="resolve",
+                    tool="resolve_entities",
+                    depends_on=["match"],
+                    input={"mentions": ref("match.mentions"), "strategy": self.strategy},
+                ),
+                ToolStep(
+                    id="merge",
+                    tool="merge_world",
+                    depends_on=["resolve"],
+                    input={
+                        "entities": ref("resolve.entities"),
+                        "relations": ref("resolve.relations"),
+                        **world,
+                    },
+                ),
+            ],
+        )
 
     def _world_plan(
         self, request: ListWorldsRequest | ShowWorldRequest | ResetWorldRequest, plan_id: str

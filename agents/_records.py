@@ -157,6 +157,18 @@ class PlanBook:
         """The record of ``plan_id``, or ``None`` when it is not remembered."""
         return self._records.get(plan_id)
 
+    async def first_event(self, plan_id: str) -> None:
+        """Return once plan ``plan_id`` reports its first event here."""
+        async for event in self.watch(plan_id):
+            if event.plan_id == plan_id:
+                return
+
+    async def blocked(self, plan_id: str) -> None:
+        """Return once plan ``plan_id`` waits at a gate here (or has ended)."""
+        async for event in self.watch(plan_id):
+            if event.plan_id == plan_id and not event.step_id and event.status == "blocked":
+                return
+
     async def watch(self, plan_id: str) -> AsyncIterator[PlanEvent]:
         """Stream the events of ``plan_id`` and of every plan whose id starts with ``plan_id/``.
 

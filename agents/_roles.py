@@ -8,9 +8,10 @@ from typing import Final, Protocol
 
 from opentelemetry.trace import TracerProvider
 
-from stratagem.agents._agent import Agent, serve_in_memory
+from stratagem.agents._agent import Agent
 from stratagem.agents._definition import defined_agent_type
 from stratagem.agents._extensions import extension_setups, set_up
+from stratagem.agents._in_memory import serve_in_memory
 from stratagem.agents._orchestrator import OrchestratorAgent
 from stratagem.agents._perception import PerceptionAgent
 from stratagem.agents._strategic import StrategicAgent

@@ -3,14 +3,39 @@
 The engine speaks ``planning`` (plans, ``FailureClass``, ``StepEvent``, ``RevisionRecord``); callers
 speak the protocol (``RemoteError`` subclasses, ``PlanEvent``, ``PlanRevision``). Everything an
 agent turns from one into the other is here.
+
+Refusals and failures are raised as protocol ``RemoteError`` subclasses, one per failure class:
+
+==========================  ========================================================================
+situation                   raised
+==========================  ========================================================================
+unknown capability          ``NotFoundError``
+request of the wrong model  ``InvalidArgumentError`` (with field violations)
+plan fails validation       a planner's plan: ``FailedPreconditionError`` naming every problem
+                            (e.g. a step naming a tool outside this agent's registry): the request
+                            was well formed, the plan made for it cannot run here, so retrying the
+                            same request cannot help. A user's plan (``submit_plan``, ``RunPlan``):
+                            ``InvalidArgumentError``, the plan itself is the bad input.
+step failed: logic          ``FailedPreconditionError``
+step failed: policy         ``PermissionDeniedError``
+step failed: timeout        ``DeadlineExceededError`` (``AbortedError`` for ``RunPlan``: the plan
+                            ran and failed, the call did not; see ``users_run_failure``)
+step failed: transient      ``UnavailableError`` (``AbortedError`` for ``RunPlan``)
+plan cancelled              ``CancelledError``
+control of an unknown plan  ``NotFoundError``
+control refused             ``FailedPreconditionError`` (a gate not open, a finished plan, a plan
+                            already running, another revision)
+==========================  ========================================================================
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import re
 import time
+import uuid
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -64,8 +89,10 @@ __all__ = [
     "goal_marked",
     "invalid_argument",
     "one_line",
+    "package_version",
     "plain_goal",
     "plan_event",
+    "plan_id_for",
     "reason_of",
     "recorded_digest",
     "revision_entry",
@@ -343,3 +370,26 @@ def coerce_request(spec: CapabilitySpec, request: WireModel) -> WireModel:
         return spec.request.model_validate(request.model_dump())
     except ValidationError as exc:
         raise invalid_argument(f"not a valid {spec.name} request", exc) from None
+
+
+def package_version() -> str:
+    """The installed package's version (what an agent's card says it runs)."""
+    try:
+        return importlib.metadata.version("stratagem")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def plan_id_for(request: WireModel, ctx: CallContext, role: str, *, served: bool) -> str:
+    """The id of the plan serving ``request``: ``"<caller plan>/<caller step>"`` when the caller
+    runs a plan; the plan the call names without a step when it names a capability the agent
+    serves (``served``: an A2A task is that plan); else the request's own ``plan_id``; else
+    ``"<role>-<random>"``."""
+    if ctx.plan_id and ctx.step_id:
+        return f"{ctx.plan_id}/{ctx.step_id}"
+    if ctx.plan_id and served:
+        return ctx.plan_id
+    own = getattr(request, "plan_id", "")
+    if isinstance(own, str) and own:
+        return own
+    return f"{role}-{uuid.uuid4().hex[:12]}"

@@ -157,20 +157,8 @@ async def bounded_stdio(
     Raises:
         OSError: The command cannot be started.
     """
-    assert config.command is not None
     limit = config.max_output_bytes
-    command, own_dir = _placed(config.command, config.cwd)
-    try:
-        process = await anyio.open_process(
-            [command, *config.args],
-            env={**get_default_environment(), **config.env},
-            cwd=config.cwd if config.cwd is not None else own_dir,
-            stderr=subprocess.PIPE,
-        )
-    except BaseException:
-        if own_dir is not None:
-            shutil.rmtree(own_dir, ignore_errors=True)
-        raise
+    process, command, own_dir = await _spawn(config)
     budget = _StderrBudget(f"MCP server {os.path.basename(command)!r} (pid {process.pid})")
     read_in, read_out = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_in, write_out = anyio.create_memory_object_stream[SessionMessage](0)
@@ -245,6 +233,25 @@ async def bounded_stdio(
             _write_stderr(budget.flush())
             if own_dir is not None:
                 shutil.rmtree(own_dir, ignore_errors=True)
+
+
+async def _spawn(config: McpServerConfig) -> tuple[anyio.abc.Process, str, str | None]:
+    """Start the server's command: the process, the command run, and the folder made for it
+    (``_placed``; removed again when the command cannot be started)."""
+    assert config.command is not None
+    command, own_dir = _placed(config.command, config.cwd)
+    try:
+        process = await anyio.open_process(
+            [command, *config.args],
+            env={**get_default_environment(), **config.env},
+            cwd=config.cwd if config.cwd is not None else own_dir,
+            stderr=subprocess.PIPE,
+        )
+    except BaseException:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        raise
+    return process, command, own_dir
 
 
 def _placed(command: str, cwd: Path | None) -> tuple[str, str | None]:

@@ -35,16 +35,29 @@ there for agents of your own; tried on the strategic agent with the 270M model i
 acceptable plan in three attempts of ~60 s each, so a built-in role uses it only through the
 narrower answers above.)
 
-``model_planner(agent, client, config)`` builds the right one for an agent.
+``model_planner(agent, client, config)`` builds the right one for an agent. Each role's answer
+is data (a ``ModelAnswer``: its prompt, its schema, how the answer becomes its plan, its judge)
+that the one ``ModelPlanner`` composes; the old class names (``PerceptionModelPlanner``, ...)
+name those answers, and ``isinstance(planner, PerceptionModelPlanner)`` still tells which role's
+answer a model planner asks for.
 """
 
 from stratagem.agents._model_roles._factory import model_planner
-from stratagem.agents._model_roles._orchestrator import OrchestratorModelPlanner
-from stratagem.agents._model_roles._perception import PerceptionModelPlanner
-from stratagem.agents._model_roles._strategic import StrategicModelPlanner
-from stratagem.agents._model_roles._tactical import TacticalModelPlanner
+from stratagem.agents._model_roles._orchestrator import ORCHESTRATOR_ANSWER
+from stratagem.agents._model_roles._perception import PERCEPTION_ANSWER
+from stratagem.agents._model_roles._strategic import STRATEGIC_ANSWER
+from stratagem.agents._model_roles._tactical import TACTICAL_ANSWER
+
+OrchestratorModelPlanner = ORCHESTRATOR_ANSWER
+PerceptionModelPlanner = PERCEPTION_ANSWER
+StrategicModelPlanner = STRATEGIC_ANSWER
+TacticalModelPlanner = TACTICAL_ANSWER
 
 __all__ = [
+    "ORCHESTRATOR_ANSWER",
+    "PERCEPTION_ANSWER",
+    "STRATEGIC_ANSWER",
+    "TACTICAL_ANSWER",
     "OrchestratorModelPlanner",
     "PerceptionModelPlanner",
     "StrategicModelPlanner",

@@ -6,29 +6,24 @@ from typing import Any
 
 from stratagem.agents._agent import Agent
 from stratagem.agents._model import ModelClient
-from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig, PlanJudge
-from stratagem.agents._model_roles._orchestrator import OrchestratorModelPlanner
-from stratagem.agents._model_roles._perception import PerceptionModelPlanner
-from stratagem.agents._model_roles._strategic import StrategicModelPlanner, arc_judge
-from stratagem.agents._model_roles._tactical import TacticalModelPlanner, simulate_judge
-from stratagem.agents._orchestrator import (
-    OrchestratorPlanner,
-)
-from stratagem.agents._perception import (
-    PerceptionPlanner,
-)
-from stratagem.agents._strategic import (
-    StrategicPlanner,
-)
+from stratagem.agents._model_answer import ModelAnswer
+from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig
+from stratagem.agents._model_roles._orchestrator import ORCHESTRATOR_ANSWER
+from stratagem.agents._model_roles._perception import PERCEPTION_ANSWER
+from stratagem.agents._model_roles._strategic import STRATEGIC_ANSWER
+from stratagem.agents._model_roles._tactical import TACTICAL_ANSWER
+from stratagem.agents._orchestrator import OrchestratorPlanner
+from stratagem.agents._perception import PerceptionPlanner
+from stratagem.agents._strategic import StrategicPlanner
 from stratagem.agents._tactical import TacticalPlanner
 from stratagem.planning import Budget
 
-# Each built-in planner, the model planner that takes its place, and the judge of its answers.
-_MODEL_PLANNERS: tuple[tuple[type, type[ModelPlanner], PlanJudge | None], ...] = (
-    (PerceptionPlanner, PerceptionModelPlanner, None),
-    (TacticalPlanner, TacticalModelPlanner, simulate_judge),
-    (StrategicPlanner, StrategicModelPlanner, arc_judge),
-    (OrchestratorPlanner, OrchestratorModelPlanner, None),
+# Each built-in planner, and the answer its model planner asks the model for.
+_ANSWERS: tuple[tuple[type, ModelAnswer[Any]], ...] = (
+    (PerceptionPlanner, PERCEPTION_ANSWER),
+    (TacticalPlanner, TACTICAL_ANSWER),
+    (StrategicPlanner, STRATEGIC_ANSWER),
+    (OrchestratorPlanner, ORCHESTRATOR_ANSWER),
 )
 
 
@@ -42,16 +37,16 @@ def model_planner(
     """The model planner for ``agent``'s built-in capabilities (its own planner the fallback);
     ``None`` for an agent whose planner is none of the four built-in ones."""
     deterministic: Any = agent.planner
-    for planner_type, model_type, judge in _MODEL_PLANNERS:
+    for planner_type, answer in _ANSWERS:
         if isinstance(agent.planner, planner_type):
-            return model_type(
+            return ModelPlanner(
                 role=agent.role,
                 plan_type=agent.plan_type,
                 registry=agent.registry,
                 client=client,
                 deterministic=deterministic,
                 config=config,
-                judge=judge,
                 budget=budget,
+                answer=answer,
             )
     return None

@@ -4,7 +4,11 @@ Read from the source with ``ast`` (the engine's check, ``tests/unit/planning/
 test_engine_structure.py``, applied to the agents package): no import cycle among the agents
 modules (imports under ``TYPE_CHECKING`` and inside functions included), no part of the agent
 inheriting from another, ``PlanControl`` built from its ``ControlDeps`` alone, and no module but
-``_runs.py`` touching the runs in flight it owns.
+``_runs.py`` touching the runs in flight it owns. Over every module of the package: none over
+``MAX_MODULE_LINES`` lines, no function over ``MAX_FUNCTION_LINES``, no class subclassing
+``ModelPlanner`` (a role's model answer is a ``ModelAnswer`` value the one ``ModelPlanner``
+composes), and no new subclass of ``Agent`` (the role classes are the ones pinned in
+``AGENT_SUBCLASSES``).
 """
 
 from __future__ import annotations
@@ -16,8 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.agents import Agent
+from stratagem.agents import Agent, ModelPlanner
 from stratagem.agents._control import ControlDeps, PlanControl
+from stratagem.agents._model_answer import ModelAnswer
+from stratagem.agents._model_roles import (
+    ORCHESTRATOR_ANSWER,
+    PERCEPTION_ANSWER,
+    STRATEGIC_ANSWER,
+    TACTICAL_ANSWER,
+)
 from tests.unit.planning.test_engine_structure import MUTATORS, _cycle, _imports
 
 AGENTS = Path(__file__).resolve().parents[3] / "agents"
@@ -174,3 +185,116 @@ def test_only_the_runs_touch_the_runs_in_flight(part: str) -> None:
 def test_the_runs_module_is_their_one_writer() -> None:
     written = {field for _, field, writes in _touches((AGENTS / "_runs.py").read_text()) if writes}
     assert written == {"_serving", "_tasks", "_started", "_unbound", "_closing"}
+
+
+# --- every module of the package -------------------------------------------------------------
+
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 100
+# The classes of the package that subclass ``Agent`` (directly or not), each with its base: the
+# built-in roles' classes over ``RoleAgent``, kept for their public names. No other may appear.
+AGENT_SUBCLASSES = {
+    "RoleAgent": "Agent",
+    "PerceptionAgent": "RoleAgent",
+    "StrategicAgent": "RoleAgent",
+    "TacticalAgent": "RoleAgent",
+    "OrchestratorAgent": "RoleAgent",
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(AGENTS.rglob("*.py"))
+
+
+def _long_functions(source: str) -> list[tuple[str, int]]:
+    """Each function (method, nested function) of ``source`` over ``MAX_FUNCTION_LINES``."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def _subclasses(source: str) -> dict[str, str]:
+    """Class -> the name of each base it names (the last part of a dotted base)."""
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if name:
+                    found[node.name] = name
+    return found
+
+
+def _agent_subclasses(classes: dict[str, str]) -> dict[str, str]:
+    """The classes of ``classes`` that descend from ``Agent``, each with its base."""
+    out: dict[str, str] = {}
+    grew = True
+    while grew:
+        grew = False
+        for name, base in classes.items():
+            if name not in out and (base == "Agent" or base in out):
+                out[name] = base
+                grew = True
+    return out
+
+
+def _package_classes() -> dict[str, str]:
+    classes: dict[str, str] = {}
+    for path in _modules():
+        classes.update(_subclasses(path.read_text()))
+    return classes
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(AGENTS)))
+def test_no_module_is_over_800_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.name} has {lines} lines: split it by what it does"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(AGENTS)))
+def test_no_function_is_over_100_lines(path: Path) -> None:
+    assert _long_functions(path.read_text()) == []
+
+
+def test_the_size_checks_see_a_long_function() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    source = f"class A:\n    async def long(self) -> None:\n{body.replace('    ', '        ')}\n"
+    source += f"def short() -> None:\n{body[: body.index(chr(10)) + 1]}"
+    assert _long_functions(source) == [("long", MAX_FUNCTION_LINES + 1)]
+
+
+def test_no_role_subclasses_the_model_planner() -> None:
+    classes = _package_classes()
+    assert [name for name, base in classes.items() if base == "ModelPlanner"] == []
+    ours = [c for c in ModelPlanner.__subclasses__() if c.__module__.startswith(PACKAGE)]
+    assert ours == []
+
+
+def test_each_role_model_answer_is_data() -> None:
+    # The role modules of ``_model_roles`` declare no class: a role is a ``ModelAnswer`` value.
+    for path in sorted((AGENTS / "_model_roles").glob("*.py")):
+        assert _subclasses(path.read_text()) == {}, path.name
+        assert not any(isinstance(n, ast.ClassDef) for n in ast.walk(ast.parse(path.read_text())))
+    answers = (PERCEPTION_ANSWER, STRATEGIC_ANSWER, TACTICAL_ANSWER, ORCHESTRATOR_ANSWER)
+    assert all(isinstance(answer, ModelAnswer) for answer in answers)
+    assert all(dataclasses.is_dataclass(answer) for answer in answers)
+
+
+def test_no_new_class_subclasses_the_agent() -> None:
+    assert _agent_subclasses(_package_classes()) == AGENT_SUBCLASSES
+
+
+def test_the_inheritance_check_sees_a_subclass_through_another() -> None:
+    source = (
+        "class A(Agent): ...\n"
+        "class B(A): ...\n"
+        "class C(planner.ModelPlanner): ...\n"
+        "class D(BaseModel): ...\n"
+    )
+    classes = _subclasses(source)
+    assert classes == {"A": "Agent", "B": "A", "C": "ModelPlanner", "D": "BaseModel"}
+    assert _agent_subclasses(classes) == {"A": "Agent", "B": "A"}
