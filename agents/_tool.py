@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, get_type_hints, overload
+from typing import Any, Final, Generic, TypeVar, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -30,6 +30,13 @@ OutT = TypeVar("OutT", bound=BaseModel)
 T = TypeVar("T")
 
 _RESULT_FIELD = "result"
+
+VALIDATES_OFF_LOOP: Final = "validates_off_loop_"
+"""A model class attribute: ``True`` when validating the model may take far longer than the
+microseconds pydantic's own checks take (a foreign JSON Schema's patterns, checked within a
+deadline of seconds): the registry then validates that tool's input and output in a worker thread.
+``agents.JsonSchemaModel`` sets it; a tool whose models, and the models in their fields, do not
+set it is validated on the event loop, without a thread hop per step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +279,8 @@ class ToolRegistry:
         """Create an empty registry for ``agent``."""
         self.agent = agent
         self._tools: dict[str, Tool[Any, Any]] = {}
+        # The tools whose models validate off the event loop (see ``VALIDATES_OFF_LOOP``).
+        self._off_loop: set[str] = set()
 
     def register(self, item: Tool[Any, Any], *, replace: bool = False) -> Tool[Any, Any]:
         """Add a tool.
@@ -290,6 +299,9 @@ class ToolRegistry:
         if existing is not None and existing is not item and not replace:
             raise ValueError(f"agent {self.agent!r} already has a tool named {item.name!r}")
         self._tools[item.name] = item
+        self._off_loop.discard(item.name)
+        if validates_off_loop(item.input_model) or validates_off_loop(item.output_model):
+            self._off_loop.add(item.name)
         return item
 
     def get(self, name: str) -> Tool[Any, Any]:
@@ -383,11 +395,13 @@ class ToolRegistry:
         if item is None:
             known = ", ".join(self._tools) or "none"
             raise LogicError(f"agent {self.agent!r} has no tool {name!r} (tools: {known})")
-        # Validation runs in a worker thread: a tool's models may apply a foreign JSON Schema (an
-        # MCP tool's), whose check is bounded in time (planning.schema_errors) but must not hold
-        # the event loop, which answers the agent's other calls meanwhile.
+        # A tool whose models apply a foreign JSON Schema (an MCP tool's) is validated in a worker
+        # thread: that check is bounded in time (planning.schema_errors) but must not hold the
+        # event loop, which answers the agent's other calls meanwhile. Any other tool's models
+        # validate in microseconds, less than the thread round trip would cost.
+        off_loop = name in self._off_loop
         try:
-            data = await asyncio.to_thread(item.input_model.model_validate, input)
+            data = await _validated(item.input_model, input, off_loop=off_loop)
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid input: {_violations(exc)}") from None
         result = await item.fn(data, ctx)
@@ -395,12 +409,39 @@ class ToolRegistry:
             if isinstance(result, item.output_model):
                 output = result
             else:
-                output = await asyncio.to_thread(
-                    item.output_model.model_validate,
+                output = await _validated(
+                    item.output_model,
                     result.model_dump() if isinstance(result, BaseModel) else result,
+                    off_loop=off_loop,
                 )
         except ValidationError as exc:
             raise LogicError(f"tool {name!r}: invalid output: {_violations(exc)}") from None
         logger.debug("agent %s tool %s ran", self.agent, name)
         dumped: dict[str, Any] = output.model_dump(mode="json")
         return dumped
+
+
+async def _validated(model: type[BaseModel], data: Any, *, off_loop: bool) -> BaseModel:
+    """``model.model_validate(data)``, in a worker thread when ``off_loop``."""
+    if off_loop:
+        return await asyncio.to_thread(model.model_validate, data)
+    return model.model_validate(data)
+
+
+def validates_off_loop(model: type[BaseModel]) -> bool:
+    """Whether ``model``, or a model in its fields (nested in lists, unions, dicts...), sets
+    ``VALIDATES_OFF_LOOP``."""
+    seen: set[type[BaseModel]] = set()
+    pending: list[Any] = [model]
+    while pending:
+        annotation = pending.pop()
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation in seen:
+                continue
+            seen.add(annotation)
+            if getattr(annotation, VALIDATES_OFF_LOOP, False) is True:
+                return True
+            pending.extend(field.annotation for field in annotation.model_fields.values())
+        else:
+            pending.extend(get_args(annotation))
+    return False

@@ -38,6 +38,9 @@ class JsonSchemaModel(BaseModel):
 
     schema_: ClassVar[dict[str, Any]] = {"type": "object"}
     validator_: ClassVar[Validator] = Draft202012Validator({"type": "object"})
+    # A foreign schema's check may take up to its deadline: the registry validates it off the
+    # event loop (``agents._tool.VALIDATES_OFF_LOOP``).
+    validates_off_loop_: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod

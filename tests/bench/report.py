@@ -1025,6 +1025,52 @@ _PEER_NOTES: Final = {
 }
 
 
+_REQUEST_PATH_NOTE: Final = (
+    "### Issue 37: the request path's candidates, tried by hand",
+    "",
+    "Not from `make bench`: measured by hand on 2026-11-28 on the shared 2-core machine while "
+    "other work ran on it (load average 13 to 19), main (3198684) and the branch interleaved in "
+    "one run; only medians and ratios of the same run are quoted. At that load one driver's "
+    "median moves 2-3x from round to round (`pipeline_agent` 1,530 to 6,802 µs in the peers "
+    "harness, 4 rounds), so the targets against AutoGen could not be judged: in that run "
+    "`pipeline_constant` was 1.39x AutoGen's median and 0.94x its throughput (main's: 1.79x, "
+    "1.14x), `pipeline_agent` 2.95x and 0.52x (main's: 2.79x, 0.43x).",
+    "",
+    "- **Kept: a tool's validation on the event loop.** Since 40c748d every tool's input and "
+    "output were validated in a worker thread, so that a foreign JSON Schema (an MCP tool's, "
+    "checked within 2 s) cannot hold the loop; the perception agent's `FindSpatialContext` paid "
+    "a thread round trip per step. The registry now sends only a tool whose models apply a "
+    "foreign schema (`JsonSchemaModel`, or one in a field) to a thread. `agent.handle` in one "
+    "process, 6 alternating blocks of 300 calls per mode: median 2,490 -> 334 µs. Through the "
+    "servers (one driver alternating its calls between main's and the branch's, 600 to "
+    "1,000 each, 3 runs): `pipeline_agent` median 5,081 -> 4,461, 3,642 -> 3,302 and "
+    "3,853 -> 3,362 µs "
+    "(0.87-0.91x), while `pipeline_constant`, whose code did not change, moved 0.86-0.98x: a "
+    "gain at the edge of this machine's noise; throughput at 32 in flight showed none.",
+    "- **Already there: per-connection work.** `TokenAuthenticator` keeps a verified token until "
+    "it expires (a dictionary lookup per call); the policy decision (`Policy.allows`, default "
+    "policy) costs 1.7 µs, less than the noise: no cache added.",
+    "- **Already there, one step left: one audit commit per call.** The acceptance is held and "
+    "committed with the outcome in one transaction (`Pipeline.accept(defer=True)`). One record "
+    "instead of two in that commit (`SqliteAuditLog` alone, 20 alternating blocks of 200): "
+    "185.8 -> 129.1 µs per call. Not made: it changes the audit trail's records "
+    "(`call.accepted`, `call.outcome`) that the protocol suites and the verifier read.",
+    "- **Measured, not changed: spans.** An SDK span without a processor costs 17.7 µs (start "
+    "with 4 attributes, 2 more, end), the no-op tracer's 0.19 µs; extracting the trace context "
+    "with the global propagator 15.9 µs. `pipeline_agent` makes 5 SDK spans per call (client, "
+    "server, plan, 2 steps).",
+    "- **Tried, not kept: garbage collection.** `agent.handle` runs a generation-0 collection "
+    "every ~10 calls; `gc.freeze()` after warm-up or a gen-0 threshold of 20,000 gave medians "
+    "of 261-323 µs in every mode: no gain to tell from the noise.",
+    "- **What the rest is made of.** cProfile of `pipeline_constant` with both ends in one "
+    "process (2,000 calls): the event loop's callbacks and grpc's aio call machinery "
+    "(`Context.run`, epoll, `_invoke`, `call_at`) hold 2.6 s of 5.2 s of own time, SQLite's "
+    "`execute` 0.12 s, the SDK's `start_span` 0.30 s cumulative; no function of `protocol` "
+    "holds more than 0.07 s.",
+)
+"""A hand-written record of issue 37's round, kept under the peers section."""
+
+
 def peers_section(peers: dict[str, Any] | None) -> list[str]:
     """Stratagem's request path beside AutoGen's runtime and the A2A SDK, same harness, same run;
     and a branch-and-map workflow beside LangGraph's."""
@@ -1090,7 +1136,7 @@ def peers_section(peers: dict[str, Any] | None) -> list[str]:
             f"- `{variant}` beats AutoGen's runtime on median latency: "
             f"{_verdict(target['latency'])}; on throughput: {_verdict(target['throughput'])}."
         )
-    return _wrapped([*lines, "", *workflow])
+    return _wrapped([*lines, "", *_REQUEST_PATH_NOTE, "", *workflow])
 
 
 _WORKFLOW_NOTES: Final = {

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from stratagem.agents import Tool, ToolRegistry, tool
+from stratagem.agents._mcp import json_schema_model
+from stratagem.agents._tool import validates_off_loop
 from stratagem.planning import (
     Budget,
     Engine,
@@ -212,3 +215,78 @@ async def test_a_tools_cost_is_reserved_from_the_plans_budget() -> None:
             0,
         )
     ]
+
+
+_validated_on: list[int] = []  # threads that validated a Traced or Foreign
+
+
+class Traced(BaseModel):
+    """A plain model that notes the thread it was validated on."""
+
+    name: str
+
+    @model_validator(mode="after")
+    def _note(self) -> Traced:
+        _validated_on.append(threading.get_ident())
+        return self
+
+
+class Foreign(json_schema_model("ForeignInput", {"type": "object"})):  # type: ignore[misc]
+    """A model applying a foreign JSON Schema that notes the thread it was validated on."""
+
+    @model_validator(mode="after")
+    def _note(self) -> Foreign:
+        _validated_on.append(threading.get_ident())
+        return self
+
+
+class Wrapping(BaseModel):
+    """A plain model holding foreign ones in a field."""
+
+    items: list[Foreign] = []
+
+
+@tool
+async def plain(data: Traced) -> Greeted:
+    """A tool whose models pydantic checks on its own."""
+    return Greeted(text=data.name)
+
+
+@tool
+async def foreign(data: Foreign) -> Greeted:
+    """A tool whose input applies a foreign JSON Schema."""
+    return Greeted(text="ok")
+
+
+@tool
+async def wrapping(data: Wrapping) -> Greeted:
+    """A tool with a foreign model in a field of its input."""
+    return Greeted(text="ok")
+
+
+async def test_plain_models_validate_on_the_loop_and_foreign_schemas_in_a_thread() -> None:
+    # A thread hop per step costs more than pydantic's own checks (agent.handle 2.5 ms -> 0.33 ms
+    # under load, BENCHMARKS.md); only a foreign schema's check, bounded by seconds, needs one.
+    reg = ToolRegistry("strategic")
+    for item in (plain, foreign, wrapping):
+        reg.register(item)
+    loop_thread = threading.get_ident()
+    _validated_on.clear()
+    assert await reg.run_tool("plain", {"name": "mira"}, CTX) == {"text": "mira"}
+    assert _validated_on == [loop_thread]
+    for name, data in (("foreign", {"a": 1}), ("wrapping", {"items": [{"a": 1}]})):
+        _validated_on.clear()
+        assert await reg.run_tool(name, data, CTX) == {"text": "ok"}
+        assert _validated_on, name
+        assert loop_thread not in _validated_on, name
+    assert validates_off_loop(Wrapping)
+    assert not validates_off_loop(Traced)
+
+
+async def test_a_replaced_tool_is_judged_by_its_new_models() -> None:
+    reg = ToolRegistry("strategic")
+    reg.register(dataclasses.replace(foreign, name="swap"))
+    reg.register(dataclasses.replace(plain, name="swap"), replace=True)
+    _validated_on.clear()
+    await reg.run_tool("swap", {"name": "x"}, CTX)
+    assert _validated_on == [threading.get_ident()]
