@@ -186,7 +186,7 @@ class AgentActor:
         policy = load_policy(settings)
         dispatcher: Dispatcher = self._dispatcher
         if settings.a2a_agents:
-            from stratagem.runtime._a2a import A2ADispatcher, peers_from
+            from stratagem.agents._a2a import A2ADispatcher, peers_from
 
             dispatcher = A2ADispatcher(
                 self._dispatcher,
