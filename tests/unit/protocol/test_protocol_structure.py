@@ -1,4 +1,5 @@
-"""The protocol package's structure: no import cycle below its ``__init__``, and its sizes.
+"""The protocol package's structure: no import cycle below its ``__init__``, a base below the
+rest of it, and its sizes.
 
 Read from the source with ``ast`` (the engine's check, ``tests/unit/planning/
 test_engine_structure.py``, applied to protocol/): imports under ``TYPE_CHECKING`` and inside
@@ -15,6 +16,9 @@ from tests.unit.planning.test_engine_structure import _cycle, _imports
 
 PROTOCOL = Path(__file__).resolve().parents[3] / "protocol"
 PACKAGE = "stratagem.protocol"
+# What every layer stands on (the storage base, the lazy exports, the error roots): private
+# modules of the lowest layer that import nothing of protocol but each other.
+BASE = (f"{PACKAGE}._storage", f"{PACKAGE}._lazy", f"{PACKAGE}._errors")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 100
 
@@ -62,6 +66,37 @@ def test_a_lazy_import_of_the_policy_in_the_capabilities_is_a_cycle(tmp_path: Pa
     found = _cycle(_graph({f"{PACKAGE}._capabilities": capabilities}))
     assert found is not None
     assert {f"{PACKAGE}._capabilities", f"{PACKAGE}._policy"} <= set(found)
+
+
+def _in_base(module: str) -> bool:
+    return any(module == base or module.startswith(f"{base}.") for base in BASE)
+
+
+def _above_base(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each base module that imports a protocol module outside the base, with those modules."""
+    return {
+        module: sorted(dep for dep in deps if not _in_base(dep))
+        for module, deps in graph.items()
+        if _in_base(module) and any(not _in_base(dep) for dep in deps)
+    }
+
+
+def test_the_base_imports_nothing_of_protocol_above_it() -> None:
+    graph = _graph()
+    assert {module for module in graph if _in_base(module)} >= set(BASE)
+    assert _above_base(graph) == {}
+
+
+def test_the_base_check_sees_a_base_module_reaching_up(tmp_path: Path) -> None:
+    lazy = tmp_path / "_lazy.py"
+    lazy.write_text(
+        (PROTOCOL / "_lazy.py").read_text()
+        + "\n\ndef _planted() -> None:\n"
+        + "    from stratagem.protocol._capabilities import ROLES  # noqa: F401\n"
+    )
+    assert _above_base(_graph({f"{PACKAGE}._lazy": lazy})) == {
+        f"{PACKAGE}._lazy": [f"{PACKAGE}._capabilities"]
+    }
 
 
 def _too_long(path: Path, shown: str) -> list[str]:
