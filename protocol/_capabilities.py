@@ -33,6 +33,7 @@ __all__ = [
     "CONSULT_PATTERN",
     "DEFAULT_WORLD",
     "EXTENSION_FIELD",
+    "OPERATOR",
     "ROLES",
     "ROLE_PATTERN",
     "WORLD_PATTERN",
@@ -75,6 +76,10 @@ __all__ = [
 
 Role = Literal["strategic", "tactical", "perception", "orchestrator"]
 """A built-in role (an extension's agent adds a role of its own: see :func:`roles`)."""
+
+OPERATOR: Final = "operator"
+"""The identity of the CLI's user (never a role: ``register_role`` refuses it)."""
+
 ROLES: Final[tuple[Role, ...]] = ("strategic", "tactical", "perception", "orchestrator")
 """The four built-in roles; :func:`roles` adds those extensions registered in this process."""
 ROLE_PATTERN: Final = r"^[a-z][a-z0-9_]{0,31}$"
@@ -585,8 +590,6 @@ def register_role(name: str) -> None:
         ValueError: The name is not a lowercase identifier, is the operator's identity, or is
             a role already (a built-in one or one registered before): one line naming it.
     """
-    from stratagem.protocol._policy import OPERATOR  # the policy imports this module
-
     if not isinstance(name, str) or not _ROLE.fullmatch(name):
         raise ValueError(
             f"role {name!r} is not a lowercase identifier (a letter, then up to 31 letters, "

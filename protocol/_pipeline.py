@@ -54,7 +54,7 @@ from stratagem.protocol._rpc import (
 )
 
 if TYPE_CHECKING:
-    from stratagem.protocol._server import ServerConfig
+    from stratagem.protocol._server_config import ServerConfig
 
 __all__ = ["Exchange", "Pipeline", "Stage", "plan_step"]
 

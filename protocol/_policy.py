@@ -65,6 +65,7 @@ from pydantic import (
     model_validator,
 )
 
+from stratagem.protocol._capabilities import OPERATOR
 from stratagem.protocol._codec import field_path
 from stratagem.protocol._errors import ProtocolUsageError
 from stratagem.protocol._service import RPCS
@@ -81,9 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-OPERATOR: Final = "operator"
-"""The identity of the CLI's user."""
 
 MCP_TARGET_PREFIX: Final = "mcp."
 """A policy rule's target ``mcp.<server>`` names the MCP server ``<server>`` of its caller."""

@@ -1,4 +1,4 @@
-"""The agent actor: one role agent, its gRPC server and its A2A server in one Ray actor process.
+"""The agent actor: one role agent and its wire faces (gRPC, A2A, MCP) in one Ray actor process.
 
 The actor is async: Ray runs its methods on the actor's event loop, the same loop that serves gRPC.
 Its constructor builds the agent and starts the server, so when Ray restarts a dead actor
@@ -13,9 +13,11 @@ chain's head (``protocol.AuditSealer``) with the key the launcher handed it; eve
 whenever asked for its ``info``) it also checks its stores (``runtime._health``) and reports
 ``NOT_SERVING`` on the gRPC health service, and the problem in ``info``, while one is broken.
 
-Beside its gRPC server the agent serves A2A (``protocol.A2AServer``: its card and JSON-RPC over
+Its wire faces are the rows of ``protocol.FACES``, started in order by ``runtime._faces`` from
+the settings: the gRPC server first, then A2A (``protocol.A2AServer``: its card and JSON-RPC over
 HTTP, on loopback unless ``STRATAGEM_A2A_HOST`` says otherwise, each request served through the
-gRPC server's pipeline), except in ``mtls`` mode; ``info`` names its base URL (``a2a_url``).
+gRPC server's pipeline; not in ``mtls`` mode) and MCP where ``mcp_ports`` asks; ``info`` names
+their URLs (``a2a_url``, ``mcp_url``).
 
 Gate notices (``runtime._notify``) wait in ``STATE_DIR/<role>.notices.sqlite3``: each is
 audited once, and sent to ``STRATAGEM_GATE_WEBHOOK_URL`` (signed) until delivered.
@@ -33,13 +35,14 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from stratagem.agents import build_agent, extension_policy_rules
 from stratagem.planning import Dispatcher, EngineConfig
 from stratagem.protocol import (
+    FACES,
     AgentServer,
     AuditSealer,
     ClusterSecret,
@@ -49,9 +52,10 @@ from stratagem.protocol import (
 )
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime._extensions import import_agent_extensions
+from stratagem.runtime._faces import close_faces, face_settings, start_faces
 from stratagem.runtime._health import StoreWatch
 from stratagem.runtime._local import own_log_files, publish_endpoint
-from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
+from stratagem.runtime._mcp import attach_mcp_servers
 from stratagem.runtime._models import attach_model_planner
 from stratagem.runtime._notify import GateOutbox, WebhookSender
 from stratagem.runtime._restarts import RestartBudget
@@ -71,9 +75,6 @@ from stratagem.runtime._telemetry import (
     setup_telemetry,
     shutdown_telemetry,
 )
-
-if TYPE_CHECKING:
-    from stratagem.protocol import A2AServer
 
 __all__ = ["AgentActor", "load_policy"]
 
@@ -185,7 +186,7 @@ class AgentActor:
         policy = load_policy(settings)
         dispatcher: Dispatcher = self._dispatcher
         if settings.a2a_agents:
-            from stratagem.runtime._a2a import A2ADispatcher, peers_from
+            from stratagem.agents._a2a import A2ADispatcher, peers_from
 
             dispatcher = A2ADispatcher(
                 self._dispatcher,
@@ -243,16 +244,17 @@ class AgentActor:
         )
         self._sealing = asyncio.create_task(self._seal_periodically())
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        host = settings.grpc_host or self._node_ip
+        faces = face_settings(settings, role, self._node_ip)
+        grpc = faces["grpc"]
         self._server = AgentServer(
             self._agent,
             policy=policy,
             authenticator=authenticator_for(settings, role, secret),
             audit=self._audit,
             config=ServerConfig(
-                host=host,
-                port=settings.ports.get(role, 0),
-                max_message_bytes=settings.max_message_bytes,
+                host=grpc.host,
+                port=grpc.port,
+                max_message_bytes=grpc.max_message_bytes,
                 default_deadline_s=settings.default_deadline_s,
                 max_concurrent_requests=settings.max_concurrent_requests,
                 max_queued_requests=settings.max_queued_requests,
@@ -265,24 +267,8 @@ class AgentActor:
             # to a file no restart reads.
             refusal=self._watch.refusal,
         )
-        await self._server.start()
-        self._mcp_face = await start_mcp_face(self._server, settings, role)
-        self._a2a: A2AServer | None = None
-        if settings.a2a and settings.auth != "mtls":
-            # Imported here: the A2A SDK, Starlette and uvicorn load only where A2A is served.
-            from stratagem.protocol import A2AConfig, A2AServer
-
-            self._a2a = A2AServer(
-                self._server,
-                self._agent,
-                A2AConfig(
-                    host=settings.a2a_host,
-                    port=settings.a2a_ports.get(role, 0),
-                    max_message_bytes=settings.max_message_bytes,
-                    task_deadline_s=settings.a2a_task_deadline_s,
-                ),
-            )
-            await self._a2a.start()
+        # Every face, gRPC first, in ``protocol.FACES``' order; each serves through its pipeline.
+        self._faces = await start_faces(self._server, self._agent, faces, role)
         try:
             publish_endpoint(
                 settings.state_dir, role, self._server.endpoint, os.getpid(), own_log_files()
@@ -329,8 +315,11 @@ class AgentActor:
             "secret_id": self._secret_id,
             "traces": {} if (stats := export_stats()) is None else dataclasses.asdict(stats),
             "extensions": list(self._settings.extensions),
-            "mcp_url": self._mcp_face.url if self._mcp_face is not None else "",
-            "a2a_url": self._a2a.url if self._a2a is not None else "",
+            **{
+                kind.info_key: face.url if (face := self._faces.get(kind.name)) else ""
+                for kind in FACES
+                if kind.name != "grpc"
+            },
         }
 
     def _restart_count(self) -> int | None:
@@ -384,11 +373,7 @@ class AgentActor:
     async def shutdown(self) -> None:
         """Stop serving, close peers' channels and flush spans; the actor can then be killed."""
         self._agent.closing()  # calls cut by the stop interrupt their plans, resumed at restart
-        if self._mcp_face is not None:
-            await self._mcp_face.aclose()
-        if self._a2a is not None:
-            await self._a2a.aclose()
-        await self._server.aclose()
+        await close_faces(self._faces)  # the gRPC server last
         self._sealing.cancel()
         await asyncio.to_thread(self._sealer.seal)
         await self._agent.aclose()

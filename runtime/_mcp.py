@@ -1,10 +1,11 @@
-"""Wiring MCP into an agent actor: the MCP servers whose tools it gets, and its own MCP face.
+"""Wiring MCP into an agent actor: the MCP servers whose tools it gets.
 
-Both are optional and configured in the settings: ``mcp_servers`` (each names the agent whose
-registry gets its tools) and ``mcp_ports`` (the roles whose capabilities are also served as MCP
-tools). The policy decides which servers' tools an agent may use (``Policy.allows_tool``); its
-calls to them are audited in the deployment's audit log. A server whose tools do not load stops
-the agent from starting, and so ``stratagem up``, with one line naming the server and why.
+They are optional and configured in the settings: ``mcp_servers`` (each names the agent whose
+registry gets its tools). The agent's own MCP face (``mcp_ports``) is one of its wire faces
+(``runtime._faces``, ``protocol.FACES``). The policy decides which servers' tools an agent may
+use (``Policy.allows_tool``); its calls to them are audited in the deployment's audit log. A
+server whose tools do not load stops the agent from starting, and so ``stratagem up``, with one
+line naming the server and why.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import logging
 from collections.abc import Callable
 
 from stratagem.agents import Agent, McpLoadError, McpToolset
-from stratagem.protocol import AgentServer, AuditLog, McpFace, McpFaceConfig, Policy
+from stratagem.protocol import AuditLog, Policy
 from stratagem.runtime._settings import Settings
 
-__all__ = ["McpSetupError", "attach_mcp_servers", "start_mcp_face"]
+__all__ = ["McpSetupError", "attach_mcp_servers"]
 
 logger = logging.getLogger(__name__)
 
 
 class McpSetupError(Exception):
-    """An agent's MCP servers or face cannot be set up (one line; the agent does not start)."""
+    """An agent's MCP servers or one of its wire faces cannot be set up (one line; the agent does
+    not start)."""
 
 
 async def attach_mcp_servers(
@@ -62,25 +64,3 @@ def _allowed(policy: Policy, role: str, server: str) -> Callable[[str], bool]:
         return policy.allows_tool(role, server, tool)
 
     return allowed
-
-
-async def start_mcp_face(server: AgentServer, settings: Settings, role: str) -> McpFace | None:
-    """Serve ``role``'s capabilities as MCP tools on loopback when ``mcp_ports`` names the role.
-
-    Raises:
-        McpSetupError: The deployment authenticates with mTLS (the face takes bearer tokens), or
-            the port cannot be bound.
-    """
-    if role not in settings.mcp_ports:
-        return None
-    if settings.auth == "mtls":
-        raise McpSetupError(
-            f"agent {role}: the MCP face takes bearer tokens; it cannot serve with auth=mtls "
-            "(remove the role from mcp_ports)"
-        )
-    face = McpFace(server, McpFaceConfig(host="127.0.0.1", port=settings.mcp_ports[role]))
-    try:
-        await face.start()
-    except Exception as exc:
-        raise McpSetupError(f"agent {role}: {exc}") from None
-    return face

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from stratagem.agents import Agent, build_agent
+from stratagem.agents._a2a import A2ADispatcher
 from stratagem.protocol import (
     ROLES,
     AgentServer,
@@ -35,7 +36,6 @@ from stratagem.protocol import (
 )
 from stratagem.protocol._a2a._client import A2APeerConfig
 from stratagem.runtime import InputError, Operator
-from stratagem.runtime._a2a import A2ADispatcher
 from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher
 from tests.integration.a2a_peer import EchoAgent
 from tests.integration.runtime._served import REPO, RecordingDirectory, settings_for

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from stratagem.agents import ToolRegistry, build_agent
+from stratagem.agents._a2a import A2ADispatcher
 from stratagem.planning import (
     CrossAgentStep,
     Engine,
@@ -37,7 +38,6 @@ from stratagem.protocol import (
     TokenSigner,
 )
 from stratagem.protocol._a2a._client import A2APeerConfig
-from stratagem.runtime._a2a import A2ADispatcher
 from tests.integration.a2a_peer import EchoAgent
 
 pytestmark = pytest.mark.asyncio

@@ -77,7 +77,7 @@ def test_the_watch_stream_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) ->
 def test_external_a2a_agents_come_from_the_environment_and_keep_their_token_apart(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stratagem.runtime._a2a import peers_from
+    from stratagem.agents._a2a import peers_from
 
     monkeypatch.setenv(
         "STRATAGEM_A2A_AGENTS",

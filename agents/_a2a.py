@@ -1,5 +1,9 @@
 """Plans calling external A2A agents: a dispatcher sending ``a2a`` steps over A2A.
 
+The client side of A2A, beside the client side of MCP (``agents._mcp``: MCP servers' tools as an
+agent's tools); the wire parts of both (the A2A client, the capability, the configurations) are in
+``protocol._a2a`` and ``protocol._mcp``, and the faces that serve them in ``protocol.FACES``.
+
 ``A2ADispatcher`` wraps an agent's dispatcher: a cross-agent step whose target is ``a2a`` (the
 ``SendA2AMessage`` capability) goes to the external agent its request names
 (``STRATAGEM_A2A_AGENTS``: URL and credentials), every other step to the wrapped dispatcher.
