@@ -35,8 +35,9 @@ from stratagem.planning._errors import (
     PlanControlError,
     PlanValidationError,
 )
+from stratagem.planning._kinds import is_decided
 from stratagem.planning._metrics import PlanningMetrics
-from stratagem.planning._plan import GateStep, Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import Plan, PlanStatus, StepStatus
 from stratagem.planning._revisions import Replanner, Revision
 from stratagem.planning._store import (
     ControlRecord,
@@ -693,7 +694,7 @@ def _check_stored_decision(
         kind = gate.kind
         deciders: Sequence[str] = gate.deciders
     else:
-        if not isinstance(step, GateStep):
+        if step is None or not is_decided(step):
             raise GateDecisionError(
                 plan_id, gate_id, revision, f"plan {plan_id!r} has no open gate {gate_id!r}"
             )

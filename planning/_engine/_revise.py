@@ -8,7 +8,8 @@ from typing import Any
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._errors import PlanValidationError
-from stratagem.planning._plan import MapStep, Plan, StepStatus
+from stratagem.planning._kinds import runs_items
+from stratagem.planning._plan import Plan, StepStatus
 from stratagem.planning._revisions import Revision, RevisionRecord, diff_plans, unchanged_steps
 from stratagem.planning._store import (
     BudgetRecord,
@@ -91,7 +92,7 @@ async def make_revision(
     for step in plan.steps:
         record_of_map = (maps or {}).get(step.id)
         if (
-            not isinstance(step, MapStep)
+            not runs_items(step)
             or step.id not in same
             or step.id in outputs
             or record_of_map is None
