@@ -64,15 +64,13 @@ from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolCont
 from stratagem.planning._engine._nested import child_id, nested_plan_id
 from stratagem.planning._engine._state import key_owner
 from stratagem.planning._errors import PlanControlError, StepError
+from stratagem.planning._kinds import attempts_tool, is_decided, runs_items, runs_plans, tool_of
 from stratagem.planning._plan import (
     FailureClass,
-    GateStep,
     LoopStep,
-    MapStep,
     Plan,
     PlanStatus,
     StepStatus,
-    SubplanStep,
     ToolStep,
 )
 from stratagem.planning._store import (
@@ -285,11 +283,7 @@ class _RecordingTools:
 def _recorded_costs(plan: Plan, records: list[Record]) -> dict[str, float]:
     """Tool name -> the cost units its calls reserved, from the intents of the plan's tool steps
     (and maps' items)."""
-    tools = {
-        step.id: step.tool
-        for step in plan.steps
-        if isinstance(step, ToolStep | MapStep) and step.tool is not None
-    }
+    tools = {step.id: tool for step in plan.steps if (tool := tool_of(step)) is not None}
     return {
         tools[key_owner(record.step_id)]: record.cost
         for record in records
@@ -377,7 +371,7 @@ class _Observer:
         for record in records:
             if isinstance(record, GateRecord) and record.decision is not GateDecision.OPEN:
                 self.gates[record.gate_id].append(record)
-        self.gate_steps = {step.id for step in plan.steps if isinstance(step, GateStep)}
+        self.gate_steps = {step.id for step in plan.steps if is_decided(step)}
         self.conditional = {step.id for step in plan.steps if step.when is not None}
         self.engine: Engine | None = None
         self.plan_status = ""  # the final status the replay reached
@@ -641,13 +635,15 @@ async def _load(
 
     def unserved(key: str) -> bool:
         step = steps.get(key_owner(key))
-        if isinstance(step, GateStep) and key in carried:
-            return False
-        if step is None or isinstance(step, GateStep | LoopStep | SubplanStep):
+        if step is None:
             return True
-        if isinstance(step, MapStep):
+        if is_decided(step):
+            return key not in carried
+        if runs_plans(step):
+            return True
+        if runs_items(step):
             return key == step.id or (tools is not None and step.tool is not None)
-        return tools is not None and isinstance(step, ToolStep)
+        return tools is not None and attempts_tool(step)
 
     served.plans[plan.id] = _Served(records, overrides, unserved)
     costs.update(_recorded_costs(plan, records))
@@ -661,7 +657,7 @@ async def _load(
         iteration = (record.step_id, record.iteration)
         attempt = started[iteration] = started.get(iteration, 0) + 1
         step = steps.get(record.step_id)
-        if isinstance(step, LoopStep | SubplanStep):
+        if step is not None and runs_plans(step):
             nested_id = nested_plan_id(plan, step, record.iteration, attempt)
         else:
             nested_id = child_id(plan, record.step_id, record.iteration)
@@ -693,7 +689,7 @@ async def _load(
 def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
     """The gate steps whose success the journal records without a decision of its own (their
     result was carried from another revision or plan)."""
-    gates = {step.id for step in plan.steps if isinstance(step, GateStep)}
+    gates = {step.id for step in plan.steps if is_decided(step)}
     decided = {
         r.gate_id
         for r in records

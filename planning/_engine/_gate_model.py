@@ -95,7 +95,7 @@ def check_decision_input(
             revision,
             "edited arguments may only come with the approval of a tool's approval gate",
         )
-    if kind is GateKind.GATE and isinstance(step, GateStep) and approve:
+    if kind is GateKind.GATE and is_decided(step) and approve:
         problem = value_problem(step, value, has_value)
         if problem is not None:
             raise GateValueError(plan_id, gate_id, revision, *problem)
