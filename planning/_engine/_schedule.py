@@ -64,6 +64,9 @@ class _Scheduler:
         # The steps expanded rather than attempted (maps, loops, sub-plans): a plan without any
         # pays one truthiness test per step started.
         self.expanded = frozenset(step.id for step in state.plan.steps if is_expanded(step))
+        # The steps decided rather than attempted (gates), found once: the table is not asked
+        # again per step started.
+        self.decided = frozenset(step.id for step in state.plan.steps if is_decided(step))
         # The context the done-callbacks run in (set inside the plan span when the run starts).
         self.callback_context = contextvars.copy_context()
 
@@ -108,13 +111,14 @@ class _Scheduler:
         ready, running, steps, runner = state.ready, state.running, state.steps, self.runner
         loop = state.loop
         undecided, conditions = state.undecided, self.conditions
-        expanded = self.expanded
+        expanded, decided = self.expanded, self.decided
         while ready and not state.stop_reason and not state.paused:
             step = steps[ready[0]]
             if undecided and step.id in undecided and not conditions.decide(step):
                 state.take_ready()  # skipped (or its condition failed): never starts
                 continue
-            if is_decided(step):
+            if decided and step.id in decided:
+                assert is_decided(step)
                 state.take_ready()
                 self.gates.reach(step)
                 continue
