@@ -500,24 +500,7 @@ async def replay(
     main = plans[plan.id]
     # A gate's result carried into this revision (a replan's, a fork's) was decided elsewhere:
     # it is served like a tool's, as recorded (``_load`` serves it).
-    carried = _carried_gates(plan, records)
-    if carried:
-        plan = plan.model_copy(
-            update={
-                "steps": [
-                    ToolStep(
-                        id=step.id,
-                        tool=_CARRIED_GATE,
-                        depends_on=step.depends_on,
-                        when=step.when,
-                        runs_on=step.runs_on,
-                    )
-                    if step.id in carried
-                    else step
-                    for step in plan.steps
-                ]
-            }
-        )
+    plan = _carried_as_served(plan, _carried_gates(plan, records))
     engine = Engine(
         EngineConfig(
             max_in_flight=plan.max_in_flight or 4,
@@ -547,6 +530,54 @@ async def replay(
     tasks = [task for entry in plans.values() for task in entry.observer.tasks]
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
+    divergences = _divergences(
+        plans, main, state.status, replayed_status, replayed, replayed_outputs
+    )
+    for divergence in divergences:
+        logger.info(
+            "replay of plan %s: step %r %s: recorded %s, replayed %s",
+            plan_id,
+            divergence.step_id,
+            divergence.decision,
+            divergence.recorded,
+            divergence.replayed,
+        )
+    return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+
+
+def _carried_as_served(plan: Plan, carried: set[str]) -> Plan:
+    """``plan`` with each gate step whose result was carried (``carried``) made a tool step that
+    replay serves as recorded, like a tool's."""
+    if not carried:
+        return plan
+    return plan.model_copy(
+        update={
+            "steps": [
+                ToolStep(
+                    id=step.id,
+                    tool=_CARRIED_GATE,
+                    depends_on=step.depends_on,
+                    when=step.when,
+                    runs_on=step.runs_on,
+                )
+                if step.id in carried
+                else step
+                for step in plan.steps
+            ]
+        }
+    )
+
+
+def _divergences(
+    plans: dict[str, _Replayed],
+    main: _Replayed,
+    status: PlanStatus,
+    replayed_status: PlanStatus | None,
+    replayed: dict[str, StepStatus],
+    replayed_outputs: dict[str, Any],
+) -> list[Divergence]:
+    """Where the replay decided otherwise than the journals recorded (``status``: the plan's
+    recorded status; ``replayed_*``: what the replayed run of the main plan gave)."""
     divergences: list[Divergence] = []
     for entry in plans.values():
         theirs_all = entry.observer.decisions
@@ -579,19 +610,10 @@ async def replay(
                     entry.observer.plan_status or "not run",
                 )
             )
-    if replayed_status is not state.status:
+    if replayed_status is not status:
         shown = "stuck" if replayed_status is None else replayed_status.value
-        divergences.append(Divergence("", "plan_status", state.status.value, shown))
-    for divergence in divergences:
-        logger.info(
-            "replay of plan %s: step %r %s: recorded %s, replayed %s",
-            plan_id,
-            divergence.step_id,
-            divergence.decision,
-            divergence.recorded,
-            divergence.replayed,
-        )
-    return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+        divergences.append(Divergence("", "plan_status", status.value, shown))
+    return divergences
 
 
 @dataclass(slots=True)
