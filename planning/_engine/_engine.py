@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -287,18 +288,9 @@ class Engine:
         }
 
         def record(kind: GateKind) -> GateRecord:
-            return GateRecord(
-                plan_id,
-                revision,
-                gate_id,
-                GateDecision.APPROVED if approve else GateDecision.REJECTED,
-                kind,
-                approver=approver,
-                rationale=rationale,
-                output_json=output_json,
-                value_json=json.dumps(value) if has_value else None,
-                arguments_json=None if edited is None else json.dumps(edited),
-            )
+            decision = GateDecision.APPROVED if approve else GateDecision.REJECTED
+            record = GateRecord(plan_id, revision, gate_id, decision, kind, approver=approver)
+            return _with_decision(record, rationale, output_json, value, has_value, edited)
 
         run = self._runs.get(plan_id)
         if run is not None:
@@ -646,6 +638,24 @@ class _Children:
         if failed:
             return f"the compensation of {', '.join(failed)} in {plan_id!r} failed"
         return ""
+
+
+def _with_decision(
+    record: GateRecord,
+    rationale: str,
+    output_json: str | None,
+    value: Any,
+    has_value: bool,
+    edited: dict[str, Any] | None,
+) -> GateRecord:
+    """``record`` with what the decision says besides who gave it: why, and what it carries."""
+    return dataclasses.replace(
+        record,
+        rationale=rationale,
+        output_json=output_json,
+        value_json=json.dumps(value) if has_value else None,
+        arguments_json=None if edited is None else json.dumps(edited),
+    )
 
 
 def _check_stored_decision(

@@ -19,7 +19,6 @@ MAX_FUNCTION_LINES = 100
 MODULES_OVER: dict[str, int] = {"_engine/_state.py": 1078}
 # "module:function" -> its lines today.
 FUNCTIONS_OVER: dict[str, int] = {
-    "_engine/_engine.py:decide": 106,
     "_engine/_fork.py:make_fork": 130,
 }
 
