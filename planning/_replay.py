@@ -64,15 +64,13 @@ from stratagem.planning._engine import Engine, EngineConfig, StepEvent, ToolCont
 from stratagem.planning._engine._nested import child_id, nested_plan_id
 from stratagem.planning._engine._state import key_owner
 from stratagem.planning._errors import PlanControlError, StepError
+from stratagem.planning._kinds import attempts_tool, is_decided, runs_items, runs_plans, tool_of
 from stratagem.planning._plan import (
     FailureClass,
-    GateStep,
     LoopStep,
-    MapStep,
     Plan,
     PlanStatus,
     StepStatus,
-    SubplanStep,
     ToolStep,
 )
 from stratagem.planning._store import (
@@ -285,11 +283,7 @@ class _RecordingTools:
 def _recorded_costs(plan: Plan, records: list[Record]) -> dict[str, float]:
     """Tool name -> the cost units its calls reserved, from the intents of the plan's tool steps
     (and maps' items)."""
-    tools = {
-        step.id: step.tool
-        for step in plan.steps
-        if isinstance(step, ToolStep | MapStep) and step.tool is not None
-    }
+    tools = {step.id: tool for step in plan.steps if (tool := tool_of(step)) is not None}
     return {
         tools[key_owner(record.step_id)]: record.cost
         for record in records
@@ -377,7 +371,7 @@ class _Observer:
         for record in records:
             if isinstance(record, GateRecord) and record.decision is not GateDecision.OPEN:
                 self.gates[record.gate_id].append(record)
-        self.gate_steps = {step.id for step in plan.steps if isinstance(step, GateStep)}
+        self.gate_steps = {step.id for step in plan.steps if is_decided(step)}
         self.conditional = {step.id for step in plan.steps if step.when is not None}
         self.engine: Engine | None = None
         self.plan_status = ""  # the final status the replay reached
@@ -506,24 +500,7 @@ async def replay(
     main = plans[plan.id]
     # A gate's result carried into this revision (a replan's, a fork's) was decided elsewhere:
     # it is served like a tool's, as recorded (``_load`` serves it).
-    carried = _carried_gates(plan, records)
-    if carried:
-        plan = plan.model_copy(
-            update={
-                "steps": [
-                    ToolStep(
-                        id=step.id,
-                        tool=_CARRIED_GATE,
-                        depends_on=step.depends_on,
-                        when=step.when,
-                        runs_on=step.runs_on,
-                    )
-                    if step.id in carried
-                    else step
-                    for step in plan.steps
-                ]
-            }
-        )
+    plan = _carried_as_served(plan, _carried_gates(plan, records))
     engine = Engine(
         EngineConfig(
             max_in_flight=plan.max_in_flight or 4,
@@ -553,6 +530,54 @@ async def replay(
     tasks = [task for entry in plans.values() for task in entry.observer.tasks]
     if tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
+    divergences = _divergences(
+        plans, main, state.status, replayed_status, replayed, replayed_outputs
+    )
+    for divergence in divergences:
+        logger.info(
+            "replay of plan %s: step %r %s: recorded %s, replayed %s",
+            plan_id,
+            divergence.step_id,
+            divergence.decision,
+            divergence.recorded,
+            divergence.replayed,
+        )
+    return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+
+
+def _carried_as_served(plan: Plan, carried: set[str]) -> Plan:
+    """``plan`` with each gate step whose result was carried (``carried``) made a tool step that
+    replay serves as recorded, like a tool's."""
+    if not carried:
+        return plan
+    return plan.model_copy(
+        update={
+            "steps": [
+                ToolStep(
+                    id=step.id,
+                    tool=_CARRIED_GATE,
+                    depends_on=step.depends_on,
+                    when=step.when,
+                    runs_on=step.runs_on,
+                )
+                if step.id in carried
+                else step
+                for step in plan.steps
+            ]
+        }
+    )
+
+
+def _divergences(
+    plans: dict[str, _Replayed],
+    main: _Replayed,
+    status: PlanStatus,
+    replayed_status: PlanStatus | None,
+    replayed: dict[str, StepStatus],
+    replayed_outputs: dict[str, Any],
+) -> list[Divergence]:
+    """Where the replay decided otherwise than the journals recorded (``status``: the plan's
+    recorded status; ``replayed_*``: what the replayed run of the main plan gave)."""
     divergences: list[Divergence] = []
     for entry in plans.values():
         theirs_all = entry.observer.decisions
@@ -585,19 +610,10 @@ async def replay(
                     entry.observer.plan_status or "not run",
                 )
             )
-    if replayed_status is not state.status:
+    if replayed_status is not status:
         shown = "stuck" if replayed_status is None else replayed_status.value
-        divergences.append(Divergence("", "plan_status", state.status.value, shown))
-    for divergence in divergences:
-        logger.info(
-            "replay of plan %s: step %r %s: recorded %s, replayed %s",
-            plan_id,
-            divergence.step_id,
-            divergence.decision,
-            divergence.recorded,
-            divergence.replayed,
-        )
-    return ReplayReport(plan_id, state.revision, state.status, replayed_status, divergences)
+        divergences.append(Divergence("", "plan_status", status.value, shown))
+    return divergences
 
 
 @dataclass(slots=True)
@@ -641,13 +657,15 @@ async def _load(
 
     def unserved(key: str) -> bool:
         step = steps.get(key_owner(key))
-        if isinstance(step, GateStep) and key in carried:
-            return False
-        if step is None or isinstance(step, GateStep | LoopStep | SubplanStep):
+        if step is None:
             return True
-        if isinstance(step, MapStep):
+        if is_decided(step):
+            return key not in carried
+        if runs_plans(step):
+            return True
+        if runs_items(step):
             return key == step.id or (tools is not None and step.tool is not None)
-        return tools is not None and isinstance(step, ToolStep)
+        return tools is not None and attempts_tool(step)
 
     served.plans[plan.id] = _Served(records, overrides, unserved)
     costs.update(_recorded_costs(plan, records))
@@ -661,7 +679,7 @@ async def _load(
         iteration = (record.step_id, record.iteration)
         attempt = started[iteration] = started.get(iteration, 0) + 1
         step = steps.get(record.step_id)
-        if isinstance(step, LoopStep | SubplanStep):
+        if step is not None and runs_plans(step):
             nested_id = nested_plan_id(plan, step, record.iteration, attempt)
         else:
             nested_id = child_id(plan, record.step_id, record.iteration)
@@ -693,7 +711,7 @@ async def _load(
 def _carried_gates(plan: Plan, records: list[Record]) -> set[str]:
     """The gate steps whose success the journal records without a decision of its own (their
     result was carried from another revision or plan)."""
-    gates = {step.id for step in plan.steps if isinstance(step, GateStep)}
+    gates = {step.id for step in plan.steps if is_decided(step)}
     decided = {
         r.gate_id
         for r in records

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, assert_never
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -21,19 +21,16 @@ from stratagem.planning._errors import (
     field_problems,
 )
 from stratagem.planning._expr import expression, kind_of, list_kind
-from stratagem.planning._gate_input import choices_problem, schema_problem, value_problem
+from stratagem.planning._kinds import runs_items, step_kind
 from stratagem.planning._plan import (
     LOOP_ITERATION,
     LOOP_LAST,
-    CrossAgentStep,
-    GateStep,
     LoopStep,
     MapStep,
     Plan,
-    RetryPolicy,
     Step,
+    StepBase,
     SubplanStep,
-    ToolStep,
 )
 from stratagem.planning._refs import REF_KEY, Ref, iter_markers
 from stratagem.protocol import CAPABILITIES, CapabilitySpec
@@ -121,36 +118,50 @@ def _steps_problems(
     problems = structural_problems(steps)
     deps = {step.id: step.depends_on for step in steps}
     ids = set(deps)
+    checks = _Checks(rules, deps, ids, inputs, depth)
     for step in steps:
-        match step:
-            case ToolStep():
-                problems.extend(_tool_problems(rules, step, step.tool))
-                problems.extend(_ref_problems(step, step.input, deps))
-            case CrossAgentStep():
-                problems.extend(
-                    _cross_agent_problems(
-                        rules, step, step.target, step.capability, step.request, deps
-                    )
-                )
-            case GateStep():
-                if step.compensate is not None or step.compensate_input is not None:
-                    problems.append(f"gate {step.id!r} cannot have a compensation")
-                problems.extend(_gate_problems(step))
-                continue
-            case MapStep():
-                problems.extend(_map_problems(rules, step, deps, ids, inputs))
-            case LoopStep() | SubplanStep():
-                problems.extend(_nested_problems(rules, step, deps, depth))
-                continue
-            case _:
-                assert_never(step)
-        problems.extend(_compensation_problems(rules, step, deps))
+        # Dispatched through the step's row of ``KINDS``: the fields its kind does not honour
+        # are refused, then the kind checks what it reads.
+        row = step_kind(step)
+        problems.extend(row.refused(step))
+        problems.extend(row.validate(checks, step))
     for step in steps:
         problems.extend(_condition_problems(step, deps))
     return problems
 
 
-def _tool_problems(rules: _Rules, step: Step, tool: str) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _Checks:
+    """The rules a kind's ``validate`` applies to a step of a plan (or of a body): ``Checks``."""
+
+    rules: _Rules
+    deps: Mapping[str, list[str]]
+    ids: Collection[str]
+    inputs: Mapping[str, Any] | None
+    depth: int
+
+    def tool(self, step: StepBase, tool: str) -> list[str]:
+        return _tool_problems(self.rules, step, tool)
+
+    def request(
+        self, step: StepBase, target: str, capability: str, request: dict[str, Any]
+    ) -> list[str]:
+        return _cross_agent_problems(self.rules, step, target, capability, request, self.deps)
+
+    def refs(self, step: StepBase, value: Any) -> list[str]:
+        return _ref_problems(step, value, self.deps)
+
+    def compensation(self, step: StepBase) -> list[str]:
+        return _compensation_problems(self.rules, step, self.deps)
+
+    def items(self, step: MapStep) -> list[str]:
+        return _map_problems(self.rules, step, self.deps, self.ids, self.inputs)
+
+    def plans(self, step: LoopStep | SubplanStep) -> list[str]:
+        return _nested_problems(self.rules, step, self.deps, self.depth)
+
+
+def _tool_problems(rules: _Rules, step: StepBase, tool: str) -> list[str]:
     if tool in rules.tools:
         return []
     return [
@@ -213,10 +224,6 @@ def _map_problems(
             f"step {step.id!r} reads {shadowed[0]!r}, which is its item here, not the step "
             f"{shadowed[0]!r}: rename that step"
         )
-    if step.on_policy_failure == "gate":
-        problems.append(
-            f"step {step.id!r} is a map: on_policy_failure 'gate' is for tool and cross-agent steps"
-        )
     return problems
 
 
@@ -225,19 +232,8 @@ def _nested_problems(
 ) -> list[str]:
     """Problems with a loop or a sub-plan: its bound, ``until``, inputs and body."""
     problems: list[str] = []
-    what = "a loop" if isinstance(step, LoopStep) else "a sub-plan"
     if depth + 1 > MAX_DEPTH:
         problems.append(f"step {step.id!r} nests plans more than {MAX_DEPTH} levels deep")
-    if step.compensate is not None or step.compensate_input is not None:
-        problems.append(
-            f"step {step.id!r} is {what}: it cannot have a compensation (its body's steps have "
-            f"their own)"
-        )
-    if step.on_policy_failure == "gate":
-        problems.append(
-            f"step {step.id!r} is {what}: on_policy_failure 'gate' is for tool and cross-agent "
-            f"steps"
-        )
     problems.extend(_ref_problems(step, step.inputs, deps))
     body = {inner.id for inner in step.steps}
     if isinstance(step, LoopStep):
@@ -282,7 +278,7 @@ def _reads(value: Any) -> set[str]:
 
 def _cross_agent_problems(
     rules: _Rules,
-    step: Step,
+    step: StepBase,
     target: str,
     capability: str,
     request: dict[str, Any],
@@ -331,7 +327,9 @@ def _cross_agent_problems(
     return problems + ref_problems
 
 
-def _compensation_problems(rules: _Rules, step: Step, deps: Mapping[str, list[str]]) -> list[str]:
+def _compensation_problems(
+    rules: _Rules, step: StepBase, deps: Mapping[str, list[str]]
+) -> list[str]:
     problems: list[str] = []
     if step.compensate is None:
         if step.compensate_input is not None:
@@ -346,7 +344,7 @@ def _compensation_problems(rules: _Rules, step: Step, deps: Mapping[str, list[st
         # The compensation runs after the step, so it may also reference the step's own output
         # (a map's item: its item and index).
         own = {**deps, "": [step.id, *deps.get(step.id, [])]}
-        bound = _BOUND if isinstance(step, MapStep) else frozenset()
+        bound = _BOUND if runs_items(step) else frozenset()
         for problem in _ref_problems(step, step.compensate_input, own, owner="", bound=bound):
             problems.append(
                 problem.replace(f"step {step.id!r}", f"step {step.id!r} compensation", 1)
@@ -354,68 +352,7 @@ def _compensation_problems(rules: _Rules, step: Step, deps: Mapping[str, list[st
     return problems
 
 
-def _gate_problems(step: GateStep) -> list[str]:
-    """Problems with what a gate asks, its time limit and who decides it: what a gate cannot
-    use is refused rather than ignored."""
-    gate = f"gate {step.id!r}"
-    problems: list[str] = []
-    # Compared with the defaults, not with the fields set: a plan travels as its whole JSON.
-    if step.retry != RetryPolicy():
-        problems.append(
-            f"{gate} cannot retry: a gate is decided, not attempted (use timeout_s and on_timeout)"
-        )
-    if step.on_policy_failure != "abort":
-        problems.append(f"{gate} cannot have on_policy_failure: a gate fails no policy check")
-    if step.input_schema is not None and step.choices is not None:
-        problems.append(f"{gate} asks with input_schema or with choices, not both")
-    if step.input_schema is not None:
-        problem = schema_problem(step.input_schema)
-        if problem is not None:
-            problems.append(f"{gate} input_schema is not a valid JSON Schema: {problem}")
-    if step.choices is not None:
-        problem = choices_problem(step.choices)
-        if problem is not None:
-            problems.append(f"{gate} choices: {problem}")
-    if step.timeout_s is None:
-        if step.on_timeout != "reject":
-            problems.append(f"{gate} has on_timeout but no timeout_s")
-    elif step.on_timeout == "approve" and step.asks:
-        problems.append(
-            f"{gate} asks a value, so on_timeout 'approve' has none to give: use on_timeout "
-            f"'default' with a default value"
-        )
-    if step.on_timeout == "default":
-        if not step.asks:
-            problems.append(
-                f"{gate} asks no value (no input_schema, no choices): use on_timeout 'approve'"
-            )
-        elif step.input_schema is None or schema_problem(step.input_schema) is None:
-            unfit = value_problem(step, step.default, True)
-            if unfit is not None:
-                problems.append(f"{gate} default does not fit the gate: {': '.join(unfit)}")
-    elif step.default is not None:
-        problems.append(f"{gate} has a default value but on_timeout is not 'default'")
-    escalates = step.escalate_after_s is not None or step.on_timeout == "escalate"
-    if escalates and not step.escalate_to:
-        problems.append(f"{gate} escalates but names no one in escalate_to")
-    if step.escalate_to and not escalates:
-        problems.append(
-            f"{gate} has escalate_to but never escalates (set escalate_after_s, or on_timeout "
-            f"'escalate')"
-        )
-    if (
-        step.escalate_after_s is not None
-        and step.timeout_s is not None
-        and step.escalate_after_s >= step.timeout_s
-    ):
-        problems.append(
-            f"{gate} escalate_after_s ({step.escalate_after_s:g}) must be less than its "
-            f"timeout_s ({step.timeout_s:g})"
-        )
-    return problems
-
-
-def _condition_problems(step: Step, deps: Mapping[str, list[str]]) -> list[str]:
+def _condition_problems(step: StepBase, deps: Mapping[str, list[str]]) -> list[str]:
     """Problems with a step's ``when`` and ``runs_on``."""
     problems: list[str] = []
     if step.runs_on == "failure" and not step.depends_on:
@@ -443,7 +380,7 @@ def _has_refs(value: Any) -> bool:
 
 
 def _ref_problems(
-    step: Step,
+    step: StepBase,
     value: Any,
     deps: Mapping[str, list[str]],
     *,
@@ -480,7 +417,7 @@ def _ref_problems(
     return problems
 
 
-def _expression_steps(step: Step, text: str, what: str = "expression") -> list[str] | set[str]:
+def _expression_steps(step: StepBase, text: str, what: str = "expression") -> list[str] | set[str]:
     """The steps expression ``text`` reads, or its problems when it does not parse."""
     try:
         return set(expression(text).steps)
@@ -489,7 +426,7 @@ def _expression_steps(step: Step, text: str, what: str = "expression") -> list[s
 
 
 def _reading_problems(
-    step: Step, text: str, targets: set[str], deps: Mapping[str, list[str]], owner: str
+    step: StepBase, text: str, targets: set[str], deps: Mapping[str, list[str]], owner: str
 ) -> list[str]:
     """Problems with ``text`` reading ``targets``: each must be a dependency of ``owner``."""
     problems: list[str] = []

@@ -40,6 +40,7 @@ from stratagem.planning._errors import (
     field_problems,
 )
 from stratagem.planning._expr import kind_of
+from stratagem.planning._kinds import attempts_tool, tool_of
 from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
@@ -188,7 +189,7 @@ class _Attempts:
             "stratagem.step.kind": step.kind,
             "stratagem.step.attempt": attempt,
         }
-        if isinstance(step, ToolStep):
+        if attempts_tool(step):
             # The attempt of a tool step is its tool call: one span, with GenAI's execute_tool
             # attributes, rather than a step span and a tool span for the same stretch of time.
             attributes["gen_ai.operation.name"] = "execute_tool"
@@ -403,7 +404,7 @@ class _StepRunner:
         if self.admission.budget is not None:
             return True
         # "": not a tool (tool names are not "")
-        key = step.tool if isinstance(step, ToolStep | MapStep) and step.tool else ""
+        key = tool_of(step) or ""
         waits = self.intent_waits.get(key)
         if waits is None:
             waits = self.intent_waits[key] = not step_is_idempotent(step, self.tools)
@@ -466,7 +467,7 @@ class _StepTries:
 
     def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
         step, breakers = self.step, self.runner.breakers
-        if isinstance(step, ToolStep) and (failure_class is not None or breakers.states):
+        if attempts_tool(step) and (failure_class is not None or breakers.states):
             return breakers.record(step.tool, failure_class, resumed=self.runner.resumed)
         return None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any, assert_never
+from typing import Any
 
 from stratagem.planning._engine._attempts import _Attempts, _classify, _Outcome, _Result
 from stratagem.planning._engine._nested import _Nested
@@ -19,16 +19,11 @@ from stratagem.planning._engine._state import _RunState, key_owner
 from stratagem.planning._engine._types import ToolContext
 from stratagem.planning._errors import LogicError
 from stratagem.planning._expr import expression, kind_of
+from stratagem.planning._kinds import runs_items, runs_plans, step_kind
 from stratagem.planning._plan import (
-    CrossAgentStep,
     FailureClass,
-    GateStep,
-    LoopStep,
-    MapStep,
     PlanStatus,
     Step,
-    SubplanStep,
-    ToolStep,
 )
 from stratagem.planning._refs import has_refs, resolve_refs
 from stratagem.planning._store import CompensationStatus
@@ -73,7 +68,7 @@ class _Compensation:
         state.compensating_plan(message)
         for key in todo:
             owner = state.steps[key_owner(key)]
-            if isinstance(owner, LoopStep | SubplanStep):
+            if runs_plans(owner):
                 await self._undo_nested(key, status)
             else:
                 await self._compensate_step(owner, key)
@@ -126,17 +121,7 @@ class _Compensation:
         if step.compensate_input is not None:
             value = resolve_refs(step.compensate_input, outputs, inputs, bound)
         else:
-            match step:
-                case ToolStep():
-                    base: dict[str, Any] = step.input
-                case CrossAgentStep():
-                    base = step.request
-                case MapStep():
-                    base = step.input if step.tool is not None else step.request
-                case GateStep() | LoopStep() | SubplanStep():
-                    base = {}
-                case _:
-                    assert_never(step)
+            base = step_kind(step).sends(step)
             resolved = resolve_refs(base, outputs, inputs, bound) if has_refs(base) else base
             if not isinstance(resolved, dict):
                 raise LogicError(f"the input resolves to {kind_of(resolved)}, not an object")
@@ -148,7 +133,7 @@ class _Compensation:
     def _item(self, step: Step, key: str) -> tuple[dict[str, Any], Any]:
         """What the compensation of map item ``key`` reads: its ``item`` and ``index``, and its
         output (a resumed run that did not reach the map again re-evaluates its list)."""
-        assert isinstance(step, MapStep)
+        assert runs_items(step)
         state = self.state
         index = int(key.rpartition(".")[2])
         items = state.expansions.get(step.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -35,8 +36,9 @@ from stratagem.planning._errors import (
     PlanControlError,
     PlanValidationError,
 )
+from stratagem.planning._kinds import is_decided
 from stratagem.planning._metrics import PlanningMetrics
-from stratagem.planning._plan import GateStep, Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import Plan, PlanStatus, StepStatus
 from stratagem.planning._revisions import Replanner, Revision
 from stratagem.planning._store import (
     ControlRecord,
@@ -286,18 +288,9 @@ class Engine:
         }
 
         def record(kind: GateKind) -> GateRecord:
-            return GateRecord(
-                plan_id,
-                revision,
-                gate_id,
-                GateDecision.APPROVED if approve else GateDecision.REJECTED,
-                kind,
-                approver=approver,
-                rationale=rationale,
-                output_json=output_json,
-                value_json=json.dumps(value) if has_value else None,
-                arguments_json=None if edited is None else json.dumps(edited),
-            )
+            decision = GateDecision.APPROVED if approve else GateDecision.REJECTED
+            record = GateRecord(plan_id, revision, gate_id, decision, kind, approver=approver)
+            return _with_decision(record, rationale, output_json, value, has_value, edited)
 
         run = self._runs.get(plan_id)
         if run is not None:
@@ -647,6 +640,24 @@ class _Children:
         return ""
 
 
+def _with_decision(
+    record: GateRecord,
+    rationale: str,
+    output_json: str | None,
+    value: Any,
+    has_value: bool,
+    edited: dict[str, Any] | None,
+) -> GateRecord:
+    """``record`` with what the decision says besides who gave it: why, and what it carries."""
+    return dataclasses.replace(
+        record,
+        rationale=rationale,
+        output_json=output_json,
+        value_json=json.dumps(value) if has_value else None,
+        arguments_json=None if edited is None else json.dumps(edited),
+    )
+
+
 def _check_stored_decision(
     state: PlanState,
     gate_id: str,
@@ -693,7 +704,7 @@ def _check_stored_decision(
         kind = gate.kind
         deciders: Sequence[str] = gate.deciders
     else:
-        if not isinstance(step, GateStep):
+        if step is None or not is_decided(step):
             raise GateDecisionError(
                 plan_id, gate_id, revision, f"plan {plan_id!r} has no open gate {gate_id!r}"
             )

@@ -97,25 +97,7 @@ async def make_fork(
         if compensation.status is CompensationStatus.COMPENSATED:
             before.pop(compensation.step_id, None)
     point = f"step {at_step!r}" if at_step is not None else f"the end of revision {state.revision}"
-    for step_id, output in outputs.items():
-        if step_id not in ids:
-            raise ForkError(plan_id, f"set.{step_id}", f"plan {plan_id!r} has no step {step_id!r}")
-        if step_id not in before:
-            raise ForkError(
-                plan_id,
-                f"set.{step_id}",
-                f"step {step_id!r} is not before the fork point ({point}): it did not succeed "
-                f"before it",
-            )
-        if not isinstance(output, dict):
-            raise ForkError(plan_id, f"set.{step_id}", "an output must be a JSON object")
-        unfit = _output_problems(plan.step(step_id), output, tools)
-        if unfit:
-            raise ForkError(
-                plan_id,
-                f"set.{step_id}",
-                f"the output does not fit step {step_id!r}'s output: {'; '.join(unfit[:3])}",
-            )
+    _check_substituted(plan_id, plan, before, point, outputs, tools)
     redo = _descendants(plan, set(outputs))
     carried = [step_id for step_id in before if step_id not in redo]
     fork = Fork(
@@ -135,28 +117,7 @@ async def make_fork(
     new = plan.model_copy(
         update={"id": new_plan_id, "revision": 1, "steps": steps, "forked_from": fork}
     )
-    by_id = {step.id: step for step in plan.steps}
-    seeded: list[Record] = []
-    for step_id in carried:
-        substituted = step_id in outputs
-        output = outputs[step_id] if substituted else before[step_id][1]
-        seeded.append(
-            StepResult(
-                new_plan_id,
-                1,
-                step_id,
-                before[step_id][0],
-                StepStatus.SUCCEEDED,
-                json.dumps(output),
-                message=(
-                    f"output substituted when forked from plan {plan_id!r}"
-                    if substituted
-                    else f"carried from plan {plan_id!r} revision {state.revision}"
-                ),
-            )
-        )
-        if by_id[step_id].compensate is not None:
-            seeded.append(CompensationRecord(new_plan_id, 1, step_id, CompensationStatus.NEEDED))
+    seeded = _seeded(plan, new_plan_id, state.revision, carried, before, outputs)
     rationale = f"forked from plan {plan_id!r} revision {state.revision} at {point}"
     if outputs:
         rationale += f", outputs of {', '.join(sorted(outputs))} substituted"
@@ -172,6 +133,76 @@ async def make_fork(
         len(carried),
     )
     return new
+
+
+def _check_substituted(
+    plan_id: str,
+    plan: Plan,
+    before: dict[str, tuple[int, Any]],
+    point: str,
+    outputs: Mapping[str, Any],
+    tools: object,
+) -> None:
+    """Each output a fork substitutes names a step before the fork point and fits its output.
+
+    Raises:
+        ForkError: Naming the first output that does not (its field: ``set.STEP``).
+    """
+    ids = [step.id for step in plan.steps]
+    for step_id, output in outputs.items():
+        if step_id not in ids:
+            raise ForkError(plan_id, f"set.{step_id}", f"plan {plan_id!r} has no step {step_id!r}")
+        if step_id not in before:
+            raise ForkError(
+                plan_id,
+                f"set.{step_id}",
+                f"step {step_id!r} is not before the fork point ({point}): it did not succeed "
+                f"before it",
+            )
+        if not isinstance(output, dict):
+            raise ForkError(plan_id, f"set.{step_id}", "an output must be a JSON object")
+        unfit = _output_problems(plan.step(step_id), output, tools)
+        if unfit:
+            raise ForkError(
+                plan_id,
+                f"set.{step_id}",
+                f"the output does not fit step {step_id!r}'s output: {'; '.join(unfit[:3])}",
+            )
+
+
+def _seeded(
+    plan: Plan,
+    new_plan_id: str,
+    revision: int,
+    carried: list[str],
+    before: dict[str, tuple[int, Any]],
+    outputs: Mapping[str, Any],
+) -> list[Record]:
+    """The first records of a fork's journal: each carried result (substituted or as recorded in
+    ``plan``'s ``revision``) and the compensation it still owes."""
+    by_id = {step.id: step for step in plan.steps}
+    seeded: list[Record] = []
+    for step_id in carried:
+        substituted = step_id in outputs
+        output = outputs[step_id] if substituted else before[step_id][1]
+        seeded.append(
+            StepResult(
+                new_plan_id,
+                1,
+                step_id,
+                before[step_id][0],
+                StepStatus.SUCCEEDED,
+                json.dumps(output),
+                message=(
+                    f"output substituted when forked from plan {plan.id!r}"
+                    if substituted
+                    else f"carried from plan {plan.id!r} revision {revision}"
+                ),
+            )
+        )
+        if by_id[step_id].compensate is not None:
+            seeded.append(CompensationRecord(new_plan_id, 1, step_id, CompensationStatus.NEEDED))
+    return seeded
 
 
 def _output_problems(step: Step, output: dict[str, Any], tools: object) -> list[str]:

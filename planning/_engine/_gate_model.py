@@ -9,18 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, assert_never
+from typing import Any, Literal
 
 from stratagem.planning._engine._types import ToolApproval, ToolRunner
 from stratagem.planning._errors import GateDecisionError, GateValueError
 from stratagem.planning._gate_input import value_problem
+from stratagem.planning._kinds import is_decided, step_kind
 from stratagem.planning._plan import (
-    CrossAgentStep,
     GateStep,
-    LoopStep,
-    MapStep,
     Step,
-    SubplanStep,
     ToolStep,
 )
 from stratagem.planning._store import GateKind, GateState
@@ -98,7 +95,7 @@ def check_decision_input(
             revision,
             "edited arguments may only come with the approval of a tool's approval gate",
         )
-    if kind is GateKind.GATE and isinstance(step, GateStep) and approve:
+    if kind is GateKind.GATE and is_decided(step) and approve:
         problem = value_problem(step, value, has_value)
         if problem is not None:
             raise GateValueError(plan_id, gate_id, revision, *problem)
@@ -157,7 +154,7 @@ def tool_rule(approvals: Sequence[ToolApproval], tool: str) -> Rule | None:
 
 
 def step_deciders(step: Step | None) -> tuple[str, ...]:
-    return tuple(step.deciders) if isinstance(step, GateStep) else ()
+    return tuple(step.deciders) if step is not None and is_decided(step) else ()
 
 
 def seconds(rule: Rule | None, what: Literal["escalate", "expire"]) -> str:
@@ -179,15 +176,5 @@ def tool_prompt(step: ToolStep, rule: ToolApproval, arguments: dict[str, Any]) -
 
 
 def reconcile_prompt(step: Step) -> str:
-    match step:
-        case ToolStep():
-            what = f"step {step.id!r} (tool {step.tool!r})"
-        case CrossAgentStep():
-            what = f"step {step.id!r} ({step.target}.{step.capability})"
-        case GateStep():
-            what = f"gate {step.id!r}"
-        case MapStep() | LoopStep() | SubplanStep():
-            what = f"step {step.id!r} ({step.kind})"
-        case _:
-            assert_never(step)
+    what = step_kind(step).named(step)
     return f"{what} was in flight when the plan stopped; approve to re-run it, reject to fail it"

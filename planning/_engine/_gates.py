@@ -54,6 +54,7 @@ from stratagem.planning._errors import (
 )
 from stratagem.planning._expr import expression, truthy
 from stratagem.planning._gate_input import VALUE
+from stratagem.planning._kinds import is_decided
 from stratagem.planning._plan import (
     FailureClass,
     GateStep,
@@ -227,11 +228,11 @@ class _Gates:
     def _opening(self, step: Step, kind: GateKind, found: GateState | None) -> Open:
         """What a gate opening now is (or, for ``found``, what it was recorded as)."""
         prompt = self.prompts.get(step.id) or (
-            step.prompt if isinstance(step, GateStep) else reconcile_prompt(step)
+            step.prompt if is_decided(step) else reconcile_prompt(step)
         )
-        rule = gate_rule(step) if isinstance(step, GateStep) else None
+        rule = gate_rule(step) if is_decided(step) else None
         gate = Open(kind, prompt, self.clock())
-        if isinstance(step, GateStep):
+        if is_decided(step):
             gate.deciders = tuple(step.deciders)
         gate.rule = rule
         if rule is not None:
@@ -427,7 +428,7 @@ class _Gates:
     def _notice(self, gate_id: str, gate: Open, event: GateEvent, **more: Any) -> GateNotice:
         step = self.state.steps[gate_id]
         plan = self.state.plan
-        asks = isinstance(step, GateStep) and gate.kind is GateKind.GATE
+        asks = is_decided(step) and gate.kind is GateKind.GATE
         fields: dict[str, Any] = {
             "at": gate.at,
             "agent": self.agent,
@@ -435,10 +436,10 @@ class _Gates:
             "deciders": gate.deciders,
             "deadline": gate.deadline,
             "escalate_at": None if gate.escalated else gate.escalate_at,
-            "input_schema": step.input_schema if asks and isinstance(step, GateStep) else None,
+            "input_schema": step.input_schema if asks and is_decided(step) else None,
             "choices": (
                 tuple(step.choices)
-                if asks and isinstance(step, GateStep) and step.choices is not None
+                if asks and is_decided(step) and step.choices is not None
                 else None
             ),
             "tool": gate.tool,
@@ -509,7 +510,8 @@ class _Gates:
         step = state.steps.get(gate_id)
         if kind is None:
             if not (
-                isinstance(step, GateStep)
+                step is not None
+                and is_decided(step)
                 and state.statuses[gate_id] is StepStatus.PENDING
                 and gate_id not in self.decisions
             ):
@@ -567,8 +569,11 @@ class _Gates:
         kind = state.close_gate(gate_id)
         self._disarm(gate_id)
         if kind is None:
-            if isinstance(state.steps.get(gate_id), GateStep) and (
-                state.statuses[gate_id] is StepStatus.PENDING
+            found = state.steps.get(gate_id)
+            if (
+                found is not None
+                and is_decided(found)
+                and state.statuses[gate_id] is StepStatus.PENDING
             ):  # decided before the gate was reached
                 decision = GateDecision.APPROVED if approve else GateDecision.REJECTED
                 self.decisions[gate_id] = GateState(
@@ -675,7 +680,7 @@ class _Gates:
                 "rationale": rationale,
             }
             step = state.steps[gate_id]
-            if isinstance(step, GateStep) and step.asks:
+            if is_decided(step) and step.asks:
                 gate_output[VALUE] = value
             if timed_out:
                 gate_output["timed_out"] = True

@@ -17,21 +17,16 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, assert_never
+from typing import Final
 
 from stratagem.planning._engine._types import CircuitBreakerConfig, ToolRunner
 from stratagem.planning._errors import StepFailure, StoreError
+from stratagem.planning._kinds import tool_of
 from stratagem.planning._plan import (
     Budget,
-    CrossAgentStep,
     FailureClass,
-    GateStep,
-    LoopStep,
-    MapStep,
     RetryPolicy,
     Step,
-    SubplanStep,
-    ToolStep,
 )
 from stratagem.planning._store import BreakerState, StateStore
 
@@ -98,17 +93,11 @@ class FailurePolicy:
 def step_is_idempotent(step: Step, tools: ToolRunner) -> bool:
     """Whether running ``step`` twice is the same as running it once (so a resumed run may run
     it again when it was in flight)."""
-    match step:
-        case CrossAgentStep():
-            return True  # the target answers a repeated request id from its store
-        case ToolStep():
-            return tools.is_idempotent(step.tool)
-        case MapStep():  # of one item: a request per item is answered once, like a step's
-            return step.tool is None or tools.is_idempotent(step.tool)
-        case GateStep() | LoopStep() | SubplanStep():
-            return True  # decided, or a nested plan that resumes from its own journal
-        case _:
-            assert_never(step)
+    # A step that calls no tool is idempotent: a cross-agent request (or a map's request per
+    # item) is answered once by its target's store, a gate is decided, a nested plan resumes
+    # from its own journal. A tool call is as idempotent as its tool says.
+    tool = tool_of(step)
+    return tool is None or tools.is_idempotent(tool)
 
 
 def backoff_delay(policy: RetryPolicy, failed_attempt: int, rng: random.Random) -> float:
@@ -243,7 +232,7 @@ class _Admission:
             True for a budget that ran out.
         """
         breakers = self.breakers
-        tool = step.tool if isinstance(step, ToolStep | MapStep) else None
+        tool = tool_of(step)
         if tool is not None and breakers.states:
             denial = breakers.denial(tool)
             if denial:

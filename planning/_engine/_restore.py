@@ -18,14 +18,13 @@ from stratagem.planning._engine._policy import _Admission, step_is_idempotent
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import PlanResult, ToolRunner
 from stratagem.planning._errors import StepFailure
+from stratagem.planning._kinds import runs_items, runs_plans
 from stratagem.planning._plan import (
     FailureClass,
-    LoopStep,
     MapStep,
     Plan,
     Step,
     StepStatus,
-    SubplanStep,
 )
 from stratagem.planning._store import (
     CompensationStatus,
@@ -77,9 +76,9 @@ class _Restore(Generic[P]):
         for step in state.plan.steps:
             entry = recorded.steps.get(step.id)
             if entry is None:
-                if isinstance(step, MapStep) and (step.id in recorded.maps or step.id in items):
+                if runs_items(step) and (step.id in recorded.maps or step.id in items):
                     self._map(step, recorded, items.get(step.id, {}), stopping)
-                elif isinstance(step, LoopStep | SubplanStep):
+                elif runs_plans(step):
                     for record in recorded.iterations.get(step.id, ()):
                         state.load_iteration(record)
                 continue
@@ -104,7 +103,7 @@ class _Restore(Generic[P]):
                 case StepStatus.RETRYING:  # its last attempt failed and was to be retried
                     state.load_attempt(step_id, attempt)
                     state.load_resumed_mid_way(step_id, attempt + 1)
-                    if isinstance(step, LoopStep | SubplanStep):  # it retries a nested plan
+                    if runs_plans(step):  # it retries a nested plan
                         for record in recorded.iterations.get(step.id, ()):
                             state.load_iteration(record)
                 case StepStatus.BLOCKED:  # held at a policy gate

@@ -8,7 +8,8 @@ from typing import Any
 
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._errors import PlanValidationError
-from stratagem.planning._plan import MapStep, Plan, StepStatus
+from stratagem.planning._kinds import runs_items
+from stratagem.planning._plan import Plan, Step, StepStatus
 from stratagem.planning._revisions import Revision, RevisionRecord, diff_plans, unchanged_steps
 from stratagem.planning._store import (
     BudgetRecord,
@@ -69,29 +70,13 @@ async def make_revision(
     for step in plan.steps:
         if step.id not in carried:
             continue
-        records.append(
-            StepResult(
-                plan.id,
-                plan.revision,
-                step.id,
-                attempts.get(step.id, 1),
-                StepStatus.SUCCEEDED,
-                json.dumps(outputs[step.id]),
-                message=message,
-            )
+        records.extend(
+            _carried_result(plan, step, step.id, outputs[step.id], attempts, compensations, message)
         )
-        if step.compensate is not None and compensations.get(step.id) in (
-            None,
-            CompensationStatus.NEEDED,
-            CompensationStatus.RUNNING,
-        ):
-            records.append(
-                CompensationRecord(plan.id, plan.revision, step.id, CompensationStatus.NEEDED)
-            )
     for step in plan.steps:
         record_of_map = (maps or {}).get(step.id)
         if (
-            not isinstance(step, MapStep)
+            not runs_items(step)
             or step.id not in same
             or step.id in outputs
             or record_of_map is None
@@ -105,25 +90,9 @@ async def make_revision(
             if not key.startswith(prefix):
                 continue
             carried.append(key)
-            records.append(
-                StepResult(
-                    plan.id,
-                    plan.revision,
-                    key,
-                    attempts.get(key, 1),
-                    StepStatus.SUCCEEDED,
-                    json.dumps(output),
-                    message=message,
-                )
+            records.extend(
+                _carried_result(plan, step, key, output, attempts, compensations, message)
             )
-            if step.compensate is not None and compensations.get(key) in (
-                None,
-                CompensationStatus.NEEDED,
-                CompensationStatus.RUNNING,
-            ):
-                records.append(
-                    CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED)
-                )
     records.extend(more)
     record = RevisionRecord(
         plan.id,
@@ -139,3 +108,34 @@ async def make_revision(
         await store.save_revision(plan, record, records)
     state = fold(plan.id, plan.revision, plan.model_dump_json(), records)
     return Revision(plan, record), state
+
+
+def _carried_result(
+    plan: Plan,
+    step: Step,
+    key: str,
+    output: Any,
+    attempts: dict[str, int],
+    compensations: dict[str, CompensationStatus],
+    message: str,
+) -> list[Record]:
+    """The records of a result carried into ``plan`` (a step's, or a map item's ``key``): its
+    success and, when ``step`` compensates and its undo is still owed, the compensation owed."""
+    records: list[Record] = [
+        StepResult(
+            plan.id,
+            plan.revision,
+            key,
+            attempts.get(key, 1),
+            StepStatus.SUCCEEDED,
+            json.dumps(output),
+            message=message,
+        )
+    ]
+    if step.compensate is not None and compensations.get(key) in (
+        None,
+        CompensationStatus.NEEDED,
+        CompensationStatus.RUNNING,
+    ):
+        records.append(CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED))
+    return records

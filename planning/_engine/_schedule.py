@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import json
 import logging
-from typing import Any, Final
+from typing import Any
 
 from stratagem.planning._engine._attempts import _Outcome, _StepRunner
 from stratagem.planning._engine._conditions import _Conditions
@@ -22,20 +22,17 @@ from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import (
-    FailureClass,
-    GateStep,
-    LoopStep,
-    MapStep,
-    Step,
-    SubplanStep,
-    ToolStep,
+from stratagem.planning._kinds import (
+    attempts_tool,
+    is_decided,
+    is_expanded,
+    runs_items,
+    runs_plans,
+    tool_of,
 )
+from stratagem.planning._plan import FailureClass, LoopStep, MapStep, Step, SubplanStep
 
 logger = logging.getLogger(__name__)
-
-# The kinds of step that are expanded (into items, or nested plans) rather than attempted.
-_EXPANDED: Final = (MapStep, LoopStep, SubplanStep)
 
 
 class _Scheduler:
@@ -66,9 +63,10 @@ class _Scheduler:
         self.bound = bound
         # The steps expanded rather than attempted (maps, loops, sub-plans): a plan without any
         # pays one truthiness test per step started.
-        self.expanded = frozenset(
-            step.id for step in state.plan.steps if isinstance(step, _EXPANDED)
-        )
+        self.expanded = frozenset(step.id for step in state.plan.steps if is_expanded(step))
+        # The steps decided rather than attempted (gates), found once: the table is not asked
+        # again per step started.
+        self.decided = frozenset(step.id for step in state.plan.steps if is_decided(step))
         # The context the done-callbacks run in (set inside the plan span when the run starts).
         self.callback_context = contextvars.copy_context()
 
@@ -113,27 +111,24 @@ class _Scheduler:
         ready, running, steps, runner = state.ready, state.running, state.steps, self.runner
         loop = state.loop
         undecided, conditions = state.undecided, self.conditions
-        expanded = self.expanded
+        expanded, decided = self.expanded, self.decided
         while ready and not state.stop_reason and not state.paused:
             step = steps[ready[0]]
             if undecided and step.id in undecided and not conditions.decide(step):
                 state.take_ready()  # skipped (or its condition failed): never starts
                 continue
-            if isinstance(step, GateStep):
+            if decided and step.id in decided:
+                assert is_decided(step)
                 state.take_ready()
                 self.gates.reach(step)
                 continue
-            if (
-                self.gates.approvals
-                and isinstance(step, ToolStep)
-                and self.gates.ask_approval(step)
-            ):
+            if self.gates.approvals and attempts_tool(step) and self.gates.ask_approval(step):
                 state.take_ready()  # waits at its tool gate
                 continue
             if len(running) >= self.bound:
                 break
             if expanded and step.id in expanded:
-                assert isinstance(step, _EXPANDED)
+                assert is_expanded(step)
                 self._start_expanding(step)
                 continue
             step_id = state.take_ready()
@@ -164,9 +159,7 @@ class _Scheduler:
         state = self.state
         step_id = state.take_ready()
         attempt = state.take_next_attempt(step_id)
-        if isinstance(step, MapStep) and any(
-            rule.tool == step.tool for rule in self.gates.approvals
-        ):
+        if runs_items(step) and any(rule.tool == tool_of(step) for rule in self.gates.approvals):
             # The policy asks an approval per call of this tool: no map runs it unasked (fail
             # closed), and none asks once for all its items.
             state.fail(
@@ -179,9 +172,10 @@ class _Scheduler:
             )
             return
         state.start(step_id, attempt)
-        if isinstance(step, MapStep):
+        if runs_items(step):
             work = self.maps.run(step, attempt)
         else:
+            assert runs_plans(step)
             work = self.nested.run(step, attempt)
         task = state.loop.create_task(work)
         task.add_done_callback(self._on_done, context=self.callback_context)

@@ -1,9 +1,11 @@
 """Durable plan state: the journal records, the ``StateStore`` protocol and its stores.
 
-``_state`` holds the records, the fold and the ``StateStore`` protocol with its in-memory store;
-``_sqlite`` and ``_postgres`` the two durable stores (the PostgreSQL one is imported on first use:
-the ``postgres`` extra); ``_rows`` the one row format of a journal record in both; ``_history``
-the history query (``HistoryQuery``, ``PlanSummary``) and the SQL both build for it.
+``_records`` holds the journal's records, ``_fold`` the fold of a journal into a plan's state,
+``_state`` the ``StateStore`` protocol with its in-memory store (and re-exports the other two);
+``_sqlite`` and ``_postgres`` the two durable stores (the PostgreSQL one, with its schema's
+migrations in ``_postgres_schema``, is imported on first use: the ``postgres`` extra); ``_rows`` the
+one row format of a journal record in both; ``_history`` the history query (``HistoryQuery``,
+``PlanSummary``) and the SQL both build for it.
 """
 
 from stratagem.planning._store._history import HistoryQuery, PlanSummary

@@ -61,7 +61,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from opentelemetry.metrics import MeterProvider
-from psycopg import sql
 
 from stratagem.planning._errors import STORE_ERRORS, StoreError
 from stratagem.planning._metrics import PlanningMetrics
@@ -73,12 +72,15 @@ from stratagem.planning._store._history import (
     trace_id_of,
     where_clause,
 )
+from stratagem.planning._store._postgres_schema import (
+    INDEX_INSERT,
+    MIGRATIONS,
+    Connection,
+)
 from stratagem.planning._store._rows import (
-    IndexRow,
     compact_json,
     decode_record,
     encode_record,
-    index_row,
 )
 from stratagem.planning._store._state import (
     BreakerState,
@@ -89,7 +91,6 @@ from stratagem.planning._store._state import (
     fold,
 )
 from stratagem.protocol._storage._postgres import (
-    AsyncConnection,
     PostgresPool,
     PostgresVersions,
     migrate_schema,
@@ -103,8 +104,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-Connection = AsyncConnection
-Migration = Callable[[Connection, sql.Identifier], Awaitable[None]]
 
 COMPONENT: Final = "plans"
 """This store's row in ``schema_versions``."""
@@ -113,147 +112,6 @@ _FINAL: Final = [status.value for status in PlanStatus if status.is_final]
 _TABLES: Final = ("plans", "plan_bodies", "events", "revisions", "breakers", "plan_index")
 
 
-async def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.plans (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                plan_id TEXT NOT NULL,
-                revision INTEGER NOT NULL,
-                plan_type TEXT NOT NULL,
-                status TEXT NOT NULL,
-                created DOUBLE PRECISION NOT NULL,
-                updated DOUBLE PRECISION NOT NULL,
-                UNIQUE (plan_id, revision)
-            )""",
-            schema,
-        )
-    )
-    await conn.execute(q("CREATE INDEX plans_by_status ON {s}.plans (status, updated)", schema))
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.plan_bodies (
-                id BIGINT PRIMARY KEY REFERENCES {s}.plans (id) ON DELETE CASCADE,
-                plan_json TEXT NOT NULL
-            )""",
-            schema,
-        )
-    )
-    # Keyed by plan first: a plan's journal is one index range to read on load.
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.events (
-                plan BIGINT NOT NULL REFERENCES {s}.plans (id) ON DELETE CASCADE,
-                seq BIGINT GENERATED ALWAYS AS IDENTITY,
-                kind SMALLINT NOT NULL,
-                step_id TEXT,
-                attempt INTEGER,
-                status TEXT,
-                output TEXT,
-                data TEXT,
-                PRIMARY KEY (plan, seq)
-            )""",
-            schema,
-        )
-    )
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.revisions (
-                plan_id TEXT NOT NULL,
-                revision INTEGER NOT NULL,
-                parent INTEGER,
-                rationale TEXT NOT NULL,
-                author TEXT NOT NULL,
-                diff TEXT NOT NULL,
-                carried TEXT NOT NULL,
-                at DOUBLE PRECISION NOT NULL,
-                PRIMARY KEY (plan_id, revision)
-            )""",
-            schema,
-        )
-    )
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.breakers (
-                tool TEXT PRIMARY KEY,
-                failures INTEGER NOT NULL,
-                opened_at DOUBLE PRECISION
-            )""",
-            schema,
-        )
-    )
-
-
-async def _migrate_v2(conn: Connection, schema: sql.Identifier) -> None:
-    # The history: one row per plan (see ``_history``), numbered in creation order, filled for
-    # the plans stored before it from their newest revision and their status records.
-    await conn.execute(
-        q(
-            """CREATE TABLE {s}.plan_index (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                plan_id TEXT NOT NULL UNIQUE,
-                revision INTEGER NOT NULL,
-                status TEXT NOT NULL,
-                goal TEXT NOT NULL,
-                trace_id TEXT NOT NULL,
-                message TEXT NOT NULL,
-                created DOUBLE PRECISION NOT NULL,
-                updated DOUBLE PRECISION NOT NULL
-            )""",
-            schema,
-        )
-    )
-    await conn.execute(q("CREATE INDEX plan_index_by_trace ON {s}.plan_index (trace_id)", schema))
-    cursor = await conn.execute(
-        q(
-            "SELECT p.plan_id, p.revision, p.updated, b.plan_json, "
-            "(SELECT min(created) FROM {s}.plans WHERE plan_id = p.plan_id) AS first "
-            "FROM {s}.plans AS p JOIN {s}.plan_bodies AS b ON b.id = p.id WHERE p.revision = "
-            "(SELECT max(revision) FROM {s}.plans WHERE plan_id = p.plan_id) ORDER BY first, p.id",
-            schema,
-        )
-    )
-    for plan_id, revision, updated, plan_json, created in await cursor.fetchall():
-        statuses = await conn.execute(
-            q(
-                "SELECT p.revision, e.kind, e.step_id, e.attempt, e.status, e.output, e.data "
-                "FROM {s}.events AS e JOIN {s}.plans AS p ON p.id = e.plan "
-                "WHERE p.plan_id = %s AND e.kind = 1 ORDER BY e.seq",
-                schema,
-            ),
-            (plan_id,),
-        )
-        row = index_row(
-            str(plan_id),
-            int(revision),
-            str(plan_json),
-            float(created),
-            float(updated),
-            [decode_record(str(plan_id), int(r[0]), r[1:]) for r in await statuses.fetchall()],
-        )
-        await conn.execute(q(_INDEX_INSERT, schema), _index_values(row))
-
-
-_INDEX_INSERT: Final = (
-    "INSERT INTO {s}.plan_index (plan_id, revision, status, goal, trace_id, message, created, "
-    "updated) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-)
-
-
-def _index_values(row: IndexRow) -> tuple[object, ...]:
-    return (
-        row.plan_id,
-        row.revision,
-        row.status,
-        row.goal,
-        row.trace_id,
-        row.message,
-        row.created,
-        row.updated,
-    )
-
-
-MIGRATIONS: Final[list[Migration]] = [_migrate_v1, _migrate_v2]
 """The schema migrations, oldest first; migration ``i`` (from 0) brings the schema to ``i + 1``."""
 
 
@@ -715,7 +573,7 @@ class PostgresStateStore:
         # A new revision keeps the plan's place in the history (its first row's number and time).
         await conn.execute(
             q(
-                _INDEX_INSERT.replace("plan_index", "plan_index AS i", 1)
+                INDEX_INSERT.replace("plan_index", "plan_index AS i", 1)
                 + " ON CONFLICT (plan_id) DO UPDATE SET revision = EXCLUDED.revision, "
                 "status = EXCLUDED.status, goal = EXCLUDED.goal, message = '', "
                 "updated = EXCLUDED.updated WHERE EXCLUDED.revision > i.revision",

@@ -1,28 +1,10 @@
-"""Durable plan state: the journal records, the ``StateStore`` protocol and an in-memory store.
+"""Durable plan state: the ``StateStore`` protocol and the in-memory store; the records
+(``_records``) and the fold (``_fold``) re-exported.
 
 A store keeps **deltas**, never whole-state snapshots: each plan revision is written once (its
 JSON), and every later change is one small record appended to the plan's journal. The state of a
 plan (``PlanState``) is the fold of its journal, in order (``fold``), so the store grows linearly
 with the number of steps run.
-
-Records (all frozen dataclasses; ``Record`` is their union):
-
-- ``PlanStatusRecord``: the plan's status changed (``running``, ``blocked``, ``paused``,
-  ``compensating``, a final status).
-- ``StepIntent``: an attempt of a step is about to start (its idempotency key is
-  ``f"{plan_id}@{revision}:{step_id}"``). Written and committed *before* the tool call or dispatch.
-- ``StepResult``: an attempt ended: ``succeeded`` (output JSON), ``retrying`` (a retried failure),
-  or the step's final ``failed``/``cancelled`` (failure class + message).
-- ``GateRecord``: a gate opened (a gate step, or a reconcile gate naming a step that was in flight
-  when the plan stopped), or was approved or rejected (approver, rationale, revision).
-- ``CompensationRecord``: the compensation journal: ``needed`` (committed with the step's success),
-  ``running`` (an attempt's intent), ``compensated`` or ``failed``.
-- ``ControlRecord``: a ``cancel`` was requested (so a resume honours it).
-- ``ConditionRecord``: a step's condition (``when``) was evaluated.
-- ``MapRecord``: a map step's list was evaluated (how many items, and its digest); each item's
-  attempts are ``StepIntent``/``StepResult`` records under the key ``f"{step_id}.{index}"``.
-- ``IterationRecord``: an iteration of a loop (or a sub-plan's one run) started or ended; the
-  nested plan keeps its own journal.
 
 Beside the journals a store keeps each plan's revision history (``RevisionRecord``, written with
 the new revision's plan row and its carried-over results in one transaction) and the engine's
@@ -34,31 +16,56 @@ store must apply atomically (all or nothing).
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Final, Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._errors import StoreError
-from stratagem.planning._plan import FailureClass, Plan, PlanStatus, StepStatus
+from stratagem.planning._plan import Plan, PlanStatus
 from stratagem.planning._revisions import RevisionRecord
+from stratagem.planning._store._fold import (
+    TIMEOUT_APPROVER,
+    CompensationState,
+    GateState,
+    PlanState,
+    StepState,
+    fold,
+)
 from stratagem.planning._store._history import HistoryQuery, PlanSummary, matches, trace_id_of
+from stratagem.planning._store._records import (
+    BudgetRecord,
+    CompensationRecord,
+    CompensationStatus,
+    ConditionRecord,
+    ControlRecord,
+    GateDecision,
+    GateKind,
+    GateRecord,
+    IterationOutcome,
+    IterationRecord,
+    MapRecord,
+    PlanStatusRecord,
+    Record,
+    StepIntent,
+    StepResult,
+)
 
 __all__ = [
     "TIMEOUT_APPROVER",
     "BreakerState",
+    "BudgetRecord",
     "CompensationRecord",
     "CompensationState",
     "CompensationStatus",
+    "ConditionRecord",
     "ControlRecord",
     "GateDecision",
     "GateKind",
     "GateRecord",
     "GateState",
     "InMemoryStateStore",
+    "IterationOutcome",
     "IterationRecord",
     "MapRecord",
     "PlanState",
@@ -73,574 +80,6 @@ __all__ = [
 ]
 
 P = TypeVar("P", bound=Plan)
-
-
-class GateKind(StrEnum):
-    """What a gate is for."""
-
-    GATE = "gate"
-    """A gate step of the plan."""
-    RECONCILE = "reconcile"
-    """A step was in flight when the plan stopped and its tool is not idempotent."""
-    POLICY = "policy"
-    """A step with ``on_policy_failure="gate"`` failed a policy check."""
-    TOOL = "tool"
-    """The policy asks for an approval before this tool step calls its tool."""
-
-
-class GateDecision(StrEnum):
-    """Where a gate is."""
-
-    OPEN = "open"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-
-
-class CompensationStatus(StrEnum):
-    """Where one step's compensation is."""
-
-    NEEDED = "needed"
-    RUNNING = "running"
-    COMPENSATED = "compensated"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class PlanStatusRecord:
-    """The plan's status changed.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        status: The new status.
-        message: Why, in one line ("" when there is nothing to add).
-        at: Wall-clock time (``time.time()``).
-        trace_context: For ``running``: the W3C ``traceparent`` of the run's plan span ("" when
-            the run was not traced), so a resumed run can link to the run it continues.
-    """
-
-    plan_id: str
-    revision: int
-    status: PlanStatus
-    message: str = ""
-    at: float = field(default_factory=time.time)
-    trace_context: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StepIntent:
-    """An attempt of a step is about to start; committed before its side effect.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The step.
-        attempt: The attempt number, from 1.
-        cost: The cost units reserved for the attempt, for a plan with a budget (``None``
-            otherwise). Every intent reserves one tool call.
-        at: Wall-clock time (``time.time()``); 0 in records stored before it was kept.
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    attempt: int
-    cost: float | None = None
-    at: float = field(default_factory=time.time, compare=False)
-
-    @property
-    def key(self) -> str:
-        """The step's idempotency key, ``f"{plan_id}@{revision}:{step_id}"``."""
-        return step_run_id(self.plan_id, self.revision, self.step_id)
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """An attempt of a step ended.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The step.
-        attempt: The attempt that ended.
-        status: ``succeeded``, ``retrying`` (this attempt failed and another follows), ``failed``
-            or ``cancelled`` (final).
-        output_json: The output as JSON, for ``succeeded``.
-        failure_class: The failure's class, for the other statuses.
-        message: A one-line description of the failure.
-        at: Wall-clock time (``time.time()``); 0 in records stored before it was kept.
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    attempt: int
-    status: StepStatus
-    output_json: str | None = None
-    failure_class: FailureClass | None = None
-    message: str = ""
-    at: float = field(default_factory=time.time, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class GateRecord:
-    """A gate opened (or escalated: opened again for others to decide) or was decided.
-
-    Attributes:
-        plan_id: The plan.
-        revision: The revision the gate belongs to (a decision: the one it was given for).
-        gate_id: A gate step's id, or the id of the step a reconcile, policy or tool gate names.
-        decision: ``open``, ``approved`` or ``rejected``.
-        kind: A gate step, or a reconcile, policy or tool gate.
-        prompt: What the approver is asked (on ``open``).
-        approver: Who decided (``TIMEOUT_APPROVER`` when the gate's deadline decided).
-        rationale: Why.
-        output_json: For an approved reconcile gate: the output to record for the step instead of
-            re-running it (``None``: re-run it).
-        at: Wall-clock time (``time.time()``).
-        value_json: For an approval of a gate that asks: the value, as JSON.
-        arguments_json: For a tool gate: on ``open``, the arguments the tool would be called
-            with; on an approval, the arguments as the approver edited them (``None``: as
-            they were).
-        deadline: On ``open``: when the gate times out (``time.time()`` scale; ``None``: never).
-        escalate_at: On ``open``: when it escalates (``None``: never, or it has escalated).
-        deciders: On ``open``: who may decide (empty: whoever the policy allows).
-        escalated: On ``open``: this opening hands the gate to others (``deciders``).
-    """
-
-    plan_id: str
-    revision: int
-    gate_id: str
-    decision: GateDecision
-    kind: GateKind = GateKind.GATE
-    prompt: str = ""
-    approver: str = ""
-    rationale: str = ""
-    output_json: str | None = None
-    at: float = field(default_factory=time.time)
-    value_json: str | None = None
-    arguments_json: str | None = None
-    deadline: float | None = None
-    escalate_at: float | None = None
-    deciders: tuple[str, ...] = ()
-    escalated: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class CompensationRecord:
-    """An entry of the compensation journal.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The compensated step.
-        status: ``needed`` (written with the step's success), ``running`` (an attempt's intent),
-            ``compensated`` or ``failed``.
-        attempt: The compensation attempt (0 for ``needed``).
-        message: Why it failed, for ``failed``.
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    status: CompensationStatus
-    attempt: int = 0
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ControlRecord:
-    """A control request that a later resume must honour.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        action: ``cancel``.
-        at: Wall-clock time (``time.time()``).
-    """
-
-    plan_id: str
-    revision: int
-    action: Literal["cancel"] = "cancel"
-    at: float = field(default_factory=time.time)
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetRecord:
-    """What earlier revisions of the plan spent, carried into a new revision's budget account.
-
-    A budget belongs to the plan, not to one revision: without this record a replan would start
-    spending from zero again.
-
-    Attributes:
-        plan_id: The plan.
-        revision: The new revision.
-        calls: Tool calls reserved by earlier revisions.
-        cost: Cost units reserved by earlier revisions.
-    """
-
-    plan_id: str
-    revision: int
-    calls: int
-    cost: float
-
-
-@dataclass(frozen=True, slots=True)
-class ConditionRecord:
-    """A step's condition (``when``), evaluated: whether it held and its value.
-
-    Journaled before the step starts or is skipped, so a resumed run and a replay take the
-    decision from the journal rather than evaluating it again.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The step.
-        holds: Whether the step runs.
-        value_json: The condition's value, as JSON.
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    holds: bool
-    value_json: str = "null"
-
-
-@dataclass(frozen=True, slots=True)
-class MapRecord:
-    """A map step's list, evaluated when the step starts: journaled before any item starts, so a
-    resumed run checks that it maps the same list and a replay compares the expansion.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The map step.
-        items: How many items the list has.
-        digest: sha256 of the list's canonical JSON (16 hex digits).
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    items: int
-    digest: str
-
-
-IterationOutcome = Literal["started", "held", "not_held", "failed"]
-"""Where an iteration is: ``started``, or ended with its loop's ``until`` holding (``held``), not
-holding (``not_held``), or with its nested plan failed (``failed``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class IterationRecord:
-    """An iteration of a loop step (or the one run of a sub-plan step) started or ended.
-
-    Attributes:
-        plan_id: The plan.
-        revision: Its revision.
-        step_id: The loop (or sub-plan) step.
-        iteration: The iteration, from 1.
-        outcome: ``started``, ``held``, ``not_held`` or ``failed``.
-        value_json: For an ended loop iteration: the value of ``until``, as JSON.
-        at: Wall-clock time (``time.time()``); a loop's timebox counts from its first start.
-    """
-
-    plan_id: str
-    revision: int
-    step_id: str
-    iteration: int
-    outcome: IterationOutcome
-    value_json: str = "null"
-    at: float = field(default_factory=time.time)
-
-
-Record = (
-    PlanStatusRecord
-    | StepIntent
-    | StepResult
-    | GateRecord
-    | CompensationRecord
-    | ControlRecord
-    | BudgetRecord
-    | ConditionRecord
-    | MapRecord
-    | IterationRecord
-)
-"""Any journal record."""
-
-
-@dataclass(slots=True)
-class StepState:
-    """A step's last recorded state.
-
-    Attributes:
-        status: ``running`` when an intent has no result yet (the step was in flight), otherwise
-            the last result's status.
-        attempt: The last attempt recorded.
-        output: The output, when the step succeeded.
-        failure_class: The last failure's class.
-        message: The last failure's message.
-        started: When its first attempt started (``None``: unknown, or it never ran).
-        ended: When its last recorded attempt ended (``None``: unknown, or not ended).
-    """
-
-    status: StepStatus
-    attempt: int
-    output: dict[str, Any] | None = None
-    failure_class: FailureClass | None = None
-    message: str = ""
-    started: float | None = None
-    ended: float | None = None
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether an attempt started and has no recorded result."""
-        return self.status is StepStatus.RUNNING
-
-
-TIMEOUT_APPROVER: Final = "(timeout)"
-"""The approver of a decision a gate's deadline made (no identity has this form)."""
-
-
-@dataclass(slots=True)
-class GateState:
-    """A gate's recorded state.
-
-    Attributes:
-        gate_id: The gate's id.
-        kind: A gate step, or a reconcile, policy or tool gate.
-        decision: ``open``, ``approved`` or ``rejected``.
-        revision: The revision it was opened (or decided) for.
-        prompt: What the approver is asked.
-        approver: Who decided (``TIMEOUT_APPROVER``: its deadline did).
-        rationale: Why.
-        output: For an approved reconcile gate: the output to record instead of re-running.
-        value: For an approval of a gate that asks: the value (``has_value`` says whether one
-            was given: ``None`` may be one).
-        has_value: Whether the decision carried a value.
-        arguments: For a tool gate: the arguments shown at its opening, then as approved (an
-            approver's edit) .
-        edited: Whether the approval edited the tool's arguments.
-        deadline: When it times out (``None``: never).
-        escalate_at: When it escalates (``None``: never, or it has).
-        deciders: Who may decide (empty: whoever the policy allows).
-        escalated: Whether it was handed to others.
-        opened_at: When it (last) opened.
-    """
-
-    gate_id: str
-    kind: GateKind
-    decision: GateDecision
-    revision: int
-    prompt: str = ""
-    approver: str = ""
-    rationale: str = ""
-    output: dict[str, Any] | None = None
-    value: Any = None
-    has_value: bool = False
-    arguments: dict[str, Any] | None = None
-    edited: bool = False
-    deadline: float | None = None
-    escalate_at: float | None = None
-    deciders: tuple[str, ...] = ()
-    escalated: bool = False
-    opened_at: float | None = None
-
-    @property
-    def timed_out(self) -> bool:
-        """Whether its deadline decided it."""
-        return self.approver == TIMEOUT_APPROVER
-
-
-@dataclass(slots=True)
-class CompensationState:
-    """One step's compensation, as the journal has it.
-
-    Attributes:
-        step_id: The compensated step.
-        status: Where it is.
-        attempt: The last attempt (0 before the first).
-        message: Why it failed.
-    """
-
-    step_id: str
-    status: CompensationStatus
-    attempt: int = 0
-    message: str = ""
-
-
-@dataclass(slots=True)
-class PlanState:
-    """A plan revision's state, rebuilt from its journal.
-
-    Attributes:
-        plan_id: The plan.
-        revision: The revision (the newest stored).
-        plan_json: The plan as written by ``StateStore.save_plan``.
-        status: The last recorded plan status (``pending`` before the first).
-        message: The last status record's message.
-        steps: Step id -> last recorded state, for steps with any record (a map's items under
-            ``f"{step_id}.{index}"``).
-        gates: Gate id -> state.
-        compensations: The compensation journal, in the order the steps succeeded.
-        cancel_requested: Whether a ``cancel`` was recorded.
-        records: How many journal records were folded.
-        started_at: When the revision first ran (the first ``running`` status), or ``None``.
-        spent_calls: Tool calls reserved so far (one per intent).
-        spent_cost: Cost units reserved so far.
-        trace_contexts: The W3C ``traceparent`` of each traced run of the revision, oldest first
-            (the first is the original run's; a resumed run links to it and to the last).
-        conditions: Step id -> its evaluated condition, for the steps whose ``when`` was decided.
-        maps: Map step id -> its evaluated list (``MapRecord``).
-        iterations: Loop (or sub-plan) step id -> its iteration records, in order.
-    """
-
-    plan_id: str
-    revision: int
-    plan_json: str
-    status: PlanStatus = PlanStatus.PENDING
-    message: str = ""
-    steps: dict[str, StepState] = field(default_factory=dict)
-    gates: dict[str, GateState] = field(default_factory=dict)
-    compensations: list[CompensationState] = field(default_factory=list)
-    cancel_requested: bool = False
-    records: int = 0
-    started_at: float | None = None
-    spent_calls: int = 0
-    spent_cost: float = 0.0
-    trace_contexts: list[str] = field(default_factory=list)
-    conditions: dict[str, ConditionRecord] = field(default_factory=dict)
-    maps: dict[str, MapRecord] = field(default_factory=dict)
-    iterations: dict[str, list[IterationRecord]] = field(default_factory=dict)
-
-    @property
-    def outputs(self) -> dict[str, Any]:
-        """Step id -> output, for every step recorded as succeeded."""
-        return {
-            step_id: state.output
-            for step_id, state in self.steps.items()
-            if state.status is StepStatus.SUCCEEDED and "." not in step_id  # not a map's item
-        }
-
-    def plan(self, plan_type: type[P]) -> P:
-        """The stored plan as ``plan_type``; fields ``plan_type`` lacks are dropped.
-
-        Args:
-            plan_type: ``Plan`` or a subclass of it (a role's plan type).
-        """
-        data = json.loads(self.plan_json)
-        known = plan_type.model_fields
-        return plan_type.model_validate({k: v for k, v in data.items() if k in known})
-
-
-def fold(plan_id: str, revision: int, plan_json: str, records: Iterable[Record]) -> PlanState:
-    """Rebuild a revision's state from its journal, applying the records in order.
-
-    Records of other plans or revisions are ignored.
-
-    Args:
-        plan_id: The plan.
-        revision: The revision.
-        plan_json: The revision's plan JSON.
-        records: The journal, oldest first.
-    """
-    state = PlanState(plan_id, revision, plan_json)
-    compensations: dict[str, CompensationState] = {}
-    for record in records:
-        if record.plan_id != plan_id or record.revision != revision:
-            continue
-        state.records += 1
-        match record:
-            case PlanStatusRecord():
-                state.status = record.status
-                state.message = record.message
-                if state.started_at is None and record.status is PlanStatus.RUNNING:
-                    state.started_at = record.at
-                if record.trace_context and record.trace_context not in state.trace_contexts:
-                    state.trace_contexts.append(record.trace_context)
-            case StepIntent():
-                earlier = state.steps.get(record.step_id)
-                started = earlier.started if earlier is not None else None
-                if started is None and record.at:
-                    started = record.at
-                state.steps[record.step_id] = StepState(
-                    StepStatus.RUNNING, record.attempt, started=started
-                )
-                state.spent_calls += 1
-                if record.cost is not None:
-                    state.spent_cost += record.cost
-            case BudgetRecord():
-                state.spent_calls += record.calls
-                state.spent_cost += record.cost
-            case StepResult():
-                output = None if record.output_json is None else json.loads(record.output_json)
-                earlier = state.steps.get(record.step_id)
-                state.steps[record.step_id] = StepState(
-                    record.status,
-                    record.attempt,
-                    output,
-                    record.failure_class,
-                    record.message,
-                    started=earlier.started if earlier is not None else None,
-                    ended=record.at or None,
-                )
-            case GateRecord():
-                state.gates[record.gate_id] = _gate_state(record, state.gates.get(record.gate_id))
-            case CompensationRecord():
-                entry = compensations.get(record.step_id)
-                if entry is None:
-                    entry = CompensationState(record.step_id, record.status)
-                    compensations[record.step_id] = entry
-                    state.compensations.append(entry)
-                entry.status = record.status
-                entry.attempt = max(entry.attempt, record.attempt)
-                entry.message = record.message
-            case ControlRecord():
-                state.cancel_requested = True
-            case ConditionRecord():
-                state.conditions[record.step_id] = record
-            case MapRecord():
-                state.maps[record.step_id] = record
-            case IterationRecord():
-                state.iterations.setdefault(record.step_id, []).append(record)
-            case _:  # pragma: no cover - the union is closed
-                raise StoreError(f"unknown record {record!r}")
-    return state
-
-
-def _gate_state(record: GateRecord, previous: GateState | None) -> GateState:
-    """A gate's state after ``record``: an opening says what the gate is (its deadline, who
-    decides it); a decision keeps that and adds who decided, why and with what."""
-    arguments = None if record.arguments_json is None else json.loads(record.arguments_json)
-    state = GateState(
-        gate_id=record.gate_id,
-        kind=record.kind,
-        decision=record.decision,
-        revision=record.revision,
-        prompt=record.prompt or (previous.prompt if previous else ""),
-        approver=record.approver,
-        rationale=record.rationale,
-        output=None if record.output_json is None else json.loads(record.output_json),
-        value=None if record.value_json is None else json.loads(record.value_json),
-        has_value=record.value_json is not None,
-        arguments=arguments,
-        deadline=record.deadline,
-        escalate_at=record.escalate_at,
-        deciders=record.deciders,
-        escalated=record.escalated,
-        opened_at=record.at,
-    )
-    if record.decision is not GateDecision.OPEN and previous is not None:
-        state.edited = arguments is not None
-        if arguments is None:
-            state.arguments = previous.arguments
-        state.deadline = previous.deadline
-        state.escalate_at = None
-        state.deciders = previous.deciders
-        state.escalated = previous.escalated
-        state.opened_at = previous.opened_at
-    return state
 
 
 @dataclass(frozen=True, slots=True)
