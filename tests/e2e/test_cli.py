@@ -894,9 +894,11 @@ def test_a_deleted_secret_is_noticed_by_up_and_mended_by_rotate(
     assert up.returncode == 1, up.stderr[-2000:]
     lines = up.stderr.strip().splitlines()
     assert len(lines) == 1, up.stderr
-    assert "another cluster secret" in lines[0]
-    assert "secret rotate" in lines[0]
+    # A failing up changes nothing: it names the running agents' secret, writes none of its own.
+    assert "hold a cluster secret" in lines[0]
     assert "up --replace" in lines[0]
+    assert "(nothing was written)" in lines[0]
+    assert not secret.exists()
     rotated = run(
         "secret",
         "rotate",
