@@ -34,7 +34,7 @@ from stratagem.runtime._cli._app import (
     lazy_scope,
     plans_app,
 )
-from stratagem.runtime._input import (
+from stratagem.runtime.operator._input import (
     DEFAULT_HISTORY_PAGE,
     InputError,
     parse_json_object,
@@ -56,18 +56,18 @@ if TYPE_CHECKING:
         RemoteError,
         RevisionsResponse,
     )
-    from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
-    from stratagem.runtime._history import PlanHistory, PlanView
-    from stratagem.runtime._local import LaunchError
-    from stratagem.runtime._operator import Operator, check_status
-    from stratagem.runtime._settings import Settings
-    from stratagem.runtime._show import (
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.host._local import LaunchError
+    from stratagem.runtime.operator._diagram import DIAGRAM_FORMATS, plan_diagram
+    from stratagem.runtime.operator._history import PlanHistory, PlanView
+    from stratagem.runtime.operator._operator import Operator, check_status
+    from stratagem.runtime.operator._show import (
         approve_commands,
         event_line,
         history_table,
         plan_details,
     )
-    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+    from stratagem.runtime.telemetry._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
 

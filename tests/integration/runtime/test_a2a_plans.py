@@ -37,7 +37,7 @@ from stratagem.protocol import (
     TokenSigner,
 )
 from stratagem.protocol._a2a._client import A2APeerConfig
-from stratagem.runtime._a2a import A2ADispatcher
+from stratagem.runtime.host._a2a import A2ADispatcher
 from tests.integration.a2a_peer import EchoAgent
 
 pytestmark = pytest.mark.asyncio

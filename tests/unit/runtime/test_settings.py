@@ -36,7 +36,7 @@ def test_every_setting_is_documented_in_the_configuration_page() -> None:
 
 
 def test_placement_comes_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stratagem.runtime._launcher import placement_options
+    from stratagem.runtime.host._launcher import placement_options
 
     monkeypatch.setenv(
         "STRATAGEM_PLACEMENT",
@@ -77,7 +77,7 @@ def test_the_watch_stream_limit_is_a_setting(monkeypatch: pytest.MonkeyPatch) ->
 def test_external_a2a_agents_come_from_the_environment_and_keep_their_token_apart(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stratagem.runtime._a2a import peers_from
+    from stratagem.runtime.host._a2a import peers_from
 
     monkeypatch.setenv(
         "STRATAGEM_A2A_AGENTS",

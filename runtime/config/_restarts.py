@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stratagem.runtime._statedir import write_private
+from stratagem.runtime.config._statedir import write_private
 
 __all__ = ["RestartBudget", "gave_up_reason"]
 

@@ -28,20 +28,27 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from stratagem.runtime._rayauth import LOOPBACK, create_token, head_environment
-from stratagem.runtime._settings import Settings
-from stratagem.runtime._statedir import (
-    StateDirError,
+from stratagem.runtime.config._errors import LaunchError
+from stratagem.runtime.config._published import (
+    PublishedAgent,
+    alive,
+    publish_endpoint,
+    published_endpoint,
+    published_path,
+    read_published,
+    recorded_head,
+)
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.config._statedir import (
     open_private,
     private_dir,
-    read_private,
     write_private,
 )
+from stratagem.runtime.host._rayauth import LOOPBACK, create_token, head_environment
 
 __all__ = [
     "LaunchError",
@@ -58,11 +65,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _HEAD_START_TIMEOUT_S = 60.0
-ENDPOINTS_DIR = "endpoints"
-
-
-class LaunchError(Exception):
-    """Stratagem could not be started, reached or stopped; the message says why in one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,18 +91,8 @@ class LocalCluster:
             LaunchError: The record is not a file of this user's that nobody else may read or
                 write (a planted record is never followed).
         """
-        try:
-            raw = json.loads(read_private(path))
-            return cls(
-                address=str(raw["address"]),
-                pid=int(raw["pid"]),
-                started=int(raw.get("started", 0)),
-                head_id=str(raw.get("head_id", "")),
-            )
-        except StateDirError as exc:
-            raise LaunchError(f"{exc}; delete it if 'stratagem up' did not write it") from exc
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+        fields = recorded_head(path)
+        return None if fields is None else cls(*fields)
 
     @classmethod
     def read(cls, path: Path) -> LocalCluster | None:
@@ -372,67 +364,10 @@ def _listening_inodes(port: int) -> set[int]:
     return inodes
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie child of ours does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def published_path(state_dir: Path, role: str) -> Path:
-    """Where ``role``'s agent publishes its endpoint."""
-    return state_dir / ENDPOINTS_DIR / f"{role}.json"
-
-
-def publish_endpoint(
-    state_dir: Path, role: str, endpoint: str, pid: int, logs: Sequence[str] = ()
-) -> None:
-    """Record ``role``'s endpoint, process and log files (mode 0600, atomically: a reader sees
-    the old or the new)."""
-    record = {"endpoint": endpoint, "pid": pid, "logs": list(logs)}
-    write_private(published_path(state_dir, role), json.dumps(record))
-
-
-@dataclass(frozen=True, slots=True)
-class PublishedAgent:
-    """What an agent published in the state directory: its endpoint, process and log files."""
-
-    endpoint: str
-    pid: int
-    logs: tuple[Path, ...]
-
-    @property
-    def alive(self) -> bool:
-        """Whether its process runs (on this machine)."""
-        return alive(self.pid)
-
-
-def read_published(state_dir: Path, role: str) -> PublishedAgent | None:
-    """What ``role``'s agent published here, its process alive or not (``None``: nothing)."""
-    try:
-        raw = json.loads(read_private(published_path(state_dir, role)))
-        return PublishedAgent(
-            endpoint=str(raw["endpoint"]),
-            pid=int(raw["pid"]),
-            logs=tuple(Path(str(p)) for p in raw.get("logs", [])),
-        )
-    except (OSError, ValueError, KeyError, TypeError, StateDirError):
-        return None
 
 
 def own_log_files() -> list[str]:
@@ -447,26 +382,3 @@ def own_log_files() -> list[str]:
         if target.startswith("/") and os.path.isfile(target) and target not in found:
             found.append(target)
     return found
-
-
-def published_endpoint(settings: Settings, role: str) -> str | None:
-    """``role``'s endpoint as its agent published it, when this machine's local deployment (the
-    head ``stratagem up`` started) runs it in a live process; else ``None`` (ask Ray).
-
-    Only a record of this user's that nobody else may read or write is used; the caller must
-    still have the agent there prove that it holds the deployment's key before it sends a token
-    (``protocol.prove_endpoint``).
-    """
-    if settings.address is not None:
-        return None
-    try:
-        if LocalCluster.read(settings.local_cluster_file) is None:
-            return None
-        raw = json.loads(read_private(published_path(settings.state_dir, role)))
-        endpoint, pid = str(raw["endpoint"]), int(raw["pid"])
-    except (LaunchError, StateDirError) as exc:
-        logger.warning("not using %s's published endpoint: %s", role, exc)
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return endpoint if alive(pid) else None

@@ -21,7 +21,7 @@ is none or it stops answering:
 
 ``BatchSpanProcessor.force_flush`` ignores its timeout and waits for the export in progress: a
 flush that must not hold up its caller (``stratagem submit`` asks every agent for one) waits for it
-at most ``runtime._telemetry.FLUSH_WAIT_S`` (``flush_spans``).
+at most ``runtime.telemetry._telemetry.FLUSH_WAIT_S`` (``flush_spans``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def configured_target() -> Target | None:
 def recorded_target(state_dir: Path) -> Target | None:
     """The backend ``scripts/otel_backend.sh`` recorded under ``state_dir``, if its file is there
     (whether it listens is the probe's to say)."""
-    from stratagem.runtime._backend import read_backend_state
+    from stratagem.runtime.telemetry._backend_state import read_backend_state
 
     state = read_backend_state(state_dir)
     if state is None:

@@ -39,7 +39,7 @@ from stratagem.protocol import (
     PlansQuery,
     StepRecord,
 )
-from stratagem.runtime._input import DEFAULT_HISTORY_PAGE, InputError
+from stratagem.runtime.operator._input import DEFAULT_HISTORY_PAGE, InputError
 
 __all__ = [
     "DEFAULT_HISTORY_PAGE",

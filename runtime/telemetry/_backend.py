@@ -9,9 +9,9 @@ export to it, and read traces back from its REST API.
 
 When nothing configures an OTLP trace endpoint, every process (the CLI and each agent) exports its
 spans to that backend whenever it runs, started before or after ``stratagem up``
-(``runtime._export``: looked up again every few seconds, never holding up a request). Phoenix takes
-traces only, so metrics are not sent there. ``PhoenixTraces`` reads one trace's spans as
-``SpanRecord`` for ``stratagem trace``.
+(``runtime.telemetry._export``: looked up again every few seconds, never holding up a request).
+Phoenix takes traces only, so metrics are not sent there. ``PhoenixTraces`` reads one trace's spans
+as ``SpanRecord`` for ``stratagem trace``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stratagem.runtime._telemetry import INSTANCE_ATTR, KIND_ATTR, SERVICE_ATTR, SpanRecord
+from stratagem.runtime.telemetry._backend_state import STATE_FILE, BackendState, read_backend_state
+from stratagem.runtime.telemetry._telemetry import (
+    INSTANCE_ATTR,
+    KIND_ATTR,
+    SERVICE_ATTR,
+    SpanRecord,
+)
 
 __all__ = [
     "BackendError",
@@ -39,24 +44,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = Path("otel-backend") / "backend.json"
-"""Where, under the state directory, ``scripts/otel_backend.sh`` records the running backend."""
-
 
 class BackendError(Exception):
     """A trace backend could not be reached or answered with something unexpected."""
-
-
-@dataclass(frozen=True, slots=True)
-class BackendState:
-    """A running development backend, as ``scripts/otel_backend.sh`` recorded it."""
-
-    kind: str
-    pid: int
-    url: str
-    otlp_endpoint: str
-    otlp_protocol: str = "grpc"
-    project: str = "default"
 
 
 def _answers(url: str, timeout_s: float) -> bool:
@@ -68,16 +58,6 @@ def _answers(url: str, timeout_s: float) -> bool:
             return True
     except OSError:
         return False
-
-
-def read_backend_state(state_dir: Path) -> BackendState | None:
-    """The backend recorded under ``state_dir`` (``None``: no readable record), running or not."""
-    path = state_dir / STATE_FILE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        return BackendState(**raw)
-    except (OSError, ValueError, TypeError):
-        return None
 
 
 def find_backend(state_dir: Path, *, timeout_s: float = 0.5) -> BackendState | None:

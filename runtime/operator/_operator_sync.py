@@ -27,16 +27,16 @@ from stratagem.protocol import (
     SubmitGoalRequest,
     WireModel,
 )
-from stratagem.runtime._goal import GoalOutcome, GoalStarted
-from stratagem.runtime._history import (
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.operator._goal import GoalOutcome, GoalStarted
+from stratagem.runtime.operator._history import (
     DEFAULT_HISTORY_PAGE,
     HistoryPage,
     PlanHistory,
     PlanView,
     TraceSummary,
 )
-from stratagem.runtime._operator import Directory, Operator, PlanSource
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.operator._operator import Directory, Operator, PlanSource
 
 __all__ = ["SyncOperator"]
 

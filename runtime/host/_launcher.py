@@ -13,7 +13,7 @@ A command never changes a deployment it did not start: against a running one it 
 deployed (``serving_endpoints`` names an agent that is missing, and why, instead of deploying
 it), and an embedded run removes only the agents it created.
 
-See ``runtime._rayauth`` for why Ray is part of the trust boundary.
+See ``runtime.host._rayauth`` for why Ray is part of the trust boundary.
 """
 
 from __future__ import annotations
@@ -32,29 +32,29 @@ from typing import Any, Literal
 import ray
 
 from stratagem.protocol import ROLES, ClusterSecret, UnavailableError, load_or_create_key
-from stratagem.runtime._actor import AgentActor
-from stratagem.runtime._directory import (
+from stratagem.runtime.config._errors import InputError
+from stratagem.runtime.config._extensions import deployment_roles
+from stratagem.runtime.config._restarts import gave_up_reason
+from stratagem.runtime.config._security import cluster_secret, save_operator_key
+from stratagem.runtime.config._settings import Settings, settings_digest
+from stratagem.runtime.config._statedir import private_dir
+from stratagem.runtime.host._actor import AgentActor
+from stratagem.runtime.host._directory import (
     AgentInfo,
     actor_name,
     actor_record,
     dead_actor_record,
     death_cause,
 )
-from stratagem.runtime._extensions import deployment_roles
-from stratagem.runtime._input import InputError
-from stratagem.runtime._local import LaunchError, LocalCluster
-from stratagem.runtime._mcp import McpSetupError
-from stratagem.runtime._models import resolve_model
-from stratagem.runtime._rayauth import (
+from stratagem.runtime.host._local import LaunchError, LocalCluster
+from stratagem.runtime.host._mcp import McpSetupError
+from stratagem.runtime.host._models import resolve_model
+from stratagem.runtime.host._rayauth import (
     RayAuth,
     is_loopback,
     join_local_head,
     probe_auth,
 )
-from stratagem.runtime._restarts import gave_up_reason
-from stratagem.runtime._security import cluster_secret, save_operator_key
-from stratagem.runtime._settings import Settings, settings_digest
-from stratagem.runtime._statedir import private_dir
 
 __all__ = ["AgentStartError", "Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
@@ -296,7 +296,7 @@ class Deployment:
             and Path.cwd() not in paths
         ):
             # Agents on this machine resolve extension modules from where the user launched us
-            # (`up`, which deploys detached agents, chose their folders: runtime._deployed).
+            # (`up`, which deploys detached agents, chose their folders: runtime.config._deployed).
             update["extension_paths"] = [*paths, Path.cwd()]
         settings = resolve_model(self.settings.model_copy(update=update))
         api_key = (
@@ -335,7 +335,8 @@ class Deployment:
             options: dict[str, Any] = {
                 "name": actor_name(role),
                 "namespace": settings.namespace,
-                # Restarts are budgeted per time window by the agent itself (runtime._restarts):
+                # Restarts are budgeted per time window by the agent itself
+                # (runtime.config._restarts):
                 # Ray's own count is for the actor's whole life.
                 "max_restarts": 0 if settings.max_restarts == 0 else -1,
                 # Every actor method (info, flush, shutdown) is idempotent: a call that meets a

@@ -34,7 +34,7 @@ from stratagem.protocol import (
     SqliteAnswerStore,
     SqliteAuditLog,
 )
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
 
 if TYPE_CHECKING:
     from stratagem.agents import WorldStore

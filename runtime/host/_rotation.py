@@ -13,9 +13,9 @@ gate's decision takes its plan up again).
 from __future__ import annotations
 
 from stratagem.protocol import ClusterSecret
-from stratagem.runtime._directory import AgentInfo
-from stratagem.runtime._launcher import Deployment
-from stratagem.runtime._local import LaunchError
+from stratagem.runtime.host._directory import AgentInfo
+from stratagem.runtime.host._launcher import Deployment
+from stratagem.runtime.host._local import LaunchError
 
 __all__ = ["rotate_secret"]
 

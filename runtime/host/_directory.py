@@ -144,7 +144,7 @@ class AgentInfo:
         health: ``serving`` (it answered and its gRPC endpoint accepts connections from here),
             ``unreachable`` (it answered but its endpoint refuses connections from here),
             ``not answering`` (it did not answer in time; see ``state``).
-        traces: What its OTLP trace exporter did (``runtime._export.ExportStats``: spans
+        traces: What its OTLP trace exporter did (``runtime.telemetry._export.ExportStats``: spans
             ``exported`` and ``skipped``, exports ``failed``, the ``endpoint``); empty when it
             exports to no backend.
         extensions: The extensions it loaded (``None`` from an agent of a build that did not

@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratagem.runtime._local import LaunchError
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.host._local import LaunchError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -99,7 +99,7 @@ def attach_model_planner(
         model_planner,
     )
     from stratagem.planning import Budget
-    from stratagem.runtime._model_slots import FileModelLimiter, slots_folder
+    from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
 
     limit = settings.model_max_concurrent or 4
     client = TracedModelClient(

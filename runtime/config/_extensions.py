@@ -19,13 +19,10 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from stratagem.protocol import roles
-from stratagem.runtime._input import InputError
-
-if TYPE_CHECKING:
-    from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._errors import InputError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -40,6 +37,18 @@ ENTRY_POINT_GROUP: Final = "stratagem.extensions"
 the agents to learn it (a test keeps the two equal)."""
 IMPORT_TIMEOUT_S: Final = 30.0
 """How long the extensions' imports may take (``Settings.extension_import_timeout_s``)."""
+
+
+class ExtensionSettings(Protocol):
+    """What ``settings_roles`` reads of ``Settings`` (a protocol, so that this module does not
+    import ``_settings``, which imports it)."""
+
+    @property
+    def extensions(self) -> Sequence[str]: ...
+    @property
+    def extension_paths(self) -> Sequence[Path]: ...
+    @property
+    def extension_import_timeout_s(self) -> float: ...
 
 
 def import_agent_extensions(
@@ -107,7 +116,7 @@ def deployment_roles(
     return roles()
 
 
-def settings_roles(settings: Settings) -> tuple[str, ...]:
+def settings_roles(settings: ExtensionSettings) -> tuple[str, ...]:
     """``deployment_roles`` of ``settings``' extensions, their folders and import timeout."""
     return deployment_roles(
         settings.extensions,

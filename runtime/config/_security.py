@@ -42,7 +42,7 @@ from stratagem.protocol import (
     TokenSigner,
 )
 from stratagem.protocol._models import IDENTITY_PATTERN
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
 
 __all__ = [
     "IdentityRefusedError",

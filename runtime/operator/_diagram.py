@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stratagem.runtime._history import PlanView
+from stratagem.runtime.operator._history import PlanView
 
 __all__ = ["DIAGRAM_FORMATS", "DiagramFormat", "plan_diagram"]
 

@@ -2,14 +2,14 @@
 
 ``Operator`` is async (one event loop: its gRPC channels open on the loop of its first call, and a
 call from another loop is ``protocol.ProtocolUsageError``);
-``SyncOperator`` (``runtime._operator_sync``) runs it on a loop of its own for scripts. Both are
-what the CLI's commands use.
+``SyncOperator`` (``runtime.operator._operator_sync``) runs it on a loop of its own for scripts.
+Both are what the CLI's commands use.
 
 Where the agents are, in this order:
 
 1. ``endpoints`` given to the constructor: those, and nothing else;
 2. the endpoints the agents published in ``STATE_DIR/endpoints/<role>.json``, when this machine
-   runs the deployment (``stratagem up`` without an address: see ``runtime._local``), each used
+   runs the deployment (``stratagem up`` without an address: see ``runtime.host._local``), each used
    only once the agent there proved it holds the deployment's key (``protocol.prove_endpoint``;
    before that nothing but a nonce is sent). The caller does not join Ray;
 3. otherwise, or when an agent does not answer at its published endpoint, the ``Directory``: by
@@ -19,7 +19,7 @@ Errors (what the CLI maps to its exit codes):
 
 * ``InputError`` (exit 2): an unknown agent, capability or plan status, a payload or plan the
   models refuse, a settings value out of range, a ``caller`` the operator may not be (an agent's
-  identity: see ``runtime._security``); ``PlanNotFoundError`` when no agent holds a plan;
+  identity: see ``runtime.config._security``); ``PlanNotFoundError`` when no agent holds a plan;
 * ``protocol.MissingSecretError`` (exit 2): token mode and no cluster secret at its path;
 * ``protocol.RemoteError`` subclasses (exit 1): the agent refused or failed (``PERMISSION_DENIED``,
   ``FAILED_PRECONDITION``, ``DEADLINE_EXCEEDED``...);
@@ -31,7 +31,6 @@ Errors (what the CLI maps to its exit codes):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -82,8 +81,18 @@ from stratagem.protocol import (
     capability_for,
     prove_endpoint,
 )
-from stratagem.runtime._extensions import settings_roles
-from stratagem.runtime._goal import (
+from stratagem.runtime.config._errors import LaunchError
+from stratagem.runtime.config._extensions import settings_roles
+from stratagem.runtime.config._lazy import load
+from stratagem.runtime.config._published import published_endpoint
+from stratagem.runtime.config._security import (
+    IdentityRefusedError,
+    check_operator_identity,
+    credentials_for,
+)
+from stratagem.runtime.config._settings import Settings, load_settings
+from stratagem.runtime.config._statedir import StateDirError
+from stratagem.runtime.operator._goal import (
     GoalOutcome,
     GoalStarted,
     goal_deadline_s,
@@ -91,7 +100,7 @@ from stratagem.runtime._goal import (
     run_goal,
     start_goal,
 )
-from stratagem.runtime._history import (
+from stratagem.runtime.operator._history import (
     DEFAULT_HISTORY_PAGE,
     HistoryFilter,
     HistoryPage,
@@ -105,7 +114,7 @@ from stratagem.runtime._history import (
     plan_view,
     trace_summaries,
 )
-from stratagem.runtime._input import (
+from stratagem.runtime.operator._input import (
     MAX_TIMEOUT_S,
     InputError,
     PlanNotFoundError,
@@ -116,14 +125,6 @@ from stratagem.runtime._input import (
     unknown_name,
     validation_line,
 )
-from stratagem.runtime._local import LaunchError, published_endpoint
-from stratagem.runtime._security import (
-    IdentityRefusedError,
-    check_operator_identity,
-    credentials_for,
-)
-from stratagem.runtime._settings import Settings, load_settings
-from stratagem.runtime._statedir import StateDirError
 
 if TYPE_CHECKING:
     from stratagem.planning import Plan
@@ -131,7 +132,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Directory",
     "Operator",
-    "RayDirectory",
     "capability_spec",
     "check_role",
     "check_status",
@@ -250,56 +250,17 @@ class Directory(Protocol):
         ...
 
 
-class RayDirectory:
-    """The endpoints Ray's directory knows: this process joins Ray on first use (blocking the event
-    loop while it connects: Ray's driver belongs on the calling thread, and the published endpoints
-    make this path the exception on one machine).
+RAY_DIRECTORY: Final = "stratagem.runtime.host._ray_directory:RayDirectory"
+"""The default ``Directory``: Ray's, in ``host`` (which this package may not import: it is loaded,
+with Ray, only when the published endpoints do not suffice)."""
 
-    Args:
-        settings: The deployment's settings (its address, namespace and state directory).
-        embedded: Start an embedded Ray with agents of its own (refused where a deployment runs:
-            see ``Deployment.embedded``); they stop at ``aclose``. Otherwise no deployment is
-            ``LaunchError``, which names ``--embedded`` when ``embedded_hint``.
-        timeout_s: How long agents are given to answer Ray's ``info`` (a stopped agent is then
-            listed without an endpoint).
-    """
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        embedded: bool = False,
-        embedded_hint: bool = False,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self._settings = settings
-        self._embedded = embedded
-        self._embedded_hint = embedded_hint
-        self._timeout_s = timeout_s
-        self._found: dict[str, str] | None = None
-        self._stack = contextlib.ExitStack()
-
-    async def endpoints(self) -> dict[str, str]:
-        if self._found is None:
-            # Ray is imported here only: a caller the published endpoints serve never loads it.
-            from stratagem.runtime._launcher import Deployment
-
-            deployment = Deployment(self._settings)
-            if self._embedded:
-                self._stack.enter_context(deployment.embedded())
-            else:
-                deployment.connect(allow_embedded=False, embedded_hint=self._embedded_hint)
-                self._stack.callback(deployment.disconnect)
-            self._found = {
-                info.role: info.endpoint
-                for info in deployment.status(timeout_s=self._timeout_s)
-                if info.health != "not deployed"
-            }
-        return self._found
-
-    async def aclose(self) -> None:
-        self._found = None
-        self._stack.close()
+def ray_directory(settings: Settings, **options: Any) -> Directory:
+    """Ray's directory of ``settings``' deployment (``host._ray_directory.RayDirectory``, whose
+    keyword ``options`` are ``embedded``, ``embedded_hint`` and ``timeout_s``); importing it
+    loads Ray."""
+    directory: Directory = load(RAY_DIRECTORY)(settings, **options)
+    return directory
 
 
 class Operator:
@@ -352,7 +313,7 @@ class Operator:
         )
         self._timeout_given = timeout_s is not None
         self._fixed = dict(endpoints) if endpoints is not None else None
-        self._directory = directory or RayDirectory(settings)
+        self._directory = directory or ray_directory(settings)
         self._from_directory = False  # once asked, the directory answers for every later call
         self._credentials: Credentials | None = None
         self._credentials_made = False  # on first use: a bad secret fails the call, not the setup

@@ -1,6 +1,6 @@
 """What the plan commands print from the history API: a plan with what each step did (``plans
 show``, ``plans run``), a page of plans (``plans list``), events as lines (``plans watch``), recent
-traces (``stratagem trace``). Everything here reads the ``runtime._history`` models only.
+traces (``stratagem trace``). Everything here reads the ``runtime.operator._history`` models only.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 from stratagem.protocol import PlanEvent
-from stratagem.runtime._history import HistoryPage, PlanHistory, PlanView, StepView, TraceSummary
-from stratagem.runtime._render import (
+from stratagem.runtime.operator._history import (
+    HistoryPage,
+    PlanHistory,
+    PlanView,
+    StepView,
+    TraceSummary,
+)
+from stratagem.runtime.operator._render import (
     gate_text,
     lineage_text,
     status_mark,

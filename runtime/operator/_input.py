@@ -22,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from stratagem.runtime.config._errors import InputError, PlanNotFoundError
+
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
@@ -66,18 +68,6 @@ MIN_GOAL_TIMEOUT_S: Final = 1.0
 """The shortest ``--timeout`` of a goal (``submit``, ``demo``). The command's deadline includes
 finding the agents (connecting to Ray), which alone takes longer, so a shorter one could only
 fail, after the seconds spent finding them; it is refused before anything starts."""
-
-
-class InputError(Exception):
-    """The user's input is wrong; the message says what and where, in one line."""
-
-
-class PlanNotFoundError(InputError):
-    """No agent holds the plan named (``plan_id``)."""
-
-    def __init__(self, plan_id: str) -> None:
-        super().__init__(f"no plan {plan_id!r} on any agent")
-        self.plan_id = plan_id
 
 
 def check_goal_timeout(value: float | None) -> float | None:

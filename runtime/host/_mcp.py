@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from stratagem.agents import Agent, McpLoadError, McpToolset
 from stratagem.protocol import AgentServer, AuditLog, McpFace, McpFaceConfig, Policy
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
 
 __all__ = ["McpSetupError", "attach_mcp_servers", "start_mcp_face"]
 

@@ -29,8 +29,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from stratagem.runtime._settings import Settings
-from stratagem.runtime._statedir import write_private
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.config._statedir import write_private
 
 __all__ = ["StoreWatch"]
 

@@ -40,7 +40,7 @@ from stratagem.protocol import (
     SubmitGoalRequest,
     SubmitGoalResponse,
 )
-from stratagem.runtime._history import PlanView, plan_history, plan_view
+from stratagem.runtime.operator._history import PlanView, plan_history, plan_view
 
 __all__ = [
     "GoalOutcome",

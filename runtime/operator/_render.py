@@ -14,8 +14,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from stratagem.protocol import Action, GateInfo, PlanEvent, Relation
-from stratagem.runtime._history import PlanView
-from stratagem.runtime._telemetry import SpanRecord
+from stratagem.runtime.operator._history import PlanView
+from stratagem.runtime.telemetry._telemetry import SpanRecord
 
 __all__ = [
     "Progress",

@@ -5,7 +5,7 @@ batches, to:
 
 * a JSON-lines file (``STRATAGEM_TRACE_FILE``) that every process appends to, which the CLI reads to
   print a goal's span tree without any backend;
-* an OTLP backend (``runtime._export``): the endpoint ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+* an OTLP backend (``runtime.telemetry._export``): the endpoint ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` names (or ``OTEL_TRACES_EXPORTER=otlp``; protocol from
   ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc``, the default, or ``http/protobuf``), else the one
   ``make otel-backend`` records in the state directory, whenever it runs. The export is bounded and
@@ -45,13 +45,13 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, TraceState
 from opentelemetry.util.types import Attributes, AttributeValue
 
-from stratagem.runtime._statedir import open_private
+from stratagem.runtime.config._statedir import open_private
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricExporter
 
-    from stratagem.runtime._export import BackendSpanExporter, ExportStats
+    from stratagem.runtime.telemetry._export import BackendSpanExporter, ExportStats
 
 __all__ = [
     "JsonLinesSpanExporter",
@@ -360,7 +360,7 @@ def _backend_exporter(state_dir: Path | None) -> BackendSpanExporter | None:
     recorded in ``state_dir``; ``None`` when trace export is off or there is nowhere to look."""
     if "none" in os.environ.get("OTEL_TRACES_EXPORTER", "").split(","):
         return None
-    from stratagem.runtime._export import (
+    from stratagem.runtime.telemetry._export import (
         BackendSpanExporter,
         configured_target,
         recorded_target,

@@ -17,8 +17,8 @@ from stratagem.protocol import (
     verify_chain,
     verify_sealed,
 )
-from stratagem.runtime._settings import Settings
-from stratagem.runtime._stores import open_audit_heads, open_audit_log
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.config._stores import open_audit_heads, open_audit_log
 
 __all__ = ["AuditCheck", "verify_audit"]
 

@@ -7,17 +7,17 @@ directory.
 
 Each agent keeps its plans in ``STATE_DIR/<role>.plans.sqlite3`` (a ``planning.SqliteStateStore``)
 and its answers to cross-agent requests in ``STATE_DIR/<role>.answers.sqlite3`` (a
-``protocol.SqliteAnswerStore``), or both in PostgreSQL when ``STRATAGEM_STORE_URL`` names a
-database (see ``runtime._stores``). Every few seconds, and when it shuts down, it signs the audit
+``protocol.SqliteAnswerStore``), or both in PostgreSQL when ``STRATAGEM_STORE_URL`` names a database
+(see ``runtime.config._stores``). Every few seconds, and when it shuts down, it signs the audit
 chain's head (``protocol.AuditSealer``) with the key the launcher handed it; every few seconds (and
-whenever asked for its ``info``) it also checks its stores (``runtime._health``) and reports
+whenever asked for its ``info``) it also checks its stores (``runtime.host._health``) and reports
 ``NOT_SERVING`` on the gRPC health service, and the problem in ``info``, while one is broken.
 
 Beside its gRPC server the agent serves A2A (``protocol.A2AServer``: its card and JSON-RPC over
 HTTP, on loopback unless ``STRATAGEM_A2A_HOST`` says otherwise, each request served through the
 gRPC server's pipeline), except in ``mtls`` mode; ``info`` names its base URL (``a2a_url``).
 
-Gate notices (``runtime._notify``) wait in ``STATE_DIR/<role>.notices.sqlite3``: each is
+Gate notices (``runtime.host._notify``) wait in ``STATE_DIR/<role>.notices.sqlite3``: each is
 audited once, and sent to ``STRATAGEM_GATE_WEBHOOK_URL`` (signed) until delivered.
 
 Once serving, the constructor resumes every unfinished plan of the agent from its store, so a
@@ -47,25 +47,25 @@ from stratagem.protocol import (
     ServerConfig,
     load_or_create_key,
 )
-from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher, actor_record
-from stratagem.runtime._extensions import import_agent_extensions
-from stratagem.runtime._health import StoreWatch
-from stratagem.runtime._local import own_log_files, publish_endpoint
-from stratagem.runtime._mcp import attach_mcp_servers, start_mcp_face
-from stratagem.runtime._models import attach_model_planner
-from stratagem.runtime._notify import GateOutbox, WebhookSender
-from stratagem.runtime._restarts import RestartBudget
-from stratagem.runtime._security import authenticator_for, credentials_for
-from stratagem.runtime._settings import Settings, settings_digest
-from stratagem.runtime._statedir import private_dir
-from stratagem.runtime._stores import (
+from stratagem.runtime.config._extensions import import_agent_extensions
+from stratagem.runtime.config._restarts import RestartBudget
+from stratagem.runtime.config._security import authenticator_for, credentials_for
+from stratagem.runtime.config._settings import Settings, settings_digest
+from stratagem.runtime.config._statedir import private_dir
+from stratagem.runtime.config._stores import (
     open_answer_store,
     open_audit_heads,
     open_audit_log,
     open_state_store,
     open_world_store,
 )
-from stratagem.runtime._telemetry import (
+from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher, actor_record
+from stratagem.runtime.host._health import StoreWatch
+from stratagem.runtime.host._local import own_log_files, publish_endpoint
+from stratagem.runtime.host._mcp import attach_mcp_servers, start_mcp_face
+from stratagem.runtime.host._models import attach_model_planner
+from stratagem.runtime.host._notify import GateOutbox, WebhookSender
+from stratagem.runtime.telemetry._telemetry import (
     export_stats,
     flush_spans,
     setup_telemetry,
@@ -185,7 +185,7 @@ class AgentActor:
         policy = load_policy(settings)
         dispatcher: Dispatcher = self._dispatcher
         if settings.a2a_agents:
-            from stratagem.runtime._a2a import A2ADispatcher, peers_from
+            from stratagem.runtime.host._a2a import A2ADispatcher, peers_from
 
             dispatcher = A2ADispatcher(
                 self._dispatcher,
@@ -302,7 +302,7 @@ class AgentActor:
         )
 
     async def _problems(self) -> list[str]:
-        """What is wrong with this agent's storage (see ``runtime._health``); the gRPC health
+        """What is wrong with this agent's storage (see ``runtime.host._health``); the gRPC health
         service says ``NOT_SERVING`` while anything is."""
         problems = await asyncio.to_thread(self._watch.problems, len(self._agent.plans("")))
         await self._server.set_serving(not problems)
@@ -310,7 +310,7 @@ class AgentActor:
 
     async def info(self) -> dict[str, Any]:
         """Role, endpoint, node, process, how many plans are running, any store problem, and what
-        its trace exporter did (``runtime._export``)."""
+        its trace exporter did (``runtime.telemetry._export``)."""
         problems = await self._problems()
         return {
             "health": "not serving" if problems else "serving",

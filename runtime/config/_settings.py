@@ -20,7 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, fiel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stratagem.protocol import MCP_SERVER_NAME_PATTERN, ROLE_PATTERN, McpServerConfig, roles
-from stratagem.runtime._statedir import check_state_dir
+from stratagem.runtime.config._statedir import check_state_dir
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         default_deadline_s: Deadline given to requests that arrive without one.
         request_timeout_s: Deadline the CLI gives its own requests.
         max_restarts: Restarts of a dead agent allowed within ``restart_window_s`` (-1: always;
-            0: never); beyond that the agent gives up (``runtime._restarts``).
+            0: never); beyond that the agent gives up (``runtime.config._restarts``).
         restart_window_s: The window ``max_restarts`` counts in, seconds.
         max_in_flight: Steps an agent's engine runs at once.
         seed: Seed of the engines' retry jitter.
@@ -507,7 +507,7 @@ class Settings(BaseSettings):
         return self.gate_webhook_key_file or self.state_dir / "gate-webhook.key"
 
     def restarts_path(self, role: str) -> Path:
-        """Where ``role``'s agent counts its recent restarts (``runtime._restarts``)."""
+        """Where ``role``'s agent counts its recent restarts (``runtime.config._restarts``)."""
         return self.state_dir / f"{role}.restarts.json"
 
     def answers_path(self, role: str) -> Path:
@@ -628,14 +628,14 @@ def load_settings(*, profile: str | None = None, **overrides: Any) -> Settings:
     The profile is ``profile``, else ``STRATAGEM_PROFILE``; the config file's ``[default]`` table
     applies with or without one. The state directory, when nothing names it, is
     :func:`default_state_dir`. The extensions, when nothing names them, are those ``stratagem up``
-    recorded in the state directory (``runtime._deployed``). ``RAY_ADDRESS`` is honoured when
+    recorded in the state directory (``runtime.config._deployed``). ``RAY_ADDRESS`` is honoured when
     neither an argument nor ``STRATAGEM_ADDRESS`` (nor the profile) gives an address.
 
     Raises:
         pydantic.ValidationError: A value is outside its constraints.
         SettingsError: A ``STRATAGEM_*`` value is not the JSON it must be, or the config file is
             wrong (see :func:`profile_values`).
-        StateDirError: The state directory is not this user's alone (``runtime._statedir``).
+        StateDirError: The state directory is not this user's alone (``runtime.config._statedir``).
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     settings = Settings(**given)
@@ -662,8 +662,8 @@ def _with_recorded_extensions(
     settings: Settings, given: dict[str, Any], from_file: dict[str, Any]
 ) -> Settings:
     """``settings`` with the extensions ``stratagem up`` recorded in their state directory (and
-    the folders they come from) when nothing else named any (``runtime._deployed``)."""
-    from stratagem.runtime._deployed import read_record
+    the folders they come from) when nothing else named any (``runtime.config._deployed``)."""
+    from stratagem.runtime.config._deployed import read_record
 
     record = read_record(settings.state_dir)
     if record is None or not record.extensions:
@@ -705,8 +705,8 @@ def _check_roles(settings: Settings) -> None:
     """
     if not settings.unknown_roles(roles()):
         return
-    from stratagem.runtime._extensions import settings_roles
-    from stratagem.runtime._input import InputError
+    from stratagem.runtime.config._errors import InputError
+    from stratagem.runtime.config._extensions import settings_roles
 
     try:
         known = settings_roles(settings)
