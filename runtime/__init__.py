@@ -13,6 +13,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stratagem.runtime.config._errors import (
+        InputError,
+        LaunchError,
+        PlanNotFoundError,
+        StratagemRuntimeError,
+    )
     from stratagem.runtime.config._extensions import deployment_roles
     from stratagem.runtime.config._security import (
         authenticator_for,
@@ -28,7 +34,7 @@ if TYPE_CHECKING:
         actor_name,
     )
     from stratagem.runtime.host._launcher import Deployment
-    from stratagem.runtime.host._local import LaunchError, LocalCluster
+    from stratagem.runtime.host._local import LocalCluster
     from stratagem.runtime.host._ray_directory import RayDirectory
     from stratagem.runtime.operator._goal import GoalOutcome, GoalStarted, run_goal
     from stratagem.runtime.operator._history import (
@@ -39,7 +45,6 @@ if TYPE_CHECKING:
         StepView,
         TraceSummary,
     )
-    from stratagem.runtime.operator._input import InputError, PlanNotFoundError
     from stratagem.runtime.operator._operator import Directory, Operator
     from stratagem.runtime.operator._operator_sync import SyncOperator
     from stratagem.runtime.telemetry._telemetry import (
@@ -67,10 +72,11 @@ _HOME: dict[str, str] = {
     "PlanView": "operator._history",
     "StepView": "operator._history",
     "TraceSummary": "operator._history",
-    "InputError": "operator._input",
-    "PlanNotFoundError": "operator._input",
+    "InputError": "config._errors",
+    "PlanNotFoundError": "config._errors",
+    "StratagemRuntimeError": "config._errors",
     "Deployment": "host._launcher",
-    "LaunchError": "host._local",
+    "LaunchError": "config._errors",
     "LocalCluster": "host._local",
     "Directory": "operator._operator",
     "Operator": "operator._operator",
@@ -127,6 +133,7 @@ __all__ = [
     "Settings",
     "SpanRecord",
     "StepView",
+    "StratagemRuntimeError",
     "SyncOperator",
     "TraceSummary",
     "actor_name",

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.segment import Segment
 
+from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.operator._input import InputError, check_timeout
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     )
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.host._launcher import Deployment
-    from stratagem.runtime.host._local import LaunchError
     from stratagem.runtime.host._ray_directory import RayDirectory
     from stratagem.runtime.operator._operator import Operator, operator_settings
 
@@ -420,11 +420,11 @@ def _errors() -> Iterator[None]:
     try:
         with contextlib.redirect_stdout(sys.stderr) if outermost else contextlib.nullcontext():
             yield
-    except (InputError, MissingSecretError) as exc:
+    except StratagemRuntimeError as exc:  # the runtime's one root: its class says the code
+        _fail(str(exc), exc.exit_code)
+    except MissingSecretError as exc:
         _fail(str(exc), 2)
-    except RemoteError as exc:
-        _fail(str(exc), 1)
-    except (LaunchError, ProtocolError) as exc:
+    except ProtocolError as exc:  # the wire's root (a RemoteError: the agent refused or failed)
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)

@@ -35,6 +35,7 @@ from stratagem.runtime._cli._app import (
     err_console,
     lazy_scope,
 )
+from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.operator._input import (
     InputError,
     check_goal_timeout,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
         UnavailableError,
     )
     from stratagem.runtime.config._settings import Settings
-    from stratagem.runtime.host._local import LaunchError, LocalCluster
+    from stratagem.runtime.host._local import LocalCluster
     from stratagem.runtime.operator._goal import GoalOutcome, new_goal_id
     from stratagem.runtime.operator._history import PlanHistory
     from stratagem.runtime.operator._render import (
@@ -250,7 +251,7 @@ def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> 
     read: the error says enough)."""
     try:
         history = _operate(settings, lambda op: op.plan(plan_id), endpoints=endpoints)
-    except (InputError, ProtocolError, LaunchError):
+    except (StratagemRuntimeError, ProtocolError):
         return None
     return history if history.failure else None
 

@@ -34,6 +34,7 @@ from stratagem.runtime._cli._app import (
     lazy_scope,
     plans_app,
 )
+from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.operator._input import (
     DEFAULT_HISTORY_PAGE,
     InputError,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
         RevisionsResponse,
     )
     from stratagem.runtime.config._settings import Settings
-    from stratagem.runtime.host._local import LaunchError
     from stratagem.runtime.operator._diagram import DIAGRAM_FORMATS, plan_diagram
     from stratagem.runtime.operator._history import PlanHistory, PlanView
     from stratagem.runtime.operator._operator import Operator, check_status
@@ -158,7 +158,7 @@ def _outcome_of(settings: Settings, plan_id: str) -> tuple[str, str]:
         return "failed", ""
     try:
         history = _operate(settings, lambda op: op.plan(plan_id))
-    except (InputError, ProtocolError, LaunchError):
+    except (StratagemRuntimeError, ProtocolError):
         return "failed", ""
     top = next((plan for plan in history.plans if plan.plan_id == plan_id), None)
     return (top.status if top is not None else "failed"), history.failure

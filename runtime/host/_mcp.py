@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from stratagem.agents import Agent, McpLoadError, McpToolset
 from stratagem.protocol import AgentServer, AuditLog, McpFace, McpFaceConfig, Policy
+from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.config._settings import Settings
 
 __all__ = ["McpSetupError", "attach_mcp_servers", "start_mcp_face"]
@@ -21,7 +22,7 @@ __all__ = ["McpSetupError", "attach_mcp_servers", "start_mcp_face"]
 logger = logging.getLogger(__name__)
 
 
-class McpSetupError(Exception):
+class McpSetupError(StratagemRuntimeError):
     """An agent's MCP servers or face cannot be set up (one line; the agent does not start)."""
 
 

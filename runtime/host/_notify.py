@@ -48,6 +48,7 @@ from stratagem.planning import TIMEOUT_APPROVER, GateNotice
 from stratagem.protocol import AuditLog
 from stratagem.protocol._storage import StoreWorker
 from stratagem.protocol._storage._sqlite import connect
+from stratagem.runtime.config._errors import StratagemRuntimeError
 
 __all__ = [
     "MAX_IN_FLIGHT",
@@ -356,7 +357,7 @@ def _body(notice: GateNotice, role: str) -> str:
     )
 
 
-class WebhookRefusedError(Exception):
+class WebhookRefusedError(StratagemRuntimeError):
     """The webhook's URL or address is refused before anything is sent (an internal address not
     allowed, a URL it cannot use); the message says which and how to allow it."""
 

@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.telemetry._backend_state import STATE_FILE, BackendState, read_backend_state
 from stratagem.runtime.telemetry._telemetry import (
     INSTANCE_ATTR,
@@ -45,7 +46,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class BackendError(Exception):
+class BackendError(StratagemRuntimeError):
     """A trace backend could not be reached or answered with something unexpected."""
 
 
