@@ -9,8 +9,9 @@ The names below are imported on first use (PEP 562), so that importing the packa
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from stratagem.runtime.config._lazy import load
 
 if TYPE_CHECKING:
     from stratagem.runtime.config._errors import (
@@ -95,13 +96,13 @@ _HOME: dict[str, str] = {
 }
 
 
-# Not protocol's lazy_exports: importing anything of stratagem.protocol would load gRPC and pydantic
-# here, which is what this package's laziness keeps out of `stratagem --help`.
+# config._lazy, not protocol's lazy_exports: importing anything of stratagem.protocol would load
+# gRPC and pydantic here, which is what this package's laziness keeps out of `stratagem --help`.
 def __getattr__(name: str) -> Any:
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = load(f"{__name__}.{module}:{name}")
     globals()[name] = value
     return value
 

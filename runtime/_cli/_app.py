@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import importlib.metadata
 import json
 import logging
@@ -30,6 +29,7 @@ from rich.markup import escape
 from rich.segment import Segment
 
 from stratagem.runtime.config._errors import StratagemRuntimeError
+from stratagem.runtime.config._lazy import load
 from stratagem.runtime.operator._input import InputError, check_timeout
 
 if TYPE_CHECKING:
@@ -156,11 +156,10 @@ def _bind(table: dict[str, tuple[str, ...]]) -> None:
     if id(table) in _LOADED:
         return
     for module_name, names in table.items():
-        module = importlib.import_module(module_name)
         if not names:
-            _BOUND[module_name.rpartition(".")[2]] = module
+            _BOUND[module_name.rpartition(".")[2]] = load(module_name)
         for name in names:
-            _BOUND[name] = getattr(module, name)
+            _BOUND[name] = load(f"{module_name}:{name}")
     for scope in _SCOPES:
         scope.update(_BOUND)
     _LOADED.add(id(table))
