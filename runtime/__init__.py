@@ -9,20 +9,36 @@ The names below are imported on first use (PEP 562), so that importing the packa
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from stratagem.runtime.config._lazy import load
+
 if TYPE_CHECKING:
-    from stratagem.runtime._actor import AgentActor, load_policy
-    from stratagem.runtime._directory import (
+    from stratagem.runtime.config._errors import (
+        InputError,
+        LaunchError,
+        PlanNotFoundError,
+        StratagemRuntimeError,
+    )
+    from stratagem.runtime.config._extensions import deployment_roles
+    from stratagem.runtime.config._security import (
+        authenticator_for,
+        cluster_secret,
+        credentials_for,
+    )
+    from stratagem.runtime.config._settings import Settings, load_settings
+    from stratagem.runtime.host._actor import AgentActor, load_policy
+    from stratagem.runtime.host._directory import (
         AgentInfo,
         EndpointDirectory,
         GrpcDispatcher,
         actor_name,
     )
-    from stratagem.runtime._extensions import deployment_roles
-    from stratagem.runtime._goal import GoalOutcome, GoalStarted, run_goal
-    from stratagem.runtime._history import (
+    from stratagem.runtime.host._launcher import Deployment
+    from stratagem.runtime.host._local import LocalCluster
+    from stratagem.runtime.host._ray_directory import RayDirectory
+    from stratagem.runtime.operator._goal import GoalOutcome, GoalStarted, run_goal
+    from stratagem.runtime.operator._history import (
         HistoryFilter,
         HistoryPage,
         PlanHistory,
@@ -30,14 +46,9 @@ if TYPE_CHECKING:
         StepView,
         TraceSummary,
     )
-    from stratagem.runtime._input import InputError, PlanNotFoundError
-    from stratagem.runtime._launcher import Deployment
-    from stratagem.runtime._local import LaunchError, LocalCluster
-    from stratagem.runtime._operator import Directory, Operator, RayDirectory
-    from stratagem.runtime._operator_sync import SyncOperator
-    from stratagem.runtime._security import authenticator_for, cluster_secret, credentials_for
-    from stratagem.runtime._settings import Settings, load_settings
-    from stratagem.runtime._telemetry import (
+    from stratagem.runtime.operator._operator import Directory, Operator
+    from stratagem.runtime.operator._operator_sync import SyncOperator
+    from stratagem.runtime.telemetry._telemetry import (
         JsonLinesSpanExporter,
         SpanRecord,
         read_spans,
@@ -46,51 +57,52 @@ if TYPE_CHECKING:
     )
 
 _HOME: dict[str, str] = {
-    "AgentActor": "_actor",
-    "load_policy": "_actor",
-    "AgentInfo": "_directory",
-    "EndpointDirectory": "_directory",
-    "GrpcDispatcher": "_directory",
-    "actor_name": "_directory",
-    "deployment_roles": "_extensions",
-    "GoalOutcome": "_goal",
-    "GoalStarted": "_goal",
-    "run_goal": "_goal",
-    "HistoryFilter": "_history",
-    "HistoryPage": "_history",
-    "PlanHistory": "_history",
-    "PlanView": "_history",
-    "StepView": "_history",
-    "TraceSummary": "_history",
-    "InputError": "_input",
-    "PlanNotFoundError": "_input",
-    "Deployment": "_launcher",
-    "LaunchError": "_local",
-    "LocalCluster": "_local",
-    "Directory": "_operator",
-    "Operator": "_operator",
-    "RayDirectory": "_operator",
-    "SyncOperator": "_operator_sync",
-    "authenticator_for": "_security",
-    "cluster_secret": "_security",
-    "credentials_for": "_security",
-    "Settings": "_settings",
-    "load_settings": "_settings",
-    "JsonLinesSpanExporter": "_telemetry",
-    "SpanRecord": "_telemetry",
-    "read_spans": "_telemetry",
-    "setup_telemetry": "_telemetry",
-    "shutdown_telemetry": "_telemetry",
+    "AgentActor": "host._actor",
+    "load_policy": "host._actor",
+    "AgentInfo": "host._directory",
+    "EndpointDirectory": "host._directory",
+    "GrpcDispatcher": "host._directory",
+    "actor_name": "host._directory",
+    "deployment_roles": "config._extensions",
+    "GoalOutcome": "operator._goal",
+    "GoalStarted": "operator._goal",
+    "run_goal": "operator._goal",
+    "HistoryFilter": "operator._history",
+    "HistoryPage": "operator._history",
+    "PlanHistory": "operator._history",
+    "PlanView": "operator._history",
+    "StepView": "operator._history",
+    "TraceSummary": "operator._history",
+    "InputError": "config._errors",
+    "PlanNotFoundError": "config._errors",
+    "StratagemRuntimeError": "config._errors",
+    "Deployment": "host._launcher",
+    "LaunchError": "config._errors",
+    "LocalCluster": "host._local",
+    "Directory": "operator._operator",
+    "Operator": "operator._operator",
+    "RayDirectory": "host._ray_directory",
+    "SyncOperator": "operator._operator_sync",
+    "authenticator_for": "config._security",
+    "cluster_secret": "config._security",
+    "credentials_for": "config._security",
+    "Settings": "config._settings",
+    "load_settings": "config._settings",
+    "JsonLinesSpanExporter": "telemetry._telemetry",
+    "SpanRecord": "telemetry._telemetry",
+    "read_spans": "telemetry._telemetry",
+    "setup_telemetry": "telemetry._telemetry",
+    "shutdown_telemetry": "telemetry._telemetry",
 }
 
 
-# Not protocol's lazy_exports: importing anything of stratagem.protocol would load gRPC and pydantic
-# here, which is what this package's laziness keeps out of `stratagem --help`.
+# config._lazy, not protocol's lazy_exports: importing anything of stratagem.protocol would load
+# gRPC and pydantic here, which is what this package's laziness keeps out of `stratagem --help`.
 def __getattr__(name: str) -> Any:
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = load(f"{__name__}.{module}:{name}")
     globals()[name] = value
     return value
 
@@ -122,6 +134,7 @@ __all__ = [
     "Settings",
     "SpanRecord",
     "StepView",
+    "StratagemRuntimeError",
     "SyncOperator",
     "TraceSummary",
     "actor_name",

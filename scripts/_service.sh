@@ -2,7 +2,7 @@
 # model_server.sh): where the CLI's state directory is, and a service's PID file. Source it after
 # setting PID_FILE, STATE_FILE and a log() function.
 
-# The CLI's default state directory (runtime/_settings.py default_state_dir): the nearest .stratagem
+# The CLI's default state directory (runtime/config/_settings.py default_state_dir): the nearest .stratagem
 # folder here or above, else ${XDG_STATE_HOME:-~/.local/state}/stratagem.
 default_state_dir() {
     local dir

@@ -17,7 +17,7 @@ they share.
 Where a new database goes: a module here for its connections, version table and error
 classification (as ``_sqlite``/``_postgres``), one module per store beside the existing ones
 (``planning/_store/``, ``protocol/_answers/``, ``protocol/_audit/``, ``agents/_world/``), and its
-branch in the factory (``runtime/_stores.py``) and settings.
+branch in the factory (``runtime/config/_stores.py``) and settings.
 """
 
 from stratagem.protocol._storage._errors import (

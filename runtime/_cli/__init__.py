@@ -10,19 +10,19 @@ imported: ``COMMAND_MODULES`` is in the order ``stratagem --help`` lists them.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import typer
 
 from stratagem.runtime._cli._app import app, main
+from stratagem.runtime.config._lazy import load
 
 __all__ = ["app", "main"]
 
 COMMAND_MODULES = ("_goals", "_agents", "_plans", "_worlds", "_deploy", "_ops", "_console")
 
 for _module in COMMAND_MODULES:
-    importlib.import_module(f"{__name__}.{_module}")
+    load(f"{__name__}.{_module}")
 
 
 def _one_line_summaries(group: typer.Typer) -> None:

@@ -24,13 +24,13 @@ from stratagem.runtime._cli._app import (
     console,
     lazy_scope,
 )
-from stratagem.runtime._input import InputError, parse_json_object, unknown_name
+from stratagem.runtime.operator._input import InputError, parse_json_object, unknown_name
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.runtime._operator import capability_spec
-    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+    from stratagem.runtime.operator._operator import capability_spec
+    from stratagem.runtime.telemetry._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
 

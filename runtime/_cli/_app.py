@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import importlib.metadata
 import json
 import logging
@@ -29,7 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.segment import Segment
 
-from stratagem.runtime._input import InputError, check_timeout
+from stratagem.runtime.config._errors import StratagemRuntimeError
+from stratagem.runtime.config._lazy import load
+from stratagem.runtime.operator._input import InputError, check_timeout
 
 if TYPE_CHECKING:
     from stratagem.protocol import (
@@ -39,10 +40,10 @@ if TYPE_CHECKING:
         ProtocolError,
         RemoteError,
     )
-    from stratagem.runtime._launcher import Deployment
-    from stratagem.runtime._local import LaunchError
-    from stratagem.runtime._operator import Operator, RayDirectory, operator_settings
-    from stratagem.runtime._settings import Settings
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.host._launcher import Deployment
+    from stratagem.runtime.host._ray_directory import RayDirectory
+    from stratagem.runtime.operator._operator import Operator, operator_settings
 
 # What the commands use beyond typer and rich's console: imported when a command runs (see
 # _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
@@ -71,35 +72,35 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "UnavailableError",
         "archive_audit",
     ),
-    "stratagem.runtime._backend": ("BackendError", "PhoenixTraces", "find_backend"),
-    "stratagem.runtime._deployed": (
+    "stratagem.runtime.telemetry._backend": ("BackendError", "PhoenixTraces", "find_backend"),
+    "stratagem.runtime.config._deployed": (
         "DeploymentRecord",
         "absolute_extensions",
         "read_record",
         "remove_record",
         "write_record",
     ),
-    "stratagem.runtime._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
-    "stratagem.runtime._extensions": ("settings_roles",),
-    "stratagem.runtime._goal": ("GoalOutcome", "new_goal_id"),
-    "stratagem.runtime._history": ("PlanHistory", "PlanView"),
-    "stratagem.runtime._local": ("LaunchError", "LocalCluster", "read_published"),
-    "stratagem.runtime._operator": (
+    "stratagem.runtime.operator._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
+    "stratagem.runtime.config._extensions": ("settings_roles",),
+    "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
+    "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
+    "stratagem.runtime.host._local": ("LaunchError", "LocalCluster", "read_published"),
+    "stratagem.runtime.host._ray_directory": ("RayDirectory",),
+    "stratagem.runtime.operator._operator": (
         "Operator",
-        "RayDirectory",
         "capability_spec",
         "check_role",
         "check_status",
         "operator_settings",
     ),
-    "stratagem.runtime._show": (
+    "stratagem.runtime.operator._show": (
         "approve_commands",
         "event_line",
         "history_table",
         "plan_details",
         "traces_table",
     ),
-    "stratagem.runtime._render": (
+    "stratagem.runtime.operator._render": (
         "Progress",
         "action_text",
         "plan_forest",
@@ -107,14 +108,14 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "span_json",
         "span_tree",
     ),
-    "stratagem.runtime._security": (
+    "stratagem.runtime.config._security": (
         "check_operator_identity",
         "issue_identity_key",
         "operator_key",
     ),
-    "stratagem.runtime._settings": ("Settings",),
-    "stratagem.runtime._stores": ("open_audit_log",),
-    "stratagem.runtime._telemetry": (
+    "stratagem.runtime.config._settings": ("Settings",),
+    "stratagem.runtime.config._stores": ("open_audit_log",),
+    "stratagem.runtime.telemetry._telemetry": (
         "SpanRecord",
         "read_spans",
         "setup_telemetry",
@@ -130,8 +131,8 @@ _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
 }
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
-    "stratagem.runtime._directory": ("AgentInfo",),
-    "stratagem.runtime._launcher": ("AgentStartError", "Deployment"),
+    "stratagem.runtime.host._directory": ("AgentInfo",),
+    "stratagem.runtime.host._launcher": ("AgentStartError", "Deployment"),
 }
 
 
@@ -155,11 +156,10 @@ def _bind(table: dict[str, tuple[str, ...]]) -> None:
     if id(table) in _LOADED:
         return
     for module_name, names in table.items():
-        module = importlib.import_module(module_name)
         if not names:
-            _BOUND[module_name.rpartition(".")[2]] = module
+            _BOUND[module_name.rpartition(".")[2]] = load(module_name)
         for name in names:
-            _BOUND[name] = getattr(module, name)
+            _BOUND[name] = load(f"{module_name}:{name}")
     for scope in _SCOPES:
         scope.update(_BOUND)
     _LOADED.add(id(table))
@@ -419,11 +419,11 @@ def _errors() -> Iterator[None]:
     try:
         with contextlib.redirect_stdout(sys.stderr) if outermost else contextlib.nullcontext():
             yield
-    except (InputError, MissingSecretError) as exc:
+    except StratagemRuntimeError as exc:  # the runtime's one root: its class says the code
+        _fail(str(exc), exc.exit_code)
+    except MissingSecretError as exc:
         _fail(str(exc), 2)
-    except RemoteError as exc:
-        _fail(str(exc), 1)
-    except (LaunchError, ProtocolError) as exc:
+    except ProtocolError as exc:  # the wire's root (a RemoteError: the agent refused or failed)
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -463,8 +463,9 @@ def _audit_head(settings: Settings) -> dict[str, Any]:
 def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[ChainVerdict, str]:
     """Verify the deployment's audit chain, its archived segments first (``archive``, default
     ``STATE_DIR/audit-archive``), and its signed heads when a sealing key exists; the verdict and
-    the chain's head (``runtime._auditing.verify_audit``, which the console's audit page reads)."""
-    from stratagem.runtime._auditing import verify_audit
+    the chain's head (``runtime.operator._auditing.verify_audit``, which the console's audit page
+    reads)."""
+    from stratagem.runtime.operator._auditing import verify_audit
 
     check = verify_audit(settings, archive)
     return check.verdict, check.head

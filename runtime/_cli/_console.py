@@ -21,7 +21,7 @@ from stratagem.runtime._cli._app import (
     err_console,
     lazy_scope,
 )
-from stratagem.runtime._input import InputError
+from stratagem.runtime.operator._input import InputError
 
 __all__: list[str] = []
 
@@ -71,7 +71,7 @@ def console_command(
         from stratagem.runtime._console import ConsoleConfig, ConsoleServer, check_host
         from stratagem.runtime._console._assets import Assets
         from stratagem.runtime._console._serve import TlsFiles
-        from stratagem.runtime._security import credentials_for
+        from stratagem.runtime.config._security import credentials_for
 
         if (tls_cert is None) != (tls_key is None):
             raise InputError("give both --tls-cert and --tls-key, or neither")

@@ -31,19 +31,19 @@ from stratagem.runtime._cli._app import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.runtime._deployed import (
+    from stratagem.runtime.config._deployed import (
         DeploymentRecord,
         absolute_extensions,
         read_record,
         remove_record,
         write_record,
     )
-    from stratagem.runtime._directory import AgentInfo
-    from stratagem.runtime._extensions import settings_roles
-    from stratagem.runtime._launcher import AgentStartError
-    from stratagem.runtime._local import LaunchError, LocalCluster, read_published
-    from stratagem.runtime._operator import check_role
-    from stratagem.runtime._settings import Settings
+    from stratagem.runtime.config._extensions import settings_roles
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.host._directory import AgentInfo
+    from stratagem.runtime.host._launcher import AgentStartError
+    from stratagem.runtime.host._local import LaunchError, LocalCluster, read_published
+    from stratagem.runtime.operator._operator import check_role
 
 __all__: list[str] = []
 
@@ -280,7 +280,7 @@ def secret_rotate(
     """Make a new cluster secret and redeploy the agents with it (as 'up --replace' does):
     tokens signed with the old secret stop passing; plans continue from their stores."""
     with _errors():
-        from stratagem.runtime._rotation import rotate_secret  # joins Ray
+        from stratagem.runtime.host._rotation import rotate_secret  # joins Ray
 
         settings = _settings(address, state_dir)
         settings = settings.model_copy(

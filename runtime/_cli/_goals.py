@@ -35,7 +35,8 @@ from stratagem.runtime._cli._app import (
     err_console,
     lazy_scope,
 )
-from stratagem.runtime._input import (
+from stratagem.runtime.config._errors import StratagemRuntimeError
+from stratagem.runtime.operator._input import (
     InputError,
     check_goal_timeout,
     read_mapping,
@@ -55,19 +56,23 @@ if TYPE_CHECKING:
         SubmitGoalRequest,
         UnavailableError,
     )
-    from stratagem.runtime._backend import find_backend
-    from stratagem.runtime._goal import GoalOutcome, new_goal_id
-    from stratagem.runtime._history import PlanHistory
-    from stratagem.runtime._local import LaunchError, LocalCluster
-    from stratagem.runtime._render import (
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.host._local import LocalCluster
+    from stratagem.runtime.operator._goal import GoalOutcome, new_goal_id
+    from stratagem.runtime.operator._history import PlanHistory
+    from stratagem.runtime.operator._render import (
         Progress,
         action_text,
         plan_forest,
         relation_text,
         span_tree,
     )
-    from stratagem.runtime._settings import Settings
-    from stratagem.runtime._telemetry import read_spans, setup_telemetry, shutdown_telemetry
+    from stratagem.runtime.telemetry._backend import find_backend
+    from stratagem.runtime.telemetry._telemetry import (
+        read_spans,
+        setup_telemetry,
+        shutdown_telemetry,
+    )
 
 __all__: list[str] = []
 
@@ -128,7 +133,7 @@ def _execute_goal(
     settings = settings.model_copy(update={"trace_file": trace_file})
     os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
     # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
-    # process finds it through the state directory (runtime._export).
+    # process finds it through the state directory (runtime.telemetry._export).
     backend = find_backend(settings.state_dir)
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
@@ -246,7 +251,7 @@ def _failure_of(settings: Settings, plan_id: str, endpoints: dict[str, str]) -> 
     read: the error says enough)."""
     try:
         history = _operate(settings, lambda op: op.plan(plan_id), endpoints=endpoints)
-    except (InputError, ProtocolError, LaunchError):
+    except (StratagemRuntimeError, ProtocolError):
         return None
     return history if history.failure else None
 

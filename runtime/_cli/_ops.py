@@ -27,7 +27,7 @@ from stratagem.runtime._cli._app import (
     lazy_scope,
     secret_app,
 )
-from stratagem.runtime._input import (
+from stratagem.runtime.operator._input import (
     InputError,
 )
 
@@ -40,17 +40,17 @@ if TYPE_CHECKING:
         TokenSigner,
         archive_audit,
     )
-    from stratagem.runtime._backend import BackendError, PhoenixTraces, find_backend
-    from stratagem.runtime._extensions import settings_roles
-    from stratagem.runtime._render import span_json, span_tree
-    from stratagem.runtime._security import (
+    from stratagem.runtime.config._extensions import settings_roles
+    from stratagem.runtime.config._security import (
         check_operator_identity,
         issue_identity_key,
         operator_key,
     )
-    from stratagem.runtime._show import traces_table
-    from stratagem.runtime._stores import open_audit_log
-    from stratagem.runtime._telemetry import SpanRecord, read_spans
+    from stratagem.runtime.config._stores import open_audit_log
+    from stratagem.runtime.operator._render import span_json, span_tree
+    from stratagem.runtime.operator._show import traces_table
+    from stratagem.runtime.telemetry._backend import BackendError, PhoenixTraces, find_backend
+    from stratagem.runtime.telemetry._telemetry import SpanRecord, read_spans
 
 __all__: list[str] = []
 

@@ -34,7 +34,8 @@ from stratagem.runtime._cli._app import (
     lazy_scope,
     plans_app,
 )
-from stratagem.runtime._input import (
+from stratagem.runtime.config._errors import StratagemRuntimeError
+from stratagem.runtime.operator._input import (
     DEFAULT_HISTORY_PAGE,
     InputError,
     parse_json_object,
@@ -56,18 +57,17 @@ if TYPE_CHECKING:
         RemoteError,
         RevisionsResponse,
     )
-    from stratagem.runtime._diagram import DIAGRAM_FORMATS, plan_diagram
-    from stratagem.runtime._history import PlanHistory, PlanView
-    from stratagem.runtime._local import LaunchError
-    from stratagem.runtime._operator import Operator, check_status
-    from stratagem.runtime._settings import Settings
-    from stratagem.runtime._show import (
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.operator._diagram import DIAGRAM_FORMATS, plan_diagram
+    from stratagem.runtime.operator._history import PlanHistory, PlanView
+    from stratagem.runtime.operator._operator import Operator, check_status
+    from stratagem.runtime.operator._show import (
         approve_commands,
         event_line,
         history_table,
         plan_details,
     )
-    from stratagem.runtime._telemetry import setup_telemetry, shutdown_telemetry
+    from stratagem.runtime.telemetry._telemetry import setup_telemetry, shutdown_telemetry
 
 __all__: list[str] = []
 
@@ -167,7 +167,7 @@ def _outcome_of(settings: Settings, plan_id: str) -> tuple[str, PlanHistory | No
         return "failed", None
     try:
         history = _operate(settings, lambda op: op.plan(plan_id))
-    except (InputError, ProtocolError, LaunchError):
+    except (StratagemRuntimeError, ProtocolError):
         return "failed", None
     top = next((plan for plan in history.plans if plan.plan_id == plan_id), None)
     return (top.status if top is not None else "failed"), (history if history.failure else None)

@@ -24,7 +24,7 @@ from stratagem.runtime._cli._app import (
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.runtime._render import relation_text
+    from stratagem.runtime.operator._render import relation_text
 
 __all__: list[str] = []
 

@@ -11,7 +11,8 @@ registry), ``_serve`` (uvicorn, the login URL, the browser).
 
 from __future__ import annotations
 
-from stratagem.runtime._console._app import Console, ConsoleConfig, console_app
+from stratagem.runtime._console._app import Console, ConsoleConfig
+from stratagem.runtime._console._routes import console_app
 from stratagem.runtime._console._serve import ConsoleServer, check_host
 
 __all__ = ["Console", "ConsoleConfig", "ConsoleServer", "check_host", "console_app"]

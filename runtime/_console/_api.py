@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse
 from stratagem.protocol import InvalidArgumentError, json_object
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
 from stratagem.runtime._console._data import READ_ERRORS, Decision, Gate, act, problem_line
-from stratagem.runtime._console._pages import _console, csrf_ok
-from stratagem.runtime._input import InputError, PlanNotFoundError
+from stratagem.runtime._console._pages import _console, _filters, csrf_ok
+from stratagem.runtime.operator._input import InputError, PlanNotFoundError
 
 __all__ = ["MAX_ACTION_BYTES", "action", "agents", "audit", "gates", "plan", "plans", "session"]
 
@@ -41,20 +41,6 @@ async def session(request: Request) -> JSONResponse:
     """The session's CSRF token (what an action sends back in ``X-CSRF-Token``)."""
     record: Session = request.scope["session_record"]
     return _json({"csrf_token": record.csrf_token, "operator": "operator"})
-
-
-def _filters(request: Request) -> dict[str, str]:
-    """The plans list's filters from a query string (the same names on pages and the API)."""
-    query = request.query_params
-    return {
-        "agent": query.get("agent", ""),
-        "status": query.get("status", ""),
-        "goal": query.get("goal", ""),
-        "text": query.get("q", ""),
-        "trace_id": query.get("trace", ""),
-        "since": query.get("since", ""),
-        "until": query.get("until", ""),
-    }
 
 
 async def plans(request: Request) -> JSONResponse:

@@ -1,10 +1,10 @@
 """The console's ASGI application: Starlette routes over the operator API, Jinja2 templates
 (autoescaped: a goal or an output holding HTML is shown as text), the session guard.
 
-``console_app(config)`` builds it; the ``Operator`` it reads through is opened on the server's
-event loop when the app starts and closed when it stops. Every route but ``/login`` and the static
-files needs a session: pages answer 401 with a page saying how to sign in, ``/api/`` answers 401
-with JSON.
+``_routes.console_app(config)`` builds it; the ``Operator`` it reads through is opened on the
+server's event loop when the app starts and closed when it stops. Every route but ``/login`` and
+the static files needs a session: pages answer 401 with a page saying how to sign in, ``/api/``
+answers 401 with JSON.
 """
 
 from __future__ import annotations
@@ -13,30 +13,26 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import jinja2
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stratagem.protocol import OPERATOR
-from stratagem.runtime._console._assets import STATIC, Assets
+from stratagem.runtime._console._assets import Assets
 from stratagem.runtime._console._auth import Session, Sessions
 from stratagem.runtime._console._data import ConsoleData
 from stratagem.runtime._console._status import StatusCache
-from stratagem.runtime._operator import Directory, Operator
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.operator._operator import Directory, Operator
 
-__all__ = ["Console", "ConsoleConfig", "LiveStreams", "console_app"]
+__all__ = ["Console", "ConsoleConfig", "LiveStreams", "SessionGuard"]
 
 logger = logging.getLogger(__name__)
 
@@ -271,56 +267,3 @@ class SessionGuard:
             return
         scope["session_record"] = session
         await self.app(scope, receive, secured)
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def console_app(config: ConsoleConfig, console: Console | None = None) -> Starlette:
-    """The console's ASGI app for the deployment ``config`` names.
-
-    Args:
-        config: How it runs.
-        console: Its shared state (made from ``config`` when ``None``; a caller that prints the
-            login URL makes it first, to mint the token).
-    """
-    from stratagem.runtime._console import _api, _pages
-
-    console = console or Console(config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with console.running():
-            yield
-
-    routes = [
-        Route("/login", _pages.login, methods=["GET"]),
-        Route("/logout", _pages.logout, methods=["POST"]),
-        Route("/", _pages.home, methods=["GET"]),
-        Route("/plans", _pages.plans, methods=["GET"]),
-        Route("/plans/{plan_id:path}", _pages.plan, methods=["GET"]),
-        Route("/fragments/plan/{plan_id:path}", _pages.plan_body, methods=["GET"]),
-        Route("/fragments/trace/{trace_id}", _pages.trace, methods=["GET"]),
-        Route("/fragments/status", _pages.status, methods=["GET"]),
-        Route("/live/{plan_id:path}", _pages.live, methods=["GET"]),
-        Route("/gates", _pages.gates, methods=["GET"]),
-        Route("/actions/{action}", _pages.action, methods=["POST"]),
-        Route("/agents", _pages.agents, methods=["GET"]),
-        Route("/agents/{role}", _pages.agent, methods=["GET"]),
-        Route("/audit", _pages.audit, methods=["GET"]),
-        Route("/api/session", _api.session, methods=["GET"]),
-        Route("/api/plans", _api.plans, methods=["GET"]),
-        Route("/api/plans/{plan_id:path}", _api.plan, methods=["GET"]),
-        Route("/api/gates", _api.gates, methods=["GET"]),
-        Route("/api/agents", _api.agents, methods=["GET"]),
-        Route("/api/audit", _api.audit, methods=["GET"]),
-        Route("/api/actions/{action}", _api.action, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static"),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.console = console
-    app.state.started = time.time()
-    app.add_middleware(SessionGuard, console=console)
-    app.add_exception_handler(404, _pages.not_found)
-    app.add_exception_handler(405, _pages.not_found)
-    return app

@@ -21,18 +21,18 @@ from stratagem.protocol import (
     ProtocolError,
     RemoteError,
 )
-from stratagem.runtime._auditing import AuditCheck
-from stratagem.runtime._diagram import plan_diagram
-from stratagem.runtime._history import PlanHistory, PlanView, StepView
-from stratagem.runtime._input import (
+from stratagem.runtime.config._errors import LaunchError
+from stratagem.runtime.config._restarts import gave_up_reason
+from stratagem.runtime.operator._auditing import AuditCheck
+from stratagem.runtime.operator._diagram import plan_diagram
+from stratagem.runtime.operator._history import PlanHistory, PlanView, StepView
+from stratagem.runtime.operator._input import (
     InputError,
     PlanNotFoundError,
     parse_json_object,
     parse_json_value,
 )
-from stratagem.runtime._local import LaunchError
-from stratagem.runtime._operator import Operator
-from stratagem.runtime._restarts import gave_up_reason
+from stratagem.runtime.operator._operator import Operator
 
 __all__ = [
     "ACTIONS",
@@ -390,7 +390,7 @@ class ConsoleData:
 
     async def audit(self, keep: int) -> tuple[AuditCheck | None, str]:
         """The audit chain verified, with its last ``keep`` records; or why it could not be."""
-        from stratagem.runtime._auditing import verify_audit
+        from stratagem.runtime.operator._auditing import verify_audit
 
         settings = self.operator.settings
         if settings.store_url is None and not settings.audit_path.exists():
@@ -406,7 +406,7 @@ class ConsoleData:
         Raises:
             InputError: ``role`` is no agent of this deployment.
         """
-        from stratagem.runtime._operator import check_role
+        from stratagem.runtime.operator._operator import check_role
 
         check_role(role, self.roles)
         gave_up = gave_up_reason(self.operator.settings.restarts_path(role))

@@ -31,7 +31,7 @@ from stratagem.runtime._console._data import (
     decision_from_form,
     problem_line,
 )
-from stratagem.runtime._input import InputError, PlanNotFoundError
+from stratagem.runtime.operator._input import InputError, PlanNotFoundError
 
 __all__ = [
     "action",
@@ -132,6 +132,20 @@ async def login(request: Request) -> Response:
     return response
 
 
+def _filters(request: Request) -> dict[str, str]:
+    """The plans list's filters from a query string (the same names on pages and the API)."""
+    query = request.query_params
+    return {
+        "agent": query.get("agent", ""),
+        "status": query.get("status", ""),
+        "goal": query.get("goal", ""),
+        "text": query.get("q", ""),
+        "trace_id": query.get("trace", ""),
+        "since": query.get("since", ""),
+        "until": query.get("until", ""),
+    }
+
+
 def csrf_ok(request: Request, sent: str | None) -> bool:
     """Whether an action carries this session's CSRF token and, if the browser says where it
     comes from, comes from the console's own origin."""
@@ -168,7 +182,6 @@ async def plans(request: Request) -> Response:
     goals first (each top-level plan a row, its sub-plans counted) unless ``all=1`` or a filter
     other than time."""
     from stratagem.planning import PlanStatus
-    from stratagem.runtime._console._api import _filters
 
     console = _console(request)
     filters = _filters(request)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import uvicorn
 
-from stratagem.runtime._console._app import Console, ConsoleConfig, console_app
-from stratagem.runtime._input import InputError
+from stratagem.runtime._console._app import Console, ConsoleConfig
+from stratagem.runtime._console._routes import console_app
+from stratagem.runtime.operator._input import InputError
 
 __all__ = ["ConsoleServer", "check_host"]
 

@@ -18,9 +18,9 @@ from typing import Final
 
 from stratagem.protocol import MAX_PLANS_PAGE
 from stratagem.runtime._console._data import READ_ERRORS, problem_line
-from stratagem.runtime._local import read_published
-from stratagem.runtime._operator import Operator
-from stratagem.runtime._restarts import gave_up_reason
+from stratagem.runtime.config._published import read_published
+from stratagem.runtime.config._restarts import gave_up_reason
+from stratagem.runtime.operator._operator import Operator
 
 __all__ = ["AgentStatus", "StatusCache", "StatusView", "agents_status"]
 

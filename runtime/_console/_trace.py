@@ -10,10 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratagem.runtime._backend import BackendError, BackendState, PhoenixTraces, find_backend
-from stratagem.runtime._render import span_json
-from stratagem.runtime._settings import Settings
-from stratagem.runtime._telemetry import SpanRecord, read_spans
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.operator._render import span_json
+from stratagem.runtime.telemetry._backend import (
+    BackendError,
+    BackendState,
+    PhoenixTraces,
+    find_backend,
+)
+from stratagem.runtime.telemetry._telemetry import SpanRecord, read_spans
 
 __all__ = ["TraceRow", "TraceView", "load_trace", "phoenix_link"]
 

@@ -63,8 +63,8 @@ def _tracing() -> dict[str, Any]:
     """The tracing-overhead section, against the Phoenix ``make otel-backend`` runs (if it runs)."""
     from pathlib import Path
 
-    from stratagem.runtime._backend import find_backend
-    from stratagem.runtime._settings import default_state_dir
+    from stratagem.runtime.config._settings import default_state_dir
+    from stratagem.runtime.telemetry._backend import find_backend
 
     state_dir = os.environ.get("STRATAGEM_STATE_DIR")
     backend = find_backend(Path(state_dir) if state_dir else default_state_dir())

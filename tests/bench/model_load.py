@@ -1,13 +1,13 @@
 """The model path under load: four agents planning at once against the embedded model server.
 
 Each of the four agents runs in a process of its own (as a deployment's actors do), with the model
-planner a deployment gives it (``runtime._models.attach_model_planner``: the same client, limits and
-queue). Between them and the server (llama.cpp's Python server, Gemma 3 270M on the CPU) sits a
-measuring proxy (``tests/bench/model_proxy.py``) that keeps the server's own one-at-a-time order and
-sees when the server works on what. All four start planning at the same moment and plan the demo
-goal's request of their role ``plans`` times each (the orchestrator its decomposition, perception
-its reading of the passage, strategic the arc, tactical the last beat's sequence), each planning
-under its caller's deadline.
+planner a deployment gives it (``runtime.host._models.attach_model_planner``: the same client,
+limits and queue). Between them and the server (llama.cpp's Python server, Gemma 3 270M on the CPU)
+sits a measuring proxy (``tests/bench/model_proxy.py``) that keeps the server's own one-at-a-time
+order and sees when the server works on what. All four start planning at the same moment and plan
+the demo goal's request of their role ``plans`` times each (the orchestrator its decomposition,
+perception its reading of the passage, strategic the arc, tactical the last beat's sequence), each
+planning under its caller's deadline.
 
 The figure is the share of the server's time spent on answers a client received (target: at least
 90%); the rest went into answers abandoned by a client whose time ran out (and generated anyway,

@@ -1,8 +1,8 @@
 """``python -m tests.bench.model_load_agent JOB``: one agent of the model-load benchmark, in a
-process of its own as a deployment's actor is: its role's agent with the model planner a
-deployment gives it (``runtime._models.attach_model_planner``, from the settings in ``JOB``), asked
-to plan the same request ``plans`` times, one after another, each under its caller's deadline.
-Prints one JSON line per planning: how it ended, its wall time, its model calls."""
+process of its own as a deployment's actor is: its role's agent with the model planner a deployment
+gives it (``runtime.host._models.attach_model_planner``, from the settings in ``JOB``), asked to
+plan the same request ``plans`` times, one after another, each under its caller's deadline. Prints
+one JSON line per planning: how it ended, its wall time, its model calls."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from stratagem.agents import build_agent
 from stratagem.protocol import CAPABILITIES, CallContext, current_call
-from stratagem.runtime._models import attach_model_planner
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.host._models import attach_model_planner
 
 
 async def plan_once(agent: Any, job: dict[str, Any], number: int) -> dict[str, Any]:

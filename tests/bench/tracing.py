@@ -49,7 +49,7 @@ from stratagem.protocol import (
     Policy,
     ServerConfig,
 )
-from stratagem.runtime._telemetry import SpanIdentitySampler
+from stratagem.runtime.telemetry._telemetry import SpanIdentitySampler
 from tests.bench.engine import EngineBenchConfig, NoopTools, layered_plan
 from tests.bench.stats import summarize
 from tests.unit.protocol._support import FakeBackend

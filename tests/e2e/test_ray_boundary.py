@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.runtime._rayauth import RayAuth, probe_auth
+from stratagem.runtime.host._rayauth import RayAuth, probe_auth
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -32,7 +32,7 @@ DRIVER = textwrap.dedent(
     from ray._private import ray_constants
     ray_constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as given
     if sys.argv[3] == "token":
-        from stratagem.runtime._rayauth import join_local_head
+        from stratagem.runtime.host._rayauth import join_local_head
         from pathlib import Path
         join_local_head(Path(sys.argv[4]))
     try:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from stratagem.agents import ChatMessage, ChatRequest, ModelConfig, OpenAIModelClient
-from stratagem.runtime._model_slots import FileModelLimiter
+from stratagem.runtime.host._model_slots import FileModelLimiter
 
 
 async def main(url: str, folder: Path, calls: int) -> None:

@@ -25,7 +25,7 @@ from stratagem.protocol import (
     Policy,
     ServerConfig,
 )
-from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher
+from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher
 
 
 class FixedDirectory(EndpointDirectory):

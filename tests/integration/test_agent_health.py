@@ -16,7 +16,7 @@ from ray.core.generated import common_pb2
 
 from stratagem.protocol import OPERATOR, AgentClient, AnalyzeNarrativeRequest, RemoteError
 from stratagem.runtime import Deployment, LaunchError, Settings
-from stratagem.runtime._directory import actor_name, death_cause
+from stratagem.runtime.host._directory import actor_name, death_cause
 from tests.integration._auth import credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

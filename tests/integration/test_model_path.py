@@ -30,7 +30,7 @@ from stratagem.agents import (
     OpenAIModelClient,
 )
 from stratagem.planning import Plan, TransientError
-from stratagem.runtime._model_slots import FileModelLimiter, slots_folder
+from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
 from tests.integration._model_server import ScriptedModelServer
 from tests.unit.agents.test_model_planner import REQUEST, Deterministic, _registry
 

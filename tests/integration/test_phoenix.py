@@ -39,8 +39,8 @@ from stratagem.protocol import (
     SubmitGoalRequest,
 )
 from stratagem.runtime import Deployment, Settings, load_settings, run_goal
-from stratagem.runtime._backend import BackendState, PhoenixTraces
-from stratagem.runtime._telemetry import SpanRecord, setup_telemetry
+from stratagem.runtime.telemetry._backend import BackendState, PhoenixTraces
+from stratagem.runtime.telemetry._telemetry import SpanRecord, setup_telemetry
 from tests.integration._agents import file_lines, kill_and_wait, pid_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

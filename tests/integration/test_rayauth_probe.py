@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from stratagem.runtime._rayauth import RayAuth, probe_auth
+from stratagem.runtime.host._rayauth import RayAuth, probe_auth
 
 
 def test_a_gcs_that_does_not_answer_is_unknown() -> None:

@@ -39,7 +39,7 @@ from stratagem.protocol import (
     RemoteError,
     WireModel,
 )
-from stratagem.runtime._directory import GrpcDispatcher
+from stratagem.runtime.host._directory import GrpcDispatcher
 from tests.integration._orchestrator_process import FixedDirectory
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from stratagem.protocol import (
     UnauthenticatedError,
 )
 from stratagem.runtime import Deployment, LaunchError, Settings
-from stratagem.runtime._rotation import rotate_secret
-from stratagem.runtime._stores import open_state_store
+from stratagem.runtime.config._stores import open_state_store
+from stratagem.runtime.host._rotation import rotate_secret
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 
-import stratagem.runtime._launcher
+import stratagem.runtime.host._launcher
 from tests.conftest import KINDS, kind_of, mark_kinds
 from tests.unit.conftest import NetworkInUnitTest
 
@@ -53,7 +53,7 @@ def test_a_unit_test_cannot_make_a_grpc_server_or_channel(module: object, name: 
 
 def test_a_unit_test_cannot_start_ray() -> None:
     # The launcher loads Ray when this module is collected, before the guard of this test starts.
-    assert stratagem.runtime._launcher.ray is sys.modules["ray"]
+    assert stratagem.runtime.host._launcher.ray is sys.modules["ray"]
     with pytest.raises(NetworkInUnitTest, match=r"ray\.init"):
         sys.modules["ray"].init()
 

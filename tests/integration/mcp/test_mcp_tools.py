@@ -20,8 +20,8 @@ import pytest
 from stratagem.agents import McpToolset, ToolRegistry, build_agent
 from stratagem.planning import FailureClass, PlanStatus
 from stratagem.protocol import InMemoryAuditLog, McpServerConfig, Policy
-from stratagem.runtime._mcp import McpSetupError, attach_mcp_servers
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.host._mcp import McpSetupError, attach_mcp_servers
 
 SERVER = Path(__file__).with_name("servers.py")
 

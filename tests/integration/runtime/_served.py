@@ -32,8 +32,8 @@ from stratagem.protocol import (
     TokenSigner,
 )
 from stratagem.runtime import LocalCluster, Operator, Settings, load_settings
-from stratagem.runtime._local import publish_endpoint
-from stratagem.runtime._stores import open_state_store
+from stratagem.runtime.config._stores import open_state_store
+from stratagem.runtime.host._local import publish_endpoint
 
 __all__ = [
     "REPO",

@@ -36,7 +36,7 @@ from stratagem.protocol import (
 )
 from stratagem.protocol._a2a._client import A2APeerConfig
 from stratagem.runtime import InputError, Operator
-from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher
+from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher
 from tests.integration.a2a_peer import EchoAgent
 from tests.integration.runtime._served import REPO, RecordingDirectory, settings_for
 

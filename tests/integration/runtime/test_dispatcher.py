@@ -17,7 +17,7 @@ from stratagem.protocol import (
     UnavailableError,
     WireModel,
 )
-from stratagem.runtime._directory import EndpointDirectory, GrpcDispatcher
+from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ import pytest
 
 from stratagem.planning import GateKind, GateNotice
 from stratagem.runtime import load_settings
-from stratagem.runtime._notify import GateOutbox, WebhookRefusedError, WebhookSender
+from stratagem.runtime.host._notify import GateOutbox, WebhookRefusedError, WebhookSender
 
 KEY = b"k" * 32
 LOOPBACK = [ipaddress.ip_network("127.0.0.0/8")]

@@ -12,7 +12,7 @@ import pytest
 
 from stratagem.agents import ChatRequest, ChatResponse, model_planner
 from stratagem.protocol import DeadlineExceededError, SubmitGoalRequest
-from stratagem.runtime._goal import goal_deadline_s
+from stratagem.runtime.operator._goal import goal_deadline_s
 from tests.integration.runtime._served import Served, serve
 from tests.unit.agents.conftest import load_goal
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner, Result
 from stratagem.protocol import FailedPreconditionError, InvalidArgumentError, PlansQuery
 from stratagem.runtime import InputError, PlanNotFoundError, SyncOperator
 from stratagem.runtime._cli import app
-from stratagem.runtime._history import HistoryFilter, encode_page_token
+from stratagem.runtime.operator._history import HistoryFilter, encode_page_token
 from tests.integration.runtime._served import (
     WHO_LEADS,
     Served,

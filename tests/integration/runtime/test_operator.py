@@ -39,7 +39,7 @@ from stratagem.runtime import (
     PlanNotFoundError,
     SyncOperator,
 )
-from stratagem.runtime._local import publish_endpoint
+from stratagem.runtime.host._local import publish_endpoint
 from tests.integration.runtime._served import (
     REPO,
     WHO_LEADS,

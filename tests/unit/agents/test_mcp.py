@@ -18,7 +18,7 @@ from stratagem.agents import (
 )
 from stratagem.planning import LogicError, ToolContext
 from stratagem.protocol import McpServerConfig, Policy
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
 
 SCHEMA = {
     "type": "object",
@@ -156,7 +156,7 @@ def test_settings_take_mcp_servers_and_faces_and_check_their_names() -> None:
 def test_a_stdio_server_may_not_run_in_the_state_directory(tmp_path: Any) -> None:
     from pydantic_settings import SettingsError
 
-    from stratagem.runtime._settings import load_settings
+    from stratagem.runtime.config._settings import load_settings
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -134,7 +134,7 @@ def test_the_face_check_sees_a_face_built_inline(tmp_path: Path) -> None:
     # started inline again.
     actor = tmp_path / "_actor.py"
     actor.write_text(
-        (REPO / "runtime" / "_actor.py").read_text()
+        (REPO / "runtime" / "host" / "_actor.py").read_text()
         + "\n\nasync def _inline(server, agent):\n"
         + "    from stratagem.protocol import A2AConfig, A2AServer\n"
         + "    await A2AServer(server, agent, A2AConfig()).start()\n"

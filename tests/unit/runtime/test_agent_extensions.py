@@ -14,7 +14,7 @@ from stratagem import agents
 from stratagem.protocol import ROLES, roles
 from stratagem.runtime import InputError, Operator, deployment_roles, load_policy, load_settings
 from stratagem.runtime._cli import app
-from stratagem.runtime._extensions import ENTRY_POINT_GROUP
+from stratagem.runtime.config._extensions import ENTRY_POINT_GROUP
 from tests.unit._registry import registries_kept
 
 CRITIC = "examples.extensions.critic"
@@ -62,7 +62,7 @@ def test_an_extension_that_defines_an_agent_badly_is_one_input_error(tmp_path: P
 def test_ports_placement_and_planners_may_name_an_extensions_agent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stratagem.runtime._launcher import placement_options
+    from stratagem.runtime.host._launcher import placement_options
 
     monkeypatch.setenv("STRATAGEM_EXTENSIONS", CRITIC)
     monkeypatch.setenv("STRATAGEM_PORTS", '{"critic": 50123}')

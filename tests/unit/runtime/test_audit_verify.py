@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from stratagem.protocol import AuditSealer, SqliteAuditLog, load_or_create_key
 from stratagem.runtime._cli import app
-from stratagem.runtime._settings import load_settings
-from stratagem.runtime._stores import open_audit_heads, open_audit_log
+from stratagem.runtime.config._settings import load_settings
+from stratagem.runtime.config._stores import open_audit_heads, open_audit_log
 
 
 def _append(log: object, count: int) -> None:

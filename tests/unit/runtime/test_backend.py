@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.runtime._backend import find_backend, read_backend_state, span_record
+from stratagem.runtime.telemetry._backend import find_backend, read_backend_state, span_record
 
 PHOENIX_SPAN = {
     "id": "U3Bhbjox",

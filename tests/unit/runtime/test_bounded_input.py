@@ -130,7 +130,7 @@ def test_a_goal_deadline_no_goal_could_meet_is_refused_up_front(
 
 
 def test_a_timeout_in_range_is_accepted() -> None:
-    from stratagem.runtime._input import check_timeout
+    from stratagem.runtime.operator._input import check_timeout
 
     assert check_timeout(30.0) == 30.0
     assert check_timeout(None) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic_settings import SettingsError
 
-from stratagem.runtime._settings import default_state_dir, load_settings
+from stratagem.runtime.config._settings import default_state_dir, load_settings
 
 
 @pytest.fixture

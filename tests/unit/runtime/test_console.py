@@ -22,8 +22,8 @@ from stratagem.runtime._console._app import dom_id
 from stratagem.runtime._console._assets import Assets, vendor_files
 from stratagem.runtime._console._auth import Sessions
 from stratagem.runtime._console._data import PlanDetail, PlansPage
-from stratagem.runtime._history import PlanHistory, PlanView, StepView
-from stratagem.runtime._input import InputError
+from stratagem.runtime.operator._history import PlanHistory, PlanView, StepView
+from stratagem.runtime.operator._input import InputError
 
 SCRIPT = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 BASE = "http://127.0.0.1:8765"

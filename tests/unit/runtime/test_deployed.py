@@ -1,5 +1,5 @@
 """The extensions ``stratagem up`` records in the state directory, and the settings that take
-them when nothing else names any (``runtime._deployed``)."""
+them when nothing else names any (``runtime.config._deployed``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.runtime import load_settings
-from stratagem.runtime._deployed import (
+from stratagem.runtime.config._deployed import (
     RECORD_FILE,
     DeploymentRecord,
     absolute_extensions,

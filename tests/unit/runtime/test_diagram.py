@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from stratagem.protocol import PlanSnapshot
 from stratagem.runtime._cli import app
-from stratagem.runtime._diagram import plan_diagram
-from stratagem.runtime._history import plan_view
+from stratagem.runtime.operator._diagram import plan_diagram
+from stratagem.runtime.operator._history import plan_view
 
 
 def _plan(plan_id: str, owner: str, steps: list[dict[str, object]]) -> str:

@@ -1,5 +1,6 @@
 """The OTLP export that follows the recorded backend and never holds up a request: which target it
-sends to, when it sends nothing, and how a failed export stops the next ones (``runtime._export``).
+sends to, when it sends nothing, and how a failed export stops the next ones
+(``runtime.telemetry._export``).
 
 The real OTLP exporter and the TCP probe need sockets: ``tests/e2e/test_tracing_paths.py`` runs
 them against a real OTLP receiver. Here the exporter it wraps is a recording one and the targets
@@ -16,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from stratagem.runtime._export import (
+from stratagem.runtime.telemetry._export import (
     BackendSpanExporter,
     ExportStats,
     Target,
@@ -217,7 +218,7 @@ def test_the_configured_endpoint(
 def test_a_configured_endpoint_wins_over_the_recorded_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stratagem.runtime._telemetry import _backend_exporter
+    from stratagem.runtime.telemetry._telemetry import _backend_exporter
 
     test_the_recorded_backend_is_read_from_the_state_dir(tmp_path)
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)

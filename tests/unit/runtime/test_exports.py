@@ -25,6 +25,7 @@ EXPECTED = [
     "Settings",
     "SpanRecord",
     "StepView",
+    "StratagemRuntimeError",
     "SyncOperator",
     "TraceSummary",
     "actor_name",

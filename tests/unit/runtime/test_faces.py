@@ -1,4 +1,4 @@
-"""An actor's faces (``runtime._faces``): the settings in one shape, and the loop over a table.
+"""An actor's faces (``runtime.host._faces``): the settings in one shape, and the loop over a table.
 
 No sockets: the rows here are toys, started through the same loop as ``protocol.FACES``.
 """
@@ -19,8 +19,8 @@ from stratagem.protocol import (
     FaceSettings,
 )
 from stratagem.runtime import Settings
-from stratagem.runtime._faces import close_faces, face_settings, start_faces
-from stratagem.runtime._mcp import McpSetupError
+from stratagem.runtime.host._faces import close_faces, face_settings, start_faces
+from stratagem.runtime.host._mcp import McpSetupError
 
 SERVER = cast(AgentServer, object())
 BACKEND = cast(AgentBackend, object())

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from stratagem.planning import Fork, GateStep, Plan, ToolStep
 from stratagem.protocol import GateInfo, PlanSnapshot, StepRecord
-from stratagem.runtime._history import plan_view
-from stratagem.runtime._render import gate_text, plan_forest
+from stratagem.runtime.operator._history import plan_view
+from stratagem.runtime.operator._render import gate_text, plan_forest
 
 
 def _printed(renderable: object) -> str:
@@ -66,7 +66,7 @@ def test_an_open_gate_says_what_it_asks() -> None:
 
 
 def test_the_approve_command_of_a_gate_that_asks_carries_a_value() -> None:
-    from stratagem.runtime._show import approve_commands
+    from stratagem.runtime.operator._show import approve_commands
 
     plan = Plan(
         id="ask",

@@ -1,4 +1,4 @@
-"""An agent's own storage checks (``runtime._health``): real files in a temporary folder."""
+"""An agent's own storage checks (``runtime.host._health``): real files in a temporary folder."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from stratagem.runtime._health import StoreWatch
-from stratagem.runtime._settings import Settings
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.host._health import StoreWatch
 
 
 def _watched(tmp_path: Path) -> tuple[StoreWatch, Path]:

@@ -7,14 +7,14 @@ import pytest
 from stratagem.planning import PlanStatus
 from stratagem.protocol import PlanSnapshot, StepRecord
 from stratagem.runtime import HistoryFilter, InputError
-from stratagem.runtime._history import (
+from stratagem.runtime.operator._history import (
     decode_page_token,
     encode_page_token,
     plan_history,
     plan_view,
     trace_summaries,
 )
-from stratagem.runtime._operator import _FINAL
+from stratagem.runtime.operator._operator import _FINAL
 
 
 def test_the_operator_knows_which_statuses_end_a_plan() -> None:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from stratagem.runtime._cli import _app as cli
 from stratagem.runtime._cli._deploy import _tail
-from stratagem.runtime._local import publish_endpoint, read_published
+from stratagem.runtime.host._local import publish_endpoint, read_published
 
 runner = CliRunner()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.agents import TurnTimeoutError
-from stratagem.runtime._model_slots import FileModelLimiter, slots_folder
+from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
 
 
 def test_the_folder_is_per_server_under_the_state_directory(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Which model the agents plan with (runtime._models): settled before deploying, one-line refusals,
-the embedded server found from its state file, the API key kept out of settings and reprs."""
+"""Which model the agents plan with (runtime.host._models): settled before deploying, one-line
+refusals, the embedded server found from its state file, the API key kept out of settings and
+reprs."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from stratagem.agents import (
     TacticalAgent,
     TacticalModelPlanner,
 )
-from stratagem.runtime._local import LaunchError
-from stratagem.runtime._models import attach_model_planner, resolve_model
-from stratagem.runtime._settings import load_settings
+from stratagem.runtime.config._settings import load_settings
+from stratagem.runtime.host._local import LaunchError
+from stratagem.runtime.host._models import attach_model_planner, resolve_model
 
 
 def test_deterministic_settings_are_left_alone(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stratagem.planning import GateKind, GateNotice
 from stratagem.protocol import InMemoryAuditLog
-from stratagem.runtime._notify import SIGNATURE_HEADER, GateOutbox, sign
+from stratagem.runtime.host._notify import SIGNATURE_HEADER, GateOutbox, sign
 
 KEY = b"k" * 32
 
@@ -222,7 +222,7 @@ async def test_a_delivery_is_bounded_as_a_whole(tmp_path: Path) -> None:
 def test_the_sender_allows_global_addresses_and_only_the_internal_ones_it_is_told() -> None:
     import ipaddress
 
-    from stratagem.runtime._notify import WebhookSender
+    from stratagem.runtime.host._notify import WebhookSender
 
     strict = WebhookSender()
     lenient = WebhookSender([ipaddress.ip_network("127.0.0.0/8")])

@@ -40,7 +40,7 @@ def _python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
 def test_the_packages_import_without_psycopg(tmp_path: Path) -> None:
     result = _python(
         "import stratagem.planning, stratagem.protocol, stratagem.agents\n"
-        "import stratagem.runtime._stores, stratagem.runtime._settings\n"
+        "import stratagem.runtime.config._stores, stratagem.runtime.config._settings\n"
         "print('psycopg' in sys.modules)",
         tmp_path,
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.runtime import load_settings
-from stratagem.runtime._rayauth import (
+from stratagem.runtime.host._rayauth import (
     create_token,
     head_environment,
     is_loopback,

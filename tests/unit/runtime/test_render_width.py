@@ -16,9 +16,9 @@ from stratagem.protocol import PlanSnapshot
 from stratagem.runtime import SpanRecord
 from stratagem.runtime._cli import _app as cli
 from stratagem.runtime._cli._deploy import _agents_table
-from stratagem.runtime._directory import AgentInfo
-from stratagem.runtime._history import plan_view
-from stratagem.runtime._render import plan_forest, span_tree
+from stratagem.runtime.host._directory import AgentInfo
+from stratagem.runtime.operator._history import plan_view
+from stratagem.runtime.operator._render import plan_forest, span_tree
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 MS = 1_000_000
@@ -237,8 +237,8 @@ def test_the_trace_command_fits_an_80_column_terminal(tmp_path: Path) -> None:
 def test_the_plans_table_keeps_a_sub_plans_id_on_one_line_at_80_columns() -> None:
     from datetime import UTC, datetime
 
-    from stratagem.runtime._history import HistoryPage, PlanView
-    from stratagem.runtime._show import history_table
+    from stratagem.runtime.operator._history import HistoryPage, PlanView
+    from stratagem.runtime.operator._show import history_table
 
     now = datetime.now(UTC)
     views = [

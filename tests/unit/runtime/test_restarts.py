@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stratagem.runtime._restarts import RestartBudget, gave_up_reason
+from stratagem.runtime.config._restarts import RestartBudget, gave_up_reason
 
 
 class Clock:

@@ -36,7 +36,7 @@ def test_every_setting_is_documented_in_the_configuration_page() -> None:
 
 
 def test_placement_comes_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stratagem.runtime._launcher import placement_options
+    from stratagem.runtime.host._launcher import placement_options
 
     monkeypatch.setenv(
         "STRATAGEM_PLACEMENT",

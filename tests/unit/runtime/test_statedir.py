@@ -18,14 +18,19 @@ from typer.testing import CliRunner
 from stratagem.protocol import ClusterSecret, IdentityKey
 from stratagem.runtime import LaunchError, LocalCluster, load_settings
 from stratagem.runtime._cli import app
-from stratagem.runtime._local import HEAD_ID, _start_ticks, publish_endpoint, published_endpoint
-from stratagem.runtime._restarts import RestartBudget
-from stratagem.runtime._statedir import (
+from stratagem.runtime.config._restarts import RestartBudget
+from stratagem.runtime.config._statedir import (
     StateDirError,
     check_state_dir,
     private_dir,
     read_private,
     write_private,
+)
+from stratagem.runtime.host._local import (
+    HEAD_ID,
+    _start_ticks,
+    publish_endpoint,
+    published_endpoint,
 )
 
 NOBODY = 65534
@@ -219,7 +224,7 @@ def test_a_recorded_head_is_proven_by_its_start_time_and_the_id_in_its_environme
 def test_the_operator_key_is_written_private_and_used_instead_of_the_secret(
     tmp_path: Path,
 ) -> None:
-    from stratagem.runtime._security import operator_key, save_operator_key
+    from stratagem.runtime.config._security import operator_key, save_operator_key
 
     settings = load_settings(state_dir=tmp_path, auth="token")
     secret = ClusterSecret.load_or_create(settings.secret_path)

@@ -8,8 +8,8 @@ import pytest
 
 from stratagem.agents import FileWorldStore
 from stratagem.protocol import FileHeads, MirroredHeads, ProtocolUsageError
-from stratagem.runtime._settings import load_settings
-from stratagem.runtime._stores import (
+from stratagem.runtime.config._settings import load_settings
+from stratagem.runtime.config._stores import (
     BACKENDS,
     PostgresBackend,
     SqliteBackend,

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Link, SpanKind
 
 from stratagem.planning import Engine, PlanStatus
-from stratagem.runtime._telemetry import (
+from stratagem.runtime.telemetry._telemetry import (
     INSTANCE_ATTR,
     KIND_ATTR,
     LINKS_ATTR,

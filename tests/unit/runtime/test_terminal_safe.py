@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from stratagem.runtime import SpanRecord
 from stratagem.runtime._cli import _app as cli
-from stratagem.runtime._history import HistoryPage, PlanHistory, PlanView
-from stratagem.runtime._show import history_table, plan_details
+from stratagem.runtime.operator._history import HistoryPage, PlanHistory, PlanView
+from stratagem.runtime.operator._show import history_table, plan_details
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 # Clear the screen, retitle the window, ring the bell, return to the line's start.

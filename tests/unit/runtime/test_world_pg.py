@@ -8,8 +8,8 @@ import pytest
 
 from stratagem.agents import PerceptionAgent
 from stratagem.protocol import ExtractEntitiesRequest, UpdateWorldStateRequest
-from stratagem.runtime._settings import load_settings
-from stratagem.runtime._stores import open_world_store
+from stratagem.runtime.config._settings import load_settings
+from stratagem.runtime.config._stores import open_world_store
 from tests.unit.agents.conftest import call, load_goal
 from tests.unit.agents.test_perception import MOVE, extract, r
 

@@ -1,0 +1,141 @@
+"""Which model the agents plan with, and how an agent is given its model planner.
+
+``resolve_model`` settles where the model is before agents are deployed: ``STRATAGEM_MODEL_URL``
+when set, else the embedded server ``make model-server`` started (its state file
+``STATE_DIR/model-server/server.json`` names its URL and model, and that it takes a JSON Schema
+as llama.cpp's Python server does). A deployment with a ``model`` planner and neither is refused
+in one line. ``attach_model_planner`` then builds, inside an agent's process, the model client
+(OpenAI-compatible, traced per the GenAI conventions, taking its turns at the server in the one
+queue every agent of the node shares: ``FileModelLimiter``) and the role's model planner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.host._local import LaunchError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from stratagem.agents import Agent
+
+__all__ = ["attach_model_planner", "embedded_model_server", "planning_timeout_s", "resolve_model"]
+
+logger = logging.getLogger(__name__)
+
+SERVER_STATE = Path("model-server") / "server.json"
+
+
+def embedded_model_server(state_dir: Path) -> dict[str, Any] | None:
+    """What the embedded model server's state file says (``url``, ``model``, ``kind``), or
+    ``None`` when it has none (the server was never started, or was stopped)."""
+    try:
+        state = json.loads((state_dir / SERVER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or not isinstance(state.get("url"), str):
+        return None
+    return state
+
+
+def resolve_model(settings: Settings) -> Settings:
+    """``settings`` with the model's URL and name settled, when any role plans with a model.
+
+    Raises:
+        LaunchError: A ``model`` planner with no model URL and no embedded server.
+    """
+    from stratagem.protocol import roles  # with the agents the extensions define
+
+    if all(settings.planner_for(role) == "deterministic" for role in roles()):
+        return settings
+    if settings.model_url is not None:
+        if not settings.model:
+            raise LaunchError(
+                "a model planner needs the model's name at that server: set STRATAGEM_MODEL"
+            )
+        return settings
+    embedded = embedded_model_server(settings.state_dir)
+    if embedded is None:
+        raise LaunchError(
+            "a model planner needs a model server: set STRATAGEM_MODEL_URL (and STRATAGEM_MODEL), "
+            f"or start the embedded one with 'make model-server' (none recorded in "
+            f"{settings.state_dir / SERVER_STATE})"
+        )
+    update: dict[str, Any] = {
+        "model_url": embedded["url"],
+        "model": settings.model or str(embedded.get("model", "")),
+    }
+    if embedded.get("kind") == "llama.cpp":
+        update["model_schema_style"] = "json_object"
+        if settings.model_max_concurrent is None:
+            update["model_max_concurrent"] = 1
+    return settings.model_copy(update=update)
+
+
+def attach_model_planner(
+    agent: Agent,
+    settings: Settings,
+    *,
+    api_key: str = "",
+    tracer_provider: TracerProvider | None = None,
+) -> bool:
+    """Give ``agent`` its role's model planner when its role plans with a model; whether it did.
+
+    The API key arrives apart from ``settings`` (which never carry it) and stays inside the
+    client: never in a repr, a log line, a span or the audit log.
+    """
+    if settings.planner_for(agent.role) != "model" or settings.model_url is None:
+        return False
+    from stratagem.agents import (
+        ModelConfig,
+        ModelPlanningConfig,
+        OpenAIModelClient,
+        TracedModelClient,
+        model_planner,
+    )
+    from stratagem.planning import Budget
+    from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
+
+    limit = settings.model_max_concurrent or 4
+    client = TracedModelClient(
+        OpenAIModelClient(
+            ModelConfig(
+                url=settings.model_url,
+                model=settings.model,
+                api_key=api_key,
+                timeout_s=settings.model_timeout_s,
+                schema_style=settings.model_schema_style,
+                max_concurrent=limit,
+            ),
+            # One queue per server for every agent of this node (each is its own process).
+            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
+        ),
+        tracer_provider=tracer_provider,
+        capture_content=settings.genai_capture_content,
+    )
+    budget = (
+        Budget(model_tokens=settings.model_token_budget)
+        if settings.model_token_budget is not None
+        else None
+    )
+    config = ModelPlanningConfig(
+        max_repairs=settings.model_max_repairs, max_tokens=settings.model_max_tokens
+    )
+    planner = model_planner(agent, client, config, budget=budget)
+    if planner is None:
+        logger.warning("agent %s has no model planner; it plans with its own rules", agent.role)
+        return False
+    agent.use_planner(planner)
+    agent.planning_timeout_s = planning_timeout_s(settings)
+    return True
+
+
+def planning_timeout_s(settings: Settings) -> float:
+    """The longest a model planner's planning of one request may take: its first call and each
+    repair, each within ``STRATAGEM_MODEL_TIMEOUT_S`` (what an agent's card says)."""
+    return (1 + settings.model_max_repairs) * settings.model_timeout_s
