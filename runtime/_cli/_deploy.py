@@ -253,8 +253,11 @@ def status(
             with _running(deployment):
                 infos = deployment.status()
         except LaunchError as exc:
-            if as_json and deployment.mode is None:  # none found, or Ray not reached
-                _print_json({"found": False, "mode": None, "agents": [], "problem": str(exc)})
+            if as_json:  # none found, Ray not reached, or no agent of it answering
+                found = deployment.mode is not None
+                _print_json(
+                    {"found": found, "mode": deployment.mode, "agents": [], "problem": str(exc)}
+                )
             raise
         if as_json:
             _print_json({"found": True, **_infos_json(infos, deployment.mode)})
