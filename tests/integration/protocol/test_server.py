@@ -53,6 +53,7 @@ from stratagem.protocol import (
     verify_chain,
 )
 from stratagem.protocol._audit import AuditRecord
+from stratagem.protocol._audit import _sqlite as sqlite_audit
 from tests.integration.protocol.conftest import Serve, Tracing
 from tests.unit.protocol._support import BEAT, MIRA_IN_HALL, SAMPLES, FakeBackend
 
@@ -818,10 +819,14 @@ async def test_a_group_committed_acceptance_that_fails_answers_no_result_and_sto
 
 
 async def test_a_call_whose_handler_awaits_commits_its_two_records_in_one_transaction(
-    tmp_path: Path, backend: FakeBackend, connect: Connect
+    tmp_path: Path, backend: FakeBackend, connect: Connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The acceptance is held until the outcome is appended, however many turns the handler
-    # takes (as a real agent's plan does): one transaction per call, acceptance first.
+    # takes (as a real agent's plan does): one transaction per call, acceptance first. The hold
+    # is made long here, so that a loaded machine's slow turns cannot outlast it (at 10 ms,
+    # three 1 ms sleeps sometimes did, and the acceptance was committed on its own).
+    monkeypatch.setattr(sqlite_audit, "HOLD_S", 5.0)
+
     async def slow(request: WireModel, ctx: CallContext) -> WireModel:
         for _ in range(3):
             await asyncio.sleep(0.001)
