@@ -78,12 +78,15 @@ def test_a_planted_state_directory_found_above_is_refused_in_one_line(tmp_path: 
     assert len(lines) == 1
     assert f"refusing the state directory {planted}: it belongs to nobody" in lines[0]
     # Found by walking up from a folder below it: the same refusal, before anything is read.
+    # The test's own folder is given back after (left under the planted folder, every later test
+    # of this process that finds its state directory from where it runs found the planted one).
+    here = Path.cwd()
     os.chdir(below)
     try:
         with pytest.raises(StateDirError, match="belongs to nobody, not to you"):
             load_settings()
     finally:
-        os.chdir(tmp_path)
+        os.chdir(here)
 
 
 def test_a_state_directory_others_may_write_is_refused(tmp_path: Path) -> None:
