@@ -17,7 +17,10 @@ export VIRTUAL_ENV="$repo/$venv"
 "$venv/bin/uv" pip install --quiet --resolution lowest-direct -e ".[postgres,model]"
 # What the unit tests need besides, at current versions, without moving the floors (not
 # grpcio-tools, which needs the newest grpcio, nor import-linter, which needs a newer rich: the
-# freshness of protocol/_gen/ and the import contracts are make test's checks).
+# freshness of protocol/_gen/ and the import contracts are make test's checks). Not at the floors
+# either: the console test that holds twenty live streams open through Starlette's TestClient (at
+# Starlette 0.41 the client's portal never ends an open stream, and the run hangs);
+# tests/integration/runtime/test_console_live.py holds them under uvicorn at every version.
 "$venv/bin/uv" pip install --quiet "pytest>=8" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" \
   "pytest-xdist>=3.5" "hypothesis>=6.100" "psycopg[binary]"
 "$venv/bin/python" - <<'PY'
@@ -31,4 +34,6 @@ RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 "$venv/bin/python" -m pytest -q
   tests/unit -m "not postgres" \
   --deselect tests/unit/test_architecture.py::test_generated_protobuf_code_is_fresh \
   --deselect tests/unit/test_architecture.py::test_import_contracts_hold \
-  --deselect tests/unit/test_architecture.py::test_the_examples_generated_code_is_not_stale "$@"
+  --deselect tests/unit/test_architecture.py::test_the_examples_generated_code_is_not_stale \
+  --deselect tests/unit/runtime/test_console.py::test_a_session_cannot_take_every_watch_slot_with_live_streams \
+  "$@"
