@@ -201,6 +201,9 @@ class LocalCluster:
                     f"--port={port}",
                     f"--node-ip-address={LOOPBACK}",
                     f"--ray-client-server-port={_free_port()}",
+                    # Ray's default (52365) is one fixed port per machine: a second head, or any
+                    # other Ray on the machine, would collide with this one on it.
+                    f"--dashboard-agent-listen-port={_free_port()}",
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                     "--block",
