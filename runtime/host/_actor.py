@@ -65,6 +65,7 @@ from stratagem.runtime.config._stores import (
 from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime.host._faces import close_faces, face_settings, start_faces
 from stratagem.runtime.host._health import StoreWatch
+from stratagem.runtime.host._heap import freeze_startup_heap
 from stratagem.runtime.host._local import own_log_files, publish_endpoint
 from stratagem.runtime.host._mcp import attach_mcp_servers
 from stratagem.runtime.host._models import attach_model_planner
@@ -267,6 +268,9 @@ class AgentActor:
             # to a file no restart reads.
             refusal=self._watch.refusal,
         )
+        # What startup made lives as long as the process: out of the collector's full
+        # collections from here on (see ``_heap``), before the first call is served.
+        freeze_startup_heap()
         # Every face, gRPC first, in ``protocol.FACES``' order; each serves through its pipeline.
         self._faces = await start_faces(self._server, self._agent, faces, role)
         try:

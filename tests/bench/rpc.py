@@ -21,7 +21,9 @@ spans are made, propagated and dropped. Audit files live in a temporary director
 ``.bench/`` when run by ``python -m tests.bench``: the file system of the default state directory.
 Every pipeline variant authenticates like a deployment's default: token authentication
 (``TokenAuthenticator``; the caller sends ``TokenCredentials``) with a cluster secret file in that
-directory. What authentication costs is measured apart, in ``tests.bench.auth``.
+directory. What authentication costs is measured apart, in ``tests.bench.auth``. Once every server
+(or client) is up, its process freezes its startup heap as an agent actor does before it serves
+(``runtime.host._heap``).
 
 The caller actor sends ``FindSpatialContext(entity_ids=["mira"])`` as the orchestrator through
 ``AgentClient.call``; the echo gets the bytes of the same encoded request envelope. Latency is
@@ -84,6 +86,7 @@ from stratagem.protocol import (
     encode_request,
     encode_response,
 )
+from stratagem.runtime.host._heap import freeze_startup_heap
 from tests.bench.profiling import profile_summary
 from tests.bench.stats import closed_loop, summarize
 
@@ -268,6 +271,7 @@ class BenchTarget:
         await echo.start()
         self._echo = echo
         endpoints[ECHO] = f"127.0.0.1:{port}"
+        freeze_startup_heap()  # as an agent actor does before it serves
         return endpoints
 
     async def serve_a2a(self, variant: str) -> str:
@@ -391,6 +395,7 @@ class BenchCaller:
             expected = payload if name == ECHO else RESPONSE
             if answer != expected:
                 raise RuntimeError(f"{name} answered {answer!r}, not {expected!r}")
+        freeze_startup_heap()  # the caller is an agent actor too
         response = ResponseEnvelope(
             request_id=envelope.request_id, responder=TARGET, capability=CAPABILITY, body=RESPONSE
         )
