@@ -1099,9 +1099,9 @@ _REQUEST_PATH_ROUND_3: Final = (
     "moves 10-20% from round to round here (main's `pipeline_constant` 890, 1,168 and 1,004 µs "
     "in the three rounds), and throughput at 32 in flight more (1,243 to 1,591 req/s): only a "
     "gain repeated by an alternating driver is read as one."
-    " The peers table above is `python -m tests.bench peers` run on this branch (whose request "
-    "path is main's) the same day: `pipeline_constant` 1.50x AutoGen's median and 1.06x its "
-    "throughput, `pipeline_agent` 2.04x and 0.45x.",
+    " The peers table above is `python -m tests.bench peers` run on this branch the same day, "
+    "before the heap freeze below (its request path was main's): `pipeline_constant` 1.50x "
+    "AutoGen's median and 1.06x its throughput, `pipeline_agent` 2.04x and 0.45x.",
     "",
     "- **1. One audit commit per call: there; committing it sooner, tried, not kept.** The "
     "acceptance already commits with the outcome, in one transaction, just before the answer "
@@ -1145,6 +1145,20 @@ _REQUEST_PATH_ROUND_3: Final = (
     "stream, metadata, deadline) is the largest single cost left, and only this candidate "
     "removes it; deadlines, cancellation, admission and per-call audit would move into the "
     "frames. Not built in this round.",
+    "- **Found on the way, kept: the startup heap frozen** (`runtime.host._heap`). Medians hide "
+    "garbage collection: a full collection, every few thousand calls, traversed the ~70,000 "
+    "objects an agent's process makes at startup. `agent.handle` in one process, thread CPU over "
+    "6,000 calls, 3 runs each way: collection 87-95 µs of 366-389 µs a call (57-62 in full "
+    "collections); with `gc.freeze()` after startup, 45-57 µs (16-21). An agent actor now "
+    "collects and freezes once before it serves, and so do this harness's servers and callers. "
+    "One driver alternating 40 blocks of 150 calls between main's and the branch's server "
+    "processes: the server's CPU per call (which preemption does not inflate) 730 -> 690 µs "
+    "(`pipeline_constant`, 0.945x) and 1,355 -> 1,203 µs (`pipeline_agent`, 0.888x), medians "
+    "0.964x and 0.950x, req/s at 32 in flight 1.15x and 1.37x. The same 7 drivers as this "
+    "note's table, one more run: `pipeline_constant` 962 -> 917 µs and 1,096 -> 1,026 req/s, "
+    "`pipeline_agent` 1,478 -> 1,352 µs and 624 -> 581 req/s, AutoGen 708 µs and 1,243 req/s "
+    "(1.30x and 0.83x, 1.91x and 0.47x of AutoGen's after): its throughput moves more from round "
+    "to round than that.",
     "- **What the rest is made of** (both ends in one process, 6 rotating rounds of 300 calls, "
     "medians): the unary transport 268 µs (`echo`); client and server stages without audit or "
     "tracing 305 µs (`diag_memory_audit_noop_tracer` 573); SDK tracing 116 µs "
