@@ -1146,8 +1146,9 @@ _REQUEST_PATH_ROUND_3: Final = (
     "removes it; deadlines, cancellation, admission and per-call audit would move into the "
     "frames. Not built in this round.",
     "- **Found on the way, kept: the startup heap frozen** (`runtime.host._heap`). Medians hide "
-    "garbage collection (last round judged `gc.freeze()` by them alone): a full collection, every few thousand calls, traversed the ~70,000 "
-    "objects an agent's process makes at startup. `agent.handle` in one process, thread CPU over "
+    "garbage collection (last round judged `gc.freeze()` by them alone): a full collection, "
+    "every few thousand calls, traversed the ~70,000 objects an agent's process makes at "
+    "startup. `agent.handle` in one process, thread CPU over "
     "6,000 calls, 3 runs each way: collection 87-95 µs of 366-389 µs a call (57-62 in full "
     "collections); with `gc.freeze()` after startup, 45-57 µs (16-21). An agent actor now "
     "collects and freezes once before it serves, and so do this harness's servers and callers. "
