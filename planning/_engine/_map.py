@@ -32,6 +32,7 @@ from stratagem.planning._engine._attempts import (
 )
 from stratagem.planning._engine._observe import _fail_span
 from stratagem.planning._engine._policy import Action
+from stratagem.planning._engine._state import _map as map_ledger
 from stratagem.planning._engine._state import _RunState, expansion_key
 from stratagem.planning._errors import ExpressionError, LogicError
 from stratagem.planning._expr import expression, kind_of
@@ -118,7 +119,7 @@ class _Maps:
                 continue  # only an item in flight is settled this way
             attempt = found.resume_at.pop(index, 2) - 1
             text = json.dumps(item) if self.state.journal is not None else None
-            self.state.item_succeeded(step_id, index, item, attempt, text)
+            map_ledger.item_succeeded(self.state, step_id, index, item, attempt, text)
         found.in_flight = frozenset(i for i in found.in_flight if i in found.resume_at)
 
     async def run(self, step: MapStep, attempt: int) -> _Outcome:
@@ -149,7 +150,7 @@ class _Maps:
                 f"{len(values)} now)",
                 attempt,
             )
-        items = state.expanded(step.id, values, digest, recorded=record is not None)
+        items = map_ledger.expanded(state, step.id, values, digest, recorded=record is not None)
         if found is not None and found.failed is not None:
             index, outcome = found.failed
             return _item_failure(index, outcome)
@@ -320,7 +321,8 @@ class _ItemTries:
         maps, state, step = self.maps, self.maps.state, self.step
         denied = self.advance(attempt)
         if denied is not None:
-            state.item_ended(
+            map_ledger.item_ended(
+                state,
                 step.id,
                 self.index,
                 denied.attempts,
@@ -333,7 +335,8 @@ class _ItemTries:
             outcome = await maps.attempts.retry(step, self, attempt, 1)
         except asyncio.CancelledError:
             reason = state.stop_reason or "another item of the map failed"
-            state.item_ended(
+            map_ledger.item_ended(
+                state,
                 step.id,
                 self.index,
                 self.attempt,
@@ -343,11 +346,12 @@ class _ItemTries:
             )
             raise
         if outcome.failure_class is None:
-            state.item_succeeded(
-                step.id, self.index, outcome.output, outcome.attempts, self.output_json
+            map_ledger.item_succeeded(
+                state, step.id, self.index, outcome.output, outcome.attempts, self.output_json
             )
         else:
-            state.item_ended(
+            map_ledger.item_ended(
+                state,
                 step.id,
                 self.index,
                 outcome.attempts,
@@ -382,7 +386,9 @@ class _ItemTries:
     def retrying(
         self, attempt: int, failure_class: FailureClass, message: str, delay: float
     ) -> None:
-        self.maps.state.item_retrying(self.step.id, self.index, attempt, failure_class, message)
+        map_ledger.item_retrying(
+            self.maps.state, self.step.id, self.index, attempt, failure_class, message
+        )
 
     def advance(self, attempt: int) -> _Outcome | None:
         maps, step = self.maps, self.step
@@ -393,7 +399,7 @@ class _ItemTries:
             if denial:
                 return _Outcome(None, FailureClass.POLICY, denial, attempt - 1, Action.FAIL)
         self.attempt = attempt
-        maps.state.item_started(step.id, self.index, attempt)
+        map_ledger.item_started(maps.state, step.id, self.index, attempt)
         self.durable = maps.runner.intent(step, attempt, cost, self.key)
         return None
 

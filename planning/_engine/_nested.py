@@ -27,6 +27,7 @@ from stratagem.planning._dispatch import step_run_id
 from stratagem.planning._engine._attempts import _Outcome
 from stratagem.planning._engine._deps import Children, ChildResult
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, backoff_delay
+from stratagem.planning._engine._state import _loop as loop_ledger
 from stratagem.planning._engine._state import _RunState, expansion_key, key_owner
 from stratagem.planning._errors import PlanningError
 from stratagem.planning._expr import expression, truthy
@@ -114,7 +115,7 @@ class _Nested:
         step = self.state.steps[step_id]
         assert isinstance(step, LoopStep | SubplanStep)
         outputs = await self.children.outputs(self.plan_id_of(step, iteration))
-        self.state.load_iteration_outputs(step_id, outputs)
+        loop_ledger.load_iteration_outputs(self.state, step_id, outputs)
 
     async def run(self, step: LoopStep | SubplanStep, attempt: int) -> _Outcome:
         """Run ``step``'s nested plan (each iteration, for a loop); the step's outcome."""
@@ -188,7 +189,7 @@ class _Nested:
             ended = found is not None and found.ended == index  # charged already: read it back
             if not ended:
                 resumed = found is not None and found.current == index
-                state.iteration_started(step.id, index, self.clock(), recorded=resumed)
+                loop_ledger.iteration_started(state, step.id, index, self.clock(), recorded=resumed)
             result = await self._child(step, index, inputs)
             if isinstance(result, _Outcome):
                 return result
@@ -261,7 +262,7 @@ class _Nested:
                 ):
                     return self._exhausted(step, iteration - 1, last, "timebox_s")
             now = self.clock()
-            state.iteration_started(step.id, iteration, now, recorded=resuming)
+            loop_ledger.iteration_started(state, step.id, iteration, now, recorded=resuming)
             resuming = False
             if started_at is None:
                 started_at = now
@@ -339,7 +340,8 @@ class _Nested:
                 shown = value_json if len(value_json) <= _SHOWN else value_json[:_SHOWN] + "..."
                 message += f": until {step.until!r} gave {shown}"
         self.admission.charge(result.calls, result.cost)
-        self.state.iteration_ended(
+        loop_ledger.iteration_ended(
+            self.state,
             step.id,
             iteration,
             outcome,

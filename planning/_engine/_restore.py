@@ -15,6 +15,15 @@ from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._map import _Maps
 from stratagem.planning._engine._policy import _Admission, step_is_idempotent
+from stratagem.planning._engine._state import (
+    _loop as loop_ledger,
+)
+from stratagem.planning._engine._state import (
+    _map as map_ledger,
+)
+from stratagem.planning._engine._state import (
+    _resume as resume,
+)
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import PlanResult, ToolRunner
 from stratagem.planning._errors import StepFailure
@@ -71,7 +80,7 @@ class _Restore(Generic[P]):
             g.gate_id for g in recorded.gates.values() if g.decision is GateDecision.OPEN
         }
         if recorded.cancel_requested:
-            state.load_cancel_request()
+            resume.load_cancel_request(state)
         items = _items_by_map(recorded)
         for step in state.plan.steps:
             entry = recorded.steps.get(step.id)
@@ -80,40 +89,41 @@ class _Restore(Generic[P]):
                     self._map(step, recorded, items.get(step.id, {}), stopping)
                 elif runs_plans(step):
                     for record in recorded.iterations.get(step.id, ()):
-                        state.load_iteration(record)
+                        loop_ledger.load_iteration(state, record)
                 continue
             step_id, attempt = step.id, entry.attempt
             gates.found_started(step_id)
             match entry.status:
                 case StepStatus.SUCCEEDED:
-                    state.load_succeeded(step_id, entry.output, attempt)
+                    resume.load_succeeded(state, step_id, entry.output, attempt)
                 case StepStatus.FAILED:
-                    state.load_failed(
+                    resume.load_failed(
+                        state,
                         StepFailure(
                             step_id,
                             entry.failure_class or FailureClass.LOGIC,
                             entry.message,
                             attempt,
-                        )
+                        ),
                     )
                 case StepStatus.CANCELLED:
-                    state.load_attempt(step_id, attempt, StepStatus.CANCELLED)
+                    resume.load_attempt(state, step_id, attempt, StepStatus.CANCELLED)
                 case StepStatus.SKIPPED:  # its condition was false, or what it needs failed
-                    state.load_skipped(step_id)
+                    resume.load_skipped(state, step_id)
                 case StepStatus.RETRYING:  # its last attempt failed and was to be retried
-                    state.load_attempt(step_id, attempt)
-                    state.load_resumed_mid_way(step_id, attempt + 1)
+                    resume.load_attempt(state, step_id, attempt)
+                    resume.load_resumed_mid_way(state, step_id, attempt + 1)
                     if runs_plans(step):  # it retries a nested plan
                         for record in recorded.iterations.get(step.id, ()):
-                            state.load_iteration(record)
+                            loop_ledger.load_iteration(state, record)
                 case StepStatus.BLOCKED:  # held at a policy gate
-                    state.load_attempt(step_id, attempt)
+                    resume.load_attempt(state, step_id, attempt)
                     self._policy_gate(step, entry.message, recorded)
                 case StepStatus.RUNNING:
-                    state.load_attempt(step_id, attempt)
+                    resume.load_attempt(state, step_id, attempt)
                     self._in_flight(step, attempt, recorded, stopping)
                 case _:
-                    state.load_attempt(step_id, attempt)
+                    resume.load_attempt(state, step_id, attempt)
         for gate in recorded.gates.values():
             if gate.kind is GateKind.TOOL:
                 gates.found_tool(gate)
@@ -131,15 +141,15 @@ class _Restore(Generic[P]):
             if status is StepStatus.SUCCEEDED or (
                 status is None and _expanded(compensation.step_id, recorded)
             ):
-                state.load_compensation(compensation)
+                resume.load_compensation(state, compensation)
                 item = recorded.steps.get(compensation.step_id)
                 if status is None and item is not None:  # a map's item: its output is undone
                     owner, _, index = compensation.step_id.partition(".")
-                    state.load_item(owner, int(index), item.output, item.attempt)
+                    map_ledger.load_item(state, owner, int(index), item.output, item.attempt)
         for condition in recorded.conditions.values():
             if state.statuses.get(condition.step_id) is StepStatus.PENDING:
                 self.conditions.found(condition)
-        state.load_ready()
+        resume.load_ready(state)
 
     def _map(
         self, step: MapStep, recorded: PlanState, items: dict[int, StepState], stopping: bool
@@ -154,26 +164,26 @@ class _Restore(Generic[P]):
             entry = items[index]
             match entry.status:
                 case StepStatus.SUCCEEDED:
-                    state.load_item(step.id, index, entry.output, entry.attempt)
+                    map_ledger.load_item(state, step.id, index, entry.output, entry.attempt)
                 case StepStatus.FAILED:
-                    state.load_item_attempt(step.id, index, entry.attempt)
+                    map_ledger.load_item_attempt(state, step.id, index, entry.attempt)
                     if failed is None:
                         failure_class = entry.failure_class or FailureClass.LOGIC
                         outcome = _Outcome(None, failure_class, entry.message, entry.attempt)
                         failed = (index, outcome)
                 case StepStatus.RUNNING:
-                    state.load_item_attempt(step.id, index, entry.attempt)
+                    map_ledger.load_item_attempt(state, step.id, index, entry.attempt)
                     in_flight.append(index)
                     resume_at[index] = entry.attempt + 1
                 case _:  # retrying, or cancelled when another item failed or the plan stopped
-                    state.load_item_attempt(step.id, index, entry.attempt)
+                    map_ledger.load_item_attempt(state, step.id, index, entry.attempt)
                     resume_at[index] = entry.attempt + 1
         self.maps.found_map(
             step.id, recorded.maps.get(step.id), resume_at, failed, frozenset(in_flight)
         )
         if not in_flight or stopping or step_is_idempotent(step, self.tools):
             return
-        state.load_attempt(step.id, 0)
+        resume.load_attempt(state, step.id, 0)
         gate = recorded.gates.get(step.id)
         if gate is not None and gate.kind is not GateKind.RECONCILE:
             gate = None
@@ -210,7 +220,8 @@ class _Restore(Generic[P]):
         if stopping:
             # The plan is ending anyway: the step is not re-run; its effect, if any, is not
             # compensated (only recorded successes are).
-            state.load_cancelled_in_flight(
+            resume.load_cancelled_in_flight(
+                state,
                 step_id,
                 attempt,
                 "in flight when the plan stopped; not re-run as the plan is ending",
@@ -218,7 +229,7 @@ class _Restore(Generic[P]):
             return
         if step_is_idempotent(step, self.tools):
             logger.info("plan %s: re-running idempotent in-flight step %s", state.plan.id, step_id)
-            state.load_resumed_mid_way(step_id, attempt + 1)
+            resume.load_resumed_mid_way(state, step_id, attempt + 1)
             return
         gate = recorded.gates.get(step_id)
         if gate is not None and gate.kind is not GateKind.RECONCILE:
@@ -251,7 +262,7 @@ class _Restore(Generic[P]):
                 statuses[compensation.step_id] = StepStatus.COMPENSATED
             elif compensation.status is CompensationStatus.FAILED:
                 statuses[compensation.step_id] = StepStatus.COMPENSATION_FAILED
-        self.state.load_finished(statuses, outputs, failures)
+        resume.load_finished(self.state, statuses, outputs, failures)
         self.state.plan_event(recorded.status, recorded.message)
         return self.state.result(recorded.status, 0.0)
 

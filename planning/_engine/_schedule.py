@@ -20,6 +20,7 @@ from stratagem.planning._engine._gates import _Gates
 from stratagem.planning._engine._map import _Maps
 from stratagem.planning._engine._nested import _Nested
 from stratagem.planning._engine._policy import Action, FailurePolicy, _Admission, _Breakers
+from stratagem.planning._engine._state import _resume as resume
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
 from stratagem.planning._kinds import (
@@ -74,7 +75,7 @@ class _Scheduler:
         """Schedule until the run has nothing more to do (``fresh``: not a resumed run)."""
         state = self.state
         if fresh:
-            state.load_ready()
+            resume.load_ready(state)
         # Completions are handled in task done-callbacks rather than by this coroutine waking up
         # for each one: scheduling the next steps then costs no extra event-loop round trip.
         self.callback_context = contextvars.copy_context()  # inside the plan span

@@ -2,7 +2,8 @@
 
 Read from the source with ``ast``: no import cycle among the planning package's modules (imports
 under ``TYPE_CHECKING`` and inside functions included), no class of the engine inheriting from
-another of its classes, and no module of the engine but ``_state.py`` writing the run's state.
+another of its classes, and no module of the engine outside the ``_state`` package writing the
+run's state.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.planning._engine import _state
-
 PLANNING = Path(__file__).resolve().parents[3] / "planning"
 ENGINE = PLANNING / "_engine"
+STATE = ENGINE / "_state"  # the run's state and its transitions, by concern: the one writer
 PACKAGE = "stratagem.planning"
 
 # The run's state: fields only ``_RunState`` may assign or mutate.
@@ -257,14 +257,16 @@ def test_the_writer_check_sees_writes() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", sorted(p for p in ENGINE.glob("*.py") if p.name != "_state.py"), ids=lambda p: p.name
+    "path",
+    sorted(p for p in ENGINE.rglob("*.py") if STATE not in p.parents),
+    ids=lambda p: p.relative_to(ENGINE).as_posix(),
 )
 def test_only_the_state_writes_the_runs_state(path: Path) -> None:
     assert _writes(path.read_text()) == [], f"{path.name} writes the run's state"
 
 
-def test_the_state_module_is_the_one_writer() -> None:
+def test_the_state_package_is_the_one_writer() -> None:
     # The other side of the rule: the transitions are where the writes are.
-    fields = {field for _, field in _writes(Path(_state.__file__).read_text())}
+    fields = {field for path in STATE.glob("*.py") for _, field in _writes(path.read_text())}
     assert {"statuses", "stop_reason", "cancelled", "outputs", "failures"} <= fields
     assert {"expansions", "iterations"} <= fields  # a map's items, a loop's iterations

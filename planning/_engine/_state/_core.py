@@ -1,152 +1,35 @@
-"""The state of one run of one plan, and its one writer.
-
-``_RunState`` holds what the parts of a run share (step statuses, outputs, attempts, failures,
-the open gates, the stop reason, cancellation and pause, the steps in flight, the ready queue,
-what is to be compensated) and is the only code that changes it: every change is one of its
-transition methods, which records the change in the journal (when the run has a store) and tells
-the observer, in that order. The other parts read its fields and call its transitions; a unit
-test (``tests/unit/planning/test_engine_structure.py``) checks that no other module of the
-engine assigns them.
-"""
+"""The run's state, ``_RunState``, and its transitions for the run as a whole, its steps, its
+gates and its compensation (the package's docstring says who else changes it)."""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 from collections import deque
-from collections.abc import Awaitable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
 
 from stratagem.planning._engine._journal import _Journal
 from stratagem.planning._engine._observe import _Observer
+from stratagem.planning._engine._state._ledgers import _Items, _Iterations, _Ready
 from stratagem.planning._engine._types import GateNotice, PlanResult
 from stratagem.planning._errors import StepFailure
 from stratagem.planning._plan import FailureClass, Plan, PlanStatus, Step, StepStatus
 from stratagem.planning._store import (
-    BudgetRecord,
     CompensationRecord,
-    CompensationState,
     CompensationStatus,
     ConditionRecord,
     GateKind,
     GateRecord,
-    IterationRecord,
-    MapRecord,
     PlanStatusRecord,
     Record,
     StateStore,
     StepResult,
 )
-from stratagem.planning._store._state import IterationOutcome
 
 logger = logging.getLogger(__name__)
 
 P = TypeVar("P", bound=Plan)
-
-
-def expansion_key(step_id: str, index: int) -> str:
-    """The key of a map's item (from 0) or a loop's iteration (from 1): ``f"{step_id}.{index}"``.
-
-    Step ids have no dots, so a key never names a step; it keys the item's (or the iteration's)
-    journal records and compensation, and makes the item's idempotency key.
-    """
-    return f"{step_id}.{index}"
-
-
-def key_owner(key: str) -> str:
-    """The step an expansion key belongs to (the key itself when it is a step id)."""
-    return key.partition(".")[0]
-
-
-@dataclass(slots=True)
-class _Items:
-    """A map step's items: the list it maps and the outputs of the items that succeeded.
-
-    Attributes:
-        values: The items.
-        outputs: Item index -> output, for the items that succeeded.
-        attempts: Item index -> its latest attempt.
-    """
-
-    values: list[Any]
-    outputs: dict[int, Any] = field(default_factory=dict)
-    attempts: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Iterations:
-    """A loop step's (or a sub-plan step's) iterations.
-
-    Attributes:
-        started_at: When the first iteration started (``time.time()``), for the timebox.
-        current: The latest iteration started (0 before the first).
-        ended: The latest iteration that ended (0 before the first ended).
-        last: The outputs of the latest iteration that ended, by step id.
-        holds: Whether ``until`` held after the latest iteration that ended.
-        failed: Whether the latest iteration that ended failed.
-        attempts: A loop's iteration -> its latest attempt, for an iteration retried (its
-            ``retry``); absent: its first.
-    """
-
-    started_at: float | None = None
-    current: int = 0
-    ended: int = 0
-    last: dict[str, Any] | None = None
-    holds: bool = False
-    failed: bool = False
-    attempts: dict[int, int] = field(default_factory=dict)
-
-    def start(self, iteration: int) -> None:
-        """Iteration ``iteration`` starts; the one that just failed starts its next attempt."""
-        if iteration == self.ended and self.failed:
-            self.attempts[iteration] = self.attempts.get(iteration, 1) + 1
-            self.ended, self.failed, self.holds, self.last = iteration - 1, False, False, None
-        self.current = iteration
-
-
-class _Ready:
-    """The ready queue of a plan whose steps have priorities: higher first, then plan order.
-
-    The same operations as the ``deque`` the other plans use.
-    """
-
-    __slots__ = ("_first", "_heap", "_order", "_priority")
-
-    def __init__(self, plan: Plan) -> None:
-        self._priority = {step.id: -step.priority for step in plan.steps}
-        self._order = {step.id: n for n, step in enumerate(plan.steps)}
-        self._heap: list[tuple[int, int, str]] = []
-        self._first = 0  # ``appendleft`` puts a step before every other of its priority
-
-    def append(self, step_id: str) -> None:
-        heapq.heappush(self._heap, (self._priority[step_id], self._order[step_id], step_id))
-
-    def extend(self, step_ids: Iterable[str]) -> None:
-        for step_id in step_ids:
-            self.append(step_id)
-
-    def appendleft(self, step_id: str) -> None:
-        self._first -= 1
-        heapq.heappush(self._heap, (self._priority[step_id], self._first, step_id))
-
-    def popleft(self) -> str:
-        return heapq.heappop(self._heap)[2]
-
-    def __getitem__(self, index: int) -> str:
-        if index != 0:
-            raise IndexError("only the first ready step can be read")
-        return self._heap[0][2]
-
-    def __iter__(self) -> Iterator[str]:
-        return (entry[2] for entry in self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
 
 
 class _RunState(Generic[P]):
@@ -587,184 +470,6 @@ class _RunState(Generic[P]):
         self.next_attempt[step_id] = attempt
         self.ready.appendleft(step_id)
 
-    # --- a map's items (``_map``) ------------------------------------------------------------
-
-    def expanded(self, step_id: str, values: list[Any], digest: str, recorded: bool) -> _Items:
-        """Map step ``step_id``'s list was evaluated: its items (the decision journaled unless
-        ``recorded`` already, before any item starts)."""
-        items = self.expansions.get(step_id)
-        if items is None:
-            items = self.expansions[step_id] = _Items(values)
-        else:  # a resumed run: the items' results were loaded first
-            items.values = values
-        if not recorded:
-            plan = self.plan
-            self.record(MapRecord(plan.id, plan.revision, step_id, len(values), digest))
-        self.observer.emit(
-            step_id,
-            StepStatus.RUNNING,
-            self.attempts.get(step_id, 1),
-            message=f"map over {len(values)} item(s)",
-        )
-        return items
-
-    def item_started(self, step_id: str, index: int, attempt: int) -> None:
-        """Attempt ``attempt`` of item ``index`` of map ``step_id`` starts."""
-        self.expansions[step_id].attempts[index] = attempt
-
-    def item_retrying(
-        self, step_id: str, index: int, attempt: int, failure_class: FailureClass, message: str
-    ) -> None:
-        """An attempt of an item failed and is retried."""
-        plan = self.plan
-        self.record(
-            StepResult(
-                plan.id,
-                plan.revision,
-                expansion_key(step_id, index),
-                attempt,
-                StepStatus.RETRYING,
-                failure_class=failure_class,
-                message=message,
-            )
-        )
-
-    def item_succeeded(
-        self, step_id: str, index: int, output: Any, attempt: int, output_json: str | None
-    ) -> None:
-        """Item ``index`` of map ``step_id`` succeeded (and is to be compensated if the map is)."""
-        self.expansions[step_id].outputs[index] = output
-        key = expansion_key(step_id, index)
-        compensated = self.steps[step_id].compensate is not None
-        if self.journal is not None and not self.interrupted:
-            plan = self.plan
-            result = StepResult(
-                plan.id, plan.revision, key, attempt, StepStatus.SUCCEEDED, output_json
-            )
-            if not compensated:
-                self.journal.add(result)
-            else:
-                self.journal.add(
-                    result,
-                    CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED),
-                )
-        if compensated:
-            self.compensable.append(key)
-            self.compensation[key] = CompensationStatus.NEEDED
-
-    def item_ended(
-        self,
-        step_id: str,
-        index: int,
-        attempt: int,
-        status: StepStatus,
-        failure_class: FailureClass,
-        message: str,
-    ) -> None:
-        """Item ``index`` of map ``step_id`` ended ``failed`` or ``cancelled`` (recorded only:
-        the map step's own outcome is settled by the scheduler)."""
-        plan = self.plan
-        self.record(
-            StepResult(
-                plan.id,
-                plan.revision,
-                expansion_key(step_id, index),
-                attempt,
-                status,
-                failure_class=failure_class,
-                message=message,
-            )
-        )
-
-    def load_item(self, step_id: str, index: int, output: Any, attempt: int) -> None:
-        """A resumed run finds item ``index`` of map ``step_id`` succeeded."""
-        items = self.expansions.get(step_id)
-        if items is None:
-            items = self.expansions[step_id] = _Items([])
-        items.outputs[index] = output
-        items.attempts[index] = attempt
-
-    def load_item_attempt(self, step_id: str, index: int, attempt: int) -> None:
-        """A resumed run finds item ``index`` of map ``step_id`` at attempt ``attempt``."""
-        items = self.expansions.get(step_id)
-        if items is None:
-            items = self.expansions[step_id] = _Items([])
-        items.attempts[index] = attempt
-
-    # --- a loop's iterations and a sub-plan's run (``_nested``) ------------------------------
-
-    def iteration_started(self, step_id: str, iteration: int, at: float, recorded: bool) -> None:
-        """Iteration ``iteration`` of loop (or sub-plan) ``step_id`` starts its nested plan (the
-        start journaled unless ``recorded``); the nested plan is to be compensated (or
-        cancelled) if this plan fails or is cancelled."""
-        loop = self.iterations.get(step_id)
-        if loop is None:
-            loop = self.iterations[step_id] = _Iterations()
-        if loop.started_at is None:
-            loop.started_at = at
-        loop.start(iteration)
-        key = expansion_key(step_id, iteration)
-        new = key not in self.compensation
-        if new:
-            self.compensable.append(key)
-            self.compensation[key] = CompensationStatus.NEEDED
-        if recorded:
-            return
-        plan = self.plan
-        records: list[Record] = [
-            IterationRecord(plan.id, plan.revision, step_id, iteration, "started", at=at)
-        ]
-        if new:
-            records.append(
-                CompensationRecord(plan.id, plan.revision, key, CompensationStatus.NEEDED)
-            )
-        self.record(*records)
-
-    def iteration_ended(
-        self,
-        step_id: str,
-        iteration: int,
-        outcome: IterationOutcome,
-        value_json: str,
-        outputs: dict[str, Any],
-        spent: tuple[int, float],
-        message: str,
-    ) -> None:
-        """Iteration ``iteration`` of ``step_id`` ended with ``outcome``; what its nested plan
-        spent is charged to this plan's budget, in the same commit as the outcome."""
-        loop = self.iterations[step_id]
-        loop.ended = iteration
-        loop.last = outputs
-        loop.holds = outcome == "held"
-        loop.failed = outcome == "failed"
-        plan = self.plan
-        records: list[Record] = [
-            IterationRecord(plan.id, plan.revision, step_id, iteration, outcome, value_json)
-        ]
-        if spent != (0, 0.0):
-            records.append(BudgetRecord(plan.id, plan.revision, spent[0], spent[1]))
-        self.record(*records)
-        if message:
-            self.observer.emit(step_id, StepStatus.RUNNING, iteration, message=message)
-
-    def load_iteration(self, record: IterationRecord) -> None:
-        """A resumed run finds an iteration record of a loop (or sub-plan) it has not finished."""
-        loop = self.iterations.get(record.step_id)
-        if loop is None:
-            loop = self.iterations[record.step_id] = _Iterations()
-        if record.outcome == "started":
-            if loop.started_at is None:
-                loop.started_at = record.at
-            loop.start(record.iteration)
-        else:
-            loop.ended = record.iteration
-            loop.holds = record.outcome == "held"
-            loop.failed = record.outcome == "failed"
-
-    def load_iteration_outputs(self, step_id: str, outputs: dict[str, Any] | None) -> None:
-        """The outputs of the latest ended iteration of ``step_id``, read from its nested plan."""
-        self.iterations[step_id].last = outputs
-
     # --- gates -------------------------------------------------------------------------------
 
     def hold(self, step_id: str, attempts: int, message: str) -> None:
@@ -967,112 +672,3 @@ class _RunState(Generic[P]):
             )
         )
         self.observer.emit(step_id, StepStatus.COMPENSATION_FAILED, attempt, failure_class, message)
-
-    # --- a resumed run takes its journal's state (``_restore``) ------------------------------
-
-    def load_cancel_request(self) -> None:
-        """The journal holds a cancellation: the run compensates and ends ``cancelled``."""
-        self.cancelled = True
-        self.stop_reason = "the plan was cancelled"
-
-    def load_succeeded(self, step_id: str, output: Any, attempt: int) -> None:
-        """``step_id`` had succeeded (its dependents' readiness is computed by ``load_ready``)."""
-        self.attempts[step_id] = attempt
-        self.outputs[step_id] = output
-        self.statuses[step_id] = StepStatus.SUCCEEDED
-        for dependent in self.dependents[step_id]:
-            self.waiting[dependent] -= 1
-
-    def load_failed(self, failure: StepFailure) -> None:
-        """``failure.step_id`` had failed: the run stops, unless a route handles the failure or
-        independent steps go on."""
-        step_id = failure.step_id
-        self.attempts[step_id] = failure.attempts
-        self.statuses[step_id] = StepStatus.FAILED
-        if step_id in self.routed:
-            self.handled.append(failure)
-        else:
-            self.failures.append(failure)
-        if not self.stops_on(step_id):
-            self._load_unsucceeded(step_id)
-        elif not self.stop_reason:
-            self.stop_reason = f"the plan stopped after step {step_id!r} failed"
-
-    def load_skipped(self, step_id: str) -> None:
-        """``step_id`` had been skipped (its dependents' readiness is computed by
-        ``load_ready``)."""
-        self.statuses[step_id] = StepStatus.SKIPPED
-        self.undecided.discard(step_id)
-        self._load_unsucceeded(step_id)
-
-    def _load_unsucceeded(self, step_id: str) -> None:
-        for dependent in self.dependents[step_id]:
-            self.blocked_by.setdefault(dependent, step_id)
-            self.undecided.add(dependent)
-            self.waiting[dependent] -= 1
-
-    def load_attempt(self, step_id: str, attempt: int, status: StepStatus | None = None) -> None:
-        """``step_id``'s latest attempt was ``attempt`` (and its status ``status``, if given)."""
-        self.attempts[step_id] = attempt
-        if status is not None:
-            self.statuses[step_id] = status
-
-    def load_resumed_mid_way(self, step_id: str, attempt: int) -> None:
-        """``step_id`` continues at ``attempt`` (after a retried or an interrupted attempt)."""
-        self.next_attempt[step_id] = attempt
-
-    def load_cancelled_in_flight(self, step_id: str, attempt: int, message: str) -> None:
-        """``step_id`` was in flight when a plan that is ending stopped: it is not re-run."""
-        plan = self.plan
-        self.statuses[step_id] = StepStatus.CANCELLED
-        self.record(
-            StepResult(
-                plan.id,
-                plan.revision,
-                step_id,
-                attempt,
-                StepStatus.CANCELLED,
-                failure_class=FailureClass.CANCELLED,
-                message=message,
-            )
-        )
-
-    def load_compensation(self, entry: CompensationState) -> None:
-        """A succeeded step's compensation, as the journal has it."""
-        step_id = entry.step_id
-        self.compensable.append(step_id)
-        self.compensation[step_id] = entry.status
-        self.compensation_attempts[step_id] = entry.attempt
-        if step_id not in self.statuses:  # a map's item or an iteration
-            return
-        if entry.status is CompensationStatus.COMPENSATED:
-            self.statuses[step_id] = StepStatus.COMPENSATED
-        elif entry.status is CompensationStatus.FAILED:
-            self.statuses[step_id] = StepStatus.COMPENSATION_FAILED
-
-    def load_ready(self) -> None:
-        """The pending steps whose dependencies have all settled are ready (once each)."""
-        queued = set(self.ready)
-        self.ready.extend(
-            step.id
-            for step in self.plan.steps
-            if self.statuses[step.id] is StepStatus.PENDING
-            and self.waiting[step.id] == 0
-            and step.id not in queued
-        )
-
-    def load_finished(
-        self,
-        statuses: dict[str, StepStatus],
-        outputs: dict[str, Any],
-        failures: list[StepFailure],
-    ) -> None:
-        """A finished plan's recorded statuses, outputs and failures (nothing runs)."""
-        for step_id, status in statuses.items():
-            if step_id in self.statuses:
-                self.statuses[step_id] = status
-        self.outputs.update((k, v) for k, v in outputs.items() if k in self.statuses)
-        self.failures.extend(f for f in failures if f.step_id in self.statuses)
-        for step_id, status in self.statuses.items():
-            if status is StepStatus.PENDING:
-                self.statuses[step_id] = StepStatus.SKIPPED
