@@ -141,24 +141,9 @@ class AgentActor:
         self._settings_digest = settings_digest(settings_json)
         self._role = role
         self._settings = settings
-        context = ray.get_runtime_context()
-        self._node_id = context.get_node_id()
-        self._node_labels = {
-            str(key): str(value)
-            for key, value in context.get_node_labels().items()
-            if not str(key).startswith("ray.io/")
-        }
-        self._restarted = bool(context.was_current_actor_reconstructed)
-        self._restarts: int | None = None
+        self._find_placement()
         private_dir(settings.state_dir)
-        budget = RestartBudget(
-            settings.restarts_path(role), settings.max_restarts, settings.restart_window_s
-        )
-        if not self._restarted:
-            budget.started()
-        elif reason := budget.restarted():
-            logger.error("agent %s %s", role, reason)
-            ray.actor.exit_actor()  # type: ignore[no-untyped-call]  # for good: not restarted
+        self._keep_restart_budget()
         self._secret_id = secret.key_id if secret is not None else ""
         self._tracer_provider = setup_telemetry(
             f"stratagem-{role}",
@@ -171,6 +156,60 @@ class AgentActor:
         for folder in map(str, settings.extension_paths):
             if folder not in sys.path:
                 sys.path.append(folder)
+        await self._open_stores(secret)
+        policy = load_policy(settings)
+        self._build_agent(policy, a2a_tokens)
+        await self._equip_agent(policy, model_api_key)
+        self._sealer = AuditSealer(
+            self._audit,
+            audit_key or load_or_create_key(settings.audit_key_path),
+            open_audit_heads(settings),
+        )
+        self._sealing = asyncio.create_task(self._seal_periodically())
+        await self._serve(policy, secret)
+        # A restart resumes the plans that still have callers; a first start after `secret
+        # rotate` (resume=False) resumes none: their callers went with the agents it replaced.
+        resumed = await self._agent.resume_unfinished(resume=resume or self._restarted)
+        await self._prune()
+        logger.info(
+            "agent %s serving on %s (restarted=%s, resumed %d plans)",
+            role,
+            self._server.endpoint,
+            self._restarted,
+            len(resumed),
+        )
+
+    # The constructor's parts, in the order it runs them.
+
+    def _find_placement(self) -> None:
+        """The node this actor runs on, its labels, and whether Ray restarted it."""
+        context = ray.get_runtime_context()
+        self._node_id = context.get_node_id()
+        self._node_labels = {
+            str(key): str(value)
+            for key, value in context.get_node_labels().items()
+            if not str(key).startswith("ray.io/")
+        }
+        self._restarted = bool(context.was_current_actor_reconstructed)
+        self._restarts: int | None = None
+
+    def _keep_restart_budget(self) -> None:
+        """Count this start against the agent's restart budget; a restart past it ends the actor
+        for good (Ray does not restart it again)."""
+        settings, role = self._settings, self._role
+        budget = RestartBudget(
+            settings.restarts_path(role), settings.max_restarts, settings.restart_window_s
+        )
+        if not self._restarted:
+            budget.started()
+        elif reason := budget.restarted():
+            logger.error("agent %s %s", role, reason)
+            ray.actor.exit_actor()  # type: ignore[no-untyped-call]  # for good: not restarted
+
+    async def _open_stores(self, secret: ClusterSecret | None) -> None:
+        """The plan store and its watch, the answers, the directory of peers and the dispatcher
+        that reaches them, the audit log."""
+        settings, role = self._settings, self._role
         self._store = await open_state_store(settings, role)
         world = settings.world_path(role) if settings.store_url is None else None
         self._watch = await asyncio.to_thread(StoreWatch, settings, role, world)
@@ -184,7 +223,10 @@ class AgentActor:
             role, self._directory, credentials=credentials_for(settings, role, secret)
         )
         self._audit = open_audit_log(settings)
-        policy = load_policy(settings)
+
+    def _build_agent(self, policy: Policy, a2a_tokens: dict[str, str] | None) -> None:
+        """The role's agent, its calls out going through A2A to the A2A agents it names."""
+        settings, role = self._settings, self._role
         dispatcher: Dispatcher = self._dispatcher
         if settings.a2a_agents:
             from stratagem.agents._a2a import A2ADispatcher, peers_from
@@ -212,12 +254,16 @@ class AgentActor:
             world_store=open_world_store(settings, role),
             a2a_agents=list(settings.a2a_agents),  # those a goal may consult (the orchestrator)
         )
-        # Before any plan resumes: who decides its gates, which tools ask an approval, and the
-        # outbox that keeps (and audits, and sends) what its gates do.
+
+    async def _equip_agent(self, policy: Policy, model_api_key: str) -> None:
+        """Before any plan resumes: who decides its gates, which tools ask an approval, the
+        outbox that keeps (and audits, and sends) what its gates do, its MCP tools and its model
+        planner."""
+        settings = self._settings
         self._agent.use_policy(policy)
         self._notices = GateOutbox(
-            role=role,
-            path=settings.notices_path(role),
+            role=self._role,
+            path=settings.notices_path(self._role),
             audit=self._audit,
             url=settings.gate_webhook_url,
             key=load_or_create_key(settings.gate_webhook_key_path)
@@ -229,8 +275,8 @@ class AgentActor:
         )
         await self._notices.start()
         self._agent.use_notifier(self._notices)
-        # Before the model planner is made and before any plan resumes: the MCP tools are the
-        # agent's tools (in its answer schema too) from its first request on.
+        # Before the model planner is made: the MCP tools are the agent's tools (in its answer
+        # schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         attach_model_planner(
             self._agent,
@@ -238,12 +284,10 @@ class AgentActor:
             api_key=model_api_key,
             tracer_provider=self._tracer_provider,
         )
-        self._sealer = AuditSealer(
-            self._audit,
-            audit_key or load_or_create_key(settings.audit_key_path),
-            open_audit_heads(settings),
-        )
-        self._sealing = asyncio.create_task(self._seal_periodically())
+
+    async def _serve(self, policy: Policy, secret: ClusterSecret | None) -> None:
+        """Start every face, gRPC first, and publish the agent's endpoint."""
+        settings, role = self._settings, self._role
         self._node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         faces = face_settings(settings, role, self._node_ip)
         grpc = faces["grpc"]
@@ -279,17 +323,6 @@ class AgentActor:
             )
         except OSError as exc:  # the CLI then finds this agent through Ray, as before
             logger.warning("agent %s could not publish its endpoint: %s", role, exc)
-        # A restart resumes the plans that still have callers; a first start after `secret
-        # rotate` (resume=False) resumes none: their callers went with the agents it replaced.
-        resumed = await self._agent.resume_unfinished(resume=resume or self._restarted)
-        await self._prune()
-        logger.info(
-            "agent %s serving on %s (restarted=%s, resumed %d plans)",
-            role,
-            self._server.endpoint,
-            self._restarted,
-            len(resumed),
-        )
 
     async def _problems(self) -> list[str]:
         """What is wrong with this agent's storage (see ``runtime.host._health``); the gRPC health

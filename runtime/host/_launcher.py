@@ -287,18 +287,7 @@ class Deployment:
         elif detached:
             self.replaced = self._stop_agents(kill=True, roles=self._other_extensions(roles))
         running = {role for role in roles if self._handle(role) is not None}
-        update: dict[str, Any] = {"grpc_host": self._grpc_host()}
-        paths = self.settings.extension_paths
-        if (
-            self.mode in ("embedded", "local")
-            and self.settings.extensions
-            and not detached
-            and Path.cwd() not in paths
-        ):
-            # Agents on this machine resolve extension modules from where the user launched us
-            # (`up`, which deploys detached agents, chose their folders: runtime.config._deployed).
-            update["extension_paths"] = [*paths, Path.cwd()]
-        settings = resolve_model(self.settings.model_copy(update=update))
+        settings = self._agent_settings(detached)
         api_key = (
             self.settings.model_api_key.get_secret_value() if self.settings.model_api_key else ""
         )
@@ -313,43 +302,13 @@ class Deployment:
             for key, value in os.environ.items()
             if key.startswith(_FORWARDED_PREFIXES) and key not in _NOT_FORWARDED
         }
-        # A secret made now is written only once the agents hold it and agree (below): an `up`
-        # that fails leaves the state directory's secret and operator key as they were.
-        made: ClusterSecret | None = None
-        secret: ClusterSecret | None
-        if (
-            create_secret
-            and self.settings.auth == "token"
-            and not self.settings.secret_path.exists()
-        ):
-            secret = made = ClusterSecret.generate()
-        else:
-            secret = cluster_secret(self.settings, create=create_secret)
-            if secret is not None:
-                save_operator_key(self.settings, secret)
+        secret, made = self._secret_to_hand(create_secret)
         private_dir(self.settings.state_dir)
         audit_key = load_or_create_key(self.settings.audit_key_path)
         remote_cls = ray.remote(AgentActor)
         settings_json = settings.model_dump_json()
         for role in roles:
-            options: dict[str, Any] = {
-                "name": actor_name(role),
-                "namespace": settings.namespace,
-                # Restarts are budgeted per time window by the agent itself
-                # (runtime.config._restarts):
-                # Ray's own count is for the actor's whole life.
-                "max_restarts": 0 if settings.max_restarts == 0 else -1,
-                # Every actor method (info, flush, shutdown) is idempotent: a call that meets a
-                # restarting agent waits for it instead of failing with ActorUnavailableError.
-                "max_task_retries": -1,
-                "max_concurrency": 1000,
-                "num_cpus": settings.actor_cpus,
-                "get_if_exists": True,
-                "runtime_env": {"env_vars": env} if env else None,
-            }
-            options.update(placement_options(settings, role))
-            if detached:
-                options["lifetime"] = "detached"
+            options = _actor_options(settings, role, env, detached)
             self._handles[role] = remote_cls.options(**options).remote(
                 role, settings_json, secret, audit_key, api_key, a2a_tokens, resume
             )
@@ -373,6 +332,41 @@ class Deployment:
         if made is not None:
             _save_new_secret(self.settings, made)
         return infos
+
+    def _agent_settings(self, detached: bool) -> Settings:
+        """The settings the agents are given: this process's, with the gRPC host of the mode,
+        the folder extensions load from, and the model resolved."""
+        update: dict[str, Any] = {"grpc_host": self._grpc_host()}
+        paths = self.settings.extension_paths
+        if (
+            self.mode in ("embedded", "local")
+            and self.settings.extensions
+            and not detached
+            and Path.cwd() not in paths
+        ):
+            # Agents on this machine resolve extension modules from where the user launched us
+            # (`up`, which deploys detached agents, chose their folders: runtime.config._deployed).
+            update["extension_paths"] = [*paths, Path.cwd()]
+        return resolve_model(self.settings.model_copy(update=update))
+
+    def _secret_to_hand(
+        self, create_secret: bool
+    ) -> tuple[ClusterSecret | None, ClusterSecret | None]:
+        """The cluster secret the agents are given, and the same when it is made now (else
+        ``None``)."""
+        # A secret made now is written only once the agents hold it and agree (``deploy``): an
+        # `up` that fails leaves the state directory's secret and operator key as they were.
+        if (
+            create_secret
+            and self.settings.auth == "token"
+            and not self.settings.secret_path.exists()
+        ):
+            made = ClusterSecret.generate()
+            return made, made
+        secret = cluster_secret(self.settings, create=create_secret)
+        if secret is not None:
+            save_operator_key(self.settings, secret)
+        return secret, None
 
     def _other_extensions(self, roles: Sequence[str], timeout_s: float = 10.0) -> list[str]:
         """The roles among ``roles`` whose running agent loaded another set of extensions than
@@ -743,3 +737,27 @@ def _start_failure(role: str, exc: BaseException) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
+
+
+def _actor_options(
+    settings: Settings, role: str, env: dict[str, str], detached: bool
+) -> dict[str, Any]:
+    """The Ray options of ``role``'s agent actor."""
+    options: dict[str, Any] = {
+        "name": actor_name(role),
+        "namespace": settings.namespace,
+        # Restarts are budgeted per time window by the agent itself (runtime.config._restarts):
+        # Ray's own count is for the actor's whole life.
+        "max_restarts": 0 if settings.max_restarts == 0 else -1,
+        # Every actor method (info, flush, shutdown) is idempotent: a call that meets a
+        # restarting agent waits for it instead of failing with ActorUnavailableError.
+        "max_task_retries": -1,
+        "max_concurrency": 1000,
+        "num_cpus": settings.actor_cpus,
+        "get_if_exists": True,
+        "runtime_env": {"env_vars": env} if env else None,
+    }
+    options.update(placement_options(settings, role))
+    if detached:
+        options["lifetime"] = "detached"
+    return options
