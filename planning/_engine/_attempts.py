@@ -467,7 +467,8 @@ class _StepTries:
 
     def after(self, attempt: int, failure_class: FailureClass | None) -> Awaitable[None] | None:
         step, breakers = self.step, self.runner.breakers
-        if attempts_tool(step) and (failure_class is not None or breakers.states):
+        # A success with no breaker open or counting asks nothing of the table (per step).
+        if (failure_class is not None or breakers.states) and attempts_tool(step):
             return breakers.record(step.tool, failure_class, resumed=self.runner.resumed)
         return None
 

@@ -24,6 +24,7 @@ from stratagem.planning._engine._state import _resume as resume
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._errors import StoreError
 from stratagem.planning._kinds import (
+    KINDS,
     attempts_tool,
     is_decided,
     is_expanded,
@@ -62,12 +63,14 @@ class _Scheduler:
         self.breakers = breakers
         self.policy = policy
         self.bound = bound
-        # The steps expanded rather than attempted (maps, loops, sub-plans): a plan without any
-        # pays one truthiness test per step started.
-        self.expanded = frozenset(step.id for step in state.plan.steps if is_expanded(step))
-        # The steps decided rather than attempted (gates), found once: the table is not asked
-        # again per step started.
-        self.decided = frozenset(step.id for step in state.plan.steps if is_decided(step))
+        # The steps expanded rather than attempted (maps, loops, sub-plans) and those decided
+        # (gates), found once from the table's rows (no call per step of the plan): a plan
+        # without any pays one truthiness test per step started.
+        expanded = {name for name, row in KINDS.items() if row.expanded}
+        decided = {name for name, row in KINDS.items() if row.start == "decide"}
+        steps = state.plan.steps
+        self.expanded = frozenset(step.id for step in steps if step.kind in expanded)
+        self.decided = frozenset(step.id for step in steps if step.kind in decided)
         # The context the done-callbacks run in (set inside the plan span when the run starts).
         self.callback_context = contextvars.copy_context()
 
@@ -132,8 +135,7 @@ class _Scheduler:
                 assert is_expanded(step)
                 self._start_expanding(step)
                 continue
-            step_id = state.take_ready()
-            attempt = state.take_next_attempt(step_id)
+            step_id, attempt = state.take_next()
             cost: float | None = None
             admission = self.admission
             if admission.budget is not None or self.breakers.states:
@@ -148,7 +150,7 @@ class _Scheduler:
                 state.start(step_id, attempt)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
-            durable = runner.intent(step, attempt, cost)
+            durable = None if state.journal is None else runner.intent(step, attempt, cost)
             task = loop.create_task(runner.run(step, attempt, durable))
             task.add_done_callback(self._on_done, context=self.callback_context)
             state.launched(task, step_id)

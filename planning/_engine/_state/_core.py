@@ -464,6 +464,12 @@ class _RunState(Generic[P]):
         """The attempt ``step_id`` starts at (1, unless it resumes mid-way)."""
         return self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
 
+    def take_next(self) -> tuple[str, int]:
+        """The next ready step, taken off the queue, and the attempt it starts at (one
+        transition rather than two per step started)."""
+        step_id = self.ready.popleft()
+        return step_id, self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
+
     def requeue(self, step_id: str, attempt: int) -> None:
         """Run ``step_id`` again (a reconcile or policy gate approved a re-run), first in line."""
         self.statuses[step_id] = StepStatus.PENDING
