@@ -347,3 +347,16 @@ def test_the_model_load_figures_and_section_have_their_shape() -> None:
     assert lines[0] == "## The model path under load: four agents, one CPU model server"
     assert any("85.7%" in line and "not met" in line for line in lines)
     assert model_load_section({"skipped": "no server"})[-2] == "Skipped: no server."
+
+
+def test_the_interleaved_comparison_runs_a_tree_in_a_child_of_its_own() -> None:
+    from tests.bench.compare import compare
+
+    summary = compare(["."], rounds=1, runs=1, warmup=0)
+    figures = summary["."]
+    variants = {"engine_noop_tracer", "no_store", "sqlite_side_effecting", "sqlite_idempotent"}
+    assert set(figures["per_step_us"]) == variants
+    assert all(value > 0 for value in figures["per_step_us"].values())
+    assert set(figures["checkpointed_ratio"]) == {"sqlite_side_effecting", "sqlite_idempotent"}
+    assert figures["vs_first"] == dict.fromkeys(variants, 1.0)
+    assert len(figures["rounds"]) == 1
