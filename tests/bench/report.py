@@ -1055,7 +1055,7 @@ _ENGINE_COST_NOTE: Final = (
     "each step intent's "
     "and result's time (a `time.time()` and its text per record), which raised the checkpointed "
     "ratio from 2.74x to 2.88x in that run.",
-    "- **Taken back** (09fa171): the scheduler finds the expanded and decided steps by kind name "
+    "- **Taken back** (d3bc39b): the scheduler finds the expanded and decided steps by kind name "
     "once per run, a success asks the table nothing when no breaker counts, a step and its "
     "attempt are one transition (`take_next`), no intent is journaled without a store: a step "
     "now makes 91 Python calls (cProfile's count over a run), main's 98, a8d62c1's 89. "
