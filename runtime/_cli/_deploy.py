@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -116,6 +117,15 @@ def _record_for(settings: Settings) -> DeploymentRecord:
     return DeploymentRecord(extensions=extensions, extension_paths=tuple(paths))
 
 
+def _with_planning(
+    record: DeploymentRecord, settings: Settings, roles: Sequence[str]
+) -> DeploymentRecord:
+    """``record`` with how long each of ``roles`` may take to plan one request, as deployed with
+    ``settings`` (what a goal's default deadline is made of: ``Operator.submit``)."""
+    planning = {role: settings.planning_timeout_s(role) for role in roles}
+    return dataclasses.replace(record, planning_timeout_s=planning)
+
+
 @app.command()
 def up(
     address: AddressOpt = None,
@@ -195,7 +205,7 @@ def up(
                 settings.local_cluster_file.unlink(missing_ok=True)
                 settings.ray_token_path.unlink(missing_ok=True)
             raise
-        write_record(settings.state_dir, record)
+        write_record(settings.state_dir, _with_planning(record, settings, roles))
         if deployment.replaced and not as_json:
             err_console.print(
                 f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other "

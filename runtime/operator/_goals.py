@@ -3,23 +3,17 @@ started, not waited for), over ``_goal``'s ``run_goal`` and ``start_goal``."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
-from stratagem.protocol import (
-    AgentCard,
-    InvalidArgumentError,
-    PlanEvent,
-    ProtocolError,
-    SubmitGoalRequest,
-)
+from stratagem.protocol import InvalidArgumentError, PlanEvent, SubmitGoalRequest
 from stratagem.runtime.operator._goal import (
     GoalOutcome,
     GoalStarted,
     goal_deadline_s,
+    planning_timeouts,
     run_goal,
     start_goal,
 )
@@ -49,8 +43,9 @@ class Goals:
             goal: The goal, or the mapping a goal file holds.
             timeout: The whole goal's deadline; by default (and when the operator was made
                 without ``timeout_s``) one that fits the deployment's planners:
-                ``STRATAGEM_REQUEST_TIMEOUT_S`` plus the planning limits each agent's card states
-                for the requests a goal makes it plan (``goal_deadline_s``).
+                ``STRATAGEM_REQUEST_TIMEOUT_S`` plus each agent's ``planning_timeout_s`` for the
+                requests a goal makes it plan (``goal_deadline_s``), as ``stratagem up``
+                recorded them, else as the settings give them: no agent is asked.
 
         Raises:
             InputError: The goal is not valid, or the orchestrator refused it as such
@@ -65,11 +60,11 @@ class Goals:
             except ValidationError as exc:
                 raise InputError(validation_line("goal", exc)) from exc
         endpoints = await self._link.endpoints()
+        settings = self._link.settings
+        planning = planning_timeouts(settings, self._link.roles)
         timeout_s = check_timeout(timeout)
         if timeout_s is None and not self._link.timeout_given:
-            timeout_s = goal_deadline_s(
-                self._link.settings.request_timeout_s, await self._cards(endpoints), goal
-            )
+            timeout_s = goal_deadline_s(settings.request_timeout_s, planning, goal)
         try:
             return await run_goal(
                 endpoints,
@@ -77,6 +72,7 @@ class Goals:
                 timeout_s=timeout_s or self._link.config.default_timeout_s,
                 on_event=on_event,
                 credentials=self._link.credentials(),
+                planners={r: "model" if s > 0 else "deterministic" for r, s in planning.items()},
             )
         except InvalidArgumentError as exc:
             raise InputError(f"goal refused: {exc.message}") from exc
@@ -107,16 +103,3 @@ class Goals:
             timeout_s=check_timeout(timeout) or self._link.config.default_timeout_s,
             credentials=self._link.credentials(),
         )
-
-    async def _cards(self, endpoints: Mapping[str, str]) -> dict[str, AgentCard]:
-        """Each agent's card, as far as it answers within a few seconds (a goal's deadline then
-        follows how the agents plan)."""
-
-        async def card(role: str) -> tuple[str, AgentCard | None]:
-            try:
-                return role, await self._link.client(endpoints[role]).describe(timeout=5.0)
-            except ProtocolError:
-                return role, None
-
-        found = await asyncio.gather(*(card(role) for role in endpoints))
-        return {role: got for role, got in found if got is not None}
