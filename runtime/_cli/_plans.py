@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar, cast
 
 import typer
 from rich.markup import escape
@@ -600,7 +600,7 @@ def _plan_only(action: ControlAction) -> Callable[..., None]:
 # The actions that take nothing but the plan: one command body, registered per action.
 for _action, _verb in CONTROL_VERBS.items():
     if _verb.plan_only:
-        _plan_verb(_action, _verb.summary)(_plan_only(_action))
+        _plan_verb(_action, _verb.summary)(_plan_only(cast("ControlAction", _action)))
 
 
 @_plan_verb("replan", CONTROL_VERBS["replan"].summary)

@@ -4,17 +4,15 @@ nothing but the plan (the CLI registers one command body for those) and whether 
 refusal of it is about the caller's input (the CLI's exit 2).
 
 Declared once, in the order of ``protocol.CONTROL_ACTIONS`` (a test holds it to them and to
-``_operator.Verbs``). It imports nothing heavy: the CLI reads it when it registers its commands.
+``_operator.Verbs``). It imports nothing heavy, not even ``protocol`` (an import contract in
+pyproject.toml holds it to that): the CLI reads it when it registers its commands.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    from stratagem.protocol import ControlAction
+from typing import Final
 
 __all__ = ["CONTROL_VERBS", "ControlVerb"]
 
@@ -36,7 +34,8 @@ class ControlVerb:
     refusal_is_input: bool = False
 
 
-CONTROL_VERBS: Final[Mapping[ControlAction, ControlVerb]] = {
+CONTROL_VERBS: Final[Mapping[str, ControlVerb]] = {
+    # Keyed by protocol.ControlAction (a str here: protocol is not imported).
     "approve": ControlVerb(
         "Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with "
         "--output; a gate that asks takes --value; a tool's approval may edit its --arguments).",
