@@ -19,6 +19,7 @@ from stratagem.runtime._cli._app import (
     StateDirOpt,
     _deployment,
     _errors,
+    _load_ray,
     _print_json,
     _running,
     _settings,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from stratagem.runtime.host._directory import AgentInfo
     from stratagem.runtime.host._launcher import AgentStartError
     from stratagem.runtime.host._local import LaunchError, LocalCluster, read_published
+    from stratagem.runtime.host._rotation import rotate_secret
     from stratagem.runtime.operator._operator import check_role
 
 __all__: list[str] = []
@@ -293,8 +295,7 @@ def secret_rotate(
     """Make a new cluster secret and redeploy the agents with it (as 'up --replace' does):
     tokens signed with the old secret stop passing; plans continue from their stores."""
     with _errors():
-        from stratagem.runtime.host._rotation import rotate_secret  # joins Ray
-
+        _load_ray()  # rotate_secret joins Ray
         settings = _settings(address, state_dir)
         settings = settings.model_copy(
             update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
