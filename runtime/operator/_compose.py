@@ -90,7 +90,7 @@ class verb(Generic[S, P, T]):
     def __init__(self, method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]]) -> None:
         self.method = method
         self.name = method.__name__
-        functools.update_wrapper(self, method)  # type: ignore[arg-type]  # its name and doc
+        functools.update_wrapper(self, method)  # its name and doc
 
     @functools.cached_property
     def part(self) -> type[S]:
@@ -124,6 +124,10 @@ class verb(Generic[S, P, T]):
         functools.update_wrapper(run, bound)  # the bound method's name, doc and signature
         return run
 
+    def __call__(self, host: AwaitingHost | BlockingHost, /, *args: Any, **kwargs: Any) -> Any:
+        """The verb called through the class, ``Operator.fork(op, ...)``, as ``op.fork(...)``."""
+        return self.__get__(host, type(host))(*args, **kwargs)
+
 
 def _part_class(method: Callable[..., Any]) -> type[Any]:
     """The class ``method`` is defined on (a module-level class of its module)."""
@@ -154,9 +158,14 @@ class stream(Generic[S, P, Y]):
         if instance is None:
             return self
         found: Callable[P, AsyncGenerator[Y, None]] = getattr(
-            instance._parts.get(_part_class(self.method)), self.method.__name__
+            instance._parts.get(self.part), self.method.__name__
         )
         return found
+
+    @functools.cached_property
+    def part(self) -> type[S]:
+        """The part class ``method`` is defined on."""
+        return cast(type[S], _part_class(self.method))
 
 
 def verbs(table: type[Any]) -> dict[str, verb[Any, Any, Any]]:

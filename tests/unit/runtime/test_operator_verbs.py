@@ -134,3 +134,11 @@ def test_the_control_verbs_are_the_protocols_actions_and_the_clis_commands() -> 
 def test_every_operator_module_stays_well_under_800_lines() -> None:
     sizes = {p.name: len(p.read_text().splitlines()) for p in OPERATOR_DIR.glob("_*.py")}
     assert max(sizes.values()) <= 600, sizes
+
+
+def test_a_verb_called_through_the_class_is_the_instances() -> None:
+    async def run() -> dict[str, str]:
+        async with Operator(endpoints=ENDPOINTS) as op:
+            return await Operator.endpoints(op, ["perception"])
+
+    assert asyncio.run(run()) == ENDPOINTS
