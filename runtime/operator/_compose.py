@@ -69,9 +69,15 @@ def needs(part: type[Any]) -> dict[str, type[Any]]:
 
     Raises:
         TypeError: A parameter that does not name a service's class (a part takes services
-            only: no value such as an ``int``, no union).
+            only: no value such as an ``int``, no union), or names one its module imports only
+            for the type checker.
     """
-    hints = typing.get_type_hints(part.__init__)
+    try:
+        hints = typing.get_type_hints(part.__init__)
+    except NameError as exc:  # a service's class imported under TYPE_CHECKING only
+        raise TypeError(
+            f"{part.__name__} names a service its module does not import at run time: {exc}"
+        ) from exc
     hints.pop("return", None)
     wrong = [
         name

@@ -142,3 +142,13 @@ def test_a_verb_called_through_the_class_is_the_instances() -> None:
             return await Operator.endpoints(op, ["perception"])
 
     assert asyncio.run(run()) == ENDPOINTS
+
+
+class _Unresolved:
+    def __init__(self, link: NotImportedAtRunTime) -> None:  # type: ignore[name-defined]  # noqa: F821
+        self.link = link
+
+
+def test_a_part_naming_a_service_it_does_not_import_is_one_clear_error() -> None:
+    with pytest.raises(TypeError, match=r"_Unresolved names a service its module does not import"):
+        needs(_Unresolved)
