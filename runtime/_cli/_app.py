@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.host._launcher import Deployment
     from stratagem.runtime.host._ray_directory import RayDirectory
+    from stratagem.runtime.operator._auditing import verify_audit
     from stratagem.runtime.operator._operator import Operator, operator_settings
 
 # What the commands use beyond typer and rich's console: imported when a command runs (see
@@ -71,6 +72,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "TokenSigner",
         "UnavailableError",
         "archive_audit",
+        "init_certificates",
     ),
     "stratagem.runtime.telemetry._backend": ("BackendError", "PhoenixTraces", "find_backend"),
     "stratagem.runtime.config._deployed": (
@@ -80,6 +82,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "remove_record",
         "write_record",
     ),
+    "stratagem.runtime.operator._auditing": ("verify_audit",),
     "stratagem.runtime.operator._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
@@ -110,6 +113,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     ),
     "stratagem.runtime.config._security": (
         "check_operator_identity",
+        "credentials_for",
         "issue_identity_key",
         "operator_key",
     ),
@@ -129,11 +133,26 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.agents": ("DEMO_GOAL",),
 }
-# What joins Ray: imported only by the commands that do (see _deployment).
+# What joins Ray: imported only by the commands that do (see _deployment, _load_ray).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.host._directory": ("AgentInfo",),
     "stratagem.runtime.host._launcher": ("AgentStartError", "Deployment"),
+    "stratagem.runtime.host._rotation": ("rotate_secret",),
 }
+# The web console (Starlette, uvicorn): imported only by `stratagem console` (see _load_console).
+_CONSOLE_IMPORTS: dict[str, tuple[str, ...]] = {
+    "stratagem.runtime._console": ("ConsoleConfig", "ConsoleServer", "check_host"),
+    "stratagem.runtime._console._assets": ("Assets",),
+    "stratagem.runtime._console._serve": ("TlsFiles",),
+}
+TIERS: tuple[dict[str, tuple[str, ...]], ...] = (
+    _RUNTIME_IMPORTS,
+    _AGENT_IMPORTS,
+    _RAY_IMPORTS,
+    _CONSOLE_IMPORTS,
+)
+"""Every tier: the CLI's one table of what it imports lazily (a command module imports nothing
+else inside a function: a unit test checks it)."""
 
 
 _SCOPES: list[dict[str, Any]] = []
@@ -175,14 +194,24 @@ def _load_agents() -> None:
     _bind(_AGENT_IMPORTS)
 
 
+def _load_ray() -> None:
+    """Bind the names of ``_RAY_IMPORTS`` (once; this imports Ray)."""
+    _bind(_RAY_IMPORTS)
+
+
+def _load_console() -> None:
+    """Bind the names of ``_CONSOLE_IMPORTS`` (once)."""
+    _bind(_CONSOLE_IMPORTS)
+
+
 def _deployment(settings: Settings) -> Deployment:
     """A handle on the deployment ``settings`` name (this imports Ray)."""
-    _bind(_RAY_IMPORTS)
+    _load_ray()
     _load_agents()  # what an embedded deployment builds
     return Deployment(settings)
 
 
-__all__ = ["app", "lazy_scope", "main"]
+__all__ = ["TIERS", "app", "lazy_scope", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -465,8 +494,6 @@ def _verify_audit(settings: Settings, archive: Path | None = None) -> tuple[Chai
     ``STATE_DIR/audit-archive``), and its signed heads when a sealing key exists; the verdict and
     the chain's head (``runtime.operator._auditing.verify_audit``, which the console's audit page
     reads)."""
-    from stratagem.runtime.operator._auditing import verify_audit
-
     check = verify_audit(settings, archive)
     return check.verdict, check.head
 

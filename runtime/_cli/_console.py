@@ -7,7 +7,7 @@ import contextlib
 import logging
 import webbrowser
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,6 +15,7 @@ from stratagem.runtime._cli._app import (
     AddressOpt,
     StateDirOpt,
     _errors,
+    _load_console,
     _settings,
     app,
     console,
@@ -22,6 +23,12 @@ from stratagem.runtime._cli._app import (
     lazy_scope,
 )
 from stratagem.runtime.operator._input import InputError
+
+if TYPE_CHECKING:
+    from stratagem.runtime._console import ConsoleConfig, ConsoleServer, check_host
+    from stratagem.runtime._console._assets import Assets
+    from stratagem.runtime._console._serve import TlsFiles
+    from stratagem.runtime.config._security import credentials_for
 
 __all__: list[str] = []
 
@@ -68,11 +75,7 @@ def console_command(
     """Serve the web console (plans, steps, gates, agents, audit, traces) for the deployment the
     other commands reach, and print a one-time login URL."""
     with _errors():
-        from stratagem.runtime._console import ConsoleConfig, ConsoleServer, check_host
-        from stratagem.runtime._console._assets import Assets
-        from stratagem.runtime._console._serve import TlsFiles
-        from stratagem.runtime.config._security import credentials_for
-
+        _load_console()
         if (tls_cert is None) != (tls_key is None):
             raise InputError("give both --tls-cert and --tls-key, or neither")
         tls = TlsFiles(tls_cert, tls_key) if tls_cert and tls_key else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,6 +19,7 @@ from stratagem.runtime._cli._app import (
     StateDirOpt,
     _deployment,
     _errors,
+    _load_ray,
     _print_json,
     _running,
     _settings,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from stratagem.runtime.host._directory import AgentInfo
     from stratagem.runtime.host._launcher import AgentStartError
     from stratagem.runtime.host._local import LaunchError, LocalCluster, read_published
+    from stratagem.runtime.host._rotation import rotate_secret
     from stratagem.runtime.operator._operator import check_role
 
 __all__: list[str] = []
@@ -114,6 +117,15 @@ def _record_for(settings: Settings) -> DeploymentRecord:
     if extensions and named_here and Path.cwd() not in paths:
         paths.append(Path.cwd())
     return DeploymentRecord(extensions=extensions, extension_paths=tuple(paths))
+
+
+def _with_planning(
+    record: DeploymentRecord, settings: Settings, roles: Sequence[str]
+) -> DeploymentRecord:
+    """``record`` with how long each of ``roles`` may take to plan one request, as deployed with
+    ``settings`` (what a goal's default deadline is made of: ``Operator.submit``)."""
+    planning = {role: settings.planning_timeout_s(role) for role in roles}
+    return dataclasses.replace(record, planning_timeout_s=planning)
 
 
 @app.command()
@@ -195,7 +207,7 @@ def up(
                 settings.local_cluster_file.unlink(missing_ok=True)
                 settings.ray_token_path.unlink(missing_ok=True)
             raise
-        write_record(settings.state_dir, record)
+        write_record(settings.state_dir, _with_planning(record, settings, roles))
         if deployment.replaced and not as_json:
             err_console.print(
                 f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other "
@@ -283,8 +295,7 @@ def secret_rotate(
     """Make a new cluster secret and redeploy the agents with it (as 'up --replace' does):
     tokens signed with the old secret stop passing; plans continue from their stores."""
     with _errors():
-        from stratagem.runtime.host._rotation import rotate_secret  # joins Ray
-
+        _load_ray()  # rotate_secret joins Ray
         settings = _settings(address, state_dir)
         settings = settings.model_copy(
             update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}

@@ -138,7 +138,7 @@ def _execute_goal(
     if backend is not None and not as_json:
         err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
     setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
-    # Without --timeout the goal's deadline is the one its agents' cards give (Operator.submit:
+    # Without --timeout the goal's deadline follows the deployment's planners (Operator.submit:
     # model planners get longer); finding the agents is bounded by the request timeout.
     limit = timeout or settings.request_timeout_s
     deployment = _deployment(settings)

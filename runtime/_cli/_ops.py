@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         StorageCorruptError,
         TokenSigner,
         archive_audit,
+        init_certificates,
     )
     from stratagem.runtime.config._extensions import settings_roles
     from stratagem.runtime.config._security import (
@@ -411,8 +412,6 @@ def certs_init(
             *settings_roles(settings),
             OPERATOR,
         ]
-        from stratagem.protocol import init_certificates
-
         written = init_certificates(folder, names, overwrite=force)
         if as_json:
             _print_json(

@@ -1,7 +1,8 @@
 """The plan commands: ``plans run|show|list|watch``, and the verbs on one plan (``replay``,
 ``approve``, ``reject``, ``pause``, ``cancel``, ``resume``, ``replan``, ``fork``), each registered
 once under ``plans`` and as a top-level alias (``stratagem plans approve`` = ``stratagem
-approve``)."""
+approve``). The control verbs' help and exit codes come from their table,
+``operator._control_verbs.CONTROL_VERBS``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar, cast
 
 import typer
 from rich.markup import escape
@@ -35,6 +36,7 @@ from stratagem.runtime._cli._app import (
     plans_app,
 )
 from stratagem.runtime.config._errors import StratagemRuntimeError
+from stratagem.runtime.operator._control_verbs import CONTROL_VERBS
 from stratagem.runtime.operator._input import (
     DEFAULT_HISTORY_PAGE,
     InputError,
@@ -478,7 +480,7 @@ def _control(
                 caller=caller,
             )
         except (InvalidArgumentError, FailedPreconditionError) as exc:
-            if action not in ("approve", "reject", "fork"):
+            if not CONTROL_VERBS[action].refusal_is_input:
                 raise
             raise InputError(str(exc)) from exc
         if as_json:
@@ -498,7 +500,7 @@ def _control(
             )
 
 
-@_plan_verb("approve")
+@_plan_verb("approve", CONTROL_VERBS["approve"].summary)
 def approve(
     plan_id: PlanArg,
     gate_id: GateArg,
@@ -534,8 +536,6 @@ def approve(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Approve a gate: its plan goes on (a reconciled step is re-run, or recorded with --output;
-    a gate that asks takes --value; a tool's approval may edit its --arguments)."""
     more: dict[str, Any] = {}
     with _errors():
         if value is not None:
@@ -557,7 +557,7 @@ def approve(
     )
 
 
-@_plan_verb("reject")
+@_plan_verb("reject", CONTROL_VERBS["reject"].summary)
 def reject(
     plan_id: PlanArg,
     gate_id: GateArg,
@@ -568,7 +568,6 @@ def reject(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Reject a gate: the gate (or reconciled step) fails, and so its plan, which is compensated."""
     _control(
         plan_id,
         "reject",
@@ -582,15 +581,7 @@ def reject(
     )
 
 
-_PLAN_ONLY: dict[Literal["pause", "cancel", "resume"], str] = {
-    "pause": "Pause a plan: no new step starts, running ones finish; 'resume' continues it.",
-    "cancel": "Cancel a plan for good: running steps are cancelled, completed ones compensated.",
-    "resume": "Resume a stored, unfinished plan that is not running (paused, or left by a stop).",
-}
-"""The actions that take nothing but the plan: one command body, registered per action."""
-
-
-def _plan_only(action: Literal["pause", "cancel", "resume"]) -> Callable[..., None]:
+def _plan_only(action: ControlAction) -> Callable[..., None]:
     def command(
         plan_id: PlanArg,
         address: AddressOpt = None,
@@ -606,11 +597,13 @@ def _plan_only(action: Literal["pause", "cancel", "resume"]) -> Callable[..., No
     return command
 
 
-for _action, _help in _PLAN_ONLY.items():
-    _plan_verb(_action, _help)(_plan_only(_action))
+# The actions that take nothing but the plan: one command body, registered per action.
+for _action, _verb in CONTROL_VERBS.items():
+    if _verb.plan_only:
+        _plan_verb(_action, _verb.summary)(_plan_only(cast("ControlAction", _action)))
 
 
-@_plan_verb("replan")
+@_plan_verb("replan", CONTROL_VERBS["replan"].summary)
 def replan(
     plan_id: PlanArg,
     plan_file: Annotated[
@@ -624,8 +617,6 @@ def replan(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Make a new revision of a stored plan that is not running (pause it first); 'resume' runs
-    it, with the results of unchanged completed steps carried over."""
     _control(
         plan_id,
         "replan",
@@ -638,7 +629,7 @@ def replan(
     )
 
 
-@_plan_verb("fork")
+@_plan_verb("fork", CONTROL_VERBS["fork"].summary)
 def fork(
     plan_id: PlanArg,
     at: Annotated[
@@ -670,8 +661,6 @@ def fork(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
 ) -> None:
-    """Fork a plan into a new one (new id, forked_from recorded) that runs on from a step or
-    revision, with the recorded results before it carried and --set outputs substituted."""
     with _errors():
         outputs = _substitutions(sets or [])
     _control(

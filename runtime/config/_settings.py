@@ -401,6 +401,15 @@ class Settings(BaseSettings):
         """How ``role``'s agent plans."""
         return self.planners.get(role, self.planner)
 
+    def planning_timeout_s(self, role: str) -> float:
+        """The longest ``role``'s agent may take to plan one request: with a model, its first
+        call and each repair, each within ``model_timeout_s``; 0 when it plans with its rules.
+        What the agent's card says (``AgentCard.planning_timeout_s``) and what a goal's default
+        deadline adds for each request a goal makes the agent plan."""
+        if self.planner_for(role) != "model":
+            return 0.0
+        return (1 + self.model_max_repairs) * self.model_timeout_s
+
     @property
     def plans_with_a_model(self) -> bool:
         """Whether any role plans with a model."""

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from stratagem.agents import Agent
 
-__all__ = ["attach_model_planner", "embedded_model_server", "planning_timeout_s", "resolve_model"]
+__all__ = ["attach_model_planner", "embedded_model_server", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +131,5 @@ def attach_model_planner(
         logger.warning("agent %s has no model planner; it plans with its own rules", agent.role)
         return False
     agent.use_planner(planner)
-    agent.planning_timeout_s = planning_timeout_s(settings)
+    agent.planning_timeout_s = settings.planning_timeout_s(agent.role)
     return True
-
-
-def planning_timeout_s(settings: Settings) -> float:
-    """The longest a model planner's planning of one request may take: its first call and each
-    repair, each within ``STRATAGEM_MODEL_TIMEOUT_S`` (what an agent's card says)."""
-    return (1 + settings.model_max_repairs) * settings.model_timeout_s

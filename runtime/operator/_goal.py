@@ -10,7 +10,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,6 @@ from opentelemetry.trace import (
 
 from stratagem.protocol import (
     OPERATOR,
-    AgentCard,
     AgentClient,
     ClientConfig,
     Credentials,
@@ -40,6 +39,8 @@ from stratagem.protocol import (
     SubmitGoalRequest,
     SubmitGoalResponse,
 )
+from stratagem.runtime.config._deployed import read_record
+from stratagem.runtime.config._settings import Settings
 from stratagem.runtime.operator._history import PlanView, plan_history, plan_view
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "goal_deadline_s",
     "goal_plans",
     "new_goal_id",
+    "planning_timeouts",
     "root_span",
     "run_goal",
     "start_goal",
@@ -58,14 +60,28 @@ _LOOK_S = 5.0
 """How long, after a goal's deadline passed, the agents are asked where it was."""
 
 
-def goal_deadline_s(base_s: float, cards: dict[str, AgentCard], goal: SubmitGoalRequest) -> float:
+def planning_timeouts(settings: Settings, roles: Sequence[str]) -> dict[str, float]:
+    """How long each deployed agent may take to plan one request (``planning_timeout_s``), from
+    what the deployment already knows, asking no agent: what ``stratagem up`` recorded in the
+    state directory (``config._deployed``: the agents' own settings, not this shell's), else
+    ``settings`` for each of ``roles`` (a deployment started otherwise)."""
+    record = read_record(settings.state_dir)
+    if record is not None and record.planning_timeout_s is not None:
+        return dict(record.planning_timeout_s)
+    return {role: settings.planning_timeout_s(role) for role in roles}
+
+
+def goal_deadline_s(
+    base_s: float, planning_timeout_s: Mapping[str, float], goal: SubmitGoalRequest
+) -> float:
     """A goal's default deadline that fits the deployment's planners: ``base_s``
-    (``STRATAGEM_REQUEST_TIMEOUT_S``) plus, for each agent that plans with a model, its card's
-    ``planning_timeout_s`` for every request a goal makes it plan (one per beat for the tactical
-    agent, one for each other agent): a model-planned deployment gets the model's limits."""
+    (``STRATAGEM_REQUEST_TIMEOUT_S``) plus each agent's ``planning_timeout_s`` (role -> seconds,
+    0 for one that plans with its rules: ``planning_timeouts``) for every request a goal makes it
+    plan (one per beat for the tactical agent, one for each other agent): a model-planned
+    deployment gets the model's limits."""
     extra = sum(
-        card.planning_timeout_s * (goal.beats if role == "tactical" else 1)
-        for role, card in cards.items()
+        seconds * (goal.beats if role == "tactical" else 1)
+        for role, seconds in planning_timeout_s.items()
     )
     return base_s + extra
 
@@ -167,6 +183,7 @@ async def run_goal(
     timeout_s: float,
     on_event: Callable[[PlanEvent], None] | None = None,
     credentials: Credentials | None = None,
+    planners: Mapping[str, str] | None = None,
 ) -> GoalOutcome:
     """Submit ``request`` to the orchestrator and wait for its answer.
 
@@ -181,6 +198,8 @@ async def run_goal(
         timeout_s: Deadline for the whole goal.
         on_event: Called with every plan event from every agent while the goal runs.
         credentials: The operator's credentials (``None`` when authentication is off).
+        planners: How each agent plans (``deterministic`` or ``model``), for the line a goal out
+            of time ends with; when ``None`` the agents' cards are asked then.
 
     Raises:
         protocol.RemoteError: The orchestrator refused or failed the goal; its ``trace_id`` is
@@ -218,7 +237,9 @@ async def run_goal(
                 exc.trace_id = trace_id
                 if time.monotonic() - started < timeout_s * 0.99:
                     raise  # an agent's own limit, named by the agent
-                late = DeadlineExceededError(await where_the_time_went(clients, plan_id, timeout_s))
+                late = DeadlineExceededError(
+                    await where_the_time_went(clients, plan_id, timeout_s, planners=planners)
+                )
                 late.trace_id = trace_id
                 raise late from exc
             except RemoteError as exc:
@@ -242,25 +263,32 @@ async def run_goal(
 
 
 async def where_the_time_went(
-    clients: Mapping[str, AgentClient], plan_id: str, timeout_s: float
+    clients: Mapping[str, AgentClient],
+    plan_id: str,
+    timeout_s: float,
+    *,
+    planners: Mapping[str, str] | None = None,
 ) -> str:
     """One line saying where a goal was when its ``timeout_s`` deadline passed: which agent and
-    step was waiting, on what, and which flag or setting gives it longer (asked of the agents
-    with a short deadline of its own; what they cannot tell is left out)."""
+    step was waiting, on what, and which flag or setting gives it longer (the goal's plans asked
+    of the agents with a short deadline of its own; how each plans is ``planners``, else asked of
+    their cards too; what they cannot tell is left out)."""
 
     async def ask(role: str, client: AgentClient) -> tuple[str, list[PlanSnapshot], str]:
         try:
             async with asyncio.timeout(_LOOK_S):
                 plans = await client.plans(plan_id, timeout=_LOOK_S)
+                if planners is not None:
+                    return role, plans, planners.get(role, "")
                 card = await client.describe(timeout=_LOOK_S)
             return role, plans, card.planner
         except (ProtocolError, TimeoutError):
-            return role, [], ""
+            return role, [], (planners or {}).get(role, "")
 
     found = await asyncio.gather(*(ask(role, c) for role, c in clients.items()))
     plans = {s.plan_id: s for _, got, _ in found for s in got}
-    planners = {role: planner for role, _, planner in found}
-    where = _waiting(plan_id, "orchestrator", plans, planners)
+    how = {role: planner for role, _, planner in found}
+    where = _waiting(plan_id, "orchestrator", plans, how)
     advice = (
         "give it longer with --timeout SECONDS (Python: timeout=); the default is "
         "STRATAGEM_REQUEST_TIMEOUT_S plus each model planner's limits (STRATAGEM_MODEL_TIMEOUT_S "

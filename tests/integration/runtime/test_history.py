@@ -159,7 +159,7 @@ def test_bad_filters_tokens_and_ids_are_one_line_naming_the_valid_form(served: S
     # Over the wire, a status the agent does not know is INVALID_ARGUMENT naming the field.
     async def ask() -> None:
         async with served.operator() as op:
-            client = op._client(served.endpoints["strategic"])
+            client = op._link.client(served.endpoints["strategic"])
             await client.history(PlansQuery(status="done"))
 
     with pytest.raises(InvalidArgumentError) as info:
@@ -170,7 +170,7 @@ def test_bad_filters_tokens_and_ids_are_one_line_naming_the_valid_form(served: S
     # as is: INVALID_ARGUMENT naming the field (before: INTERNAL on every agent).
     async def ask_past() -> None:
         async with served.operator() as op:
-            client = op._client(served.endpoints["strategic"])
+            client = op._link.client(served.endpoints["strategic"])
             await client.history(PlansQuery.model_construct(page_token=str(2**63)))
 
     with pytest.raises(InvalidArgumentError) as info:

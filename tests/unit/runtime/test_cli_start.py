@@ -105,7 +105,7 @@ def test_the_lazy_import_tables_match_the_type_checking_imports() -> None:
     assert {path.stem for path in CLI_PACKAGE.glob("*.py")} - {"__init__"} == {
         module.__name__.rpartition(".")[2] for module in modules
     }
-    tiers = {**_app._RUNTIME_IMPORTS, **_app._AGENT_IMPORTS, **_app._RAY_IMPORTS}
+    tiers = {source: names for tier in _app.TIERS for source, names in tier.items()}
     used: dict[str, set[str]] = {}
     typed_by_module = {}
     for module in modules:
@@ -124,6 +124,22 @@ def test_the_lazy_import_tables_match_the_type_checking_imports() -> None:
         for source, names in typed.items():
             for name in names if source in bound else ():
                 assert name in vars(module), (module.__name__, name)
+
+
+def test_no_command_imports_inside_a_function() -> None:
+    # One lazy-import mechanism: the tiers (bound by _app._bind through config._lazy.load). A
+    # command module imports at its top, under TYPE_CHECKING for a tier's names, and nowhere else.
+    inline = []
+    for path in sorted(CLI_PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                inline.extend(
+                    f"{path.name}:{inner.lineno}"
+                    for inner in ast.walk(node)
+                    if isinstance(inner, ast.Import | ast.ImportFrom)
+                )
+    assert not inline, f"import through a tier of _cli/_app.py instead: {inline}"
 
 
 def test_the_cli_default_caller_is_the_operator() -> None:

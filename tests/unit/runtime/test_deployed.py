@@ -3,6 +3,7 @@ them when nothing else names any (``runtime.config._deployed``)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -89,3 +90,50 @@ def test_another_state_dir_has_its_own_record(tmp_path: Path) -> None:
     write_record(tmp_path / "a", DeploymentRecord(extensions=(CRITIC,)))
     assert load_settings(state_dir=tmp_path / "a").extensions == [CRITIC]
     assert load_settings(state_dir=tmp_path / "b").extensions == []
+
+
+def test_a_record_keeps_how_long_each_agent_may_plan(tmp_path: Path) -> None:
+    planning = {"orchestrator": 0.0, "tactical": 180.0}
+    record = DeploymentRecord(extensions=(CRITIC,), planning_timeout_s=planning)
+    write_record(tmp_path, record)
+    assert read_record(tmp_path) == record
+    # A record written before it was kept says nothing of it: the settings give it then.
+    write_record(tmp_path, DeploymentRecord(extensions=(CRITIC,)))
+    got = read_record(tmp_path)
+    assert got is not None
+    assert got.planning_timeout_s is None
+
+
+@pytest.mark.parametrize(
+    "bad", [[1, 2], {"tactical": "long"}, {"tactical": -1}, {"tactical": 1e9}, {"tactical": True}]
+)
+def test_a_malformed_planning_entry_is_ignored_not_the_record(
+    tmp_path: Path, bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / RECORD_FILE).write_text(
+        json.dumps({"extensions": [CRITIC], "planning_timeout_s": bad}), encoding="utf-8"
+    )
+    os.chmod(tmp_path / RECORD_FILE, 0o600)
+    got = read_record(tmp_path)
+    assert got == DeploymentRecord(extensions=(CRITIC,))
+    assert "planning_timeout_s: not role -> seconds" in caplog.text
+
+
+def test_up_records_each_roles_planning_limit_from_its_settings(tmp_path: Path) -> None:
+    from stratagem.runtime._cli._deploy import _with_planning
+
+    settings = load_settings(
+        state_dir=tmp_path,
+        planners={"tactical": "model"},
+        model_timeout_s=10.0,
+        model_max_repairs=2,
+    )
+    roles = ("orchestrator", "perception", "strategic", "tactical")
+    record = _with_planning(DeploymentRecord(extensions=(CRITIC,)), settings, roles)
+    assert record.extensions == (CRITIC,)
+    assert record.planning_timeout_s == {
+        "orchestrator": 0.0,
+        "perception": 0.0,
+        "strategic": 0.0,
+        "tactical": 30.0,  # (1 + 2 repairs) x 10 s
+    }

@@ -14,11 +14,11 @@ from stratagem.runtime.operator._history import (
     plan_view,
     trace_summaries,
 )
-from stratagem.runtime.operator._operator import _FINAL
+from stratagem.runtime.operator._plans import FINAL
 
 
 def test_the_operator_knows_which_statuses_end_a_plan() -> None:
-    assert {status.value for status in PlanStatus if status.is_final} == _FINAL
+    assert {status.value for status in PlanStatus if status.is_final} == FINAL
 
 
 def test_a_page_token_names_its_filter_and_each_agents_cursor() -> None:
