@@ -92,6 +92,7 @@ from stratagem.runtime.config._security import (
 )
 from stratagem.runtime.config._settings import Settings, load_settings
 from stratagem.runtime.config._statedir import StateDirError
+from stratagem.runtime.operator._ask import ask as _ask
 from stratagem.runtime.operator._goal import (
     GoalOutcome,
     GoalStarted,
@@ -1031,6 +1032,8 @@ class Operator:
         if any(_MCP_TOOL.fullmatch(name) for name in named - set(local)):
             served = (await self.describe(owner)).tools
         return owner, _plan_json(where, typed, [*local, *served], self.settings)
+
+    ask = _ask  # a goal in plain words (runtime/operator/_ask.py)
 
     async def submit(
         self,

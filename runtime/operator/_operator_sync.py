@@ -146,6 +146,7 @@ class SyncOperator:
     replay = blocking(Operator.replay)
     run_plan = blocking(Operator.run_plan)
     submit = blocking(Operator.submit)
+    ask = blocking(Operator.ask)
     start = blocking(Operator.start)
     worlds = blocking(Operator.worlds)
     world = blocking(Operator.world)
