@@ -1,8 +1,9 @@
 """Matching a goal's clauses to the directory: clause split, scoring, slot extraction.
 
-A goal is split into clauses at ``;``, sentence ends, ``, then``, ``and then``, ``then`` and
-``and`` (``split_clauses``). Each clause is scored against every intent of the directory
-(``Bm25``); a capability's score is its best intent's, and a tie goes to the cheaper capability.
+A goal is split into clauses at ``;``, sentence ends, commas, ``and then``, ``then``, ``and``,
+``also`` and ``after that``, a ``please`` at either end dropped (``split_clauses``). Each clause
+is scored against every intent of the directory (``Bm25``); a capability's score is its best
+intent's, and a tie goes to the cheaper capability.
 The best intent's slots are read from the clause (``extract_slots``): the words between the
 literal words around the slot in the phrasing, typed by the request field (a whole number, a
 number, a boolean, one of an enum's values, or text).
@@ -21,6 +22,7 @@ from stratagem.protocol._intents import SlotType
 
 __all__ = [
     "MATCH_THRESHOLD",
+    "Clause",
     "Match",
     "Matcher",
     "extract_slots",
@@ -32,10 +34,11 @@ MATCH_THRESHOLD: Final = 0.55
 
 _SPLIT: Final = re.compile(
     r"\s*(?:;|\.\s+|,\s*and\s+then\s+|,\s*then\s+|\s+and\s+then\s+|\s+then\s+|,\s*and\s+|"
-    r"\s+and\s+|,\s*also\s+|\s+after\s+that\s+)\s*",
+    r"\s+and\s+|,\s*also\s+|\s+after\s+that\s+|,\s+)\s*",
     re.IGNORECASE,
 )
 _THEN: Final = re.compile(r"\b(then|after that)\b", re.IGNORECASE)
+_PLEASE: Final = re.compile(r"^(?:please\b[\s,]*)+|(?:[\s,]*\bplease)+$", re.IGNORECASE)
 _NUMBER_WORDS: Final = {
     w: i
     for i, w in enumerate(
@@ -70,27 +73,30 @@ _ARTICLES: Final = ("the ", "a ", "an ", "my ")
 
 @dataclass(frozen=True, slots=True)
 class Clause:
-    """One clause of a goal: its text and whether it says it comes after the one before."""
+    """One clause of a goal: its text, whether it says it comes after the one before, and the
+    separator before it as written (to join it back when it is no clause of its own)."""
 
     text: str
     after_previous: bool
+    sep: str = ""
 
 
 def split_clauses(goal: str) -> list[Clause]:
     """``goal``'s clauses in order (empty pieces dropped)."""
     clauses: list[Clause] = []
     text = goal.strip().rstrip(".!?")
-    at, then = 0, False
+    at, then, before = 0, False, ""
     for sep in _SPLIT.finditer(text):
-        piece = text[at : sep.start()].strip(" ,")
+        piece = _PLEASE.sub("", text[at : sep.start()].strip(" ,"))
         if piece:
-            clauses.append(Clause(piece, then and bool(clauses)))
-            then = False
+            clauses.append(Clause(piece, then and bool(clauses), before))
+            then, before = False, ""
         then = then or bool(_THEN.search(sep.group(0)))
+        before += sep.group(0)
         at = sep.end()
-    tail = text[at:].strip(" ,")
+    tail = _PLEASE.sub("", text[at:].strip(" ,"))
     if tail:
-        clauses.append(Clause(tail, then and bool(clauses)))
+        clauses.append(Clause(tail, then and bool(clauses), before))
     return clauses
 
 
@@ -206,7 +212,8 @@ def extract_slots(clause: str, match: Match) -> dict[str, Any]:
             start = hit + 1 if hit >= 0 else -1
         if start < 0:
             if slot_kind in ("integer", "number", "enum", "boolean"):
-                typed = _typed(slot_kind, schema, words[at:])
+                # An enum's value may stand anywhere in the clause; a number after the last slot.
+                typed = _typed(slot_kind, schema, words if slot_kind == "enum" else words[at:])
                 if typed is not None:
                     found[value] = typed
             continue
@@ -217,7 +224,7 @@ def extract_slots(clause: str, match: Match) -> dict[str, Any]:
                 end = hit
         typed = _typed(slot_kind, schema, words[start:end])
         if typed is None and slot_kind != "string":
-            typed = _typed(slot_kind, schema, words[at:])
+            typed = _typed(slot_kind, schema, words if slot_kind == "enum" else words[at:])
         if typed is not None:
             found[value] = typed
             at = end

@@ -6,8 +6,9 @@ Route, then plan (deterministic; ``docs/goals.md`` says it for users):
    deployed (``the billing agent``) is refused.
 2. Each clause is matched to the directory's capabilities by their intents (``Matcher``); the best
    one is chosen when it scores at least ``MATCH_THRESHOLD``. A clause nothing matches is first
-   joined to the clause before it (an ``and`` inside a slot, ``remind me to buy milk and eggs``);
-   failing that the goal is refused in one line naming the closest capabilities.
+   joined back to the clause before it, as written (a comma or an ``and`` inside a slot:
+   ``schedule lunch with Sam, Ann and Bo on Tuesday``); failing that the goal is refused in one
+   line naming the closest capabilities.
 3. The chosen intent's slots are read from the clause, typed by the request model; a field still
    empty takes the goal's ``inputs`` of that name, else an earlier step's output field of that
    name (a reference: the step then depends on it). A required field left empty, or a value the
@@ -142,7 +143,7 @@ class GoalPlanner:
                 continue
             if chosen:
                 text, after, _ = chosen[-1]
-                joined = f"{text} and {clause.text}"
+                joined = f"{text}{clause.sep or ' '}{clause.text}"
                 again = matcher.ranked(joined, agent=named)
                 if again and again[0].score >= MATCH_THRESHOLD:
                     chosen[-1] = (joined, after, again[0])

@@ -287,3 +287,26 @@ async def test_plan_only_runs_nothing_and_shows_the_dag() -> None:
 async def test_one_clause_is_the_single_route() -> None:
     answer = await ask("what is the weather like in Tokyo")
     assert (answer.status, answer.route, len(answer.steps)) == ("succeeded", "single", 1)
+
+
+def test_a_list_of_clauses_splits_at_commas_and_please_is_dropped() -> None:
+    goal = "check the weather in London, set a timer for 10 minutes and schedule gym on Monday"
+    assert [c.text for c in split_clauses(goal)] == [
+        "check the weather in London",
+        "set a timer for 10 minutes",
+        "schedule gym on Monday",
+    ]
+    assert [c.text for c in split_clauses("please set a timer for 5 minutes, please")] == [
+        "set a timer for 5 minutes"
+    ]
+    plan = planner().plan(AskGoalRequest(goal=goal), plan_id="g")
+    assert [s.id for s in plan.steps] == ["get_weather", "set_timer", "add_event"]
+
+
+def test_a_piece_that_is_no_clause_is_joined_back_as_written() -> None:
+    plan = planner().plan(
+        AskGoalRequest(goal="schedule lunch with Sam, Ann and Bo on Tuesday"), plan_id="g"
+    )
+    [event] = plan.steps
+    assert isinstance(event, CrossAgentStep)
+    assert event.request == {"title": "lunch with Sam, Ann and Bo", "day": "tuesday"}
