@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -58,7 +59,7 @@ from stratagem.protocol import (
     InvalidArgumentError,
 )
 
-__all__ = ["GoalPlanner", "show_goal_plan", "summary"]
+__all__ = ["GoalPlanner", "Pick", "show_goal_plan", "summary"]
 
 MAX_CLAUSES: Final = 16
 """The most clauses (so steps) one goal may have."""
@@ -79,6 +80,29 @@ class PlannedGoal(BaseModel):
 async def show_goal_plan(steps: list[dict[str, Any]]) -> PlannedGoal:
     """The steps a goal would run (a plan-only ``AskGoal``'s one step; it changes nothing)."""
     return PlannedGoal(steps=steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """A capability chosen for one clause of a goal.
+
+    Attributes:
+        text: The clause.
+        after_previous: Whether the clause said it comes after the one before (``then``).
+        match: The capability and its best intent for the clause, with the score.
+        slots: The request's values, when the chooser gave them (a model); ``None``: read
+            from the clause by the matched intent.
+        after: The earlier picks (indexes) whose steps this one waits for, besides those whose
+            outputs it reads.
+        chooser: ``matched`` (the router) or ``model``.
+    """
+
+    text: str
+    after_previous: bool
+    match: Match
+    slots: dict[str, Any] | None = None
+    after: tuple[int, ...] = ()
+    chooser: str = "matched"
 
 
 def _snake(name: str) -> str:
@@ -135,20 +159,43 @@ class GoalPlanner:
             raise InvalidArgumentError(
                 f"goal: {len(clauses)} clauses; at most {MAX_CLAUSES} steps per goal"
             )
-        chosen: list[tuple[str, bool, Match]] = []
+        chosen: list[Pick] = []
         for clause in clauses:
             ranked = matcher.ranked(clause.text, agent=named)
             if ranked and ranked[0].score >= MATCH_THRESHOLD:
-                chosen.append((clause.text, clause.after_previous, ranked[0]))
+                chosen.append(Pick(clause.text, clause.after_previous, ranked[0]))
                 continue
             if chosen:
-                text, after, _ = chosen[-1]
-                joined = f"{text}{clause.sep or ' '}{clause.text}"
+                last = chosen[-1]
+                joined = f"{last.text}{clause.sep or ' '}{clause.text}"
                 again = matcher.ranked(joined, agent=named)
                 if again and again[0].score >= MATCH_THRESHOLD:
-                    chosen[-1] = (joined, after, again[0])
+                    chosen[-1] = Pick(joined, last.after_previous, again[0])
                     continue
             raise InvalidArgumentError(self._unmatched(clause.text, ranked, agents))
+        return self.planned(request, chosen, plan_id=plan_id)
+
+    def check_goal(self, request: AskGoalRequest) -> None:
+        """Refuse a goal that names an agent not deployed (before a model is asked about it).
+
+        Raises:
+            protocol.InvalidArgumentError: One line naming the agent and those deployed.
+        """
+        matcher = self.matcher()
+        self._named_agent(request.goal, matcher.directory.agents)
+
+    def planned(
+        self, request: AskGoalRequest, chosen: list[Pick], *, plan_id: str
+    ) -> OrchestrationPlan:
+        """The plan of ``chosen`` (in order) for ``request``: slots typed and checked, earlier
+        outputs bound, the gate, or the plan-only step.
+
+        Raises:
+            protocol.InvalidArgumentError: A required field nothing fills, a value its request
+                model refuses, more than ``MAX_CLAUSES`` picks.
+        """
+        if not chosen or len(chosen) > MAX_CLAUSES:
+            raise InvalidArgumentError(f"goal: 1 to {MAX_CLAUSES} steps, not {len(chosen)}")
         steps, assignments = self._steps(request, chosen)
         if request.plan_only:
             planned = [
@@ -204,15 +251,15 @@ class GoalPlanner:
         )
 
     def _steps(
-        self, request: AskGoalRequest, chosen: list[tuple[str, bool, Match]]
+        self, request: AskGoalRequest, chosen: list[Pick]
     ) -> tuple[list[Step], list[Assignment]]:
         steps: list[Step] = []
         assignments: list[Assignment] = []
         outputs: list[tuple[str, DirectoryEntry]] = []
         used: set[str] = set()
-        gate_needed = request.approve and any(m.entry.spec.side_effects for *_, m in chosen)
+        gate_needed = request.approve and any(p.match.entry.spec.side_effects for p in chosen)
         if gate_needed:
-            names = ", ".join(m.entry.name for *_, m in chosen if m.entry.spec.side_effects)
+            names = ", ".join(p.match.entry.name for p in chosen if p.match.entry.spec.side_effects)
             steps.append(
                 GateStep(
                     id=APPROVE_STEP,
@@ -228,7 +275,9 @@ class GoalPlanner:
                     purpose="the goal asked for approval before side effects",
                 )
             )
-        for text, after, match in chosen:
+        ids: list[str] = []
+        for pick in chosen:
+            text, after, match = pick.text, pick.after_previous, pick.match
             entry = match.entry
             step_id = _snake(entry.spec.name)[:60]
             if step_id in used:
@@ -237,9 +286,10 @@ class GoalPlanner:
                     n += 1
                 step_id = f"{step_id}_{n}"
             used.add(step_id)
-            values, depends = self._request(request, text, match, outputs)
-            if after and steps and steps[-1].id != APPROVE_STEP:
-                depends.append(steps[-1].id)
+            values, depends = self._request(request, pick, outputs)
+            if after and ids:
+                depends.append(ids[-1])
+            depends += [ids[i] for i in pick.after if 0 <= i < len(ids)]
             if gate_needed and entry.spec.side_effects:
                 depends.append(APPROVE_STEP)
             steps.append(
@@ -257,23 +307,42 @@ class GoalPlanner:
                     step=step_id,
                     agent=entry.agent,
                     capability=entry.spec.name,
-                    purpose=_clip(f"{text!r} matched {match.intent.phrase!r}", 500),
+                    purpose=_clip(
+                        f"{text!r} matched {match.intent.phrase!r}"
+                        if pick.chooser == "matched"
+                        else f"{text!r}: the model chose it (its best intent: "
+                        f"{match.intent.phrase!r})",
+                        500,
+                    ),
                     score=match.score,
                 )
             )
             outputs.append((step_id, entry))
+            ids.append(step_id)
         return steps, assignments
 
     @staticmethod
     def _request(
         request: AskGoalRequest,
-        clause: str,
-        match: Match,
+        pick: Pick,
         earlier: list[tuple[str, DirectoryEntry]],
     ) -> tuple[dict[str, Any], list[str]]:
+        clause, match = pick.text, pick.match
         entry = match.entry
         model = entry.spec.request
-        values: dict[str, Any] = extract_slots(clause, match)
+        values: dict[str, Any] = (
+            extract_slots(clause, match) if pick.slots is None else dict(pick.slots)
+        )
+        foreign = sorted(set(values) - set(entry.slots))
+        if foreign:
+            raise InvalidArgumentError(
+                _clip(
+                    f"goal: {clause!r}: {', '.join(foreign)} "
+                    + ("is not a slot" if len(foreign) == 1 else "are not slots")
+                    + f" of {entry.name} (slots: {', '.join(entry.slots) or 'none'})",
+                    1000,
+                )
+            )
         depends: list[str] = []
         for name, field in model.model_fields.items():
             if name in values:
