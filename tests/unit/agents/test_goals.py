@@ -3,6 +3,7 @@ memory over the example domain (``examples/extensions/assistant.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,30 @@ def test_a_piece_that_is_no_clause_is_joined_back_as_written() -> None:
     [event] = plan.steps
     assert isinstance(event, CrossAgentStep)
     assert event.request == {"title": "lunch with Sam, Ann and Bo", "day": "tuesday"}
+
+
+async def test_with_approve_the_side_effecting_step_waits_for_the_gate() -> None:
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False)
+    orchestrator = agents["orchestrator"]
+    request = AskGoalRequest(goal=SEED, approve=True, plan_id="held")
+    run = asyncio.create_task(
+        orchestrator.handle("AskGoal", request, call("AskGoal", "orchestrator"))
+    )
+    async for event in orchestrator.watch("held"):
+        if event.plan_id == "held" and not event.step_id and event.status == "blocked":
+            break
+    assert not run.done()
+    await asyncio.sleep(0.5)  # time for a step that did not wait to reach its agent
+    # The timer (side effects) waits for the gate; nothing was asked of its agent.
+    assert agents["timer"].plans("held/set_timer") == []
+    await orchestrator.decide_gate(
+        "held", "approve", approve=True, approver="operator", rationale="ok"
+    )
+    answer = await asyncio.wait_for(run, 30)
+    assert isinstance(answer, AskGoalResponse)
+    assert answer.status == "succeeded"
+    assert [(s.id, s.status) for s in answer.steps] == [
+        ("approve", "succeeded"),
+        ("get_weather", "succeeded"),
+        ("set_timer", "succeeded"),
+    ]
