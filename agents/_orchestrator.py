@@ -88,6 +88,7 @@ from stratagem.protocol import (
     ALREADY_HOLDS,
     AskGoalRequest,
     Beat,
+    CallContext,
     Relation,
     SubmitGoalRequest,
     SubmitGoalResponse,
@@ -482,3 +483,18 @@ class OrchestratorAgent(RoleAgent):
             store=store,
             planner=OrchestratorPlanner(a2a_agents),
         )
+        # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
+        self._skills = getattr(dispatcher, "skills", None) if a2a_agents else None
+
+    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
+        """Serve one request; before a goal in plain words is planned, the external A2A agents'
+        cards are read (once each) so that their skills are in the capability directory."""
+        # A model planner's fallback is the orchestrator's own planner: its goals are the same.
+        planner = getattr(self.planner, "deterministic", self.planner)
+        if (
+            self._skills is not None
+            and isinstance(request, AskGoalRequest)
+            and isinstance(planner, OrchestratorPlanner)
+        ):
+            planner.goals.use_external(await self._skills())
+        return await super().handle(capability, request, ctx)

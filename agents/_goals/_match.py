@@ -131,7 +131,7 @@ class Matcher:
         scores = self._bm25.scores(tokens(clause))
         best: dict[str, Match] = {}
         for (entry, intent), score in zip(self._index, scores, strict=True):
-            if agent is not None and entry.agent != agent:
+            if agent is not None and (entry.external or entry.agent) != agent:
                 continue
             known = best.get(entry.name)
             if known is None or score > known.score:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,6 +59,7 @@ from stratagem.protocol import (
     GoalStep,
     InvalidArgumentError,
 )
+from stratagem.protocol._a2a._client import A2ASkill
 
 __all__ = ["GoalPlanner", "Pick", "show_goal_plan", "summary"]
 
@@ -125,6 +127,14 @@ class GoalPlanner:
         self._directory = directory
         self._matcher: Matcher | None = None
         self._size = -1
+        self._external: Mapping[str, Sequence[A2ASkill]] = {}
+
+    def use_external(self, skills: Mapping[str, Sequence[A2ASkill]]) -> None:
+        """Plan onto these external A2A agents' skills too (by agent name; their cards'
+        examples are their intents), from the next goal on."""
+        if dict(skills) != dict(self._external):
+            self._external = dict(skills)
+            self._matcher = None
 
     def matcher(self) -> Matcher:
         """The matcher over the directory (rebuilt when the registry grew)."""
@@ -135,7 +145,7 @@ class GoalPlanner:
         from stratagem.protocol import CAPABILITIES
 
         if self._matcher is None or self._size != len(CAPABILITIES):
-            self._matcher = Matcher(CapabilityDirectory.registered())
+            self._matcher = Matcher(CapabilityDirectory.registered(self._external))
             self._size = len(CAPABILITIES)
         return self._matcher
 
@@ -279,14 +289,24 @@ class GoalPlanner:
         for pick in chosen:
             text, after, match = pick.text, pick.after_previous, pick.match
             entry = match.entry
-            step_id = _snake(entry.spec.name)[:60]
+            step_id = (
+                f"ask_{entry.external}"[:60] if entry.external else _snake(entry.spec.name)[:60]
+            )
             if step_id in used:
                 n = 2
                 while f"{step_id}_{n}" in used:
                     n += 1
                 step_id = f"{step_id}_{n}"
             used.add(step_id)
-            values, depends = self._request(request, pick, outputs)
+            if entry.external:  # an external A2A agent's skill: the clause is the message
+                values: dict[str, Any] = {
+                    "agent": entry.external,
+                    "skill": entry.skill,
+                    "text": text,
+                }
+                depends: list[str] = []
+            else:
+                values, depends = self._request(request, pick, outputs)
             if after and ids:
                 depends.append(ids[-1])
             depends += [ids[i] for i in pick.after if 0 <= i < len(ids)]
@@ -305,8 +325,8 @@ class GoalPlanner:
             assignments.append(
                 Assignment(
                     step=step_id,
-                    agent=entry.agent,
-                    capability=entry.spec.name,
+                    agent=entry.external or entry.agent,
+                    capability=entry.skill or entry.spec.name,
                     purpose=_clip(
                         f"{text!r} matched {match.intent.phrase!r}"
                         if pick.chooser == "matched"

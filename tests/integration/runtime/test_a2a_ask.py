@@ -12,21 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.agents import ToolRegistry, build_in_memory
+from stratagem.agents import ToolRegistry, build_agent, build_in_memory, serve_in_memory
 from stratagem.agents._a2a import A2ADispatcher
 from stratagem.planning import CrossAgentStep, Engine, InMemoryDispatcher, Plan, PlanStatus
 from stratagem.protocol import (
     A2AConfig,
     A2AServer,
     AgentServer,
+    AskGoalRequest,
+    AskGoalResponse,
+    CallContext,
     ClusterSecret,
     InMemoryAuditLog,
+    InvalidArgumentError,
     Policy,
     ServerConfig,
     TokenAuthenticator,
     TokenSigner,
 )
 from stratagem.protocol._a2a._client import A2APeerConfig
+from tests.integration.a2a_peer import EchoAgent
 from tests.unit._registry import registries_kept
 
 pytestmark = pytest.mark.asyncio
@@ -100,3 +105,63 @@ async def test_a_goal_sent_over_a2a_is_planned_and_answered() -> None:
     ]
     assert json.loads(answer["steps"][0]["requestJson"]) == {"city": "Seattle"}
     assert answer["summary"].startswith("done: check the weather in Seattle: Seattle: 52°F")
+
+
+async def test_an_external_agents_card_examples_make_its_skill_plannable() -> None:
+    """An external A2A agent configured for the orchestrator (``reviewer``: an ``a2a-sdk``
+    agent whose ``echo`` skill lists examples on its card) is in the capability directory: a goal
+    whose clause matches an example is sent to it over A2A, beside a deployed agent's step."""
+    echo = EchoAgent(examples={"echo": ["echo a phrase", "repeat after me"]})
+    await echo.start()
+    local = InMemoryDispatcher()
+    dispatcher = A2ADispatcher(
+        local,
+        caller="orchestrator",
+        peers={"reviewer": A2APeerConfig("reviewer", echo.url)},
+        policy=Policy.default(),
+        audit=InMemoryAuditLog(),
+    )
+    extensions = ["examples.extensions.assistant"]
+    orchestrator = build_agent(
+        "orchestrator",
+        dispatcher=dispatcher,
+        extensions=extensions,
+        entry_points=False,
+        a2a_agents=["reviewer"],
+    )
+    weather = build_agent("weather", dispatcher=local, extensions=extensions, entry_points=False)
+    serve_in_memory(local, [weather])
+    goal = "check the weather in Paris and echo a phrase: hello there"
+    try:
+        answer = await orchestrator.handle(
+            "AskGoal",
+            AskGoalRequest(goal=goal),
+            CallContext(
+                caller="operator", target="orchestrator", capability="AskGoal", request_id="r1"
+            ),
+        )
+        with pytest.raises(InvalidArgumentError, match=r"closest: a2a\.reviewer\.echo"):
+            await orchestrator.handle(
+                "AskGoal",
+                AskGoalRequest(goal="repeat the invoice"),
+                CallContext(
+                    caller="operator", target="orchestrator", capability="AskGoal", request_id="r2"
+                ),
+            )
+    finally:
+        await dispatcher.aclose()
+        for agent in (orchestrator, weather):
+            await agent.aclose()
+        await echo.stop()
+    assert isinstance(answer, AskGoalResponse)
+    assert answer.status == "succeeded"
+    assert [(s.agent, s.capability, s.status) for s in answer.steps] == [
+        ("weather", "GetWeather", "succeeded"),
+        ("reviewer", "echo", "succeeded"),
+    ]
+    assert json.loads(answer.steps[1].request_json) == {
+        "agent": "reviewer",
+        "skill": "echo",
+        "text": "echo a phrase: hello there",
+    }
+    assert "echo a phrase: hello there" in json.loads(answer.steps[1].output_json)["text"]
