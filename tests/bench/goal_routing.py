@@ -15,8 +15,11 @@ measured is the routing and planning, before the plan is sent to the engine.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,16 +28,26 @@ from typing import Any, Final, Literal
 
 from pydantic import Field
 
+from stratagem.agents import (
+    ModelConfig,
+    ModelPlanner,
+    ModelPlanningConfig,
+    OpenAIModelClient,
+    ToolRegistry,
+)
 from stratagem.agents._goals import CapabilityDirectory, GoalPlanner
+from stratagem.agents._goals._model import GOAL_ANSWER
+from stratagem.agents._orchestrator import OrchestrationPlan, OrchestratorPlanner
 from stratagem.planning import CrossAgentStep
 from stratagem.protocol import (
-    CAPABILITIES,
     EXTENSION_FIELD,
     AskGoalRequest,
     CapabilitySpec,
     InvalidArgumentError,
     WireModel,
+    register_capability,
 )
+from tests.bench.quality import _MODEL_SH, _start_model_server
 
 __all__ = [
     "GOALS",
@@ -294,19 +307,22 @@ def _planned(planner: GoalPlanner, goal: str) -> list[tuple[str, dict[str, Any],
 
 
 def _directory() -> CapabilityDirectory:
-    """The built-in capabilities with intents, the example domain and the home domain."""
+    """The built-in capabilities with intents, the example domain and the home domain (each
+    registered in this process, so the model route's directory, the registry's, is the same)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     importlib.import_module("examples.extensions.assistant")
-    specs = [spec for spec in CAPABILITIES.values() if spec.role != "orchestrator"]
-    return CapabilityDirectory.of([*specs, *home_capabilities()])
+    for spec in home_capabilities():
+        register_capability(spec)
+    return CapabilityDirectory.registered()
 
 
 def run_goal_routing_benchmark(
-    repeats: int = 20, cases: tuple[Case, ...] = GOALS
+    repeats: int = 20, cases: tuple[Case, ...] = GOALS, *, model_goals: int | None = None
 ) -> dict[str, Any]:
     """Plan every goal of ``cases`` ``repeats`` times: the share planned as meant (overall and by
-    kind), each miss, and the per-goal median time."""
+    kind), each miss, and the per-goal median time; then ``model_goals`` of them (``None``:
+    ``STRATAGEM_BENCH_GOALS_MODEL_GOALS``, else all) once each with the embedded model."""
     planner = GoalPlanner(_directory())
     results = []
     for case in cases:
@@ -349,7 +365,91 @@ def run_goal_routing_benchmark(
         "max_ms": round(max(medians), 3),
         "target": {"max_median_ms": MAX_MEDIAN_MS, "met": median_ms <= MAX_MEDIAN_MS},
         "misses": [r for r in results if not r["as_meant"]],
-        "model": {"skipped": "the model planner route is not built yet (issue 34, item 6)"},
+        "model": _model_run(cases, model_goals),
+    }
+
+
+def _model_run(cases: tuple[Case, ...], count: int | None) -> dict[str, Any]:
+    """The same goals planned by the model route (``GOAL_ANSWER``) on the embedded model, or a
+    ``skipped`` reason (``STRATAGEM_BENCH_GOALS_MODEL_GOALS``: how many goals, 0 for none; they
+    are taken evenly over the suite)."""
+    if count is None:
+        count = int(os.environ.get("STRATAGEM_BENCH_GOALS_MODEL_GOALS", str(len(cases))))
+    if count <= 0:
+        return {"skipped": "no goal was asked to run with the model"}
+    step = max(1, len(cases) // count)
+    chosen = cases[::step][:count]
+    model, env, skipped = _start_model_server()
+    if model is None:
+        return {"skipped": skipped}
+    try:
+        return asyncio.run(_model_goals(chosen, model))
+    finally:
+        if env:
+            subprocess.run(
+                ["bash", str(_MODEL_SH), "stop"], capture_output=True, timeout=120, env=env
+            )
+
+
+async def _model_goals(cases: tuple[Case, ...], model: dict[str, str]) -> dict[str, Any]:
+    client = OpenAIModelClient(
+        ModelConfig(
+            url=model["url"],
+            model=model["model"],
+            schema_style="json_object",
+            timeout_s=120,
+            max_concurrent=1,
+        )
+    )
+    planner = ModelPlanner(
+        role="orchestrator",
+        plan_type=OrchestrationPlan,
+        registry=ToolRegistry("orchestrator"),
+        client=client,
+        deterministic=OrchestratorPlanner(),
+        config=ModelPlanningConfig(max_repairs=2, max_tokens=400),
+        answer=GOAL_ANSWER,
+    )
+    rows = []
+    for n, case in enumerate(cases):
+        started = time.perf_counter()
+        try:
+            plan = await planner.plan(
+                "AskGoal", AskGoalRequest(goal=case.goal), plan_id=f"bench-{n}"
+            )
+            planned: Any = [
+                [f"{s.target}.{s.capability}", dict(s.request), tuple(s.depends_on)]
+                for s in plan.steps
+                if isinstance(s, CrossAgentStep)
+            ]
+            by_model = plan.provenance is not None and plan.provenance.author.startswith("model:")
+        except InvalidArgumentError as exc:
+            planned, by_model = f"refused: {exc.message}", False
+        wall = time.perf_counter() - started
+        if case.steps:
+            meant = isinstance(planned, list) and planned == [list(s) for s in case.steps]
+        else:
+            meant = isinstance(planned, str)
+        rows.append(
+            {
+                "goal": case.goal,
+                "kind": _kind(case),
+                "as_meant": meant,
+                "by_model": by_model,
+                "planned": planned,
+                "wall_s": round(wall, 2),
+            }
+        )
+    return {
+        "model": model["model"],
+        "goals": len(rows),
+        "as_meant": round(sum(r["as_meant"] for r in rows) / len(rows), 3),
+        "model_plans": round(sum(r["by_model"] for r in rows) / len(rows), 3),
+        "as_meant_by_model": round(
+            sum(r["as_meant"] and r["by_model"] for r in rows) / len(rows), 3
+        ),
+        "median_s": round(statistics.median(r["wall_s"] for r in rows), 2),
+        "rows": rows,
     }
 
 
@@ -389,5 +489,17 @@ def goal_routing_section(result: dict[str, Any] | None) -> list[str]:
         lines.append(f"- missed: `{miss['goal']}` -> {miss['planned']}")
     if result["misses"]:
         lines.append("")
-    lines += [f"With the embedded model: skipped ({result['model']['skipped']}).", ""]
+    model = result["model"]
+    if "skipped" in model:
+        lines += [f"With the embedded model: skipped ({model['skipped']}).", ""]
+        return lines
+    lines += [
+        f"With the embedded model ({model['model']}, the model route: `GOAL_ANSWER`, the router "
+        f"its fallback), {model['goals']} of the goals taken evenly over the suite: planned as "
+        f"meant {model['as_meant']:.0%} ({model['as_meant_by_model']:.0%} by the model's own "
+        f"plan); the model's plan was taken for {model['model_plans']:.0%} of the goals (the "
+        f"rest: every answer refused, the router's plan); planning time per goal: median "
+        f"{model['median_s']:.1f} s.",
+        "",
+    ]
     return lines

@@ -361,7 +361,7 @@ def test_goal_routing_benchmark_returns_well_formed_results(
     monkeypatch.setattr(sys, "path", list(sys.path))
     cases = (GOALS[0], GOALS[-1])  # one capability, and a goal nothing matches
     with registries_kept():  # the example domain's agents are defined for the run only
-        result = run_goal_routing_benchmark(repeats=1, cases=cases)
+        result = run_goal_routing_benchmark(repeats=1, cases=cases, model_goals=0)
     assert result["goals"] == 2
     assert set(result["by_kind"]) == {"1 capability", "unmatched"}
     assert 0.0 <= result["as_meant"] <= 1.0
@@ -369,3 +369,4 @@ def test_goal_routing_benchmark_returns_well_formed_results(
     section = "\n".join(goal_routing_section(result))
     assert section.startswith("## Goals in plain words")
     assert "| **all (2)** |" in section
+    assert result["model"] == {"skipped": "no goal was asked to run with the model"}
