@@ -5,11 +5,13 @@ With a model planner (``STRATAGEM_PLANNER=model``), ``AskGoal`` is asked of the 
 (``agent.Capability``, an enum), each step with the clause it serves, its slot values and the
 earlier steps it waits for. The answer is validated the same way as the router's choice
 (``GoalPlanner.planned``): slots only fields a slot may fill, typed by the request model, required
-fields filled (an earlier output bound where the model left one out), the clause scored against
-the capability's intents for the record. An answer that fails is sent back with the problems
-(``ModelPlanner``'s repairs); when none passes, the deterministic router plans the goal (the
-fallback). A goal naming an agent that is not deployed is refused before the model is asked.
-Replanning after a failed step and the answer stay the goal planner's (``GoalModelPlanner``).
+fields filled (an earlier output bound where the model left one out), and the clause, made of the
+goal's own words, must match the chosen capability's intents as well as the router requires
+(``MATCH_THRESHOLD``): a valid but wrong choice is refused too. An answer that fails is sent
+back with the problems (``ModelPlanner``'s repairs); when none passes, the deterministic router
+plans the goal (the fallback). A goal naming an agent that is not deployed is refused before the
+model is asked. Replanning after a failed step and the answer stay the goal planner's
+(``GoalModelPlanner``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from stratagem.agents._agent import Agent
+from stratagem.agents._goals._bm25 import tokens
 from stratagem.agents._goals._directory import CapabilityDirectory
-from stratagem.agents._goals._match import Match, Matcher
+from stratagem.agents._goals._match import MATCH_THRESHOLD, Matcher
 from stratagem.agents._goals._planner import MAX_CLAUSES, GoalPlanner, Pick
 from stratagem.agents._model_answer import DeterministicPlanner, ModelAnswer
 from stratagem.agents._model_planner import ModelPlanner
@@ -102,9 +105,11 @@ def _schema(request: AskGoalRequest) -> dict[str, Any]:
     }
 
 
-def _picks(answer: Any, matcher: Matcher) -> tuple[list[Pick], list[str]]:
+def _picks(answer: Any, matcher: Matcher, goal: str) -> tuple[list[Pick], list[str]]:
     """The model's steps as picks, or the problems (the answer is untrusted, whatever the
-    schema said)."""
+    schema said): a capability of the directory, a clause made of the goal's words that matches
+    the capability's intents as well as the router requires, slots the capability has."""
+    said = set(tokens(goal))
     steps = answer.get("steps") if isinstance(answer, dict) else None
     if not isinstance(steps, list) or not steps:
         return [], ['the answer must be {"steps": [...]} with at least one step']
@@ -140,9 +145,23 @@ def _picks(answer: Any, matcher: Matcher) -> tuple[list[Pick], list[str]]:
         if not isinstance(after, list) or not all(isinstance(i, int) and 1 <= i < n for i in after):
             problems.append(f"step {n}: 'after' must list earlier steps, numbered from 1")
             continue
-        ranked = matcher.ranked(clause, agent=entry.agent)
+        missing = [w for w in tokens(clause) if w not in said]
+        if missing:
+            problems.append(
+                f"step {n}: the clause {clause[:80]!r} is not the goal's words "
+                f"({', '.join(missing[:4])} not in it)"
+            )
+            continue
+        ranked = matcher.ranked(clause)
         best = next((m for m in ranked if m.entry.name == entry.name), None)
-        match = best if best is not None else Match(entry, entry.intents[0], 0.0)
+        if best is None or best.score < MATCH_THRESHOLD:
+            closest = ranked[0].entry.name if ranked and ranked[0].score > 0 else "none"
+            problems.append(
+                f"step {n}: {clause[:80]!r} does not match {entry.name}'s intents "
+                f"({', '.join(i.phrase for i in entry.intents[:3])}); closest: {closest}"
+            )
+            continue
+        match = best
         picks.append(
             Pick(
                 clause,
@@ -160,7 +179,7 @@ def _build(
     answer: Any, request: AskGoalRequest, plan_id: str, planner: DeterministicPlanner
 ) -> tuple[Plan | None, list[str]]:
     goals = _goals_of(planner)
-    picks, problems = _picks(answer, goals.matcher())
+    picks, problems = _picks(answer, goals.matcher(), request.goal)
     if problems:
         return None, problems
     try:

@@ -123,3 +123,17 @@ async def test_model_steps_wait_for_the_steps_they_name_and_outputs_are_bound() 
 async def test_an_agent_not_deployed_is_refused_before_the_model_is_asked() -> None:
     with pytest.raises(InvalidArgumentError, match="names the agent 'billing'"):
         await _ask([], goal="ask the billing agent to pay my invoice")
+
+
+async def test_a_valid_but_wrong_choice_or_words_not_in_the_goal_are_refused() -> None:
+    wrong = _steps(("perception.ListWorlds", "check the weather in Seattle", {}, []))
+    invented = _steps(("timer.SetTimer", "Timer.SetTimer", {"minutes": 10}, []))
+    answer, client, _ = await _ask([wrong, invented, _steps(WEATHER, TIMER)], max_repairs=2)
+    assert answer.status == "succeeded"
+    critiques = [r.messages[-1].content for r in client.requests[1:]]
+    assert (
+        "'check the weather in Seattle' does not match perception.ListWorlds's intents "
+        "(list the worlds, which worlds are there, list worlds starting {prefix}); "
+        "closest: weather.GetWeather"
+    ) in critiques[0]
+    assert "the clause 'Timer.SetTimer' is not the goal's words" in critiques[1]
