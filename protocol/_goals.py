@@ -44,8 +44,11 @@ class AskGoalRequest(WireModel):
         inputs: Slot values given apart from the text, by slot name (a clause that leaves a slot
             empty takes it from here).
         plan_only: Plan, answer with the plan, run nothing.
-        approve: Wait at a gate for approval before the first step that has side effects.
+        approve: Wait at a gate for approval before the steps that have side effects.
         plan_id: The orchestrator's plan id (default: ``ask-<12 hex>``).
+        detach: Answer once the plan runs (its ``plan_id`` and ``status``), the goal running on
+            bound by no caller's deadline (``stratagem ask --approve`` does: the goal then waits
+            for the approval, not the command).
     """
 
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
@@ -53,6 +56,7 @@ class AskGoalRequest(WireModel):
     plan_only: bool = False
     approve: bool = False
     plan_id: NewPlanId = ""
+    detach: bool = False
 
     @field_validator("goal")
     @classmethod

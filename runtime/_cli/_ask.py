@@ -4,7 +4,7 @@ capabilities (``docs/goals.md``); ``submit`` sends a goal file without a passage
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -19,10 +19,12 @@ from stratagem.runtime._cli._app import (
     _settings,
     app,
     console,
-    err_console,
     lazy_scope,
 )
 from stratagem.runtime.config._errors import InputError
+
+WAITING_AT_A_GATE: Final = 3
+"""The exit status of ``ask --approve`` while the goal waits at its gate (as ``plans run``)."""
 
 if TYPE_CHECKING:
     from stratagem.protocol import AskGoalRequest
@@ -53,14 +55,25 @@ def run_ask(
 ) -> None:
     """Send ``request`` to the orchestrator and print the answer (exit 1 unless every step
     succeeded, or it was plan-only)."""
+    held = request.approve and not request.plan_only
+    if held:  # the goal waits for the approval, not the command: it runs on, detached
+        request = request.model_copy(update={"detach": True})
     with _errors():
-        if request.approve and not as_json:
-            err_console.print(
-                f"[dim]steps with side effects wait at gate 'approve': "
-                f"stratagem approve {request.plan_id} approve[/]",
-                highlight=False,
-            )
         answer = _operate(settings, lambda op: op.ask(request, timeout=timeout), timeout=timeout)
+    if held and answer.status not in ("succeeded", "failed"):
+        if as_json:
+            _print_json(answer.model_dump(mode="json"))
+        else:
+            console.print(
+                f"goal {answer.plan_id} {answer.status}: its steps with side effects wait at "
+                f"gate 'approve'\n"
+                f'  stratagem approve {answer.plan_id} approve --rationale "..."\n'
+                f"  stratagem plans watch {answer.plan_id}\n"
+                f"  stratagem plans show {answer.plan_id}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        raise typer.Exit(WAITING_AT_A_GATE)
     if as_json:
         _print_json(answer.model_dump(mode="json"))
     else:
@@ -92,8 +105,9 @@ def ask(
         bool,
         typer.Option(
             "--approve",
-            help="Hold the steps that have side effects at a gate until approved "
-            "('stratagem approve PLAN approve').",
+            help="Hold the steps that have side effects at a gate until approved: the goal "
+            "runs on, the command prints how to approve it ('stratagem approve PLAN approve "
+            "--rationale ...') and exits 3.",
         ),
     ] = False,
     plan_id: Annotated[
@@ -109,7 +123,7 @@ def ask(
     step that cannot succeed, and prints what was done and what was not.
 
     Exit 0 when every step succeeded (or with --plan-only), 1 when some did not, 2 when the goal
-    was refused (nothing ran).
+    was refused (nothing ran), 3 when it waits at its gate (--approve).
 
     Examples:
 

@@ -31,7 +31,7 @@ __all__ = [
     "steps_table",
 ]
 
-ASK_KEYS = frozenset({"goal", "inputs", "plan_only", "approve", "plan_id"})
+ASK_KEYS = frozenset({"goal", "inputs", "plan_only", "approve", "plan_id", "detach"})
 """What a goal file without a passage may hold (``submit`` sends it as ``AskGoal``)."""
 
 
@@ -99,7 +99,8 @@ async def ask(
         inputs: Slot values by name, for the clauses that leave them out.
         plan_only: Answer with the plan; run nothing.
         approve: Wait at a gate before the steps that have side effects (the call waits with
-            it: approve from elsewhere, ``stratagem approve PLAN approve``).
+            it unless the request sets ``detach``: approve from elsewhere, ``stratagem approve
+            PLAN approve --rationale ...``).
         timeout: The whole goal's deadline in seconds.
 
     Raises:

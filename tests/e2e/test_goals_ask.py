@@ -147,3 +147,17 @@ def test_an_extension_whose_intent_names_no_field_stops_up_in_one_line(tmp_path:
         "'weather in {town}': slot {town} is not a field of GetWeatherRequest (fields: city)"
     )
     assert not (tmp_path / "state" / "local-ray.json").exists()
+
+
+def test_approve_holds_the_timer_at_its_gate_until_approved(deployed: Path) -> None:
+    held = run("ask", SEED, "--approve", "--plan-id", "held-goal", state_dir=deployed)
+    assert held.returncode == 3, held.stderr[-2000:]
+    assert "stratagem approve held-goal approve" in held.stdout
+    approved = run("approve", "held-goal", "approve", "--rationale", "set it", state_dir=deployed)
+    assert approved.returncode == 0, approved.stderr[-2000:]
+    watched = run("plans", "watch", "held-goal", state_dir=deployed)
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    shown = run("plans", "show", "held-goal", "--json", state_dir=deployed)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert '"succeeded"' in shown.stdout
+    assert "held-goal/set_timer" in shown.stdout
