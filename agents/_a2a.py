@@ -40,6 +40,7 @@ from stratagem.protocol._a2a._client import (
     A2A_TARGET,
     A2AAgentClient,
     A2APeerConfig,
+    A2ASkill,
     SendA2AMessageRequest,
     register_a2a_capability,
 )
@@ -98,9 +99,25 @@ class A2ADispatcher:
         self._caller = caller
         self._peers = dict(peers)
         self._clients: dict[str, A2AAgentClient] = {}
+        self._skills: dict[str, list[A2ASkill]] = {}
         self._policy = policy
         self._audit = audit
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+
+    async def skills(self) -> dict[str, list[A2ASkill]]:
+        """The skills each external agent's card lists, by agent name: read once per agent
+        (an agent whose card cannot be read is left out, logged, and asked again next time)."""
+        for name, peer in self._peers.items():
+            if name in self._skills:
+                continue
+            client = self._clients.get(name)
+            if client is None:
+                client = self._clients[name] = A2AAgentClient(peer)
+            try:
+                self._skills[name] = await client.skills()
+            except RemoteError as exc:
+                logger.warning("the card of the A2A agent %s: %s", name, exc.message)
+        return dict(self._skills)
 
     async def dispatch(self, call: CrossAgentCall) -> WireModel:
         """Send one cross-agent step: over A2A when its target is ``a2a``.

@@ -53,10 +53,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from typing import Any, ClassVar
+from typing import Any
 
 from opentelemetry.trace import TracerProvider
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from stratagem.agents._consult import (
     check_consulted,
@@ -65,6 +65,8 @@ from stratagem.agents._consult import (
     required_consultations,
     waive_consultation,
 )
+from stratagem.agents._goals import GoalPlanner, show_goal_plan
+from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
@@ -77,13 +79,16 @@ from stratagem.planning import (
     PlanResult,
     StateStore,
     Step,
+    StepFailure,
     ToolStep,
     expr,
     ref,
 )
 from stratagem.protocol import (
     ALREADY_HOLDS,
+    AskGoalRequest,
     Beat,
+    CallContext,
     Relation,
     SubmitGoalRequest,
     SubmitGoalResponse,
@@ -223,37 +228,6 @@ def extraction(passage: str, world: str) -> Extraction:
     )
 
 
-class Assignment(BaseModel):
-    """Which agent does what, in which step.
-
-    Attributes:
-        step: The plan step.
-        agent: The role that does it.
-        capability: The capability asked for.
-        purpose: Why.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    step: str
-    agent: str
-    capability: str
-    purpose: str = ""
-
-
-class OrchestrationPlan(Plan):
-    """An orchestration plan: cross-agent steps and who is assigned to each.
-
-    Attributes:
-        assignments: One per step, in plan order.
-    """
-
-    # What the planner decided, for the record: nothing runs these in a user's plan.
-    planner_fields: ClassVar[frozenset[str]] = frozenset({"assignments"})
-
-    assignments: list[Assignment] = Field(default_factory=list)
-
-
 class Confirmed(BaseModel):
     """The goal facts found holding in the world."""
 
@@ -284,9 +258,9 @@ async def confirm_goal(beats: list[Beat], facts: list[Relation]) -> Confirmed:
 
 
 def orchestrator_tools() -> list[Tool[Any, Any]]:
-    """The orchestrator's tools: ``confirm_goal`` (it reads) and ``waive_consultation`` (a failed
-    consultation's route); they change nothing."""
-    return [confirm_goal, waive_consultation]
+    """The orchestrator's tools: ``confirm_goal`` (it reads), ``waive_consultation`` (a failed
+    consultation's route) and ``show_goal_plan`` (a plan-only goal's); they change nothing."""
+    return [confirm_goal, waive_consultation, show_goal_plan]
 
 
 def confirmation_steps(
@@ -345,6 +319,7 @@ class OrchestratorPlanner:
 
     def __init__(self, a2a_agents: Collection[str] = ()) -> None:
         self.a2a_agents = frozenset(a2a_agents)
+        self.goals = GoalPlanner()
 
     def consulted(self, request: SubmitGoalRequest) -> list[str]:
         """The external agents ``request`` consults.
@@ -361,6 +336,8 @@ class OrchestratorPlanner:
             ValueError: For a capability this planner does not know.
             protocol.InvalidArgumentError: The goal consults an agent this planner does not know.
         """
+        if isinstance(request, AskGoalRequest):
+            return self.goals.plan(request, plan_id=plan_id)
         if not isinstance(request, SubmitGoalRequest):
             raise ValueError(f"the orchestrator planner cannot plan {capability!r}")
         return self.goal_plan(request, plan_id=plan_id, consult=self.consulted(request))
@@ -440,8 +417,19 @@ class OrchestratorPlanner:
             assignments=assignments_of(steps),
         )
 
+    def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
+        """A goal in plain words' next revision after a ``logic`` failure (``GoalPlanner.replan``);
+        a story goal's plan is not replanned."""
+        if isinstance(plan, OrchestrationPlan) and any(
+            a.score is not None for a in plan.assignments
+        ):
+            return self.goals.replan(plan, failure)
+        return None
+
     def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
         """The goal's outcome: beats, the applied sequence and the world-state change."""
+        if isinstance(request, AskGoalRequest):
+            return self.goals.respond(request, result)
         if not isinstance(request, SubmitGoalRequest):
             raise ValueError(f"the orchestrator planner cannot answer {capability!r}")
         beats = [Beat.model_validate(beat) for beat in result.outputs["arc"]["beats"]]
@@ -495,3 +483,18 @@ class OrchestratorAgent(RoleAgent):
             store=store,
             planner=OrchestratorPlanner(a2a_agents),
         )
+        # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
+        self._skills = getattr(dispatcher, "skills", None) if a2a_agents else None
+
+    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
+        """Serve one request; before a goal in plain words is planned, the external A2A agents'
+        cards are read (once each) so that their skills are in the capability directory."""
+        # A model planner's fallback is the orchestrator's own planner: its goals are the same.
+        planner = getattr(self.planner, "deterministic", self.planner)
+        if (
+            self._skills is not None
+            and isinstance(request, AskGoalRequest)
+            and isinstance(planner, OrchestratorPlanner)
+        ):
+            planner.goals.use_external(await self._skills())
+        return await super().handle(capability, request, ctx)

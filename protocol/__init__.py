@@ -122,6 +122,14 @@ from stratagem.protocol._faces import (
     face_kind,
     start_face,
 )
+from stratagem.protocol._goals import (
+    ASK_GOAL,
+    MAX_GOAL_CHARS,
+    AskGoalRequest,
+    AskGoalResponse,
+    GoalStatus,
+    GoalStep,
+)
 from stratagem.protocol._identity import (
     AUTHORIZATION_KEY,
     Authenticator,
@@ -136,6 +144,7 @@ from stratagem.protocol._identity import (
     TokenCredentials,
     TokenSigner,
 )
+from stratagem.protocol._intents import Intent, IntentError, check_intents, parse_intent
 from stratagem.protocol._lazy import lazy_exports
 from stratagem.protocol._mcp import MCP_SERVER_NAME_PATTERN, McpServerConfig
 from stratagem.protocol._metrics import RpcMetrics
@@ -224,6 +233,7 @@ __getattr__ = lazy_exports(
 
 __all__ = [
     "ALREADY_HOLDS",
+    "ASK_GOAL",
     "AUTHORIZATION_KEY",
     "CAPABILITIES",
     "CONTROL_ACTIONS",
@@ -231,6 +241,7 @@ __all__ = [
     "DEFAULT_WORLD",
     "EXTENSION_FIELD",
     "FACES",
+    "MAX_GOAL_CHARS",
     "MAX_JSON_DEPTH",
     "MAX_PLANS_PAGE",
     "MCP_SERVER_NAME_PATTERN",
@@ -261,6 +272,8 @@ __all__ = [
     "ApprovalRule",
     "ArchiveError",
     "ArchivedSegment",
+    "AskGoalRequest",
+    "AskGoalResponse",
     "AuditLog",
     "AuditRecord",
     "AuditSealer",
@@ -293,10 +306,14 @@ __all__ = [
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
     "GateInfo",
+    "GoalStatus",
+    "GoalStep",
     "HeadsStore",
     "IdentityKey",
     "InMemoryAnswerStore",
     "InMemoryAuditLog",
+    "Intent",
+    "IntentError",
     "InternalError",
     "InvalidArgumentError",
     "ListWorldsRequest",
@@ -371,6 +388,7 @@ __all__ = [
     "archived_segments",
     "capability_for",
     "certificate_identity",
+    "check_intents",
     "control_capability",
     "current_call",
     "decode_card",
@@ -391,6 +409,7 @@ __all__ = [
     "json_object",
     "json_value",
     "load_or_create_key",
+    "parse_intent",
     "prove_endpoint",
     "redact",
     "redact_value",

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from stratagem.protocol._drift import schema_drift
+from stratagem.protocol._intents import check_intents
 
 __all__ = [
     "ALREADY_HOLDS",
@@ -437,6 +438,14 @@ class CapabilitySpec:
             Whatever the form, both sides validate it with ``request`` / ``response``.
         messages: For ``wire="message"``: the protobuf classes of the request and response,
             compiled from the extension's own .proto; their fields must match the models.
+        intents: Phrasings a person would use to ask for it, with ``{slot}``s naming fields of
+            the request model (``"weather in {city}"``); the orchestrator's goal planner matches
+            goals against them (``protocol._intents``; checked on registration). None: goals in
+            plain words never choose it.
+        side_effects: Whether it changes something outside the answer (a timer set, a world
+            changed): a goal may wait at a gate for approval before such a step.
+        cost: What one call costs in the deployment's own units (a tie-breaker between equally
+            good matches: the cheaper wins), 0 or more.
     """
 
     name: str
@@ -447,6 +456,9 @@ class CapabilitySpec:
     version: str = "1"
     wire: Literal["json", "struct", "message"] = "json"
     messages: tuple[type[Message], type[Message]] | None = None
+    intents: tuple[str, ...] = ()
+    side_effects: bool = False
+    cost: float = 0.0
 
 
 CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
@@ -458,6 +470,8 @@ CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
             "extract_entities",
             ExtractEntitiesRequest,
             ExtractEntitiesResponse,
+            intents=("extract the entities of {text}", "read the passage {text}"),
+            side_effects=True,
         ),
         CapabilitySpec(
             "FindSpatialContext",
@@ -474,13 +488,29 @@ CAPABILITIES: Final[dict[str, CapabilitySpec]] = {
             UpdateWorldStateResponse,
         ),
         CapabilitySpec(
-            "ListWorlds", "perception", "list_worlds", ListWorldsRequest, ListWorldsResponse
+            "ListWorlds",
+            "perception",
+            "list_worlds",
+            ListWorldsRequest,
+            ListWorldsResponse,
+            intents=("list the worlds", "which worlds are there", "list worlds starting {prefix}"),
         ),
         CapabilitySpec(
-            "ShowWorld", "perception", "show_world", ShowWorldRequest, ShowWorldResponse
+            "ShowWorld",
+            "perception",
+            "show_world",
+            ShowWorldRequest,
+            ShowWorldResponse,
+            intents=("show the world {world}", "what is in the world {world}"),
         ),
         CapabilitySpec(
-            "ResetWorld", "perception", "reset_world", ResetWorldRequest, ResetWorldResponse
+            "ResetWorld",
+            "perception",
+            "reset_world",
+            ResetWorldRequest,
+            ResetWorldResponse,
+            intents=("reset the world {world}", "empty the world {world}"),
+            side_effects=True,
         ),
         CapabilitySpec(
             "AnalyzeNarrative",
@@ -541,8 +571,11 @@ def register_capability(spec: CapabilitySpec) -> None:
     Raises:
         ValueError: When the name is taken by another capability, the field is not
             ``extension``, the wire is unknown, or (``wire="message"``) the protobuf messages'
-            fields differ from the models' (``schema_drift``): one line naming the difference.
+            fields differ from the models' (``schema_drift``): one line naming the difference;
+            an intent that does not parse or names a slot that is not a field of the request
+            model (``IntentError``: one line naming the capability, the intent and the slot).
     """
+    check_intents(spec)
     if spec.field != EXTENSION_FIELD:
         raise ValueError(f"capability {spec.name!r}: an added capability uses field 'extension'")
     if spec.wire not in ("json", "struct", "message"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratagem.agents._agent import Agent
+from stratagem.agents._goals._model import use_goal_model
 from stratagem.agents._model import ModelClient
 from stratagem.agents._model_answer import ModelAnswer
 from stratagem.agents._model_planner import ModelPlanner, ModelPlanningConfig
@@ -39,7 +40,7 @@ def model_planner(
     deterministic: Any = agent.planner
     for planner_type, answer in _ANSWERS:
         if isinstance(agent.planner, planner_type):
-            return ModelPlanner(
+            planner = ModelPlanner(
                 role=agent.role,
                 plan_type=agent.plan_type,
                 registry=agent.registry,
@@ -49,4 +50,6 @@ def model_planner(
                 budget=budget,
                 answer=answer,
             )
+            use_goal_model(agent, planner)  # the orchestrator's AskGoal: agents/_goals/_model.py
+            return planner
     return None

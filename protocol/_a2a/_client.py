@@ -62,6 +62,7 @@ __all__ = [
     "SEND_A2A_MESSAGE",
     "A2AAgentClient",
     "A2APeerConfig",
+    "A2ASkill",
     "SendA2AMessageRequest",
     "SendA2AMessageResponse",
     "register_a2a_capability",
@@ -144,6 +145,15 @@ class A2APeerConfig:
     skill: str = ""
     timeout_s: float = 60.0
     max_answer_bytes: int = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class A2ASkill:
+    """One skill of an external A2A agent's card: its id and the example requests it lists
+    (what a goal in plain words is matched against)."""
+
+    skill: str
+    examples: tuple[str, ...] = ()
 
 
 _FAILED: Final = {
@@ -230,6 +240,36 @@ class A2AAgentClient:
         if kind != "task":
             raise UnavailableError(f"{self.peer.name} answered with {kind!r}, not a task")
         return _from_task(self.peer.name, last.task)
+
+    async def skills(self) -> list[A2ASkill]:
+        """The skills its agent card lists (``/.well-known/agent-card.json``), with their
+        examples; at most 64 skills and 32 examples each, of at most 200 characters.
+
+        Raises:
+            RemoteError: The card cannot be read (a subclass per failure, as for ``send``).
+        """
+        url = self.peer.url.rstrip("/") + "/.well-known/agent-card.json"
+        try:
+            # A card is small and quick: an agent that is down costs a goal seconds, not its
+            # whole message time limit.
+            answer = await self._http.get(url, timeout=min(5.0, self.peer.timeout_s))
+            answer.raise_for_status()
+            card = answer.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            if _caused_by(exc, _TooLarge):
+                raise FailedPreconditionError(
+                    f"{self.peer.name}'s card is larger than {self.peer.max_answer_bytes} bytes"
+                ) from None
+            raise UnavailableError(f"{self.peer.name}'s card could not be read: {exc}") from None
+        found = []
+        for skill in (card.get("skills") if isinstance(card, dict) else None) or []:
+            if not isinstance(skill, dict) or not isinstance(skill.get("id"), str):
+                continue
+            examples = [e for e in skill.get("examples") or [] if isinstance(e, str)]
+            found.append(
+                A2ASkill(skill["id"][:64], tuple(e[:200] for e in examples[:32] if e.strip()))
+            )
+        return found[:64]
 
     async def _opened(self) -> Any:
         async with self._opening:

@@ -55,6 +55,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "rich.table": ("Table",),
     "stratagem.protocol": (
         "ArchiveError",
+        "AskGoalRequest",
         "ChainVerdict",
         "ControlAction",
         "FailedPreconditionError",
@@ -86,6 +87,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.operator._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
+    "stratagem.runtime.operator._ask": ("ask_request", "goal_file_asks", "steps_table"),
     "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
     "stratagem.runtime.host._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime.host._ray_directory": ("RayDirectory",),

@@ -35,6 +35,7 @@ from stratagem.runtime._cli._app import (
     err_console,
     lazy_scope,
 )
+from stratagem.runtime._cli._ask import run_ask
 from stratagem.runtime.config._errors import StratagemRuntimeError
 from stratagem.runtime.operator._input import (
     InputError,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     )
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.host._local import LocalCluster
+    from stratagem.runtime.operator._ask import ask_request, goal_file_asks
     from stratagem.runtime.operator._goal import GoalOutcome, new_goal_id
     from stratagem.runtime.operator._history import PlanHistory
     from stratagem.runtime.operator._render import (
@@ -391,7 +393,9 @@ def submit(
     and standard output with --json).
 
     A goal file holds goal, passage, beats (1-8, default 3), and optionally world, plan_id and
-    consult (external A2A agents to ask, from STRATAGEM_A2A_AGENTS; docs/goals.md).
+    consult (external A2A agents to ask, from STRATAGEM_A2A_AGENTS; docs/goals.md). A file
+    without a passage is a goal in plain words, as 'stratagem ask' takes: goal, and optionally
+    inputs, plan_only, approve and plan_id.
 
     Examples:
 
@@ -403,6 +407,14 @@ def submit(
     """
     with _errors():
         check_goal_timeout(timeout)  # before the seconds spent finding the agents
+        raw = read_mapping(goal_file, "goal, passage and beats")
+        if goal_file_asks(raw):  # no passage: a goal in plain words (runtime/_cli/_ask.py)
+            asked = ask_request(raw)
+            settings = _settings(address, state_dir)
+    if goal_file_asks(raw):
+        run_ask(asked, settings, as_json=as_json, timeout=timeout)
+        return
+    with _errors():
         request = _in_world(_load_goal(goal_file), world)
         settings = _settings(address, state_dir, **({"planner": planner} if planner else {}))
         if detach and embedded:

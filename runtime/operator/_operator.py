@@ -15,6 +15,7 @@ on first use with only the services it uses —
 * ``_watch.Watch``: ``watch``;
 * ``_runs.Runs``: ``run_plan``;
 * ``_goals.Goals``: ``submit``, ``start``;
+* ``_ask.Ask``: ``ask`` (a goal in plain words);
 * ``_worlds.Worlds``: ``worlds``, ``world``, ``reset_world``;
 * ``_control.Control``: ``control`` and the control verbs (``CONTROL_VERBS``).
 
@@ -42,6 +43,7 @@ from collections.abc import Mapping
 from stratagem.protocol import OPERATOR
 from stratagem.runtime.config._settings import Settings
 from stratagem.runtime.operator._agents import Agents
+from stratagem.runtime.operator._ask import Ask
 from stratagem.runtime.operator._compose import Parts, stream, verb
 from stratagem.runtime.operator._control import Control
 from stratagem.runtime.operator._goals import Goals
@@ -97,6 +99,7 @@ class Verbs:
     run_plan = verb(Runs.run_plan)
     submit = verb(Goals.submit)
     start = verb(Goals.start)
+    ask = verb(Ask.ask)  # a goal in plain words
     worlds = verb(Worlds.worlds)
     world = verb(Worlds.world)
     reset_world = verb(Worlds.reset_world)

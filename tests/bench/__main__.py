@@ -26,6 +26,7 @@ from tests.bench.console import console_section, run_console_benchmark
 from tests.bench.durable import run_durable_benchmark
 from tests.bench.dynamic import run_map_benchmark, run_workflow_benchmark
 from tests.bench.engine import run_engine_benchmark
+from tests.bench.goal_routing import goal_routing_section, run_goal_routing_benchmark
 from tests.bench.history import run_history_benchmark
 from tests.bench.model_load import model_load_section, run_model_load_benchmark
 from tests.bench.peers import run_peers_benchmark
@@ -287,6 +288,13 @@ def _only_quality() -> int:
     return _only_section("quality", run_quality_benchmark, "## Planning quality", quality_section)
 
 
+def _only_goals() -> int:
+    """``python -m tests.bench goals``: this section alone, merged into the last results."""
+    return _only_section(
+        "goals", run_goal_routing_benchmark, "## Goals in plain words", goal_routing_section
+    )
+
+
 def _only_model_load() -> int:
     """``python -m tests.bench model-load``: this section alone, merged into the last results."""
     return _only_section(
@@ -355,6 +363,8 @@ def main() -> int:
         return _only_history()
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
+    if sys.argv[1:] == ["goals"]:
+        return _only_goals()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -396,6 +406,8 @@ def main() -> int:
     history = _section("history", _history)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
+    logger.info("goals: goals in plain words, routed and planned by the deterministic planner")
+    goals = _section("goals", run_goal_routing_benchmark)
     logger.info("model-load: four agents planning at once against the embedded model server")
     model_load = _section("model_load", run_model_load_benchmark)
     results: dict[str, Any] = {
@@ -412,6 +424,7 @@ def main() -> int:
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["history"] = history
     results["benchmarks"]["quality"] = quality
+    results["benchmarks"]["goals"] = goals
     results["benchmarks"]["model_load"] = model_load
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])

@@ -99,8 +99,8 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
         # the A2A one (a script: its commands share a variable).
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 2
-        for block in blocks:
+        assert len(blocks) == 3
+        for block in blocks[:2]:
             for command in _commands(block):
                 _run(command, state_dir)
         _the_gates_run(tutorial, state_dir)
@@ -108,6 +108,9 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         called = _run(a2a, state_dir)
         assert "ExtractEntities" in called.stdout.split()
         assert called.stdout.split()[-1] == "TASK_STATE_COMPLETED"
+        # Goals in plain words, last: its `up` replaces the critic with the example domain.
+        for command in _commands(blocks[2]):
+            _run(command, state_dir)
     finally:
         subprocess.run(
             [str(BIN / "stratagem"), "down"],

@@ -65,7 +65,8 @@ class _Executor(AgentExecutor):
 class EchoAgent:
     """The agent, served by uvicorn on 127.0.0.1 (a free port) on the running loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, examples: dict[str, list[str]] | None = None) -> None:
+        self.examples = examples or {}  # per skill: the examples its card lists
         self.seen = Seen()
         self.url = ""
         self._server: uvicorn.Server | None = None
@@ -84,9 +85,18 @@ class EchoAgent:
                 AgentInterface(url=self.url, protocol_binding="JSONRPC", protocol_version="1.0")
             ],
             skills=[
-                AgentSkill(id="echo", name="echo", description="echoes", tags=["test"]),
-                AgentSkill(id="fail", name="fail", description="fails", tags=["test"]),
-                AgentSkill(id="hang", name="hang", description="never answers", tags=["test"]),
+                AgentSkill(
+                    id=skill,
+                    name=skill,
+                    description=description,
+                    tags=["test"],
+                    examples=self.examples.get(skill, []),
+                )
+                for skill, description in (
+                    ("echo", "echoes"),
+                    ("fail", "fails"),
+                    ("hang", "never answers"),
+                )
             ],
             capabilities=AgentCapabilities(streaming=False),
             default_input_modes=["text/plain", "application/json"],

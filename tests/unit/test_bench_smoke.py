@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import uuid
 from dataclasses import asdict
 from pathlib import Path
+
+import pytest
 
 from stratagem.agents import DEMO_GOAL, build_in_memory
 from stratagem.protocol import CallContext, SubmitGoalResponse
@@ -360,3 +363,23 @@ def test_the_interleaved_comparison_runs_a_tree_in_a_child_of_its_own() -> None:
     assert set(figures["checkpointed_ratio"]) == {"sqlite_side_effecting", "sqlite_idempotent"}
     assert figures["vs_first"] == dict.fromkeys(variants, 1.0)
     assert len(figures["rounds"]) == 1
+
+
+def test_goal_routing_benchmark_returns_well_formed_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.bench.goal_routing import GOALS, goal_routing_section, run_goal_routing_benchmark
+    from tests.unit._registry import registries_kept
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cases = (GOALS[0], GOALS[-1])  # one capability, and a goal nothing matches
+    with registries_kept():  # the example domain's agents are defined for the run only
+        result = run_goal_routing_benchmark(repeats=1, cases=cases, model_goals=0)
+    assert result["goals"] == 2
+    assert set(result["by_kind"]) == {"1 capability", "unmatched"}
+    assert 0.0 <= result["as_meant"] <= 1.0
+    assert result["median_ms"] > 0
+    section = "\n".join(goal_routing_section(result))
+    assert section.startswith("## Goals in plain words")
+    assert "| **all (2)** |" in section
+    assert result["model"] == {"skipped": "no goal was asked to run with the model"}

@@ -24,6 +24,7 @@ import yaml
 
 from stratagem.planning import Plan
 from stratagem.protocol import (
+    AskGoalRequest,
     ClusterSecret,
     IdentityKey,
     SubmitGoalRequest,
@@ -66,6 +67,9 @@ def _data(block: Block) -> None:
         value = yaml.safe_load(block.text)
         if isinstance(value, dict) and "passage" in value:
             SubmitGoalRequest.model_validate(value)
+            return
+        if isinstance(value, dict) and "goal" in value and "steps" not in value:
+            AskGoalRequest.model_validate(value)  # a goal in plain words (no passage)
             return
         # A plan, or a fragment of one (its steps, or fields with its steps): a plan's fields.
         fields = {"steps": value} if isinstance(value, list) else value

@@ -110,7 +110,11 @@ async def test_every_plan_names_only_its_own_agents_tools(name: str, cluster: Cl
         ("observe", "perception"),
         ("confirm", "orchestrator"),
     ]
-    assert agents["orchestrator"].registry.names() == ["confirm_goal", "waive_consultation"]
+    assert agents["orchestrator"].registry.names() == [
+        "confirm_goal",
+        "waive_consultation",
+        "show_goal_plan",
+    ]
 
 
 async def test_watch_follows_the_goal_on_every_agent(cluster: Cluster) -> None:

@@ -1,0 +1,340 @@
+"""Goals in plain words (``AskGoal``): intents, the directory, the router and the planner, run in
+memory over the example domain (``examples/extensions/assistant.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from stratagem.agents import ExtensionError, build_in_memory, import_extensions
+from stratagem.agents._goals import (
+    CapabilityDirectory,
+    GoalPlanner,
+    Matcher,
+    split_clauses,
+    tokens,
+)
+from stratagem.planning import CrossAgentStep, GateStep
+from stratagem.protocol import (
+    CAPABILITIES,
+    EXTENSION_FIELD,
+    AskGoalRequest,
+    AskGoalResponse,
+    CapabilitySpec,
+    FailedPreconditionError,
+    IntentError,
+    InvalidArgumentError,
+    WireModel,
+    parse_intent,
+    register_capability,
+)
+from tests.unit.agents.conftest import REPO, call
+
+pytestmark = pytest.mark.usefixtures("clean_registry")
+
+ASSISTANT = "examples.extensions.assistant"
+SEED = "check the weather in Seattle and set a timer for 10 minutes"
+
+
+@pytest.fixture(autouse=True)
+def _from_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+async def ask(goal: str, **fields: Any) -> AskGoalResponse:
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False)
+    answer = await agents["orchestrator"].handle(
+        "AskGoal", AskGoalRequest(goal=goal, **fields), call("AskGoal", "orchestrator")
+    )
+    assert isinstance(answer, AskGoalResponse)
+    return answer
+
+
+def planner() -> GoalPlanner:
+    import_extensions([ASSISTANT])
+    return GoalPlanner()
+
+
+# --- intents --------------------------------------------------------------------------------
+
+
+class _Timer(WireModel):
+    minutes: int
+    label: str = ""
+    tags: list[str] = []
+
+
+def _spec(*intents: str) -> CapabilitySpec:
+    return CapabilitySpec("Egg", "perception", EXTENSION_FIELD, _Timer, _Timer, intents=intents)
+
+
+def test_an_intent_parses_into_words_and_typed_slots() -> None:
+    intent = parse_intent("set a timer for {minutes} minutes")
+    assert intent.slots == ("minutes",)
+    assert intent.text == "set a timer for minutes"
+
+
+@pytest.mark.parametrize(
+    ("phrase", "says"),
+    [
+        ("", "empty phrasing"),
+        ("set a timer for {minutes", "unbalanced braces"),
+        ("timer {minutes}{label}", "two slots need a word between them"),
+        ("{minutes}", "no words besides its slots"),
+        ("timer {Minutes}", "not a lowercase identifier"),
+    ],
+)
+def test_an_intent_that_does_not_parse_is_one_line(phrase: str, says: str) -> None:
+    with pytest.raises(IntentError, match=says):
+        register_capability(_spec(phrase))
+    assert "Egg" not in CAPABILITIES
+
+
+def test_a_slot_not_in_the_request_schema_is_refused_naming_it() -> None:
+    with pytest.raises(IntentError) as raised:
+        register_capability(_spec("set a timer for {mins} minutes"))
+    assert str(raised.value) == (
+        "capability 'Egg': intent 'set a timer for {mins} minutes': slot {mins} is not a field "
+        "of _Timer (fields: minutes, label, tags)"
+    )
+    with pytest.raises(IntentError, match=r"slot \{tags\} is not a string, number, boolean"):
+        register_capability(_spec("tag it {tags}"))
+
+
+def test_an_extension_with_a_bad_intent_stops_at_load_in_one_line(tmp_path: Path) -> None:
+    source = (REPO / "examples/extensions/assistant.py").read_text(encoding="utf-8")
+    bad = tmp_path / "bad_assistant.py"
+    bad.write_text(source.replace('"weather in {city}"', '"weather in {town}"'), encoding="utf-8")
+    with pytest.raises(ExtensionError) as raised:
+        import_extensions([str(bad)])
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "slot {town} is not a field of GetWeatherRequest" in message
+
+
+def test_the_directory_lists_built_in_and_extension_capabilities_with_intents() -> None:
+    import_extensions([ASSISTANT])
+    directory = CapabilityDirectory.registered()
+    names = [e.name for e in directory.entries]
+    assert "perception.ShowWorld" in names
+    assert "perception.ResetWorld" in names
+    assert {"weather.GetWeather", "timer.SetTimer", "calendar.AddEvent"} <= set(names)
+    assert not any(e.agent == "orchestrator" for e in directory.entries)
+    assert "AnalyzeNarrative" not in {e.spec.name for e in directory.entries}  # no intents
+
+
+# --- router and planner ---------------------------------------------------------------------
+
+
+def test_clauses_split_at_and_then_and_sentence_ends() -> None:
+    clauses = split_clauses("Check the weather in Seattle, then set a timer. Also; list the worlds")
+    assert [(c.text, c.after_previous) for c in clauses] == [
+        ("Check the weather in Seattle", False),
+        ("set a timer", True),
+        ("Also", False),
+        ("list the worlds", False),
+    ]
+    assert tokens("Setting the timers") == ["set", "timer"]
+
+
+def test_the_seed_sentence_plans_two_independent_typed_steps() -> None:
+    plan = planner().plan(AskGoalRequest(goal=SEED), plan_id="g")
+    steps = [s for s in plan.steps if isinstance(s, CrossAgentStep)]
+    assert [(s.target, s.capability, s.request, s.depends_on) for s in steps] == [
+        ("weather", "GetWeather", {"city": "Seattle"}, []),
+        ("timer", "SetTimer", {"minutes": 10}, []),
+    ]
+    assert [a.score for a in plan.assignments] == [1.0, 1.0]
+    assert plan.assignments[0].purpose == (
+        "'check the weather in Seattle' matched 'check the weather in {city}'"
+    )
+
+
+def test_an_earlier_output_is_bound_into_a_later_input_and_orders_the_steps() -> None:
+    plan = planner().plan(
+        AskGoalRequest(goal="find my next meeting and set a timer for it"), plan_id="g"
+    )
+    timer = plan.steps[1]
+    assert isinstance(timer, CrossAgentStep)
+    assert timer.request == {"minutes": {"$ref": "next_meeting.minutes"}}
+    assert timer.depends_on == ["next_meeting"]
+
+
+def test_then_orders_and_enum_slots_are_typed() -> None:
+    plan = planner().plan(
+        AskGoalRequest(goal="schedule dentist on Friday, then what is the weather like in Paris"),
+        plan_id="g",
+    )
+    event, weather = plan.steps
+    assert isinstance(event, CrossAgentStep)
+    assert isinstance(weather, CrossAgentStep)
+    assert event.request == {"title": "dentist", "day": "friday"}
+    assert weather.depends_on == ["add_event"]
+
+
+def test_paraphrases_match_the_same_capability() -> None:
+    import_extensions([ASSISTANT])
+    matcher = Matcher(CapabilityDirectory.registered())
+    for clause in (
+        "is it raining in London",
+        "weather forecast for Tokyo",
+        "how's the weather in Paris",
+    ):
+        assert matcher.ranked(clause)[0].entry.name == "weather.GetWeather", clause
+
+
+def test_approve_puts_side_effecting_steps_behind_a_gate() -> None:
+    plan = planner().plan(AskGoalRequest(goal=SEED, approve=True), plan_id="g")
+    gate, weather, timer = plan.steps
+    assert isinstance(gate, GateStep)
+    assert gate.id == "approve"
+    assert isinstance(weather, CrossAgentStep)
+    assert weather.depends_on == []
+    assert isinstance(timer, CrossAgentStep)
+    assert timer.depends_on == ["approve"]
+
+
+# --- bad input: one line, nothing runs -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("goal", "says"),
+    [
+        (
+            "book a flight to Paris",
+            "goal: no capability matches 'book a flight to Paris'",
+        ),
+        (
+            "ask the billing agent for my invoice",
+            "names the agent 'billing', which is not deployed",
+        ),
+        (
+            "set a timer for 5000 minutes",
+            "minutes=5000: Input should be less than or equal to 1440",
+        ),
+        ("set a timer", "asks timer.SetTimer, which needs 'minutes'"),
+    ],
+)
+def test_a_goal_that_cannot_be_planned_is_refused_in_one_line(goal: str, says: str) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        planner().plan(AskGoalRequest(goal=goal), plan_id="g")
+    assert says in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unmatched_goal_names_the_closest_capabilities() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"closest: calendar\.NextMeeting \(0\.\d+\)"):
+        planner().plan(AskGoalRequest(goal="book a meeting room"), plan_id="g")
+
+
+@pytest.mark.parametrize("goal", ["", "   ", "x" * 100_000])
+def test_an_empty_or_huge_goal_is_refused_by_the_schema(goal: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        AskGoalRequest(goal=goal)
+    assert raised.value.errors()[0]["loc"] == ("goal",)
+
+
+# --- run in memory: the seed's example, its failing-weather variant ---------------------------
+
+
+async def test_the_seed_example_runs_and_summarises() -> None:
+    answer = await ask(SEED)
+    assert (answer.status, answer.route, answer.revisions) == ("succeeded", "plan", 1)
+    assert [(s.id, s.status) for s in answer.steps] == [
+        ("get_weather", "succeeded"),
+        ("set_timer", "succeeded"),
+    ]
+    assert json.loads(answer.steps[0].output_json)["summary"] == "Seattle: 52°F, partly cloudy"
+    assert answer.summary.splitlines() == [
+        "done: check the weather in Seattle: Seattle: 52°F, partly cloudy",
+        f"done: set a timer for 10 minutes: {json.loads(answer.steps[1].output_json)['summary']}",
+    ]
+
+
+async def test_a_failed_step_is_replanned_and_the_independent_rest_runs() -> None:
+    answer = await ask("check the weather in Atlantis and set a timer for 10 minutes")
+    assert (answer.status, answer.revisions) == ("partial", 2)
+    weather, timer = answer.steps
+    assert (weather.status, timer.status) == ("dropped", "succeeded")
+    assert weather.error == (
+        "get_weather failed: no weather for 'Atlantis': the weather service does not know it"
+    )
+    assert answer.summary.splitlines()[0].startswith("not done: check the weather in Atlantis")
+    assert answer.summary.splitlines()[1].startswith("done: set a timer for 10 minutes")
+
+
+async def test_a_dependent_step_is_dropped_with_the_failed_one() -> None:
+    with pytest.raises(FailedPreconditionError, match="no weather for 'Atlantis'"):
+        await ask("check the weather in Atlantis then set a timer for 10 minutes")
+
+
+async def test_plan_only_runs_nothing_and_shows_the_dag() -> None:
+    answer = await ask("find my next meeting and set a timer for it", plan_only=True)
+    assert (answer.status, answer.route) == ("planned", "plan")
+    assert [(s.agent, s.capability, s.depends_on, s.score) for s in answer.steps] == [
+        ("calendar", "NextMeeting", [], 1.0),
+        ("timer", "SetTimer", ["next_meeting"], 1.0),
+    ]
+    assert json.loads(answer.steps[1].request_json) == {"minutes": {"$ref": "next_meeting.minutes"}}
+    assert answer.steps[1].side_effects is True
+    assert all(s.output_json == "" for s in answer.steps)
+
+
+async def test_one_clause_is_the_single_route() -> None:
+    answer = await ask("what is the weather like in Tokyo")
+    assert (answer.status, answer.route, len(answer.steps)) == ("succeeded", "single", 1)
+
+
+def test_a_list_of_clauses_splits_at_commas_and_please_is_dropped() -> None:
+    goal = "check the weather in London, set a timer for 10 minutes and schedule gym on Monday"
+    assert [c.text for c in split_clauses(goal)] == [
+        "check the weather in London",
+        "set a timer for 10 minutes",
+        "schedule gym on Monday",
+    ]
+    assert [c.text for c in split_clauses("please set a timer for 5 minutes, please")] == [
+        "set a timer for 5 minutes"
+    ]
+    plan = planner().plan(AskGoalRequest(goal=goal), plan_id="g")
+    assert [s.id for s in plan.steps] == ["get_weather", "set_timer", "add_event"]
+
+
+def test_a_piece_that_is_no_clause_is_joined_back_as_written() -> None:
+    plan = planner().plan(
+        AskGoalRequest(goal="schedule lunch with Sam, Ann and Bo on Tuesday"), plan_id="g"
+    )
+    [event] = plan.steps
+    assert isinstance(event, CrossAgentStep)
+    assert event.request == {"title": "lunch with Sam, Ann and Bo", "day": "tuesday"}
+
+
+async def test_with_approve_the_side_effecting_step_waits_for_the_gate() -> None:
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False)
+    orchestrator = agents["orchestrator"]
+    request = AskGoalRequest(goal=SEED, approve=True, plan_id="held")
+    run = asyncio.create_task(
+        orchestrator.handle("AskGoal", request, call("AskGoal", "orchestrator"))
+    )
+    async for event in orchestrator.watch("held"):
+        if event.plan_id == "held" and not event.step_id and event.status == "blocked":
+            break
+    assert not run.done()
+    await asyncio.sleep(0.5)  # time for a step that did not wait to reach its agent
+    # The timer (side effects) waits for the gate; nothing was asked of its agent.
+    assert agents["timer"].plans("held/set_timer") == []
+    await orchestrator.decide_gate(
+        "held", "approve", approve=True, approver="operator", rationale="ok"
+    )
+    answer = await asyncio.wait_for(run, 30)
+    assert isinstance(answer, AskGoalResponse)
+    assert answer.status == "succeeded"
+    assert [(s.id, s.status) for s in answer.steps] == [
+        ("approve", "succeeded"),
+        ("get_weather", "succeeded"),
+        ("set_timer", "succeeded"),
+    ]
