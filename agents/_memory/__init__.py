@@ -1,0 +1,37 @@
+"""Memory: namespaced key-value items with TTL and recall, kept across restarts.
+
+``_model`` (the item, namespaces, limits, input checks and errors), ``_store`` (the
+``MemoryStore`` protocol and the in-memory store for tests), ``_sqlite`` (the SQLite store: FTS5
+recall, the embedded default), ``_postgres`` (the PostgreSQL store: ``agents`` exports it on
+first use, for the ``postgres`` extra) and ``_guard`` (a store under the policy, audited). See
+``docs/artifacts-memory.md``.
+"""
+
+from stratagem.agents._memory._model import (
+    DEFAULT_LIMITS,
+    JsonValue,
+    MemoryDeniedError,
+    MemoryInputError,
+    MemoryItem,
+    MemoryLimits,
+    Namespace,
+    format_namespace,
+    parse_namespace,
+)
+from stratagem.agents._memory._sqlite import SqliteMemoryStore
+from stratagem.agents._memory._store import InMemoryMemoryStore, MemoryStore
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "InMemoryMemoryStore",
+    "JsonValue",
+    "MemoryDeniedError",
+    "MemoryInputError",
+    "MemoryItem",
+    "MemoryLimits",
+    "MemoryStore",
+    "Namespace",
+    "SqliteMemoryStore",
+    "format_namespace",
+    "parse_namespace",
+]
