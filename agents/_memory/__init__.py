@@ -7,6 +7,7 @@ first use, for the ``postgres`` extra) and ``_guard`` (a store under the policy,
 ``docs/artifacts-memory.md``.
 """
 
+from stratagem.agents._memory._guard import PolicedMemory
 from stratagem.agents._memory._model import (
     DEFAULT_LIMITS,
     JsonValue,
@@ -31,6 +32,7 @@ __all__ = [
     "MemoryLimits",
     "MemoryStore",
     "Namespace",
+    "PolicedMemory",
     "SqliteMemoryStore",
     "format_namespace",
     "parse_namespace",
