@@ -117,6 +117,7 @@ if TYPE_CHECKING:
         json_schema_model,
         tool_effects,
     )
+    from stratagem.agents._memory._postgres import PostgresMemoryStore
     from stratagem.agents._world._postgres import PostgresWorldStore
 
 # Imported on first use: the PostgreSQL world store needs psycopg (the `postgres` extra); the MCP
@@ -124,6 +125,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(
     __name__,
     {
+        "PostgresMemoryStore": "._memory._postgres",
         "PostgresWorldStore": "._world._postgres",
         **dict.fromkeys(
             (
@@ -191,6 +193,7 @@ __all__ = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PostgresMemoryStore",
     "PostgresWorldStore",
     "ResolutionStrategy",
     "ResourceRequirements",

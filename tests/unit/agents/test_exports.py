@@ -58,6 +58,7 @@ EXPECTED = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PostgresMemoryStore",
     "PostgresWorldStore",
     "ResolutionStrategy",
     "ResourceRequirements",

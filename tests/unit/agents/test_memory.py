@@ -1,7 +1,7 @@
 """Memory stores: namespaces, JSON values, TTL, put/get/list/delete, recall, bad input.
 
-Every test runs against each store (the in-memory fake and SQLite files); the PostgreSQL store runs
-the same tests in ``tests/unit/agents/test_memory_postgres.py`` against a real server.
+Every test runs against each store: the in-memory fake, SQLite files and (marked ``postgres``) a
+real PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -45,8 +45,14 @@ def _sqlite(tmp_path: Path) -> StoreFactory:
 FACTORIES: dict[str, Callable[[Path], StoreFactory]] = {"memory": _in_memory, "sqlite": _sqlite}
 
 
-@pytest.fixture(params=sorted(FACTORIES))
+@pytest.fixture(params=[*sorted(FACTORIES), pytest.param("postgres", marks=pytest.mark.postgres)])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    if request.param == "postgres":
+        # psycopg (the postgres extra) is imported only by the tests that need it.
+        from stratagem.agents import PostgresMemoryStore
+
+        url: str = request.getfixturevalue("postgres_url")
+        return lambda clock, limits: PostgresMemoryStore(url, clock=clock, limits=limits)
     return FACTORIES[request.param](tmp_path)
 
 
@@ -183,6 +189,23 @@ async def test_sqlite_memory_survives_a_restart(tmp_path: Path) -> None:
     await first.aclose()
     again = SqliteMemoryStore(tmp_path / "memory.db")
     await again.start()
+    try:
+        got = await again.get(("user", "ana"), "likes")
+        assert got is not None
+        assert got.value == {"text": "pears and figs"}
+        assert [item.key for item in await again.search(("user",), "fig")] == ["likes"]
+    finally:
+        await again.aclose()
+
+
+@pytest.mark.postgres
+async def test_postgres_memory_survives_a_restart(postgres_url: str) -> None:
+    from stratagem.agents import PostgresMemoryStore
+
+    first = PostgresMemoryStore(postgres_url)
+    await first.put(("user", "ana"), "likes", {"text": "pears and figs"})
+    await first.aclose()
+    again = PostgresMemoryStore(postgres_url)
     try:
         got = await again.get(("user", "ana"), "likes")
         assert got is not None
