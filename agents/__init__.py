@@ -30,6 +30,8 @@ from stratagem.agents._extract import (
 )
 from stratagem.agents._in_memory import serve_in_memory
 from stratagem.agents._memory import (
+    Embedder,
+    EmbeddingError,
     InMemoryMemoryStore,
     MemoryDeniedError,
     MemoryInputError,
@@ -37,6 +39,7 @@ from stratagem.agents._memory import (
     MemoryLimits,
     MemoryStore,
     Namespace,
+    OpenAIEmbedder,
     SqliteMemoryStore,
     format_namespace,
     parse_namespace,
@@ -157,6 +160,8 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "DramaticBeat",
+    "Embedder",
+    "EmbeddingError",
     "Extension",
     "ExtensionError",
     "ExtractionPattern",
@@ -181,6 +186,7 @@ __all__ = [
     "ModelTurn",
     "Namespace",
     "NarrativeGoal",
+    "OpenAIEmbedder",
     "OpenAIModelClient",
     "OrchestrationPlan",
     "OrchestratorAgent",

@@ -21,9 +21,18 @@ from stratagem.agents._memory._model import (
 )
 from stratagem.agents._memory._sqlite import SqliteMemoryStore
 from stratagem.agents._memory._store import InMemoryMemoryStore, MemoryStore
+from stratagem.agents._memory._vectors import (
+    VECTOR_SCAN_LIMIT,
+    Embedder,
+    EmbeddingError,
+    OpenAIEmbedder,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "VECTOR_SCAN_LIMIT",
+    "Embedder",
+    "EmbeddingError",
     "InMemoryMemoryStore",
     "JsonValue",
     "MemoryDeniedError",
@@ -32,6 +41,7 @@ __all__ = [
     "MemoryLimits",
     "MemoryStore",
     "Namespace",
+    "OpenAIEmbedder",
     "PolicedMemory",
     "SqliteMemoryStore",
     "format_namespace",

@@ -19,6 +19,7 @@ JSON scalar as JSONB (JSON equality: ``1`` equals ``1.0``, ``true`` is not ``1``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ from stratagem.agents._memory._model import (
 )
 from stratagem.agents._memory._sqlite import namespace_range
 from stratagem.agents._memory._store import query_terms
+from stratagem.agents._memory._vectors import VECTOR_SCAN_LIMIT, Embedder, pack, rank
 from stratagem.protocol import StorageError
 from stratagem.protocol._storage._postgres import (
     AsyncConnection,
@@ -71,6 +73,7 @@ async def _migrate_v1(conn: AsyncConnection, schema: sql.Identifier) -> None:
                 created_at DOUBLE PRECISION NOT NULL,
                 updated_at DOUBLE PRECISION NOT NULL,
                 expires_at DOUBLE PRECISION,
+                embedding BYTEA,
                 PRIMARY KEY (namespace, key)
             )""",
             schema,
@@ -124,6 +127,8 @@ class PostgresMemoryStore:
         clock: Seconds since the epoch (tests pass a fake one to expire items).
         max_size: The most connections the pool opens.
         timeout_s: How long a call waits for a connection (and ``start`` for the server).
+        embedder: Where vectors come from; with one, ``search`` with a query recalls by cosine
+            similarity (``_vectors``), else by full text.
     """
 
     def __init__(
@@ -135,7 +140,9 @@ class PostgresMemoryStore:
         clock: Callable[[], float] = time.time,
         max_size: int = 4,
         timeout_s: float = 30.0,
+        embedder: Embedder | None = None,
     ) -> None:
+        self.embedder = embedder
         self._ident = schema_identifier(schema)
         self.schema = schema
         self._pool = PostgresPool(
@@ -183,6 +190,7 @@ class PostgresMemoryStore:
         ttl = check_ttl(ttl_s)
         body = searchable_text(key, json.loads(text))
         stored_ns = namespace_range(ns)[0]
+        vector = None if self.embedder is None else pack((await self.embedder.embed([body]))[0])
         now = self._clock()
         expires = None if ttl is None else now + ttl
         async with self._pool.connection("write memory") as conn, conn.transaction():
@@ -196,12 +204,14 @@ class PostgresMemoryStore:
             cursor = await conn.execute(
                 self._q(
                     "INSERT INTO {s}.memory_items (namespace, key, value, body, created_at, "
-                    "updated_at, expires_at) VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s) "
+                    "updated_at, expires_at, embedding) "
+                    "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (namespace, key) DO UPDATE SET value = EXCLUDED.value, "
                     "body = EXCLUDED.body, updated_at = EXCLUDED.updated_at, "
-                    f"expires_at = EXCLUDED.expires_at RETURNING {_COLUMNS}"
+                    "expires_at = EXCLUDED.expires_at, embedding = EXCLUDED.embedding "
+                    f"RETURNING {_COLUMNS}"
                 ),
-                (stored_ns, key, text, body, now, now, expires),
+                (stored_ns, key, text, body, now, now, expires, vector),
             )
             row = await cursor.fetchone()
         assert row is not None
@@ -281,6 +291,22 @@ class PostgresMemoryStore:
         check_limit(limit, self.limits)
         low, high = namespace_range(ns)
         live = "namespace >= %s AND namespace < %s AND (expires_at IS NULL OR expires_at > %s)"
+        if self.embedder is not None and terms:
+            wanted = (await self.embedder.embed([query or ""]))[0]
+            async with self._pool.connection("search memory") as conn:
+                cursor = await conn.execute(
+                    self._q(
+                        f"SELECT {_COLUMNS}, embedding FROM {{s}}.memory_items "
+                        f"WHERE {live}{where} AND embedding IS NOT NULL "
+                        "ORDER BY updated_at DESC LIMIT %s"
+                    ),
+                    (low, high, self._clock(), *params, VECTOR_SCAN_LIMIT),
+                )
+                candidates = await cursor.fetchall()
+            best = await asyncio.to_thread(
+                rank, wanted, ((bytes(row[6]), row) for row in candidates), limit
+            )
+            return [_item(row, score) for score, row in best]
         async with self._pool.connection("search memory") as conn:
             if terms:
                 cursor = await conn.execute(

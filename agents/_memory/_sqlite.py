@@ -46,6 +46,7 @@ from stratagem.agents._memory._model import (
     searchable_text,
 )
 from stratagem.agents._memory._store import query_terms
+from stratagem.agents._memory._vectors import VECTOR_SCAN_LIMIT, Embedder, pack, rank
 from stratagem.protocol import StorageError
 from stratagem.protocol._storage import StoreWorker
 from stratagem.protocol._storage._sqlite import (
@@ -64,7 +65,7 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute(
         "CREATE TABLE memory_items (id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, "
         "key TEXT NOT NULL, value TEXT NOT NULL, body TEXT NOT NULL, "
-        "created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL, "
+        "created_at REAL NOT NULL, updated_at REAL NOT NULL, expires_at REAL, embedding BLOB, "
         "UNIQUE (namespace, key))"
     )
     conn.execute(
@@ -150,6 +151,8 @@ class SqliteMemoryStore:
         limits: What it accepts.
         clock: Seconds since the epoch (tests pass a fake one to expire items).
         timeout_s: How long a write waits for another process's lock.
+        embedder: Where vectors come from; with one, ``search`` with a query recalls by cosine
+            similarity (``_vectors``), else by full text.
     """
 
     def __init__(
@@ -159,8 +162,10 @@ class SqliteMemoryStore:
         limits: MemoryLimits = DEFAULT_LIMITS,
         clock: Callable[[], float] = time.time,
         timeout_s: float = 30.0,
+        embedder: Embedder | None = None,
     ) -> None:
         self.path = Path(path)
+        self.embedder = embedder
         self.location = str(self.path)
         self.limits = limits
         self._clock = clock
@@ -230,6 +235,7 @@ class SqliteMemoryStore:
         ttl = check_ttl(ttl_s)
         body = searchable_text(key, json.loads(text))
         stored_ns = namespace_range(ns)[0]
+        vector = None if self.embedder is None else pack((await self.embedder.embed([body]))[0])
 
         def write(conn: sqlite3.Connection) -> MemoryItem:
             now = self._clock()
@@ -243,12 +249,12 @@ class SqliteMemoryStore:
                 )
                 row = conn.execute(
                     "INSERT INTO memory_items (namespace, key, value, body, created_at, "
-                    "updated_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                    "updated_at, expires_at, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value, "
                     "body = excluded.body, updated_at = excluded.updated_at, "
-                    "expires_at = excluded.expires_at "
+                    "expires_at = excluded.expires_at, embedding = excluded.embedding "
                     "RETURNING namespace, key, value, created_at, updated_at, expires_at",
-                    (stored_ns, key, text, body, now, now, expires),
+                    (stored_ns, key, text, body, now, now, expires, vector),
                 ).fetchone()
             self._writes += 1
             if self._writes % _SWEEP_EVERY == 0:
@@ -340,6 +346,9 @@ class SqliteMemoryStore:
         where, params = filter_sql(check_filter(filter), "m.value")
         check_limit(limit, self.limits)
         low, high = namespace_range(ns)
+        wanted = None
+        if self.embedder is not None and terms:
+            wanted = (await self.embedder.embed([query or ""]))[0]
 
         def read(conn: sqlite3.Connection) -> list[MemoryItem]:
             now = self._clock()
@@ -348,6 +357,15 @@ class SqliteMemoryStore:
                 "m.namespace >= ? AND m.namespace < ? "
                 "AND (m.expires_at IS NULL OR m.expires_at > ?)"
             )
+            if wanted is not None:
+                rows = conn.execute(
+                    f"SELECT {columns}, m.embedding FROM memory_items m "
+                    f"WHERE {live}{where} AND m.embedding IS NOT NULL "
+                    f"ORDER BY m.updated_at DESC LIMIT ?",
+                    (low, high, now, *params, VECTOR_SCAN_LIMIT),
+                ).fetchall()
+                best = rank(wanted, ((row[6], row) for row in rows), limit)
+                return [_item(row, score) for score, row in best]
             if terms:
                 rows = conn.execute(
                     f"SELECT {columns}, -bm25(memory_fts) AS score FROM memory_fts "

@@ -40,6 +40,7 @@ from stratagem.agents._memory._model import (
     matches_filter,
     searchable_text,
 )
+from stratagem.agents._memory._vectors import VECTOR_SCAN_LIMIT, Embedder, pack, rank
 
 __all__ = ["InMemoryMemoryStore", "MemoryStore", "query_terms"]
 
@@ -149,12 +150,20 @@ class InMemoryMemoryStore:
     Args:
         limits: What it accepts.
         clock: Seconds since the epoch (tests pass a fake one to expire items).
+        embedder: Where vectors come from; with one, ``search`` with a query recalls by cosine
+            similarity (``_vectors``), else by words.
     """
 
     def __init__(
-        self, *, limits: MemoryLimits = DEFAULT_LIMITS, clock: Callable[[], float] = time.time
+        self,
+        *,
+        limits: MemoryLimits = DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.time,
+        embedder: Embedder | None = None,
     ) -> None:
         self.location = "memory"
+        self.embedder = embedder
+        self._vectors: dict[tuple[Namespace, str], bytes] = {}
         self.limits = limits
         self._clock = clock
         self._items: dict[tuple[Namespace, str], tuple[MemoryItem, float | None]] = {}
@@ -180,6 +189,9 @@ class InMemoryMemoryStore:
         key = check_key(key, self.limits)
         text = encode_value(value, self.limits)
         ttl = check_ttl(ttl_s)
+        if self.embedder is not None:
+            body = searchable_text(key, json.loads(text))
+            self._vectors[(ns, key)] = pack((await self.embedder.embed([body]))[0])
         now = self._clock()
         old = self._items.get((ns, key))
         created = old[0].created_at if old is not None and self._live(old, now) else _utc(now)
@@ -224,6 +236,7 @@ class InMemoryMemoryStore:
         ns = check_namespace(namespace, self.limits)
         key = check_key(key, self.limits)
         entry = self._items.pop((ns, key), None)
+        self._vectors.pop((ns, key), None)
         return entry is not None and self._live(entry, self._clock())
 
     async def search(
@@ -236,12 +249,23 @@ class InMemoryMemoryStore:
     ) -> Sequence[MemoryItem]:
         ns = check_namespace(namespace, self.limits)
         text = check_query(query)
-        wanted = check_filter(filter)
+        filter_ = check_filter(filter)
         check_limit(limit, self.limits)
         terms = query_terms(text)
+        if self.embedder is not None and terms:
+            wanted = (await self.embedder.embed([text or ""]))[0]
+            rows = [
+                (self._vectors[(item.namespace, item.key)], item)
+                for item in self._under(ns)
+                if matches_filter(item.value, filter_)
+                and (item.namespace, item.key) in self._vectors
+            ]
+            rows.sort(key=lambda row: row[1].updated_at, reverse=True)
+            best = rank(wanted, rows[:VECTOR_SCAN_LIMIT], limit)
+            return [replace(item, score=score) for score, item in best]
         scored: list[tuple[float, MemoryItem]] = []
         for item in self._under(ns):
-            if not matches_filter(item.value, wanted):
+            if not matches_filter(item.value, filter_):
                 continue
             if terms:
                 words = set(query_terms(searchable_text(item.key, item.value)))

@@ -6,8 +6,9 @@ real PostgreSQL server.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -213,3 +214,63 @@ async def test_postgres_memory_survives_a_restart(postgres_url: str) -> None:
         assert [item.key for item in await again.search(("user",), "fig")] == ["likes"]
     finally:
         await again.aclose()
+
+
+class ConceptEmbedder:
+    """Words to concept vectors: "automobile" is near "car", far from "pear" (what full text
+    cannot tell)."""
+
+    CONCEPTS: ClassVar[dict[str, list[float]]] = {
+        "car": [1.0, 0.0, 0.0],
+        "automobile": [0.9, 0.1, 0.0],
+        "pear": [0.0, 1.0, 0.0],
+        "fruit": [0.1, 0.9, 0.0],
+    }
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls += 1
+        vectors = []
+        for text in texts:
+            total = [0.0, 0.0, 0.01]
+            for word in text.lower().split():
+                for i, x in enumerate(self.CONCEPTS.get(word.strip(".,"), [0.0, 0.0, 0.0])):
+                    total[i] += x
+            vectors.append(total)
+        return vectors
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def vector_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[MemoryStore]:
+    embedder = ConceptEmbedder()
+    opened: MemoryStore
+    if request.param == "memory":
+        opened = InMemoryMemoryStore(embedder=embedder)
+    elif request.param == "sqlite":
+        opened = SqliteMemoryStore(tmp_path / "memory.db", embedder=embedder)
+    else:
+        from stratagem.agents import PostgresMemoryStore
+
+        opened = PostgresMemoryStore(request.getfixturevalue("postgres_url"), embedder=embedder)
+    await opened.start()
+    yield opened
+    await opened.aclose()
+
+
+async def test_vector_recall_finds_by_meaning(vector_store: MemoryStore) -> None:
+    ns = ("user", "ana")
+    await vector_store.put(ns, "drive", {"text": "She parked the car", "kind": "note"})
+    await vector_store.put(ns, "snack", {"text": "A ripe pear", "kind": "note"})
+    await vector_store.put(ns, "other", {"text": "A red car", "kind": "todo"})
+    found = await vector_store.search(ns, "automobile")
+    assert [item.key for item in found][:2] in (["drive", "other"], ["other", "drive"])
+    assert found[0].score is not None
+    assert found[0].score > 0.9
+    assert [i.key for i in await vector_store.search(ns, "fruit", limit=1)] == ["snack"]
+    assert [
+        i.key for i in await vector_store.search(ns, "automobile", filter={"kind": "todo"})
+    ] == ["other"]
