@@ -40,8 +40,10 @@ from stratagem.agents._memory import (
     MemoryStore,
     Namespace,
     OpenAIEmbedder,
+    PolicedMemory,
     SqliteMemoryStore,
     format_namespace,
+    memory_tools,
     parse_namespace,
 )
 from stratagem.agents._model import (
@@ -199,6 +201,7 @@ __all__ = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PolicedMemory",
     "PostgresMemoryStore",
     "PostgresWorldStore",
     "ResolutionStrategy",
@@ -235,6 +238,7 @@ __all__ = [
     "in_thread",
     "json_schema_model",
     "load_extensions",
+    "memory_tools",
     "model_planner",
     "parse_json_answer",
     "parse_namespace",

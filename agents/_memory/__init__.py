@@ -3,7 +3,8 @@
 ``_model`` (the item, namespaces, limits, input checks and errors), ``_store`` (the
 ``MemoryStore`` protocol and the in-memory store for tests), ``_sqlite`` (the SQLite store: FTS5
 recall, the embedded default), ``_postgres`` (the PostgreSQL store: ``agents`` exports it on
-first use, for the ``postgres`` extra) and ``_guard`` (a store under the policy, audited). See
+first use, for the ``postgres`` extra), ``_guard`` (a store under the policy, audited),
+``_vectors`` (vector recall) and ``_tools`` (the ``memory.*`` tools of plans). See
 ``docs/artifacts-memory.md``.
 """
 
@@ -21,6 +22,7 @@ from stratagem.agents._memory._model import (
 )
 from stratagem.agents._memory._sqlite import SqliteMemoryStore
 from stratagem.agents._memory._store import InMemoryMemoryStore, MemoryStore
+from stratagem.agents._memory._tools import MEMORY_TOOLS, memory_tools
 from stratagem.agents._memory._vectors import (
     VECTOR_SCAN_LIMIT,
     Embedder,
@@ -30,6 +32,7 @@ from stratagem.agents._memory._vectors import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "MEMORY_TOOLS",
     "VECTOR_SCAN_LIMIT",
     "Embedder",
     "EmbeddingError",
@@ -45,5 +48,6 @@ __all__ = [
     "PolicedMemory",
     "SqliteMemoryStore",
     "format_namespace",
+    "memory_tools",
     "parse_namespace",
 ]

@@ -7,10 +7,10 @@ below it (``("user", "ana", "notes")``), and the policy grants namespaces the sa
 (``docs/artifacts-memory.md``).
 
 Limits (``MemoryLimits``): a namespace has 1 to 8 parts, each 1 to 128 characters of letters,
-digits and ``_ . : @ + -``; a key is a string of 1 to 512 characters without control characters;
-a value is any JSON value whose compact UTF-8 encoding is at most 64 KiB; a TTL is a positive
-number of seconds (at most ten years). Input that breaks one raises ``MemoryInputError`` naming
-the field, before anything is written.
+digits and ``_ . : @ + -`` (but not ``.`` or ``..``); a key is a string of 1 to 512 characters
+without control characters; a value is any JSON value whose compact UTF-8 encoding is at most 64
+KiB; a TTL is a positive number of seconds (at most ten years). Input that breaks one raises
+``MemoryInputError`` naming the field, before anything is written.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def check_namespace(namespace: object, limits: MemoryLimits = DEFAULT_LIMITS) ->
             "namespace", f"has {len(namespace)} parts, at most {limits.max_depth} are allowed"
         )
     for part in namespace:
-        if not isinstance(part, str) or not _PART.fullmatch(part):
+        if not isinstance(part, str) or not _PART.fullmatch(part) or part in (".", ".."):
             raise MemoryInputError(
                 "namespace",
                 f"part {part!r} is not 1-128 letters, digits or _ . : @ + -",
