@@ -321,10 +321,10 @@ class PostgresMemoryStore:
             else:
                 cursor = await conn.execute(
                     self._q(
-                        f"SELECT {_COLUMNS}, updated_at AS score FROM {{s}}.memory_items "
+                        f"SELECT {_COLUMNS}, NULL::float8 AS score FROM {{s}}.memory_items "
                         f"WHERE {live}{where} ORDER BY updated_at DESC, namespace, key LIMIT %s"
                     ),
                     (low, high, self._clock(), *params, limit),
                 )
             rows = await cursor.fetchall()
-        return [_item(row, float(row[6])) for row in rows]
+        return [_item(row, None if row[6] is None else float(row[6])) for row in rows]

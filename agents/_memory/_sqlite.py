@@ -376,11 +376,11 @@ class SqliteMemoryStore:
                 ).fetchall()
             else:
                 rows = conn.execute(
-                    f"SELECT {columns}, m.updated_at AS score FROM memory_items m "
+                    f"SELECT {columns}, NULL AS score FROM memory_items m "
                     f"WHERE {live}{where} ORDER BY m.updated_at DESC, m.id DESC LIMIT ?",
                     (low, high, now, *params, limit),
                 ).fetchall()
-            return [_item(row, float(row[6])) for row in rows]
+            return [_item(row, None if row[6] is None else float(row[6])) for row in rows]
 
         items: list[MemoryItem] = await self._call("search memory", read)
         return items
