@@ -97,9 +97,9 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
-        # the A2A one (a script: its commands share a variable).
+        # the A2A one (a script: its commands share a variable); the memory one among them.
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 2
+        assert len(blocks) == 3
         for block in blocks:
             for command in _commands(block):
                 _run(command, state_dir)
