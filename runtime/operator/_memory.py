@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -185,7 +185,9 @@ class MemoryClient:
 
 
 class SyncMemoryClient:
-    """``MemoryClient`` for code without an event loop: the same methods, blocking.
+    """``MemoryClient`` for code without an event loop: the same methods, blocking, on a loop of
+    its own. Like ``SyncOperator`` it cannot be called from a running event loop (use
+    ``MemoryClient`` there): it says so with a ``RuntimeError``.
 
     Use ``with SyncMemoryClient() as memory:`` or call ``close``.
     """
@@ -202,8 +204,15 @@ class SyncMemoryClient:
         self._client = MemoryClient(state_dir, profile=profile, settings=settings, caller=caller)
         self.settings = self._client.settings
 
-    def _run(self, call: Awaitable[T]) -> T:
-        return self._loop.run_until_complete(call)
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run_until_complete(call)
+        call.close()
+        raise RuntimeError(
+            "SyncMemoryClient cannot be called from a running event loop: use MemoryClient"
+        )
 
     def __enter__(self) -> SyncMemoryClient:
         return self

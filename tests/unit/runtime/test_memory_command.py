@@ -144,3 +144,11 @@ def test_the_console_block_of_artifacts_memory_md_runs_as_written(tmp_path: Path
         assert result.exit_code == 0, (argv, result.stderr)
         for expected in shown:
             assert expected in result.stdout, (argv, result.stdout)
+
+
+async def test_the_sync_client_says_to_use_the_async_one_inside_a_loop(tmp_path: Path) -> None:
+    memory = SyncMemoryClient(settings=load_settings(state_dir=tmp_path))
+    with pytest.raises(RuntimeError, match="use MemoryClient"):
+        memory.put("user/ana", "k", 1)
+    async with MemoryClient(settings=load_settings(state_dir=tmp_path)) as client:
+        assert await client.list("user") == []  # nothing was written
