@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -214,9 +214,7 @@ class GoalPlanner:
                     "agent": a.agent,
                     "capability": a.capability,
                     # As text: its references are the planned steps', not this plan's.
-                    "request_json": json.dumps(
-                        s.request if isinstance(s, CrossAgentStep) else {}, sort_keys=True
-                    ),
+                    "request_json": json.dumps(_request(s), sort_keys=True),
                     "depends_on": list(s.depends_on),
                     "why": a.purpose,
                     "score": a.score or 0.0,
@@ -411,7 +409,7 @@ class GoalPlanner:
         depends on it (their assignments say why they were dropped); ``None`` when nothing
         would be left to run, or the failed step is not one of the plan's cross-agent steps."""
         failed = failure.step_id
-        if not any(isinstance(s, CrossAgentStep) and s.id == failed for s in plan.steps):
+        if not any(_agent(s) and s.id == failed for s in plan.steps):
             return None
         dropped = {failed}
         changed = True
@@ -422,7 +420,7 @@ class GoalPlanner:
                     dropped.add(step.id)
                     changed = True
         kept = [s for s in plan.steps if s.id not in dropped]
-        if not any(isinstance(s, CrossAgentStep) for s in kept):
+        if not any(_agent(s) for s in kept):
             return None
         reason = _clip(f"{failed} failed: {_innermost(failure.message)}", 500)
         assignments = [
@@ -477,9 +475,7 @@ class GoalPlanner:
                     id=a.step,
                     agent=a.agent,
                     capability=a.capability,
-                    request_json=json.dumps(step.request, sort_keys=True)
-                    if isinstance(step, CrossAgentStep)
-                    else "",
+                    request_json=json.dumps(step.request, sort_keys=True) if _agent(step) else "",
                     depends_on=list(step.depends_on) if step is not None else [],
                     why=a.purpose,
                     score=a.score or 0.0,
@@ -541,3 +537,13 @@ def summary(steps: list[GoalStep]) -> str:
         else:
             lines.append(f"not done: {what}: {s.error or s.status}")
     return _clip("\n".join(lines), 8000)
+
+
+def _agent(step: object) -> TypeGuard[CrossAgentStep]:
+    """Whether ``step`` is one of the plan's cross-agent steps (the only kind it plans)."""
+    return isinstance(step, CrossAgentStep)
+
+
+def _request(step: object) -> dict[str, Any]:
+    """A cross-agent step's request (``{}`` for a step of another kind)."""
+    return dict(step.request) if _agent(step) else {}

@@ -134,6 +134,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 # agent needs none (the operator API imports the agents itself where it checks a plan).
 _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.agents": ("DEMO_GOAL",),
+    "stratagem.runtime.operator._memory": ("SyncMemoryClient",),
 }
 # What joins Ray: imported only by the commands that do (see _deployment, _load_ray).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {

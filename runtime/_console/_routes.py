@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from stratagem.runtime._console import _api, _pages
+from stratagem.runtime._console import _api, _memory, _pages
 from stratagem.runtime._console._app import Console, ConsoleConfig, SessionGuard
 from stratagem.runtime._console._assets import STATIC
 
@@ -50,12 +50,14 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/agents", _pages.agents, methods=["GET"]),
         Route("/agents/{role}", _pages.agent, methods=["GET"]),
         Route("/audit", _pages.audit, methods=["GET"]),
+        Route("/memory", _memory.memory, methods=["GET"]),
         Route("/api/session", _api.session, methods=["GET"]),
         Route("/api/plans", _api.plans, methods=["GET"]),
         Route("/api/plans/{plan_id:path}", _api.plan, methods=["GET"]),
         Route("/api/gates", _api.gates, methods=["GET"]),
         Route("/api/agents", _api.agents, methods=["GET"]),
         Route("/api/audit", _api.audit, methods=["GET"]),
+        Route("/api/memory", _memory.memory_api, methods=["GET"]),
         Route("/api/actions/{action}", _api.action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static"),
     ]

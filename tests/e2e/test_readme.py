@@ -97,10 +97,11 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
-        # the A2A one (a script: its commands share a variable).
+        # the A2A one (a script: its commands share a variable); the memory one among them.
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 3
-        for block in blocks[:2]:
+        assert len(blocks) == 4
+        plain_words = [b for b in blocks if "examples.extensions.assistant" in b]
+        for block in [b for b in blocks if b not in plain_words]:
             for command in _commands(block):
                 _run(command, state_dir)
         _the_gates_run(tutorial, state_dir)
@@ -109,7 +110,7 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         assert "ExtractEntities" in called.stdout.split()
         assert called.stdout.split()[-1] == "TASK_STATE_COMPLETED"
         # Goals in plain words, last: its `up` replaces the critic with the example domain.
-        for command in _commands(blocks[2]):
+        for command in _commands(plain_words[0]):
             _run(command, state_dir)
     finally:
         subprocess.run(

@@ -383,3 +383,25 @@ def test_goal_routing_benchmark_returns_well_formed_results(
     assert section.startswith("## Goals in plain words")
     assert "| **all (2)** |" in section
     assert result["model"] == {"skipped": "no goal was asked to run with the model"}
+
+
+def test_the_memory_benchmark_measures_and_renders() -> None:
+    from tests.bench.memory import MemoryBenchConfig, memory_section, run_memory_benchmark
+
+    config = MemoryBenchConfig(items=300, users=3, vocabulary=50, warmup=1, repeats=2)
+    memory = run_memory_benchmark(MemoryBenchConfig(**{**asdict(config), "postgres": False}))
+    sqlite = memory["stores"]["sqlite"]
+    assert set(sqlite["cases_ms"]) == {
+        "text_all",
+        "text_one",
+        "text_filter",
+        "newest_filter",
+        "get",
+        "put",
+    }
+    assert sqlite["mean_hits_text_all"] > 0
+    assert [t["store"] for t in memory["targets"]] == ["sqlite"]
+    text = "\n".join(memory_section(memory))
+    assert text.startswith("## Memory: recall over 100,000 items")
+    assert "two words over all" in text
+    assert "postgres: skipped: not asked." in text

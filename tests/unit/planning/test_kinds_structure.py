@@ -42,7 +42,8 @@ ALLOWED_IN_PLANNING: dict[str, int] = {
     "planning/_replay.py": 1,  # a loop's iterations apart from a sub-plan's attempts
     "planning/_validate.py": 1,  # a loop's bound and until, in the nested kinds' checks
 }
-CEILING_ELSEWHERE: dict[str, int] = {"agents": 18, "runtime": 1}
+# agents: 19 with the goal planner's one check of its own plan's cross-agent steps.
+CEILING_ELSEWHERE: dict[str, int] = {"agents": 19, "runtime": 1}
 
 
 def _names(node: ast.AST) -> set[str]:
