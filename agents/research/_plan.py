@@ -1,0 +1,157 @@
+"""Research as a durable plan: one step per stage and per source, run by the engine like any plan.
+
+``research_plan`` writes the plan (visible, journaled, resumable); ``research_tools`` are the tools
+its steps call, bound to a cache, a fetch ledger and the file scopes (never taken from the plan: a
+plan cannot widen what it may read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from stratagem.agents._tool import Tool, in_thread, tool
+from stratagem.agents.research._findings import (
+    CitationError,
+    check_report,
+    cross_check,
+    extract_claims,
+    recall,
+    sub_questions,
+    write_report,
+)
+from stratagem.agents.research._sources import (
+    FetchLedger,
+    FileScopes,
+    SourceCache,
+    fetch_path,
+)
+from stratagem.agents.research._types import Claim, Passage, Question, Report, Source, SubQuestion
+from stratagem.planning import LogicError, Plan, ToolContext, ToolStep
+
+__all__ = ["RESEARCH_TOOLS", "research_plan", "research_tools"]
+
+RESEARCH_TOOLS = (
+    "research_scope",
+    "research_collect",
+    "research_recall",
+    "research_claims",
+    "research_crosscheck",
+    "research_report",
+)
+"""The names of the research tools, in the order a research plan calls them."""
+
+
+class _SubQuestions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    sub_questions: list[SubQuestion]
+
+
+class _Passages(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    passages: list[Passage]
+
+
+class _Claims(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    claims: list[Claim]
+
+
+def research_plan(
+    question: str, files: Sequence[str], *, plan_id: str, owner: str = "perception"
+) -> Plan:
+    """The plan that researches ``question`` over ``files`` (already expanded and in scope).
+
+    Steps: ``scope`` (sub-questions), ``collect-N`` (one per file: read once, cached), ``recall``
+    (passages), ``claims``, ``crosscheck``, ``report``.
+
+    Raises:
+        pydantic.ValidationError: The question is empty or longer than ``MAX_QUESTION_CHARS``.
+    """
+    text = Question(text=question).text
+    collects = [f"collect-{n}" for n in range(1, len(files) + 1)]
+    sources = [{"$ref": step} for step in collects]
+    steps: list[Any] = [
+        ToolStep(id="scope", title="break the question into sub-questions",
+                 tool="research_scope", input={"question": text}),
+        *(
+            ToolStep(id=step, title=f"read {path}", tool="research_collect",
+                     input={"locator": path, "index": n})
+            for n, (step, path) in enumerate(zip(collects, files, strict=True), start=1)
+        ),
+        ToolStep(id="recall", title="recall passages", tool="research_recall",
+                 depends_on=["scope", *collects],
+                 input={"sub_questions": {"$ref": "scope.sub_questions"}, "sources": sources}),
+        ToolStep(id="claims", title="extract claims with citations", tool="research_claims",
+                 depends_on=["scope", "recall"],
+                 input={"sub_questions": {"$ref": "scope.sub_questions"},
+                        "passages": {"$ref": "recall.passages"}}),
+        ToolStep(id="crosscheck", title="cross-check each claim", tool="research_crosscheck",
+                 depends_on=["claims", *collects],
+                 input={"claims": {"$ref": "claims.claims"}, "sources": sources}),
+        ToolStep(id="report", title="write the report", tool="research_report",
+                 depends_on=["scope", "crosscheck", *collects],
+                 input={"question": text, "sub_questions": {"$ref": "scope.sub_questions"},
+                        "sources": sources, "claims": {"$ref": "crosscheck.claims"}}),
+    ]  # fmt: skip
+    return Plan(id=plan_id, owner=owner, goal=f"research: {text}"[:500], steps=steps)
+
+
+def research_tools(
+    cache: SourceCache, ledger: FetchLedger, scopes: FileScopes
+) -> list[Tool[Any, Any]]:
+    """The research plan's tools, bound to where sources are cached and what may be read."""
+
+    @tool(name="research_scope")
+    async def scope(question: str) -> _SubQuestions:
+        """Break a research question into sub-questions with acceptance criteria."""
+        try:
+            return _SubQuestions(sub_questions=sub_questions(Question(text=question).text))
+        except ValueError as exc:
+            raise LogicError(f"question: {exc}") from exc
+
+    @tool(name="research_collect", side_effects=True, idempotent=True)
+    async def collect(locator: str, index: int, ctx: ToolContext) -> Source:
+        """Read one source within the file scopes and cache its bytes (once per plan)."""
+        known = ledger.recorded(ctx.plan_id, locator)
+        if known is not None:
+            return known
+        source = await in_thread(
+            lambda should_stop: fetch_path(f"s{index}", locator, scopes, cache)
+        )
+        ledger.record(ctx.plan_id, locator, source)
+        return source
+
+    @tool(name="research_recall")
+    async def recall_passages(sub_questions: list[SubQuestion], sources: list[Source]) -> _Passages:
+        """Recall the passages that speak of each sub-question (full text, BM25)."""
+        found = await in_thread(lambda should_stop: recall(sub_questions, sources, cache))
+        return _Passages(passages=found)
+
+    @tool(name="research_claims")
+    async def claims(sub_questions: list[SubQuestion], passages: list[Passage]) -> _Claims:
+        """Extract claims from the recalled passages, each cited where it is said."""
+        return _Claims(claims=extract_claims(sub_questions, passages))
+
+    @tool(name="research_crosscheck")
+    async def crosscheck(claims: list[Claim], sources: list[Source]) -> _Claims:
+        """Cross-check each claim against the other sources; give its confidence."""
+        checked = await in_thread(lambda should_stop: cross_check(claims, sources, cache))
+        return _Claims(claims=checked)
+
+    @tool(name="research_report", side_effects=True, idempotent=True)
+    async def report(
+        question: str, sub_questions: list[SubQuestion], sources: list[Source], claims: list[Claim]
+    ) -> Report:
+        """Write the Markdown report, check every citation, and cache it as an artifact."""
+        written = write_report(question, sub_questions, sources, claims)
+        try:
+            await in_thread(lambda should_stop: check_report(written.markdown, sources, cache))
+        except CitationError as exc:
+            raise LogicError(f"report: citations refused: {exc}") from exc
+        digest = cache.put(written.markdown.encode(), name="report.md", media_type="text/markdown")
+        return written.model_copy(update={"digest": digest})
+
+    return [scope, collect, recall_passages, claims, crosscheck, report]
