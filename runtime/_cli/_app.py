@@ -84,6 +84,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
     "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
+    "stratagem.runtime.operator._research": ("ResearchOutcome", "research_plan_for"),
     "stratagem.runtime.host._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime.host._ray_directory": ("RayDirectory",),
     "stratagem.runtime.operator._operator": (

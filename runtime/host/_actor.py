@@ -69,6 +69,7 @@ from stratagem.runtime.host._local import own_log_files, publish_endpoint
 from stratagem.runtime.host._mcp import attach_mcp_servers
 from stratagem.runtime.host._models import attach_model_planner
 from stratagem.runtime.host._notify import GateOutbox, WebhookSender
+from stratagem.runtime.host._research import bind_research_tools
 from stratagem.runtime.telemetry._telemetry import (
     export_stats,
     flush_spans,
@@ -211,6 +212,8 @@ class AgentActor:
             world_store=open_world_store(settings, role),
             a2a_agents=list(settings.a2a_agents),  # those a goal may consult (the orchestrator)
         )
+        if role == "perception":
+            bind_research_tools(self._agent, settings)
         # Before any plan resumes: who decides its gates, which tools ask an approval, and the
         # outbox that keeps (and audits, and sends) what its gates do.
         self._agent.use_policy(policy)

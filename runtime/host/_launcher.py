@@ -80,6 +80,15 @@ class AgentStartError(LaunchError):
         self.role = role
 
 
+def _research_scopes(deployment: Deployment) -> dict[str, Any]:
+    """Agents on this machine read research sources under the folder they were launched from,
+    unless ``research_scopes`` names folders."""
+    settings = deployment.settings
+    if deployment.mode in ("embedded", "local") and not settings.research_scopes:
+        return {"research_scopes": settings.research_roots}
+    return {}
+
+
 class Deployment:
     """The agents as named Ray actors: connect, deploy, inspect, remove.
 
@@ -287,7 +296,7 @@ class Deployment:
         elif detached:
             self.replaced = self._stop_agents(kill=True, roles=self._other_extensions(roles))
         running = {role for role in roles if self._handle(role) is not None}
-        update: dict[str, Any] = {"grpc_host": self._grpc_host()}
+        update: dict[str, Any] = {"grpc_host": self._grpc_host(), **_research_scopes(self)}
         paths = self.settings.extension_paths
         if (
             self.mode in ("embedded", "local")

@@ -125,6 +125,7 @@ from stratagem.runtime.operator._input import (
     unknown_name,
     validation_line,
 )
+from stratagem.runtime.operator._research import research
 
 if TYPE_CHECKING:
     from stratagem.planning import Plan
@@ -1012,6 +1013,8 @@ class Operator:
                 ),
             )
         return plan_view(snapshot)
+
+    research = research  # a method in its own module (operator/_research.py)
 
     async def _checked_plan(self, plan: PlanSource, *, plan_id: str = "") -> tuple[str, str]:
         """``plan`` checked as its owner will check it: its owner and the plan as JSON.

@@ -145,6 +145,7 @@ class SyncOperator:
     revisions = blocking(Operator.revisions)
     replay = blocking(Operator.replay)
     run_plan = blocking(Operator.run_plan)
+    research = blocking(Operator.research)
     submit = blocking(Operator.submit)
     start = blocking(Operator.start)
     worlds = blocking(Operator.worlds)

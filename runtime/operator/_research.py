@@ -1,0 +1,132 @@
+"""``Operator.research``: a research goal run as a plan on the perception agent.
+
+The question and the sources are checked here first (the question's length, each source within
+the deployment's file scopes), each folder is expanded to its files, and the plan is run like any
+other (``run_plan``): visible in ``plans list``, journaled, resumed after a crash. The report is
+read back from the plan's ``report`` step. ``Operator.research`` is this module's ``research``
+(one line in the class), ``SyncOperator.research`` its blocking twin.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import ValidationError
+
+from stratagem.runtime.config._errors import InputError
+
+if TYPE_CHECKING:
+    from stratagem.agents.research import Report
+    from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.operator._history import PlanHistory, PlanView
+
+__all__ = ["ResearchOutcome", "research", "research_plan_for"]
+
+RESEARCH_OWNER = "perception"
+
+
+class _Runs(Protocol):
+    """What ``research`` uses of the ``Operator`` it is a method of."""
+
+    settings: Settings
+
+    async def run_plan(
+        self,
+        plan: Mapping[str, Any],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
+        until_blocked: bool = False,
+    ) -> PlanView: ...
+
+    async def plan(self, plan_id: str, *, full: bool = False) -> PlanHistory: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResearchOutcome:
+    """A research goal's result: its plan and its report."""
+
+    plan_id: str
+    report: Report
+
+
+def research_plan_for(
+    question: str,
+    sources: Sequence[str],
+    scopes: Sequence[Path],
+    *,
+    base: Path | None = None,
+    plan_id: str | None = None,
+) -> dict[str, object]:
+    """The research plan (as JSON data) for ``question`` over ``sources``, checked here.
+
+    Raises:
+        InputError: The question is empty or too long, no source is named, a source is outside
+            the file scopes or not there, or the sources hold no readable kind of file.
+    """
+    # The agents are imported here, not with the module (as the operator's plan checks do).
+    from stratagem.agents.research import (
+        FileScopes,
+        Question,
+        SourceRefusedError,
+        expand_sources,
+        research_plan,
+    )
+
+    try:
+        text = Question(text=question).text
+    except ValidationError as exc:
+        raise InputError(
+            f"question: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
+        ) from exc
+    if not sources:
+        raise InputError("--sources: name at least one file or folder")
+    try:
+        files = expand_sources(sources, FileScopes.of(scopes), base=base or Path.cwd())
+    except SourceRefusedError as exc:
+        raise InputError(str(exc)) from exc
+    if not files:
+        raise InputError(f"--sources: no Markdown, text or PDF file in {', '.join(sources)}")
+    plan = research_plan(text, files, plan_id=plan_id or f"research-{uuid.uuid4().hex[:12]}",
+                         owner=RESEARCH_OWNER)  # fmt: skip
+    return plan.model_dump(mode="json")
+
+
+async def research(
+    self: _Runs,
+    question: str,
+    sources: Sequence[str],
+    *,
+    base: Path | None = None,
+    plan_id: str | None = None,
+    timeout: float | None = None,  # noqa: ASYNC109 (a deadline sent with the call)
+) -> ResearchOutcome:
+    """Research ``question`` over local files and folders; the plan id and the report.
+
+    Args:
+        question: The question (at most ``MAX_QUESTION_CHARS`` characters).
+        sources: Files and folders (relative to ``base``, default the current folder), each
+            within the deployment's file scopes (``STRATAGEM_RESEARCH_SCOPES``).
+        base: What relative sources are relative to.
+        plan_id: The plan's id (default ``research-<12 hex>``).
+        timeout: The deadline of the run.
+
+    Raises:
+        InputError: A bad question or source (one line naming it).
+        protocol.RemoteError: The plan failed on the agent.
+    """
+    plan = research_plan_for(
+        question, sources, self.settings.research_roots, base=base, plan_id=plan_id
+    )
+    view = await self.run_plan(plan, timeout=timeout)
+    from stratagem.agents.research import Report
+
+    history = await self.plan(view.plan_id, full=True)
+    for planned in history.plans:
+        for step in planned.steps:
+            if step.id == "report" and step.output is not None:
+                return ResearchOutcome(view.plan_id, Report.model_validate(step.output))
+    raise InputError(f"plan {view.plan_id}: no report was kept ({view.status})")
