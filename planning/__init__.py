@@ -140,11 +140,18 @@ from stratagem.planning._validate import validate_plan
 from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from stratagem.planning._artifacts._postgres import PostgresArtifactIndex
     from stratagem.planning._store._postgres import PostgresStateStore
 
 # The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
 # so that the package works without it.
-__getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"})
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresStateStore": "._store._postgres",
+        "PostgresArtifactIndex": "._artifacts._postgres",
+    },
+)
 
 __all__ = [
     "ARTIFACT_MAX_BYTES",
@@ -228,6 +235,7 @@ __all__ = [
     "PlanningError",
     "PlanningMetrics",
     "PolicyError",
+    "PostgresArtifactIndex",
     "PostgresStateStore",
     "Provenance",
     "Record",

@@ -10,7 +10,6 @@ in the shared migration runner.
 from __future__ import annotations
 
 import builtins
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -20,13 +19,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from stratagem.planning._artifacts._index import newest_only, same_save
-from stratagem.planning._artifacts._types import ArtifactProvenance, ArtifactRecord, ArtifactScope
+from stratagem.planning._artifacts._rows import COLUMNS, record_of, row_of
+from stratagem.planning._artifacts._types import ArtifactRecord, ArtifactScope
 from stratagem.planning._errors import STORE_ERRORS
 from stratagem.protocol._storage._sqlite import connect, migrate_file, storage_error, transaction
 
 __all__ = ["MIGRATIONS", "SqliteArtifactIndex"]
-
-_COLUMNS: Final = "scope, scope_id, name, version, media_type, size, digest, created_at, provenance"
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -41,34 +39,6 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
 
 
 MIGRATIONS: Final = [_migrate_v1]
-
-
-def _row(record: ArtifactRecord) -> tuple[Any, ...]:
-    return (
-        record.scope,
-        record.scope_id,
-        record.name,
-        record.version,
-        record.media_type,
-        record.size,
-        record.digest,
-        record.created_at,
-        json.dumps(record.provenance.to_json(), separators=(",", ":"), sort_keys=True),
-    )
-
-
-def _record(row: tuple[Any, ...]) -> ArtifactRecord:
-    return ArtifactRecord(
-        scope=row[0],
-        scope_id=row[1],
-        name=row[2],
-        version=int(row[3]),
-        media_type=row[4],
-        size=int(row[5]),
-        digest=row[6],
-        created_at=float(row[7]),
-        provenance=ArtifactProvenance.from_json(json.loads(row[8])),
-    )
 
 
 class SqliteArtifactIndex:
@@ -113,7 +83,7 @@ class SqliteArtifactIndex:
                 rows = (
                     self._connection()
                     .execute(
-                        f"SELECT {_COLUMNS} FROM artifacts {where} "
+                        f"SELECT {COLUMNS} FROM artifacts {where} "
                         "ORDER BY scope, scope_id, name, version",
                         args,
                     )
@@ -121,7 +91,7 @@ class SqliteArtifactIndex:
                 )
             except sqlite3.Error as exc:
                 raise storage_error("read artifacts", self.location, exc, STORE_ERRORS) from exc
-        return [_record(r) for r in rows]
+        return [record_of(r) for r in rows]
 
     def add(self, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
         with self._lock:
@@ -129,18 +99,18 @@ class SqliteArtifactIndex:
             try:
                 with transaction(conn):
                     rows = conn.execute(
-                        f"SELECT {_COLUMNS} FROM artifacts WHERE scope = ? AND scope_id = ?"
+                        f"SELECT {COLUMNS} FROM artifacts WHERE scope = ? AND scope_id = ?"
                         " AND name = ? ORDER BY version",
                         (record.scope, record.scope_id, record.name),
                     ).fetchall()
-                    versions = [_record(r) for r in rows]
+                    versions = [record_of(r) for r in rows]
                     old = same_save(versions, record)
                     if old is not None:
                         return old, False
                     stored = replace(record, version=versions[-1].version + 1 if versions else 1)
                     conn.execute(
-                        f"INSERT INTO artifacts ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        _row(stored),
+                        f"INSERT INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        row_of(stored),
                     )
             except sqlite3.Error as exc:
                 raise storage_error("save an artifact", self.location, exc, STORE_ERRORS) from exc

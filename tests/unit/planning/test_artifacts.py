@@ -10,12 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from stratagem.planning import (
     ArtifactCorruptError,
+    ArtifactIndex,
     ArtifactInputError,
     ArtifactNotFoundError,
     ArtifactProvenance,
@@ -329,3 +332,91 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     store = ArtifactStore.open(root)
     assert [r.name for r in store.index.list()] == ["warm.txt"]
     assert isinstance(ArtifactStorageError("x", "y"), Exception)
+
+
+# --- the index on each database ---------------------------------------------------------------
+
+
+def _record(name: str, digest: str, *, plan_id: str = "", step_id: str = "") -> ArtifactRecord:
+    return ArtifactRecord(
+        name,
+        0,
+        "text/plain",
+        1,
+        digest,
+        "plan",
+        "p",
+        1.0,
+        ArtifactProvenance(agent="tactical", plan_id=plan_id, step_id=step_id),
+    )
+
+
+def _exercise_index(index: ArtifactIndex) -> None:
+    one, added = index.add(_record("n", "a" * 64, plan_id="p", step_id="s"))
+    assert (one.version, added) == (1, True)
+    two, added = index.add(_record("n", "b" * 64))
+    assert (two.version, added) == (2, True)
+    assert index.add(_record("n", "b" * 64)) == (two, False)  # the newest holds these bytes
+    assert index.add(_record("n", "a" * 64, plan_id="p", step_id="s")) == (one, False)
+    three, added = index.add(_record("n", "a" * 64))  # same bytes, another writer: new version
+    assert (three.version, added) == (3, True)
+    assert index.get("plan", "p", "n", None) == three
+    assert index.get("plan", "p", "n", 2) == two
+    assert index.get("plan", "p", "n", 9) is None
+    assert [r.version for r in index.list(scope="plan", scope_id="p", name="n")] == [1, 2, 3]
+    assert index.list(latest=True) == [three]
+    assert [r.version for r in index.with_digest("a" * 64)] == [1, 3]
+    assert index.digests() == {"a" * 64, "b" * 64}
+    assert index.remove([one, two]) == 2
+    assert index.digests() == {"a" * 64}
+    assert index.list()[0].provenance == ArtifactProvenance(agent="tactical")
+
+
+def _versions_in_parallel(make: Callable[[], ArtifactIndex]) -> list[int]:
+    """Eight threads, each its own connection, saving different bytes under one name."""
+    indexes = [make() for _ in range(8)]
+
+    def save(i: int) -> int:
+        return indexes[i].add(_record("race", f"{i:064x}"))[0].version
+
+    with ThreadPoolExecutor(8) as pool:
+        versions = sorted(pool.map(save, range(8)))
+    for index in indexes:
+        index.close()
+    return versions
+
+
+def test_sqlite_index(tmp_path: Path) -> None:
+    index = SqliteArtifactIndex(tmp_path / "i.sqlite3")
+    _exercise_index(index)
+    index.close()
+    assert _versions_in_parallel(lambda: SqliteArtifactIndex(tmp_path / "r.sqlite3")) == list(
+        range(1, 9)
+    )
+
+
+def test_in_memory_index() -> None:
+    _exercise_index(InMemoryArtifactIndex())
+
+
+@pytest.mark.postgres
+def test_postgres_index(postgres_url: str) -> None:
+    from stratagem.planning import PostgresArtifactIndex
+
+    index = PostgresArtifactIndex(postgres_url)
+    _exercise_index(index)
+    index.close()
+    assert _versions_in_parallel(lambda: PostgresArtifactIndex(postgres_url)) == list(range(1, 9))
+    reopened = PostgresArtifactIndex(postgres_url)
+    assert [r.name for r in reopened.list()] == ["n"] + ["race"] * 8
+    reopened.close()
+
+
+@pytest.mark.postgres
+async def test_a_store_on_postgres_round_trips(postgres_url: str, tmp_path: Path) -> None:
+    from stratagem.planning import PostgresArtifactIndex
+
+    store = ArtifactStore(FileBlobStore(tmp_path / "b"), PostgresArtifactIndex(postgres_url))
+    saved = await store.save("r.json", b"{}", media_type="application/json")
+    assert await store.load("r.json") == (saved, b"{}")
+    await store.aclose()

@@ -86,6 +86,7 @@ EXPECTED = [
     "PlanningError",
     "PlanningMetrics",
     "PolicyError",
+    "PostgresArtifactIndex",
     "PostgresStateStore",
     "Provenance",
     "Record",
