@@ -29,6 +29,23 @@ from stratagem.agents._extract import (
     slugify,
 )
 from stratagem.agents._in_memory import serve_in_memory
+from stratagem.agents._memory import (
+    Embedder,
+    EmbeddingError,
+    InMemoryMemoryStore,
+    MemoryDeniedError,
+    MemoryInputError,
+    MemoryItem,
+    MemoryLimits,
+    MemoryStore,
+    Namespace,
+    OpenAIEmbedder,
+    PolicedMemory,
+    SqliteMemoryStore,
+    format_namespace,
+    memory_tools,
+    parse_namespace,
+)
 from stratagem.agents._model import (
     ChatMessage,
     ChatRequest,
@@ -105,6 +122,7 @@ if TYPE_CHECKING:
         json_schema_model,
         tool_effects,
     )
+    from stratagem.agents._memory._postgres import PostgresMemoryStore
     from stratagem.agents._world._postgres import PostgresWorldStore
 
 # Imported on first use: the PostgreSQL world store needs psycopg (the `postgres` extra); the MCP
@@ -112,6 +130,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(
     __name__,
     {
+        "PostgresMemoryStore": "._memory._postgres",
         "PostgresWorldStore": "._world._postgres",
         **dict.fromkeys(
             (
@@ -143,15 +162,23 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "DramaticBeat",
+    "Embedder",
+    "EmbeddingError",
     "Extension",
     "ExtensionError",
     "ExtractionPattern",
     "FileWorldStore",
+    "InMemoryMemoryStore",
     "JsonSchemaModel",
     "LocalModelLimiter",
     "McpLoadError",
     "McpResult",
     "McpToolset",
+    "MemoryDeniedError",
+    "MemoryInputError",
+    "MemoryItem",
+    "MemoryLimits",
+    "MemoryStore",
     "Mention",
     "ModelClient",
     "ModelConfig",
@@ -159,7 +186,9 @@ __all__ = [
     "ModelPlanner",
     "ModelPlanningConfig",
     "ModelTurn",
+    "Namespace",
     "NarrativeGoal",
+    "OpenAIEmbedder",
     "OpenAIModelClient",
     "OrchestrationPlan",
     "OrchestratorAgent",
@@ -172,6 +201,8 @@ __all__ = [
     "PlanJudge",
     "PlanRecord",
     "Planner",
+    "PolicedMemory",
+    "PostgresMemoryStore",
     "PostgresWorldStore",
     "ResolutionStrategy",
     "ResourceRequirements",
@@ -179,6 +210,7 @@ __all__ = [
     "RoleAgentType",
     "RoleSpec",
     "ScriptedModelClient",
+    "SqliteMemoryStore",
     "StateUpdate",
     "StrategicAgent",
     "StrategicModelPlanner",
@@ -200,13 +232,16 @@ __all__ = [
     "define_agent",
     "defined_agents",
     "extension_policy_rules",
+    "format_namespace",
     "gate_info",
     "import_extensions",
     "in_thread",
     "json_schema_model",
     "load_extensions",
+    "memory_tools",
     "model_planner",
     "parse_json_answer",
+    "parse_namespace",
     "plan_answer_schema",
     "rederive",
     "response_format",

@@ -24,6 +24,9 @@ The caller is the identity the server authenticated (a signed token's subject, a
 identity, or with ``STRATAGEM_AUTH=none`` the trusted ``x-stratagem-caller`` metadata value; see
 ``docs/security.md``); ``OPERATOR`` is the identity of the CLI's user.
 
+Memory (``docs/artifacts-memory.md``): ``[[memory]]`` rules grant an identity ``read`` and/or
+``write`` on memory namespaces (``protocol._memory_grants``); no rule, no access.
+
 Gates (``docs/gates.md``): the policy may name **roles** (``[roles]``, e.g. ``leads = ["ana",
 "bo"]``) that a gate's deciders name as ``role:leads``; the **deciders** of an agent's gates that
 name none (``[[gate]]`` with ``agent`` and ``deciders``); and **approvals** (``[[approval]]``):
@@ -68,6 +71,7 @@ from pydantic import (
 from stratagem.protocol._capabilities import OPERATOR
 from stratagem.protocol._codec import field_path
 from stratagem.protocol._errors import ProtocolUsageError
+from stratagem.protocol._memory_grants import MemoryAccess, MemoryRule, MemoryRuleFile
 from stratagem.protocol._service import RPCS
 
 __all__ = [
@@ -200,6 +204,7 @@ class _PolicyFile(BaseModel):
     roles: dict[_Identity, list[_Identity]] = Field(default_factory=dict)
     gate: list[_GateFile] = Field(default_factory=list)
     approval: list[_ApprovalFile] = Field(default_factory=list)
+    memory: list[MemoryRuleFile] = Field(default_factory=list)
 
 
 class Policy:
@@ -216,8 +221,10 @@ class Policy:
         roles: Mapping[str, Iterable[str]] | None = None,
         gate_deciders: Mapping[str, Sequence[str]] | None = None,
         approvals: Iterable[ApprovalRule] = (),
+        memory: Iterable[MemoryRule] = (),
     ) -> None:
         self._rules = tuple(rules)
+        self._memory = tuple(memory)
         self._roles = {name: frozenset(members) for name, members in (roles or {}).items()}
         self._gate_deciders = {agent: tuple(d) for agent, d in (gate_deciders or {}).items()}
         self._approvals = tuple(approvals)
@@ -283,6 +290,18 @@ class Policy:
             rule.target == target and rule.matches(agent, target, tool) for rule in self._rules
         )
 
+    @property
+    def memory_rules(self) -> tuple[MemoryRule, ...]:
+        """The ``[[memory]]`` rules, in file order."""
+        return self._memory
+
+    def allows_memory(self, caller: str, namespace: Sequence[str], access: MemoryAccess) -> bool:
+        """Whether ``caller`` may ``access`` (``read`` or ``write``) the memory ``namespace``: a
+        ``[[memory]]`` rule grants it (``protocol._memory_grants``). Deny by default."""
+        if not (caller and namespace):
+            return False
+        return any(rule.matches(caller, namespace, access) for rule in self._memory)
+
     @classmethod
     def from_toml(cls, text: str, *, source: str = "<string>") -> Policy:
         """Parse a policy from TOML text.
@@ -337,6 +356,7 @@ class Policy:
                 )
                 for rule in parsed.approval
             ),
+            memory=(rule.rule() for rule in parsed.memory),
         )
 
     @classmethod
@@ -369,6 +389,7 @@ class Policy:
             roles=self._roles,
             gate_deciders=self._gate_deciders,
             approvals=self._approvals,
+            memory=self._memory,
         )
 
     def __repr__(self) -> str:

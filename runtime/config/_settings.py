@@ -187,6 +187,10 @@ class Settings(BaseSettings):
             language model, checked by its rules; see ``agents.ModelPlanner``).
         planners: Per role, a choice other than ``planner`` (JSON in ``STRATAGEM_PLANNERS``, e.g.
             ``{"tactical": "model"}``).
+        memory_embeddings_url: The OpenAI-compatible base URL (``.../v1``) whose ``/embeddings``
+            memory asks for vectors; ``None``: memory recalls by full text only
+            (``docs/artifacts-memory.md``).
+        memory_embeddings_model: The embeddings model's name at that server.
         model_url: The OpenAI-compatible base URL of the model server; ``None``: the embedded one
             ``make model-server`` started, when it answers.
         model: The model's name at that server.
@@ -283,6 +287,8 @@ class Settings(BaseSettings):
     a2a_agents: dict[str, A2APeer] = Field(default_factory=dict)
     planner: Literal["deterministic", "model"] = "deterministic"
     planners: dict[str, Literal["deterministic", "model"]] = Field(default_factory=dict)
+    memory_embeddings_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    memory_embeddings_model: str = Field(default="default", min_length=1, max_length=200)
     model_url: str | None = None
     model: str = ""
     model_api_key: SecretStr | None = Field(default=None, exclude=True)
@@ -489,6 +495,11 @@ class Settings(BaseSettings):
     def research_dir(self) -> Path:
         """Where the perception agent caches research sources and its fetch ledger."""
         return self.state_dir / "research"
+
+    @property
+    def memory_path(self) -> Path:
+        """The deployment's memory, a SQLite file (``docs/artifacts-memory.md``)."""
+        return self.state_dir / "memory.sqlite3"
 
     def world_path(self, role: str) -> Path:
         """Where ``role``'s agent keeps its world model (the perception agent's), a JSON file."""

@@ -67,6 +67,7 @@ from stratagem.runtime.host._faces import close_faces, face_settings, start_face
 from stratagem.runtime.host._health import StoreWatch
 from stratagem.runtime.host._local import own_log_files, publish_endpoint
 from stratagem.runtime.host._mcp import attach_mcp_servers
+from stratagem.runtime.host._memory import attach_memory
 from stratagem.runtime.host._models import attach_model_planner
 from stratagem.runtime.host._notify import GateOutbox, WebhookSender
 from stratagem.runtime.host._research import bind_research_tools
@@ -234,6 +235,7 @@ class AgentActor:
         # Before the model planner is made and before any plan resumes: the MCP tools are the
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
+        self._memory = await attach_memory(self._agent, settings, policy, self._audit)
         attach_model_planner(
             self._agent,
             settings,
@@ -383,6 +385,7 @@ class AgentActor:
         await self._notices.aclose()
         for toolset in self._mcp:
             await toolset.aclose()
+        await self._memory.aclose()
         close = getattr(self._outbound, "aclose", None)
         if close is not None:
             await close()  # the A2A dispatcher closes the gRPC one it wraps
