@@ -16,6 +16,14 @@ from stratagem.agents.research._findings import (
     write_report,
 )
 from stratagem.agents.research._hypotheses import HypothesisState, HypothesisTracker
+from stratagem.agents.research._kb import (
+    KbCitation,
+    KbEntry,
+    KnowledgeBase,
+    kb_export,
+    kb_markdown,
+    with_staleness,
+)
 from stratagem.agents.research._plan import RESEARCH_TOOLS, research_plan, research_tools
 from stratagem.agents.research._sources import (
     MAX_FILES,
@@ -72,6 +80,9 @@ __all__ = [
     "HypothesisState",
     "HypothesisTracker",
     "InMemorySourceCache",
+    "KbCitation",
+    "KbEntry",
+    "KnowledgeBase",
     "Location",
     "Passage",
     "Question",
@@ -88,11 +99,14 @@ __all__ = [
     "expand_sources",
     "extract_claims",
     "fetch_path",
+    "kb_export",
+    "kb_markdown",
     "passages_of",
     "recall",
     "research_plan",
     "research_tools",
     "source_text",
     "sub_questions",
+    "with_staleness",
     "write_report",
 ]

@@ -22,6 +22,7 @@ from stratagem.agents.research._findings import (
     sub_questions,
     write_report,
 )
+from stratagem.agents.research._kb import KbEntry, KnowledgeBase
 from stratagem.agents.research._sources import (
     FetchLedger,
     FileScopes,
@@ -100,9 +101,13 @@ def research_plan(
 
 
 def research_tools(
-    cache: SourceCache, ledger: FetchLedger, scopes: FileScopes
+    cache: SourceCache,
+    ledger: FetchLedger,
+    scopes: FileScopes,
+    kb: KnowledgeBase | None = None,
 ) -> list[Tool[Any, Any]]:
-    """The research plan's tools, bound to where sources are cached and what may be read."""
+    """The research plan's tools, bound to where sources are cached and what may be read, and
+    the knowledge base the report step keeps its claims in (and reads what was known before)."""
 
     @tool(name="research_scope")
     async def scope(question: str) -> _SubQuestions:
@@ -143,15 +148,46 @@ def research_tools(
 
     @tool(name="research_report", side_effects=True, idempotent=True)
     async def report(
-        question: str, sub_questions: list[SubQuestion], sources: list[Source], claims: list[Claim]
+        question: str,
+        sub_questions: list[SubQuestion],
+        sources: list[Source],
+        claims: list[Claim],
+        ctx: ToolContext,
     ) -> Report:
         """Write the Markdown report, check every citation, and cache it as an artifact."""
         written = write_report(question, sub_questions, sources, claims)
+        if kb is not None:
+            mine = {claim.id for claim in claims}
+            known = [e for e in await kb.search(question, limit=10) if e.id not in mine]
+            written = with_known(written, known)
         try:
             await in_thread(lambda should_stop: check_report(written.markdown, sources, cache))
         except CitationError as exc:
             raise LogicError(f"report: citations refused: {exc}") from exc
         digest = cache.put(written.markdown.encode(), name="report.md", media_type="text/markdown")
+        if kb is not None:
+            await kb.keep(written, ctx.plan_id)
         return written.model_copy(update={"digest": digest})
 
     return [scope, collect, recall_passages, claims, crosscheck, report]
+
+
+def with_known(report: Report, known: Sequence[KbEntry]) -> Report:
+    """The report with what the knowledge base knew before: an "Already known" section (each claim
+    with its id, confidence and the plans that found it) and ``known`` (their ids)."""
+    if not known:
+        return report
+    lines = ["", "## Already known", ""]
+    for entry in known:
+        flags = "".join(
+            f", {flag}"
+            for flag, on in (("contradicted", entry.contradicts), ("stale", entry.stale))
+            if on
+        )
+        lines.append(
+            f"- {entry.claim} (kb {entry.id}, confidence {entry.confidence}{flags}; found by "
+            f"{', '.join(entry.plans)})"
+        )
+    head, sep, tail = report.markdown.partition("\n## Sources")
+    markdown = head.rstrip("\n") + "\n" + "\n".join(lines) + "\n" + sep + tail
+    return report.model_copy(update={"markdown": markdown, "known": [e.id for e in known]})

@@ -241,6 +241,7 @@ class Report(_Model):
         answered: The ids of the sub-questions whose acceptance criteria hold.
         markdown: The report as Markdown: every sentence of its findings cites its sources.
         digest: The digest of ``markdown`` as cached (empty when not cached).
+        known: The knowledge base's claims on the question from earlier goals (their ids).
     """
 
     question: str
@@ -250,6 +251,7 @@ class Report(_Model):
     answered: list[str] = Field(default_factory=list)
     markdown: str
     digest: str = ""
+    known: list[str] = Field(default_factory=list)
 
     @property
     def unreadable(self) -> list[Source]:

@@ -1,8 +1,11 @@
-"""``research``: a research goal over local files and folders, run as a plan, its report printed."""
+"""``research``: a research goal over local files and folders, run as a plan, its report printed;
+``kb list|show|search|export``: the knowledge base those goals keep."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,6 +18,7 @@ from stratagem.runtime._cli._app import (
     StateDirOpt,
     TimeoutOpt,
     _errors,
+    _load_agents,
     _operate,
     _print_json,
     _settings,
@@ -26,8 +30,15 @@ from stratagem.runtime._cli._app import (
 from stratagem.runtime.operator._input import InputError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
+    from stratagem.agents.research import KbEntry, kb_export, kb_markdown
     from stratagem.runtime.operator._operator import Operator
-    from stratagem.runtime.operator._research import ResearchOutcome, research_plan_for
+    from stratagem.runtime.operator._research import (
+        ResearchOutcome,
+        knowledge,
+        research_plan_for,
+    )
 
 __all__: list[str] = []
 
@@ -134,3 +145,109 @@ def research(
             highlight=False,
             soft_wrap=True,
         )
+
+
+kb_app = typer.Typer(
+    help="The knowledge base: claims research goals found, with citations and confidence.",
+    no_args_is_help=True,
+)
+app.add_typer(kb_app, name="kb")
+
+
+def _kb(state_dir: Path | None, **query: Any) -> list[KbEntry]:
+    _load_agents()  # the knowledge base's types
+    settings = _settings(None, state_dir)
+    return asyncio.run(knowledge(settings, **query))
+
+
+def _kb_json(entry: KbEntry) -> dict[str, Any]:
+    return entry.model_dump(mode="json")
+
+
+def _kb_table(entries: list[KbEntry]) -> None:
+    table = Table(box=None, pad_edge=False)
+    table.add_column("claim id", no_wrap=True)
+    table.add_column("confidence")
+    table.add_column("flags")
+    table.add_column("claim", overflow="fold")
+    for entry in entries:
+        flags = ", ".join(
+            flag for flag, on in (("stale", entry.stale), ("contradicted", entry.contradicts)) if on
+        )
+        table.add_row(entry.id, entry.confidence, flags, entry.claim)
+    console.print(table)
+    if not entries:
+        err_console.print("[dim]no claim kept yet: `stratagem research` keeps what it finds[/]")
+
+
+@kb_app.command("list")
+def kb_list(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> None:
+    """List every kept claim with its confidence, flagged stale (a cited file changed) or
+    contradicted (another kept claim says otherwise).
+
+    Examples:
+
+      stratagem kb list --json
+    """
+    with _errors():
+        entries = _kb(state_dir)
+        if as_json:
+            _print_json([_kb_json(e) for e in entries])
+            return
+        _kb_table(entries)
+
+
+@kb_app.command("search")
+def kb_search(
+    query: Annotated[str, typer.Argument(help="Words to recall claims by.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 10,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The kept claims best matching the words (full-text recall)."""
+    with _errors():
+        if not query.strip() or len(query) > 2000:
+            raise InputError("query: give 1 to 2000 characters")
+        entries = _kb(state_dir, query=query, limit=limit)
+        if as_json:
+            _print_json([_kb_json(e) for e in entries])
+            return
+        _kb_table(entries)
+
+
+@kb_app.command("show")
+def kb_show(
+    claim_id: Annotated[str, typer.Argument(help="A claim's id (c- and 12 hex digits).")],
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One claim: its citations (file, lines, digest, the quoted sentence), confidence, flags."""
+    with _errors():
+        if not re.fullmatch(r"c-[0-9a-f]{12}", claim_id):
+            raise InputError(f"claim id {claim_id!r}: c- and 12 hex digits are expected")
+        entries = _kb(state_dir, claim_id=claim_id)
+        if not entries:
+            raise InputError(f"claim {claim_id}: not in the knowledge base")
+        if as_json:
+            _print_json(_kb_json(entries[0]))
+            return
+        console.print(kb_markdown(entries), highlight=False, soft_wrap=True, markup=False)
+
+
+@kb_app.command("export")
+def kb_export_command(
+    fmt: Annotated[
+        str, typer.Option("--format", help="yaml, json or md (Markdown for people).")
+    ] = "yaml",
+    out: Annotated[Path | None, typer.Option("--out", help="Write here, not to stdout.")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Export the knowledge base as YAML or JSON (structured) or Markdown (for people)."""
+    with _errors():
+        if fmt not in ("yaml", "json", "md"):
+            raise InputError(f"--format: yaml, json or md, not {fmt!r}")
+        text = kb_export(_kb(state_dir), fmt)  # type: ignore[arg-type]
+        if out is not None:
+            out.write_text(text, encoding="utf-8")
+            return
+        console.file.write(text)

@@ -213,8 +213,6 @@ class AgentActor:
             world_store=open_world_store(settings, role),
             a2a_agents=list(settings.a2a_agents),  # those a goal may consult (the orchestrator)
         )
-        if role == "perception":
-            bind_research_tools(self._agent, settings)
         # Before any plan resumes: who decides its gates, which tools ask an approval, and the
         # outbox that keeps (and audits, and sends) what its gates do.
         self._agent.use_policy(policy)
@@ -236,6 +234,8 @@ class AgentActor:
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         self._memory = await attach_memory(self._agent, settings, policy, self._audit)
+        if role == "perception":  # its research tools read within the file scopes, keep the KB
+            bind_research_tools(self._agent, settings, self._memory)
         attach_model_planner(
             self._agent,
             settings,

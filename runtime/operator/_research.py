@@ -20,11 +20,11 @@ from pydantic import ValidationError
 from stratagem.runtime.config._errors import InputError
 
 if TYPE_CHECKING:
-    from stratagem.agents.research import Report
+    from stratagem.agents.research import KbEntry, Report
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.operator._history import PlanHistory, PlanView
 
-__all__ = ["ResearchOutcome", "research", "research_plan_for"]
+__all__ = ["ResearchOutcome", "knowledge", "research", "research_plan_for"]
 
 RESEARCH_OWNER = "perception"
 
@@ -130,3 +130,41 @@ async def research(
             if step.id == "report" and step.output is not None:
                 return ResearchOutcome(view.plan_id, Report.model_validate(step.output))
     raise InputError(f"plan {view.plan_id}: no report was kept ({view.status})")
+
+
+def _digest_now(locator: str) -> str | None:
+    """A local source's digest now (``None``: it cannot be read)."""
+    import hashlib
+
+    try:
+        return "sha256:" + hashlib.sha256(Path(locator).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+async def knowledge(
+    settings: Settings, *, query: str = "", claim_id: str = "", limit: int = 1000
+) -> list[KbEntry]:
+    """The deployment's knowledge base (its memory's ``kb`` namespace), each claim flagged stale
+    when a cited file's bytes changed or it is gone: every claim, those matching ``query``, or
+    the one ``claim_id`` (none when unknown).
+
+    Raises:
+        StorageError: The memory cannot be opened.
+    """
+    from stratagem.agents.research import KnowledgeBase, with_staleness
+    from stratagem.runtime.config._memory import open_memory_store
+
+    store = await open_memory_store(settings)
+    try:
+        kb = KnowledgeBase(store)
+        if claim_id:
+            found = await kb.get(claim_id)
+            entries = [] if found is None else [found]
+        elif query:
+            entries = await kb.search(query, limit=min(limit, 1000))
+        else:
+            entries = await kb.entries(limit=limit)
+    finally:
+        await store.aclose()
+    return with_staleness(entries, _digest_now)

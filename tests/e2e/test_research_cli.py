@@ -93,6 +93,12 @@ def test_a_question_of_100_kb_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
 
 
+def test_kb_show_of_an_unknown_claim_is_one_line(tmp_path: Path) -> None:
+    result = run("kb", "show", "c-000000000000", state_dir=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: claim c-000000000000: not in the knowledge base"
+
+
 def test_a_goal_file_with_an_unknown_field_is_refused_naming_it(tmp_path: Path) -> None:
     goal = tmp_path / "goal.yaml"
     goal.write_text("question: Why?\nsources: [docs/]\nsauces: [docs/]\n")

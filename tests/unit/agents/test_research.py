@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from stratagem.agents import ToolRegistry, research
+from stratagem.agents import InMemoryMemoryStore, ToolRegistry, research
 from stratagem.agents.research import (
     CitationError,
     DecisionRow,
@@ -19,17 +21,21 @@ from stratagem.agents.research import (
     Hypothesis,
     HypothesisTracker,
     InMemorySourceCache,
+    KnowledgeBase,
     Question,
+    Report,
     SourceRefusedError,
     check_report,
     cross_check,
     expand_sources,
     extract_claims,
     fetch_path,
+    kb_export,
     recall,
     research_plan,
     research_tools,
     sub_questions,
+    with_staleness,
     write_report,
 )
 from stratagem.planning import Engine, InMemoryStateStore, validate_plan
@@ -55,6 +61,9 @@ EXPORTS = [
     "HypothesisState",
     "HypothesisTracker",
     "InMemorySourceCache",
+    "KbCitation",
+    "KbEntry",
+    "KnowledgeBase",
     "Location",
     "Passage",
     "Question",
@@ -71,12 +80,15 @@ EXPORTS = [
     "expand_sources",
     "extract_claims",
     "fetch_path",
+    "kb_export",
+    "kb_markdown",
     "passages_of",
     "recall",
     "research_plan",
     "research_tools",
     "source_text",
     "sub_questions",
+    "with_staleness",
     "write_report",
 ]
 
@@ -357,3 +369,74 @@ def test_bad_hypotheses_evidence_and_decisions_are_refused_naming_the_field() ->
         HypothesisTracker.model_validate(
             {"hypotheses": [tracker.hypotheses[0], tracker.hypotheses[0]]}
         )
+
+
+def _research_with_kb(root: Path, kb: KnowledgeBase, plan_id: str, question: str) -> Report:
+    scopes = FileScopes.of([root])
+    registry = ToolRegistry("perception")
+    for item in research_tools(InMemorySourceCache(), FetchLedger(None), scopes, kb):
+        registry.register(item)
+    files = expand_sources([str(root)], scopes, base=root)
+    return Report.model_validate(_run(research_plan(question, files, plan_id=plan_id), registry))
+
+
+def test_the_knowledge_base_keeps_claims_once_and_a_later_goal_reuses_them(
+    tmp_path: Path,
+) -> None:
+    root = _corpus(tmp_path, {"a.md": RESUME, "b.md": RESUME_TOO})
+    kb = KnowledgeBase(InMemoryMemoryStore())
+    first = _research_with_kb(root, kb, "r-1", "How does a plan resume after a crash?")
+    again = _research_with_kb(root, kb, "r-2", "How does a plan resume after a crash?")
+    entries = asyncio.run(kb.entries())
+    assert sorted(e.id for e in entries) == sorted(c.id for c in first.claims)  # no duplicate
+    assert all(e.plans == ["r-1", "r-2"] for e in entries)
+    assert again.known == []  # the same claims: found again, not "already known"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "c.md").write_text("# Other\n\nNothing here speaks of that.\n")
+    later = _research_with_kb(elsewhere, kb, "r-3", "How does a plan resume after a crash?")
+    assert later.claims == []
+    assert sorted(later.known) == sorted(c.id for c in first.claims)
+    assert "## Already known" in later.markdown
+    entry = asyncio.run(kb.get(first.claims[0].id))
+    assert entry is not None
+    cited = first.claims[0].citations[0]
+    assert entry.citations[0].locator == str(root / ("a.md" if cited.source == "s1" else "b.md"))
+    assert entry.citations[0].location == cited.location.label()
+
+
+def test_contradicting_claims_are_flagged_and_a_changed_source_makes_its_claims_stale(
+    tmp_path: Path,
+) -> None:
+    root = _corpus(tmp_path, {"a.md": RESUME})
+    kb = KnowledgeBase(InMemoryMemoryStore())
+    first = _research_with_kb(root, kb, "r-1", "Which steps does resume skip?")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "not.md").write_text(RESUME_NOT)
+    _research_with_kb(other, kb, "r-2", "Which steps does resume skip?")
+    said = "Resume skips completed steps and re-runs an in-flight step only when it is idempotent."
+    claim = next(c for c in first.claims if c.text == said)
+    entry = asyncio.run(kb.get(claim.id))
+    assert entry is not None
+    assert entry.contradicts
+    contrary = asyncio.run(kb.get(entry.contradicts[0]))
+    assert contrary is not None
+    assert claim.id in contrary.contradicts
+    assert contrary.claim.startswith("Resume never skips")
+
+    def digest_of(locator: str) -> str | None:
+        path = Path(locator)
+        if not path.exists():
+            return None
+        return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+    (root / "a.md").write_text(RESUME + "\nA line added later.\n")
+    (other / "not.md").unlink()
+    marked = {e.id: e for e in with_staleness(asyncio.run(kb.entries()), digest_of)}
+    assert marked[claim.id].stale
+    assert marked[claim.id].stale_reason == f"{root / 'a.md'} changed since it was read"
+    assert marked[contrary.id].stale_reason == f"{other / 'not.md'} can no longer be read"
+    text = kb_export(list(marked.values()), "md")
+    assert f"## {claim.id} (stale, contradicted)" in text
+    assert yaml.safe_load(kb_export(list(marked.values()), "yaml"))[0]["id"]
