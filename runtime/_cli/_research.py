@@ -95,7 +95,8 @@ def research(
         typer.Option("--goal-file", help="A YAML or JSON file with 'question' and 'sources'."),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Also write the Markdown report to this file.")
+        Path | None,
+        typer.Option("--out", help="Write the Markdown report to this file, not to stdout."),
     ] = None,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
@@ -135,13 +136,15 @@ def research(
         if as_json:
             _print_json({"plan_id": outcome.plan_id, "report": report.model_dump(mode="json")})
             return
-        console.print(report.markdown, highlight=False, soft_wrap=True, markup=False)
+        if out is None:
+            console.print(report.markdown, highlight=False, soft_wrap=True, markup=False)
         unread = len(report.unreadable)
         err_console.print(
             f"plan {outcome.plan_id}: {len(report.claims)} claims from "
             f"{len(report.sources) - unread} sources"
             + (f", {unread} could not be read" if unread else "")
-            + f"; report {report.digest}",
+            + f"; report {report.digest}"
+            + (f" in {out}" if out is not None else ""),
             highlight=False,
             soft_wrap=True,
         )

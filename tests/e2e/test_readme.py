@@ -99,10 +99,12 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
         # the A2A one (a script: its commands share a variable).
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 2
+        assert len(blocks) == 3
         for block in blocks:
             for command in _commands(block):
-                _run(command, state_dir)
+                # The research report goes to the test's folder, not the repository's.
+                _run(command.replace("--out research.md", f"--out {tmp_path / 'r.md'}"), state_dir)
+        assert "## Findings" in (tmp_path / "r.md").read_text(encoding="utf-8")
         _the_gates_run(tutorial, state_dir)
         [a2a] = [b for b in _blocks(tutorial, "bash") if "a2a_url" in b]
         called = _run(a2a, state_dir)

@@ -1,4 +1,5 @@
-"""``stratagem research`` as a user runs it: the README's example, bad input in one line."""
+"""``stratagem research`` and ``stratagem kb`` as a user runs them (docs/research.md): the README's
+example, the knowledge base it keeps, bad input in one line."""
 
 from __future__ import annotations
 

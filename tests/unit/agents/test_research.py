@@ -1,4 +1,5 @@
-"""The research types and the extractive research path, over small corpora the tests write."""
+"""The research types and the extractive research path, over small corpora the tests write
+(docs/research.md: its guarantees, and its hypothesis example with these numbers)."""
 
 from __future__ import annotations
 
