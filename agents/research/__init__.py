@@ -39,6 +39,14 @@ from stratagem.agents.research._sources import (
     fetch_path,
     source_text,
 )
+from stratagem.agents.research._tracking import (
+    HYPOTHESIS_TOOLS,
+    DebugContext,
+    Investigation,
+    Investigations,
+    hypothesis_tools,
+    postmortem_markdown,
+)
 from stratagem.agents.research._types import (
     MAX_QUESTION_CHARS,
     Citation,
@@ -60,6 +68,7 @@ from stratagem.agents.research._types import (
 )
 
 __all__ = [
+    "HYPOTHESIS_TOOLS",
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_QUESTION_CHARS",
@@ -71,6 +80,7 @@ __all__ = [
     "Confidence",
     "ConfidenceLevel",
     "CrossCheck",
+    "DebugContext",
     "DecisionRow",
     "DirectorySourceCache",
     "Evidence",
@@ -80,6 +90,8 @@ __all__ = [
     "HypothesisState",
     "HypothesisTracker",
     "InMemorySourceCache",
+    "Investigation",
+    "Investigations",
     "KbCitation",
     "KbEntry",
     "KnowledgeBase",
@@ -99,9 +111,11 @@ __all__ = [
     "expand_sources",
     "extract_claims",
     "fetch_path",
+    "hypothesis_tools",
     "kb_export",
     "kb_markdown",
     "passages_of",
+    "postmortem_markdown",
     "recall",
     "research_plan",
     "research_tools",

@@ -84,7 +84,12 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
     "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
-    "stratagem.runtime.operator._research": ("ResearchOutcome", "knowledge", "research_plan_for"),
+    "stratagem.runtime.operator._research": (
+        "ResearchOutcome",
+        "investigations",
+        "knowledge",
+        "research_plan_for",
+    ),
     "stratagem.runtime.host._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime.host._ray_directory": ("RayDirectory",),
     "stratagem.runtime.operator._operator": (
@@ -129,7 +134,13 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 # agent needs none (the operator API imports the agents itself where it checks a plan).
 _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.agents": ("DEMO_GOAL",),
-    "stratagem.agents.research": ("KbEntry", "kb_export", "kb_markdown"),
+    "stratagem.agents.research": (
+        "Investigation",
+        "KbEntry",
+        "kb_export",
+        "kb_markdown",
+        "postmortem_markdown",
+    ),
 }
 # What joins Ray: imported only by the commands that do (see _deployment).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {

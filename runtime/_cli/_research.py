@@ -1,5 +1,6 @@
 """``research``: a research goal over local files and folders, run as a plan, its report printed;
-``kb list|show|search|export``: the knowledge base those goals keep."""
+``kb list|show|search|export``: the knowledge base those goals keep; ``hypotheses list|show``:
+the investigations plans track with the ``hypotheses.*`` tools."""
 
 from __future__ import annotations
 
@@ -32,10 +33,17 @@ from stratagem.runtime.operator._input import InputError
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.agents.research import KbEntry, kb_export, kb_markdown
+    from stratagem.agents.research import (
+        Investigation,
+        KbEntry,
+        kb_export,
+        kb_markdown,
+        postmortem_markdown,
+    )
     from stratagem.runtime.operator._operator import Operator
     from stratagem.runtime.operator._research import (
         ResearchOutcome,
+        investigations,
         knowledge,
         research_plan_for,
     )
@@ -254,3 +262,64 @@ def kb_export_command(
             out.write_text(text, encoding="utf-8")
             return
         console.file.write(text)
+
+
+hypotheses_app = typer.Typer(
+    help="Investigations: hypotheses, evidence, confidence, decision table, postmortem.",
+    no_args_is_help=True,
+)
+app.add_typer(hypotheses_app, name="hypotheses")
+
+
+def _investigations(state_dir: Path | None, investigation_id: str = "") -> list[Investigation]:
+    _load_agents()  # the investigations' types
+    settings = _settings(None, state_dir)
+    return asyncio.run(investigations(settings, investigation_id))
+
+
+@hypotheses_app.command("list")
+def hypotheses_list(state_dir: StateDirOpt = None, as_json: JsonOpt = False) -> None:
+    """List the investigations: their hypotheses, the leading one and its confidence, the root
+    cause once found."""
+    with _errors():
+        found = _investigations(state_dir)
+        if as_json:
+            _print_json([i.model_dump(mode="json") for i in found])
+            return
+        table = Table(box=None, pad_edge=False)
+        for column in ("investigation", "hypotheses", "leading", "root cause"):
+            table.add_column(column, overflow="fold")
+        for item in found:
+            ranked = sorted(item.tracker.ranked(), key=lambda s: -s.confidence)
+            lead = f"{ranked[0].hypothesis.id} {ranked[0].confidence:.2f}" if ranked else ""
+            table.add_row(item.id, str(len(ranked)), lead, item.root_cause or "-")
+        console.print(table)
+        if not found:
+            err_console.print("[dim]no investigation yet: a plan opens one (hypotheses.open)[/]")
+
+
+@hypotheses_app.command("show")
+def hypotheses_show(
+    investigation: Annotated[str, typer.Argument(help="The investigation's id.")],
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One investigation: context, reproduction, hypotheses ranked with their evidence, the
+    decision table, root cause and fix (the postmortem's Markdown).
+
+    Examples:
+
+      stratagem hypotheses show debug-unreadable-note
+    """
+    with _errors():
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", investigation):
+            raise InputError(f"investigation {investigation!r}: a lowercase slug is expected")
+        found = _investigations(state_dir, investigation)
+        if not found:
+            raise InputError(f"investigation {investigation}: none kept")
+        if as_json:
+            item = found[0]
+            ranked = [s.model_dump(mode="json") for s in item.tracker.ranked()]
+            _print_json(item.model_dump(mode="json") | {"ranked": ranked})
+            return
+        console.print(postmortem_markdown(found[0]), highlight=False, soft_wrap=True, markup=False)

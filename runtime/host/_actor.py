@@ -234,8 +234,8 @@ class AgentActor:
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         self._memory = await attach_memory(self._agent, settings, policy, self._audit)
-        if role == "perception":  # its research tools read within the file scopes, keep the KB
-            bind_research_tools(self._agent, settings, self._memory)
+        # hypotheses.* on every agent; research tools (reading within the file scopes) on perception
+        bind_research_tools(self._agent, settings, self._memory)
         attach_model_planner(
             self._agent,
             settings,

@@ -20,11 +20,17 @@ from pydantic import ValidationError
 from stratagem.runtime.config._errors import InputError
 
 if TYPE_CHECKING:
-    from stratagem.agents.research import KbEntry, Report
+    from stratagem.agents.research import Investigation, KbEntry, Report
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.operator._history import PlanHistory, PlanView
 
-__all__ = ["ResearchOutcome", "knowledge", "research", "research_plan_for"]
+__all__ = [
+    "ResearchOutcome",
+    "investigations",
+    "knowledge",
+    "research",
+    "research_plan_for",
+]
 
 RESEARCH_OWNER = "perception"
 
@@ -168,3 +174,24 @@ async def knowledge(
     finally:
         await store.aclose()
     return with_staleness(entries, _digest_now)
+
+
+async def investigations(settings: Settings, investigation_id: str = "") -> list[Investigation]:
+    """The deployment's investigations (the ``hypotheses.*`` tools keep them in its memory):
+    every one, or the one named (none when unknown).
+
+    Raises:
+        StorageError: The memory cannot be opened.
+    """
+    from stratagem.agents.research import Investigations
+    from stratagem.runtime.config._memory import open_memory_store
+
+    store = await open_memory_store(settings)
+    try:
+        kept = Investigations(store)
+        if investigation_id:
+            found = await kept.get(investigation_id)
+            return [] if found is None else [found]
+        return await kept.all()
+    finally:
+        await store.aclose()

@@ -106,3 +106,29 @@ def test_a_goal_file_with_an_unknown_field_is_refused_naming_it(tmp_path: Path) 
     result = run("research", "--goal-file", str(goal), state_dir=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {goal}: sauces: not a field of a research goal"
+
+
+def test_the_debug_template_plan_finds_its_root_cause_and_hypotheses_show_it(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    ran = run("plans", "run", "examples/plans/debug.yaml", "--embedded", "--json", state_dir=state)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    steps = {s["id"]: s["status"] for s in json.loads(ran.stdout)["steps"]}
+    assert (steps["fix_text"], steps["fix_scope"], steps["escalate"]) == (
+        "succeeded",
+        "skipped",
+        "skipped",
+    )
+    listed = run("hypotheses", "list", "--json", state_dir=state)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    [investigation] = json.loads(listed.stdout)
+    assert investigation["id"] == "debug-unreadable-note"
+    assert investigation["root_cause"].startswith("H1")
+    shown = run("hypotheses", "show", "debug-unreadable-note", state_dir=state)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "## Decision table" in shown.stdout
+    assert "| H1 | the file holds bytes that are not text | 0.50 | 0.90 | 1 |" in shown.stdout
+    missing = run("hypotheses", "show", "nope", state_dir=state)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "error: investigation nope: none kept"

@@ -42,6 +42,7 @@ from stratagem.agents.research import (
 from stratagem.planning import Engine, InMemoryStateStore, validate_plan
 
 EXPORTS = [
+    "HYPOTHESIS_TOOLS",
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_QUESTION_CHARS",
@@ -53,6 +54,7 @@ EXPORTS = [
     "Confidence",
     "ConfidenceLevel",
     "CrossCheck",
+    "DebugContext",
     "DecisionRow",
     "DirectorySourceCache",
     "Evidence",
@@ -62,6 +64,8 @@ EXPORTS = [
     "HypothesisState",
     "HypothesisTracker",
     "InMemorySourceCache",
+    "Investigation",
+    "Investigations",
     "KbCitation",
     "KbEntry",
     "KnowledgeBase",
@@ -81,9 +85,11 @@ EXPORTS = [
     "expand_sources",
     "extract_claims",
     "fetch_path",
+    "hypothesis_tools",
     "kb_export",
     "kb_markdown",
     "passages_of",
+    "postmortem_markdown",
     "recall",
     "research_plan",
     "research_tools",
