@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Protocol
 
 from stratagem.agents.research._types import Source
+from stratagem.planning import ArtifactError, ArtifactProvenance, ArtifactStore
 
 __all__ = [
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_SOURCE_BYTES",
+    "ArtifactSourceCache",
     "DirectorySourceCache",
     "FetchLedger",
     "FileScopes",
@@ -322,3 +324,30 @@ def source_text(source: Source, cache: SourceCache) -> list[tuple[int | None, st
     if source.media_type == "application/pdf":
         return [(number, text) for number, text in enumerate(_pdf_pages(data), start=1)]
     return [(None, data.decode("utf-8"))]
+
+
+class ArtifactSourceCache:
+    """A ``SourceCache`` over the artifact store: each source a versioned ``research-<name>``
+    artifact with its provenance, its digest the blob's (``sha256:`` + hex)."""
+
+    def __init__(self, store: ArtifactStore, *, agent: str = "perception") -> None:
+        self.store = store
+        self.agent = agent
+
+    def put(self, data: bytes, *, name: str, media_type: str) -> str:
+        """Save ``data`` as an artifact; its digest."""
+        safe = "research-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        record = self.store.save_blocking(
+            safe[:200],
+            data,
+            media_type=media_type,
+            provenance=ArtifactProvenance(agent=self.agent, tool="research_collect"),
+        )
+        return "sha256:" + record.digest
+
+    def get(self, digest: str) -> bytes:
+        """The bytes of ``digest`` (``KeyError`` when the store has none)."""
+        try:
+            return self.store.blobs.get(digest.removeprefix("sha256:"))
+        except (ArtifactError, KeyError, OSError, ValueError) as exc:
+            raise KeyError(digest) from exc

@@ -48,6 +48,7 @@ EXPORTS = [
     "MAX_QUESTION_CHARS",
     "MAX_SOURCE_BYTES",
     "RESEARCH_TOOLS",
+    "ArtifactSourceCache",
     "Citation",
     "CitationError",
     "Claim",
@@ -447,3 +448,23 @@ def test_contradicting_claims_are_flagged_and_a_changed_source_makes_its_claims_
     text = kb_export(list(marked.values()), "md")
     assert f"## {claim.id} (stale, contradicted)" in text
     assert yaml.safe_load(kb_export(list(marked.values()), "yaml"))[0]["id"]
+
+
+def test_sources_cached_in_the_artifact_store_are_read_back_by_digest(tmp_path: Path) -> None:
+    from stratagem.agents.research import ArtifactSourceCache
+    from stratagem.planning import ArtifactStore
+
+    root = _corpus(tmp_path, {"a.md": RESUME, "b.md": RESUME_TOO})
+    store = ArtifactStore.in_memory()
+    cache = ArtifactSourceCache(store)
+    sources = _read(root, cache)  # type: ignore[arg-type]
+    questions = sub_questions("How does a plan resume after a crash?")
+    claims = extract_claims(questions, recall(questions, sources, cache))
+    report = write_report("q", questions, sources, cross_check(claims, sources, cache))
+    check_report(report.markdown, sources, cache)
+    record, data = store.load_blocking("research-a.md")
+    assert "sha256:" + record.digest == sources[0].digest
+    assert data == RESUME.encode()
+    assert record.provenance.tool == "research_collect"
+    with pytest.raises(KeyError):
+        cache.get("sha256:" + "0" * 64)
