@@ -149,7 +149,7 @@ def _claimable(sentence: str) -> bool:
         25 <= len(sentence) <= 600
         and "|" not in sentence
         and not sentence.endswith((":", ","))
-        and sentence[:1].isupper()
+        and (sentence[:1].isalpha() or sentence[:1] == "`")
     )
 
 

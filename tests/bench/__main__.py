@@ -45,6 +45,7 @@ from tests.bench.report import (
     verdicts,
     write_outputs,
 )
+from tests.bench.research import research_section, run_research_benchmark
 from tests.bench.rpc import run_rpc_benchmark
 from tests.bench.tracing import run_tracing_benchmark
 
@@ -287,6 +288,11 @@ def _only_quality() -> int:
     return _only_section("quality", run_quality_benchmark, "## Planning quality", quality_section)
 
 
+def _only_research() -> int:
+    """``python -m tests.bench research``: this section alone, merged into the last results."""
+    return _only_section("research", run_research_benchmark, "## Research:", research_section)
+
+
 def _only_model_load() -> int:
     """``python -m tests.bench model-load``: this section alone, merged into the last results."""
     return _only_section(
@@ -355,6 +361,8 @@ def main() -> int:
         return _only_history()
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
+    if sys.argv[1:] == ["research"]:
+        return _only_research()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -396,6 +404,8 @@ def main() -> int:
     history = _section("history", _history)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
+    logger.info("research: the question suite over docs/, citation precision and recall")
+    research = _section("research", run_research_benchmark)
     logger.info("model-load: four agents planning at once against the embedded model server")
     model_load = _section("model_load", run_model_load_benchmark)
     results: dict[str, Any] = {
@@ -413,6 +423,7 @@ def main() -> int:
     results["benchmarks"]["history"] = history
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["model_load"] = model_load
+    results["benchmarks"]["research"] = research
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

@@ -20,6 +20,7 @@ from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
 from tests.bench.model_load import model_load_section
 from tests.bench.quality import quality_section
+from tests.bench.research import research_section
 
 __all__ = [
     "MARKDOWN_PATH",
@@ -704,6 +705,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *cli_section(benchmarks.get("cli")),
         *history_section(benchmarks.get("history")),
         *quality_section(benchmarks.get("quality")),
+        *research_section(benchmarks.get("research")),
         *model_load_section(benchmarks.get("model_load")),
         *tracing_section(benchmarks.get("tracing")),
     ]

@@ -347,3 +347,16 @@ def test_the_model_load_figures_and_section_have_their_shape() -> None:
     assert lines[0] == "## The model path under load: four agents, one CPU model server"
     assert any("85.7%" in line and "not met" in line for line in lines)
     assert model_load_section({"skipped": "no server"})[-2] == "Skipped: no server."
+
+
+def test_the_research_suite_meets_its_precision_target_and_its_section_renders() -> None:
+    from tests.bench.research import research_section, run_research_benchmark
+
+    research = run_research_benchmark()
+    assert research["met"], research["precision"]
+    assert research["precision"] >= 0.95
+    assert 0 < research["recall"] <= 1
+    assert len(research["questions"]) == 8
+    section = "\n".join(research_section(research))
+    assert section.startswith("## Research: citation precision and recall over docs/")
+    assert "| How does a plan resume after a crash? |" in section
