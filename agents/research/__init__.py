@@ -24,6 +24,7 @@ from stratagem.agents.research._kb import (
     kb_markdown,
     with_staleness,
 )
+from stratagem.agents.research._model import ModelResearcher, Synthesis, SynthesisSentence
 from stratagem.agents.research._plan import RESEARCH_TOOLS, research_plan, research_tools
 from stratagem.agents.research._sources import (
     MAX_FILES,
@@ -98,6 +99,7 @@ __all__ = [
     "KbEntry",
     "KnowledgeBase",
     "Location",
+    "ModelResearcher",
     "Passage",
     "Question",
     "Report",
@@ -107,6 +109,8 @@ __all__ = [
     "SourceRefusedError",
     "SourceStatus",
     "SubQuestion",
+    "Synthesis",
+    "SynthesisSentence",
     "check_report",
     "claim_id",
     "cross_check",

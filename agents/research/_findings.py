@@ -40,6 +40,7 @@ __all__ = [
     "claim_id",
     "cross_check",
     "extract_claims",
+    "passage_text",
     "passages_of",
     "recall",
     "sub_questions",
@@ -330,7 +331,7 @@ def write_report(
     )
 
 
-def _passage_text(passage_id: str, sources: dict[str, Source], cache: SourceCache) -> str | None:
+def passage_text(passage_id: str, sources: dict[str, Source], cache: SourceCache) -> str | None:
     source_id, _, where = passage_id.partition(":")
     source = sources.get(source_id)
     match = re.fullmatch(r"(?:p([0-9]+) )?L([0-9]+)-([0-9]+)", where)
@@ -347,9 +348,11 @@ def _passage_text(passage_id: str, sources: dict[str, Source], cache: SourceCach
 def check_report(markdown: str, sources: Sequence[Source], cache: SourceCache) -> None:
     """Refuse a report whose findings hold a sentence its citations do not say.
 
-    Every line of the ``## Findings`` section but headings, empty lines, ``confidence:`` notes and
-    the "no passage" note must cite; its first cited passage (re-read from the cached bytes) must
-    contain the sentence word for word, and any further one a sentence saying the same.
+    Every line of the ``## Findings`` and ``## Synthesis`` sections but headings, empty lines,
+    ``confidence:`` notes and the "no passage" note must cite. In the findings, the first cited
+    passage (re-read from the cached bytes) must contain the sentence word for word, and any further
+    one a sentence saying the same (half its words or more); in the synthesis (a model's), every
+    cited passage must say the same.
 
     Raises:
         CitationError: Naming each refused sentence.
@@ -363,7 +366,7 @@ def check_report(markdown: str, sources: Sequence[Source], cache: SourceCache) -
             continue
         body = line.strip().removeprefix("- ").removeprefix("Said otherwise: ")
         if (
-            section != "Findings"
+            section not in ("Findings", "Synthesis")
             or not body
             or body.startswith(("#", "confidence:", "_No passage"))
         ):
@@ -373,13 +376,13 @@ def check_report(markdown: str, sources: Sequence[Source], cache: SourceCache) -
         if not cited:
             problems.append(f"line {number}: cites nothing: {sentence[:80]}")
             continue
-        first = _passage_text(cited[0], by_id, cache)
-        if first is None or not contains(first, sentence):
+        first = passage_text(cited[0], by_id, cache)
+        if section == "Findings" and (first is None or not contains(first, sentence)):
             problems.append(f"line {number}: [{cited[0]}] does not say: {sentence[:80]}")
             continue
         mine = terms(sentence)
-        for other in cited[1:]:
-            text = _passage_text(other, by_id, cache)
+        for other in cited[1 if section == "Findings" else 0 :]:
+            text = passage_text(other, by_id, cache)
             if text is None or not any(
                 overlap(mine, terms(s)) >= SUPPORT_OVERLAP for s in sentences(text)
             ):

@@ -18,11 +18,13 @@ from stratagem.agents.research._findings import (
     check_report,
     cross_check,
     extract_claims,
+    passage_text,
     recall,
     sub_questions,
     write_report,
 )
 from stratagem.agents.research._kb import KbEntry, KnowledgeBase
+from stratagem.agents.research._model import ModelResearcher
 from stratagem.agents.research._sources import (
     FetchLedger,
     FileScopes,
@@ -105,15 +107,20 @@ def research_tools(
     ledger: FetchLedger,
     scopes: FileScopes,
     kb: KnowledgeBase | None = None,
+    model: ModelResearcher | None = None,
 ) -> list[Tool[Any, Any]]:
-    """The research plan's tools, bound to where sources are cached and what may be read, and
-    the knowledge base the report step keeps its claims in (and reads what was known before)."""
+    """The research plan's tools, bound to where sources are cached and what may be read, the
+    knowledge base the report step keeps its claims in (and reads what was known before), and the
+    model (if any) that writes the sub-questions and a synthesis, each checked."""
 
     @tool(name="research_scope")
     async def scope(question: str) -> _SubQuestions:
         """Break a research question into sub-questions with acceptance criteria."""
         try:
-            return _SubQuestions(sub_questions=sub_questions(Question(text=question).text))
+            text = Question(text=question).text
+            if model is not None:
+                return _SubQuestions(sub_questions=await model.sub_questions(text))
+            return _SubQuestions(sub_questions=sub_questions(text))
         except ValueError as exc:
             raise LogicError(f"question: {exc}") from exc
 
@@ -156,6 +163,8 @@ def research_tools(
     ) -> Report:
         """Write the Markdown report, check every citation, and cache it as an artifact."""
         written = write_report(question, sub_questions, sources, claims)
+        if model is not None and claims:
+            written = await with_synthesis(written, model, cache)
         if kb is not None:
             mine = {claim.id for claim in claims}
             known = [e for e in await kb.search(question, limit=10) if e.id not in mine]
@@ -191,3 +200,23 @@ def with_known(report: Report, known: Sequence[KbEntry]) -> Report:
     head, sep, tail = report.markdown.partition("\n## Sources")
     markdown = head.rstrip("\n") + "\n" + "\n".join(lines) + "\n" + sep + tail
     return report.model_copy(update={"markdown": markdown, "known": [e.id for e in known]})
+
+
+async def with_synthesis(report: Report, model: ModelResearcher, cache: SourceCache) -> Report:
+    """The report with the model's synthesis after its findings: only sentences every cited
+    passage says (the rest listed in ``refused``)."""
+    by_id = {s.id: s for s in report.sources}
+    passages: dict[str, str] = {}
+    for claim in report.claims:
+        for citation in claim.citations:
+            text = passage_text(citation.passage, by_id, cache)
+            if text is not None:
+                passages[citation.passage] = text
+    synthesis = await model.synthesize(report.question, report.claims, passages)
+    if not synthesis.sentences:
+        return report.model_copy(update={"refused": list(synthesis.refused)})
+    lines = ["## Synthesis", ""]
+    lines += [f"- {s.text} " + " ".join(f"[{c}]" for c in s.cites) for s in synthesis.sentences]
+    head, sep, tail = report.markdown.partition("\n## Sources")
+    markdown = head.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n" + sep + tail
+    return report.model_copy(update={"markdown": markdown, "refused": list(synthesis.refused)})

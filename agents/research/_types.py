@@ -242,6 +242,8 @@ class Report(_Model):
         markdown: The report as Markdown: every sentence of its findings cites its sources.
         digest: The digest of ``markdown`` as cached (empty when not cached).
         known: The knowledge base's claims on the question from earlier goals (their ids).
+        refused: The model's synthesis sentences refused (one line each: the passage and what
+            it does not say); empty without a model.
     """
 
     question: str
@@ -252,6 +254,7 @@ class Report(_Model):
     markdown: str
     digest: str = ""
     known: list[str] = Field(default_factory=list)
+    refused: list[str] = Field(default_factory=list)
 
     @property
     def unreadable(self) -> list[Source]:
