@@ -26,9 +26,12 @@ from stratagem.agents.research._findings import (
 from stratagem.agents.research._kb import KbEntry, KnowledgeBase
 from stratagem.agents.research._model import ModelResearcher
 from stratagem.agents.research._sources import (
+    MCP_PREFIX,
     FetchLedger,
     FileScopes,
     SourceCache,
+    ToolCaller,
+    fetch_mcp,
     fetch_path,
 )
 from stratagem.agents.research._types import Claim, Passage, Question, Report, Source, SubQuestion
@@ -108,10 +111,13 @@ def research_tools(
     scopes: FileScopes,
     kb: KnowledgeBase | None = None,
     model: ModelResearcher | None = None,
+    call_tool: ToolCaller | None = None,
+    mcp_timeout_s: float = 30.0,
 ) -> list[Tool[Any, Any]]:
     """The research plan's tools, bound to where sources are cached and what may be read, the
     knowledge base the report step keeps its claims in (and reads what was known before), and the
-    model (if any) that writes the sub-questions and a synthesis, each checked."""
+    model (if any) that writes the sub-questions and a synthesis, each checked, and how an MCP
+    source's tool is called (``call_tool``, within ``mcp_timeout_s``)."""
 
     @tool(name="research_scope")
     async def scope(question: str) -> _SubQuestions:
@@ -126,13 +132,19 @@ def research_tools(
 
     @tool(name="research_collect", side_effects=True, idempotent=True)
     async def collect(locator: str, index: int, ctx: ToolContext) -> Source:
-        """Read one source within the file scopes and cache its bytes (once per plan)."""
+        """Read one source (a file within the file scopes, or an MCP server's tool) and cache
+        its bytes (once per plan)."""
         known = ledger.recorded(ctx.plan_id, locator)
         if known is not None:
             return known
-        source = await in_thread(
-            lambda should_stop: fetch_path(f"s{index}", locator, scopes, cache)
-        )
+        if locator.startswith(MCP_PREFIX):
+            source = await fetch_mcp(
+                f"s{index}", locator, call_tool, cache, ctx, timeout_s=mcp_timeout_s
+            )
+        else:
+            source = await in_thread(
+                lambda should_stop: fetch_path(f"s{index}", locator, scopes, cache)
+            )
         ledger.record(ctx.plan_id, locator, source)
         return source
 

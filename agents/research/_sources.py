@@ -9,23 +9,28 @@ crash fetches nothing twice.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
+import json
 import os
+import re
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import parse_qsl
 
 from stratagem.agents.research._types import Source
-from stratagem.planning import ArtifactError, ArtifactProvenance, ArtifactStore
+from stratagem.planning import ArtifactError, ArtifactProvenance, ArtifactStore, ToolContext
 
 __all__ = [
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_SOURCE_BYTES",
+    "MCP_PREFIX",
     "ArtifactSourceCache",
     "DirectorySourceCache",
     "FetchLedger",
@@ -33,8 +38,11 @@ __all__ = [
     "InMemorySourceCache",
     "SourceCache",
     "SourceRefusedError",
+    "ToolCaller",
     "expand_sources",
+    "fetch_mcp",
     "fetch_path",
+    "mcp_tool",
     "source_text",
 ]
 
@@ -199,15 +207,19 @@ class FileScopes:
 
 
 def expand_sources(locators: Sequence[str], scopes: FileScopes, *, base: Path) -> list[str]:
-    """The files the sources name: a folder's text, Markdown and PDF files (sorted), a file as is.
+    """The files the sources name: a folder's text, Markdown and PDF files (sorted), a file as
+    is, an MCP source (``mcp:SERVER.TOOL?key=value``) as given.
 
     Raises:
-        SourceRefusedError: A source outside the scopes, not there, or too many files.
+        SourceRefusedError: A source outside the scopes, not there, an MCP source not of that
+            form, or too many files.
     """
     files: list[str] = []
     for locator in locators:
-        if locator.startswith("mcp:"):
-            raise SourceRefusedError(locator, "MCP sources are not read by this version yet")
+        if locator.startswith(MCP_PREFIX):
+            mcp_tool(locator)  # its form checked; the agent says whether the server answers
+            files.append(locator)
+            continue
         path = Path(locator) if Path(locator).is_absolute() else base / locator
         if not scopes.allows(path):
             raise SourceRefusedError(
@@ -351,3 +363,69 @@ class ArtifactSourceCache:
             return self.store.blobs.get(digest.removeprefix("sha256:"))
         except (ArtifactError, KeyError, OSError, ValueError) as exc:
             raise KeyError(digest) from exc
+
+
+MCP_PREFIX = "mcp:"
+_MCP_LOCATOR = re.compile(r"mcp:([a-z][a-z0-9_-]{0,63})\.([A-Za-z0-9_.-]{1,128})(?:\?(.*))?")
+
+ToolCaller = Callable[[str, dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
+"""Calls one of the agent's tools by name (``ToolRegistry.run_tool``): how an MCP server's tool
+is reached, under the policy that registered it."""
+
+
+def mcp_tool(locator: str) -> tuple[str, dict[str, Any]]:
+    """An MCP source's tool (``server.tool``) and arguments: ``mcp:SERVER.TOOL?key=value&...``.
+
+    Raises:
+        SourceRefusedError: Not of that form.
+    """
+    match = _MCP_LOCATOR.fullmatch(locator)
+    if match is None:
+        raise SourceRefusedError(
+            locator, "an MCP source is mcp:SERVER.TOOL, optionally ?key=value&... arguments"
+        )
+    arguments: dict[str, Any] = dict(parse_qsl(match.group(3) or "", keep_blank_values=True))
+    return f"{match.group(1)}.{match.group(2)}", arguments
+
+
+async def fetch_mcp(
+    source_id: str,
+    locator: str,
+    call_tool: ToolCaller | None,
+    cache: SourceCache,
+    ctx: ToolContext,
+    *,
+    timeout_s: float,
+) -> Source:
+    """Call an MCP server's tool and cache its text as a source; a failure is a recorded
+    ``Source`` (no server attached, the tool failed, it did not answer in time, not text)."""
+
+    def unreadable(reason: str) -> Source:
+        return Source(id=source_id, locator=locator, kind="mcp", fetched_at=time.time(),
+                      status="unreadable", reason=reason[:500])  # fmt: skip
+
+    try:
+        name, arguments = mcp_tool(locator)
+    except SourceRefusedError as exc:
+        return unreadable(str(exc).removeprefix(f"source {locator}: "))
+    if call_tool is None:
+        return unreadable("no MCP server is attached to the agent that runs research")
+    try:
+        async with asyncio.timeout(timeout_s):
+            output = await call_tool(name, arguments, ctx)
+    except TimeoutError:
+        return unreadable(f"the MCP tool {name} did not answer within {timeout_s:g} s")
+    except Exception as exc:  # the tool's failure is the source's, recorded
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return unreadable(f"the MCP tool {name} failed: {first}")
+    text = output.get("text") or ""
+    if not text and output.get("structured") is not None:
+        text = json.dumps(output["structured"], indent=2)
+    data = str(text).encode()
+    if not data.strip():
+        return unreadable(f"the MCP tool {name} answered no text")
+    if len(data) > MAX_SOURCE_BYTES:
+        return unreadable(f"larger than {MAX_SOURCE_BYTES} bytes ({len(data)})")
+    digest = cache.put(data, name=f"{name}.txt", media_type="text/plain")
+    return Source(id=source_id, locator=locator, kind="mcp", digest=digest,
+                  fetched_at=time.time(), status="read", size=len(data))  # fmt: skip

@@ -235,7 +235,7 @@ class AgentActor:
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         self._memory = await attach_memory(self._agent, settings, policy, self._audit)
         # hypotheses.* on every agent; research tools (reading within the file scopes) on perception
-        bind_research_tools(self._agent, settings, self._memory)
+        bind_research_tools(self._agent, settings, self._memory, policy)
         attach_model_planner(
             self._agent,
             settings,

@@ -11,16 +11,32 @@ from stratagem.agents.research import (
     FetchLedger,
     FileScopes,
     KnowledgeBase,
+    ToolCaller,
     hypothesis_tools,
     research_tools,
 )
+from stratagem.planning import PolicyError, ToolContext
+from stratagem.protocol import Policy
 from stratagem.runtime.config._settings import Settings
 
 __all__ = ["bind_research_tools"]
 
 
+def _approved_tools_refused(agent: Agent, policy: Policy | None) -> ToolCaller:
+    """The agent's tools by name, refusing those the policy asks an approval for (a research
+    step is never held at a tool gate, so it does not call them)."""
+    asked = {rule.tool for rule in policy.approvals(agent.role)} if policy else set()
+
+    async def call(name: str, arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        if name in asked:
+            raise PolicyError(f"{name} asks an approval ([[approval]]): research does not call it")
+        return await agent.registry.run_tool(name, arguments, ctx)
+
+    return call
+
+
 def bind_research_tools(
-    agent: Agent, settings: Settings, memory: MemoryStore
+    agent: Agent, settings: Settings, memory: MemoryStore, policy: Policy | None = None
 ) -> list[Tool[Any, Any]]:
     """Give the agent the ``hypotheses.*`` tools (investigations in the deployment's memory,
     postmortems cached under ``settings.research_dir``) and, on the perception agent, replace its
@@ -35,6 +51,7 @@ def bind_research_tools(
             FetchLedger(folder / "fetched"),
             FileScopes.of(settings.research_roots),
             KnowledgeBase(memory),
+            call_tool=_approved_tools_refused(agent, policy),  # an MCP source: server.tool
         )
     for item in bound:
         agent.registry.register(item, replace=True)

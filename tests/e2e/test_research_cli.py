@@ -75,6 +75,7 @@ def test_the_readme_question_over_docs_cites_the_lines_that_say_each_claim(
         ),
         (["--sources", "no-such-folder/"], "error: source no-such-folder/: no such file or folder"),
         ([], "error: --sources: name at least one file or folder"),
+        (["--sources", "mcp:files"], "error: source mcp:files: an MCP source is mcp:SERVER.TOOL"),
     ],
 )
 def test_a_bad_source_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line: str) -> None:

@@ -1,0 +1,64 @@
+"""The research tools as a deployment binds them (runtime/host/_research.py, docs/research.md): an
+MCP source's tool the policy asks an approval for is not called; the others are, by name."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from stratagem.agents import InMemoryMemoryStore, PerceptionAgent, tool
+from stratagem.planning import ToolContext
+from stratagem.protocol import Policy
+from stratagem.runtime import load_settings
+from stratagem.runtime.host._research import bind_research_tools
+
+POLICY = """
+[[approval]]
+agent = "perception"
+tool = "files.delete"
+prompt = "Delete a file"
+"""
+
+
+class Answer(BaseModel):
+    """What an MCP tool answers, as the agent's MCP toolset gives it."""
+
+    text: str
+
+
+def test_an_mcp_tool_that_asks_an_approval_is_not_called_by_research(tmp_path: Path) -> None:
+    called: list[str] = []
+
+    @tool(name="files.read")
+    async def read(path: str) -> Answer:
+        called.append("read")
+        return Answer(text=f"The note at {path} says the plan resumes from its journal.")
+
+    @tool(name="files.delete", side_effects=True)
+    async def delete(path: str) -> Answer:
+        called.append("delete")
+        return Answer(text="deleted")
+
+    agent = PerceptionAgent()
+    agent.registry.register(read)
+    agent.registry.register(delete)
+    settings = load_settings(state_dir=tmp_path / "state", research_scopes=[tmp_path])
+    bind_research_tools(agent, settings, InMemoryMemoryStore(), Policy.from_toml(POLICY))
+    ctx = ToolContext(plan_id="p", step_id="collect-1", attempt=1, agent="perception")
+
+    async def collect(locator: str, index: int) -> dict[str, object]:
+        return await agent.registry.run_tool(
+            "research_collect", {"locator": locator, "index": index}, ctx
+        )
+
+    refused = asyncio.run(collect("mcp:files.delete?path=a.md", 1))
+    assert refused["status"] == "unreadable"
+    assert refused["reason"] == (
+        "the MCP tool files.delete failed: files.delete asks an approval ([[approval]]): "
+        "research does not call it"
+    )
+    read_ = asyncio.run(collect("mcp:files.read?path=a.md", 2))
+    assert (read_["status"], read_["kind"]) == ("read", "mcp")
+    assert called == ["read"]
