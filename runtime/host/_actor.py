@@ -68,7 +68,7 @@ from stratagem.runtime.host._health import StoreWatch
 from stratagem.runtime.host._local import own_log_files, publish_endpoint
 from stratagem.runtime.host._mcp import attach_mcp_servers
 from stratagem.runtime.host._memory import attach_memory
-from stratagem.runtime.host._models import attach_model_planner
+from stratagem.runtime.host._models import attach_model_planner, model_client
 from stratagem.runtime.host._notify import GateOutbox, WebhookSender
 from stratagem.runtime.host._research import bind_research_tools
 from stratagem.runtime.telemetry._telemetry import (
@@ -235,7 +235,10 @@ class AgentActor:
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         self._memory = await attach_memory(self._agent, settings, policy, self._audit)
         # hypotheses.* on every agent; research tools (reading within the file scopes) on perception
-        bind_research_tools(self._agent, settings, self._memory, policy)
+        research_model = model_client(
+            role, settings, api_key=model_api_key, tracer_provider=self._tracer_provider
+        )
+        bind_research_tools(self._agent, settings, self._memory, policy, research_model)
         attach_model_planner(
             self._agent,
             settings,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from stratagem.agents import Agent, MemoryStore, Tool
+from stratagem.agents import Agent, MemoryStore, ModelClient, Tool
 from stratagem.agents.research import (
     DirectorySourceCache,
     FetchLedger,
     FileScopes,
     KnowledgeBase,
+    ModelResearcher,
     ToolCaller,
     hypothesis_tools,
     research_tools,
@@ -36,12 +37,17 @@ def _approved_tools_refused(agent: Agent, policy: Policy | None) -> ToolCaller:
 
 
 def bind_research_tools(
-    agent: Agent, settings: Settings, memory: MemoryStore, policy: Policy | None = None
+    agent: Agent,
+    settings: Settings,
+    memory: MemoryStore,
+    policy: Policy | None = None,
+    model: ModelClient | None = None,
 ) -> list[Tool[Any, Any]]:
     """Give the agent the ``hypotheses.*`` tools (investigations in the deployment's memory,
     postmortems cached under ``settings.research_dir``) and, on the perception agent, replace its
     research tools (which read nothing) with ones that read within ``settings.research_roots``,
-    cache there and keep their claims in the knowledge base; the tools bound."""
+    cache there and keep their claims in the knowledge base, and have ``model`` (the agent's when
+    it plans with one) write the sub-questions and a synthesis; the tools bound."""
     folder = settings.research_dir
     cache = DirectorySourceCache(folder / "blobs")
     bound = hypothesis_tools(memory, cache)
@@ -51,6 +57,7 @@ def bind_research_tools(
             FetchLedger(folder / "fetched"),
             FileScopes.of(settings.research_roots),
             KnowledgeBase(memory),
+            model=ModelResearcher(model) if model is not None else None,
             call_tool=_approved_tools_refused(agent, policy),  # an MCP source: server.tool
         )
     for item in bound:

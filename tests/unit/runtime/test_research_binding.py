@@ -62,3 +62,21 @@ def test_an_mcp_tool_that_asks_an_approval_is_not_called_by_research(tmp_path: P
     read_ = asyncio.run(collect("mcp:files.read?path=a.md", 2))
     assert (read_["status"], read_["kind"]) == ("read", "mcp")
     assert called == ["read"]
+
+
+def test_the_agents_model_writes_the_research_sub_questions(tmp_path: Path) -> None:
+    import json
+
+    from stratagem.agents import ScriptedModelClient
+
+    model = ScriptedModelClient([json.dumps({"sub_questions": ["Where does a plan restart?"]})])
+    agent = PerceptionAgent()
+    settings = load_settings(state_dir=tmp_path / "state", research_scopes=[tmp_path])
+    bind_research_tools(agent, settings, InMemoryMemoryStore(), None, model)
+    ctx = ToolContext(plan_id="p", step_id="scope", attempt=1, agent="perception")
+    scoped = asyncio.run(
+        agent.registry.run_tool("research_scope", {"question": "How does a plan resume?"}, ctx)
+    )
+    texts = [q["text"] for q in scoped["sub_questions"]]
+    assert texts == ["How does a plan resume?", "Where does a plan restart?"]
+    assert len(model.requests) == 1
