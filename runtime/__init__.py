@@ -46,6 +46,11 @@ if TYPE_CHECKING:
         StepView,
         TraceSummary,
     )
+    from stratagem.runtime.operator._memory import (
+        MemoryAccessError,
+        MemoryClient,
+        SyncMemoryClient,
+    )
     from stratagem.runtime.operator._operator import Directory, Operator
     from stratagem.runtime.operator._operator_sync import SyncOperator
     from stratagem.runtime.telemetry._telemetry import (
@@ -83,6 +88,9 @@ _HOME: dict[str, str] = {
     "Operator": "operator._operator",
     "RayDirectory": "host._ray_directory",
     "SyncOperator": "operator._operator_sync",
+    "MemoryAccessError": "operator._memory",
+    "MemoryClient": "operator._memory",
+    "SyncMemoryClient": "operator._memory",
     "authenticator_for": "config._security",
     "cluster_secret": "config._security",
     "credentials_for": "config._security",
@@ -126,6 +134,8 @@ __all__ = [
     "JsonLinesSpanExporter",
     "LaunchError",
     "LocalCluster",
+    "MemoryAccessError",
+    "MemoryClient",
     "Operator",
     "PlanHistory",
     "PlanNotFoundError",
@@ -135,6 +145,7 @@ __all__ = [
     "SpanRecord",
     "StepView",
     "StratagemRuntimeError",
+    "SyncMemoryClient",
     "SyncOperator",
     "TraceSummary",
     "actor_name",

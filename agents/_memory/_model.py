@@ -125,7 +125,8 @@ class MemoryItem:
         created_at: When the key was first written in the namespace (UTC).
         updated_at: When it was last written (UTC).
         expires_at: When it stops being returned (UTC), ``None`` for never.
-        score: From ``search`` only: how well it matched (higher is better), else ``None``.
+        score: From ``search`` with a query only: how well it matched (higher is better; BM25,
+            ``ts_rank_cd`` or cosine, comparable within one search only), else ``None``.
     """
 
     namespace: Namespace

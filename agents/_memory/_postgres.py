@@ -83,6 +83,9 @@ async def _migrate_v1(conn: AsyncConnection, schema: sql.Identifier) -> None:
         q("CREATE INDEX memory_items_tsv ON {s}.memory_items USING GIN (tsv)", schema)
     )
     await conn.execute(
+        q("CREATE INDEX memory_items_recent ON {s}.memory_items (updated_at)", schema)
+    )
+    await conn.execute(
         q(
             "CREATE INDEX memory_items_expiry ON {s}.memory_items (expires_at) "
             "WHERE expires_at IS NOT NULL",
@@ -301,6 +304,7 @@ class PostgresMemoryStore:
                         "ORDER BY updated_at DESC LIMIT %s"
                     ),
                     (low, high, self._clock(), *params, VECTOR_SCAN_LIMIT),
+                    prepare=False,
                 )
                 candidates = await cursor.fetchall()
             best = await asyncio.to_thread(
@@ -317,14 +321,18 @@ class PostgresMemoryStore:
                         "ORDER BY score DESC, namespace, key LIMIT %s"
                     ),
                     (" | ".join(terms), low, high, self._clock(), *params, limit),
+                    # A generic plan (psycopg prepares after 5 runs) cannot tell a broad
+                    # namespace from a narrow one and scans the namespace index: plan each.
+                    prepare=False,
                 )
             else:
                 cursor = await conn.execute(
                     self._q(
-                        f"SELECT {_COLUMNS}, updated_at AS score FROM {{s}}.memory_items "
+                        f"SELECT {_COLUMNS}, NULL::float8 AS score FROM {{s}}.memory_items "
                         f"WHERE {live}{where} ORDER BY updated_at DESC, namespace, key LIMIT %s"
                     ),
                     (low, high, self._clock(), *params, limit),
+                    prepare=False,
                 )
             rows = await cursor.fetchall()
-        return [_item(row, float(row[6])) for row in rows]
+        return [_item(row, None if row[6] is None else float(row[6])) for row in rows]

@@ -59,6 +59,7 @@ from stratagem.protocol._storage._sqlite import (
 __all__ = ["MIGRATIONS", "SqliteMemoryStore", "namespace_range"]
 
 _SWEEP_EVERY: Final = 256  # writes between two sweeps of expired items
+_SMALL_NAMESPACE: Final = 2000  # items: below it, a newest-first read sorts the namespace
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -71,6 +72,7 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute(
         "CREATE INDEX memory_items_expiry ON memory_items (expires_at) WHERE expires_at IS NOT NULL"
     )
+    conn.execute("CREATE INDEX memory_items_recent ON memory_items (updated_at)")
     conn.execute(
         "CREATE VIRTUAL TABLE memory_fts USING fts5(body, content='memory_items', "
         "content_rowid='id', tokenize='porter unicode61')"
@@ -112,6 +114,18 @@ def _item(row: Sequence[Any], score: float | None = None) -> MemoryItem:
         expires_at=None if expires is None else datetime.fromtimestamp(expires, UTC),
         score=score,
     )
+
+
+def _newest_first(conn: sqlite3.Connection, low: str, high: str) -> str:
+    """How to read a namespace's newest items: a namespace of many items along the index of
+    update times (stopping at the first ``limit`` that pass), a small one by its range of the
+    namespace index (sorting what it holds), so neither case reads the whole table."""
+    (count,) = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM memory_items WHERE namespace >= ? AND namespace < ? "
+        "LIMIT ?)",
+        (low, high, _SMALL_NAMESPACE),
+    ).fetchone()
+    return "INDEXED BY memory_items_recent" if count >= _SMALL_NAMESPACE else ""
 
 
 def _fts_query(terms: list[str]) -> str:
@@ -360,6 +374,7 @@ class SqliteMemoryStore:
             if wanted is not None:
                 rows = conn.execute(
                     f"SELECT {columns}, m.embedding FROM memory_items m "
+                    f"{_newest_first(conn, low, high)} "
                     f"WHERE {live}{where} AND m.embedding IS NOT NULL "
                     f"ORDER BY m.updated_at DESC LIMIT ?",
                     (low, high, now, *params, VECTOR_SCAN_LIMIT),
@@ -376,11 +391,12 @@ class SqliteMemoryStore:
                 ).fetchall()
             else:
                 rows = conn.execute(
-                    f"SELECT {columns}, m.updated_at AS score FROM memory_items m "
-                    f"WHERE {live}{where} ORDER BY m.updated_at DESC, m.id DESC LIMIT ?",
+                    f"SELECT {columns}, NULL AS score FROM memory_items m "
+                    f"{_newest_first(conn, low, high)} "
+                    f"WHERE {live}{where} ORDER BY m.updated_at DESC LIMIT ?",
                     (low, high, now, *params, limit),
                 ).fetchall()
-            return [_item(row, float(row[6])) for row in rows]
+            return [_item(row, None if row[6] is None else float(row[6])) for row in rows]
 
         items: list[MemoryItem] = await self._call("search memory", read)
         return items

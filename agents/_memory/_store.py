@@ -119,7 +119,7 @@ class MemoryStore(Protocol):
             limit: The most items to return (1 to ``MemoryLimits.max_results``).
 
         Returns:
-            The items, best match first, each with its ``score``.
+            The items, best match first, each with its ``score`` (``None`` without a query).
         """
         ...
 
@@ -276,7 +276,7 @@ class InMemoryMemoryStore:
                 score = item.updated_at.timestamp()
             scored.append((score, item))
         scored.sort(key=lambda pair: -pair[0])
-        return [replace(item, score=score) for score, item in scored[:limit]]
+        return [replace(item, score=score if terms else None) for score, item in scored[:limit]]
 
     async def sweep(self) -> int:
         now = self._clock()

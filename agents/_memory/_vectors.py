@@ -4,7 +4,8 @@ When a store is given an ``Embedder``, each ``put`` embeds the item's text (``se
 before it writes (an endpoint that fails writes nothing), and ``search`` with a query embeds the
 query and ranks by cosine similarity instead of full text. ``OpenAIEmbedder`` speaks the
 OpenAI-compatible ``POST /v1/embeddings`` (llama.cpp's server with ``--embeddings``, vLLM, Ollama,
-OpenAI).
+OpenAI); an answer of one vector per token (llama-cpp-python's server for a model without a pooling
+type, such as the embedded Gemma) is mean-pooled into one.
 
 The scan is exact and bounded: no vector index ships here (neither sqlite-vec nor pgvector installs
 from this project's package sources), so a search reads the vectors of the namespace's newest
@@ -22,7 +23,7 @@ import urllib.error
 import urllib.request
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from stratagem.agents._errors import AgentError
 
@@ -95,7 +96,7 @@ class OpenAIEmbedder:
             raise EmbeddingError(f"embeddings endpoint {self.url}: {exc}") from None
         try:
             rows = sorted(data["data"], key=lambda row: row["index"])
-            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+            vectors = [_pooled(row["embedding"]) for row in rows]
         except (KeyError, TypeError, ValueError) as exc:
             raise EmbeddingError(
                 f"embeddings endpoint {self.url}: not an embeddings answer ({exc!r})"
@@ -103,6 +104,19 @@ class OpenAIEmbedder:
         if len(vectors) != len(texts) or len({len(v) for v in vectors}) > 1 or not vectors[0]:
             raise EmbeddingError(f"embeddings endpoint {self.url}: {len(vectors)} vectors")
         return vectors
+
+
+def _pooled(embedding: Sequence[Any]) -> list[float]:
+    """One vector: as given, or the mean of the per-token vectors a server without pooling
+    answers (llama-cpp-python's server for a model without a pooling type)."""
+    if embedding and isinstance(embedding[0], list):
+        size = len(embedding[0])
+        if not all(isinstance(token, list) and len(token) == size for token in embedding):
+            raise ValueError("per-token vectors of different lengths")
+        return [
+            math.fsum(float(token[i]) for token in embedding) / len(embedding) for i in range(size)
+        ]
+    return [float(x) for x in embedding]
 
 
 def pack(vector: Sequence[float]) -> bytes:

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "_plans",
     "_research",
     "_worlds",
+    "_memory",
     "_deploy",
     "_ops",
     "_console",

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from stratagem.runtime._console import _api, _pages
+from stratagem.runtime._console import _api, _memory, _pages
 from stratagem.runtime._console._app import Console, ConsoleConfig, SessionGuard
 from stratagem.runtime._console._assets import STATIC
 
@@ -54,6 +54,7 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/knowledge/{claim_id}", _pages.claim, methods=["GET"]),
         Route("/hypotheses", _pages.hypotheses, methods=["GET"]),
         Route("/hypotheses/{investigation}", _pages.investigation, methods=["GET"]),
+        Route("/memory", _memory.memory, methods=["GET"]),
         Route("/api/session", _api.session, methods=["GET"]),
         Route("/api/plans", _api.plans, methods=["GET"]),
         Route("/api/plans/{plan_id:path}", _api.plan, methods=["GET"]),
@@ -64,6 +65,7 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/api/knowledge/{claim_id}", _api.claim, methods=["GET"]),
         Route("/api/hypotheses", _api.hypotheses, methods=["GET"]),
         Route("/api/hypotheses/{investigation}", _api.hypotheses, methods=["GET"]),
+        Route("/api/memory", _memory.memory_api, methods=["GET"]),
         Route("/api/actions/{action}", _api.action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static"),
     ]

@@ -27,6 +27,8 @@ from tests.bench.durable import run_durable_benchmark
 from tests.bench.dynamic import run_map_benchmark, run_workflow_benchmark
 from tests.bench.engine import run_engine_benchmark
 from tests.bench.history import run_history_benchmark
+from tests.bench.memory import HEADING as MEMORY_HEADING
+from tests.bench.memory import memory_section, run_memory_benchmark
 from tests.bench.model_load import model_load_section, run_model_load_benchmark
 from tests.bench.peers import run_peers_benchmark
 from tests.bench.quality import quality_section, run_quality_benchmark
@@ -252,6 +254,20 @@ def _history() -> dict[str, Any]:
     return history
 
 
+def _memory() -> dict[str, Any]:
+    """Memory recall over 100,000 items, SQLite and PostgreSQL."""
+    logger.info("memory: recall over 100,000 items through the store's API")
+    memory = run_memory_benchmark()
+    for target in memory["targets"]:
+        logger.info(
+            "memory: %s recall p50 %.2f ms (target %.0f ms)",
+            target["store"],
+            target["p50_ms"],
+            target["max_ms"],
+        )
+    return memory
+
+
 def _only_history() -> int:
     """``python -m tests.bench history``: this section alone, merged into the last results."""
     return _only_section(
@@ -359,6 +375,8 @@ def main() -> int:
         return _only_workflow()
     if sys.argv[1:] == ["history"]:
         return _only_history()
+    if sys.argv[1:] == ["memory"]:
+        return _only_section("memory", _memory, MEMORY_HEADING, memory_section)
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
     if sys.argv[1:] == ["research"]:
@@ -402,6 +420,7 @@ def main() -> int:
     peers = _section("peers", _peers)
     cli = _section("cli", _cli)
     history = _section("history", _history)
+    memory = _section("memory", _memory)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
     logger.info("research: the question suite over docs/, citation precision and recall")
@@ -421,6 +440,7 @@ def main() -> int:
     results["benchmarks"]["peers"] = peers
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["history"] = history
+    results["benchmarks"]["memory"] = memory
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["model_load"] = model_load
     results["benchmarks"]["research"] = research

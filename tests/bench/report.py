@@ -704,6 +704,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *peers_section(benchmarks.get("peers")),
         *cli_section(benchmarks.get("cli")),
         *history_section(benchmarks.get("history")),
+        *_memory_section(benchmarks.get("memory")),
         *quality_section(benchmarks.get("quality")),
         *research_section(benchmarks.get("research")),
         *model_load_section(benchmarks.get("model_load")),
@@ -1281,6 +1282,12 @@ _HISTORY_CASES: Final = {
     "show": "`plans show`: one plan with every step's record",
     "store_page": "one store's page alone (no gRPC, no merge)",
 }
+
+
+def _memory_section(memory: dict[str, Any] | None) -> list[str]:
+    from tests.bench.memory import memory_section  # it renders with this module's helpers
+
+    return memory_section(memory)
 
 
 def history_section(history: dict[str, Any] | None) -> list[str]:

@@ -97,9 +97,10 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
-        # the A2A one (a script: its commands share a variable).
+        # the A2A one (a script: its commands share a variable); the memory and research ones
+        # among them.
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 3
+        assert len(blocks) == 4
         for block in blocks:
             for command in _commands(block):
                 # The research report goes to the test's folder, not the repository's.

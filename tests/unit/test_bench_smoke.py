@@ -360,3 +360,25 @@ def test_the_research_suite_meets_its_precision_target_and_its_section_renders()
     section = "\n".join(research_section(research))
     assert section.startswith("## Research: citation precision and recall over docs/")
     assert "| How does a plan resume after a crash? |" in section
+
+
+def test_the_memory_benchmark_measures_and_renders() -> None:
+    from tests.bench.memory import MemoryBenchConfig, memory_section, run_memory_benchmark
+
+    config = MemoryBenchConfig(items=300, users=3, vocabulary=50, warmup=1, repeats=2)
+    memory = run_memory_benchmark(MemoryBenchConfig(**{**asdict(config), "postgres": False}))
+    sqlite = memory["stores"]["sqlite"]
+    assert set(sqlite["cases_ms"]) == {
+        "text_all",
+        "text_one",
+        "text_filter",
+        "newest_filter",
+        "get",
+        "put",
+    }
+    assert sqlite["mean_hits_text_all"] > 0
+    assert [t["store"] for t in memory["targets"]] == ["sqlite"]
+    text = "\n".join(memory_section(memory))
+    assert text.startswith("## Memory: recall over 100,000 items")
+    assert "two words over all" in text
+    assert "postgres: skipped: not asked." in text

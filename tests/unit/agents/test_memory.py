@@ -274,3 +274,24 @@ async def test_vector_recall_finds_by_meaning(vector_store: MemoryStore) -> None
     assert [
         i.key for i in await vector_store.search(ns, "automobile", filter={"kind": "todo"})
     ] == ["other"]
+
+
+async def test_sqlite_reads_a_large_namespace_newest_first_along_the_time_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    from stratagem.agents._memory import _sqlite
+
+    monkeypatch.setattr(_sqlite, "_SMALL_NAMESPACE", 3)  # 5 items: read along updated_at
+    store = SqliteMemoryStore(tmp_path / "memory.db", clock=clock)
+    await store.start()
+    try:
+        for i in range(5):
+            clock.now += 1
+            await store.put(("user", "ana"), f"k{i}", {"status": "open" if i % 2 else "done"})
+        clock.now += 1
+        await store.put(("user", "bo"), "k9", {"status": "open"})
+        newest = await store.search(("user", "ana"), filter={"status": "open"}, limit=5)
+        assert [item.key for item in newest] == ["k3", "k1"]
+        assert [item.key for item in await store.search(("user",), limit=2)] == ["k9", "k4"]
+    finally:
+        await store.aclose()

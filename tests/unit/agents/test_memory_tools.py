@@ -3,7 +3,9 @@ shown as the step's output."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,13 +13,25 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from stratagem.agents import InMemoryMemoryStore, PolicedMemory, StrategicAgent, memory_tools
+from stratagem.agents import (
+    Agent,
+    InMemoryMemoryStore,
+    MemoryItem,
+    MemoryStore,
+    PolicedMemory,
+    SqliteMemoryStore,
+    StrategicAgent,
+    ToolRegistry,
+    memory_tools,
+)
+from stratagem.planning import Plan, PlanResult, SqliteStateStore
 from stratagem.protocol import (
     CallContext,
     FailedPreconditionError,
     InMemoryAuditLog,
     PermissionDeniedError,
     Policy,
+    WireModel,
 )
 
 CTX = CallContext(caller="operator", target="strategic", capability="RunPlan", request_id="r")
@@ -125,3 +139,78 @@ async def test_a_step_with_bad_memory_input_fails_naming_it_and_writes_nothing(
     assert "\n" not in str(caught.value)
     assert await store.list(("agent",)) == []
     assert await store.list(("user",)) == []
+
+
+class _HeldStore(SqliteMemoryStore):
+    """A memory file whose put waits, after its write, until ``hold`` is set: the process can
+    stop between the write and the step's recorded result (the case a crash leaves)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.hold = asyncio.Event()
+        self.written = asyncio.Event()
+        self.puts = 0
+
+    async def put(self, *args: Any, **kwargs: Any) -> MemoryItem:
+        item = await super().put(*args, **kwargs)
+        self.puts += 1
+        self.written.set()
+        await self.hold.wait()
+        return item
+
+
+class _NoPlanner:
+    def plan(self, capability: str, request: WireModel, *, plan_id: str) -> Plan:
+        raise AssertionError("this test submits its plan")
+
+    def respond(self, capability: str, request: WireModel, result: PlanResult[Any]) -> WireModel:
+        raise AssertionError("this test submits its plan")
+
+
+def _durable(store: SqliteStateStore, memory: MemoryStore) -> Agent:
+    registry = ToolRegistry("strategic")
+    for item in memory_tools(PolicedMemory(memory, Policy.default(), "strategic")):
+        registry.register(item)
+    return Agent("strategic", registry, Plan, _NoPlanner(), store=store)
+
+
+async def test_a_put_interrupted_after_its_write_runs_again_on_resume_leaving_one_item(
+    tmp_path: Path,
+) -> None:
+    plan = Plan.model_validate(
+        {
+            "id": "remember",
+            "owner": "strategic",
+            "goal": "remember",
+            "steps": [_put("keep", "agent/strategic", "theme", {"text": "loyalty"})],
+        }
+    )
+    memory = _HeldStore(tmp_path / "memory.sqlite3")
+    await memory.start()
+    async with SqliteStateStore(tmp_path / "plans.sqlite3") as first:
+        agent = _durable(first, memory)
+        run = asyncio.create_task(agent.submit_plan(plan))
+        await memory.written.wait()
+        agent.closing()  # the process stops after the write, before the step's result is kept
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    await memory.aclose()
+    kept = SqliteMemoryStore(tmp_path / "memory.sqlite3")
+    await kept.start()
+    first_item = await kept.get(("agent", "strategic"), "theme")
+    assert first_item is not None
+    async with SqliteStateStore(tmp_path / "plans.sqlite3") as second:
+        restarted = _durable(second, kept)
+        assert await restarted.resume_unfinished() == ["remember"]
+        for _ in range(200):  # no gate: an idempotent step in flight runs again by itself
+            [snapshot] = restarted.plans("remember")
+            if snapshot.status in ("succeeded", "failed", "blocked"):
+                break
+            await asyncio.sleep(0.05)
+        assert snapshot.status == "succeeded"
+        await restarted.aclose()
+    items = await kept.list(("agent",))
+    assert [(item.key, item.value) for item in items] == [("theme", {"text": "loyalty"})]
+    assert items[0].created_at == first_item.created_at  # the same item, written again
+    await kept.aclose()
