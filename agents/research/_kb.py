@@ -1,28 +1,65 @@
 """The knowledge base: claims with their citations and confidence, kept in the deployment's memory.
 
-Each claim is one memory item (namespace ``("kb", SCOPE)``, key its claim id), so the knowledge
-base is scoped and kept like memory, recalled by its full-text search, and written again by a
-resumed plan without a duplicate (the same claim has the same key). A claim another kept claim
-contradicts is flagged on both; a claim whose cited source's bytes changed is flagged stale when
-read (``with_staleness``).
+Each claim is one memory item (namespace ``agent/perception/kb``, key its claim id), so the
+knowledge base is scoped, policy-checked, audited and kept like memory, recalled by its full-text
+search, and written again by a resumed plan without a duplicate (the same claim has the same key).
+A claim another kept claim contradicts is flagged on both; a claim whose cited source's bytes
+changed is flagged stale when read (``with_staleness``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.agents._memory import MemoryStore
+from stratagem.agents._memory import JsonValue, MemoryItem
 from stratagem.agents.research._text import negated, overlap, terms
 from stratagem.agents.research._types import Claim, CrossCheck, Report, Source
 
-__all__ = ["KbCitation", "KbEntry", "KnowledgeBase", "kb_export", "kb_markdown", "with_staleness"]
+__all__ = [
+    "KB_NAMESPACE",
+    "Items",
+    "KbCitation",
+    "KbEntry",
+    "KnowledgeBase",
+    "kb_export",
+    "kb_markdown",
+    "with_staleness",
+]
 
-KB_NAMESPACE = "kb"
+KB_NAMESPACE = ("agent", "perception", "kb")
+"""Where the knowledge base is kept: the perception agent's own memory (the default policy lets
+each agent read and write ``agent/<its role>``, the operator every namespace)."""
+
+
+class Items(Protocol):
+    """What the knowledge base and the investigations use of a memory: a ``MemoryStore``, or the
+    ``PolicedMemory`` over it that checks the policy and audits each write."""
+
+    async def put(
+        self, namespace: Sequence[str], key: str, value: JsonValue, *, ttl_s: float | None = None
+    ) -> MemoryItem: ...
+
+    async def get(self, namespace: Sequence[str], key: str) -> MemoryItem | None: ...
+
+    async def list(
+        self, namespace: Sequence[str], *, limit: int = 100, offset: int = 0
+    ) -> Sequence[MemoryItem]: ...
+
+    async def search(
+        self,
+        namespace: Sequence[str],
+        query: str | None = None,
+        *,
+        filter: Mapping[str, JsonValue] | None = None,
+        limit: int = 10,
+    ) -> Sequence[MemoryItem]: ...
+
+
 CONTRADICTION_OVERLAP = 0.5
 
 
@@ -94,11 +131,11 @@ def _entry(claim: Claim, sources: dict[str, Source], question: str, plan_id: str
 
 
 class KnowledgeBase:
-    """Claims kept across research goals, in a ``MemoryStore`` under ``("kb", scope)``."""
+    """Claims kept across research goals, in a memory under ``namespace`` (``KB_NAMESPACE``)."""
 
-    def __init__(self, store: MemoryStore, *, scope: str = "default") -> None:
+    def __init__(self, store: Items, *, namespace: Sequence[str] = KB_NAMESPACE) -> None:
         self.store = store
-        self.namespace = (KB_NAMESPACE, scope)
+        self.namespace = tuple(namespace)
 
     async def get(self, claim_id: str) -> KbEntry | None:
         """One kept claim, or ``None``."""

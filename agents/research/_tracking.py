@@ -1,9 +1,10 @@
 """Investigations: a hypothesis tracker kept in the deployment's memory, and the tools plans use.
 
-An investigation is one memory item (namespace ``("hypotheses",)``, key its id): its context, its
-reproduction, its ``HypothesisTracker``, its root cause, fix and postmortem. Any agent's plans reach
-it through the ``hypotheses.*`` tools; each tool is idempotent (a resumed plan runs an interrupted
-step again without a second piece of evidence: evidence is keyed by the step that observed it).
+An investigation is one memory item (namespace ``agent/<role>/hypotheses``, key its id): its
+context, its reproduction, its ``HypothesisTracker``, its root cause, fix and postmortem. Any
+agent's plans reach it through the ``hypotheses.*`` tools; each tool is idempotent (a resumed plan
+runs an interrupted step again without a second piece of evidence: evidence is keyed by the step
+that observed it).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stratagem.agents._memory import MemoryStore
 from stratagem.agents._tool import Tool, tool
 from stratagem.agents.research._hypotheses import HypothesisState, HypothesisTracker
+from stratagem.agents.research._kb import Items
 from stratagem.agents.research._sources import SourceCache
 from stratagem.agents.research._types import DecisionRow, Evidence, Hypothesis
 from stratagem.planning import LogicError, ToolContext
@@ -29,7 +30,9 @@ __all__ = [
     "postmortem_markdown",
 ]
 
-HYPOTHESES_NAMESPACE = ("hypotheses",)
+HYPOTHESES = "hypotheses"
+"""The last part of an investigation's namespace: ``agent/<role>/hypotheses``, the memory of the
+agent whose plan opened it."""
 HYPOTHESIS_TOOLS = ("hypotheses.open", "hypotheses.add", "hypotheses.test", "hypotheses.postmortem")
 """The tools plans use to track an investigation, in the order a debug plan calls them."""
 HOLDS = 0.75
@@ -66,26 +69,28 @@ class Investigation(BaseModel):
 
 
 class Investigations:
-    """The investigations kept in a ``MemoryStore`` (one writer at a time in this process)."""
+    """The investigations kept in a memory under ``agent/<role>/hypotheses`` (one writer at a
+    time in this process)."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: Items, *, role: str = "perception") -> None:
         self.store = store
+        self.namespace = ("agent", role, HYPOTHESES)
         self._lock = asyncio.Lock()
 
     async def get(self, investigation_id: str) -> Investigation | None:
         """One investigation, or ``None``."""
-        item = await self.store.get(HYPOTHESES_NAMESPACE, investigation_id)
+        item = await self.store.get(self.namespace, investigation_id)
         return None if item is None else Investigation.model_validate(item.value)
 
     async def all(self, *, limit: int = 1000) -> list[Investigation]:
         """Every investigation, by id."""
-        items = await self.store.list(HYPOTHESES_NAMESPACE, limit=limit)
+        items = await self.store.list(self.namespace, limit=limit)
         return [Investigation.model_validate(item.value) for item in items]
 
     async def put(self, investigation: Investigation) -> None:
         """Keep an investigation as it is."""
         value: Any = investigation.model_dump(mode="json")
-        await self.store.put(HYPOTHESES_NAMESPACE, investigation.id, value)
+        await self.store.put(self.namespace, investigation.id, value)
 
     async def _known(self, investigation_id: str) -> Investigation:
         found = await self.get(investigation_id)
@@ -156,10 +161,12 @@ def postmortem_markdown(investigation: Investigation) -> str:
     return "\n".join(lines)
 
 
-def hypothesis_tools(store: MemoryStore, cache: SourceCache) -> list[Tool[Any, Any]]:
-    """The ``hypotheses.*`` tools over the investigations in ``store``; postmortems are cached in
-    ``cache`` (an artifact by digest)."""
-    kept = Investigations(store)
+def hypothesis_tools(
+    store: Items, cache: SourceCache, *, role: str = "perception"
+) -> list[Tool[Any, Any]]:
+    """The ``hypotheses.*`` tools over the investigations in ``store`` (``role``'s namespace);
+    postmortems are cached in ``cache`` (an artifact by digest)."""
+    kept = Investigations(store, role=role)
 
     @tool(name="hypotheses.open", side_effects=True, idempotent=True)
     async def open_(investigation: str, context: DebugContext, reproduction: str = "") -> _Opened:

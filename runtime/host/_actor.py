@@ -238,7 +238,9 @@ class AgentActor:
         research_model = model_client(
             role, settings, api_key=model_api_key, tracer_provider=self._tracer_provider
         )
-        bind_research_tools(self._agent, settings, self._memory, policy, research_model)
+        bind_research_tools(
+            self._agent, settings, self._memory, policy, research_model, self._audit
+        )
         attach_model_planner(
             self._agent,
             settings,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stratagem.agents import Agent, MemoryStore, ModelClient, Tool
+from stratagem.agents import Agent, MemoryStore, ModelClient, PolicedMemory, Tool
 from stratagem.agents.research import (
     DirectorySourceCache,
     FetchLedger,
@@ -17,7 +17,7 @@ from stratagem.agents.research import (
     research_tools,
 )
 from stratagem.planning import PolicyError, ToolContext
-from stratagem.protocol import Policy
+from stratagem.protocol import AuditLog, Policy
 from stratagem.runtime.config._settings import Settings
 
 __all__ = ["bind_research_tools"]
@@ -42,6 +42,7 @@ def bind_research_tools(
     memory: MemoryStore,
     policy: Policy | None = None,
     model: ModelClient | None = None,
+    audit: AuditLog | None = None,
 ) -> list[Tool[Any, Any]]:
     """Give the agent the ``hypotheses.*`` tools (investigations in the deployment's memory,
     postmortems cached under ``settings.research_dir``) and, on the perception agent, replace its
@@ -50,13 +51,15 @@ def bind_research_tools(
     it plans with one) write the sub-questions and a synthesis; the tools bound."""
     folder = settings.research_dir
     cache = DirectorySourceCache(folder / "blobs")
-    bound = hypothesis_tools(memory, cache)
+    # Under the policy ([[memory]]: each agent its own agent/<role>), each write audited.
+    kept = PolicedMemory(memory, policy, agent.role, audit) if policy is not None else memory
+    bound = hypothesis_tools(kept, cache, role=agent.role)
     if agent.role == "perception":
         bound += research_tools(
             cache,
             FetchLedger(folder / "fetched"),
             FileScopes.of(settings.research_roots),
-            KnowledgeBase(memory),
+            KnowledgeBase(kept),
             model=ModelResearcher(model) if model is not None else None,
             call_tool=_approved_tools_refused(agent, policy),  # an MCP source: server.tool
         )

@@ -177,21 +177,26 @@ async def knowledge(
 
 
 async def investigations(settings: Settings, investigation_id: str = "") -> list[Investigation]:
-    """The deployment's investigations (the ``hypotheses.*`` tools keep them in its memory):
-    every one, or the one named (none when unknown).
+    """The deployment's investigations (the ``hypotheses.*`` tools keep them in each agent's
+    memory, ``agent/<role>/hypotheses``): every one, or the one named (none when unknown).
 
     Raises:
         StorageError: The memory cannot be opened.
     """
-    from stratagem.agents.research import Investigations
+    from stratagem.agents.research import Investigation
+    from stratagem.agents.research._tracking import HYPOTHESES
     from stratagem.runtime.config._memory import open_memory_store
 
     store = await open_memory_store(settings)
     try:
-        kept = Investigations(store)
-        if investigation_id:
-            found = await kept.get(investigation_id)
-            return [] if found is None else [found]
-        return await kept.all()
+        items = await store.list(("agent",), limit=1000)
     finally:
         await store.aclose()
+    found = [
+        Investigation.model_validate(item.value)
+        for item in items
+        if len(item.namespace) == 3 and item.namespace[2] == HYPOTHESES
+    ]
+    if investigation_id:
+        return [i for i in found if i.id == investigation_id][:1]
+    return sorted(found, key=lambda i: i.id)

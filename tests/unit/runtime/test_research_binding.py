@@ -80,3 +80,53 @@ def test_the_agents_model_writes_the_research_sub_questions(tmp_path: Path) -> N
     texts = [q["text"] for q in scoped["sub_questions"]]
     assert texts == ["How does a plan resume?", "Where does a plan restart?"]
     assert len(model.requests) == 1
+
+
+def test_the_knowledge_base_and_investigations_are_written_under_the_policy_and_audited(
+    tmp_path: Path,
+) -> None:
+    from stratagem.protocol import InMemoryAuditLog
+
+    (tmp_path / "a.md").write_text(
+        "# Notes\n\nA plan that stopped in a crash is resumed from its journal.\n"
+    )
+    agent = PerceptionAgent()
+    settings = load_settings(state_dir=tmp_path / "state", research_scopes=[tmp_path])
+    audit = InMemoryAuditLog()
+    memory = InMemoryMemoryStore()
+    bind_research_tools(agent, settings, memory, Policy.default(), None, audit)
+    ctx = ToolContext(plan_id="p", step_id="s", attempt=1, agent="perception")
+
+    async def go() -> None:
+        source = await agent.registry.run_tool(
+            "research_collect", {"locator": str(tmp_path / "a.md"), "index": 1}, ctx
+        )
+        scoped = await agent.registry.run_tool(
+            "research_scope", {"question": "How does a plan resume after a crash?"}, ctx
+        )
+        passages = await agent.registry.run_tool(
+            "research_recall", {"sub_questions": scoped["sub_questions"], "sources": [source]}, ctx
+        )
+        claims = await agent.registry.run_tool(
+            "research_claims",
+            {"sub_questions": scoped["sub_questions"], "passages": passages["passages"]},
+            ctx,
+        )
+        await agent.registry.run_tool(
+            "research_report",
+            {"question": "How does a plan resume after a crash?",
+             "sub_questions": scoped["sub_questions"], "sources": [source],
+             "claims": claims["claims"]},
+            ctx,
+        )  # fmt: skip
+        await agent.registry.run_tool(
+            "hypotheses.open", {"investigation": "inv", "context": {"symptom": "x"}}, ctx
+        )
+
+    asyncio.run(go())
+    written = [r for r in audit.records() if r.action.startswith("memory.")]
+    namespaces = {r.target for r in written}
+    assert any("agent/perception/kb" in t for t in namespaces), namespaces
+    assert any("agent/perception/hypotheses" in t for t in namespaces), namespaces
+    kept = asyncio.run(memory.list(("agent", "perception", "kb")))
+    assert len(kept) == 1
