@@ -122,6 +122,8 @@ def memory_put(
     """
     with _errors():
         data = _value(value, "--value")
+        if ttl is not None and not 0 < ttl < float("inf"):
+            _fail(f"--ttl: must be a positive number of seconds, got {ttl:g}", 2)
         with _client(state_dir) as memory:
             item = memory.put(namespace, key, data, ttl_s=ttl)
         if as_json:

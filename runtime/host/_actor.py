@@ -390,7 +390,8 @@ class AgentActor:
         await self._notices.aclose()
         for toolset in self._mcp:
             await toolset.aclose()
-        await self._memory.aclose()
+        if self._memory is not None:
+            await self._memory.aclose()
         close = getattr(self._outbound, "aclose", None)
         if close is not None:
             await close()  # the A2A dispatcher closes the gRPC one it wraps

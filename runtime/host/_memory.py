@@ -18,9 +18,12 @@ logger = logging.getLogger(__name__)
 
 async def attach_memory(
     agent: Agent, settings: Settings, policy: Policy, audit: AuditLog | None
-) -> MemoryStore:
+) -> MemoryStore | None:
     """Open the deployment's memory and register on ``agent`` the memory tools the policy grants
-    it (none when no ``[[memory]]`` rule names it); the store, for the actor to close."""
+    it; the store, for the actor to close. ``None``, nothing opened, when no ``[[memory]]`` rule
+    grants the agent anything (the shipped policy's case)."""
+    if not any(rule.caller in (agent.role, "*") for rule in policy.memory_rules):
+        return None
     store = await open_memory_store(settings)
     tools = memory_tools(PolicedMemory(store, policy, agent.role, audit))
     for item in tools:

@@ -44,11 +44,11 @@ def test_memory_rules_grant_by_prefix_and_deny_by_default() -> None:
     assert not Policy().allows_memory("operator", ("user", "ana"), "read")
 
 
-def test_default_policy_gives_the_operator_everything_and_each_agent_its_own() -> None:
+def test_default_policy_gives_the_operator_everything_and_agents_nothing() -> None:
     policy = Policy.default()
     assert policy.allows_memory("operator", ("user", "ana"), "write")
-    assert policy.allows_memory("perception", ("agent", "perception"), "write")
-    assert not policy.allows_memory("perception", ("agent", "tactical"), "read")
+    assert not policy.allows_memory("perception", ("agent", "perception"), "write")
+    assert not policy.allows_memory("perception", ("agent", "perception"), "read")
     assert not policy.allows_memory("perception", ("user", "ana"), "read")
 
 

@@ -46,10 +46,17 @@ def _put(step: str, namespace: str, key: Any, value: Any, **more: Any) -> dict[s
     return {"kind": "tool", "id": step, "tool": "memory.put", "input": data}
 
 
+OWN = Policy.from_toml(
+    '[[memory]]\ncaller = "*"\nnamespaces = ["agent/{caller}"]\naccess = ["read", "write"]\n'
+)
+"""Each agent its own namespace (the rule docs/artifacts-memory.md shows)."""
+
+
 def test_the_policy_decides_which_memory_tools_an_agent_gets() -> None:
     store = InMemoryMemoryStore()
-    default = Policy.default()
-    assert [t.name for t in memory_tools(PolicedMemory(store, default, "strategic"))] == [
+    # The shipped policy gives agents no memory: their tools stay as they were.
+    assert memory_tools(PolicedMemory(store, Policy.default(), "strategic")) == []
+    assert [t.name for t in memory_tools(PolicedMemory(store, OWN, "strategic"))] == [
         "memory.put",
         "memory.get",
         "memory.search",
@@ -62,7 +69,7 @@ def test_the_policy_decides_which_memory_tools_an_agent_gets() -> None:
         "memory.search",
     ]
     assert memory_tools(PolicedMemory(store, reader, "b")) == []
-    put = memory_tools(PolicedMemory(store, default, "strategic"))[0]
+    put = memory_tools(PolicedMemory(store, OWN, "strategic"))[0]
     # Exactly-once under the engine's rules: an interrupted put is run again on resume.
     assert (put.side_effects, put.idempotent) == (True, True)
 
@@ -73,7 +80,7 @@ async def test_a_plan_puts_gets_and_searches_memory_traced_and_audited() -> None
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    memory = PolicedMemory(store, Policy.default(), "strategic", audit)
+    memory = PolicedMemory(store, OWN, "strategic", audit)
     agent = StrategicAgent(tools=memory_tools(memory), tracer_provider=provider)
     plan = _plan(
         "remember",
@@ -132,7 +139,7 @@ async def test_a_step_with_bad_memory_input_fails_naming_it_and_writes_nothing(
     step: dict[str, Any], refusal: type[Exception], message: str
 ) -> None:
     store = InMemoryMemoryStore()
-    agent = StrategicAgent(tools=memory_tools(PolicedMemory(store, Policy.default(), "strategic")))
+    agent = StrategicAgent(tools=memory_tools(PolicedMemory(store, OWN, "strategic")))
     with pytest.raises(refusal) as caught:
         await agent.run_plan(_plan("bad", [step]), CTX)
     assert message in str(caught.value)
@@ -169,7 +176,7 @@ class _NoPlanner:
 
 def _durable(store: SqliteStateStore, memory: MemoryStore) -> Agent:
     registry = ToolRegistry("strategic")
-    for item in memory_tools(PolicedMemory(memory, Policy.default(), "strategic")):
+    for item in memory_tools(PolicedMemory(memory, OWN, "strategic")):
         registry.register(item)
     return Agent("strategic", registry, Plan, _NoPlanner(), store=store)
 

@@ -67,12 +67,12 @@ def test_put_get_list_search_delete_round_trip(tmp_path: Path) -> None:
         (
             ["put", "-n", "user/ana", "-k", "k", "-v", "1", "--ttl", "0"],
             2,
-            "ttl_s: must be positive",
+            "--ttl: must be a positive number of seconds",
         ),
         (
             ["put", "-n", "user/ana", "-k", "k", "-v", "1", "--ttl", "-3"],
             2,
-            "ttl_s: must be positive",
+            "--ttl: must be a positive number of seconds",
         ),
         (["put", "-n", "user//ana", "-k", "k", "-v", "1"], 2, "namespace: part ''"),
         (["put", "-n", "user/ana", "-k", "", "-v", "1"], 2, "key: must have 1 to 512"),
