@@ -17,6 +17,7 @@ from stratagem.agents.research._findings import (
 )
 from stratagem.agents.research._hypotheses import HypothesisState, HypothesisTracker
 from stratagem.agents.research._kb import (
+    KB_NAMESPACE,
     KbCitation,
     KbEntry,
     KnowledgeBase,
@@ -75,6 +76,7 @@ from stratagem.agents.research._types import (
 
 __all__ = [
     "HYPOTHESIS_TOOLS",
+    "KB_NAMESPACE",
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_QUESTION_CHARS",

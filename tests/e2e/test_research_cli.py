@@ -17,6 +17,18 @@ STRATAGEM = str(Path(sys.executable).parent / "stratagem")
 REPO = Path(__file__).resolve().parents[2]
 
 
+SHIPPED_POLICY = (REPO / "protocol" / "default_policy.toml").read_text(encoding="utf-8")
+# The knowledge base and the hypotheses tools keep what they find in the agents' own memory,
+# which a policy file grants (the shipped policy grants agents none).
+GRANTS = '[[memory]]\ncaller = "*"\nnamespaces = ["agent/{caller}"]\naccess = ["read", "write"]\n'
+
+
+def _granting_policy(folder: Path) -> str:
+    path = folder / "policy.toml"
+    path.write_text(SHIPPED_POLICY + "\n" + GRANTS, encoding="utf-8")
+    return str(path)
+
+
 def run(*args: str, state_dir: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, STRATAGEM_STATE_DIR=str(state_dir), COLUMNS="160", **env_extra)
     env.pop("RAY_ADDRESS", None)
@@ -42,6 +54,7 @@ def test_the_readme_question_over_docs_cites_the_lines_that_say_each_claim(
         "--sources", str(odd), "--embedded", "--json", "--timeout", "300",
         state_dir=tmp_path / "state",
         STRATAGEM_RESEARCH_SCOPES=f"{REPO},{odd.parent}",
+        STRATAGEM_POLICY_FILE=_granting_policy(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
@@ -113,7 +126,10 @@ def test_the_debug_template_plan_finds_its_root_cause_and_hypotheses_show_it(
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
-    ran = run("plans", "run", "examples/plans/debug.yaml", "--embedded", "--json", state_dir=state)
+    ran = run(
+        "plans", "run", "examples/plans/debug.yaml", "--embedded", "--json", state_dir=state,
+        STRATAGEM_POLICY_FILE=_granting_policy(tmp_path),
+    )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     steps = {s["id"]: s["status"] for s in json.loads(ran.stdout)["steps"]}
     assert (steps["fix_text"], steps["fix_scope"], steps["escalate"]) == (

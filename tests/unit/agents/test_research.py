@@ -43,6 +43,7 @@ from stratagem.planning import Engine, InMemoryStateStore, validate_plan
 
 EXPORTS = [
     "HYPOTHESIS_TOOLS",
+    "KB_NAMESPACE",
     "MAX_FILES",
     "MAX_PDF_PAGES",
     "MAX_QUESTION_CHARS",

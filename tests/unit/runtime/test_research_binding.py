@@ -14,6 +14,14 @@ from stratagem.protocol import Policy
 from stratagem.runtime import load_settings
 from stratagem.runtime.host._research import bind_research_tools
 
+SHIPPED = (Path(__file__).resolve().parents[3] / "protocol" / "default_policy.toml").read_text()
+GRANTS = """
+[[memory]]
+caller = "*"
+namespaces = ["agent/{caller}"]
+access = ["read", "write"]
+"""
+
 POLICY = """
 [[approval]]
 agent = "perception"
@@ -94,7 +102,7 @@ def test_the_knowledge_base_and_investigations_are_written_under_the_policy_and_
     settings = load_settings(state_dir=tmp_path / "state", research_scopes=[tmp_path])
     audit = InMemoryAuditLog()
     memory = InMemoryMemoryStore()
-    bind_research_tools(agent, settings, memory, Policy.default(), None, audit)
+    bind_research_tools(agent, settings, memory, Policy.from_toml(SHIPPED + GRANTS), None, audit)
     ctx = ToolContext(plan_id="p", step_id="s", attempt=1, agent="perception")
 
     async def go() -> None:
@@ -130,3 +138,21 @@ def test_the_knowledge_base_and_investigations_are_written_under_the_policy_and_
     assert any("agent/perception/hypotheses" in t for t in namespaces), namespaces
     kept = asyncio.run(memory.list(("agent", "perception", "kb")))
     assert len(kept) == 1
+
+
+def test_under_the_shipped_policy_research_keeps_nothing_and_no_agent_gets_hypotheses(
+    tmp_path: Path,
+) -> None:
+    from stratagem.agents import StrategicAgent
+    from stratagem.agents.research import HYPOTHESIS_TOOLS
+
+    settings = load_settings(state_dir=tmp_path / "state", research_scopes=[tmp_path])
+    perception, strategic = PerceptionAgent(), StrategicAgent()
+    for agent in (perception, strategic):
+        bind_research_tools(agent, settings, InMemoryMemoryStore(), Policy.default())
+        assert not set(HYPOTHESIS_TOOLS) & set(agent.registry.names())
+    granted = StrategicAgent()
+    bind_research_tools(
+        granted, settings, InMemoryMemoryStore(), Policy.from_toml(SHIPPED + GRANTS)
+    )
+    assert set(HYPOTHESIS_TOOLS) <= set(granted.registry.names())
