@@ -123,7 +123,7 @@ def run_research_benchmark() -> dict[str, Any]:
         },
         "target_precision": TARGET_PRECISION,
         "met": precision >= TARGET_PRECISION,
-        "model": {"skipped": "no model path yet: the research path is extractive only"},
+        "model": {"skipped": "not measured (ModelResearcher is tested with a scripted model only)"},
     }
 
 
