@@ -42,6 +42,12 @@ from stratagem.agents._extract import (
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._tool import Tool, tool
 from stratagem.agents._world import WorldModel, WorldStore
+from stratagem.agents.research import (
+    FetchLedger,
+    FileScopes,
+    InMemorySourceCache,
+    research_tools,
+)
 from stratagem.planning import (
     Dispatcher,
     EngineConfig,
@@ -646,7 +652,12 @@ class PerceptionAgent(RoleAgent):
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
-            tools=perception_tools(self.worlds),
+            # The research tools read nothing here (no file scope): a deployment's agent
+            # replaces them with tools bound to its cache and scopes (runtime/host/_research.py).
+            tools=[
+                *perception_tools(self.worlds),
+                *research_tools(InMemorySourceCache(), FetchLedger(None), FileScopes(())),
+            ],
         )
 
     @property

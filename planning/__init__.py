@@ -6,6 +6,34 @@ describes how the names fit the layers around this one.
 
 from typing import TYPE_CHECKING
 
+from stratagem.planning._artifacts import (
+    ARTIFACT_MAX_BYTES,
+    ARTIFACT_NAME_PATTERN,
+    ARTIFACT_REF_KEY,
+    ARTIFACT_SCOPES,
+    ArtifactCorruptError,
+    ArtifactError,
+    ArtifactIndex,
+    ArtifactInputError,
+    ArtifactLineage,
+    ArtifactNotFoundError,
+    ArtifactProvenance,
+    ArtifactRecord,
+    ArtifactRef,
+    ArtifactRetention,
+    ArtifactsConfig,
+    ArtifactScope,
+    ArtifactStorageError,
+    ArtifactStore,
+    ArtifactSweep,
+    ArtifactTooLargeError,
+    BlobStore,
+    FileBlobStore,
+    InMemoryArtifactIndex,
+    InMemoryBlobStore,
+    SqliteArtifactIndex,
+    blob_digest,
+)
 from stratagem.planning._dag import find_cycle, topological_layers
 from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, Handler, InMemoryDispatcher
 from stratagem.planning._engine import (
@@ -112,18 +140,46 @@ from stratagem.planning._validate import validate_plan
 from stratagem.protocol._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from stratagem.planning._artifacts._postgres import PostgresArtifactIndex
     from stratagem.planning._store._postgres import PostgresStateStore
 
 # The PostgreSQL backend needs psycopg, which the `postgres` extra installs: imported on first use,
 # so that the package works without it.
-__getattr__ = lazy_exports(__name__, {"PostgresStateStore": "._store._postgres"})
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresStateStore": "._store._postgres",
+        "PostgresArtifactIndex": "._artifacts._postgres",
+    },
+)
 
 __all__ = [
+    "ARTIFACT_MAX_BYTES",
+    "ARTIFACT_NAME_PATTERN",
+    "ARTIFACT_REF_KEY",
+    "ARTIFACT_SCOPES",
     "DECIDER_PATTERN",
     "FAILURE_CODES",
     "SCHEMA_CHECK_SECONDS",
     "STEP_ID_PATTERN",
     "TIMEOUT_APPROVER",
+    "ArtifactCorruptError",
+    "ArtifactError",
+    "ArtifactIndex",
+    "ArtifactInputError",
+    "ArtifactLineage",
+    "ArtifactNotFoundError",
+    "ArtifactProvenance",
+    "ArtifactRecord",
+    "ArtifactRef",
+    "ArtifactRetention",
+    "ArtifactScope",
+    "ArtifactStorageError",
+    "ArtifactStore",
+    "ArtifactSweep",
+    "ArtifactTooLargeError",
+    "ArtifactsConfig",
+    "BlobStore",
     "BreakerState",
     "Budget",
     "BudgetRecord",
@@ -142,6 +198,7 @@ __all__ = [
     "Expression",
     "ExpressionError",
     "FailureClass",
+    "FileBlobStore",
     "Fork",
     "ForkError",
     "GateDeciderError",
@@ -156,6 +213,8 @@ __all__ = [
     "GateValueError",
     "Handler",
     "HistoryQuery",
+    "InMemoryArtifactIndex",
+    "InMemoryBlobStore",
     "InMemoryDispatcher",
     "InMemoryStateStore",
     "IterationRecord",
@@ -176,6 +235,7 @@ __all__ = [
     "PlanningError",
     "PlanningMetrics",
     "PolicyError",
+    "PostgresArtifactIndex",
     "PostgresStateStore",
     "Provenance",
     "Record",
@@ -187,6 +247,7 @@ __all__ = [
     "Revision",
     "RevisionDiff",
     "RevisionRecord",
+    "SqliteArtifactIndex",
     "SqliteStateStore",
     "StateStore",
     "Step",
@@ -210,6 +271,7 @@ __all__ = [
     "ToolRunner",
     "ToolStep",
     "TransientError",
+    "blob_digest",
     "code_for_failure_class",
     "diff_plans",
     "expr",

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "_ask",
     "_agents",
     "_plans",
+    "_research",
     "_worlds",
     "_memory",
     "_deploy",

@@ -138,7 +138,7 @@ def describe(
                 fields = json.loads(c.request_schema).get("properties", {})
                 table.add_row(c.name, c.version, ", ".join(fields))
             console.print(table)
-            console.print(f"tools: {', '.join(card.tools)}", highlight=False, soft_wrap=True)
+            console.print(f"tools: {', '.join(card.tools)}", highlight=False)  # wraps: a long list
             return
         c = chosen[0]
         console.print(f"[bold]{card.role}.{c.name}[/] version {c.version}", highlight=False)

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 # _load_runtime), not when the module is, so `stratagem --help` and `--version` never load Ray,
 # gRPC, OpenTelemetry's SDK or pydantic. A module with no names is bound under its own name.
 _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
+    "yaml": (),
     "pydantic": ("ValidationError",),
     "rich.live": ("Live",),
     "rich.table": ("Table",),
@@ -89,6 +90,12 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
     "stratagem.runtime.operator._ask": ("ask_request", "goal_file_asks", "steps_table"),
     "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
+    "stratagem.runtime.operator._research": (
+        "ResearchOutcome",
+        "investigations",
+        "knowledge",
+        "research_plan_for",
+    ),
     "stratagem.runtime.host._local": ("LaunchError", "LocalCluster", "read_published"),
     "stratagem.runtime.host._ray_directory": ("RayDirectory",),
     "stratagem.runtime.operator._operator": (
@@ -135,6 +142,13 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
 _AGENT_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.agents": ("DEMO_GOAL",),
     "stratagem.runtime.operator._memory": ("SyncMemoryClient",),
+    "stratagem.agents.research": (
+        "Investigation",
+        "KbEntry",
+        "kb_export",
+        "kb_markdown",
+        "postmortem_markdown",
+    ),
 }
 # What joins Ray: imported only by the commands that do (see _deployment, _load_ray).
 _RAY_IMPORTS: dict[str, tuple[str, ...]] = {

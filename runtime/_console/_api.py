@@ -19,6 +19,7 @@ from stratagem.protocol import InvalidArgumentError, json_object
 from stratagem.runtime._console._auth import CSRF_HEADER, Session
 from stratagem.runtime._console._data import READ_ERRORS, Decision, Gate, act, problem_line
 from stratagem.runtime._console._pages import _console, _filters, csrf_ok
+from stratagem.runtime._console._research import claim_view, investigation_views, knowledge_view
 from stratagem.runtime.operator._input import InputError, PlanNotFoundError
 
 __all__ = ["MAX_ACTION_BYTES", "action", "agents", "audit", "gates", "plan", "plans", "session"]
@@ -217,3 +218,41 @@ async def _bounded_body(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def knowledge(request: Request) -> JSONResponse:
+    """``GET /api/knowledge?q=``: the kept claims (as ``kb list --json``)."""
+    query = request.query_params.get("q", "")[:2000]
+    entries, problem = await knowledge_view(_console(request).data.operator.settings, query)
+    if problem:
+        return _json({"error": problem}, 503)
+    return _json([e.model_dump(mode="json") for e in entries])
+
+
+async def claim(request: Request) -> JSONResponse:
+    """``GET /api/knowledge/{claim_id}``: one claim and the lines each citation points at."""
+    claim_id = request.path_params["claim_id"]
+    entry, passages, problem = await claim_view(_console(request).data.operator.settings, claim_id)
+    if problem:
+        return _json({"error": problem}, 503)
+    if entry is None:
+        return _json({"error": f"no claim {claim_id[:80]} in the knowledge base"}, 404)
+    return _json(
+        entry.model_dump(mode="json") | {"passages": [dataclasses.asdict(p) for p in passages]}
+    )
+
+
+async def hypotheses(request: Request) -> JSONResponse:
+    """``GET /api/hypotheses`` (or ``/api/hypotheses/{investigation}``): the investigations."""
+    name = request.path_params.get("investigation", "")
+    found, problem = await investigation_views(_console(request).data.operator.settings, name)
+    if problem:
+        return _json({"error": problem}, 503)
+    if name and not found:
+        return _json({"error": f"no investigation {name[:80]}"}, 404)
+    views = [
+        i.model_dump(mode="json")
+        | {"ranked": [s.model_dump(mode="json") for s in i.tracker.ranked()]}
+        for i in found
+    ]
+    return _json(views[0] if name else views)

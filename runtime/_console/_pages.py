@@ -31,6 +31,7 @@ from stratagem.runtime._console._data import (
     decision_from_form,
     problem_line,
 )
+from stratagem.runtime._console._research import claim_view, investigation_views, knowledge_view
 from stratagem.runtime.operator._input import InputError, PlanNotFoundError
 
 __all__ = [
@@ -461,3 +462,48 @@ async def audit(request: Request) -> Response:
     console = _console(request)
     check, problem = await console.data.audit(AUDIT_RECORDS)
     return console.page(request, "audit.html", check=check, problem=problem)
+
+
+_CLAIM_ID = re.compile(r"c-[0-9a-f]{12}")
+_INVESTIGATION_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+async def knowledge(request: Request) -> Response:
+    """The knowledge base: each kept claim, its confidence and flags (``?q=`` recalls by words)."""
+    console = _console(request)
+    query = request.query_params.get("q", "")[:2000]
+    entries, problem = await knowledge_view(console.data.operator.settings, query)
+    return console.page(request, "knowledge.html", entries=entries, problem=problem, q=query)
+
+
+async def claim(request: Request) -> Response:
+    """One claim and the passages it cites, the cited lines marked in the file as it is now."""
+    console = _console(request)
+    claim_id = request.path_params["claim_id"]
+    if not _CLAIM_ID.fullmatch(claim_id):
+        return _missing(request, "claim", f"{claim_id[:80]!r} is no claim id (c- and 12 hex)")
+    entry, passages, problem = await claim_view(console.data.operator.settings, claim_id)
+    if entry is None and not problem:
+        return _missing(request, "claim", f"no claim {claim_id} in the knowledge base")
+    return console.page(request, "claim.html", entry=entry, passages=passages, problem=problem)
+
+
+async def hypotheses(request: Request) -> Response:
+    """The investigations plans track: hypotheses, the leading one, the root cause."""
+    console = _console(request)
+    found, problem = await investigation_views(console.data.operator.settings)
+    return console.page(request, "hypotheses.html", investigations=found, problem=problem)
+
+
+async def investigation(request: Request) -> Response:
+    """One investigation: context, hypotheses ranked with evidence, decision table, outcome."""
+    console = _console(request)
+    name = request.path_params["investigation"]
+    if not _INVESTIGATION_ID.fullmatch(name):
+        return _missing(request, "investigation", f"{name[:80]!r} is no investigation id")
+    found, problem = await investigation_views(console.data.operator.settings, name)
+    if not found and not problem:
+        return _missing(request, "investigation", f"no investigation {name}")
+    item = found[0] if found else None
+    ranked = item.tracker.ranked() if item else []
+    return console.page(request, "investigation.html", item=item, ranked=ranked, problem=problem)

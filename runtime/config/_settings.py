@@ -115,6 +115,8 @@ class Settings(BaseSettings):
         extension_import_timeout_s: How long a command may take to import the extensions (it
             imports them before anything starts); one whose import takes longer is refused in
             one line naming it.
+        research_scopes: The folders research goals may read sources under (the file scopes);
+            empty: the folder holding a ``.stratagem`` state directory, else the current folder.
         extension_paths: Folders agents add to ``sys.path`` before loading extensions; a local
             deployment adds the folder it was launched from.
         trace_file: JSON-lines file every process appends its finished spans to; ``None`` for
@@ -256,6 +258,7 @@ class Settings(BaseSettings):
     extensions: Annotated[list[str], NoDecode] = Field(default_factory=list)
     extension_import_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     extension_paths: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    research_scopes: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     trace_file: Path | None = None
     actor_cpus: float = Field(default=0.0, ge=0)
     audit_sync: Literal["normal", "full"] = "normal"
@@ -349,7 +352,7 @@ class Settings(BaseSettings):
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("extensions", "extension_paths", mode="before")
+    @field_validator("extensions", "extension_paths", "research_scopes", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         # Accept "a,b:setup" from the environment as well as a JSON list.
@@ -486,6 +489,21 @@ class Settings(BaseSettings):
     def audit_path(self) -> Path:
         """The audit log's SQLite file."""
         return self.state_dir / "audit.sqlite3"
+
+    @property
+    def research_roots(self) -> list[Path]:
+        """The folders research goals may read under: ``research_scopes``, else the folder that
+        holds a ``.stratagem`` state directory (a project's), else the current folder (a local
+        deployment gives its agents the folder it was launched from)."""
+        if self.research_scopes:
+            return [path.resolve() for path in self.research_scopes]
+        state = self.state_dir.resolve()
+        return [state.parent] if state.name == ".stratagem" else [Path.cwd()]
+
+    @property
+    def research_dir(self) -> Path:
+        """Where the perception agent caches research sources and its fetch ledger."""
+        return self.state_dir / "research"
 
     @property
     def memory_path(self) -> Path:

@@ -69,8 +69,9 @@ from stratagem.runtime.host._heap import freeze_startup_heap
 from stratagem.runtime.host._local import own_log_files, publish_endpoint
 from stratagem.runtime.host._mcp import attach_mcp_servers
 from stratagem.runtime.host._memory import attach_memory
-from stratagem.runtime.host._models import attach_model_planner
+from stratagem.runtime.host._models import attach_model_planner, model_client
 from stratagem.runtime.host._notify import GateOutbox, WebhookSender
+from stratagem.runtime.host._research import bind_research_tools
 from stratagem.runtime.telemetry._telemetry import (
     export_stats,
     flush_spans,
@@ -280,6 +281,13 @@ class AgentActor:
         # schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
         self._memory = await attach_memory(self._agent, settings, policy, self._audit)
+        # hypotheses.* on every agent; research tools (reading within the file scopes) on perception
+        research_model = model_client(
+            self._role, settings, api_key=model_api_key, tracer_provider=self._tracer_provider
+        )
+        bind_research_tools(
+            self._agent, settings, self._memory, policy, research_model, self._audit
+        )
         attach_model_planner(
             self._agent,
             settings,

@@ -80,6 +80,15 @@ class AgentStartError(LaunchError):
         self.role = role
 
 
+def _research_scopes(deployment: Deployment) -> dict[str, Any]:
+    """Agents on this machine read research sources under the folder they were launched from,
+    unless ``research_scopes`` names folders."""
+    settings = deployment.settings
+    if deployment.mode in ("embedded", "local") and not settings.research_scopes:
+        return {"research_scopes": settings.research_roots}
+    return {}
+
+
 class Deployment:
     """The agents as named Ray actors: connect, deploy, inspect, remove.
 
@@ -336,7 +345,7 @@ class Deployment:
     def _agent_settings(self, detached: bool) -> Settings:
         """The settings the agents are given: this process's, with the gRPC host of the mode,
         the folder extensions load from, and the model resolved."""
-        update: dict[str, Any] = {"grpc_host": self._grpc_host()}
+        update: dict[str, Any] = {"grpc_host": self._grpc_host(), **_research_scopes(self)}
         paths = self.settings.extension_paths
         if (
             self.mode in ("embedded", "local")

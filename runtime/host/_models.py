@@ -22,9 +22,9 @@ from stratagem.runtime.host._local import LaunchError
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from stratagem.agents import Agent
+    from stratagem.agents import Agent, ModelClient
 
-__all__ = ["attach_model_planner", "embedded_model_server", "resolve_model"]
+__all__ = ["attach_model_planner", "embedded_model_server", "model_client", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,35 +89,12 @@ def attach_model_planner(
     The API key arrives apart from ``settings`` (which never carry it) and stays inside the
     client: never in a repr, a log line, a span or the audit log.
     """
-    if settings.planner_for(agent.role) != "model" or settings.model_url is None:
+    client = model_client(agent.role, settings, api_key=api_key, tracer_provider=tracer_provider)
+    if client is None:
         return False
-    from stratagem.agents import (
-        ModelConfig,
-        ModelPlanningConfig,
-        OpenAIModelClient,
-        TracedModelClient,
-        model_planner,
-    )
+    from stratagem.agents import ModelPlanningConfig, model_planner
     from stratagem.planning import Budget
-    from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
 
-    limit = settings.model_max_concurrent or 4
-    client = TracedModelClient(
-        OpenAIModelClient(
-            ModelConfig(
-                url=settings.model_url,
-                model=settings.model,
-                api_key=api_key,
-                timeout_s=settings.model_timeout_s,
-                schema_style=settings.model_schema_style,
-                max_concurrent=limit,
-            ),
-            # One queue per server for every agent of this node (each is its own process).
-            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
-        ),
-        tracer_provider=tracer_provider,
-        capture_content=settings.genai_capture_content,
-    )
     budget = (
         Budget(model_tokens=settings.model_token_budget)
         if settings.model_token_budget is not None
@@ -133,3 +110,36 @@ def attach_model_planner(
     agent.use_planner(planner)
     agent.planning_timeout_s = settings.planning_timeout_s(agent.role)
     return True
+
+
+def model_client(
+    role: str,
+    settings: Settings,
+    *,
+    api_key: str = "",
+    tracer_provider: TracerProvider | None = None,
+) -> ModelClient | None:
+    """The traced model client of ``role``'s agent when its role plans with a model (its planner
+    and its research use it), else ``None``."""
+    if settings.planner_for(role) != "model" or settings.model_url is None:
+        return None
+    from stratagem.agents import ModelConfig, OpenAIModelClient, TracedModelClient
+    from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
+
+    limit = settings.model_max_concurrent or 4
+    return TracedModelClient(
+        OpenAIModelClient(
+            ModelConfig(
+                url=settings.model_url,
+                model=settings.model,
+                api_key=api_key,
+                timeout_s=settings.model_timeout_s,
+                schema_style=settings.model_schema_style,
+                max_concurrent=limit,
+            ),
+            # One queue per server for every agent of this node (each is its own process).
+            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
+        ),
+        tracer_provider=tracer_provider,
+        capture_content=settings.genai_capture_content,
+    )

@@ -16,6 +16,7 @@ on first use with only the services it uses —
 * ``_runs.Runs``: ``run_plan``;
 * ``_goals.Goals``: ``submit``, ``start``;
 * ``_ask.Ask``: ``ask`` (a goal in plain words);
+* ``_research.Research``: ``research``;
 * ``_worlds.Worlds``: ``worlds``, ``world``, ``reset_world``;
 * ``_control.Control``: ``control`` and the control verbs (``CONTROL_VERBS``).
 
@@ -58,6 +59,7 @@ from stratagem.runtime.operator._link import (
     ray_directory,
 )
 from stratagem.runtime.operator._plans import Plans
+from stratagem.runtime.operator._research import Research
 from stratagem.runtime.operator._runs import PlanSource, Runs
 from stratagem.runtime.operator._watch import Watch
 from stratagem.runtime.operator._worlds import Worlds
@@ -100,6 +102,7 @@ class Verbs:
     submit = verb(Goals.submit)
     start = verb(Goals.start)
     ask = verb(Ask.ask)  # a goal in plain words
+    research = verb(Research.research)
     worlds = verb(Worlds.worlds)
     world = verb(Worlds.world)
     reset_world = verb(Worlds.reset_world)

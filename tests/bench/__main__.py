@@ -48,6 +48,7 @@ from tests.bench.report import (
     verdicts,
     write_outputs,
 )
+from tests.bench.research import research_section, run_research_benchmark
 from tests.bench.rpc import run_rpc_benchmark
 from tests.bench.tracing import run_tracing_benchmark
 
@@ -311,6 +312,11 @@ def _only_goals() -> int:
     )
 
 
+def _only_research() -> int:
+    """``python -m tests.bench research``: this section alone, merged into the last results."""
+    return _only_section("research", run_research_benchmark, "## Research:", research_section)
+
+
 def _only_model_load() -> int:
     """``python -m tests.bench model-load``: this section alone, merged into the last results."""
     return _only_section(
@@ -383,6 +389,8 @@ def main() -> int:
         return _only_model_load()
     if sys.argv[1:] == ["goals"]:
         return _only_goals()
+    if sys.argv[1:] == ["research"]:
+        return _only_research()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -427,6 +435,8 @@ def main() -> int:
     quality = _section("quality", run_quality_benchmark)
     logger.info("goals: goals in plain words, routed and planned by the deterministic planner")
     goals = _section("goals", run_goal_routing_benchmark)
+    logger.info("research: the question suite over docs/, citation precision and recall")
+    research = _section("research", run_research_benchmark)
     logger.info("model-load: four agents planning at once against the embedded model server")
     model_load = _section("model_load", run_model_load_benchmark)
     results: dict[str, Any] = {
@@ -446,6 +456,7 @@ def main() -> int:
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["goals"] = goals
     results["benchmarks"]["model_load"] = model_load
+    results["benchmarks"]["research"] = research
     json_path, markdown_path = write_outputs(results)
     logger.info("wrote %s and %s in %.0f s", json_path, markdown_path, results["duration_s"])
     json.dump(results, sys.stdout, indent=2)

@@ -21,6 +21,7 @@ from tests.bench import rpc as rpc_bench
 from tests.bench.goal_routing import goal_routing_section
 from tests.bench.model_load import model_load_section
 from tests.bench.quality import quality_section
+from tests.bench.research import research_section
 
 __all__ = [
     "MARKDOWN_PATH",
@@ -709,6 +710,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *_memory_section(benchmarks.get("memory")),
         *quality_section(benchmarks.get("quality")),
         *goal_routing_section(benchmarks.get("goals")),
+        *research_section(benchmarks.get("research")),
         *model_load_section(benchmarks.get("model_load")),
         *tracing_section(benchmarks.get("tracing")),
     ]

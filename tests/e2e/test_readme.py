@@ -97,13 +97,16 @@ def test_the_tutorial_runs_against_a_deployment(tmp_path: Path) -> None:
         ran = _run(f"stratagem submit {tmp_path / 'my-goal.yaml'}", state_dir)
         assert ": succeeded" in ran.stdout
         # Every bash block of the tutorial but the gates' (their plans wait for a decision) and
-        # the A2A one (a script: its commands share a variable); the memory one among them.
+        # the A2A one (a script: its commands share a variable); the memory and research ones
+        # among them, goals in plain words last.
         blocks = [b for b in _blocks(tutorial, "bash") if "approve" not in b and "a2a_url" not in b]
-        assert len(blocks) == 4
+        assert len(blocks) == 5
         plain_words = [b for b in blocks if "examples.extensions.assistant" in b]
         for block in [b for b in blocks if b not in plain_words]:
             for command in _commands(block):
-                _run(command, state_dir)
+                # The research report goes to the test's folder, not the repository's.
+                _run(command.replace("--out research.md", f"--out {tmp_path / 'r.md'}"), state_dir)
+        assert "## Findings" in (tmp_path / "r.md").read_text(encoding="utf-8")
         _the_gates_run(tutorial, state_dir)
         [a2a] = [b for b in _blocks(tutorial, "bash") if "a2a_url" in b]
         called = _run(a2a, state_dir)

@@ -385,6 +385,19 @@ def test_goal_routing_benchmark_returns_well_formed_results(
     assert result["model"] == {"skipped": "no goal was asked to run with the model"}
 
 
+def test_the_research_suite_meets_its_precision_target_and_its_section_renders() -> None:
+    from tests.bench.research import research_section, run_research_benchmark
+
+    research = run_research_benchmark()
+    assert research["met"], research["precision"]
+    assert research["precision"] >= 0.95
+    assert 0 < research["recall"] <= 1
+    assert len(research["questions"]) == 8
+    section = "\n".join(research_section(research))
+    assert section.startswith("## Research: citation precision and recall over docs/")
+    assert "| How does a plan resume after a crash? |" in section
+
+
 def test_the_memory_benchmark_measures_and_renders() -> None:
     from tests.bench.memory import MemoryBenchConfig, memory_section, run_memory_benchmark
 

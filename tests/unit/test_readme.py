@@ -11,7 +11,8 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_readme_is_short_and_opens_with_the_quick_start() -> None:
-    assert len(README.splitlines()) <= 300
+    # 300 until the tutorial grew goals in plain words, memory, artifacts and research (§8-§10).
+    assert len(README.splitlines()) <= 330
     sections = re.findall(r"^## (.+)$", README, re.M)
     assert sections[:3] == ["Quick start", "Concepts", "Tutorial"]
     first_block = re.search(r"```bash\n(.*?)```", README, re.S)

@@ -17,6 +17,7 @@ from stratagem.agents import (
     StrategicPlan,
     StrategicPlanner,
     ToolRegistry,
+    research,
     tool,
 )
 from stratagem.planning import (
@@ -138,6 +139,7 @@ def test_card_lists_capabilities_with_schemas_and_tools() -> None:
         "list_worlds",
         "show_world",
         "reset_world",
+        *research.RESEARCH_TOOLS,
     ]
 
 

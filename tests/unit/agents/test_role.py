@@ -8,6 +8,7 @@ from stratagem.agents import ROLE_TYPES, TacticalAgent, WorldModel, build_agent
 from stratagem.agents._perception import perception_tools
 from stratagem.agents._role import RoleAgent
 from stratagem.agents._tactical import TacticalPlanner
+from stratagem.agents.research import RESEARCH_TOOLS
 from stratagem.protocol import ROLES
 
 
@@ -21,9 +22,11 @@ def test_each_role_agent_is_built_from_its_spec(role: str) -> None:
     assert agent.role == spec.role == role
     assert agent.plan_type is spec.plan_type
     assert type(agent.planner) is type(spec.planner())
-    # The perception agent's tools share its world, so it passes them in.
+    # The perception agent's tools share its world, so it passes them in, with the research
+    # tools (reading nothing until a deployment binds them).
     tools = perception_tools(WorldModel()) if role == "perception" else spec.tools()
-    assert agent.registry.names() == [item.name for item in tools]
+    research = list(RESEARCH_TOOLS) if role == "perception" else []
+    assert agent.registry.names() == [item.name for item in tools] + research
 
 
 def test_the_tactical_node_cap_reaches_its_planner() -> None:

@@ -1,0 +1,229 @@
+"""Where an artifact's bytes live: content-addressed blobs, one per SHA-256 digest.
+
+A ``BlobStore`` is a small protocol (put, get, has, delete, list) with an in-memory implementation
+for tests and the local filesystem as the default; the S3-compatible backend implements the same.
+Every read checks the digest: a blob whose bytes no longer hash to its name is never served.
+
+The filesystem layout is ``ROOT/sha256/ab/abcdef...`` (the first two hex digits a folder, so no
+folder holds millions of files); a blob is written to ``ROOT/tmp/`` first, then renamed into place
+(atomic on one filesystem), so a crash or a full disk never leaves half a blob under a digest. A
+temporary file left by a crash is removed by ``sweep_temporary``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final, Protocol, runtime_checkable
+
+from stratagem.planning._artifacts._errors import ArtifactCorruptError, ArtifactStorageError
+
+__all__ = ["BlobStore", "FileBlobStore", "InMemoryBlobStore", "blob_digest"]
+
+_NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def blob_digest(data: bytes) -> str:
+    """The SHA-256 of ``data``, hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    """Content-addressed bytes. Implementations are blocking (the ``ArtifactStore`` calls them on
+    a thread) and safe to call from several threads."""
+
+    @property
+    def location(self) -> str:
+        """Where the blobs are (a folder, a bucket URL), for messages."""
+        ...
+
+    def put(self, digest: str, data: bytes) -> bool:
+        """Store ``data`` under ``digest`` (its SHA-256, checked by the caller); ``False`` when a
+        blob was already there (identical bytes are stored once). All or nothing."""
+        ...
+
+    def get(self, digest: str) -> bytes:
+        """The bytes under ``digest``, checked against it.
+
+        Raises:
+            ArtifactCorruptError: the blob is missing or its bytes do not hash to ``digest``.
+        """
+        ...
+
+    def has(self, digest: str) -> bool:
+        """Whether a blob is stored under ``digest`` (its bytes not read)."""
+        ...
+
+    def delete(self, digest: str) -> None:
+        """Remove the blob (nothing when it is missing)."""
+        ...
+
+    def blobs(self) -> Iterator[tuple[str, float]]:
+        """Every stored digest with the time its blob was written (seconds since the epoch)."""
+        ...
+
+    def sweep_temporary(self, older_than: float) -> int:
+        """Remove unfinished writes begun before ``older_than``; how many were removed."""
+        ...
+
+
+def _checked(digest: str, data: bytes, location: str) -> bytes:
+    if blob_digest(data) != digest:
+        raise ArtifactCorruptError(digest, location, "does not match its digest (corrupted)")
+    return data
+
+
+class InMemoryBlobStore:
+    """Blobs in a dict, for tests. ``corrupt(digest)`` flips a byte, as a bad disk would."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, tuple[bytes, float]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return "memory"
+
+    def put(self, digest: str, data: bytes) -> bool:
+        with self._lock:
+            if digest in self._blobs:
+                return False
+            self._blobs[digest] = (bytes(data), time.time())
+            return True
+
+    def get(self, digest: str) -> bytes:
+        with self._lock:
+            entry = self._blobs.get(digest)
+        if entry is None:
+            raise ArtifactCorruptError(digest, self.location, "is missing")
+        return _checked(digest, entry[0], self.location)
+
+    def has(self, digest: str) -> bool:
+        with self._lock:
+            return digest in self._blobs
+
+    def delete(self, digest: str) -> None:
+        with self._lock:
+            self._blobs.pop(digest, None)
+
+    def blobs(self) -> Iterator[tuple[str, float]]:
+        with self._lock:
+            items = [(d, t) for d, (_, t) in self._blobs.items()]
+        return iter(items)
+
+    def sweep_temporary(self, older_than: float) -> int:
+        return 0
+
+    def corrupt(self, digest: str) -> None:
+        """Flip the first byte of a blob (tests)."""
+        with self._lock:
+            data, at = self._blobs[digest]
+            self._blobs[digest] = (bytes([data[0] ^ 0xFF]) + data[1:] if data else b"x", at)
+
+
+class FileBlobStore:
+    """Blobs as files under a folder: ``ROOT/sha256/ab/<digest>``, written through ``ROOT/tmp``.
+
+    A write is not fsynced: a blob that was written survives a crash of the process (the page
+    cache keeps it), as the SQLite index's ``synchronous=NORMAL`` commits do; a power loss may
+    lose the newest blobs, which a read then names as missing.
+
+    Args:
+        root: The folder (created when missing, mode 0700).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._blobs = self.root / "sha256"
+        self._tmp = self.root / "tmp"
+        try:
+            self._blobs.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise ArtifactStorageError(
+                f"cannot create the blob folder {self.root}: {exc.strerror or exc}", str(root)
+            ) from exc
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def path(self, digest: str) -> Path:
+        """The file of the blob under ``digest``."""
+        return self._blobs / digest[:2] / digest
+
+    def put(self, digest: str, data: bytes) -> bool:
+        target = self.path(digest)
+        if target.exists():
+            return False
+        tmp = self._tmp / f"{digest}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            finally:
+                os.close(fd)
+            target.parent.mkdir(exist_ok=True, mode=0o700)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno in _NO_SPACE:
+                raise ArtifactStorageError(
+                    f"no space left to write a blob of {len(data)} bytes in {self.root} "
+                    f"({exc.strerror}); nothing was saved",
+                    self.location,
+                ) from exc
+            raise ArtifactStorageError(
+                f"cannot write a blob in {self.root}: {exc.strerror or exc}; nothing was saved",
+                self.location,
+            ) from exc
+        return True
+
+    def get(self, digest: str) -> bytes:
+        path = self.path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise ArtifactCorruptError(digest, str(path), "is missing") from None
+        except OSError as exc:
+            raise ArtifactStorageError(
+                f"cannot read the blob {path}: {exc.strerror or exc}", self.location
+            ) from exc
+        return _checked(digest, data, str(path))
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).exists()
+
+    def delete(self, digest: str) -> None:
+        self.path(digest).unlink(missing_ok=True)
+
+    def blobs(self) -> Iterator[tuple[str, float]]:
+        for folder in sorted(self._blobs.iterdir()):
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder):
+                if entry.is_file():
+                    try:
+                        yield entry.name, entry.stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+
+    def sweep_temporary(self, older_than: float) -> int:
+        removed = 0
+        for entry in os.scandir(self._tmp):
+            try:
+                if entry.stat().st_mtime < older_than:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed

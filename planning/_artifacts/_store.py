@@ -1,0 +1,435 @@
+"""The artifact store: content-addressed blobs plus versioned records with provenance.
+
+``ArtifactStore`` composes a ``BlobStore`` (the bytes) and an ``ArtifactIndex`` (the records) and
+is the one API every caller uses: the plan tools, the CLI, the Python client, the console and the
+research workflow. Its methods are coroutines that run the blocking backends on a thread.
+
+A save checks its input first (name, scope, media type against the bytes, size), writes the blob
+(temporary file, then rename), then adds the record in one transaction. So a failed or killed save
+leaves no record; at worst a blob no record names, which ``sweep`` removes once it is older than
+the grace period (a save in progress is never swept from under its record). A save of bytes the
+name already has (same plan step, or its newest version) answers the stored version: a step run
+again after a crash makes no second version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Final, TypeVar
+
+from stratagem.planning._artifacts._blobs import (
+    BlobStore,
+    FileBlobStore,
+    InMemoryBlobStore,
+    blob_digest,
+)
+from stratagem.planning._artifacts._checks import (
+    check_digest,
+    check_media_type,
+    check_name,
+    check_scope,
+)
+from stratagem.planning._artifacts._errors import (
+    ArtifactInputError,
+    ArtifactNotFoundError,
+    ArtifactTooLargeError,
+)
+from stratagem.planning._artifacts._index import ArtifactIndex, InMemoryArtifactIndex
+from stratagem.planning._artifacts._types import (
+    ArtifactProvenance,
+    ArtifactRecord,
+    ArtifactRef,
+    ArtifactRetention,
+    ArtifactScope,
+)
+
+__all__ = [
+    "ARTIFACT_MAX_BYTES",
+    "ArtifactLineage",
+    "ArtifactStore",
+    "ArtifactSweep",
+    "ArtifactsConfig",
+]
+
+T = TypeVar("T")
+
+ARTIFACT_MAX_BYTES: Final = 1 << 30
+"""The default limit on one artifact's size: 1 GiB."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactsConfig:
+    """How an artifact store behaves.
+
+    Attributes:
+        max_bytes: The largest artifact saved, in bytes.
+        sweep_grace_s: A blob no record names is removed by ``sweep`` only once it is this old
+            (a save writes its blob before its record).
+        retention: Per scope, how long its artifacts are kept (``prune``); a scope not named
+            keeps everything.
+    """
+
+    max_bytes: int = ARTIFACT_MAX_BYTES
+    sweep_grace_s: float = 3600.0
+    retention: Mapping[ArtifactScope, ArtifactRetention] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ValueError("max_bytes: must be >= 1")
+        if self.sweep_grace_s < 0:
+            raise ValueError("sweep_grace_s: must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactLineage:
+    """An artifact's provenance with the artifacts it was made from.
+
+    Attributes:
+        record: The artifact.
+        inputs: The stored artifacts whose digests are among its provenance's inputs.
+        unknown_inputs: Input digests no stored artifact has (inline inputs, removed artifacts).
+    """
+
+    record: ArtifactRecord
+    inputs: tuple[ArtifactRecord, ...] = ()
+    unknown_inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactSweep:
+    """What ``ArtifactStore.sweep`` removed.
+
+    Attributes:
+        blobs: Digests of blobs no record named.
+        temporary: Unfinished writes removed.
+    """
+
+    blobs: tuple[str, ...] = ()
+    temporary: int = 0
+
+
+class ArtifactStore:
+    """Versioned, scoped artifacts with provenance over content-addressed blobs.
+
+    Args:
+        blobs: Where the bytes go.
+        index: Where the records go.
+        config: Limits and retention.
+        clock: Seconds since the epoch (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        index: ArtifactIndex,
+        config: ArtifactsConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.blobs = blobs
+        self.index = index
+        self.config = config or ArtifactsConfig()
+        self._clock = clock
+
+    @classmethod
+    def open(
+        cls, folder: str | os.PathLike[str], config: ArtifactsConfig | None = None
+    ) -> ArtifactStore:
+        """The embedded store in ``folder``: blobs under ``folder/blobs``, records in
+        ``folder/index.sqlite3``."""
+        from stratagem.planning._artifacts._sqlite import SqliteArtifactIndex
+
+        root = Path(folder)
+        return cls(
+            FileBlobStore(root / "blobs"), SqliteArtifactIndex(root / "index.sqlite3"), config
+        )
+
+    @classmethod
+    def in_memory(cls, config: ArtifactsConfig | None = None) -> ArtifactStore:
+        """A store in memory (tests)."""
+        return cls(InMemoryBlobStore(), InMemoryArtifactIndex(), config)
+
+    @property
+    def location(self) -> str:
+        """Where the records and the blobs are."""
+        return f"{self.index.location} + {self.blobs.location}"
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def check(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        media_type: str,
+        scope: str = "deployment",
+        scope_id: str = "",
+    ) -> tuple[str, ArtifactScope]:
+        """Check a save's input without writing (the media type normalised, and the scope).
+
+        Raises:
+            ArtifactInputError: naming the field at fault (``ArtifactTooLargeError`` for size).
+        """
+        check_name(name)
+        checked_scope = check_scope(scope, scope_id)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ArtifactInputError("data", "must be bytes")
+        if len(data) > self.config.max_bytes:
+            raise ArtifactTooLargeError(len(data), self.config.max_bytes)
+        return check_media_type(media_type, bytes(data)), checked_scope
+
+    def save_blocking(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        media_type: str,
+        scope: str = "deployment",
+        scope_id: str = "",
+        provenance: ArtifactProvenance | None = None,
+    ) -> ArtifactRecord:
+        """``save`` on this thread (for code that is not on an event loop)."""
+        media, checked_scope = self.check(
+            name, data, media_type=media_type, scope=scope, scope_id=scope_id
+        )
+        data = bytes(data)
+        digest = blob_digest(data)
+        now = self._clock()
+        prov = provenance or ArtifactProvenance()
+        if not prov.time:
+            prov = replace(prov, time=now)
+        self.blobs.put(digest, data)
+        record, _ = self.index.add(
+            ArtifactRecord(
+                name=name,
+                version=0,
+                media_type=media,
+                size=len(data),
+                digest=digest,
+                scope=checked_scope,
+                scope_id=scope_id,
+                created_at=now,
+                provenance=prov,
+            )
+        )
+        return record
+
+    async def save(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        media_type: str,
+        scope: str = "deployment",
+        scope_id: str = "",
+        provenance: ArtifactProvenance | None = None,
+    ) -> ArtifactRecord:
+        """Save ``data`` as the next version of ``name`` in its scope.
+
+        Idempotent by digest: bytes the name already holds as its newest version, or saved by
+        the same plan step before, answer that version instead of a new one.
+
+        Args:
+            name: The artifact's name (no ``..``, no slash).
+            data: Its bytes (at most ``config.max_bytes``).
+            media_type: What they are; checked against the bytes where the store can tell.
+            scope: ``plan``, ``goal``, ``agent`` or ``deployment``.
+            scope_id: The plan, goal or agent id ("" for the deployment).
+            provenance: Who made it (its ``time`` set to now when 0).
+
+        Returns:
+            The stored record (with its version).
+
+        Raises:
+            ArtifactInputError: bad input, naming the field; nothing written.
+            ArtifactStorageError: the backend failed (a full disk); no record written.
+        """
+        return await self._run(
+            lambda: self.save_blocking(
+                name,
+                data,
+                media_type=media_type,
+                scope=scope,
+                scope_id=scope_id,
+                provenance=provenance,
+            )
+        )
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def record_blocking(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactRecord:
+        """``record`` on this thread."""
+        check_name(name)
+        checked = check_scope(scope, scope_id)
+        if version is not None and version < 1:
+            raise ArtifactInputError("version", f"{version} must be >= 1")
+        found = self.index.get(checked, scope_id, name, version)
+        if found is None:
+            at = "" if version is None else f"@{version}"
+            raise ArtifactNotFoundError(f"{scope}/{scope_id}/{name}{at}")
+        return found
+
+    async def record(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactRecord:
+        """One version's record (the newest when ``version`` is ``None``).
+
+        Raises:
+            ArtifactNotFoundError: no such artifact or version.
+            ArtifactInputError: a malformed name, scope or version.
+        """
+        return await self._run(
+            lambda: self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        )
+
+    def load_blocking(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> tuple[ArtifactRecord, bytes]:
+        """``load`` on this thread."""
+        found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        return found, self.blobs.get(found.digest)
+
+    async def load(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> tuple[ArtifactRecord, bytes]:
+        """One version's record and bytes (the newest when ``version`` is ``None``).
+
+        Raises:
+            ArtifactNotFoundError: no such artifact or version.
+            ArtifactCorruptError: its blob is missing or does not match its digest (never served).
+        """
+        return await self._run(
+            lambda: self.load_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        )
+
+    async def load_ref(self, ref: ArtifactRef) -> bytes:
+        """The bytes a reference names, checked against its digest."""
+        check_digest(ref.digest, "digest")
+        return await self._run(self.blobs.get, ref.digest)
+
+    async def list(
+        self,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        name: str | None = None,
+        latest: bool = False,
+    ) -> builtins.list[ArtifactRecord]:
+        """Records by scope, scope id, name, version (each name's newest only with ``latest``)."""
+        checked: ArtifactScope | None = None
+        if scope is not None:
+            checked = check_scope(scope, scope_id or ("" if scope == "deployment" else "x"))
+        if name is not None:
+            check_name(name)
+        return await self._run(
+            lambda: self.index.list(scope=checked, scope_id=scope_id, name=name, latest=latest)
+        )
+
+    async def provenance(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactLineage:
+        """An artifact's provenance, with the stored artifacts among its inputs."""
+
+        def lineage() -> ArtifactLineage:
+            found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+            inputs: builtins.list[ArtifactRecord] = []
+            unknown: builtins.list[str] = []
+            for digest in found.provenance.inputs:
+                made = self.index.with_digest(digest)
+                if made:
+                    inputs.extend(made)
+                else:
+                    unknown.append(digest)
+            return ArtifactLineage(found, tuple(inputs), tuple(unknown))
+
+        return await self._run(lineage)
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    def prune_blocking(self, now: float | None = None) -> builtins.list[ArtifactRecord]:
+        """``prune`` on this thread."""
+        now = self._clock() if now is None else now
+        removed: builtins.list[ArtifactRecord] = []
+        for scope, rule in self.config.retention.items():
+            versions = self.index.list(scope=scope)
+            by_name: dict[tuple[str, str], builtins.list[ArtifactRecord]] = {}
+            for r in versions:
+                by_name.setdefault((r.scope_id, r.name), []).append(r)
+            for records in by_name.values():
+                newest = records[-1]
+                for position, r in enumerate(reversed(records)):
+                    too_many = rule.max_versions is not None and position >= rule.max_versions
+                    too_old = rule.max_age_s is not None and now - r.created_at > rule.max_age_s
+                    if too_old and r is newest and rule.keep_latest:
+                        too_old = False
+                    if too_many or too_old:
+                        removed.append(r)
+        self.index.remove(removed)
+        return removed
+
+    async def prune(self, now: float | None = None) -> builtins.list[ArtifactRecord]:
+        """Remove the versions the retention rules no longer keep (their blobs go at ``sweep``).
+
+        Returns:
+            The records removed.
+        """
+        return await self._run(self.prune_blocking, now)
+
+    def sweep_blocking(self, grace_s: float | None = None) -> ArtifactSweep:
+        """``sweep`` on this thread."""
+        grace = self.config.sweep_grace_s if grace_s is None else grace_s
+        cutoff = self._clock() - grace
+        temporary = self.blobs.sweep_temporary(cutoff)
+        candidates = [d for d, written in self.blobs.blobs() if written <= cutoff]
+        named = self.index.digests()
+        removed: builtins.list[str] = []
+        for digest in candidates:
+            if digest not in named:
+                self.blobs.delete(digest)
+                removed.append(digest)
+        return ArtifactSweep(tuple(removed), temporary)
+
+    async def sweep(self, grace_s: float | None = None) -> ArtifactSweep:
+        """Remove blobs no record names and unfinished writes, older than the grace period
+        (``config.sweep_grace_s`` unless given)."""
+        return await self._run(self.sweep_blocking, grace_s)
+
+    async def aclose(self) -> None:
+        """Close the index's connections."""
+        await self._run(self.index.close)
