@@ -521,10 +521,10 @@ class ControlRequest(WireModel):
         new_plan_id: str = "",
     ) -> ControlRequest:
         """The request for ``action`` on ``plan_id`` from Python values: the one place that
-        encodes a control verb's arguments (``AgentClient.control`` and the operator's
-        ``control`` both build with it). The JSON fields are given decoded: ``output`` (for
-        ``output_json``), ``value`` (``value_json``; ``NO_VALUE``: none, as ``None`` is JSON's
-        null), ``arguments`` (``arguments_json``), ``outputs`` (``set_json``).
+        encodes a control verb's arguments (``AgentClient.control``, the operator's ``control``
+        and the A2A face's answer to a gate build with it). The JSON fields are given decoded:
+        ``output`` (for ``output_json``), ``value`` (``value_json``; ``NO_VALUE``: none, as
+        ``None`` is JSON's null), ``arguments`` (``arguments_json``), ``outputs`` (``set_json``).
 
         Raises:
             pydantic.ValidationError: The arguments do not form a valid request.
