@@ -38,7 +38,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from opentelemetry.trace import TracerProvider
@@ -117,7 +117,10 @@ from stratagem.protocol import (
     json_object,
 )
 
-__all__ = ["Agent", "PlanRecord", "Planner"]
+__all__ = ["Agent", "PlanRecord", "Planner", "Prepare"]
+
+Prepare = Callable[[Planner, WireModel], Awaitable[None]]
+"""A role's step before a request is served: awaited with the agent's planner and the request."""
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +144,9 @@ class Agent:
         max_records: How many plans to remember.
         store: Where the engine keeps plans durably; ``None`` keeps nothing (no resume, and gates
             work only while their plan runs).
+        prepare: Awaited with the agent's planner and each request before the request is
+            served (a role's own step, composed in rather than a ``handle`` override: the
+            orchestrator reads the external A2A agents' skills there).
     """
 
     def __init__(
@@ -155,8 +161,10 @@ class Agent:
         tracer_provider: TracerProvider | None = None,
         max_records: int = MAX_RECORDS,
         store: StateStore | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self._role = role
+        self._prepare = prepare
         self.registry = registry
         self.plan_type = plan_type
         self.planner = planner
@@ -280,6 +288,8 @@ class Agent:
             protocol.RemoteError: A subclass per refusal or failure class (see the module
                 docstring); the message is one line naming the plan and the step.
         """
+        if self._prepare is not None:
+            await self._prepare(self.planner, request)
         handler = self._capabilities.get(capability)
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")

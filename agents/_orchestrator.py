@@ -52,12 +52,13 @@ entities of every paragraph (``extract.items[].entities[]``).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict
 
+from stratagem.agents._agent import Planner, Prepare
 from stratagem.agents._consult import (
     check_consulted,
     consultation_steps,
@@ -88,12 +89,12 @@ from stratagem.protocol import (
     ALREADY_HOLDS,
     AskGoalRequest,
     Beat,
-    CallContext,
     Relation,
     SubmitGoalRequest,
     SubmitGoalResponse,
     WireModel,
 )
+from stratagem.protocol._a2a._client import A2ASkill
 
 __all__ = [
     "Assignment",
@@ -105,6 +106,9 @@ __all__ = [
     "goal_world",
     "orchestrator_tools",
 ]
+
+Skills = Callable[[], Awaitable[Mapping[str, Sequence[A2ASkill]]]]
+"""What the orchestrator reads the external A2A agents' skills with (``A2ADispatcher.skills``)."""
 
 BEAT_MAX_DEPTH = 16
 """The longest action sequence the tactical agent searches for, per beat."""
@@ -476,25 +480,27 @@ class OrchestratorAgent(RoleAgent):
         store: StateStore | None = None,
         a2a_agents: Collection[str] = (),
     ) -> None:
+        # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
+        skills: Skills | None = getattr(dispatcher, "skills", None) if a2a_agents else None
         super().__init__(
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
             planner=OrchestratorPlanner(a2a_agents),
+            prepare=None if skills is None else _reading_skills(skills),
         )
-        # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
-        self._skills = getattr(dispatcher, "skills", None) if a2a_agents else None
 
-    async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
-        """Serve one request; before a goal in plain words is planned, the external A2A agents'
-        cards are read (once each) so that their skills are in the capability directory."""
+
+def _reading_skills(skills: Skills) -> Prepare:
+    """The orchestrator's step before serving: before a goal in plain words is planned, the
+    external A2A agents' cards are read (once each) so that their skills are in the capability
+    directory."""
+
+    async def prepare(planner: Planner, request: WireModel) -> None:
         # A model planner's fallback is the orchestrator's own planner: its goals are the same.
-        planner = getattr(self.planner, "deterministic", self.planner)
-        if (
-            self._skills is not None
-            and isinstance(request, AskGoalRequest)
-            and isinstance(planner, OrchestratorPlanner)
-        ):
-            planner.goals.use_external(await self._skills())
-        return await super().handle(capability, request, ctx)
+        own = getattr(planner, "deterministic", planner)
+        if isinstance(request, AskGoalRequest) and isinstance(own, OrchestratorPlanner):
+            own.goals.use_external(await skills())
+
+    return prepare

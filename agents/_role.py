@@ -3,7 +3,9 @@
 The four role classes (``PerceptionAgent``, ``StrategicAgent``, ``TacticalAgent``,
 ``OrchestratorAgent``) differ in what ``RoleSpec`` holds; ``RoleAgent`` builds the registry and the
 agent from their class's ``spec``. A role that takes options of its own (the tactical search's node
-cap, the perception agent's world) passes its planner or tools in.
+cap, the perception agent's world, the orchestrator's A2A agents) passes its planner, tools or
+``prepare`` step in; no role class overrides a method of the agent (a structure test holds them
+to it).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, ClassVar
 
 from opentelemetry.trace import TracerProvider
 
-from stratagem.agents._agent import Agent, Planner
+from stratagem.agents._agent import Agent, Planner, Prepare
 from stratagem.agents._tool import Tool, ToolRegistry
 from stratagem.planning import Dispatcher, EngineConfig, Plan, StateStore
 
@@ -52,6 +54,7 @@ class RoleAgent(Agent):
         store: Where its engine keeps plans durably.
         planner: Instead of ``spec.planner()`` (a role with planner options passes its own).
         tools: Instead of ``spec.tools()`` (a role whose tools share state passes its own).
+        prepare: The role's step before a request is served (``Agent``'s ``prepare``).
     """
 
     spec: ClassVar[RoleSpec]
@@ -65,6 +68,7 @@ class RoleAgent(Agent):
         store: StateStore | None = None,
         planner: Planner | None = None,
         tools: Iterable[Tool[Any, Any]] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         spec = self.spec
         registry = ToolRegistry(spec.role)
@@ -79,4 +83,5 @@ class RoleAgent(Agent):
             engine_config=engine_config,
             tracer_provider=tracer_provider,
             store=store,
+            prepare=prepare,
         )

@@ -9,7 +9,6 @@ call raises the ``RemoteError`` subclass of its status, converted once in ``prot
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from stratagem.protocol._metrics import RpcMetrics
 from stratagem.protocol._models import (
     CAPABILITY_NAME_PATTERN,
     IDENTITY_PATTERN,
+    NO_VALUE,
     PLAN_ID_PATTERN,
     REQUEST_ID_PATTERN,
     AgentCard,
@@ -94,9 +94,6 @@ _IDENTITY: Final = re.compile(IDENTITY_PATTERN)
 _REQUEST_ID: Final = re.compile(REQUEST_ID_PATTERN)
 _PLAN_ID: Final = re.compile(PLAN_ID_PATTERN)
 _CAPABILITY_NAME: Final = re.compile(CAPABILITY_NAME_PATTERN)
-
-_NO_VALUE: Final[Any] = object()
-"""``control``'s ``value`` when none is given (``None`` is a value: JSON's null)."""
 
 
 class _RequestIds:
@@ -393,7 +390,7 @@ class AgentClient:
         revision: int = 0,
         output: dict[str, Any] | None = None,
         plan_json: str = "",
-        value: Any = _NO_VALUE,
+        value: Any = NO_VALUE,  # none given (``None`` is a value: JSON's null)
         arguments: dict[str, Any] | None = None,
         at_step: str = "",
         at_revision: int = 0,
@@ -409,7 +406,8 @@ class AgentClient:
 
         Args:
             plan_id: The plan.
-            action: ``approve``, ``reject``, ``pause``, ``cancel`` or ``resume``.
+            action: One of ``CONTROL_ACTIONS``: ``approve``, ``reject``, ``pause``, ``cancel``,
+                ``resume``, ``replan`` or ``fork``.
             gate_id: For ``approve``/``reject``: the gate step, or the step a reconcile gate names.
             rationale: For ``approve``/``reject``: why (audited, redacted).
             revision: The plan revision the decision is for; 0 for the plan's current one.
@@ -438,24 +436,26 @@ class AgentClient:
             FailedPreconditionError: The action does not apply (a gate not open, a finished plan).
         """
         try:
-            request = ControlRequest(
-                plan_id=plan_id,
-                action=action,
+            request = ControlRequest.build(
+                plan_id,
+                action,
                 gate_id=gate_id,
                 rationale=rationale,
                 revision=revision,
-                output_json="" if output is None else json.dumps(output),
+                output=output,
                 plan_json=plan_json,
-                value_json="" if value is _NO_VALUE else json.dumps(value),
-                arguments_json="" if arguments is None else json.dumps(arguments),
+                value=value,
+                arguments=arguments,
                 at_step=at_step,
                 at_revision=at_revision,
-                set_json=json.dumps(outputs) if outputs else "",
+                outputs=outputs,
                 new_plan_id=new_plan_id,
             )
         except ValidationError as exc:
             problems = "; ".join(f"{v.field}: {v.description}" for v in violations_from(exc))
             raise ProtocolUsageError(f"invalid {action} of plan {plan_id!r}: {problems}") from None
+        except ValueError as exc:  # a value that is not JSON, named
+            raise ProtocolUsageError(f"invalid {action} of plan {plan_id!r}: {exc}") from None
         return await self._rpc(CONTROL, request, timeout)
 
     async def fork(

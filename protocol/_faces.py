@@ -152,7 +152,12 @@ async def _start_mcp(server: AgentServer, backend: AgentBackend, settings: FaceS
     # Imported here: the mcp SDK's server, Starlette and uvicorn load only where MCP is served.
     from stratagem.protocol._mcp._face import McpFace, McpFaceConfig
 
-    face = McpFace(server, McpFaceConfig(host=settings.host, port=settings.port))
+    face = McpFace(
+        server,
+        McpFaceConfig(
+            host=settings.host, port=settings.port, max_message_bytes=settings.max_message_bytes
+        ),
+    )
     try:
         await face.start()
     except Exception as exc:

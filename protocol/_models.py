@@ -9,7 +9,8 @@ it); the codec converts between the two generically.
 from __future__ import annotations
 
 import json
-from typing import Annotated, ClassVar, Final, Literal, get_args
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_PLANS_PAGE",
     "IDENTITY_PATTERN",
     "MAX_PLANS_PAGE",
+    "NO_VALUE",
     "PLANS_VIEWS",
     "PLAN_ID_PATTERN",
     "REQUEST_ID_PATTERN",
@@ -452,6 +454,18 @@ class RunPlanRequest(WireModel):
     until_blocked: bool = False
 
 
+NO_VALUE: Final[Any] = object()
+"""``ControlRequest.build``'s ``value`` when none is given (``None`` is JSON's null)."""
+
+
+def _json_of(name: str, value: Any) -> str:
+    """``value`` as JSON, or a ``ValueError`` naming the argument it came from."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: not JSON ({exc})") from None
+
+
 class ControlRequest(WireModel):
     """The body of ``ControlRequest``: one control action on one plan.
 
@@ -487,6 +501,52 @@ class ControlRequest(WireModel):
     at_revision: Count = 0
     set_json: str = Field(default="", max_length=16 << 20)
     new_plan_id: NewPlanId = ""
+
+    @classmethod
+    def build(
+        cls,
+        plan_id: str,
+        action: ControlAction,
+        *,
+        gate_id: str = "",
+        rationale: str = "",
+        revision: int = 0,
+        output: Mapping[str, Any] | None = None,
+        plan_json: str = "",
+        value: Any = NO_VALUE,
+        arguments: Mapping[str, Any] | None = None,
+        at_step: str = "",
+        at_revision: int = 0,
+        outputs: Mapping[str, Mapping[str, Any]] | None = None,
+        new_plan_id: str = "",
+    ) -> ControlRequest:
+        """The request for ``action`` on ``plan_id`` from Python values: the one place that
+        encodes a control verb's arguments (``AgentClient.control``, the operator's ``control``
+        and the A2A face's answer to a gate build with it). The JSON fields are given decoded:
+        ``output`` (for ``output_json``), ``value`` (``value_json``; ``NO_VALUE``: none, as
+        ``None`` is JSON's null), ``arguments`` (``arguments_json``), ``outputs`` (``set_json``).
+
+        Raises:
+            pydantic.ValidationError: The arguments do not form a valid request.
+            ValueError: A value that is not JSON, naming its argument (``value: not JSON...``).
+        """
+        return cls(
+            plan_id=plan_id,
+            action=action,
+            gate_id=gate_id,
+            rationale=rationale,
+            revision=revision,
+            output_json="" if output is None else _json_of("output", dict(output)),
+            plan_json=plan_json,
+            value_json="" if value is NO_VALUE else _json_of("value", value),
+            arguments_json="" if arguments is None else _json_of("arguments", dict(arguments)),
+            at_step=at_step,
+            at_revision=at_revision,
+            set_json=_json_of("outputs", {k: dict(v) for k, v in outputs.items()})
+            if outputs
+            else "",
+            new_plan_id=new_plan_id,
+        )
 
     @model_validator(mode="after")
     def _gate_given(self) -> ControlRequest:

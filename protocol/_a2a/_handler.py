@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -302,14 +301,14 @@ class StratagemRequestHandler(RequestHandler):
         if not message.message_id:
             raise InvalidParamsError(message="the message needs a messageId")
         try:
-            control = ControlRequest(
-                plan_id=task_id,
-                action="approve",
+            control = ControlRequest.build(
+                task_id,
+                "approve",
                 gate_id=gate.gate_id,
-                value_json=json.dumps(value_of(message)),
+                value=value_of(message),
                 rationale=f"A2A message {message.message_id}",
             )
-        except ValidationError as exc:
+        except ValueError as exc:  # a pydantic ValidationError, or a value that is not JSON
             raise InvalidParamsError(message=f"the answer does not fit: {exc}"[:500]) from None
         call = call_of(context.state, {CAPABILITY_KEY: "Control.approve"})
         try:

@@ -23,7 +23,8 @@ answered with a fresh one (the SDK's clients send it back on every later request
 of a ``tools/call`` is ``mcp-<digest of the session id>-<JSON-RPC id>``. Every client numbers its
 requests from the same start, so a JSON-RPC id alone would make a second session's call collide
 with the first's (refused as a reused request id, or answered with the first session's answer).
-A GET (a stream for server-initiated messages) is answered 405: the face sends none. It binds
+A GET (a stream for server-initiated messages) is answered 405: the face sends none. A body past
+``max_message_bytes`` (the deployment's, as for every face) is answered 413 unparsed. It binds
 127.0.0.1 by default and refuses browsers' cross-origin requests (DNS rebinding protection).
 ``auth=mtls`` deployments cannot serve it (HTTP here carries no client certificate).
 """
@@ -83,15 +84,20 @@ class McpFaceConfig:
         host: The address to bind (loopback by default: the face is for local MCP clients).
         port: The port; 0 picks a free one (``McpFace.start`` returns it).
         path: The endpoint's path.
+        max_message_bytes: The largest request body accepted; a larger one is answered HTTP 413
+            before it is parsed (the deployment's ``max_message_bytes``, as for gRPC and A2A).
     """
 
     host: str = "127.0.0.1"
     port: int = 0
     path: str = "/mcp"
+    max_message_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ProtocolUsageError(f"McpFaceConfig.port must be in 0..65535, not {self.port}")
+        if self.max_message_bytes <= 0:
+            raise ProtocolUsageError("McpFaceConfig.max_message_bytes must be positive")
         if not self.path.startswith("/"):
             raise ProtocolUsageError("McpFaceConfig.path must start with '/'")
 
@@ -152,6 +158,7 @@ class McpFace:
             stateless_http=True,
             json_response=True,
             host=self._config.host,
+            max_request_body_size=self._config.max_message_bytes,
         )
         self._uvicorn: _Quiet | None = None
         self._task: asyncio.Task[None] | None = None

@@ -7,7 +7,6 @@ What the commands derive from each verb beside its method is ``_control_verbs.CO
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,24 +69,24 @@ class Control:
         substituted = None if not outputs else {k: dict(v) for k, v in outputs.items()}
         given: dict[str, Any] = {} if value is _NO_VALUE else {"value": value}
         try:
-            ControlRequest(
-                plan_id=plan_id,
-                action=action,
+            ControlRequest.build(
+                plan_id,
+                action,
                 gate_id=gate_id,
                 rationale=rationale,
-                output_json="" if recorded is None else json.dumps(recorded),
+                output=recorded,
                 plan_json=plan_json,
-                value_json=json.dumps(value) if given else "",
-                arguments_json="" if edited is None else json.dumps(edited),
+                arguments=edited,
                 at_step=at_step,
                 at_revision=at_revision,
-                set_json=json.dumps(substituted) if substituted else "",
+                outputs=substituted,
                 new_plan_id=new_plan_id,
+                **given,
             )
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ValidationError):
-                raise InputError(validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
-            raise InputError(f"{action} of plan {plan_id!r}: not JSON: {exc}") from exc
+        except ValidationError as exc:
+            raise InputError(validation_line(f"{action} of plan {plan_id!r}", exc)) from exc
+        except ValueError as exc:  # a value that is not JSON, named
+            raise InputError(f"{action} of plan {plan_id!r}: {exc}") from exc
         return await self._plans.on_owner(
             plan_id,
             lambda client: client.control(

@@ -15,11 +15,14 @@ from stratagem.agents import build_agent
 from stratagem.protocol import (
     AgentServer,
     ClusterSecret,
+    FaceSettings,
     InMemoryAuditLog,
     McpFace,
     Policy,
     TokenAuthenticator,
     TokenSigner,
+    face_kind,
+    start_face,
 )
 
 
@@ -196,3 +199,35 @@ async def test_a_flood_without_credentials_costs_a_bounded_audit(face: Any) -> N
     refused = [r for r in audit.records() if r.action == "call.refused"]
     assert 1 <= len(refused) <= 10
     assert {r.code for r in refused} == {"UNAUTHENTICATED"}
+
+
+async def test_the_face_honours_the_deployments_message_bound() -> None:
+    # FaceSettings is one shape for every face: its max_message_bytes bounds an MCP request as
+    # it bounds a gRPC or an A2A one (before, the MCP face took up to the SDK's own 4 MiB).
+    agent = build_agent("perception", entry_points=False)
+    signer = TokenSigner(ClusterSecret.generate())
+    audit = InMemoryAuditLog()
+    server = AgentServer(
+        agent, policy=Policy.default(), authenticator=TokenAuthenticator(signer), audit=audit
+    )
+    await server.start()
+    face = await start_face(face_kind("mcp"), server, agent, FaceSettings(max_message_bytes=4096))
+    assert face is not None
+    token = signer.issue("operator", 60)
+    small = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    large = {**small, "params": {"_meta": {"padding": "x" * 8192}}}
+    try:
+        async with httpx2.AsyncClient(
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json, text/event-stream",
+            }
+        ) as http:
+            refused = await http.post(face.url, json=large)
+            served = await http.post(face.url, json=small)
+    finally:
+        await face.aclose()
+        await server.aclose()
+    assert refused.status_code == 413
+    assert served.status_code == 200
+    assert served.json()["result"]["tools"]

@@ -505,3 +505,15 @@ def test_a_stream_outliving_its_sync_operator_closes_quietly(tmp_path: Path) -> 
         op.close()
         op.close()  # twice is fine
         stream.close()
+
+
+async def test_a_control_value_that_is_not_json_is_one_input_line_naming_it(
+    served: Served,
+) -> None:
+    # The operator and the client encode a control verb's arguments in one place
+    # (ControlRequest.build): refused before any agent is asked, naming the argument.
+    async with served.operator() as op:
+        with pytest.raises(InputError, match=r"approve of plan 'p1': value: not JSON"):
+            await op.control("p1", "approve", gate_id="g", rationale="ok", value={1, 2})
+        with pytest.raises(InputError, match=r"fork of plan 'p1': outputs: not JSON"):
+            await op.fork("p1", outputs={"s": {"n": object()}})

@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from stratagem.agents import Agent, ModelPlanner
+from stratagem.agents import (
+    Agent,
+    ModelPlanner,
+    OrchestratorAgent,
+    PerceptionAgent,
+    RoleAgent,
+    RoleSpec,
+    StrategicAgent,
+    TacticalAgent,
+)
 from stratagem.agents._control import ControlDeps, PlanControl
 from stratagem.agents._model_answer import ModelAnswer
 from stratagem.agents._model_roles import (
@@ -298,3 +307,46 @@ def test_the_inheritance_check_sees_a_subclass_through_another() -> None:
     classes = _subclasses(source)
     assert classes == {"A": "Agent", "B": "A", "C": "ModelPlanner", "D": "BaseModel"}
     assert _agent_subclasses(classes) == {"A": "Agent", "B": "A"}
+
+
+# --- roles by composition ---------------------------------------------------------------------
+
+ROLE_CLASSES = (PerceptionAgent, StrategicAgent, TacticalAgent, OrchestratorAgent)
+
+
+def _overrides(cls: type) -> list[str]:
+    """What ``cls`` itself defines that ``Agent`` (or ``RoleAgent``) already has: a method or
+    property replaced, a hook filled in. Only the constructor may be (it passes options on)."""
+    return sorted(
+        name
+        for name, member in vars(cls).items()
+        if name != "__init__"
+        and (callable(member) or isinstance(member, property | staticmethod | classmethod))
+        and any(name in vars(base) for base in (Agent, RoleAgent))
+    )
+
+
+@pytest.mark.parametrize("cls", ROLE_CLASSES, ids=lambda cls: cls.__name__)
+def test_a_role_class_is_data_and_options_and_overrides_nothing(cls: type[RoleAgent]) -> None:
+    # A role is its RoleSpec (plan type, planner, tools) composed into the one Agent; its class
+    # keeps the public name, adds options (the world, the node cap, the A2A agents) and what
+    # reads them (``PerceptionAgent.world``), and replaces no behaviour of the agent.
+    assert isinstance(cls.spec, RoleSpec)
+    assert _overrides(cls) == []
+    assert _overrides(RoleAgent) == []
+
+
+def test_the_override_check_sees_a_hook_filled_in() -> None:
+    class Planted(RoleAgent):
+        spec = PerceptionAgent.spec
+
+        async def handle(self, *args: object, **kwargs: object) -> object:  # a hook filled in
+            return await super().handle(*args, **kwargs)  # type: ignore[arg-type]
+
+        @property
+        def role(self) -> str:
+            return "planted"
+
+        def own_helper(self) -> None: ...
+
+    assert _overrides(Planted) == ["handle", "role"]
