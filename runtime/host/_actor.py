@@ -39,7 +39,7 @@ from typing import Any
 
 import ray
 
-from stratagem.agents import build_agent, extension_policy_rules
+from stratagem.agents import attach_artifact_tools, build_agent, extension_policy_rules
 from stratagem.planning import Dispatcher, EngineConfig
 from stratagem.protocol import (
     FACES,
@@ -50,6 +50,7 @@ from stratagem.protocol import (
     ServerConfig,
     load_or_create_key,
 )
+from stratagem.runtime.config._artifacts import open_artifact_store
 from stratagem.runtime.config._extensions import import_agent_extensions
 from stratagem.runtime.config._restarts import RestartBudget
 from stratagem.runtime.config._security import authenticator_for, credentials_for
@@ -231,6 +232,7 @@ class AgentActor:
         # Before the model planner is made and before any plan resumes: the MCP tools are the
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
+        attach_artifact_tools(self._agent, open_artifact_store(settings), policy)
         attach_model_planner(
             self._agent,
             settings,
