@@ -24,6 +24,7 @@ import binascii
 import json
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stratagem.agents._tool import Tool
@@ -200,6 +201,20 @@ def _failed(exc: ArtifactError) -> Exception:
     return LogicError(str(exc))
 
 
+def _traced(record: ArtifactRecord) -> None:
+    """The artifact on the current span (the step's): its digest, name, version and size."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "stratagem.artifact.digest": record.digest,
+                "stratagem.artifact.name": record.name,
+                "stratagem.artifact.version": record.version,
+                "stratagem.artifact.size": record.size,
+            }
+        )
+
+
 def _content(data: SaveInput) -> tuple[bytes, str]:
     if data.text is not None:
         return data.text.encode(), data.media_type or "text/plain; charset=utf-8"
@@ -245,6 +260,7 @@ def artifact_tools(
             )
         except ArtifactError as exc:
             raise _failed(exc) from exc
+        _traced(record)
         return SaveOutput(artifact=ArtifactOut.of(record))
 
     async def load(data: LoadInput, ctx: ToolContext) -> LoadOutput:
@@ -254,6 +270,7 @@ def artifact_tools(
             )
         except ArtifactError as exc:
             raise _failed(exc) from exc
+        _traced(record)
         out = LoadOutput(artifact=ArtifactOut.of(record))
         if data.as_ == "base64":
             out.base64 = base64.b64encode(content).decode()

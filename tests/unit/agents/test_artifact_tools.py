@@ -12,6 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from stratagem.agents import ToolRegistry, artifact_grants, artifact_tools
 from stratagem.planning import (
@@ -218,3 +221,36 @@ def test_kill_9_during_a_save_then_resume_one_version_no_orphan(tmp_path: Path, 
     record, data = store.load_blocking("out.txt", scope="plan", scope_id="kill-me")
     assert data == b"x" * 100000
     assert record.provenance.step_id == "save"
+
+
+async def test_the_step_span_carries_the_artifact_digest(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = ArtifactStore.open(tmp_path / "a")
+    registry = ToolRegistry("tactical")
+    for item in artifact_tools(store):
+        registry.register(item)
+    plan = Plan(
+        id="traced",
+        owner="tactical",
+        goal="g",
+        steps=[
+            ToolStep(id="save", tool="artifact.save", input={"name": "t.txt", "text": "hi"}),
+            ToolStep(id="load", tool="artifact.load", input={"name": "t.txt"}, depends_on=["save"]),
+        ],
+    )
+    result = await Engine(tools=registry, agent="tactical", tracer_provider=provider).run(plan)
+    assert result.status is PlanStatus.SUCCEEDED
+    digest = result.outputs["save"]["artifact"]["digest"]
+    steps = {
+        s.attributes["stratagem.step.id"]: s
+        for s in exporter.get_finished_spans()
+        if s.attributes and "stratagem.step.id" in s.attributes
+    }
+    for step in ("save", "load"):
+        attributes = steps[step].attributes or {}
+        assert attributes["stratagem.artifact.digest"] == digest
+        assert attributes["stratagem.artifact.name"] == "t.txt"
+        assert attributes["stratagem.artifact.version"] == 1
+    provider.shutdown()
