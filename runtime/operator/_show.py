@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from stratagem.planning import ArtifactRef
 from stratagem.protocol import PlanEvent
 from stratagem.runtime.operator._history import (
     HistoryPage,
@@ -34,6 +35,7 @@ from stratagem.runtime.operator._render import (
 
 __all__ = [
     "approve_commands",
+    "artifact_line",
     "event_line",
     "history_table",
     "plan_details",
@@ -66,6 +68,11 @@ def value_text(value: Any, *, full: bool) -> tuple[str, bool]:
     return text[: _PREVIEW - 1] + "…", True
 
 
+def artifact_line(ref: ArtifactRef) -> str:
+    """An artifact version in one line: its name, version, size and digest."""
+    return f"{ref.name} v{ref.version} · {ref.size} B · sha256:{ref.digest} ({ref.key})"
+
+
 def _step_node(step: StepView, *, full: bool) -> Text:
     label = Text()
     label.append_text(status_text(step.status))
@@ -93,6 +100,9 @@ def _step_node(step: StepView, *, full: bool) -> Text:
         cut = cut or shortened
         label.append(f"\n  {name:<6} ", style="dim")
         label.append(text)
+    for made in ArtifactRef.in_output(step.output):
+        label.append("\n  artifact ", style="dim")
+        label.append(artifact_line(made), style="green")
     if step.failure_class:
         label.append("\n  error  ", style="dim")
         label.append(f"{step.failure_class}: {step.message}", style="red")
