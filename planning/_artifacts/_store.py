@@ -338,6 +338,22 @@ class ArtifactStore:
         check_digest(ref.digest, "digest")
         return await self._run(self.blobs.get, ref.digest)
 
+    def list_blocking(
+        self,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        name: str | None = None,
+        latest: bool = False,
+    ) -> builtins.list[ArtifactRecord]:
+        """``list`` on this thread."""
+        checked: ArtifactScope | None = None
+        if scope is not None:
+            checked = check_scope(scope, scope_id or ("" if scope == "deployment" else "x"))
+        if name is not None:
+            check_name(name)
+        return self.index.list(scope=checked, scope_id=scope_id, name=name, latest=latest)
+
     async def list(
         self,
         *,
@@ -346,15 +362,33 @@ class ArtifactStore:
         name: str | None = None,
         latest: bool = False,
     ) -> builtins.list[ArtifactRecord]:
-        """Records by scope, scope id, name, version (each name's newest only with ``latest``)."""
-        checked: ArtifactScope | None = None
-        if scope is not None:
-            checked = check_scope(scope, scope_id or ("" if scope == "deployment" else "x"))
-        if name is not None:
-            check_name(name)
+        """Records by scope, scope id, name, version (each name's newest only with ``latest``).
+
+        Raises:
+            ArtifactInputError: a malformed scope or name.
+        """
         return await self._run(
-            lambda: self.index.list(scope=checked, scope_id=scope_id, name=name, latest=latest)
+            lambda: self.list_blocking(scope=scope, scope_id=scope_id, name=name, latest=latest)
         )
+
+    def provenance_blocking(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactLineage:
+        """``provenance`` on this thread."""
+        found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        inputs: builtins.list[ArtifactRecord] = []
+        unknown: builtins.list[str] = []
+        for digest in found.provenance.inputs:
+            made = self.index.with_digest(digest)
+            inputs.extend(made)
+            if not made:
+                unknown.append(digest)
+        return ArtifactLineage(found, tuple(inputs), tuple(unknown))
 
     async def provenance(
         self,
@@ -365,20 +399,9 @@ class ArtifactStore:
         version: int | None = None,
     ) -> ArtifactLineage:
         """An artifact's provenance, with the stored artifacts among its inputs."""
-
-        def lineage() -> ArtifactLineage:
-            found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
-            inputs: builtins.list[ArtifactRecord] = []
-            unknown: builtins.list[str] = []
-            for digest in found.provenance.inputs:
-                made = self.index.with_digest(digest)
-                if made:
-                    inputs.extend(made)
-                else:
-                    unknown.append(digest)
-            return ArtifactLineage(found, tuple(inputs), tuple(unknown))
-
-        return await self._run(lineage)
+        return await self._run(
+            lambda: self.provenance_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        )
 
     # --- housekeeping ------------------------------------------------------------------------
 

@@ -19,7 +19,16 @@ from stratagem.runtime.config._lazy import load
 
 __all__ = ["app", "main"]
 
-COMMAND_MODULES = ("_goals", "_agents", "_plans", "_worlds", "_deploy", "_ops", "_console")
+COMMAND_MODULES = (
+    "_goals",
+    "_agents",
+    "_plans",
+    "_worlds",
+    "_artifacts",
+    "_deploy",
+    "_ops",
+    "_console",
+)
 
 for _module in COMMAND_MODULES:
     load(f"{__name__}.{_module}")
