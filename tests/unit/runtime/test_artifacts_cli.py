@@ -4,6 +4,7 @@ directory's artifact store (real files, real SQLite)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from stratagem.planning import ArtifactProvenance, ArtifactStore
 from stratagem.runtime import ArtifactReadError, ArtifactsClient, InputError, load_settings
 from stratagem.runtime._cli import app
+from tests.docs_blocks import DOCS, blocks, console_commands
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 
@@ -185,3 +187,22 @@ async def test_the_python_client_async_and_blocking(state_dir: Path) -> None:
     with pytest.raises(InputError, match="no artifact"):
         await client.show("missing.txt")
     client.close()
+
+
+def test_the_commands_of_artifacts_memory_md_run(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [block] = [
+        b
+        for b in blocks(DOCS / "artifacts-memory.md")
+        if b.language == "console" and "stratagem artifacts" in b.text
+    ]
+    monkeypatch.chdir(tmp_path)
+    commands = console_commands(block.text).splitlines()
+    assert len(commands) == 5
+    for command in commands:
+        words = shlex.split(command)
+        assert words[:2] == ["stratagem", "artifacts"]
+        code, _, err = _run(*words[1:], "--state-dir", str(state_dir))
+        assert code == 0, (command, err)
+    assert (tmp_path / "report.md").read_bytes() == b"# two"
