@@ -19,6 +19,7 @@ from typing import Any
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+from tests.bench.artifacts import artifacts_section, run_artifacts_benchmark
 from tests.bench.auth import run_auth_benchmark
 from tests.bench.cli import run_cli_benchmark
 from tests.bench.cluster import run_cluster_benchmark
@@ -264,6 +265,21 @@ def _only_console() -> int:
     return _only_section("console", run_console_benchmark, "## Web console", console_section)
 
 
+def _artifacts() -> dict[str, Any]:
+    """Artifacts: save/load of 1 MiB and 100 MiB vs copying; a saving step vs an inline one."""
+    logger.info("artifacts: save and load vs copying the file; a saving step vs an inline one")
+    artifacts = run_artifacts_benchmark(folder=RESULTS_PATH.parent)
+    for target in artifacts["targets"]:
+        logger.info("artifacts: %s at %.2fx", target["what"], target["ratio"])
+    return artifacts
+
+
+def _only_artifacts() -> int:
+    """``python -m tests.bench artifacts``: this section alone, merged into the last results."""
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    return _only_section("artifacts", _artifacts, "## Artifacts", artifacts_section)
+
+
 def _only_peers() -> int:
     """``python -m tests.bench peers``: this section alone, merged into the last results."""
     return _only_section("peers", _peers, "## Peers", peers_section)
@@ -355,6 +371,8 @@ def main() -> int:
         return _only_history()
     if sys.argv[1:] == ["model-load"]:
         return _only_model_load()
+    if sys.argv[1:] == ["artifacts"]:
+        return _only_artifacts()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -394,6 +412,7 @@ def main() -> int:
     peers = _section("peers", _peers)
     cli = _section("cli", _cli)
     history = _section("history", _history)
+    artifacts = _section("artifacts", _artifacts)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
     logger.info("model-load: four agents planning at once against the embedded model server")
@@ -411,6 +430,7 @@ def main() -> int:
     results["benchmarks"]["peers"] = peers
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["history"] = history
+    results["benchmarks"]["artifacts"] = artifacts
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["model_load"] = model_load
     json_path, markdown_path = write_outputs(results)

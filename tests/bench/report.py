@@ -18,6 +18,7 @@ from tests.bench import cluster as cluster_bench
 from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
+from tests.bench.artifacts import artifacts_section
 from tests.bench.model_load import model_load_section
 from tests.bench.quality import quality_section
 
@@ -703,6 +704,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *peers_section(benchmarks.get("peers")),
         *cli_section(benchmarks.get("cli")),
         *history_section(benchmarks.get("history")),
+        *artifacts_section(benchmarks.get("artifacts")),
         *quality_section(benchmarks.get("quality")),
         *model_load_section(benchmarks.get("model_load")),
         *tracing_section(benchmarks.get("tracing")),

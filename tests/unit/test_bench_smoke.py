@@ -347,3 +347,27 @@ def test_the_model_load_figures_and_section_have_their_shape() -> None:
     assert lines[0] == "## The model path under load: four agents, one CPU model server"
     assert any("85.7%" in line and "not met" in line for line in lines)
     assert model_load_section({"skipped": "no server"})[-2] == "Skipped: no server."
+
+
+def test_the_artifacts_benchmark_gives_its_figures_and_section(tmp_path: Path) -> None:
+    from tests.bench.artifacts import (
+        ArtifactsBenchConfig,
+        artifacts_section,
+        run_artifacts_benchmark,
+    )
+
+    result = run_artifacts_benchmark(
+        ArtifactsBenchConfig(
+            file_sizes=(4096,), file_repeats=(1,), step_sizes=(1024, 2048), step_repeats=(1, 1)
+        ),
+        folder=tmp_path,
+    )
+    [files] = result["files"]
+    assert {"save_ms", "load_ms", "copy_ms", "save_ratio", "load_ratio", "sha256_ms"} <= set(files)
+    assert [step["bytes"] for step in result["steps"]] == [1024, 2048]
+    assert len(result["targets"]) == 3
+    assert all(isinstance(target["met"], bool) for target in result["targets"])
+    text = "\n".join(artifacts_section(result))
+    assert text.startswith("## Artifacts")
+    assert "a step saving 1024 bytes" in text
+    assert list(tmp_path.iterdir()) == []  # everything it wrote is gone
