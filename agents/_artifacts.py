@@ -39,6 +39,7 @@ from stratagem.planning import (
     ArtifactRecord,
     ArtifactStorageError,
     ArtifactStore,
+    ClaimCheck,
     LogicError,
     ToolContext,
     TransientError,
@@ -330,11 +331,14 @@ def artifact_tools(
 
 
 def attach_artifact_tools(agent: Agent, store: ArtifactStore, policy: Policy) -> tuple[str, ...]:
-    """Register on ``agent`` the artifact tools ``policy`` grants it; their names.
+    """Register on ``agent`` the artifact tools ``policy`` grants it; their names. Its large
+    tool outputs go out by reference to ``store`` too (``planning.ClaimCheck``, whatever the
+    policy grants: the claim check is the engine's, not a tool).
 
     Call it before the agent's model planner is made and before any plan resumes (the tools are
     then in its answer schema and a resumed step finds its tool).
     """
+    agent.use_claim_check(ClaimCheck(store))
     verbs = artifact_grants(policy, agent.role)
     for item in artifact_tools(store, verbs):
         agent.registry.register(item, replace=True)

@@ -14,6 +14,7 @@ from stratagem.planning._artifacts._blobs import (
     blob_digest,
 )
 from stratagem.planning._artifacts._checks import ARTIFACT_NAME_PATTERN
+from stratagem.planning._artifacts._claim import CLAIM_CHECK_BYTES, ClaimCheck
 from stratagem.planning._artifacts._errors import (
     ArtifactCorruptError,
     ArtifactError,
@@ -46,6 +47,7 @@ __all__ = [
     "ARTIFACT_NAME_PATTERN",
     "ARTIFACT_REF_KEY",
     "ARTIFACT_SCOPES",
+    "CLAIM_CHECK_BYTES",
     "ArtifactCorruptError",
     "ArtifactError",
     "ArtifactIndex",
@@ -63,6 +65,7 @@ __all__ = [
     "ArtifactTooLargeError",
     "ArtifactsConfig",
     "BlobStore",
+    "ClaimCheck",
     "FileBlobStore",
     "InMemoryArtifactIndex",
     "InMemoryBlobStore",
