@@ -365,7 +365,7 @@ def test_the_artifacts_benchmark_gives_its_figures_and_section(tmp_path: Path) -
     [files] = result["files"]
     assert {"save_ms", "load_ms", "copy_ms", "save_ratio", "load_ratio", "sha256_ms"} <= set(files)
     assert [step["bytes"] for step in result["steps"]] == [1024, 2048]
-    assert len(result["targets"]) == 3
+    assert len(result["targets"]) == 5
     assert all(isinstance(target["met"], bool) for target in result["targets"])
     text = "\n".join(artifacts_section(result))
     assert text.startswith("## Artifacts")
