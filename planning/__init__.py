@@ -33,6 +33,7 @@ from stratagem.planning._artifacts import (
     FileBlobStore,
     InMemoryArtifactIndex,
     InMemoryBlobStore,
+    S3BlobStore,
     SqliteArtifactIndex,
     blob_digest,
 )
@@ -251,6 +252,7 @@ __all__ = [
     "Revision",
     "RevisionDiff",
     "RevisionRecord",
+    "S3BlobStore",
     "SqliteArtifactIndex",
     "SqliteStateStore",
     "StateStore",

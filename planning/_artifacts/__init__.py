@@ -24,6 +24,7 @@ from stratagem.planning._artifacts._errors import (
     ArtifactTooLargeError,
 )
 from stratagem.planning._artifacts._index import ArtifactIndex, InMemoryArtifactIndex
+from stratagem.planning._artifacts._s3 import S3BlobStore
 from stratagem.planning._artifacts._sqlite import SqliteArtifactIndex
 from stratagem.planning._artifacts._store import (
     ARTIFACT_MAX_BYTES,
@@ -69,6 +70,7 @@ __all__ = [
     "FileBlobStore",
     "InMemoryArtifactIndex",
     "InMemoryBlobStore",
+    "S3BlobStore",
     "SqliteArtifactIndex",
     "blob_digest",
 ]

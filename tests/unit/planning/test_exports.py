@@ -100,6 +100,7 @@ EXPECTED = [
     "Revision",
     "RevisionDiff",
     "RevisionRecord",
+    "S3BlobStore",
     "SqliteArtifactIndex",
     "SqliteStateStore",
     "StateStore",

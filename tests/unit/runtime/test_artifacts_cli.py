@@ -206,3 +206,26 @@ def test_the_commands_of_artifacts_memory_md_run(
         code, _, err = _run(*words[1:], "--state-dir", str(state_dir))
         assert code == 0, (command, err)
     assert (tmp_path / "report.md").read_bytes() == b"# two"
+
+
+@pytest.mark.parametrize(
+    ("url", "credentials", "words"),
+    [
+        ("ftp://host/bucket", "a\nb\n", "is not http(s)://HOST[:PORT]/BUCKET"),
+        ("http://127.0.0.1:9", "a\nb\n", "is not http(s)://HOST[:PORT]/BUCKET"),
+        ("http://127.0.0.1:9/bucket", None, "needed with STRATAGEM_ARTIFACTS_S3_URL"),
+        ("http://127.0.0.1:9/bucket", "only-one-line\n", "must hold two lines"),
+    ],
+)
+def test_a_bad_s3_setting_is_one_line_exit_2(
+    tmp_path: Path, url: str, credentials: str | None, words: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRATAGEM_ARTIFACTS_S3_URL", url)
+    if credentials is not None:
+        path = tmp_path / "s3.credentials"
+        path.write_text(credentials)
+        monkeypatch.setenv("STRATAGEM_ARTIFACTS_S3_CREDENTIALS_FILE", str(path))
+    code, _, err = _run("artifacts", "list", "--state-dir", str(tmp_path / "state"))
+    assert code == 2
+    assert words in err
+    assert err.strip().count("\n") == 0
