@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from stratagem.planning import (
     ArtifactIndex,
+    ArtifactRetention,
+    ArtifactsConfig,
     ArtifactStore,
     BlobStore,
     FileBlobStore,
@@ -48,7 +50,13 @@ def open_artifact_store(settings: Settings) -> ArtifactStore:
         index = PostgresArtifactIndex(settings.store_url)
     else:
         index = SqliteArtifactIndex(folder / "index.sqlite3")
-    return ArtifactStore(blobs, index)
+    retention = {
+        scope: ArtifactRetention(
+            max_age_s=rule.max_age_s, max_versions=rule.max_versions, keep_latest=rule.keep_latest
+        )
+        for scope, rule in settings.artifacts_retention.items()
+    }
+    return ArtifactStore(blobs, index, ArtifactsConfig(retention=retention))
 
 
 def s3_blobs(url: str, settings: Settings) -> BlobStore:

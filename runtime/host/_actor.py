@@ -63,6 +63,7 @@ from stratagem.runtime.config._stores import (
     open_state_store,
     open_world_store,
 )
+from stratagem.runtime.host._artifacts import ArtifactHousekeeping
 from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime.host._faces import close_faces, face_settings, start_faces
 from stratagem.runtime.host._health import StoreWatch
@@ -232,7 +233,8 @@ class AgentActor:
         # Before the model planner is made and before any plan resumes: the MCP tools are the
         # agent's tools (in its answer schema too) from its first request on.
         self._mcp = await attach_mcp_servers(self._agent, settings, policy, self._audit)
-        attach_artifact_tools(self._agent, open_artifact_store(settings), policy)
+        self._artifacts = ArtifactHousekeeping(open_artifact_store(settings))
+        attach_artifact_tools(self._agent, self._artifacts.store, policy)
         attach_model_planner(
             self._agent,
             settings,
@@ -359,6 +361,7 @@ class AgentActor:
     async def _prune(self) -> None:
         """Apply the history's retention (``history_days``, ``history_plans``) to the store; a
         failure is logged and tried again at the next tick."""
+        await self._artifacts.maybe_run()  # the artifacts' retention, at most once an hour
         settings = self._settings
         if settings.history_days is None and settings.history_plans is None:
             return
