@@ -7,6 +7,12 @@ describes how they fit the layers around this one.
 from typing import TYPE_CHECKING
 
 from stratagem.agents._agent import Agent, Planner, PlanRecord
+from stratagem.agents._artifacts import (
+    ARTIFACT_TARGET,
+    artifact_grants,
+    artifact_tools,
+    attach_artifact_tools,
+)
 from stratagem.agents._definition import (
     AgentSpec,
     define_agent,
@@ -147,6 +153,7 @@ __getattr__ = lazy_exports(
 )
 
 __all__ = [
+    "ARTIFACT_TARGET",
     "DEFAULT_PATTERNS",
     "DEMO_GOAL",
     "ENTRY_POINT_GROUP",
@@ -227,6 +234,9 @@ __all__ = [
     "TurnTimeoutError",
     "WorldModel",
     "WorldStore",
+    "artifact_grants",
+    "artifact_tools",
+    "attach_artifact_tools",
     "build_agent",
     "build_in_memory",
     "define_agent",

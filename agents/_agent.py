@@ -81,6 +81,7 @@ from stratagem.agents._wire import (
     users_run_failure,
 )
 from stratagem.planning import (
+    ClaimCheck,
     Dispatcher,
     Engine,
     EngineConfig,
@@ -241,6 +242,11 @@ class Agent:
         """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
         (runs started from now on)."""
         self._engine.notifier = notifier
+
+    def use_claim_check(self, check: ClaimCheck | None) -> None:
+        """Journal tool outputs larger than ``check.max_inline_bytes`` as artifact references
+        (``planning.ClaimCheck``; runs started or resumed from now on)."""
+        self._engine.claim_check = check
 
     def add_capability(self, spec: CapabilitySpec, planner: Planner) -> None:
         """Serve another capability (an extension's), planned by ``planner``.

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from stratagem.runtime.host._launcher import Deployment
     from stratagem.runtime.host._local import LocalCluster
     from stratagem.runtime.host._ray_directory import RayDirectory
+    from stratagem.runtime.operator._artifacts import ArtifactReadError, ArtifactsClient
     from stratagem.runtime.operator._goal import GoalOutcome, GoalStarted, run_goal
     from stratagem.runtime.operator._history import (
         HistoryFilter,
@@ -69,6 +70,8 @@ _HOME: dict[str, str] = {
     "GrpcDispatcher": "host._directory",
     "actor_name": "host._directory",
     "deployment_roles": "config._extensions",
+    "ArtifactReadError": "operator._artifacts",
+    "ArtifactsClient": "operator._artifacts",
     "GoalOutcome": "operator._goal",
     "GoalStarted": "operator._goal",
     "run_goal": "operator._goal",
@@ -122,6 +125,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "AgentActor",
     "AgentInfo",
+    "ArtifactReadError",
+    "ArtifactsClient",
     "Deployment",
     "Directory",
     "EndpointDirectory",

@@ -14,6 +14,7 @@ from stratagem.planning._artifacts._blobs import (
     blob_digest,
 )
 from stratagem.planning._artifacts._checks import ARTIFACT_NAME_PATTERN
+from stratagem.planning._artifacts._claim import CLAIM_CHECK_BYTES, ClaimCheck
 from stratagem.planning._artifacts._errors import (
     ArtifactCorruptError,
     ArtifactError,
@@ -23,6 +24,7 @@ from stratagem.planning._artifacts._errors import (
     ArtifactTooLargeError,
 )
 from stratagem.planning._artifacts._index import ArtifactIndex, InMemoryArtifactIndex
+from stratagem.planning._artifacts._s3 import S3BlobStore
 from stratagem.planning._artifacts._sqlite import SqliteArtifactIndex
 from stratagem.planning._artifacts._store import (
     ARTIFACT_MAX_BYTES,
@@ -46,6 +48,7 @@ __all__ = [
     "ARTIFACT_NAME_PATTERN",
     "ARTIFACT_REF_KEY",
     "ARTIFACT_SCOPES",
+    "CLAIM_CHECK_BYTES",
     "ArtifactCorruptError",
     "ArtifactError",
     "ArtifactIndex",
@@ -63,9 +66,11 @@ __all__ = [
     "ArtifactTooLargeError",
     "ArtifactsConfig",
     "BlobStore",
+    "ClaimCheck",
     "FileBlobStore",
     "InMemoryArtifactIndex",
     "InMemoryBlobStore",
+    "S3BlobStore",
     "SqliteArtifactIndex",
     "blob_digest",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -50,6 +51,20 @@ class BlobStore(Protocol):
 
     def get(self, digest: str) -> bytes:
         """The bytes under ``digest``, checked against it.
+
+        Raises:
+            ArtifactCorruptError: the blob is missing or its bytes do not hash to ``digest``.
+        """
+        ...
+
+    def put_file(self, source: Path) -> tuple[str, bool]:
+        """Store the file ``source`` (a private copy is made first, then hashed, so a file that
+        changes meanwhile never lands under a wrong digest); its digest, and whether a blob was
+        written. All or nothing."""
+        ...
+
+    def get_file(self, digest: str, target: Path) -> None:
+        """Write the blob under ``digest`` to ``target``, whole and checked, or not at all.
 
         Raises:
             ArtifactCorruptError: the blob is missing or its bytes do not hash to ``digest``.
@@ -103,6 +118,14 @@ class InMemoryBlobStore:
         if entry is None:
             raise ArtifactCorruptError(digest, self.location, "is missing")
         return _checked(digest, entry[0], self.location)
+
+    def put_file(self, source: Path) -> tuple[str, bool]:
+        data = source.read_bytes()
+        digest = blob_digest(data)
+        return digest, self.put(digest, data)
+
+    def get_file(self, digest: str, target: Path) -> None:
+        target.write_bytes(self.get(digest))
 
     def has(self, digest: str) -> bool:
         with self._lock:
@@ -162,7 +185,7 @@ class FileBlobStore:
         target = self.path(digest)
         if target.exists():
             return False
-        tmp = self._tmp / f"{digest}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+        tmp = self._temporary(digest)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -176,16 +199,7 @@ class FileBlobStore:
             os.replace(tmp, target)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            if exc.errno in _NO_SPACE:
-                raise ArtifactStorageError(
-                    f"no space left to write a blob of {len(data)} bytes in {self.root} "
-                    f"({exc.strerror}); nothing was saved",
-                    self.location,
-                ) from exc
-            raise ArtifactStorageError(
-                f"cannot write a blob in {self.root}: {exc.strerror or exc}; nothing was saved",
-                self.location,
-            ) from exc
+            raise self._failed(exc, len(data)) from exc
         return True
 
     def get(self, digest: str) -> bytes:
@@ -199,6 +213,69 @@ class FileBlobStore:
                 f"cannot read the blob {path}: {exc.strerror or exc}", self.location
             ) from exc
         return _checked(digest, data, str(path))
+
+    def _temporary(self, what: str) -> Path:
+        return self._tmp / f"{what}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+
+    def _failed(self, exc: OSError, size: int) -> ArtifactStorageError:
+        if exc.errno in _NO_SPACE:
+            return ArtifactStorageError(
+                f"no space left to write a blob of {size} bytes in {self.root} "
+                f"({exc.strerror}); nothing was saved",
+                self.location,
+            )
+        return ArtifactStorageError(
+            f"cannot write a blob in {self.root}: {exc.strerror or exc}; nothing was saved",
+            self.location,
+        )
+
+    def put_file(self, source: Path) -> tuple[str, bool]:
+        # The copy is made in the kernel (copy_file_range), then hashed: the bytes hashed are
+        # those stored, whatever happens to the source meanwhile.
+        tmp = self._temporary("file")
+        size = 0
+        try:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o600)
+            size = tmp.stat().st_size
+            with tmp.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            target = self.path(digest)
+            if target.exists():
+                tmp.unlink()
+                return digest, False
+            target.parent.mkdir(exist_ok=True, mode=0o700)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._failed(exc, size) from exc
+        return digest, True
+
+    def get_file(self, digest: str, target: Path) -> None:
+        path = self.path(digest)
+        tmp = target.parent / f".{target.name}.{os.getpid()}.{time.time_ns()}"
+        try:
+            shutil.copyfile(path, tmp)
+            with tmp.open("rb") as handle:
+                found = hashlib.file_digest(handle, "sha256").hexdigest()
+            if found != digest:
+                tmp.unlink()
+                raise ArtifactCorruptError(
+                    digest, str(path), "does not match its digest (corrupted)"
+                )
+            os.replace(tmp, target)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            if not path.exists():
+                raise ArtifactCorruptError(digest, str(path), "is missing") from None
+            raise ArtifactStorageError(
+                f"cannot write {target}: its folder does not exist", self.location
+            ) from None
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise ArtifactStorageError(
+                f"cannot write {target}: {exc.strerror or exc}", self.location
+            ) from exc
 
     def has(self, digest: str) -> bool:
         return self.path(digest).exists()

@@ -18,10 +18,12 @@ from stratagem.planning._artifacts._types import ARTIFACT_SCOPES, ArtifactScope
 
 __all__ = [
     "ARTIFACT_NAME_PATTERN",
+    "SNIFFED_BYTES",
     "check_digest",
     "check_media_type",
     "check_name",
     "check_scope",
+    "needs_whole",
     "sniff",
 ]
 
@@ -126,6 +128,17 @@ def _matches(base: str, data: bytes) -> bool | None:
     if base.startswith("text/") or base.endswith("+xml") or base == "application/xml":
         return _is_text(data) and sniff(data) is None
     return None
+
+
+SNIFFED_BYTES: Final = 64
+"""How much of the start of the bytes the magic numbers need."""
+
+
+def needs_whole(media_type: str) -> bool:
+    """Whether checking ``media_type`` against the bytes needs them all (text and JSON are
+    checked by decoding or parsing; binary formats by their first ``SNIFFED_BYTES``)."""
+    base = media_type.split(";", 1)[0].strip().lower()
+    return base not in _MAGIC and _matches(base, b"") is not None
 
 
 def check_media_type(media_type: str, data: bytes) -> str:

@@ -30,10 +30,12 @@ from stratagem.planning._artifacts._blobs import (
     blob_digest,
 )
 from stratagem.planning._artifacts._checks import (
+    SNIFFED_BYTES,
     check_digest,
     check_media_type,
     check_name,
     check_scope,
+    needs_whole,
 )
 from stratagem.planning._artifacts._errors import (
     ArtifactInputError,
@@ -264,6 +266,88 @@ class ArtifactStore:
             )
         )
 
+    def save_file_blocking(
+        self,
+        name: str,
+        source: str | os.PathLike[str],
+        *,
+        media_type: str,
+        scope: str = "deployment",
+        scope_id: str = "",
+        provenance: ArtifactProvenance | None = None,
+    ) -> ArtifactRecord:
+        """``save_file`` on this thread."""
+        path = Path(source)
+        try:
+            size = path.stat().st_size
+            if needs_whole(media_type) or size <= SNIFFED_BYTES:
+                data = path.read_bytes()
+            else:
+                with path.open("rb") as handle:
+                    data = handle.read(SNIFFED_BYTES)
+        except OSError as exc:
+            raise ArtifactInputError(
+                "source", f"cannot read {path}: {exc.strerror or exc}"
+            ) from exc
+        if len(data) == size:  # all of it was read: the bytes' own path
+            return self.save_blocking(
+                name,
+                data,
+                media_type=media_type,
+                scope=scope,
+                scope_id=scope_id,
+                provenance=provenance,
+            )
+        if size > self.config.max_bytes:
+            raise ArtifactTooLargeError(size, self.config.max_bytes)
+        media, checked_scope = self.check(
+            name, data, media_type=media_type, scope=scope, scope_id=scope_id
+        )
+        digest, _ = self.blobs.put_file(path)
+        now = self._clock()
+        prov = provenance or ArtifactProvenance()
+        if not prov.time:
+            prov = replace(prov, time=now)
+        record, _ = self.index.add(
+            ArtifactRecord(
+                name=name,
+                version=0,
+                media_type=media,
+                size=size,
+                digest=digest,
+                scope=checked_scope,
+                scope_id=scope_id,
+                created_at=now,
+                provenance=prov,
+            )
+        )
+        return record
+
+    async def save_file(
+        self,
+        name: str,
+        source: str | os.PathLike[str],
+        *,
+        media_type: str,
+        scope: str = "deployment",
+        scope_id: str = "",
+        provenance: ArtifactProvenance | None = None,
+    ) -> ArtifactRecord:
+        """``save`` of a file's bytes without reading them into the process: the file is copied
+        in the kernel to a private temporary file, which is hashed, then renamed into place (a
+        text or JSON type, checked against the whole bytes, is read). Same checks, same
+        idempotence, same errors as ``save`` (a file that cannot be read: ``source``)."""
+        return await self._run(
+            lambda: self.save_file_blocking(
+                name,
+                source,
+                media_type=media_type,
+                scope=scope,
+                scope_id=scope_id,
+                provenance=provenance,
+            )
+        )
+
     # --- reading -----------------------------------------------------------------------------
 
     def record_blocking(
@@ -333,10 +417,62 @@ class ArtifactStore:
             lambda: self.load_blocking(name, scope=scope, scope_id=scope_id, version=version)
         )
 
+    def load_file_blocking(
+        self,
+        name: str,
+        target: str | os.PathLike[str],
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactRecord:
+        """``load_file`` on this thread."""
+        found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        self.blobs.get_file(found.digest, Path(target))
+        return found
+
+    async def load_file(
+        self,
+        name: str,
+        target: str | os.PathLike[str],
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactRecord:
+        """Write one version's bytes to the file ``target``, whole and digest-checked, or not at
+        all (copied in the kernel, the copy hashed, then renamed into place); its record.
+
+        Raises:
+            ArtifactNotFoundError: no such artifact or version.
+            ArtifactCorruptError: its blob is missing or corrupted (``target`` untouched).
+        """
+        return await self._run(
+            lambda: self.load_file_blocking(
+                name, target, scope=scope, scope_id=scope_id, version=version
+            )
+        )
+
     async def load_ref(self, ref: ArtifactRef) -> bytes:
         """The bytes a reference names, checked against its digest."""
         check_digest(ref.digest, "digest")
         return await self._run(self.blobs.get, ref.digest)
+
+    def list_blocking(
+        self,
+        *,
+        scope: str | None = None,
+        scope_id: str | None = None,
+        name: str | None = None,
+        latest: bool = False,
+    ) -> builtins.list[ArtifactRecord]:
+        """``list`` on this thread."""
+        checked: ArtifactScope | None = None
+        if scope is not None:
+            checked = check_scope(scope, scope_id or ("" if scope == "deployment" else "x"))
+        if name is not None:
+            check_name(name)
+        return self.index.list(scope=checked, scope_id=scope_id, name=name, latest=latest)
 
     async def list(
         self,
@@ -346,15 +482,33 @@ class ArtifactStore:
         name: str | None = None,
         latest: bool = False,
     ) -> builtins.list[ArtifactRecord]:
-        """Records by scope, scope id, name, version (each name's newest only with ``latest``)."""
-        checked: ArtifactScope | None = None
-        if scope is not None:
-            checked = check_scope(scope, scope_id or ("" if scope == "deployment" else "x"))
-        if name is not None:
-            check_name(name)
+        """Records by scope, scope id, name, version (each name's newest only with ``latest``).
+
+        Raises:
+            ArtifactInputError: a malformed scope or name.
+        """
         return await self._run(
-            lambda: self.index.list(scope=checked, scope_id=scope_id, name=name, latest=latest)
+            lambda: self.list_blocking(scope=scope, scope_id=scope_id, name=name, latest=latest)
         )
+
+    def provenance_blocking(
+        self,
+        name: str,
+        *,
+        scope: str = "deployment",
+        scope_id: str = "",
+        version: int | None = None,
+    ) -> ArtifactLineage:
+        """``provenance`` on this thread."""
+        found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        inputs: builtins.list[ArtifactRecord] = []
+        unknown: builtins.list[str] = []
+        for digest in found.provenance.inputs:
+            made = self.index.with_digest(digest)
+            inputs.extend(made)
+            if not made:
+                unknown.append(digest)
+        return ArtifactLineage(found, tuple(inputs), tuple(unknown))
 
     async def provenance(
         self,
@@ -365,20 +519,9 @@ class ArtifactStore:
         version: int | None = None,
     ) -> ArtifactLineage:
         """An artifact's provenance, with the stored artifacts among its inputs."""
-
-        def lineage() -> ArtifactLineage:
-            found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
-            inputs: builtins.list[ArtifactRecord] = []
-            unknown: builtins.list[str] = []
-            for digest in found.provenance.inputs:
-                made = self.index.with_digest(digest)
-                if made:
-                    inputs.extend(made)
-                else:
-                    unknown.append(digest)
-            return ArtifactLineage(found, tuple(inputs), tuple(unknown))
-
-        return await self._run(lineage)
+        return await self._run(
+            lambda: self.provenance_blocking(name, scope=scope, scope_id=scope_id, version=version)
+        )
 
     # --- housekeeping ------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ a media type, a scope) is checked by ``_checks`` before a record is made.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, get_args
@@ -129,6 +130,20 @@ class ArtifactRef:
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+    @classmethod
+    def in_output(cls, value: Any) -> builtins.list[ArtifactRef]:
+        """The artifact versions a step output names: a claim-check reference (the output
+        itself, ``{"$artifact": {...}}``) or the ``artifact`` field of the artifact tools'
+        outputs (``{"artifact": {...}, ...}``)."""
+        found = cls.from_json(value)
+        if found is not None:
+            return [found]
+        if isinstance(value, Mapping) and isinstance(value.get("artifact"), Mapping):
+            inner = cls.from_json({ARTIFACT_REF_KEY: value["artifact"]})
+            if inner is not None:
+                return [inner]
+        return []
 
 
 @dataclass(frozen=True, slots=True)

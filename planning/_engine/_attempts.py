@@ -19,6 +19,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 from pydantic import ValidationError
 
+from stratagem.planning._artifacts._claim import ClaimCheck, claim_output
 from stratagem.planning._dispatch import CrossAgentCall, Dispatcher, step_run_id
 from stratagem.planning._engine._observe import _fail_span, _Observer
 from stratagem.planning._engine._policy import (
@@ -131,9 +132,11 @@ class _Attempts:
         sleep: Callable[[float], Awaitable[object]],
         policy: FailurePolicy,
         agent: str,
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self.state = state
         self.observer = observer
+        self.claim_check = claim_check
         self.tools = tools
         self.dispatcher = dispatcher
         self.tracer = tracer
@@ -304,6 +307,16 @@ class _Attempts:
             raise
         if not isinstance(output, dict):
             raise LogicError(f"tool {tool!r} returned {kind_of(output)}, not a dict")
+        if self.claim_check is not None and key in self.state.steps:  # a step's, not an item's
+            return await claim_output(
+                self.claim_check,
+                output,
+                agent=self.agent,
+                plan_id=plan.id,
+                revision=plan.revision,
+                step_id=key,
+                attempt=attempt,
+            )
         return output
 
     def _run_cross_agent(

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Tracer
 
+from stratagem.planning._artifacts._claim import ClaimCheck
 from stratagem.planning._dispatch import Dispatcher
 from stratagem.planning._engine._policy import FailurePolicy, _Breakers
 from stratagem.planning._engine._types import EngineConfig, GateNotifier, ToolApproval, ToolRunner
@@ -83,6 +84,7 @@ class RunDeps:
         children: Runs the nested plans of sub-plan and loop steps.
         notifier: Told when a gate opens, escalates or times out (``None``: no one).
         approvals: The policy's tool approvals (``Engine.approvals``).
+        claim_check: Where tool outputs too large to journal inline go (``None``: inline).
     """
 
     config: EngineConfig
@@ -101,3 +103,4 @@ class RunDeps:
     children: Children
     notifier: GateNotifier | None = None
     approvals: tuple[ToolApproval, ...] = ()
+    claim_check: ClaimCheck | None = None

@@ -14,6 +14,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from stratagem.planning._artifacts._claim import ClaimCheck, restore_claimed
 from stratagem.planning._dag import structural_problems
 from stratagem.planning._dispatch import Dispatcher
 from stratagem.planning._engine._deps import ChildResult, RunDeps
@@ -86,6 +87,9 @@ class Engine:
         meter_provider: Where plan, step and retry counts go (``PlanningMetrics``); the global
             provider by default.
         notifier: Told when a gate opens, escalates or times out (``GateNotifier``).
+        claim_check: Where a tool step's output larger than its ``max_inline_bytes`` goes, as an
+            artifact, the journal keeping the reference (``planning.ClaimCheck``; ``None``: every
+            output inline). A resumed plan loads such outputs back before any step runs.
         approvals: The policy's tool approvals (``ToolApproval``): a tool step of such a tool
             waits at a tool gate until approved. ``approvals`` may be set again later; a run
             takes the rules of when it starts.
@@ -111,8 +115,10 @@ class Engine:
         notifier: GateNotifier | None = None,
         approvals: Sequence[ToolApproval] = (),
         nested_events: Callable[[Plan], Callable[[StepEvent], None] | None] | None = None,
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
+        self.claim_check = claim_check
         self.agent = agent
         self.agent_id = agent_id or agent
         self.store = store
@@ -209,6 +215,8 @@ class Engine:
         state = await store.load(plan_id)
         if state is None:
             raise PlanControlError(plan_id, f"plan {plan_id!r} is not in the store")
+        if self.claim_check is not None:  # outputs journaled by reference, loaded back
+            await restore_claimed(self.claim_check, state.steps)
         run: _PlanRun[Plan] = _PlanRun(self._deps(), state.plan(plan_type), on_event)
         if not run.is_dag():
             raise PlanValidationError(structural_problems(run.plan.steps))
@@ -496,6 +504,7 @@ class Engine:
         """What a new run is given: the engine's services and settings as they are now (a
         nested plan is not replanned: its parent's step fails instead)."""
         return RunDeps(
+            claim_check=self.claim_check,
             notifier=self.notifier,
             approvals=self.approvals,
             config=self.config,

@@ -108,6 +108,7 @@ class _PlanRun(Generic[P]):
             sleep=deps.sleep,
             policy=deps.policy,
             agent=deps.agent,
+            claim_check=deps.claim_check,
         )
         self.runner = _StepRunner(
             self.state,

@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from stratagem.planning._artifacts._claim import Claimed
 from stratagem.planning._engine._attempts import _Outcome, _StepRunner
 from stratagem.planning._engine._conditions import _Conditions
 from stratagem.planning._engine._gates import _Gates
@@ -216,7 +217,11 @@ class _Scheduler:
             outcome = _Outcome(None, FailureClass.LOGIC, f"{type(exc).__name__}: {exc}", attempts)
         if outcome.failure_class is None and state.journal is not None:
             try:
-                output_json = json.dumps(outcome.output)
+                output_json = (
+                    outcome.output.journal_json  # a claim check: the journal keeps the reference
+                    if isinstance(outcome.output, Claimed)
+                    else json.dumps(outcome.output)
+                )
             except (TypeError, ValueError) as err:
                 outcome = _Outcome(
                     None, FailureClass.LOGIC, f"the output is not JSON: {err}", attempts

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "_research",
     "_worlds",
     "_memory",
+    "_artifacts",
     "_deploy",
     "_ops",
     "_console",

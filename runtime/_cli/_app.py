@@ -85,6 +85,7 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
         "write_record",
     ),
     "stratagem.runtime.operator._auditing": ("verify_audit",),
+    "stratagem.runtime.operator._artifacts": ("ArtifactsClient",),
     "stratagem.runtime.operator._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),

@@ -23,6 +23,7 @@ from stratagem.protocol import (
 )
 from stratagem.runtime.config._errors import LaunchError
 from stratagem.runtime.config._restarts import gave_up_reason
+from stratagem.runtime.operator._artifacts import ArtifactsClient
 from stratagem.runtime.operator._auditing import AuditCheck
 from stratagem.runtime.operator._diagram import plan_diagram
 from stratagem.runtime.operator._history import PlanHistory, PlanView, StepView
@@ -304,6 +305,14 @@ class ConsoleData:
 
     def __init__(self, operator: Operator) -> None:
         self.operator = operator
+        self._artifacts: ArtifactsClient | None = None
+
+    @property
+    def artifacts(self) -> ArtifactsClient:
+        """The deployment's artifacts (read as ``stratagem artifacts`` reads them)."""
+        if self._artifacts is None:
+            self._artifacts = ArtifactsClient(self.operator.settings)
+        return self._artifacts
 
     @property
     def roles(self) -> tuple[str, ...]:

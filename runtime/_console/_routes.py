@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from stratagem.runtime._console import _api, _memory, _pages
+from stratagem.runtime._console import _api, _artifacts, _memory, _pages
 from stratagem.runtime._console._app import Console, ConsoleConfig, SessionGuard
 from stratagem.runtime._console._assets import STATIC
 
@@ -55,6 +55,9 @@ def console_app(config: ConsoleConfig, console: Console | None = None) -> Starle
         Route("/hypotheses", _pages.hypotheses, methods=["GET"]),
         Route("/hypotheses/{investigation}", _pages.investigation, methods=["GET"]),
         Route("/memory", _memory.memory, methods=["GET"]),
+        Route("/artifacts", _artifacts.artifacts, methods=["GET"]),
+        Route("/artifacts/show", _artifacts.artifact, methods=["GET"]),
+        Route("/artifacts/raw", _artifacts.artifact_raw, methods=["GET"]),
         Route("/api/session", _api.session, methods=["GET"]),
         Route("/api/plans", _api.plans, methods=["GET"]),
         Route("/api/plans/{plan_id:path}", _api.plan, methods=["GET"]),

@@ -72,6 +72,23 @@ class RolePlacement(BaseModel):
         return value
 
 
+class ArtifactRetentionSetting(BaseModel):
+    """One scope's artifact retention (``STRATAGEM_ARTIFACTS_RETENTION``; ``planning.
+    ArtifactRetention``).
+
+    Attributes:
+        max_age_s: Versions older than this many seconds are removed.
+        max_versions: Only a name's newest this many versions are kept.
+        keep_latest: A name's newest version survives the age rule.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_age_s: float | None = Field(default=None, gt=0)
+    max_versions: int | None = Field(default=None, ge=1)
+    keep_latest: bool = True
+
+
 class A2APeer(BaseModel):
     """An external A2A agent plans may call.
 
@@ -137,6 +154,15 @@ class Settings(BaseSettings):
         store_url: Where agents keep plans, answers and the audit log: ``None`` for SQLite files
             in ``state_dir`` (the embedded default), or ``postgresql://USER@HOST:PORT/DB`` for a
             PostgreSQL server every node reaches (needed when agents move between nodes).
+        artifacts_s3_url: Where artifact blobs go instead of ``STATE_DIR/artifacts/blobs``:
+            ``http(s)://HOST[:PORT]/BUCKET[/PREFIX]`` of an S3-compatible object store
+            (``docs/artifacts-memory.md``).
+        artifacts_s3_credentials_file: A file of two lines, the access key and the secret key,
+            for ``artifacts_s3_url`` (read when the store opens; keep it mode 0600).
+        artifacts_s3_region: The region requests to ``artifacts_s3_url`` are signed for.
+        artifacts_retention: Per scope (``plan``, ``goal``, ``agent``, ``deployment``), how long
+            its artifacts are kept; the agents apply it, and sweep blobs no record names, at
+            start and every hour. A scope not named keeps everything.
         auth: How agents and clients prove who they are: ``token`` (signed tokens from the
             cluster secret in ``state_dir``), ``mtls`` (a certificate per identity from
             ``stratagem certs init``) or ``none`` (the caller metadata is trusted; tests only).
@@ -267,6 +293,12 @@ class Settings(BaseSettings):
     history_days: float | None = Field(default=None, gt=0, le=36500)
     history_plans: int | None = Field(default=None, ge=1)
     store_url: str | None = None
+    artifacts_s3_url: str | None = None
+    artifacts_s3_credentials_file: Path | None = None
+    artifacts_s3_region: str = "us-east-1"
+    artifacts_retention: dict[
+        Literal["plan", "goal", "agent", "deployment"], ArtifactRetentionSetting
+    ] = Field(default_factory=dict)
     auth: Literal["token", "mtls", "none"] = "token"
     audit_key_file: Path | None = None
     audit_heads_copy: Path | None = None

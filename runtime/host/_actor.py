@@ -39,7 +39,7 @@ from typing import Any
 
 import ray
 
-from stratagem.agents import build_agent, extension_policy_rules
+from stratagem.agents import attach_artifact_tools, build_agent, extension_policy_rules
 from stratagem.planning import Dispatcher, EngineConfig
 from stratagem.protocol import (
     FACES,
@@ -50,6 +50,7 @@ from stratagem.protocol import (
     ServerConfig,
     load_or_create_key,
 )
+from stratagem.runtime.config._artifacts import open_artifact_store
 from stratagem.runtime.config._extensions import import_agent_extensions
 from stratagem.runtime.config._restarts import RestartBudget
 from stratagem.runtime.config._security import authenticator_for, credentials_for
@@ -62,6 +63,7 @@ from stratagem.runtime.config._stores import (
     open_state_store,
     open_world_store,
 )
+from stratagem.runtime.host._artifacts import ArtifactHousekeeping
 from stratagem.runtime.host._directory import EndpointDirectory, GrpcDispatcher, actor_record
 from stratagem.runtime.host._faces import close_faces, face_settings, start_faces
 from stratagem.runtime.host._health import StoreWatch
@@ -288,6 +290,8 @@ class AgentActor:
         bind_research_tools(
             self._agent, settings, self._memory, policy, research_model, self._audit
         )
+        self._artifacts = ArtifactHousekeeping(open_artifact_store(settings))
+        attach_artifact_tools(self._agent, self._artifacts.store, policy)
         attach_model_planner(
             self._agent,
             settings,
@@ -404,6 +408,7 @@ class AgentActor:
     async def _prune(self) -> None:
         """Apply the history's retention (``history_days``, ``history_plans``) to the store; a
         failure is logged and tried again at the next tick."""
+        await self._artifacts.maybe_run()  # the artifacts' retention, at most once an hour
         settings = self._settings
         if settings.history_days is None and settings.history_plans is None:
             return

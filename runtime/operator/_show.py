@@ -9,7 +9,7 @@ import json
 import shlex
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -32,8 +32,12 @@ from stratagem.runtime.operator._render import (
     status_text,
 )
 
+if TYPE_CHECKING:
+    from stratagem.planning import ArtifactRef
+
 __all__ = [
     "approve_commands",
+    "artifact_line",
     "event_line",
     "history_table",
     "plan_details",
@@ -66,6 +70,21 @@ def value_text(value: Any, *, full: bool) -> tuple[str, bool]:
     return text[: _PREVIEW - 1] + "…", True
 
 
+def _artifacts_in(output: dict[str, Any] | None) -> list[ArtifactRef]:
+    if not output:
+        return []
+    # planning only where an output may name an artifact: the command line's first tier
+    # (which imports this module) leaves planning out
+    from stratagem.planning import ArtifactRef
+
+    return ArtifactRef.in_output(output)
+
+
+def artifact_line(ref: ArtifactRef) -> str:
+    """An artifact version in one line: its name, version, size and digest."""
+    return f"{ref.name} v{ref.version} · {ref.size} B · sha256:{ref.digest} ({ref.key})"
+
+
 def _step_node(step: StepView, *, full: bool) -> Text:
     label = Text()
     label.append_text(status_text(step.status))
@@ -93,6 +112,9 @@ def _step_node(step: StepView, *, full: bool) -> Text:
         cut = cut or shortened
         label.append(f"\n  {name:<6} ", style="dim")
         label.append(text)
+    for made in _artifacts_in(step.output):
+        label.append("\n  artifact ", style="dim")
+        label.append(artifact_line(made), style="green")
     if step.failure_class:
         label.append("\n  error  ", style="dim")
         label.append(f"{step.failure_class}: {step.message}", style="red")

@@ -19,6 +19,7 @@ from typing import Any
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
+from tests.bench.artifacts import artifacts_section, run_artifacts_benchmark
 from tests.bench.auth import run_auth_benchmark
 from tests.bench.cli import run_cli_benchmark
 from tests.bench.cluster import run_cluster_benchmark
@@ -282,6 +283,21 @@ def _only_console() -> int:
     return _only_section("console", run_console_benchmark, "## Web console", console_section)
 
 
+def _artifacts() -> dict[str, Any]:
+    """Artifacts: save/load of 1 MiB and 100 MiB vs copying; a saving step vs an inline one."""
+    logger.info("artifacts: save and load vs copying the file; a saving step vs an inline one")
+    artifacts = run_artifacts_benchmark(folder=RESULTS_PATH.parent)
+    for target in artifacts["targets"]:
+        logger.info("artifacts: %s at %.2fx", target["what"], target["ratio"])
+    return artifacts
+
+
+def _only_artifacts() -> int:
+    """``python -m tests.bench artifacts``: this section alone, merged into the last results."""
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    return _only_section("artifacts", _artifacts, "## Artifacts", artifacts_section)
+
+
 def _only_peers() -> int:
     """``python -m tests.bench peers``: this section alone, merged into the last results."""
     return _only_section("peers", _peers, "## Peers", peers_section)
@@ -391,6 +407,8 @@ def main() -> int:
         return _only_goals()
     if sys.argv[1:] == ["research"]:
         return _only_research()
+    if sys.argv[1:] == ["artifacts"]:
+        return _only_artifacts()
     _log_to_stderr()
     started = time.perf_counter()
     machine = machine_facts()
@@ -431,6 +449,7 @@ def main() -> int:
     cli = _section("cli", _cli)
     history = _section("history", _history)
     memory = _section("memory", _memory)
+    artifacts = _section("artifacts", _artifacts)
     logger.info("quality: the goal suite with the deterministic and the model planners")
     quality = _section("quality", run_quality_benchmark)
     logger.info("goals: goals in plain words, routed and planned by the deterministic planner")
@@ -453,6 +472,7 @@ def main() -> int:
     results["benchmarks"]["cli"] = cli
     results["benchmarks"]["history"] = history
     results["benchmarks"]["memory"] = memory
+    results["benchmarks"]["artifacts"] = artifacts
     results["benchmarks"]["quality"] = quality
     results["benchmarks"]["goals"] = goals
     results["benchmarks"]["model_load"] = model_load

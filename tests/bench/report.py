@@ -18,6 +18,7 @@ from tests.bench import cluster as cluster_bench
 from tests.bench import durable as durable_bench
 from tests.bench import engine as engine_bench
 from tests.bench import rpc as rpc_bench
+from tests.bench.artifacts import artifacts_section
 from tests.bench.goal_routing import goal_routing_section
 from tests.bench.model_load import model_load_section
 from tests.bench.quality import quality_section
@@ -708,6 +709,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         *cli_section(benchmarks.get("cli")),
         *history_section(benchmarks.get("history")),
         *_memory_section(benchmarks.get("memory")),
+        *artifacts_section(benchmarks.get("artifacts")),
         *quality_section(benchmarks.get("quality")),
         *goal_routing_section(benchmarks.get("goals")),
         *research_section(benchmarks.get("research")),

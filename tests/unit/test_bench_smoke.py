@@ -418,3 +418,27 @@ def test_the_memory_benchmark_measures_and_renders() -> None:
     assert text.startswith("## Memory: recall over 100,000 items")
     assert "two words over all" in text
     assert "postgres: skipped: not asked." in text
+
+
+def test_the_artifacts_benchmark_gives_its_figures_and_section(tmp_path: Path) -> None:
+    from tests.bench.artifacts import (
+        ArtifactsBenchConfig,
+        artifacts_section,
+        run_artifacts_benchmark,
+    )
+
+    result = run_artifacts_benchmark(
+        ArtifactsBenchConfig(
+            file_sizes=(4096,), file_repeats=(1,), step_sizes=(1024, 2048), step_repeats=(1, 1)
+        ),
+        folder=tmp_path,
+    )
+    [files] = result["files"]
+    assert {"save_ms", "load_ms", "copy_ms", "save_ratio", "load_ratio", "sha256_ms"} <= set(files)
+    assert [step["bytes"] for step in result["steps"]] == [1024, 2048]
+    assert len(result["targets"]) == 5
+    assert all(isinstance(target["met"], bool) for target in result["targets"])
+    text = "\n".join(artifacts_section(result))
+    assert text.startswith("## Artifacts")
+    assert "a step saving 1024 bytes" in text
+    assert list(tmp_path.iterdir()) == []  # everything it wrote is gone

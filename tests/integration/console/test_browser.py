@@ -5,7 +5,10 @@ folder."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,10 @@ import httpx
 import pytest
 
 from stratagem.agents import DEMO_GOAL
+from stratagem.planning import ArtifactProvenance, ArtifactStore
 from stratagem.protocol import SqliteAuditLog
 from stratagem.runtime._console._app import dom_id
+from stratagem.runtime.config._artifacts import artifacts_dir
 from tests.integration.console.conftest import Running
 from tests.integration.runtime._served import gated_plan
 
@@ -433,4 +438,101 @@ def test_a_gate_approved_on_the_gates_page_leaves_it(
     assert finished.result(30).status == "succeeded"
     # The decided gate's form goes with the line saying it was applied.
     page.wait_for_selector("form.gate", state="detached", timeout=15_000)
+    assert page.errors == []
+
+
+def _png() -> bytes:
+    """A real 2x1 PNG (red, blue), as Chromium decodes it."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body))
+            + kind
+            + body
+            + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+        )
+
+    header = struct.pack(">IIBBBBB", 2, 1, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00\xff\x00\x00\x00\x00\xff")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+def test_the_artifact_pages_render_escaped_and_link_the_step(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    plan = {
+        "id": "report",
+        "owner": "strategic",
+        "goal": "A report",
+        "steps": [
+            {
+                "kind": "tool",
+                "id": "summary",
+                "tool": "summarize_narrative",
+                "input": {"protagonist": "Mira", "themes": ["duty"], "tension": 0.5},
+            }
+        ],
+    }
+
+    async def run() -> Any:
+        async with running.served.operator() as op:
+            return await op.run_plan(plan)
+
+    assert running.run(run()).status == "succeeded"
+    store = ArtifactStore.open(artifacts_dir(running.served.settings))
+    made = ArtifactProvenance(
+        agent="strategic", plan_id="report", revision=1, step_id="summary", attempt=1
+    )
+    where = {"scope": "plan", "scope_id": "report", "provenance": made}
+    notes = store.save_blocking(
+        "notes.md", f"# Notes\n{SCRIPT}".encode(), media_type="text/markdown", **where
+    )
+    store.save_blocking(
+        "facts.json", json.dumps({"who": SCRIPT}).encode(), media_type="application/json", **where
+    )
+    store.save_blocking("chart.png", _png(), media_type="image/png", **where)
+    rotten = store.save_blocking("rotten.txt", b"fine", media_type="text/plain", **where)
+    store.index.close()
+    blob = artifacts_dir(running.served.settings) / "blobs" / "sha256" / rotten.digest[:2]
+    (blob / rotten.digest).write_bytes(b"rot!")
+
+    _sign_in(page, running)
+    page.goto(f"{running.url}/artifacts")
+    listed = page.inner_text("#artifacts")
+    for name in ("notes.md", "facts.json", "chart.png", "rotten.txt"):
+        assert name in listed
+
+    page.click("text=notes.md")
+    page.wait_for_selector("#artifact-text")
+    assert SCRIPT in page.inner_text("#artifact-text")  # Markdown as its source, escaped
+    assert page.locator("#content img").count() == 0
+    assert page.evaluate("window.__xss") is None
+    assert notes.digest in page.inner_text("#digest")
+    page.screenshot(path=str(artifacts / "artifact-markdown.png"), full_page=True)
+    page.click("#made-by")  # provenance: the step that made it
+    page.wait_for_url(re.compile(r".*/plans/report#"))
+    page.wait_for_selector(f"#{dom_id('report', 'summary')}")
+
+    page.goto(f"{running.url}/artifacts?scope=plan&scope_id=report")
+    page.click("text=facts.json")
+    text = page.inner_text("#artifact-text")
+    assert '"who": ' in text
+    assert "<script>" in text
+    assert page.evaluate("window.__xss") is None
+
+    page.goto(f"{running.url}/artifacts")
+    page.click("text=chart.png")
+    page.wait_for_selector("#artifact-image")
+    page.wait_for_function("document.querySelector('#artifact-image').complete")
+    assert page.evaluate("document.querySelector('#artifact-image').naturalWidth") == 2
+    page.screenshot(path=str(artifacts / "artifact-image.png"), full_page=True)
+
+    page.goto(f"{running.url}/artifacts")
+    page.click("text=rotten.txt")
+    problem = page.inner_text("#artifact-problem")
+    assert rotten.digest in problem
+    assert "corrupted" in problem
+    assert "fine" not in page.inner_text("#content")
     assert page.errors == []

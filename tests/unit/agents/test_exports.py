@@ -7,6 +7,7 @@ import inspect
 from stratagem import agents
 
 EXPECTED = [
+    "ARTIFACT_TARGET",
     "DEFAULT_PATTERNS",
     "DEMO_GOAL",
     "ENTRY_POINT_GROUP",
@@ -87,6 +88,9 @@ EXPECTED = [
     "TurnTimeoutError",
     "WorldModel",
     "WorldStore",
+    "artifact_grants",
+    "artifact_tools",
+    "attach_artifact_tools",
     "build_agent",
     "build_in_memory",
     "define_agent",

@@ -420,3 +420,56 @@ async def test_a_store_on_postgres_round_trips(postgres_url: str, tmp_path: Path
     saved = await store.save("r.json", b"{}", media_type="application/json")
     assert await store.load("r.json") == (saved, b"{}")
     await store.aclose()
+
+
+# --- files, copied in the kernel ----------------------------------------------------------------
+
+
+async def test_a_file_saved_and_loaded_as_a_file(store: ArtifactStore, tmp_path: Path) -> None:
+    source = tmp_path / "chart.png"
+    source.write_bytes(PNG + os.urandom(100_000))
+    record = await store.save_file("chart.png", source, media_type="image/png")
+    assert record.digest == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert record.size == source.stat().st_size
+    again = await store.save_file("chart.png", source, media_type="image/png")
+    assert again == record  # idempotent by digest
+    assert len(_blob_files(tmp_path / "artifacts")) == 1
+    target = tmp_path / "out" / "copy.png"
+    target.parent.mkdir()
+    assert await store.load_file("chart.png", target) == record
+    assert target.read_bytes() == source.read_bytes()
+    assert os.listdir(tmp_path / "artifacts" / "blobs" / "tmp") == []
+    text = tmp_path / "notes.json"
+    text.write_bytes(b'{"a": 1}')
+    assert (await store.save_file("notes.json", text, media_type="application/json")).size == 8
+
+
+async def test_a_file_that_lies_or_is_missing_is_refused(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"GIF89a" + b"\x00" * 1000)
+    with pytest.raises(ArtifactInputError, match="media_type: 'image/png' does not fit"):
+        await store.save_file("fake.png", fake, media_type="image/png")
+    with pytest.raises(ArtifactInputError, match="source: cannot read"):
+        await store.save_file("none.bin", tmp_path / "none", media_type="image/png")
+    big = ArtifactStore.open(tmp_path / "small", ArtifactsConfig(max_bytes=100))
+    with pytest.raises(ArtifactTooLargeError):
+        await big.save_file("fake.gif", fake, media_type="image/gif")
+    assert _blob_files(tmp_path / "artifacts") == []
+    assert await store.list() == []
+
+
+async def test_a_corrupted_blob_never_reaches_the_target_file(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(5000))
+    record = await store.save_file("data.bin", source, media_type="application/octet-stream")
+    [blob] = _blob_files(tmp_path / "artifacts")
+    blob.write_bytes(b"rot" + blob.read_bytes()[3:])
+    target = tmp_path / "out.bin"
+    with pytest.raises(ArtifactCorruptError, match=record.digest):
+        await store.load_file("data.bin", target)
+    assert not target.exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".out.bin")] == []

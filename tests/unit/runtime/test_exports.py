@@ -5,6 +5,8 @@ from stratagem import runtime
 EXPECTED = [
     "AgentActor",
     "AgentInfo",
+    "ArtifactReadError",
+    "ArtifactsClient",
     "Deployment",
     "Directory",
     "EndpointDirectory",
