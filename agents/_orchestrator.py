@@ -65,7 +65,7 @@ from stratagem.agents._consult import (
     required_consultations,
     waive_consultation,
 )
-from stratagem.agents._goals import GoalPlanner, show_goal_plan
+from stratagem.agents._goals import GOAL_REPLANNED, GoalPlanner, show_goal_plan
 from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._tool import Tool, tool
@@ -317,6 +317,10 @@ class OrchestratorPlanner:
             dispatcher reaches: ``STRATAGEM_A2A_AGENTS``).
     """
 
+    failure_classes = GOAL_REPLANNED
+    """A goal's step that stays failed after its retries (``transient``, ``timeout``) or that a
+    rule refused (``policy``) is planned around like one its agent refused (``logic``)."""
+
     def __init__(self, a2a_agents: Collection[str] = ()) -> None:
         self.a2a_agents = frozenset(a2a_agents)
         self.goals = GoalPlanner()
@@ -418,8 +422,9 @@ class OrchestratorPlanner:
         )
 
     def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        """A goal in plain words' next revision after a ``logic`` failure (``GoalPlanner.replan``);
-        a story goal's plan is not replanned."""
+        """A goal in plain words' next revision after a step failed for good, whatever its class
+        but ``cancelled`` (``GoalPlanner.replan``); a story goal's plan is not
+        replanned."""
         if isinstance(plan, OrchestrationPlan) and any(
             a.score is not None for a in plan.assignments
         ):

@@ -78,6 +78,7 @@ from stratagem.planning._revisions import (
     diff_plans,
     failure_repaired,
     replan_rationale,
+    replanned_classes,
     unchanged_steps,
 )
 from stratagem.planning._schema_check import SCHEMA_CHECK_SECONDS, schema_errors, schema_validator
@@ -220,6 +221,7 @@ __all__ = [
     "ref",
     "refs_in",
     "replan_rationale",
+    "replanned_classes",
     "replay",
     "resolve_refs",
     "schema_errors",

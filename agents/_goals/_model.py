@@ -23,7 +23,7 @@ from stratagem.agents._agent import Agent
 from stratagem.agents._goals._bm25 import tokens
 from stratagem.agents._goals._directory import CapabilityDirectory
 from stratagem.agents._goals._match import MATCH_THRESHOLD, Matcher
-from stratagem.agents._goals._planner import MAX_CLAUSES, GoalPlanner, Pick
+from stratagem.agents._goals._planner import GOAL_REPLANNED, MAX_CLAUSES, GoalPlanner, Pick
 from stratagem.agents._model_answer import DeterministicPlanner, ModelAnswer
 from stratagem.agents._model_planner import ModelPlanner
 from stratagem.planning import Plan, PlanResult, StepFailure
@@ -211,6 +211,8 @@ class GoalModelPlanner:
     Args:
         model: The model planner.
     """
+
+    failure_classes = GOAL_REPLANNED
 
     def __init__(self, model: ModelPlanner) -> None:
         self.model = model

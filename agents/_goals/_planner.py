@@ -18,9 +18,10 @@ Route, then plan (deterministic; ``docs/goals.md`` says it for users):
    step), several the ``plan`` route. With ``approve``, the steps whose capability has side effects
    wait at a gate (``approve``).
 
-A step that fails for good with class ``logic`` is replanned (``replan``): the next revision drops
-it and every step that depends on it, and runs the rest; the answer (``respond``) says what was
-done and what was not, each step's output under it.
+A step that fails for good, whatever its class but ``cancelled`` (``transient`` and
+``timeout`` once their retries are spent: ``GOAL_REPLANNED``), is replanned (``replan``): the
+next revision drops it and every step that depends on it, and runs the rest; the answer
+(``respond``) says what was done and what was not, each step's output under it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._tool import tool
 from stratagem.planning import (
     CrossAgentStep,
+    FailureClass,
     GateStep,
     PlanResult,
     Step,
@@ -61,7 +63,13 @@ from stratagem.protocol import (
 )
 from stratagem.protocol._a2a._client import A2ASkill
 
-__all__ = ["GoalPlanner", "Pick", "show_goal_plan", "summary"]
+__all__ = ["GOAL_REPLANNED", "GoalPlanner", "Pick", "show_goal_plan", "summary"]
+
+GOAL_REPLANNED: Final = frozenset(FailureClass) - {FailureClass.CANCELLED}
+"""The failure classes after which a goal's plan is replanned (once a step's retries are spent):
+a step its agent refused (``logic``), one that stayed unreachable or slow (``transient``,
+``timeout``) or was refused by a rule (``policy``: also a circuit breaker an outage opened) is
+dropped with what depends on it, and the rest runs; only a cancelled one ends the goal."""
 
 MAX_CLAUSES: Final = 16
 """The most clauses (so steps) one goal may have."""

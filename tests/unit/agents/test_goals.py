@@ -19,7 +19,7 @@ from stratagem.agents._goals import (
     split_clauses,
     tokens,
 )
-from stratagem.planning import CrossAgentStep, GateStep
+from stratagem.planning import CrossAgentStep, EngineConfig, GateStep
 from stratagem.protocol import (
     CAPABILITIES,
     EXTENSION_FIELD,
@@ -265,6 +265,40 @@ async def test_a_failed_step_is_replanned_and_the_independent_rest_runs() -> Non
         "get_weather failed: no weather for 'Atlantis': the weather service does not know it"
     )
     assert answer.summary.splitlines()[0].startswith("not done: check the weather in Atlantis")
+    assert answer.summary.splitlines()[1].startswith("done: set a timer for 10 minutes")
+
+
+@pytest.mark.parametrize(
+    ("city", "breaker", "failure_class", "why"),
+    [
+        ("Atlantis", True, "logic", "the weather service does not know it"),
+        ("Vostok", False, "transient", "the weather station is offline"),
+        ("Kerguelen", False, "timeout", "the weather station did not answer in time"),
+        # With the weather agent's circuit breaker (the default) the outage's retries open it:
+        # the last attempt is refused without a call, a policy failure.
+        ("Vostok", True, "policy", "circuit open for tool 'current_weather'"),
+    ],
+)
+async def test_the_timer_is_set_whatever_class_the_weather_failed_with(
+    city: str, breaker: bool, failure_class: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A transient or timeout failure is retried first; once its retries are spent the goal is
+    # replanned around it exactly as around a refusal (before: the whole goal failed).
+    config = EngineConfig() if breaker else EngineConfig(circuit_breaker=None)
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False, engine_config=config)
+    answer = await agents["orchestrator"].handle(
+        "AskGoal",
+        AskGoalRequest(goal=f"check the weather in {city} and set a timer for 10 minutes"),
+        call("AskGoal", "orchestrator"),
+    )
+    assert isinstance(answer, AskGoalResponse)
+    assert (answer.status, answer.revisions) == ("partial", 2)
+    weather, timer = answer.steps
+    assert (weather.status, timer.status) == ("dropped", "succeeded")
+    assert weather.error.startswith("get_weather failed: ")
+    assert why in weather.error
+    # The orchestrator's step failed for good with the class its agent's failure had.
+    assert f"step get_weather failed ({failure_class})" in caplog.text
     assert answer.summary.splitlines()[1].startswith("done: set a timer for 10 minutes")
 
 
