@@ -229,6 +229,11 @@ class Agent:
         self._policy = policy
         self._engine.approvals = approvals
 
+    @property
+    def policy(self) -> Policy | None:
+        """The authorization policy it took up (``use_policy``); ``None`` before."""
+        return self._policy
+
     def use_notifier(self, notifier: GateNotifier | None) -> None:
         """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
         (runs started from now on)."""

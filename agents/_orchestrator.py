@@ -493,7 +493,16 @@ class OrchestratorAgent(RoleAgent):
 
     async def handle(self, capability: str, request: WireModel, ctx: CallContext) -> WireModel:
         """Serve one request; before a goal in plain words is planned, the external A2A agents'
-        cards are read (once each) so that their skills are in the capability directory."""
+        cards are read (once each) so that their skills are in the capability directory, and a
+        policy that says so (``[goals] approve_side_effects``) makes it wait for an approval
+        before its steps that have side effects."""
+        if (
+            isinstance(request, AskGoalRequest)
+            and not request.approve
+            and self.policy is not None
+            and self.policy.approve_goal_side_effects
+        ):
+            request = request.model_copy(update={"approve": True})
         # A model planner's fallback is the orchestrator's own planner: its goals are the same.
         planner = getattr(self.planner, "deterministic", self.planner)
         if (

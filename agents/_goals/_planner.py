@@ -275,9 +275,9 @@ class GoalPlanner:
         assignments: list[Assignment] = []
         outputs: list[tuple[str, DirectoryEntry]] = []
         used: set[str] = set()
-        gate_needed = request.approve and any(p.match.entry.spec.side_effects for p in chosen)
+        gate_needed = request.approve and any(p.match.entry.side_effects for p in chosen)
         if gate_needed:
-            names = ", ".join(p.match.entry.name for p in chosen if p.match.entry.spec.side_effects)
+            names = ", ".join(p.match.entry.name for p in chosen if p.match.entry.side_effects)
             steps.append(
                 GateStep(
                     id=APPROVE_STEP,
@@ -318,7 +318,7 @@ class GoalPlanner:
             if after and ids:
                 depends.append(ids[-1])
             depends += [ids[i] for i in pick.after if 0 <= i < len(ids)]
-            if gate_needed and entry.spec.side_effects:
+            if gate_needed and entry.side_effects:
                 depends.append(APPROVE_STEP)
             steps.append(
                 CrossAgentStep(
@@ -445,6 +445,16 @@ class GoalPlanner:
 
     # --- answering -------------------------------------------------------------------------
 
+    def _side_effects(self, agent: str, capability: str) -> bool:
+        """Whether the directory's entry for a step's agent and capability (an external
+        agent's name and skill) has side effects."""
+        for entry in self.matcher().directory.entries:
+            if (entry.external or entry.agent) == agent and (
+                entry.skill or entry.spec.name
+            ) == capability:
+                return entry.side_effects
+        return False
+
     def respond(self, request: AskGoalRequest, result: PlanResult[Any]) -> AskGoalResponse:
         """The goal's answer: every step, what came of it, and a summary."""
         plan = result.submitted
@@ -461,7 +471,7 @@ class GoalPlanner:
                     depends_on=s["depends_on"],
                     why=s["why"],
                     score=s["score"],
-                    side_effects=_side_effects(s["capability"]),
+                    side_effects=self._side_effects(s["agent"], s["capability"]),
                     status="planned",
                 )
                 for s in planned
@@ -491,7 +501,7 @@ class GoalPlanner:
                     depends_on=list(step.depends_on) if step is not None else [],
                     why=a.purpose,
                     score=a.score or 0.0,
-                    side_effects=_side_effects(a.capability),
+                    side_effects=self._side_effects(a.agent, a.capability),
                     status=str(getattr(status, "value", status)),
                     output_json="" if output is None else json.dumps(output, sort_keys=True),
                     error=a.dropped,
@@ -518,13 +528,6 @@ _FAILED: Final = re.compile(
 def _innermost(message: str) -> str:
     """The reason at the bottom of a nested failure's message (a sub-plan's step's own)."""
     return _FAILED.split(message)[-1]
-
-
-def _side_effects(capability: str) -> bool:
-    from stratagem.protocol import CAPABILITIES
-
-    spec = CAPABILITIES.get(capability)
-    return bool(spec is not None and spec.side_effects)
 
 
 def _said(output_json: str) -> str:

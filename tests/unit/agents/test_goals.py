@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from stratagem.agents import ExtensionError, build_in_memory, import_extensions
+from stratagem.agents._a2a import peers_from
 from stratagem.agents._goals import (
     CapabilityDirectory,
     GoalPlanner,
@@ -29,10 +30,14 @@ from stratagem.protocol import (
     FailedPreconditionError,
     IntentError,
     InvalidArgumentError,
+    Policy,
+    ProtocolUsageError,
     WireModel,
     parse_intent,
     register_capability,
 )
+from stratagem.protocol._a2a._client import A2ASkill
+from stratagem.runtime.config._settings import A2APeer
 from tests.unit.agents.conftest import REPO, call
 
 pytestmark = pytest.mark.usefixtures("clean_registry")
@@ -372,3 +377,71 @@ async def test_with_approve_the_side_effecting_step_waits_for_the_gate() -> None
         ("get_weather", "succeeded"),
         ("set_timer", "succeeded"),
     ]
+
+
+async def test_a_policy_rule_holds_the_side_effecting_steps_of_every_goal() -> None:
+    # The goal does not ask for an approval; the policy's [goals] makes it wait all the same.
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False)
+    orchestrator = agents["orchestrator"]
+    orchestrator.use_policy(
+        Policy.from_toml("[goals]\napprove_side_effects = true\n", source="goals.toml")
+    )
+    request = AskGoalRequest(goal=SEED, plan_id="ruled")
+    run = asyncio.create_task(
+        orchestrator.handle("AskGoal", request, call("AskGoal", "orchestrator"))
+    )
+    async for event in orchestrator.watch("ruled"):
+        if event.plan_id == "ruled" and not event.step_id and event.status == "blocked":
+            break
+    await asyncio.sleep(0.5)  # time for a step that did not wait to reach its agent
+    assert not run.done()
+    assert agents["timer"].plans("ruled/set_timer") == []
+    await orchestrator.decide_gate(
+        "ruled", "approve", approve=True, approver="operator", rationale="ok"
+    )
+    answer = await asyncio.wait_for(run, 30)
+    assert isinstance(answer, AskGoalResponse)
+    assert [(s.id, s.status) for s in answer.steps] == [
+        ("approve", "succeeded"),
+        ("get_weather", "succeeded"),
+        ("set_timer", "succeeded"),
+    ]
+
+
+def test_the_goals_table_of_the_policy_is_checked() -> None:
+    assert not Policy.from_toml("").approve_goal_side_effects
+    with pytest.raises(ProtocolUsageError, match=r"goals\.approve_side_effect"):
+        Policy.from_toml("[goals]\napprove_side_effect = true\n")
+
+
+def _external_planner(*skills: A2ASkill) -> GoalPlanner:
+    goals = planner()
+    goals.use_external({"concierge": list(skills)})
+    return goals
+
+
+def test_an_external_skill_has_side_effects_unless_declared_read_only() -> None:
+    booking = A2ASkill("book", ("book a table at a restaurant",))
+    goals = _external_planner(booking)
+    plan = goals.plan(
+        AskGoalRequest(goal="book a table at a restaurant", approve=True), plan_id="g"
+    )
+    gate, ask_step = plan.steps
+    assert isinstance(gate, GateStep)
+    assert "a2a.concierge.book" in gate.prompt
+    assert ask_step.depends_on == ["approve"]
+    shown = goals.plan(
+        AskGoalRequest(goal="book a table at a restaurant", plan_only=True), plan_id="p"
+    )
+    assert shown.steps[0].input["steps"][0]["id"] == "ask_concierge"  # type: ignore[union-attr]
+
+    reading = A2ASkill("menu", ("read the menu of a restaurant",), side_effects=False)
+    plan = _external_planner(reading).plan(
+        AskGoalRequest(goal="read the menu of a restaurant", approve=True), plan_id="g"
+    )
+    assert [s.id for s in plan.steps] == ["ask_concierge"]
+
+
+async def test_a_configured_agents_read_only_skills_reach_its_card_reading() -> None:
+    peers = peers_from({"concierge": A2APeer(url="http://127.0.0.1:9/", read_only_skills=["menu"])})
+    assert peers["concierge"].read_only_skills == ("menu",)
