@@ -699,7 +699,8 @@ class Agent:
         for good, not left ``running`` in the store: nobody waits for its answer. Only when the
         agent itself is closing is it an interruption, resumed at the next start.
         """
-        if deadline is not None:
+        if deadline is not None and (plan.deadline is None or deadline < plan.deadline):
+            # The caller's, unless the plan's own is sooner (a goal's ``deadline_s``).
             plan = plan.model_copy(update={"deadline": deadline})
         latest = 0
         previous = self._book.get(plan.id)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -45,6 +46,7 @@ from stratagem.agents._goals._match import (
 from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._tool import tool
 from stratagem.planning import (
+    Budget,
     CrossAgentStep,
     FailureClass,
     GateStep,
@@ -215,6 +217,7 @@ class GoalPlanner:
         if not chosen or len(chosen) > MAX_CLAUSES:
             raise InvalidArgumentError(f"goal: 1 to {MAX_CLAUSES} steps, not {len(chosen)}")
         steps, assignments = self._steps(request, chosen)
+        _done_steps(request.done_when, assignments)
         if request.plan_only:
             planned = [
                 {
@@ -245,6 +248,8 @@ class GoalPlanner:
             goal=_clip(" ".join(request.goal.split()), 200),
             steps=steps,
             assignments=assignments,
+            budget=_budget(request),
+            deadline=None if request.deadline_s is None else time.time() + request.deadline_s,
         )
 
     @staticmethod
@@ -421,6 +426,8 @@ class GoalPlanner:
         failed = failure.step_id
         if not any(isinstance(s, CrossAgentStep) and s.id == failed for s in plan.steps):
             return None
+        if failure.failure_class is FailureClass.POLICY and _EXHAUSTED in failure.message:
+            return None  # no revision refills a budget: the goal stops
         dropped = {failed}
         changed = True
         while changed:
@@ -510,19 +517,74 @@ class GoalPlanner:
         work = [s for s in steps if s.capability != "gate"]
         done = [s for s in work if s.status == "succeeded"]
         status = "succeeded" if len(done) == len(work) else ("partial" if done else "failed")
+        met: bool | None = None
+        said = summary(work)
+        if request.done_when:
+            named = _done_steps(request.done_when, plan.assignments)
+            missing = [s for s in work if s.id in named and s.status != "succeeded"]
+            met = not missing
+            said = _clip(
+                said
+                + "\ndefinition of done: "
+                + (
+                    f"met ({', '.join(request.done_when)})"
+                    if met
+                    else "not met: " + ", ".join(f"{s.id} {s.status}" for s in missing)
+                ),
+                8000,
+            )
         return AskGoalResponse(
             plan_id=plan.id,
             status=status,
             route=route,
-            summary=summary(work),
+            summary=said,
             steps=steps,
             revisions=plan.revision,
+            done=met,
         )
 
 
 _FAILED: Final = re.compile(
     r" failed \((?:logic|transient|timeout|policy|cancelled)\)(?: after \d+ attempt\(s\))?: "
 )
+
+
+_EXHAUSTED: Final = "budget exhausted: "
+"""How the engine's refusal of an attempt past the plan's budget begins."""
+
+
+def _budget(request: AskGoalRequest) -> Budget | None:
+    """The plan's budget: the request's, its wall time bounded by the goal's deadline."""
+    given = request.budget
+    wall = given.wall_time_s if given is not None else None
+    if request.deadline_s is not None:
+        wall = request.deadline_s if wall is None else min(wall, request.deadline_s)
+    if given is None and wall is None:
+        return None
+    return Budget(
+        wall_time_s=wall,
+        tool_calls=given.tool_calls if given is not None else None,
+        cost_units=given.cost_units if given is not None else None,
+    )
+
+
+def _done_steps(done_when: Sequence[str], assignments: Sequence[Assignment]) -> set[str]:
+    """The ids of the steps the definition of done names (by id, ``Capability`` or
+    ``agent.Capability``).
+
+    Raises:
+        protocol.InvalidArgumentError: A name that is no step of the plan: one line naming it.
+    """
+    found: set[str] = set()
+    work = [a for a in assignments if a.capability != "gate"]
+    for name in done_when:
+        hits = {a.step for a in work if name in (a.step, a.capability, f"{a.agent}.{a.capability}")}
+        if not hits:
+            shown = ", ".join(f"{a.step} ({a.agent}.{a.capability})" for a in work)
+            problem = f"done_when: {name!r} names no step of the goal's plan (steps: {shown})"
+            raise InvalidArgumentError(_clip(problem, 1000))
+        found |= hits
+    return found
 
 
 def _innermost(message: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ from stratagem.protocol import (
     AskGoalResponse,
     CapabilitySpec,
     FailedPreconditionError,
+    GoalBudget,
     IntentError,
     InvalidArgumentError,
+    PermissionDeniedError,
     Policy,
     ProtocolUsageError,
     WireModel,
@@ -445,3 +448,47 @@ def test_an_external_skill_has_side_effects_unless_declared_read_only() -> None:
 async def test_a_configured_agents_read_only_skills_reach_its_card_reading() -> None:
     peers = peers_from({"concierge": A2APeer(url="http://127.0.0.1:9/", read_only_skills=["menu"])})
     assert peers["concierge"].read_only_skills == ("menu",)
+
+
+# --- the request's deadline, budget and definition of done ------------------------------------
+
+
+def test_the_goals_deadline_and_budget_become_its_plans() -> None:
+    request = AskGoalRequest(
+        goal=SEED, deadline_s=30, budget=GoalBudget(wall_time_s=60, tool_calls=5, cost_units=9)
+    )
+    before = time.time()
+    plan = planner().plan(request, plan_id="g")
+    assert plan.budget is not None
+    assert (plan.budget.wall_time_s, plan.budget.tool_calls, plan.budget.cost_units) == (30, 5, 9)
+    assert plan.deadline is not None
+    assert before + 30 <= plan.deadline <= time.time() + 30
+    assert planner().plan(AskGoalRequest(goal=SEED), plan_id="g").budget is None
+
+
+async def test_a_goal_out_of_budget_stops_and_is_not_replanned() -> None:
+    # Two cross-agent steps, one call allowed: the second is refused before it is sent.
+    with pytest.raises(PermissionDeniedError, match="budget exhausted: tool_calls 1/1"):
+        await ask(SEED, budget=GoalBudget(tool_calls=1))
+
+
+async def test_the_definition_of_done_is_checked_and_stated() -> None:
+    failing = "check the weather in Atlantis and set a timer for 10 minutes"
+    met = await ask(failing, done_when=["SetTimer"])
+    assert (met.status, met.done) == ("partial", True)
+    assert met.summary.splitlines()[-1] == "definition of done: met (SetTimer)"
+    unmet = await ask(failing, done_when=["timer.SetTimer", "get_weather"])
+    assert (unmet.status, unmet.done) == ("partial", False)
+    assert unmet.summary.splitlines()[-1] == "definition of done: not met: get_weather dropped"
+    assert (await ask(SEED)).done is None
+
+
+def test_a_definition_of_done_naming_no_planned_step_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="done_when: 'BookFlight' names no step"):
+        planner().plan(AskGoalRequest(goal=SEED, done_when=["BookFlight"]), plan_id="g")
+
+
+@pytest.mark.parametrize("field", ["constraints", "definition_of_done", "deadline"])
+def test_a_field_the_goal_does_not_take_is_refused_naming_it(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        AskGoalRequest.model_validate({"goal": SEED, field: "by noon"})
