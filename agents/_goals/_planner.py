@@ -5,10 +5,11 @@ Route, then plan (deterministic; ``docs/goals.md`` says it for users):
 1. The goal is split into clauses (``split_clauses``). A goal that names an agent that is not
    deployed (``the billing agent``) is refused.
 2. Each clause is matched to the directory's capabilities by their intents (``Matcher``); the best
-   one is chosen when it scores at least ``MATCH_THRESHOLD``. A clause nothing matches is first
-   joined back to the clause before it, as written (a comma or an ``and`` inside a slot:
-   ``schedule lunch with Sam, Ann and Bo on Tuesday``); failing that the goal is refused in one
-   line naming the closest capabilities.
+   one is chosen when it scores at least ``MATCH_THRESHOLD``. A clause nothing matches is joined
+   back to the clause before it, as written, when that one still lacks a required field (a comma
+   or an ``and`` inside a slot: ``schedule lunch with Sam, Ann and Bo on Tuesday``); otherwise,
+   or when the joined clause matches nothing either, the goal is refused in one line naming the
+   clause and the closest capabilities.
 3. The chosen intent's slots are read from the clause, typed by the request model; a field still
    empty takes the goal's ``inputs`` of that name, else an earlier step's output field of that
    name (a reference: the step then depends on it). A required field left empty, or a value the
@@ -185,7 +186,7 @@ class GoalPlanner:
             if ranked and ranked[0].score >= MATCH_THRESHOLD:
                 chosen.append(Pick(clause.text, clause.after_previous, ranked[0]))
                 continue
-            if chosen:
+            if chosen and self._incomplete(chosen[-1], request):
                 last = chosen[-1]
                 joined = f"{last.text}{clause.sep or ' '}{clause.text}"
                 again = matcher.ranked(joined, agent=named)
@@ -194,6 +195,22 @@ class GoalPlanner:
                     continue
             raise InvalidArgumentError(self._unmatched(clause.text, ranked, agents))
         return self.planned(request, chosen, plan_id=plan_id)
+
+    @staticmethod
+    def _incomplete(pick: Pick, request: AskGoalRequest) -> bool:
+        """Whether ``pick``'s clause leaves a required field of its request to a piece that
+        follows (``schedule lunch with Sam, Ann and Bo on Tuesday``: the day comes last). A clause
+        that says all it needs takes nothing more: a piece after it that nothing matches is a
+        request of its own (``check the weather in Paris and book a table``), refused by name
+        rather than read into a slot."""
+        entry = pick.match.entry
+        if entry.external:
+            return False
+        said = extract_slots(pick.text, pick.match)
+        return any(
+            field.is_required() and name not in said and name not in request.inputs
+            for name, field in entry.spec.request.model_fields.items()
+        )
 
     def check_goal(self, request: AskGoalRequest) -> None:
         """Refuse a goal that names an agent not deployed (before a model is asked about it).

@@ -492,3 +492,20 @@ def test_a_definition_of_done_naming_no_planned_step_is_refused() -> None:
 def test_a_field_the_goal_does_not_take_is_refused_naming_it(field: str) -> None:
     with pytest.raises(ValidationError, match=field):
         AskGoalRequest.model_validate({"goal": SEED, field: "by noon"})
+
+
+@pytest.mark.parametrize(
+    ("goal", "unplaced"),
+    [
+        ("check the weather in Paris and book a table", "book a table"),
+        ("schedule gym on Monday and buy milk", "buy milk"),
+        ("check the weather in Paris and Tokyo", "Tokyo"),
+    ],
+)
+def test_a_clause_nothing_matches_after_a_complete_one_is_refused_by_name(
+    goal: str, unplaced: str
+) -> None:
+    # Before: the piece was joined into the previous clause's text slot (city='Paris and book a
+    # table'), and the step failed when it ran.
+    with pytest.raises(InvalidArgumentError, match=f"no capability matches '{unplaced}'"):
+        planner().plan(AskGoalRequest(goal=goal), plan_id="g")
