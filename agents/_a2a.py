@@ -68,6 +68,7 @@ def peers_from(
             token=token,
             skill=str(getattr(peer, "skill", "")),
             timeout_s=float(getattr(peer, "timeout_s", 60.0)),
+            read_only_skills=tuple(getattr(peer, "read_only_skills", ())),
         )
     return peers
 

@@ -120,8 +120,9 @@ from stratagem.protocol import (
 
 __all__ = ["Agent", "PlanRecord", "Planner", "Prepare"]
 
-Prepare = Callable[[Planner, WireModel], Awaitable[None]]
-"""A role's step before a request is served: awaited with the agent's planner and the request."""
+Prepare = Callable[["Agent", WireModel], Awaitable[WireModel]]
+"""A role's step before a request is served: awaited with the agent and the request, it answers
+the request to serve (the same, or a copy the role's rules changed)."""
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +146,10 @@ class Agent:
         max_records: How many plans to remember.
         store: Where the engine keeps plans durably; ``None`` keeps nothing (no resume, and gates
             work only while their plan runs).
-        prepare: Awaited with the agent's planner and each request before the request is
-            served (a role's own step, composed in rather than a ``handle`` override: the
-            orchestrator reads the external A2A agents' skills there).
+        prepare: Awaited with the agent and each request before the request is served; it
+            answers the request to serve (a role's own step, composed in rather than a
+            ``handle`` override: the orchestrator reads the external A2A agents' skills there,
+            and applies the policy's ``[goals]`` rules).
     """
 
     def __init__(
@@ -238,6 +240,11 @@ class Agent:
         self._policy = policy
         self._engine.approvals = approvals
 
+    @property
+    def policy(self) -> Policy | None:
+        """The authorization policy it took up (``use_policy``); ``None`` before."""
+        return self._policy
+
     def use_notifier(self, notifier: GateNotifier | None) -> None:
         """Tell ``notifier`` when a gate of this agent's plans opens, escalates or times out
         (runs started from now on)."""
@@ -295,7 +302,7 @@ class Agent:
                 docstring); the message is one line naming the plan and the step.
         """
         if self._prepare is not None:
-            await self._prepare(self.planner, request)
+            request = await self._prepare(self, request)
         handler = self._capabilities.get(capability)
         if handler is None:
             raise NotFoundError(f"the {self.role} agent does not serve {capability!r}")
@@ -710,7 +717,8 @@ class Agent:
         for good, not left ``running`` in the store: nobody waits for its answer. Only when the
         agent itself is closing is it an interruption, resumed at the next start.
         """
-        if deadline is not None:
+        if deadline is not None and (plan.deadline is None or deadline < plan.deadline):
+            # The caller's, unless the plan's own is sooner (a goal's ``deadline_s``).
             plan = plan.model_copy(update={"deadline": deadline})
         latest = 0
         previous = self._book.get(plan.id)

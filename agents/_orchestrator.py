@@ -58,7 +58,7 @@ from typing import Any
 from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict
 
-from stratagem.agents._agent import Planner, Prepare
+from stratagem.agents._agent import Agent, Prepare
 from stratagem.agents._consult import (
     check_consulted,
     consultation_steps,
@@ -66,7 +66,7 @@ from stratagem.agents._consult import (
     required_consultations,
     waive_consultation,
 )
-from stratagem.agents._goals import GoalPlanner, show_goal_plan
+from stratagem.agents._goals import GOAL_REPLANNED, GoalPlanner, show_goal_plan
 from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._role import RoleAgent, RoleSpec
 from stratagem.agents._tool import Tool, tool
@@ -321,6 +321,10 @@ class OrchestratorPlanner:
             dispatcher reaches: ``STRATAGEM_A2A_AGENTS``).
     """
 
+    failure_classes = GOAL_REPLANNED
+    """A goal's step that stays failed after its retries (``transient``, ``timeout``) or that a
+    rule refused (``policy``) is planned around like one its agent refused (``logic``)."""
+
     def __init__(self, a2a_agents: Collection[str] = ()) -> None:
         self.a2a_agents = frozenset(a2a_agents)
         self.goals = GoalPlanner()
@@ -422,8 +426,9 @@ class OrchestratorPlanner:
         )
 
     def replan(self, plan: Plan, failure: StepFailure) -> Plan | None:
-        """A goal in plain words' next revision after a ``logic`` failure (``GoalPlanner.replan``);
-        a story goal's plan is not replanned."""
+        """A goal in plain words' next revision after a step failed for good, whatever its class
+        but ``cancelled`` (``GoalPlanner.replan``); a story goal's plan is not
+        replanned."""
         if isinstance(plan, OrchestrationPlan) and any(
             a.score is not None for a in plan.assignments
         ):
@@ -488,19 +493,28 @@ class OrchestratorAgent(RoleAgent):
             tracer_provider=tracer_provider,
             store=store,
             planner=OrchestratorPlanner(a2a_agents),
-            prepare=None if skills is None else _reading_skills(skills),
+            prepare=_preparing(skills),
         )
 
 
-def _reading_skills(skills: Skills) -> Prepare:
-    """The orchestrator's step before serving: before a goal in plain words is planned, the
-    external A2A agents' cards are read (once each) so that their skills are in the capability
-    directory."""
+def _preparing(skills: Skills | None) -> Prepare:
+    """The orchestrator's step before serving a goal in plain words: a policy that says so
+    (``[goals] approve_side_effects``) makes it wait for an approval before its steps that have
+    side effects, and the external A2A agents' cards are read (once each) so that their skills
+    are in the capability directory."""
 
-    async def prepare(planner: Planner, request: WireModel) -> None:
+    async def prepare(agent: Agent, request: WireModel) -> WireModel:
+        if not isinstance(request, AskGoalRequest):
+            return request
+        policy = agent.policy
+        if not request.approve and policy is not None and policy.approve_goal_side_effects:
+            request = request.model_copy(update={"approve": True})
+        if skills is None:
+            return request
         # A model planner's fallback is the orchestrator's own planner: its goals are the same.
-        own = getattr(planner, "deterministic", planner)
-        if isinstance(request, AskGoalRequest) and isinstance(own, OrchestratorPlanner):
+        own = getattr(agent.planner, "deterministic", agent.planner)
+        if isinstance(own, OrchestratorPlanner):
             own.goals.use_external(await skills())
+        return request
 
     return prepare

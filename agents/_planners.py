@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from stratagem.agents._records import PlanBook
-from stratagem.planning import Plan, PlanResult, StepFailure
+from stratagem.planning import FailureClass, Plan, PlanResult, StepFailure, replanned_classes
 from stratagem.protocol import CAPABILITIES, CapabilitySpec, WireModel
 
 __all__ = ["Capabilities", "Planner", "PlannerReplanner"]
@@ -97,12 +97,17 @@ class PlannerReplanner:
     """The engine's ``Replanner``: asks the planner that made a plan for its next revision.
 
     A planner takes part by having a ``replan(plan, failure) -> Plan | None`` method; plans
-    submitted directly (no capability) and planners without one are not replanned.
+    submitted directly (no capability) and planners without one are not replanned. A planner is
+    asked after ``logic`` failures only, unless its ``failure_classes`` names others too
+    (``planning.Replanner``): the engine hands this replanner every class but ``cancelled``, and
+    it passes each on only to a planner that takes its class.
 
     Args:
         book: The agent's plan records (which capability a plan serves).
         planner_of: The planner serving a capability.
     """
+
+    failure_classes = frozenset(FailureClass) - {FailureClass.CANCELLED}
 
     def __init__(self, book: PlanBook, planner_of: Callable[[str], object | None]) -> None:
         self._book = book
@@ -112,7 +117,7 @@ class PlannerReplanner:
         record = self._book.get(plan.id)
         planner = self._planner_of(record.capability) if record is not None else None
         replan = getattr(planner, "replan", None)
-        if not callable(replan):
+        if not callable(replan) or failure.failure_class not in replanned_classes(planner):
             return None
         new_plan = replan(plan, failure)
         if inspect.isawaitable(new_plan):  # a model planner's repair

@@ -109,6 +109,7 @@ from stratagem.planning._revisions import (
     diff_plans,
     failure_repaired,
     replan_rationale,
+    replanned_classes,
     unchanged_steps,
 )
 from stratagem.planning._schema_check import SCHEMA_CHECK_SECONDS, schema_errors, schema_validator
@@ -288,6 +289,7 @@ __all__ = [
     "ref",
     "refs_in",
     "replan_rationale",
+    "replanned_classes",
     "replay",
     "resolve_refs",
     "schema_errors",

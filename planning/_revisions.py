@@ -35,6 +35,7 @@ __all__ = [
     "diff_plans",
     "failure_repaired",
     "replan_rationale",
+    "replanned_classes",
     "unchanged_steps",
 ]
 
@@ -154,11 +155,19 @@ class Revision:
         return self.record.diff
 
 
+REPLANNED: Final = frozenset({FailureClass.LOGIC})
+"""The failure classes a replanner is asked about unless it says otherwise
+(``Replanner``'s ``failure_classes``)."""
+
+
 class Replanner(Protocol):
-    """Makes a new plan when a step fails with a ``logic`` failure (the agent's planner).
+    """Makes a new plan when a step fails for good (the agent's planner).
 
     The engine calls it (at most ``EngineConfig.max_replans`` times per run) after the run
-    stopped on a logic failure; a returned plan becomes the next revision (its ``id`` and
+    stopped on a failure of a class it takes: ``logic`` (``REPLANNED``), unless it has an
+    attribute ``failure_classes`` (a ``frozenset`` of ``FailureClass``) naming others, e.g. also
+    ``transient`` and ``timeout`` once their retries are spent; ``cancelled`` failures are never
+    replanned. A returned plan becomes the next revision (its ``id`` and
     ``revision`` are set by the engine) and the run continues with it, results of unchanged
     completed steps carried over. ``None`` lets the plan fail.
     """
@@ -167,6 +176,21 @@ class Replanner(Protocol):
         """A new plan for ``plan`` after ``failure``, or ``None`` to let it fail; a replanner
         that asks a model returns an awaitable, which the engine awaits."""
         ...
+
+
+def replanned_classes(replanner: object) -> frozenset[FailureClass]:
+    """The failure classes ``replanner`` is asked about: its ``failure_classes``, else
+    ``REPLANNED``.
+
+    Raises:
+        TypeError: ``failure_classes`` is not a set of ``FailureClass``.
+    """
+    classes = getattr(replanner, "failure_classes", REPLANNED)
+    if not isinstance(classes, frozenset | set) or not all(
+        isinstance(c, FailureClass) for c in classes
+    ):
+        raise TypeError(f"{type(replanner).__name__}.failure_classes is not a set of FailureClass")
+    return frozenset(classes)
 
 
 _RATIONALE: Final = re.compile(

@@ -127,6 +127,7 @@ from stratagem.protocol._goals import (
     MAX_GOAL_CHARS,
     AskGoalRequest,
     AskGoalResponse,
+    GoalBudget,
     GoalStatus,
     GoalStep,
 )
@@ -306,6 +307,7 @@ __all__ = [
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
     "GateInfo",
+    "GoalBudget",
     "GoalStatus",
     "GoalStep",
     "HeadsStore",

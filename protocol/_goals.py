@@ -25,6 +25,7 @@ __all__ = [
     "MAX_GOAL_CHARS",
     "AskGoalRequest",
     "AskGoalResponse",
+    "GoalBudget",
     "GoalStatus",
     "GoalStep",
 ]
@@ -34,6 +35,22 @@ MAX_GOAL_CHARS: Final = 2000
 
 Scalar = str | int | float | bool
 InputName = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]{0,63}$")]
+DoneName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,139}$")]
+MAX_GOAL_SECONDS: Final = 7 * 86400.0
+
+
+class GoalBudget(WireModel):
+    """What a goal's plan may spend (the engine's ``Budget``; each limit optional).
+
+    Attributes:
+        wall_time_s: Seconds from the plan's first start; checked before each step starts.
+        tool_calls: Attempts dispatched (each cross-agent request, each retry).
+        cost_units: The sum of the attempts' costs (a cross-agent attempt costs 1).
+    """
+
+    wall_time_s: float | None = Field(default=None, gt=0.0, le=MAX_GOAL_SECONDS)
+    tool_calls: int | None = Field(default=None, ge=1, le=1_000_000)
+    cost_units: float | None = Field(default=None, gt=0.0, le=1e9)
 
 
 class AskGoalRequest(WireModel):
@@ -49,6 +66,14 @@ class AskGoalRequest(WireModel):
         detach: Answer once the plan runs (its ``plan_id`` and ``status``), the goal running on
             bound by no caller's deadline (``stratagem ask --approve`` does: the goal then waits
             for the approval, not the command).
+        deadline_s: The goal's own time limit in seconds, whoever waits for it: no step starts
+            after it (the plan's wall-time budget), and a restarted orchestrator cancels the goal
+            rather than resume it past it (the plan's deadline).
+        budget: What its plan may spend (the engine's budget); a step whose attempt would pass it
+            does not start, and the goal fails (no revision refills a budget).
+        done_when: The definition of done: steps of the plan (a step id, a capability
+            ``SetTimer`` or ``timer.SetTimer``) that must succeed for the goal to be done; one
+            that names no planned step is refused. The answer's ``done`` says whether they did.
     """
 
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS)
@@ -57,6 +82,9 @@ class AskGoalRequest(WireModel):
     approve: bool = False
     plan_id: NewPlanId = ""
     detach: bool = False
+    deadline_s: float | None = Field(default=None, gt=0.0, le=MAX_GOAL_SECONDS)
+    budget: GoalBudget | None = None
+    done_when: list[DoneName] = Field(default_factory=list, max_length=16)
 
     @field_validator("goal")
     @classmethod
@@ -112,6 +140,8 @@ class AskGoalResponse(WireModel):
         summary: What was done and what was not, in a few lines.
         steps: Every step planned, in plan order.
         revisions: How many revisions the plan had (more than 1: it was replanned).
+        done: Whether the request's definition of done (``done_when``) holds: every step it
+            names succeeded (``None``: the request gave none, or nothing ran).
     """
 
     plan_id: str = Field(max_length=200)
@@ -120,6 +150,7 @@ class AskGoalResponse(WireModel):
     summary: str = Field(default="", max_length=8000)
     steps: list[GoalStep] = Field(default_factory=list, max_length=64)
     revisions: int = Field(default=1, ge=0)
+    done: bool | None = None
 
 
 ASK_GOAL: Final = CapabilitySpec(

@@ -47,6 +47,13 @@ expression over their ``arguments`` holds, with who decides and what a timeout d
     deciders = ["operator"]
     timeout_s = 3600
     on_timeout = "reject"
+
+Goals in plain words (``docs/goals.md``): ``[goals]`` with ``approve_side_effects = true`` holds
+every goal's steps that have side effects at the goal's gate ``approve`` until someone approves,
+as the goal's own ``approve`` does (the orchestrator's ``[[gate]]`` deciders decide it)::
+
+    [goals]
+    approve_side_effects = true
 """
 
 from __future__ import annotations
@@ -196,10 +203,17 @@ class _ApprovalFile(BaseModel):
         return self
 
 
+class _GoalsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    approve_side_effects: bool = False
+
+
 class _PolicyFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: Literal[1] = 1
+    goals: _GoalsFile = Field(default_factory=_GoalsFile)
     allow: list[_RuleFile] = Field(default_factory=list)
     roles: dict[_Identity, list[_Identity]] = Field(default_factory=dict)
     gate: list[_GateFile] = Field(default_factory=list)
@@ -222,9 +236,11 @@ class Policy:
         gate_deciders: Mapping[str, Sequence[str]] | None = None,
         approvals: Iterable[ApprovalRule] = (),
         memory: Iterable[MemoryRule] = (),
+        approve_goal_side_effects: bool = False,
     ) -> None:
         self._rules = tuple(rules)
         self._memory = tuple(memory)
+        self._approve_goal_side_effects = approve_goal_side_effects
         self._roles = {name: frozenset(members) for name, members in (roles or {}).items()}
         self._gate_deciders = {agent: tuple(d) for agent, d in (gate_deciders or {}).items()}
         self._approvals = tuple(approvals)
@@ -247,6 +263,12 @@ class Policy:
         if not (caller and target and capability):
             return False
         return any(rule.matches(caller, target, capability) for rule in self._rules)
+
+    @property
+    def approve_goal_side_effects(self) -> bool:
+        """Whether a goal in plain words waits for an approval before its steps that have side
+        effects, whether or not it asked to (``[goals] approve_side_effects``)."""
+        return self._approve_goal_side_effects
 
     @property
     def roles(self) -> Mapping[str, frozenset[str]]:
@@ -357,6 +379,7 @@ class Policy:
                 for rule in parsed.approval
             ),
             memory=(rule.rule() for rule in parsed.memory),
+            approve_goal_side_effects=parsed.goals.approve_side_effects,
         )
 
     @classmethod

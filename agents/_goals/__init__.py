@@ -16,9 +16,10 @@ from stratagem.agents._goals._match import (
     extract_slots,
     split_clauses,
 )
-from stratagem.agents._goals._planner import GoalPlanner, show_goal_plan, summary
+from stratagem.agents._goals._planner import GOAL_REPLANNED, GoalPlanner, show_goal_plan, summary
 
 __all__ = [
+    "GOAL_REPLANNED",
     "MATCH_THRESHOLD",
     "Bm25",
     "CapabilityDirectory",

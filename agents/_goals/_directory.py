@@ -42,6 +42,8 @@ class DirectoryEntry:
         external: For an external A2A agent's skill: the agent's name ("" otherwise; ``agent``
             is then ``a2a`` and ``spec`` ``SendA2AMessage``).
         skill: That skill's id.
+        external_side_effects: For an external skill, whether it may change something (a card
+            does not say: yes, unless the deployment declared it read-only).
     """
 
     agent: str
@@ -50,6 +52,12 @@ class DirectoryEntry:
     slots: dict[str, tuple[SlotType, dict[str, Any]]] = field(hash=False, compare=False)
     external: str = ""
     skill: str = ""
+    external_side_effects: bool = True
+
+    @property
+    def side_effects(self) -> bool:
+        """Whether running it may change something (a goal's approval gate holds it)."""
+        return self.external_side_effects if self.external else self.spec.side_effects
 
     @property
     def name(self) -> str:
@@ -105,6 +113,7 @@ class CapabilityDirectory:
                             slots={},
                             external=name,
                             skill=skill.skill,
+                            external_side_effects=skill.side_effects,
                         )
                     )
         return cls(tuple(found))

@@ -1,35 +1,36 @@
 """The model route of a goal in plain words: the model chooses the steps, from the directory only.
 
 With a model planner (``STRATAGEM_PLANNER=model``), ``AskGoal`` is asked of the model
-(``GOAL_ANSWER``): its answer schema's only choices of capability are the directory's
-(``agent.Capability``, an enum), each step with the clause it serves, its slot values and the
-earlier steps it waits for. The answer is validated the same way as the router's choice
-(``GoalPlanner.planned``): slots only fields a slot may fill, typed by the request model, required
-fields filled (an earlier output bound where the model left one out), and the clause, made of the
-goal's own words, must match the chosen capability's intents as well as the router requires
-(``MATCH_THRESHOLD``): a valid but wrong choice is refused too. An answer that fails is sent
-back with the problems (``ModelPlanner``'s repairs); when none passes, the deterministic router
-plans the goal (the fallback). A goal naming an agent that is not deployed is refused before the
-model is asked. Replanning after a failed step and the answer stay the goal planner's
-(``GoalModelPlanner``).
+(``goal_answer``): its answer schema's only choices of capability are the directory's
+(``agent.Capability``, and ``a2a.AGENT.SKILL`` for a configured external A2A agent's skill, an
+enum, read from the orchestrator's goal planner at each goal), each step with the clause it serves,
+its slot values and the earlier steps it waits for. The answer is validated the same way as the
+router's choice (``GoalPlanner.planned``): slots only fields a slot may fill, typed by the request
+model, required fields filled (an earlier output bound where the model left one out), and the
+clause, made of the goal's own words, must match the chosen capability's intents as well as the
+router requires (``MATCH_THRESHOLD``): a valid but wrong choice is refused too. An answer that
+fails is sent back with the problems (``ModelPlanner``'s repairs); when none passes, the
+deterministic router plans the goal (the fallback). A goal naming an agent that is not deployed is
+refused before the model is asked. Replanning after a failed step and the answer stay the goal
+planner's (``GoalModelPlanner``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from stratagem.agents._agent import Agent
 from stratagem.agents._goals._bm25 import tokens
 from stratagem.agents._goals._directory import CapabilityDirectory
 from stratagem.agents._goals._match import MATCH_THRESHOLD, Matcher
-from stratagem.agents._goals._planner import MAX_CLAUSES, GoalPlanner, Pick
+from stratagem.agents._goals._planner import GOAL_REPLANNED, MAX_CLAUSES, GoalPlanner, Pick
 from stratagem.agents._model_answer import DeterministicPlanner, ModelAnswer
 from stratagem.agents._model_planner import ModelPlanner
 from stratagem.planning import Plan, PlanResult, StepFailure
 from stratagem.protocol import ASK_GOAL, AskGoalRequest, InvalidArgumentError, WireModel
 
-__all__ = ["GOAL_ANSWER", "GoalModelPlanner", "use_goal_model"]
+__all__ = ["GOAL_ANSWER", "GoalModelPlanner", "goal_answer", "use_goal_model"]
 
 _SYSTEM: Final = (
     "You turn a user's goal into steps. Each step calls one capability of the list you are "
@@ -58,9 +59,9 @@ def _directory() -> CapabilityDirectory:
     return GoalPlanner().matcher().directory
 
 
-def _ask(request: AskGoalRequest) -> str:
+def _ask(request: AskGoalRequest, directory: CapabilityDirectory) -> str:
     lines = []
-    for entry in _directory().entries:
+    for entry in directory.entries:
         slots = ", ".join(f"{n} ({kind})" for n, (kind, _) in entry.slots.items()) or "none"
         said = "; ".join(i.phrase for i in entry.intents[:4])
         lines.append(f"- {entry.name}: slots {slots}; e.g. {said}")
@@ -68,8 +69,8 @@ def _ask(request: AskGoalRequest) -> str:
     return "Capabilities:\n" + "\n".join(lines) + f"\n\nGoal: {request.goal}{inputs}"
 
 
-def _schema(request: AskGoalRequest) -> dict[str, Any]:
-    names = [entry.name for entry in _directory().entries]
+def _schema(request: AskGoalRequest, directory: CapabilityDirectory) -> dict[str, Any]:
+    names = [entry.name for entry in directory.entries]
     return {
         "type": "object",
         "additionalProperties": False,
@@ -192,15 +193,25 @@ def _check(request: AskGoalRequest, planner: DeterministicPlanner) -> None:
     _goals_of(planner).check_goal(request)
 
 
-GOAL_ANSWER: ModelAnswer[AskGoalRequest] = ModelAnswer(
-    request=AskGoalRequest,
-    system=_SYSTEM,
-    ask=_ask,
-    schema=_schema,
-    build=_build,
-    check=_check,
-)
-"""The orchestrator's answer to a goal in plain words (see the module)."""
+def goal_answer(
+    directory: Callable[[], CapabilityDirectory] = _directory,
+) -> ModelAnswer[AskGoalRequest]:
+    """The answer to a goal in plain words whose choices are ``directory()``'s, read at each
+    goal: an orchestrator's goal planner's directory holds its external A2A agents' skills too.
+    """
+    return ModelAnswer(
+        request=AskGoalRequest,
+        system=_SYSTEM,
+        ask=lambda request: _ask(request, directory()),
+        schema=lambda request: _schema(request, directory()),
+        build=_build,
+        check=_check,
+    )
+
+
+GOAL_ANSWER: ModelAnswer[AskGoalRequest] = goal_answer()
+"""The answer to a goal in plain words over the registered capabilities (see the module);
+an orchestrator asks ``goal_answer`` of its own goal planner's directory."""
 
 
 class GoalModelPlanner:
@@ -211,6 +222,8 @@ class GoalModelPlanner:
     Args:
         model: The model planner.
     """
+
+    failure_classes = GOAL_REPLANNED
 
     def __init__(self, model: ModelPlanner) -> None:
         self.model = model
@@ -235,6 +248,16 @@ class GoalModelPlanner:
         return await self.model.rederive(plan, repaired, **kw)
 
 
+def _answer_of(planner: DeterministicPlanner) -> ModelAnswer[AskGoalRequest]:
+    """The answer over ``planner``'s goal planner's directory (the capabilities and the external
+    A2A agents' skills the router plans onto), or ``GOAL_ANSWER`` for another planner."""
+    try:
+        goals = _goals_of(planner)
+    except TypeError:
+        return GOAL_ANSWER
+    return goal_answer(lambda: goals.matcher().directory)
+
+
 def use_goal_model(agent: Agent, model: ModelPlanner | None) -> bool:
     """Have the orchestrator ``agent`` plan ``AskGoal`` with the model of ``model`` (its model
     planner for ``SubmitGoal``); False for another agent, or without a model planner."""
@@ -248,7 +271,7 @@ def use_goal_model(agent: Agent, model: ModelPlanner | None) -> bool:
         deterministic=model.deterministic,
         config=model.config,
         budget=model.budget,
-        answer=GOAL_ANSWER,
+        answer=_answer_of(model.deterministic),
     )
     agent.add_capability(ASK_GOAL, GoalModelPlanner(goal_model))
     return True

@@ -5,10 +5,11 @@ Route, then plan (deterministic; ``docs/goals.md`` says it for users):
 1. The goal is split into clauses (``split_clauses``). A goal that names an agent that is not
    deployed (``the billing agent``) is refused.
 2. Each clause is matched to the directory's capabilities by their intents (``Matcher``); the best
-   one is chosen when it scores at least ``MATCH_THRESHOLD``. A clause nothing matches is first
-   joined back to the clause before it, as written (a comma or an ``and`` inside a slot:
-   ``schedule lunch with Sam, Ann and Bo on Tuesday``); failing that the goal is refused in one
-   line naming the closest capabilities.
+   one is chosen when it scores at least ``MATCH_THRESHOLD``. A clause nothing matches is joined
+   back to the clause before it, as written, when that one still lacks a required field (a comma
+   or an ``and`` inside a slot: ``schedule lunch with Sam, Ann and Bo on Tuesday``); otherwise,
+   or when the joined clause matches nothing either, the goal is refused in one line naming the
+   clause and the closest capabilities.
 3. The chosen intent's slots are read from the clause, typed by the request model; a field still
    empty takes the goal's ``inputs`` of that name, else an earlier step's output field of that
    name (a reference: the step then depends on it). A required field left empty, or a value the
@@ -18,15 +19,17 @@ Route, then plan (deterministic; ``docs/goals.md`` says it for users):
    step), several the ``plan`` route. With ``approve``, the steps whose capability has side effects
    wait at a gate (``approve``).
 
-A step that fails for good with class ``logic`` is replanned (``replan``): the next revision drops
-it and every step that depends on it, and runs the rest; the answer (``respond``) says what was
-done and what was not, each step's output under it.
+A step that fails for good, whatever its class but ``cancelled`` (``transient`` and
+``timeout`` once their retries are spent: ``GOAL_REPLANNED``), is replanned (``replan``): the
+next revision drops it and every step that depends on it, and runs the rest; the answer
+(``respond``) says what was done and what was not, each step's output under it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
@@ -44,7 +47,9 @@ from stratagem.agents._goals._match import (
 from stratagem.agents._orchestration import Assignment, OrchestrationPlan
 from stratagem.agents._tool import tool
 from stratagem.planning import (
+    Budget,
     CrossAgentStep,
+    FailureClass,
     GateStep,
     PlanResult,
     Step,
@@ -61,7 +66,13 @@ from stratagem.protocol import (
 )
 from stratagem.protocol._a2a._client import A2ASkill
 
-__all__ = ["GoalPlanner", "Pick", "show_goal_plan", "summary"]
+__all__ = ["GOAL_REPLANNED", "GoalPlanner", "Pick", "show_goal_plan", "summary"]
+
+GOAL_REPLANNED: Final = frozenset(FailureClass) - {FailureClass.CANCELLED}
+"""The failure classes after which a goal's plan is replanned (once a step's retries are spent):
+a step its agent refused (``logic``), one that stayed unreachable or slow (``transient``,
+``timeout``) or was refused by a rule (``policy``: also a circuit breaker an outage opened) is
+dropped with what depends on it, and the rest runs; only a cancelled one ends the goal."""
 
 MAX_CLAUSES: Final = 16
 """The most clauses (so steps) one goal may have."""
@@ -175,7 +186,7 @@ class GoalPlanner:
             if ranked and ranked[0].score >= MATCH_THRESHOLD:
                 chosen.append(Pick(clause.text, clause.after_previous, ranked[0]))
                 continue
-            if chosen:
+            if chosen and self._incomplete(chosen[-1], request):
                 last = chosen[-1]
                 joined = f"{last.text}{clause.sep or ' '}{clause.text}"
                 again = matcher.ranked(joined, agent=named)
@@ -184,6 +195,22 @@ class GoalPlanner:
                     continue
             raise InvalidArgumentError(self._unmatched(clause.text, ranked, agents))
         return self.planned(request, chosen, plan_id=plan_id)
+
+    @staticmethod
+    def _incomplete(pick: Pick, request: AskGoalRequest) -> bool:
+        """Whether ``pick``'s clause leaves a required field of its request to a piece that
+        follows (``schedule lunch with Sam, Ann and Bo on Tuesday``: the day comes last). A clause
+        that says all it needs takes nothing more: a piece after it that nothing matches is a
+        request of its own (``check the weather in Paris and book a table``), refused by name
+        rather than read into a slot."""
+        entry = pick.match.entry
+        if entry.external:
+            return False
+        said = extract_slots(pick.text, pick.match)
+        return any(
+            field.is_required() and name not in said and name not in request.inputs
+            for name, field in entry.spec.request.model_fields.items()
+        )
 
     def check_goal(self, request: AskGoalRequest) -> None:
         """Refuse a goal that names an agent not deployed (before a model is asked about it).
@@ -207,6 +234,7 @@ class GoalPlanner:
         if not chosen or len(chosen) > MAX_CLAUSES:
             raise InvalidArgumentError(f"goal: 1 to {MAX_CLAUSES} steps, not {len(chosen)}")
         steps, assignments = self._steps(request, chosen)
+        _done_steps(request.done_when, assignments)
         if request.plan_only:
             planned = [
                 {
@@ -235,6 +263,8 @@ class GoalPlanner:
             goal=_clip(" ".join(request.goal.split()), 200),
             steps=steps,
             assignments=assignments,
+            budget=_budget(request),
+            deadline=None if request.deadline_s is None else time.time() + request.deadline_s,
         )
 
     @staticmethod
@@ -265,9 +295,9 @@ class GoalPlanner:
         assignments: list[Assignment] = []
         outputs: list[tuple[str, DirectoryEntry]] = []
         used: set[str] = set()
-        gate_needed = request.approve and any(p.match.entry.spec.side_effects for p in chosen)
+        gate_needed = request.approve and any(p.match.entry.side_effects for p in chosen)
         if gate_needed:
-            names = ", ".join(p.match.entry.name for p in chosen if p.match.entry.spec.side_effects)
+            names = ", ".join(p.match.entry.name for p in chosen if p.match.entry.side_effects)
             steps.append(
                 GateStep(
                     id=APPROVE_STEP,
@@ -308,7 +338,7 @@ class GoalPlanner:
             if after and ids:
                 depends.append(ids[-1])
             depends += [ids[i] for i in pick.after if 0 <= i < len(ids)]
-            if gate_needed and entry.spec.side_effects:
+            if gate_needed and entry.side_effects:
                 depends.append(APPROVE_STEP)
             steps.append(
                 CrossAgentStep(
@@ -411,6 +441,8 @@ class GoalPlanner:
         failed = failure.step_id
         if not any(_agent(s) and s.id == failed for s in plan.steps):
             return None
+        if failure.failure_class is FailureClass.POLICY and _EXHAUSTED in failure.message:
+            return None  # no revision refills a budget: the goal stops
         dropped = {failed}
         changed = True
         while changed:
@@ -435,6 +467,16 @@ class GoalPlanner:
 
     # --- answering -------------------------------------------------------------------------
 
+    def _side_effects(self, agent: str, capability: str) -> bool:
+        """Whether the directory's entry for a step's agent and capability (an external
+        agent's name and skill) has side effects."""
+        for entry in self.matcher().directory.entries:
+            if (entry.external or entry.agent) == agent and (
+                entry.skill or entry.spec.name
+            ) == capability:
+                return entry.side_effects
+        return False
+
     def respond(self, request: AskGoalRequest, result: PlanResult[Any]) -> AskGoalResponse:
         """The goal's answer: every step, what came of it, and a summary."""
         plan = result.submitted
@@ -451,7 +493,7 @@ class GoalPlanner:
                     depends_on=s["depends_on"],
                     why=s["why"],
                     score=s["score"],
-                    side_effects=_side_effects(s["capability"]),
+                    side_effects=self._side_effects(s["agent"], s["capability"]),
                     status="planned",
                 )
                 for s in planned
@@ -479,7 +521,7 @@ class GoalPlanner:
                     depends_on=list(step.depends_on) if step is not None else [],
                     why=a.purpose,
                     score=a.score or 0.0,
-                    side_effects=_side_effects(a.capability),
+                    side_effects=self._side_effects(a.agent, a.capability),
                     status=str(getattr(status, "value", status)),
                     output_json="" if output is None else json.dumps(output, sort_keys=True),
                     error=a.dropped,
@@ -488,13 +530,30 @@ class GoalPlanner:
         work = [s for s in steps if s.capability != "gate"]
         done = [s for s in work if s.status == "succeeded"]
         status = "succeeded" if len(done) == len(work) else ("partial" if done else "failed")
+        met: bool | None = None
+        said = summary(work)
+        if request.done_when:
+            named = _done_steps(request.done_when, plan.assignments)
+            missing = [s for s in work if s.id in named and s.status != "succeeded"]
+            met = not missing
+            said = _clip(
+                said
+                + "\ndefinition of done: "
+                + (
+                    f"met ({', '.join(request.done_when)})"
+                    if met
+                    else "not met: " + ", ".join(f"{s.id} {s.status}" for s in missing)
+                ),
+                8000,
+            )
         return AskGoalResponse(
             plan_id=plan.id,
             status=status,
             route=route,
-            summary=summary(work),
+            summary=said,
             steps=steps,
             revisions=plan.revision,
+            done=met,
         )
 
 
@@ -503,16 +562,47 @@ _FAILED: Final = re.compile(
 )
 
 
+_EXHAUSTED: Final = "budget exhausted: "
+"""How the engine's refusal of an attempt past the plan's budget begins."""
+
+
+def _budget(request: AskGoalRequest) -> Budget | None:
+    """The plan's budget: the request's, its wall time bounded by the goal's deadline."""
+    given = request.budget
+    wall = given.wall_time_s if given is not None else None
+    if request.deadline_s is not None:
+        wall = request.deadline_s if wall is None else min(wall, request.deadline_s)
+    if given is None and wall is None:
+        return None
+    return Budget(
+        wall_time_s=wall,
+        tool_calls=given.tool_calls if given is not None else None,
+        cost_units=given.cost_units if given is not None else None,
+    )
+
+
+def _done_steps(done_when: Sequence[str], assignments: Sequence[Assignment]) -> set[str]:
+    """The ids of the steps the definition of done names (by id, ``Capability`` or
+    ``agent.Capability``).
+
+    Raises:
+        protocol.InvalidArgumentError: A name that is no step of the plan: one line naming it.
+    """
+    found: set[str] = set()
+    work = [a for a in assignments if a.capability != "gate"]
+    for name in done_when:
+        hits = {a.step for a in work if name in (a.step, a.capability, f"{a.agent}.{a.capability}")}
+        if not hits:
+            shown = ", ".join(f"{a.step} ({a.agent}.{a.capability})" for a in work)
+            problem = f"done_when: {name!r} names no step of the goal's plan (steps: {shown})"
+            raise InvalidArgumentError(_clip(problem, 1000))
+        found |= hits
+    return found
+
+
 def _innermost(message: str) -> str:
     """The reason at the bottom of a nested failure's message (a sub-plan's step's own)."""
     return _FAILED.split(message)[-1]
-
-
-def _side_effects(capability: str) -> bool:
-    from stratagem.protocol import CAPABILITIES
-
-    spec = CAPABILITIES.get(capability)
-    return bool(spec is not None and spec.side_effects)
 
 
 def _said(output_json: str) -> str:

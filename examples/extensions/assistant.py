@@ -10,7 +10,10 @@ intents (``CapabilitySpec.intents``) so the orchestrator can plan goals onto the
 
 The weather backend knows a few cities; any other fails with class ``logic`` (``no weather for
 ...``), which is the failing-weather variant: the orchestrator drops the weather step and what
-depends on it, and sets the timer anyway. Timers and events are kept in the agent's memory.
+depends on it, and sets the timer anyway. Two more cities stand for the other ways a service
+fails, each time it is asked (``OUTAGES``): ``Vostok``'s station is offline (class ``transient``)
+and ``Kerguelen``'s does not answer in time (class ``timeout``); their steps are retried, then
+dropped the same way. Timers and events are kept in the agent's memory.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from stratagem.agents import define_agent, tool
-from stratagem.planning import LogicError, Plan, PlanResult, ToolStep
+from stratagem.planning import (
+    FailureClass,
+    LogicError,
+    Plan,
+    PlanResult,
+    StepError,
+    ToolStep,
+)
 from stratagem.protocol import EXTENSION_FIELD, CapabilitySpec, WireModel
 
 Day = Literal["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
@@ -34,6 +44,10 @@ WEATHER: Final = {
     "paris": (61, "sunny"),
     "tokyo": (66, "clear"),
     "new york": (57, "windy"),
+}
+OUTAGES: Final = {
+    "vostok": (FailureClass.TRANSIENT, "the weather station is offline"),
+    "kerguelen": (FailureClass.TIMEOUT, "the weather station did not answer in time"),
 }
 NEXT_MEETING: Final = ("design review", "friday", 25)
 
@@ -80,7 +94,12 @@ GET_WEATHER = CapabilitySpec(
 
 @tool
 async def current_weather(city: str) -> GetWeatherResponse:
-    """The weather in ``city`` from the local table; an unknown city fails (class logic)."""
+    """The weather in ``city`` from the local table; an unknown city fails (class logic), a city
+    of ``OUTAGES`` with its class."""
+    outage = OUTAGES.get(city.strip().lower())
+    if outage is not None:
+        failure_class, why = outage
+        raise StepError(f"no weather for {city!r}: {why}", failure_class)
     known = WEATHER.get(city.strip().lower())
     if known is None:
         raise LogicError(f"no weather for {city!r}: the weather service does not know it")

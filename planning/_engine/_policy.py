@@ -28,6 +28,7 @@ from stratagem.planning._plan import (
     RetryPolicy,
     Step,
 )
+from stratagem.planning._revisions import REPLANNED
 from stratagem.planning._store import BreakerState, StateStore
 
 logger = logging.getLogger(__name__)
@@ -81,13 +82,19 @@ class FailurePolicy:
         """
         return Action.FAIL if exhausted else self.after_failure(step, FailureClass.POLICY)
 
-    def may_replan(self, failures: Sequence[StepFailure]) -> bool:
+    def may_replan(
+        self,
+        failures: Sequence[StepFailure],
+        classes: frozenset[FailureClass] = REPLANNED,
+    ) -> bool:
         """Whether a plan that stopped with ``failures`` may be handed to the replanner.
 
-        Only ``logic`` failures: a new revision can fix a wrong plan, not a flaky tool, a
-        policy or an operator's cancellation.
+        Only failures of ``classes`` (the replanner's ``failure_classes``; by default ``logic``
+        only: a new revision can fix a wrong plan, not a flaky tool), and never ``cancelled``:
+        an operator's cancellation is not planned around.
         """
-        return bool(failures) and all(f.failure_class is FailureClass.LOGIC for f in failures)
+        allowed = classes - {FailureClass.CANCELLED}
+        return bool(failures) and all(f.failure_class in allowed for f in failures)
 
 
 def step_is_idempotent(step: Step, tools: ToolRunner) -> bool:

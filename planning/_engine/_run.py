@@ -39,7 +39,7 @@ from stratagem.planning._errors import (
     StoreError,
 )
 from stratagem.planning._plan import Plan, PlanStatus, ToolStep
-from stratagem.planning._revisions import replan_rationale
+from stratagem.planning._revisions import replan_rationale, replanned_classes
 from stratagem.planning._store import (
     CompensationStatus,
     GateDecision,
@@ -404,7 +404,8 @@ class _PlanRun(Generic[P]):
         return True
 
     async def _replan(self) -> bool:
-        """After a logic failure, ask the replanner for the next revision; True when it gave one.
+        """After a failure of a class the replanner takes (``logic`` unless it says), ask it for
+        the next revision; True when it gave one.
 
         The current revision's run ends here (its gates closed, its pending steps skipped, its
         journal flushed), the revision is stored, and ``replacement`` holds the next run.
@@ -415,7 +416,7 @@ class _PlanRun(Generic[P]):
             replanner is None
             or state.cancelled
             or self.replans >= deps.config.max_replans
-            or not deps.policy.may_replan(state.failures)
+            or not deps.policy.may_replan(state.failures, replanned_classes(replanner))
         ):
             return False
         plan = state.plan

@@ -137,6 +137,8 @@ class A2APeerConfig:
         timeout_s: The most one call may take.
         max_answer_bytes: The largest HTTP answer read from it; a larger one fails the call
             (``FAILED_PRECONDITION``) without being read further.
+        read_only_skills: Its skills that change nothing; every other skill is taken to have
+            side effects (a goal's approval holds it: ``A2ASkill.side_effects``).
     """
 
     name: str
@@ -145,15 +147,19 @@ class A2APeerConfig:
     skill: str = ""
     timeout_s: float = 60.0
     max_answer_bytes: int = 4 << 20
+    read_only_skills: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class A2ASkill:
     """One skill of an external A2A agent's card: its id and the example requests it lists
-    (what a goal in plain words is matched against)."""
+    (what a goal in plain words is matched against), and whether it may change something: a
+    card does not say, so a skill has side effects unless the deployment declared it read-only
+    (``A2APeerConfig.read_only_skills``)."""
 
     skill: str
     examples: tuple[str, ...] = ()
+    side_effects: bool = True
 
 
 _FAILED: Final = {
@@ -267,7 +273,11 @@ class A2AAgentClient:
                 continue
             examples = [e for e in skill.get("examples") or [] if isinstance(e, str)]
             found.append(
-                A2ASkill(skill["id"][:64], tuple(e[:200] for e in examples[:32] if e.strip()))
+                A2ASkill(
+                    skill["id"][:64],
+                    tuple(e[:200] for e in examples[:32] if e.strip()),
+                    side_effects=skill["id"] not in self.peer.read_only_skills,
+                )
             )
         return found[:64]
 

@@ -86,7 +86,10 @@ def run_ask(
                 f"{answer.plan_id})",
                 highlight=False,
             )
-    if answer.status not in ("succeeded", "planned"):
+    if answer.done is not None:  # the definition of done decides, when the goal gave one
+        if not answer.done:
+            raise typer.Exit(1)
+    elif answer.status not in ("succeeded", "planned"):
         raise typer.Exit(1)
 
 
@@ -113,6 +116,22 @@ def ask(
     plan_id: Annotated[
         str | None, typer.Option("--plan-id", help="The orchestrator's plan id.")
     ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            "--deadline",
+            help="The goal's own time limit in seconds: no step starts after it (its plan's "
+            "wall-time budget), whoever waits for it.",
+        ),
+    ] = None,
+    done: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--done",
+            help="The definition of done: a step (id, Capability or agent.Capability) that must "
+            "succeed (repeatable); the exit status follows it.",
+        ),
+    ] = None,
     address: AddressOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
@@ -122,8 +141,9 @@ def ask(
     each clause to a capability by its intents, binds the slots, runs the plan, replans around a
     step that cannot succeed, and prints what was done and what was not.
 
-    Exit 0 when every step succeeded (or with --plan-only), 1 when some did not, 2 when the goal
-    was refused (nothing ran), 3 when it waits at its gate (--approve).
+    Exit 0 when every step succeeded (or with --plan-only; with --done: when the steps it names
+    did), 1 when some did not, 2 when the goal was refused (nothing ran), 3 when it waits at its
+    gate (--approve).
 
     Examples:
 
@@ -141,5 +161,7 @@ def ask(
             plan_only=plan_only or None,
             approve=approve or None,
             plan_id=plan_id,
+            deadline_s=deadline,
+            done_when=done or None,
         )
     run_ask(request, settings, as_json=as_json, timeout=timeout)

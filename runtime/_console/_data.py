@@ -46,8 +46,10 @@ __all__ = [
     "Decision",
     "Gate",
     "GateField",
+    "GoalRoute",
     "PlanDetail",
     "PlansPage",
+    "RouteStep",
     "act",
     "decision_from_form",
     "open_gates",
@@ -260,6 +262,68 @@ class PlanDetail:
     def gates(self) -> list[Gate]:
         """Its gates (and its sub-plans') waiting for a decision."""
         return open_gates(self.history.plans)
+
+    @property
+    def route(self) -> GoalRoute | None:
+        """How a goal in plain words was routed (from its plan's assignments); ``None`` for
+        another plan."""
+        return goal_route(self.root)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteStep:
+    """One step of a goal in plain words: the capability chosen for a clause, and why.
+
+    Attributes:
+        step: The step's id.
+        agent: The agent (or external A2A agent) that serves it.
+        capability: The capability (or skill).
+        why: The clause and the intent it matched (or that a model chose it).
+        score: The match score, 0-1 (``None`` for the approval gate).
+        status: The step's status in the newest revision (``dropped`` when a replan dropped it).
+        dropped: Why a replan dropped it (``""`` when it was not).
+    """
+
+    step: str
+    agent: str
+    capability: str
+    why: str
+    score: float | None
+    status: str
+    dropped: str
+
+
+@dataclass(frozen=True, slots=True)
+class GoalRoute:
+    """A goal in plain words' route: ``single`` (one capability) or ``plan``, its steps with the
+    match scores, and the revision it is at (more than 1: replanned)."""
+
+    kind: str
+    steps: list[RouteStep]
+    revision: int
+
+
+def goal_route(plan: PlanView) -> GoalRoute | None:
+    """The route of ``plan`` when it is a goal in plain words (an assignment has a score)."""
+    assignments = (plan.plan or {}).get("assignments") or []
+    if not any(isinstance(a, dict) and a.get("score") is not None for a in assignments):
+        return None
+    statuses = {s.id: s.status for s in plan.steps}
+    steps = [
+        RouteStep(
+            step=str(a.get("step", "")),
+            agent=str(a.get("agent", "")),
+            capability=str(a.get("capability", "")),
+            why=str(a.get("purpose", "")),
+            score=a.get("score"),
+            status="dropped" if a.get("dropped") else statuses.get(str(a.get("step")), "pending"),
+            dropped=str(a.get("dropped") or ""),
+        )
+        for a in assignments
+        if isinstance(a, dict)
+    ]
+    work = sum(s.capability != "gate" for s in steps)
+    return GoalRoute("single" if work == 1 else "plan", steps, plan.revision)
 
 
 def _moment(value: str, name: str) -> datetime | None:

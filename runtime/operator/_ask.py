@@ -32,7 +32,19 @@ __all__ = [
     "steps_table",
 ]
 
-ASK_KEYS = frozenset({"goal", "inputs", "plan_only", "approve", "plan_id", "detach"})
+ASK_KEYS = frozenset(
+    {
+        "goal",
+        "inputs",
+        "plan_only",
+        "approve",
+        "plan_id",
+        "detach",
+        "deadline_s",
+        "budget",
+        "done_when",
+    }
+)
 """What a goal file without a passage may hold (``submit`` sends it as ``AskGoal``)."""
 
 

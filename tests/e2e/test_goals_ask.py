@@ -121,10 +121,12 @@ def test_a_goal_file_without_a_passage_is_asked(deployed: Path, tmp_path: Path) 
         ("x" * 100_000, "goal: String should have at most 2000 characters"),
         ("ask the billing agent for my invoice", "names the agent 'billing', which is not"),
         ("set a timer for 5000 minutes", "minutes=5000: Input should be less than or equal"),
+        (f"{SEED}|--done|BookFlight", "done_when: 'BookFlight' names no step of the goal's plan"),
+        (f"{SEED}|--deadline|0", "deadline_s: Input should be greater than 0"),
     ],
 )
 def test_bad_goals_are_one_line_and_exit_2(deployed: Path, goal: str, says: str) -> None:
-    result = run("ask", goal, state_dir=deployed)
+    result = run("ask", *goal.split("|"), state_dir=deployed)
     assert result.returncode == 2, (result.stdout[-500:], result.stderr[-2000:])
     assert says in result.stderr
     assert result.stderr.strip().count("\n") == 0
@@ -161,3 +163,23 @@ def test_approve_holds_the_timer_at_its_gate_until_approved(deployed: Path) -> N
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert '"succeeded"' in shown.stdout
     assert "held-goal/set_timer" in shown.stdout
+
+
+def test_an_unreachable_weather_service_is_retried_then_replanned(deployed: Path) -> None:
+    # Vostok's station is offline (class transient) each time it is asked: after the retries the
+    # goal is replanned as for a refusal; with --done naming the timer, the goal is done.
+    # Last in the module: the retries open the weather tool's circuit breaker (30 s), which then
+    # refuses every city's weather, as it should during an outage.
+    result = run(
+        "ask",
+        "check the weather in Vostok and set a timer for 10 minutes",
+        "--done",
+        "SetTimer",
+        "--json",
+        state_dir=deployed,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout)
+    assert (answer["status"], answer["revisions"], answer["done"]) == ("partial", 2, True)
+    assert [s["status"] for s in answer["steps"]] == ["dropped", "succeeded"]
+    assert answer["summary"].splitlines()[-1] == "definition of done: met (SetTimer)"

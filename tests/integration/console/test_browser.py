@@ -535,4 +535,36 @@ def test_the_artifact_pages_render_escaped_and_link_the_step(
     assert rotten.digest in problem
     assert "corrupted" in problem
     assert "fine" not in page.inner_text("#content")
+
+
+def test_a_plain_words_goals_plan_page_shows_its_route_scores_and_revisions(
+    running: Running, page: Any, artifacts: Path
+) -> None:
+    # There is no world 'lab' yet: that step fails (logic) and is dropped by a replan
+    # (revision 2); the passage is read anyway.
+    goal = "show the world lab and read the passage Mira waits in the courtyard"
+
+    async def pursue() -> Any:
+        async with running.served.operator() as op:
+            return await op.ask(goal, timeout=60)
+
+    answer = running.run(pursue(), timeout=90)
+    assert (answer.status, answer.revisions) == ("partial", 2)
+    _sign_in(page, running)
+    page.goto(f"{running.url}/plans/{answer.plan_id}")
+    page.wait_for_selector("#goal-route")
+    assert page.inner_text("#route-kind") == "plan"
+    assert page.inner_text("#route-revised") == "replanned: revision 2"
+    shown = page.locator(f"#route-{dom_id('show_world')}")
+    assert "perception.ShowWorld" in shown.inner_text()
+    assert shown.locator("td.score").inner_text() == "1.00"
+    assert "dropped" in shown.inner_text()
+    assert "show_world failed: no world 'lab'" in shown.inner_text()
+    read = page.locator(f"#route-{dom_id('extract_entities')}")
+    assert "perception.ExtractEntities" in read.inner_text()
+    assert "matched 'read the passage {text}'" in read.inner_text()
+    assert read.locator(".status").inner_text() == "succeeded"
+    # The revisions table says why revision 2 was made.
+    assert "step 'show_world' failed (logic)" in page.inner_text("table.revisions")
+    page.screenshot(path=str(artifacts / "plan-goal-route.png"), full_page=True)
     assert page.errors == []

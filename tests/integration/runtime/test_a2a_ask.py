@@ -30,7 +30,7 @@ from stratagem.protocol import (
     TokenAuthenticator,
     TokenSigner,
 )
-from stratagem.protocol._a2a._client import A2APeerConfig
+from stratagem.protocol._a2a._client import A2AAgentClient, A2APeerConfig
 from tests.integration.a2a_peer import EchoAgent
 from tests.unit._registry import registries_kept
 
@@ -165,3 +165,19 @@ async def test_an_external_agents_card_examples_make_its_skill_plannable() -> No
         "text": "echo a phrase: hello there",
     }
     assert "echo a phrase: hello there" in json.loads(answer.steps[1].output_json)["text"]
+
+
+async def test_an_external_skill_has_side_effects_unless_the_deployment_says_read_only() -> None:
+    """A card does not say whether a skill changes something: it is taken to, so a goal's
+    approval holds it, unless the configured agent lists it in ``read_only_skills``."""
+    echo = EchoAgent(examples={"echo": ["echo a phrase"]})
+    await echo.start()
+    unknown = A2AAgentClient(A2APeerConfig("reviewer", echo.url))
+    declared = A2AAgentClient(A2APeerConfig("reviewer", echo.url, read_only_skills=("echo",)))
+    try:
+        assert {s.skill: s.side_effects for s in await unknown.skills()}["echo"] is True
+        assert {s.skill: s.side_effects for s in await declared.skills()}["echo"] is False
+    finally:
+        await unknown.aclose()
+        await declared.aclose()
+        await echo.stop()

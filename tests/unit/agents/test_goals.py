@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from stratagem.agents import ExtensionError, build_in_memory, import_extensions
+from stratagem.agents._a2a import peers_from
 from stratagem.agents._goals import (
     CapabilityDirectory,
     GoalPlanner,
@@ -19,7 +21,7 @@ from stratagem.agents._goals import (
     split_clauses,
     tokens,
 )
-from stratagem.planning import CrossAgentStep, GateStep
+from stratagem.planning import CrossAgentStep, EngineConfig, GateStep
 from stratagem.protocol import (
     CAPABILITIES,
     EXTENSION_FIELD,
@@ -27,12 +29,18 @@ from stratagem.protocol import (
     AskGoalResponse,
     CapabilitySpec,
     FailedPreconditionError,
+    GoalBudget,
     IntentError,
     InvalidArgumentError,
+    PermissionDeniedError,
+    Policy,
+    ProtocolUsageError,
     WireModel,
     parse_intent,
     register_capability,
 )
+from stratagem.protocol._a2a._client import A2ASkill
+from stratagem.runtime.config._settings import A2APeer
 from tests.unit.agents.conftest import REPO, call
 
 pytestmark = pytest.mark.usefixtures("clean_registry")
@@ -268,6 +276,40 @@ async def test_a_failed_step_is_replanned_and_the_independent_rest_runs() -> Non
     assert answer.summary.splitlines()[1].startswith("done: set a timer for 10 minutes")
 
 
+@pytest.mark.parametrize(
+    ("city", "breaker", "failure_class", "why"),
+    [
+        ("Atlantis", True, "logic", "the weather service does not know it"),
+        ("Vostok", False, "transient", "the weather station is offline"),
+        ("Kerguelen", False, "timeout", "the weather station did not answer in time"),
+        # With the weather agent's circuit breaker (the default) the outage's retries open it:
+        # the last attempt is refused without a call, a policy failure.
+        ("Vostok", True, "policy", "circuit open for tool 'current_weather'"),
+    ],
+)
+async def test_the_timer_is_set_whatever_class_the_weather_failed_with(
+    city: str, breaker: bool, failure_class: str, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A transient or timeout failure is retried first; once its retries are spent the goal is
+    # replanned around it exactly as around a refusal (before: the whole goal failed).
+    config = EngineConfig() if breaker else EngineConfig(circuit_breaker=None)
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False, engine_config=config)
+    answer = await agents["orchestrator"].handle(
+        "AskGoal",
+        AskGoalRequest(goal=f"check the weather in {city} and set a timer for 10 minutes"),
+        call("AskGoal", "orchestrator"),
+    )
+    assert isinstance(answer, AskGoalResponse)
+    assert (answer.status, answer.revisions) == ("partial", 2)
+    weather, timer = answer.steps
+    assert (weather.status, timer.status) == ("dropped", "succeeded")
+    assert weather.error.startswith("get_weather failed: ")
+    assert why in weather.error
+    # The orchestrator's step failed for good with the class its agent's failure had.
+    assert f"step get_weather failed ({failure_class})" in caplog.text
+    assert answer.summary.splitlines()[1].startswith("done: set a timer for 10 minutes")
+
+
 async def test_a_dependent_step_is_dropped_with_the_failed_one() -> None:
     with pytest.raises(FailedPreconditionError, match="no weather for 'Atlantis'"):
         await ask("check the weather in Atlantis then set a timer for 10 minutes")
@@ -338,3 +380,132 @@ async def test_with_approve_the_side_effecting_step_waits_for_the_gate() -> None
         ("get_weather", "succeeded"),
         ("set_timer", "succeeded"),
     ]
+
+
+async def test_a_policy_rule_holds_the_side_effecting_steps_of_every_goal() -> None:
+    # The goal does not ask for an approval; the policy's [goals] makes it wait all the same.
+    agents, _ = build_in_memory(extensions=[ASSISTANT], entry_points=False)
+    orchestrator = agents["orchestrator"]
+    orchestrator.use_policy(
+        Policy.from_toml("[goals]\napprove_side_effects = true\n", source="goals.toml")
+    )
+    request = AskGoalRequest(goal=SEED, plan_id="ruled")
+    run = asyncio.create_task(
+        orchestrator.handle("AskGoal", request, call("AskGoal", "orchestrator"))
+    )
+    async for event in orchestrator.watch("ruled"):
+        if event.plan_id == "ruled" and not event.step_id and event.status == "blocked":
+            break
+    await asyncio.sleep(0.5)  # time for a step that did not wait to reach its agent
+    assert not run.done()
+    assert agents["timer"].plans("ruled/set_timer") == []
+    await orchestrator.decide_gate(
+        "ruled", "approve", approve=True, approver="operator", rationale="ok"
+    )
+    answer = await asyncio.wait_for(run, 30)
+    assert isinstance(answer, AskGoalResponse)
+    assert [(s.id, s.status) for s in answer.steps] == [
+        ("approve", "succeeded"),
+        ("get_weather", "succeeded"),
+        ("set_timer", "succeeded"),
+    ]
+
+
+def test_the_goals_table_of_the_policy_is_checked() -> None:
+    assert not Policy.from_toml("").approve_goal_side_effects
+    with pytest.raises(ProtocolUsageError, match=r"goals\.approve_side_effect"):
+        Policy.from_toml("[goals]\napprove_side_effect = true\n")
+
+
+def _external_planner(*skills: A2ASkill) -> GoalPlanner:
+    goals = planner()
+    goals.use_external({"concierge": list(skills)})
+    return goals
+
+
+def test_an_external_skill_has_side_effects_unless_declared_read_only() -> None:
+    booking = A2ASkill("book", ("book a table at a restaurant",))
+    goals = _external_planner(booking)
+    plan = goals.plan(
+        AskGoalRequest(goal="book a table at a restaurant", approve=True), plan_id="g"
+    )
+    gate, ask_step = plan.steps
+    assert isinstance(gate, GateStep)
+    assert "a2a.concierge.book" in gate.prompt
+    assert ask_step.depends_on == ["approve"]
+    shown = goals.plan(
+        AskGoalRequest(goal="book a table at a restaurant", plan_only=True), plan_id="p"
+    )
+    assert shown.steps[0].input["steps"][0]["id"] == "ask_concierge"  # type: ignore[union-attr]
+
+    reading = A2ASkill("menu", ("read the menu of a restaurant",), side_effects=False)
+    plan = _external_planner(reading).plan(
+        AskGoalRequest(goal="read the menu of a restaurant", approve=True), plan_id="g"
+    )
+    assert [s.id for s in plan.steps] == ["ask_concierge"]
+
+
+async def test_a_configured_agents_read_only_skills_reach_its_card_reading() -> None:
+    peers = peers_from({"concierge": A2APeer(url="http://127.0.0.1:9/", read_only_skills=["menu"])})
+    assert peers["concierge"].read_only_skills == ("menu",)
+
+
+# --- the request's deadline, budget and definition of done ------------------------------------
+
+
+def test_the_goals_deadline_and_budget_become_its_plans() -> None:
+    request = AskGoalRequest(
+        goal=SEED, deadline_s=30, budget=GoalBudget(wall_time_s=60, tool_calls=5, cost_units=9)
+    )
+    before = time.time()
+    plan = planner().plan(request, plan_id="g")
+    assert plan.budget is not None
+    assert (plan.budget.wall_time_s, plan.budget.tool_calls, plan.budget.cost_units) == (30, 5, 9)
+    assert plan.deadline is not None
+    assert before + 30 <= plan.deadline <= time.time() + 30
+    assert planner().plan(AskGoalRequest(goal=SEED), plan_id="g").budget is None
+
+
+async def test_a_goal_out_of_budget_stops_and_is_not_replanned() -> None:
+    # Two cross-agent steps, one call allowed: the second is refused before it is sent.
+    with pytest.raises(PermissionDeniedError, match="budget exhausted: tool_calls 1/1"):
+        await ask(SEED, budget=GoalBudget(tool_calls=1))
+
+
+async def test_the_definition_of_done_is_checked_and_stated() -> None:
+    failing = "check the weather in Atlantis and set a timer for 10 minutes"
+    met = await ask(failing, done_when=["SetTimer"])
+    assert (met.status, met.done) == ("partial", True)
+    assert met.summary.splitlines()[-1] == "definition of done: met (SetTimer)"
+    unmet = await ask(failing, done_when=["timer.SetTimer", "get_weather"])
+    assert (unmet.status, unmet.done) == ("partial", False)
+    assert unmet.summary.splitlines()[-1] == "definition of done: not met: get_weather dropped"
+    assert (await ask(SEED)).done is None
+
+
+def test_a_definition_of_done_naming_no_planned_step_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="done_when: 'BookFlight' names no step"):
+        planner().plan(AskGoalRequest(goal=SEED, done_when=["BookFlight"]), plan_id="g")
+
+
+@pytest.mark.parametrize("field", ["constraints", "definition_of_done", "deadline"])
+def test_a_field_the_goal_does_not_take_is_refused_naming_it(field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        AskGoalRequest.model_validate({"goal": SEED, field: "by noon"})
+
+
+@pytest.mark.parametrize(
+    ("goal", "unplaced"),
+    [
+        ("check the weather in Paris and book a table", "book a table"),
+        ("schedule gym on Monday and buy milk", "buy milk"),
+        ("check the weather in Paris and Tokyo", "Tokyo"),
+    ],
+)
+def test_a_clause_nothing_matches_after_a_complete_one_is_refused_by_name(
+    goal: str, unplaced: str
+) -> None:
+    # Before: the piece was joined into the previous clause's text slot (city='Paris and book a
+    # table'), and the step failed when it ran.
+    with pytest.raises(InvalidArgumentError, match=f"no capability matches '{unplaced}'"):
+        planner().plan(AskGoalRequest(goal=goal), plan_id="g")

@@ -12,6 +12,7 @@ import pytest
 from stratagem.agents import ModelPlanningConfig, ScriptedModelClient, build_in_memory
 from stratagem.agents._model_roles import model_planner
 from stratagem.protocol import AskGoalRequest, AskGoalResponse, InvalidArgumentError
+from stratagem.protocol._a2a._client import A2ASkill
 from tests.unit.agents.conftest import REPO, call
 
 pytestmark = pytest.mark.usefixtures("clean_registry")
@@ -137,3 +138,43 @@ async def test_a_valid_but_wrong_choice_or_words_not_in_the_goal_are_refused() -
         "closest: weather.GetWeather"
     ) in critiques[0]
     assert "the clause 'Timer.SetTimer' is not the goal's words" in critiques[1]
+
+
+async def test_external_a2a_skills_are_offered_to_the_model_as_to_the_router() -> None:
+    agents, _ = build_in_memory(extensions=["examples.extensions.assistant"], entry_points=False)
+    orchestrator = agents["orchestrator"]
+    booking = ("a2a.concierge.book", "book a table at a restaurant", {}, [])
+    client = ScriptedModelClient([_steps(WEATHER, booking)], model="tiny")
+    planner = model_planner(orchestrator, client, ModelPlanningConfig())
+    assert planner is not None
+    orchestrator.use_planner(planner)
+    # The external agent's card (read by the orchestrator before a goal): its skill's examples.
+    planner.deterministic.goals.use_external(
+        {"concierge": [A2ASkill("book", ("book a table at a restaurant",))]}
+    )
+    answer = await orchestrator.handle(
+        "AskGoal",
+        AskGoalRequest(goal=f"{SEED.split(' and ')[0]} and book a table at a restaurant",
+                       plan_only=True),
+        call("AskGoal", "orchestrator"),
+    )  # fmt: skip
+    assert isinstance(answer, AskGoalResponse)
+    schema = client.requests[0].schema
+    assert schema is not None
+    choices = schema["properties"]["steps"]["items"]["properties"]["capability"]["enum"]
+    assert "a2a.concierge.book" in choices
+    assert "- a2a.concierge.book: slots none; e.g. book a table at a restaurant" in (
+        client.requests[0].messages[-1].content
+    )
+    assert [(s.agent, s.capability) for s in answer.steps] == [
+        ("weather", "GetWeather"),
+        ("concierge", "book"),
+    ]
+    assert answer.steps[1].why.endswith(
+        "the model chose it (its best intent: 'book a table at a restaurant')"
+    )
+    assert json.loads(answer.steps[1].request_json) == {
+        "agent": "concierge",
+        "skill": "book",
+        "text": "book a table at a restaurant",
+    }

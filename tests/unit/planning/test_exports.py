@@ -136,6 +136,7 @@ EXPECTED = [
     "ref",
     "refs_in",
     "replan_rationale",
+    "replanned_classes",
     "replay",
     "resolve_refs",
     "schema_errors",

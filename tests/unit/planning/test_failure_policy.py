@@ -66,6 +66,15 @@ def test_only_logic_failures_may_be_replanned() -> None:
     assert not POLICY.may_replan([])
 
 
+def test_a_replanner_may_take_other_classes_but_never_a_cancellation() -> None:
+    transient = StepFailure("a", FailureClass.TRANSIENT, "still down", 3)
+    cancelled = StepFailure("b", FailureClass.CANCELLED, "cancelled", 1)
+    assert not POLICY.may_replan([transient])
+    everything = frozenset(FailureClass)
+    assert POLICY.may_replan([transient], everything)
+    assert not POLICY.may_replan([cancelled], everything)
+
+
 def test_the_retried_classes_are_the_policys_to_choose() -> None:
     stubborn = FailurePolicy(retryable=frozenset({FailureClass.LOGIC}))
     assert stubborn.after_attempt(step(), FailureClass.LOGIC, 1) is Action.RETRY

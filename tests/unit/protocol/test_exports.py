@@ -79,6 +79,7 @@ EXPECTED = [
     "FindSpatialContextRequest",
     "FindSpatialContextResponse",
     "GateInfo",
+    "GoalBudget",
     "GoalStatus",
     "GoalStep",
     "HeadsStore",

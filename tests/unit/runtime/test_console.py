@@ -592,3 +592,48 @@ def test_the_console_caps_its_live_streams_together() -> None:
     first()  # given back once, however often it is called
     assert len(streams) == 2
     assert callable(streams.take("c"))
+
+
+def test_a_plain_words_goals_route_scores_and_revision_are_on_its_plan_page(
+    console: Console,
+) -> None:
+    assignments = [
+        {"step": "get_weather", "agent": "weather", "capability": "GetWeather",
+         "purpose": "'check the weather in Atlantis' matched 'check the weather in {city}'",
+         "score": 1.0, "dropped": "get_weather failed: no weather for 'Atlantis'"},
+        {"step": "set_timer", "agent": "timer", "capability": "SetTimer",
+         "purpose": "'set a timer for 10 minutes' matched 'set a timer for {minutes} minutes'",
+         "score": 0.875, "dropped": ""},
+    ]  # fmt: skip
+    view = PlanView(
+        plan_id="ask-1",
+        agent="orchestrator",
+        revision=2,
+        status="succeeded",
+        goal="check the weather in Atlantis and set a timer for 10 minutes",
+        steps=[
+            StepView(id="set_timer", kind="cross_agent", does="timer.SetTimer", status="succeeded")
+        ],
+        plan={"id": "ask-1", "assignments": assignments},
+    )
+    detail = PlanDetail(PlanHistory(plan_id="ask-1", plans=[view]), [], "flowchart TD", [])
+    html = console.fragment("plan_body.html", detail=detail, csrf_token="t", plan_id="ask-1")
+    route = html[html.index('id="goal-route"') :]
+    assert 'id="route-kind">plan<' in route
+    assert "replanned: revision 2" in route
+    weather_id, timer_id = (
+        f'id="route-{dom_id("get_weather")}"',
+        f'id="route-{dom_id("set_timer")}"',
+    )
+    weather = route[route.index(weather_id) : route.index(timer_id)]
+    assert "weather.GetWeather" in weather
+    assert ">1.00<" in weather
+    assert "dropped" in weather
+    assert "no weather for &#39;Atlantis&#39;" in weather
+    timer = route[route.index(timer_id) :]
+    assert ">0.88<" in timer
+    assert "s-succeeded" in timer
+    # A plan that is no goal in plain words has no route.
+    story = PlanDetail(PlanHistory(plan_id="p1", plans=[_hostile_plan()]), [], "flowchart TD", [])
+    plain = console.fragment("plan_body.html", detail=story, csrf_token="t", plan_id="p1")
+    assert "goal-route" not in plain
