@@ -5,17 +5,10 @@ the plan against its own registry (a plan may name only this agent's tools, or c
 runs it with the engine, and turns the result into the capability's response. It keeps a record of
 its recent plans and their events, which ``watch`` streams and ``plans`` snapshots.
 
-Given a ``planning.StateStore``, the agent's engine keeps every plan durably, and the agent can be
-steered and restarted: ``decide_gate``, ``pause``, ``cancel``, ``resume`` and ``fork`` act on one
-plan (``control`` serves them over the wire, with the verified caller as the approver), and
-``resume_unfinished`` reloads every unfinished plan from the store after a restart and continues
-each in a background task (a plan waiting at a gate waits again; a paused plan stays paused). A
-request whose plan id names an unfinished stored plan (a caller retrying after this agent
-restarted) joins that plan instead of starting it again; one whose plan id names a plan that
-already **succeeded** for the same request (the agent died before its server stored the answer) is
-answered from the stored outputs without running anything. ``replan`` makes a new revision of a
-stopped plan, ``revisions`` lists the history and ``replay`` re-derives a finished plan's
-decisions from its records.
+Given a ``planning.StateStore`` its plans are durable and steerable: ``decide_gate``, ``pause``,
+``cancel``, ``resume``, ``fork`` (``control`` over the wire), ``resume_unfinished`` after a restart,
+``replan``, ``revisions`` and ``replay``. A retried request joins its unfinished plan, or is
+answered from the stored outputs of the one that already succeeded (``docs/durability.md``).
 
 The agent comes in parts: this module serves requests (``handle``, ``run_plan``, ``submit_plan``);
 ``_records.PlanBook`` keeps the records and streams their events; ``_control.PlanControl`` (a
@@ -24,11 +17,8 @@ resumes them; ``_runs.PlanRuns`` is the one owner of the runs in flight both use
 translates between planning and the protocol, errors included (one table,
 ``planning.FAILURE_CODES``).
 
-An ``Agent`` satisfies ``protocol.AgentBackend`` structurally, so ``protocol.AgentServer`` serves it
-over gRPC; ``planning.InMemoryDispatcher`` can serve it in-process (``_in_memory.serve_in_memory``).
-
-Refusals and failures are raised as protocol ``RemoteError`` subclasses, one per failure class
-(the table is in ``_wire``, which translates them).
+An ``Agent`` is a ``protocol.AgentBackend`` (``protocol.AgentServer`` serves it over gRPC; see
+``_in_memory.serve_in_memory``); it raises refusals and failures as ``RemoteError``s (``_wire``).
 """
 
 from __future__ import annotations
@@ -121,8 +111,7 @@ from stratagem.protocol import (
 __all__ = ["Agent", "PlanRecord", "Planner", "Prepare"]
 
 Prepare = Callable[["Agent", WireModel], Awaitable[WireModel]]
-"""A role's step before a request is served: awaited with the agent and the request, it answers
-the request to serve (the same, or a copy the role's rules changed)."""
+"""A role's step before serving: given the agent and a request, the request to serve."""
 
 logger = logging.getLogger(__name__)
 
@@ -146,10 +135,8 @@ class Agent:
         max_records: How many plans to remember.
         store: Where the engine keeps plans durably; ``None`` keeps nothing (no resume, and gates
             work only while their plan runs).
-        prepare: Awaited with the agent and each request before the request is served; it
-            answers the request to serve (a role's own step, composed in rather than a
-            ``handle`` override: the orchestrator reads the external A2A agents' skills there,
-            and applies the policy's ``[goals]`` rules).
+        prepare: A role's own step before serving (composed in, not a ``handle`` override): it
+            answers the request to serve (the orchestrator's reads A2A skills, applies ``[goals]``).
     """
 
     def __init__(

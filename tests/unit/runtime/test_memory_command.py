@@ -130,7 +130,11 @@ def test_the_console_block_of_artifacts_memory_md_runs_as_written(tmp_path: Path
 
     from tests.docs_blocks import DOCS, blocks
 
-    (recipe,) = [b for b in blocks(DOCS / "artifacts-memory.md") if b.language == "console"]
+    (recipe,) = [
+        b
+        for b in blocks(DOCS / "artifacts-memory.md")
+        if b.language == "console" and "stratagem memory" in b.text
+    ]
     steps: list[tuple[list[str], list[str]]] = []
     for line in recipe.text.splitlines():
         if line.startswith("$ "):
