@@ -333,9 +333,10 @@ class ArtifactStore:
         scope_id: str = "",
         provenance: ArtifactProvenance | None = None,
     ) -> ArtifactRecord:
-        """``save`` of a file's bytes without reading them into the process: the file is copied
-        in the kernel to a private temporary file, which is hashed, then renamed into place (a
-        text or JSON type, checked against the whole bytes, is read). Same checks, same
+        """``save`` of a file's bytes without holding them in memory: the file is copied in one
+        pass through a small reused buffer to a private temporary file, each chunk hashed as it
+        passes, then renamed into place (a text or JSON type, checked against the whole bytes,
+        is read whole). Same checks, same
         idempotence, same errors as ``save`` (a file that cannot be read: ``source``)."""
         return await self._run(
             lambda: self.save_file_blocking(
@@ -441,7 +442,8 @@ class ArtifactStore:
         version: int | None = None,
     ) -> ArtifactRecord:
         """Write one version's bytes to the file ``target``, whole and digest-checked, or not at
-        all (copied in the kernel, the copy hashed, then renamed into place); its record.
+        all (copied in one pass through a small buffer, hashed as it passes, then renamed into
+        place); its record.
 
         Raises:
             ArtifactNotFoundError: no such artifact or version.

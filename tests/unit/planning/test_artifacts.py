@@ -473,3 +473,34 @@ async def test_a_corrupted_blob_never_reaches_the_target_file(
         await store.load_file("data.bin", target)
     assert not target.exists()
     assert [n for n in os.listdir(tmp_path) if n.startswith(".out.bin")] == []
+
+
+def _bytes_read() -> int:
+    """What this process has read so far, as the kernel counts it (``read``, ``sendfile`` and
+    ``copy_file_range`` alike, page cache or not)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+def test_a_file_is_read_once_to_save_it_and_once_to_load_it(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    # The digest is taken while the bytes are copied: one pass over the source to save, one
+    # over the blob to load (not a copy then a second read of the copy to hash it).
+    size = 8 << 20
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(size))
+    before = _bytes_read()
+    record = store.save_file_blocking("big.bin", source, media_type="application/octet-stream")
+    saved = _bytes_read() - before
+    assert record.digest == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert size <= saved < 1.5 * size, saved
+    target = tmp_path / "out.bin"
+    before = _bytes_read()
+    store.load_file_blocking("big.bin", target)
+    loaded = _bytes_read() - before
+    assert target.read_bytes() == source.read_bytes()
+    assert size <= loaded < 1.5 * size, loaded
