@@ -75,15 +75,23 @@ class ArtifactsConfig:
             (a save writes its blob before its record).
         retention: Per scope, how long its artifacts are kept (``prune``); a scope not named
             keeps everything.
+        on_loop_bytes: A ``save`` of at most this many bytes, on a store whose backends are on
+            this machine (``open``, ``in_memory``), runs on the caller's thread: writing a small
+            file and committing one SQLite row takes less than handing the work to a thread and
+            back (which cost a small save about as much as the rest of its step). Larger saves,
+            and every save to a remote backend, run on a worker thread. 0: always a thread.
     """
 
     max_bytes: int = ARTIFACT_MAX_BYTES
     sweep_grace_s: float = 3600.0
     retention: Mapping[ArtifactScope, ArtifactRetention] = field(default_factory=dict)
+    on_loop_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
             raise ValueError("max_bytes: must be >= 1")
+        if self.on_loop_bytes < 0:
+            raise ValueError("on_loop_bytes: must be >= 0")
         if self.sweep_grace_s < 0:
             raise ValueError("sweep_grace_s: must be >= 0")
 
@@ -124,6 +132,9 @@ class ArtifactStore:
         index: Where the records go.
         config: Limits and retention.
         clock: Seconds since the epoch (tests pass their own).
+        local: Both backends are on this machine (a folder, SQLite, memory), so a small save
+            may run on the caller's thread (``ArtifactsConfig.on_loop_bytes``); ``open`` and
+            ``in_memory`` say so, a store built on S3 or PostgreSQL should not.
     """
 
     def __init__(
@@ -133,11 +144,13 @@ class ArtifactStore:
         config: ArtifactsConfig | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        local: bool = False,
     ) -> None:
         self.blobs = blobs
         self.index = index
         self.config = config or ArtifactsConfig()
         self._clock = clock
+        self._on_loop_bytes = self.config.on_loop_bytes if local else 0
 
     @classmethod
     def open(
@@ -149,13 +162,16 @@ class ArtifactStore:
 
         root = Path(folder)
         return cls(
-            FileBlobStore(root / "blobs"), SqliteArtifactIndex(root / "index.sqlite3"), config
+            FileBlobStore(root / "blobs"),
+            SqliteArtifactIndex(root / "index.sqlite3"),
+            config,
+            local=True,
         )
 
     @classmethod
     def in_memory(cls, config: ArtifactsConfig | None = None) -> ArtifactStore:
         """A store in memory (tests)."""
-        return cls(InMemoryBlobStore(), InMemoryArtifactIndex(), config)
+        return cls(InMemoryBlobStore(), InMemoryArtifactIndex(), config, local=True)
 
     @property
     def location(self) -> str:
@@ -255,8 +271,9 @@ class ArtifactStore:
             ArtifactInputError: bad input, naming the field; nothing written.
             ArtifactStorageError: the backend failed (a full disk); no record written.
         """
-        return await self._run(
-            lambda: self.save_blocking(
+
+        def save() -> ArtifactRecord:
+            return self.save_blocking(
                 name,
                 data,
                 media_type=media_type,
@@ -264,7 +281,10 @@ class ArtifactStore:
                 scope_id=scope_id,
                 provenance=provenance,
             )
-        )
+
+        if isinstance(data, bytes | bytearray | memoryview) and len(data) <= self._on_loop_bytes:
+            return save()
+        return await self._run(save)
 
     def save_file_blocking(
         self,

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -504,3 +505,37 @@ def test_a_file_is_read_once_to_save_it_and_once_to_load_it(
     loaded = _bytes_read() - before
     assert target.read_bytes() == source.read_bytes()
     assert size <= loaded < 1.5 * size, loaded
+
+
+async def test_a_small_save_on_a_local_store_skips_the_thread_hop(tmp_path: Path) -> None:
+    # Handing a 1 KiB save to a thread and back cost about as much as the rest of its step:
+    # on a local store it runs on the caller's thread; a large one, or any on a store not
+    # declared local (S3, PostgreSQL), still runs on a worker thread.
+    threads: list[int] = []
+
+    def watched(store: ArtifactStore) -> ArtifactStore:
+        put = store.blobs.put
+
+        def recording(digest: str, data: bytes) -> bool:
+            threads.append(threading.get_ident())
+            return put(digest, data)
+
+        store.blobs.put = recording  # type: ignore[method-assign]
+        return store
+
+    here = threading.get_ident()
+    local = watched(ArtifactStore.open(tmp_path / "local"))
+    small = await local.save("small.txt", b"x" * 1024, media_type="text/plain")
+    large = await local.save("large.bin", os.urandom(200_000), media_type="image/x-raw")
+    remote = watched(
+        ArtifactStore(FileBlobStore(tmp_path / "b"), SqliteArtifactIndex(tmp_path / "i.sqlite3"))
+    )
+    await remote.save("small.txt", b"x" * 1024, media_type="text/plain")
+    assert [t == here for t in threads] == [True, False, False]
+    off = watched(ArtifactStore.open(tmp_path / "off", ArtifactsConfig(on_loop_bytes=0)))
+    await off.save("small.txt", b"x" * 1024, media_type="text/plain")
+    assert [t == here for t in threads] == [True, False, False, False]
+    assert (await local.load("small.txt"))[1] == b"x" * 1024
+    assert (small.version, large.size) == (1, 200_000)
+    with pytest.raises(ValueError, match="on_loop_bytes: must be >= 0"):
+        ArtifactsConfig(on_loop_bytes=-1)
