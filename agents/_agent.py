@@ -189,9 +189,9 @@ class Agent:
             )
         )
         self.planning_timeout_s = 0.0
-        """The longest planning one request may take (its model's limits; 0: no model plans):
-        what its card tells a client setting a goal's deadline (``runtime`` sets it with the
-        model planner)."""
+        """The longest planning one request may take (0: no model plans), for a goal's deadline;
+        ``runtime`` sets it, and ``model`` (``NAME (TIER)``), with the model planner; cards say."""
+        self.model = ""
         self._history = PlanHistory(
             role, plan_type, self._book, store, running=self._runs.is_active
         )
@@ -257,7 +257,7 @@ class Agent:
 
     def card(self) -> AgentCard:
         """The agent's card: role, version, capabilities with their JSON Schemas, tool names, and
-        how it plans (``planner``, ``planning_timeout_s``)."""
+        how it plans (``planner``, ``planning_timeout_s``, ``model``)."""
         return AgentCard(
             role=self.role,
             version=self.version,
@@ -265,6 +265,7 @@ class Agent:
             tools=self.registry.names(),
             planner="model" if self.planning_timeout_s > 0 else "deterministic",
             planning_timeout_s=self.planning_timeout_s,
+            model=self.model,
         )
 
     # --- serving requests ----------------------------------------------------------------------

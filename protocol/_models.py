@@ -183,7 +183,9 @@ class AgentCard(WireModel):
     """What an agent is: its role, version, capabilities and tools (the answer to ``Describe``),
     and how it plans: ``planner`` (``deterministic`` or ``model``; "" from an older agent) and
     ``planning_timeout_s``, the longest planning one request may take (its model's limits; 0
-    when no model plans), from which a client sets a goal's default deadline."""
+    when no model plans), from which a client sets a goal's default deadline; ``model``, the
+    model its planner uses (``NAME (TIER)``, ``... at URL`` on a tier's own server; "" when it
+    plans by its rules or the agent is older)."""
 
     role: Identity
     version: str = Field(max_length=64)
@@ -191,6 +193,7 @@ class AgentCard(WireModel):
     tools: list[str] = Field(default_factory=list)
     planner: str = Field(default="", max_length=32)
     planning_timeout_s: float = Field(default=0.0, ge=0.0, le=86400.0, allow_inf_nan=False)
+    model: str = Field(default="", max_length=2400)
 
 
 class GateInfo(WireModel):

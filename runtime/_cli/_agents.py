@@ -96,7 +96,8 @@ def describe(
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """What an agent serves: capabilities, versions, schemas, tools (the Describe RPC).
+    """What an agent serves: capabilities, versions, schemas, tools, and the model its planner
+    uses when it plans with one (the Describe RPC).
 
     Examples:
 
@@ -117,6 +118,8 @@ def describe(
                     "role": card.role,
                     "version": card.version,
                     "tools": card.tools,
+                    "planner": card.planner,
+                    "model": card.model,
                     "capabilities": [
                         {
                             "name": c.name,
@@ -131,6 +134,8 @@ def describe(
             return
         if capability is None:
             console.print(f"[bold]{card.role}[/] {card.version}", highlight=False)
+            if card.model:  # the model its planner uses: its tier's (docs/model-planning.md)
+                console.print(f"model: {card.model}", highlight=False, markup=False)
             table = Table(box=None, pad_edge=False)
             for column in ("capability", "version", "request fields"):
                 table.add_column(column)

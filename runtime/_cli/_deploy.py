@@ -59,7 +59,8 @@ lazy_scope(globals())
 
 def _agents_table(infos: list[AgentInfo], mode: str | None, width: int | None = None) -> Table:
     """The agents as a table that fits ``width`` columns (the console's): below 100, no box, and
-    the node column only when the agents run on more than one node or on labelled nodes."""
+    the node column only when the agents run on more than one node or on labelled nodes; the
+    model column only when an agent plans with a model (its tier's: ``AgentInfo.model``)."""
     narrow = (width or console.width) < 100
     nodes = {info.node_id for info in infos} | {"" for info in infos if info.node_labels}
     show_node = not narrow or len(nodes) > 1
@@ -71,6 +72,8 @@ def _agents_table(infos: list[AgentInfo], mode: str | None, width: int | None = 
     )
     columns = ["agent", "health", "endpoint", *(["node"] if show_node else [])]
     columns += ["pid", "restarts", "running" if narrow else "plans running", "blocked"]
+    show_model = any(info.model for info in infos)
+    columns += ["model"] if show_model else []
     for column in columns:
         table.add_column(column, overflow="fold")
     for info in infos:
@@ -91,6 +94,7 @@ def _agents_table(infos: list[AgentInfo], mode: str | None, width: int | None = 
             "?" if info.restarts is None else str(info.restarts),
             str(info.plans_running),
             str(info.plans_blocked),
+            *([escape(info.model) or "rules"] if show_model else []),
         )
     return table
 

@@ -16,11 +16,21 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stratagem.protocol import MCP_SERVER_NAME_PATTERN, ROLE_PATTERN, McpServerConfig, roles
+from stratagem.runtime.config._a2a_peer import A2APeer
 from stratagem.runtime.config._statedir import check_state_dir
+from stratagem.runtime.config._tiers import ModelTier, Tier, check_role_tiers
 
 __all__ = ["RolePlacement", "Settings", "load_settings", "settings_digest"]
 
@@ -87,31 +97,6 @@ class ArtifactRetentionSetting(BaseModel):
     max_age_s: float | None = Field(default=None, gt=0)
     max_versions: int | None = Field(default=None, ge=1)
     keep_latest: bool = True
-
-
-class A2APeer(BaseModel):
-    """An external A2A agent plans may call.
-
-    Attributes:
-        url: Its A2A base URL (where its card's ``/.well-known/agent-card.json`` is).
-        token: A bearer token it accepts; ``None``: none sent. A secret: never logged.
-        skill: The skill a step's message names when the step gives none.
-        timeout_s: The most one call may take (a step's own deadline may be shorter).
-        read_only_skills: Its skills that change nothing. Every other skill is taken to have
-            side effects: a goal in plain words holds it at its approval gate (``--approve``,
-            the policy's ``[goals]``).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str = Field(pattern=r"^https?://[^\s]+$", max_length=2000)
-    # Passed to the agents apart from the settings they are given (as the model's key is).
-    token: SecretStr | None = Field(default=None, exclude=True)
-    skill: str = Field(default="", max_length=200)
-    timeout_s: float = Field(default=60.0, gt=0, le=3600)
-    read_only_skills: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=64
-    )
 
 
 class Settings(BaseSettings):
@@ -225,7 +210,11 @@ class Settings(BaseSettings):
         memory_embeddings_model: The embeddings model's name at that server.
         model_url: The OpenAI-compatible base URL of the model server; ``None``: the embedded one
             ``make model-server`` started, when it answers.
-        model: The model's name at that server.
+        model: The model's name at that server: the ``default`` tier's model.
+        model_tiers: The ``weak`` and ``strong`` tiers' models (JSON in ``STRATAGEM_MODEL_TIERS``,
+            a name or ``{"model": ..., "url": ...}`` each; ``runtime.config._tiers``).
+        role_tiers: Per role, its tier (JSON in ``STRATAGEM_ROLE_TIERS``, e.g.
+            ``{"orchestrator": "strong"}``); a role not named is on ``default``.
         model_api_key: The key for that server: a secret (never logged, traced or audited; it
             reaches the agents as a constructor argument, not in the settings they are given).
         model_timeout_s: How long one model call may take once sent, first byte to last (its
@@ -329,6 +318,8 @@ class Settings(BaseSettings):
     memory_embeddings_model: str = Field(default="default", min_length=1, max_length=200)
     model_url: str | None = None
     model: str = ""
+    model_tiers: dict[Literal["weak", "strong"], ModelTier] = Field(default_factory=dict)
+    role_tiers: dict[str, Tier] = Field(default_factory=dict)
     model_api_key: SecretStr | None = Field(default=None, exclude=True)
     model_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     model_max_repairs: int = Field(default=2, ge=0, le=10)
@@ -435,6 +426,13 @@ class Settings(BaseSettings):
         _role_names(value)
         return value
 
+    @field_validator("role_tiers")
+    @classmethod
+    def _role_tiers(cls, value: dict[str, Tier], info: ValidationInfo) -> dict[str, Tier]:
+        _role_names(value)
+        check_role_tiers(value, info.data.get("model_tiers", {}))
+        return value
+
     @field_validator("model_url")
     @classmethod
     def _model_url(cls, value: str | None) -> str | None:
@@ -476,14 +474,15 @@ class Settings(BaseSettings):
         return value
 
     def unknown_roles(self, known: Collection[str]) -> list[tuple[str, str]]:
-        """The ``(setting, role)`` pairs of ``ports``, ``planners``, ``placement``, ``mcp_ports``
-        and ``mcp_servers`` (their ``agent``) that name a role outside ``known``."""
+        """The ``(setting, role)`` pairs of ``ports``, ``planners``, ``role_tiers``, ``placement``,
+        ``mcp_ports`` and ``mcp_servers`` (their ``agent``) that name a role outside ``known``."""
         return [
             (setting, role)
             for setting, value in (
                 ("ports", self.ports),
                 ("a2a_ports", self.a2a_ports),
                 ("planners", self.planners),
+                ("role_tiers", self.role_tiers),
                 ("placement", self.placement),
                 ("mcp_ports", self.mcp_ports),
                 ("mcp_servers", {c.agent: c for c in self.mcp_servers.values()}),

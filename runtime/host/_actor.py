@@ -366,6 +366,7 @@ class AgentActor:
             "secret_id": self._secret_id,
             "traces": {} if (stats := export_stats()) is None else dataclasses.asdict(stats),
             "extensions": list(self._settings.extensions),
+            "model": self._agent.model,
             **{
                 kind.info_key: face.url if (face := self._faces.get(kind.name)) else ""
                 for kind in FACES

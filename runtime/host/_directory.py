@@ -149,6 +149,8 @@ class AgentInfo:
             exports to no backend.
         extensions: The extensions it loaded (``None`` from an agent of a build that did not
             say).
+        model: The model its planner (and research) uses, ``NAME (TIER)`` (``... at URL`` on a
+            tier's own server; ``runtime.host._models.role_model``); "" when it plans by rules.
     """
 
     role: str
@@ -170,6 +172,7 @@ class AgentInfo:
     mcp_url: str = ""
     traces: dict[str, Any] = field(default_factory=dict)
     extensions: list[str] | None = None
+    model: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> AgentInfo:

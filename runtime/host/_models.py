@@ -4,9 +4,12 @@
 when set, else the embedded server ``make model-server`` started (its state file
 ``STATE_DIR/model-server/server.json`` names its URL and model, and that it takes a JSON Schema
 as llama.cpp's Python server does). A deployment with a ``model`` planner and neither is refused
-in one line. ``attach_model_planner`` then builds, inside an agent's process, the model client
-(OpenAI-compatible, traced per the GenAI conventions, taking its turns at the server in the one
-queue every agent of the node shares: ``FileModelLimiter``) and the role's model planner.
+in one line. Each role's model is its tier's (``role_model``: ``STRATAGEM_ROLE_TIERS`` puts a
+role on the ``weak`` or ``strong`` model ``STRATAGEM_MODEL_TIERS`` names, else the default one);
+a tier with a server of its own needs neither. ``attach_model_planner`` then builds, inside an
+agent's process, the model client (OpenAI-compatible, traced per the GenAI conventions, taking
+its turns at the server in the one queue every agent of the node shares: ``FileModelLimiter``)
+and the role's model planner.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.runtime.config._settings import Settings
+from stratagem.runtime.config._tiers import RoleModel
 from stratagem.runtime.host._local import LaunchError
 
 if TYPE_CHECKING:
@@ -24,7 +28,13 @@ if TYPE_CHECKING:
 
     from stratagem.agents import Agent, ModelClient
 
-__all__ = ["attach_model_planner", "embedded_model_server", "model_client", "resolve_model"]
+__all__ = [
+    "attach_model_planner",
+    "embedded_model_server",
+    "model_client",
+    "resolve_model",
+    "role_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +57,17 @@ def resolve_model(settings: Settings) -> Settings:
     """``settings`` with the model's URL and name settled, when any role plans with a model.
 
     Raises:
-        LaunchError: A ``model`` planner with no model URL and no embedded server.
+        LaunchError: A ``model`` planner with no model URL and no embedded server (unless each
+            role planning with a model is on a tier with a server of its own), or a tier's
+            ``api_key_file`` that cannot be read.
     """
     from stratagem.protocol import roles  # with the agents the extensions define
 
-    if all(settings.planner_for(role) == "deterministic" for role in roles()):
-        return settings
+    modelled = [role for role in roles() if settings.planner_for(role) == "model"]
+    for role in modelled:
+        _tier_key(role_model(settings, role))  # an unreadable key file: refused before deploying
+    if all(role_model(settings, role).own_server for role in modelled):
+        return settings  # no role plans with a model, or each at its tier's own server
     if settings.model_url is not None:
         if not settings.model:
             raise LaunchError(
@@ -109,7 +124,43 @@ def attach_model_planner(
         return False
     agent.use_planner(planner)
     agent.planning_timeout_s = settings.planning_timeout_s(agent.role)
+    agent.model = str(role_model(settings, agent.role))
     return True
+
+
+def role_model(settings: Settings, role: str) -> RoleModel:
+    """The model ``role``'s agent uses: its tier's (``role_tiers``, else ``default``), at the
+    tier's own server when it names one, else at ``model_url``."""
+    tier = settings.role_tiers.get(role, "default")
+    named = settings.model_tiers.get(tier) if tier != "default" else None
+    if named is None:
+        return RoleModel(tier=tier, model=settings.model, url=settings.model_url)
+    if named.url is None:
+        return RoleModel(tier=tier, model=named.model, url=settings.model_url)
+    return RoleModel(
+        tier=tier,
+        model=named.model,
+        url=named.url,
+        own_server=True,
+        api_key_file=named.api_key_file,
+    )
+
+
+def _tier_key(chosen: RoleModel) -> str:
+    """The key of a tier's own server, from its ``api_key_file`` ("" when it names none).
+
+    Raises:
+        LaunchError: The file cannot be read, named (the key itself is never shown).
+    """
+    if chosen.api_key_file is None:
+        return ""
+    try:
+        return chosen.api_key_file.expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LaunchError(
+            f"model_tiers.{chosen.tier}.api_key_file: cannot read {chosen.api_key_file}: "
+            f"{type(exc).__name__}"
+        ) from None
 
 
 def model_client(
@@ -120,8 +171,13 @@ def model_client(
     tracer_provider: TracerProvider | None = None,
 ) -> ModelClient | None:
     """The traced model client of ``role``'s agent when its role plans with a model (its planner
-    and its research use it), else ``None``."""
-    if settings.planner_for(role) != "model" or settings.model_url is None:
+    and its research use it), else ``None``. Its model is its tier's (:func:`role_model`); the
+    API key goes only to the default tier's server; a tier's own server gets its
+    ``api_key_file``'s key, or none."""
+    if settings.planner_for(role) != "model":
+        return None
+    chosen = role_model(settings, role)
+    if chosen.url is None:
         return None
     from stratagem.agents import ModelConfig, OpenAIModelClient, TracedModelClient
     from stratagem.runtime.host._model_slots import FileModelLimiter, slots_folder
@@ -130,15 +186,15 @@ def model_client(
     return TracedModelClient(
         OpenAIModelClient(
             ModelConfig(
-                url=settings.model_url,
-                model=settings.model,
-                api_key=api_key,
+                url=chosen.url,
+                model=chosen.model,
+                api_key=_tier_key(chosen) if chosen.own_server else api_key,
                 timeout_s=settings.model_timeout_s,
                 schema_style=settings.model_schema_style,
                 max_concurrent=limit,
             ),
             # One queue per server for every agent of this node (each is its own process).
-            limiter=FileModelLimiter(slots_folder(settings.state_dir, settings.model_url), limit),
+            limiter=FileModelLimiter(slots_folder(settings.state_dir, chosen.url), limit),
         ),
         tracer_provider=tracer_provider,
         capture_content=settings.genai_capture_content,

@@ -200,6 +200,9 @@ def test_cards_events_and_snapshots_round_trip() -> None:
         version="1.0",
         capabilities=[CapabilityCard.from_spec(CAPABILITIES["ExtractEntities"])],
         tools=["extract", "resolve"],
+        planner="model",
+        planning_timeout_s=180.0,
+        model="big (strong) at http://10.0.0.2:8000/v1",
     )
     assert decode_card(encode_card(card)) == card
     schema = json.loads(card.capabilities[0].request_schema)

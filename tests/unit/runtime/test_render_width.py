@@ -268,3 +268,18 @@ def test_the_plans_table_keeps_a_sub_plans_id_on_one_line_at_80_columns() -> Non
     wide = Console(width=140, record=True, color_system=None)
     wide.print(history_table(HistoryPage(plans=views), 140))
     assert "✗ failed" in wide.export_text()
+
+
+@pytest.mark.usefixtures("_commands_loaded")
+def test_the_agents_table_shows_each_roles_model_when_one_plans_with_a_model() -> None:
+    infos = [_info(role, 40_000 + i) for i, role in enumerate(ROLES)]
+    text = "\n".join(_lines(_agents_table(infos, "local", width=80), 80))
+    assert "model" not in text  # every agent plans by its rules: no model column
+    tiers = {"perception": "tiny (weak)", "orchestrator": "big (strong)"}
+    infos = [dataclasses.replace(info, model=tiers.get(info.role, "")) for info in infos]
+    lines = _lines(_agents_table(infos, "local", width=99), 99)
+    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ROLES}
+    assert "tiny (weak)" in rows["perception"]
+    assert "big (strong)" in rows["orchestrator"]
+    assert rows["tactical"].rstrip().endswith("rules")
+    assert max(map(len, _lines(_agents_table(infos, "local", width=80), 80))) <= 80

@@ -118,3 +118,74 @@ def test_the_webhooks_allowed_networks_come_as_cidrs_and_a_bad_one_is_named(
     monkeypatch.setenv("STRATAGEM_GATE_WEBHOOK_ALLOWED_NETWORKS", "10.20.0.0/16,intranet")
     with pytest.raises(ValidationError, match="'intranet' is not a network"):
         load_settings()
+
+
+def test_model_tiers_and_role_tiers_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "STRATAGEM_MODEL_TIERS",
+        '{"weak": "qwen-0.5b", "strong": {"model": "big", "url": "http://10.0.0.2:8000/v1"}}',
+    )
+    monkeypatch.setenv("STRATAGEM_ROLE_TIERS", '{"perception": "weak", "orchestrator": "strong"}')
+    settings = load_settings()
+    assert settings.model_tiers["weak"].model == "qwen-0.5b"
+    assert settings.model_tiers["weak"].url is None
+    assert settings.model_tiers["strong"].url == "http://10.0.0.2:8000/v1"
+    assert settings.role_tiers == {"perception": "weak", "orchestrator": "strong"}
+    # unset: every role on the default tier, as before tiers existed
+    monkeypatch.delenv("STRATAGEM_MODEL_TIERS")
+    monkeypatch.delenv("STRATAGEM_ROLE_TIERS")
+    assert (load_settings().model_tiers, load_settings().role_tiers) == ({}, {})
+
+
+@pytest.mark.parametrize(
+    ("tiers", "role_tiers", "complaint"),
+    [
+        ("{}", '{"orchestrator": "strong"}', "orchestrator is on the 'strong' tier, which is not"),
+        ('{"weak": "s"}', '{"tactical": "strong"}', "tactical is on the 'strong' tier"),
+        ("{}", '{"orchestrator": "huge"}', "role_tiers.orchestrator"),
+        ('{"default": "m"}', "{}", "model_tiers.default"),
+        ('{"huge": "m"}', "{}", "model_tiers.huge"),
+        ('{"weak": ""}', "{}", "model_tiers.weak.model"),
+        ('{"weak": {"model": "m", "url": "ftp://h"}}', "{}", "model_tiers.weak.url"),
+        ('{"weak": {"model": "m", "key": "k"}}', "{}", "model_tiers.weak.key"),
+        ("{}", '{"percepton": "default"}', "role_tiers: unknown role 'percepton'"),
+    ],
+)
+def test_a_tier_named_but_not_configured_or_malformed_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tiers: str, role_tiers: str, complaint: str
+) -> None:
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    monkeypatch.setenv("STRATAGEM_MODEL_TIERS", tiers)
+    monkeypatch.setenv("STRATAGEM_ROLE_TIERS", role_tiers)
+    with pytest.raises((ValidationError, SettingsError)) as caught:
+        load_settings()
+    assert complaint in str(caught.value)
+
+
+def test_the_cli_refuses_an_unconfigured_tier_in_one_line_with_exit_2(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from stratagem.runtime._cli import app
+
+    monkeypatch.setenv("STRATAGEM_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("STRATAGEM_ROLE_TIERS", '{"orchestrator": "strong"}')
+    result = CliRunner().invoke(app, ["status"])
+    assert result.exit_code == 2, result.output
+    assert "orchestrator is on the 'strong' tier, which is not configured" in " ".join(
+        result.output.split()
+    )
+    assert "Traceback" not in result.output
+
+
+def test_a_tiers_key_file_needs_its_own_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("STRATAGEM_MODEL_TIERS", '{"weak": {"model": "m", "api_key_file": "k"}}')
+    with pytest.raises(ValidationError, match="api_key_file needs the tier's own url"):
+        load_settings()

@@ -1157,12 +1157,15 @@ class AgentCard(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     PLANNER_FIELD_NUMBER: _builtins.int
     PLANNING_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     version: _builtins.str
     planner: _builtins.str
     """how it plans its built-in capabilities: "deterministic" | "model" ("" unknown)"""
     planning_timeout_s: _builtins.float
     """the longest planning one request may take (its model's limits); 0: no model"""
+    model: _builtins.str
+    """the model its planner uses, "NAME (TIER)" ("" : it plans by its rules)"""
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapabilityCard]: ...
     @_builtins.property
@@ -1176,10 +1179,11 @@ class AgentCard(_message.Message):
         tools: _abc.Iterable[_builtins.str] | None = ...,
         planner: _builtins.str = ...,
         planning_timeout_s: _builtins.float = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "planner", b"planner", "planning_timeout_s", b"planning_timeout_s", "role", b"role", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "model", b"model", "planner", b"planner", "planning_timeout_s", b"planning_timeout_s", "role", b"role", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
