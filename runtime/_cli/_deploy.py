@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from stratagem.runtime.config._extensions import settings_roles
     from stratagem.runtime.config._settings import Settings
     from stratagem.runtime.host._directory import AgentInfo
-    from stratagem.runtime.host._launcher import AgentStartError
+    from stratagem.runtime.host._launcher import AgentStartError, Deployment
     from stratagem.runtime.host._local import LaunchError, LocalCluster, read_published
     from stratagem.runtime.host._rotation import rotate_secret
     from stratagem.runtime.operator._operator import check_role
@@ -171,81 +171,124 @@ def up(
       stratagem up --replace
     """
     with _errors():
-        more: dict[str, Any] = {}
-        if extensions is not None:
-            more["extensions"] = [name for name in extensions.split(",") if name.strip()]
-        settings = _settings(
-            address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None, **more
-        )
-        record = _record_for(settings)
-        settings = settings.model_copy(
-            update={
-                "extensions": list(record.extensions),
-                "extension_paths": list(record.extension_paths),
-            }
-        )
-        # Agents also append their spans to a file in the state directory (on their own node),
-        # so `stratagem trace` works without a backend on one machine.
-        settings = settings.model_copy(
-            update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
-        )
+        settings, record = _up_settings(address, state_dir, allow_unauthenticated_ray, extensions)
         deployment = _deployment(settings)
         # The extensions first: one that does not load (or defines an agent badly) stops here,
         # before a Ray head starts.
         roles = deployment.roles
-        started: LocalCluster | None = None
-        if settings.address is None and LocalCluster.find(settings.local_cluster_file) is None:
-            if not as_json:
-                err_console.print("[dim]starting a local Ray head…[/]")
-            started = LocalCluster.start(settings)
+        started = _start_local_head(settings, as_json=as_json)
         if not as_json:
             err_console.print(f"[dim]deploying the agents: {', '.join(roles)}…[/]", highlight=False)
-        try:
-            with _running(deployment):
-                infos = deployment.deploy(detached=True, replace=replace)
-        except AgentStartError:
-            # A refused agent leaves nothing running: deploy removed the agents, and the Ray
-            # head this command started goes too.
-            if started is not None:
-                started.stop()
-                settings.local_cluster_file.unlink(missing_ok=True)
-                settings.ray_token_path.unlink(missing_ok=True)
-            raise
+        infos = _deploy_or_stop(deployment, settings, started, replace=replace)
         write_record(settings.state_dir, _with_planning(record, settings, roles))
-        if deployment.replaced and not as_json:
-            err_console.print(
-                f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other "
-                "extensions[/]",
-                soft_wrap=True,
-                highlight=False,
-            )
-        if deployment.removed and not as_json:
-            err_console.print(
-                f"[dim]removed {', '.join(deployment.removed)}: no extension defines "
-                f"{'it' if len(deployment.removed) == 1 else 'them'} now[/]",
-                soft_wrap=True,
-                highlight=False,
-            )
-        for warning in deployment.warnings:
-            err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
-        if as_json:
-            _print_json(
-                {
-                    **_infos_json(infos, deployment.mode),
-                    "stale": deployment.stale,
-                    "replaced": deployment.replaced,
-                    "removed": deployment.removed,
-                    "extensions": list(record.extensions),
-                }
-            )
-            return
-        console.print(_agents_table(infos, deployment.mode))
-        if deployment.stale:
-            err_console.print(
-                f"[yellow]warning:[/] {', '.join(deployment.stale)} kept running with other "
-                "settings than this command's; 'stratagem up --replace' redeploys them",
-                soft_wrap=True,
-            )
+        _report_changes(deployment, as_json=as_json)
+        _show_deployed(infos, deployment, record, as_json=as_json)
+
+
+def _up_settings(
+    address: str | None,
+    state_dir: Path | None,
+    allow_unauthenticated_ray: bool | None,
+    extensions: str | None,
+) -> tuple[Settings, DeploymentRecord]:
+    """The settings ``up`` deploys with (the extensions its options name, else the record's, and
+    a trace file) and the record it writes."""
+    more: dict[str, Any] = {}
+    if extensions is not None:
+        more["extensions"] = [name for name in extensions.split(",") if name.strip()]
+    settings = _settings(
+        address, state_dir, allow_unauthenticated_ray=allow_unauthenticated_ray or None, **more
+    )
+    record = _record_for(settings)
+    settings = settings.model_copy(
+        update={
+            "extensions": list(record.extensions),
+            "extension_paths": list(record.extension_paths),
+        }
+    )
+    # Agents also append their spans to a file in the state directory (on their own node),
+    # so `stratagem trace` works without a backend on one machine.
+    settings = settings.model_copy(
+        update={"trace_file": settings.trace_file or settings.state_dir / "spans.jsonl"}
+    )
+    return settings, record
+
+
+def _start_local_head(settings: Settings, *, as_json: bool) -> LocalCluster | None:
+    """A local Ray head started for ``settings`` when they name no address and none runs (else
+    ``None``: the deployment joins the one there is)."""
+    if settings.address is not None or LocalCluster.find(settings.local_cluster_file) is not None:
+        return None
+    if not as_json:
+        err_console.print("[dim]starting a local Ray head…[/]")
+    return LocalCluster.start(settings)
+
+
+def _deploy_or_stop(
+    deployment: Deployment, settings: Settings, started: LocalCluster | None, *, replace: bool
+) -> list[AgentInfo]:
+    """Deploy the agents as detached actors; when one is refused, stop the Ray head ``started``
+    (if this command started one) and re-raise."""
+    try:
+        with _running(deployment):
+            return deployment.deploy(detached=True, replace=replace)
+    except AgentStartError:
+        # A refused agent leaves nothing running: deploy removed the agents, and the Ray
+        # head this command started goes too.
+        if started is not None:
+            started.stop()
+            settings.local_cluster_file.unlink(missing_ok=True)
+            settings.ray_token_path.unlink(missing_ok=True)
+        raise
+
+
+def _report_changes(deployment: Deployment, *, as_json: bool) -> None:
+    """Say on standard error which agents ``up`` redeployed or removed (not with ``--json``) and
+    the deployment's warnings."""
+    if deployment.replaced and not as_json:
+        err_console.print(
+            f"[dim]redeployed {', '.join(deployment.replaced)}: they ran with other extensions[/]",
+            soft_wrap=True,
+            highlight=False,
+        )
+    if deployment.removed and not as_json:
+        err_console.print(
+            f"[dim]removed {', '.join(deployment.removed)}: no extension defines "
+            f"{'it' if len(deployment.removed) == 1 else 'them'} now[/]",
+            soft_wrap=True,
+            highlight=False,
+        )
+    for warning in deployment.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True, highlight=False)
+
+
+def _show_deployed(
+    infos: list[AgentInfo],
+    deployment: Deployment,
+    record: DeploymentRecord,
+    *,
+    as_json: bool,
+) -> None:
+    """Print the deployed agents (a table, or ``--json`` with what changed), and warn of those
+    kept running with other settings."""
+    if as_json:
+        _print_json(
+            {
+                **_infos_json(infos, deployment.mode),
+                "stale": deployment.stale,
+                "replaced": deployment.replaced,
+                "removed": deployment.removed,
+                "extensions": list(record.extensions),
+            }
+        )
+        return
+    console.print(_agents_table(infos, deployment.mode))
+    if deployment.stale:
+        err_console.print(
+            f"[yellow]warning:[/] {', '.join(deployment.stale)} kept running with other "
+            "settings than this command's; 'stratagem up --replace' redeploys them",
+            soft_wrap=True,
+        )
 
 
 @app.command()

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         UnavailableError,
     )
     from stratagem.runtime.config._settings import Settings
+    from stratagem.runtime.host._launcher import Deployment
     from stratagem.runtime.host._local import LocalCluster
     from stratagem.runtime.operator._ask import ask_request, goal_file_asks
     from stratagem.runtime.operator._goal import GoalOutcome, new_goal_id
@@ -131,15 +132,7 @@ def _execute_goal(
     this command's own on an embedded Ray, removed after."""
     started = time.monotonic()
     request = request.model_copy(update={"plan_id": request.plan_id or new_goal_id()})
-    trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
-    settings = settings.model_copy(update={"trace_file": trace_file})
-    os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
-    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
-    # process finds it through the state directory (runtime.telemetry._export).
-    backend = find_backend(settings.state_dir)
-    if backend is not None and not as_json:
-        err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
-    setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
+    settings, trace_file = _traced(settings, as_json=as_json)
     # Without --timeout the goal's deadline follows the deployment's planners (Operator.submit:
     # model planners get longer); finding the agents is bounded by the request timeout.
     limit = timeout or settings.request_timeout_s
@@ -160,21 +153,7 @@ def _execute_goal(
                 dep = stack.enter_context(deployment.embedded())
             else:
                 dep = stack.enter_context(_running(deployment, embedded_hint=True))
-            try:
-                endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
-            except UnavailableError as exc:
-                if time.monotonic() - started < limit:
-                    raise  # agents that did not answer within the time they were given
-                raise DeadlineExceededError(
-                    f"the command's deadline ({limit:g} s) passed while finding the agents "
-                    f"({exc.message}): raise --timeout"
-                ) from exc
-            if not as_json:
-                err_console.print(
-                    f"[dim]{dep.mode} Ray · agents: "
-                    + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
-                    + "[/]"
-                )
+            endpoints = _find_agents(dep, started=started, limit=limit, as_json=as_json)
             # The goal's deadline counts from the command's start: finding the agents included.
             remaining: float | None = None
             if timeout is not None:
@@ -185,59 +164,130 @@ def _execute_goal(
                     "it all): raise --timeout"
                 )
             try:
-                if as_json or not console.is_terminal:
-                    outcome = _operate(
-                        settings,
-                        lambda op: op.submit(request),
-                        timeout=remaining,
-                        endpoints=endpoints,
-                        bounded=remaining is not None,
-                    )
-                else:
-                    with Live(progress.render(), console=console, refresh_per_second=8) as live:
-
-                        def on_event(event: Any) -> None:
-                            progress.add(event)
-                            live.update(progress.render())
-
-                        outcome = _operate(
-                            settings,
-                            lambda op: op.submit(request, on_event=on_event),
-                            timeout=remaining,
-                            endpoints=endpoints,
-                            bounded=remaining is not None,
-                        )
+                outcome = _pursue(
+                    settings, request, endpoints, remaining, progress, as_json=as_json
+                )
             except RemoteError as exc:
                 dep.flush_telemetry()
-                failed = _failure_of(settings, request.plan_id, endpoints)
-                _fail_traced(
-                    exc,
-                    as_json=as_json,
-                    plan_id=request.plan_id,
-                    failure=failed.failure if failed else "",
-                    failed_at=failed.failed_at if failed else "",
-                    cause=failed.cause if failed else "",
-                )
+                _fail_goal(exc, settings, request.plan_id, endpoints, as_json=as_json)
             dep.flush_telemetry()
         shutdown_telemetry("stratagem-cli")
-        head = _audit_head(settings)
-        spans = read_spans(trace_file, outcome.trace_id)
-        if as_json:
-            _print_json(
-                {
-                    "plan_id": outcome.plan_id,
-                    "status": outcome.response.status,
-                    "world": outcome.response.world,
-                    "trace_id": outcome.trace_id,
-                    "response": outcome.response.model_dump(mode="json"),
-                    "plans": [json.loads(p.model_dump_json()) for p in outcome.plans],
-                    "spans": len(spans),
-                    "services": sorted({s.service for s in spans}),
-                    "audit": head,
-                }
-            )
-            return
-        _print_outcome(outcome, spans, head)
+        _show_goal(outcome, settings, trace_file, as_json=as_json)
+
+
+def _traced(settings: Settings, *, as_json: bool) -> tuple[Settings, Path]:
+    """``settings`` with their trace file (by default ``spans.jsonl`` in the state directory),
+    which this process's spans go to too, and that file."""
+    trace_file = settings.trace_file or settings.state_dir / "spans.jsonl"
+    settings = settings.model_copy(update={"trace_file": trace_file})
+    os.environ.setdefault("STRATAGEM_TRACE_FILE", str(trace_file))
+    # `make otel-backend`'s Phoenix, when it runs and no OTLP endpoint is configured: every
+    # process finds it through the state directory (runtime.telemetry._export).
+    backend = find_backend(settings.state_dir)
+    if backend is not None and not as_json:
+        err_console.print(f"[dim]exporting spans to {backend.kind} at {backend.url}[/]")
+    setup_telemetry("stratagem-cli", trace_file=trace_file, state_dir=settings.state_dir)
+    return settings, trace_file
+
+
+def _find_agents(dep: Deployment, *, started: float, limit: float, as_json: bool) -> dict[str, str]:
+    """The serving agents' endpoints by role (named on standard error unless ``as_json``); the
+    command's deadline (``limit`` seconds from ``started``) passing meanwhile is said as such."""
+    try:
+        endpoints = dep.serving_endpoints(timeout_s=min(10.0, limit))
+    except UnavailableError as exc:
+        if time.monotonic() - started < limit:
+            raise  # agents that did not answer within the time they were given
+        raise DeadlineExceededError(
+            f"the command's deadline ({limit:g} s) passed while finding the agents "
+            f"({exc.message}): raise --timeout"
+        ) from exc
+    if not as_json:
+        err_console.print(
+            f"[dim]{dep.mode} Ray · agents: "
+            + ", ".join(f"{r}@{e}" for r, e in endpoints.items())
+            + "[/]"
+        )
+    return endpoints
+
+
+def _pursue(
+    settings: Settings,
+    request: SubmitGoalRequest,
+    endpoints: dict[str, str],
+    remaining: float | None,
+    progress: Progress,
+    *,
+    as_json: bool,
+) -> GoalOutcome:
+    """Submit the goal to ``endpoints`` within ``remaining`` seconds (``None``: its own deadline),
+    its ``progress`` shown live on a terminal (not with ``as_json``)."""
+    if as_json or not console.is_terminal:
+        return _operate(
+            settings,
+            lambda op: op.submit(request),
+            timeout=remaining,
+            endpoints=endpoints,
+            bounded=remaining is not None,
+        )
+    with Live(progress.render(), console=console, refresh_per_second=8) as live:
+
+        def on_event(event: Any) -> None:
+            progress.add(event)
+            live.update(progress.render())
+
+        return _operate(
+            settings,
+            lambda op: op.submit(request, on_event=on_event),
+            timeout=remaining,
+            endpoints=endpoints,
+            bounded=remaining is not None,
+        )
+
+
+def _fail_goal(
+    exc: RemoteError,
+    settings: Settings,
+    plan_id: str,
+    endpoints: dict[str, str],
+    *,
+    as_json: bool,
+) -> NoReturn:
+    """Fail with ``exc``, naming where the goal went wrong when its history says."""
+    failed = _failure_of(settings, plan_id, endpoints)
+    _fail_traced(
+        exc,
+        as_json=as_json,
+        plan_id=plan_id,
+        failure=failed.failure if failed else "",
+        failed_at=failed.failed_at if failed else "",
+        cause=failed.cause if failed else "",
+    )
+
+
+def _show_goal(
+    outcome: GoalOutcome, settings: Settings, trace_file: Path, *, as_json: bool
+) -> None:
+    """Print the goal's outcome with its spans and the audit chain's head (``--json``: as one
+    object)."""
+    head = _audit_head(settings)
+    spans = read_spans(trace_file, outcome.trace_id)
+    if as_json:
+        _print_json(
+            {
+                "plan_id": outcome.plan_id,
+                "status": outcome.response.status,
+                "world": outcome.response.world,
+                "trace_id": outcome.trace_id,
+                "response": outcome.response.model_dump(mode="json"),
+                "plans": [json.loads(p.model_dump_json()) for p in outcome.plans],
+                "spans": len(spans),
+                "services": sorted({s.service for s in spans}),
+                "audit": head,
+            }
+        )
+        return
+    _print_outcome(outcome, spans, head)
 
 
 def _nothing_runs(settings: Settings) -> bool:

@@ -28,11 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "planning", "agents", "runtime")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 100
-# What is over today, at most this long: two CLI verbs.
-OVER_LIMIT: dict[str, int] = {
-    "runtime/_cli/_deploy.py:up": 113,
-    "runtime/_cli/_goals.py:_execute_goal": 120,
-}
+# What may be over the limits, at most this long: nothing now (a ratchet that only shrinks).
+OVER_LIMIT: dict[str, int] = {}
 
 
 def _sources(root: Path) -> list[Path]:
