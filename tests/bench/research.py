@@ -174,6 +174,7 @@ def _measure(
             "synthesis_citations": cited,
             "synthesis_precise": said,
             "synthesis_refused": len(report.refused),
+            "refusals": [line[:160] for line in report.refused],
         }
     return row
 
@@ -331,10 +332,14 @@ def _model_lines(model: dict[str, Any]) -> list[str]:
         f"**{model['precision']:.1%}** over {model['citations']} citations, recall "
         f"**{model['recall']:.1%}**; {model['seconds_per_question']['median']:.1f} s per question "
         f"(median; max {model['seconds_per_question']['max']:.1f} s). Synthesis: "
-        f"{synthesis['sentences']} sentences kept ({said}); {synthesis['refused']} refused by "
-        "the check (a sentence a cited passage does not say is dropped, never shown).",
+        f"{synthesis['sentences']} sentences kept ({said}); {synthesis['refused']} refused "
+        "(a sentence a cited passage does not say, or an answer that is no synthesis: dropped, "
+        "never shown).",
         "",
     ]
+    refusals = sorted({line for row in model["questions"] for line in row.get("refusals", [])})
+    if refusals:
+        lines += ["Refusals: " + "; ".join(f"`{line}`" for line in refusals[:6]) + ".", ""]
     for failure in model.get("failed", []):
         lines += [f"Failed with the model: {failure['question']} ({failure['failure']}).", ""]
     lines += [

@@ -458,6 +458,8 @@ def test_the_research_suite_measures_the_model_path_and_its_section_renders() ->
     assert "### With the embedded model" in section
     assert "The first 1 of the 8 questions" in section
     assert "1 sentences kept (100.0% of their 1 citations say them); 1 refused" in section
+    assert "Refusals: `[s" in section
+    assert "does not say: The moon" in section
     assert "| How does a plan resume after a crash? | 2 |" in section
 
 
