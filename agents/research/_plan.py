@@ -143,7 +143,7 @@ def research_tools(
             )
         else:
             source = await in_thread(
-                lambda should_stop: fetch_path(f"s{index}", locator, scopes, cache)
+                lambda should_stop: fetch_path(f"s{index}", locator, scopes, cache, ctx)
             )
         ledger.record(ctx.plan_id, locator, source)
         return source
@@ -185,7 +185,13 @@ def research_tools(
             await in_thread(lambda should_stop: check_report(written.markdown, sources, cache))
         except CitationError as exc:
             raise LogicError(f"report: citations refused: {exc}") from exc
-        digest = cache.put(written.markdown.encode(), name="report.md", media_type="text/markdown")
+        digest = cache.put(
+            written.markdown.encode(),
+            name="report.md",
+            media_type="text/markdown",
+            ctx=ctx,
+            tool="research_report",
+        )
         if kb is not None:
             await kb.keep(written, ctx.plan_id)
         return written.model_copy(update={"digest": digest})

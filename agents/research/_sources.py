@@ -74,8 +74,20 @@ class SourceRefusedError(ValueError):
 class SourceCache(Protocol):
     """Where a source's bytes are kept, by digest (the artifact store's seam)."""
 
-    def put(self, data: bytes, *, name: str, media_type: str) -> str:
-        """Keep ``data``; return its digest (``sha256:...``)."""
+    def put(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        media_type: str,
+        ctx: ToolContext | None = None,
+        tool: str = "",
+    ) -> str:
+        """Keep ``data``; return its digest (``sha256:...``).
+
+        ``ctx`` is the plan step that read it and ``tool`` the tool that did (a cache that keeps
+        provenance records them; one that keeps only bytes ignores them).
+        """
         ...
 
     def get(self, digest: str) -> bytes:
@@ -94,7 +106,15 @@ class InMemorySourceCache:
         self.blobs: dict[str, bytes] = {}
         self.puts = 0
 
-    def put(self, data: bytes, *, name: str, media_type: str) -> str:
+    def put(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        media_type: str,
+        ctx: ToolContext | None = None,
+        tool: str = "",
+    ) -> str:
         """Keep ``data``; return its digest."""
         self.puts += 1
         digest = _digest(data)
@@ -132,7 +152,15 @@ class DirectorySourceCache:
             raise KeyError(digest)
         return self.root / "sha256" / hexa[:2] / hexa[2:]
 
-    def put(self, data: bytes, *, name: str, media_type: str) -> str:
+    def put(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        media_type: str,
+        ctx: ToolContext | None = None,
+        tool: str = "",
+    ) -> str:
         """Keep ``data`` (once: the same bytes are one file); return its digest."""
         digest = _digest(data)
         path = self._path(digest)
@@ -250,8 +278,15 @@ def _unreadable(source_id: str, locator: str, reason: str, size: int = 0) -> Sou
     )
 
 
-def fetch_path(source_id: str, locator: str, scopes: FileScopes, cache: SourceCache) -> Source:
-    """Read one file within the scopes and cache its bytes; a failure is a recorded ``Source``.
+def fetch_path(
+    source_id: str,
+    locator: str,
+    scopes: FileScopes,
+    cache: SourceCache,
+    ctx: ToolContext | None = None,
+) -> Source:
+    """Read one file within the scopes and cache its bytes (as read by ``ctx``'s step); a failure
+    is a recorded ``Source``.
 
     Never raises for what the file holds: outside the scopes, missing, unreadable, too large,
     binary, or a PDF that cannot be read is a source with ``status="unreadable"`` and the reason.
@@ -272,7 +307,9 @@ def fetch_path(source_id: str, locator: str, scopes: FileScopes, cache: SourceCa
     problem = _pdf_problem(data) if media_type == "application/pdf" else _text_problem(data)
     if problem:
         return _unreadable(source_id, locator, problem, len(data))
-    digest = cache.put(data, name=path.name, media_type=media_type)
+    digest = cache.put(
+        data, name=path.name, media_type=media_type, ctx=ctx, tool="research_collect"
+    )
     return Source(
         id=source_id,
         locator=locator,
@@ -340,20 +377,50 @@ def source_text(source: Source, cache: SourceCache) -> list[tuple[int | None, st
 
 class ArtifactSourceCache:
     """A ``SourceCache`` over the artifact store: each source a versioned ``research-<name>``
-    artifact with its provenance, its digest the blob's (``sha256:`` + hex)."""
+    artifact with its provenance, its digest the blob's (``sha256:`` + hex).
+
+    Bytes read by a plan step (``ctx`` given) are an artifact of that plan (scope ``plan``, its
+    id), their provenance the step, its attempt and the plan's revision; bytes kept outside a
+    plan (no ``ctx``) are the deployment's. The same bytes saved again by the same step are the
+    version already there (the store's save is idempotent), so a retried step adds none.
+    """
 
     def __init__(self, store: ArtifactStore, *, agent: str = "perception") -> None:
         self.store = store
         self.agent = agent
 
-    def put(self, data: bytes, *, name: str, media_type: str) -> str:
-        """Save ``data`` as an artifact; its digest."""
+    def put(
+        self,
+        data: bytes,
+        *,
+        name: str,
+        media_type: str,
+        ctx: ToolContext | None = None,
+        tool: str = "",
+    ) -> str:
+        """Save ``data`` as an artifact (of ``ctx``'s plan when given); its digest."""
         safe = "research-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        made_by = tool or "research_collect"
+        if ctx is not None and ctx.plan_id:
+            scope, scope_id = "plan", ctx.plan_id
+            provenance = ArtifactProvenance(
+                agent=ctx.agent or self.agent,
+                plan_id=ctx.plan_id,
+                revision=ctx.revision,
+                step_id=ctx.step_id,
+                attempt=ctx.attempt,
+                tool=made_by,
+            )
+        else:
+            scope, scope_id = "deployment", ""
+            provenance = ArtifactProvenance(agent=self.agent, tool=made_by)
         record = self.store.save_blocking(
             safe[:200],
             data,
             media_type=media_type,
-            provenance=ArtifactProvenance(agent=self.agent, tool="research_collect"),
+            scope=scope,
+            scope_id=scope_id,
+            provenance=provenance,
         )
         return "sha256:" + record.digest
 
@@ -426,6 +493,8 @@ async def fetch_mcp(
         return unreadable(f"the MCP tool {name} answered no text")
     if len(data) > MAX_SOURCE_BYTES:
         return unreadable(f"larger than {MAX_SOURCE_BYTES} bytes ({len(data)})")
-    digest = cache.put(data, name=f"{name}.txt", media_type="text/plain")
+    digest = cache.put(
+        data, name=f"{name}.txt", media_type="text/plain", ctx=ctx, tool="research_collect"
+    )
     return Source(id=source_id, locator=locator, kind="mcp", digest=digest,
                   fetched_at=time.time(), status="read", size=len(data))  # fmt: skip

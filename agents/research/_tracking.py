@@ -245,7 +245,10 @@ def hypothesis_tools(
             record = record.model_copy(update={"root_cause": root_cause, "fix": fix})
             markdown = postmortem_markdown(record)
             digest = cache.put(
-                markdown.encode(), name=f"postmortem-{investigation}.md", media_type="text/markdown"
+                markdown.encode(),
+                name=f"postmortem-{investigation}.md",
+                media_type="text/markdown",
+                tool="hypotheses.postmortem",
             )
             await kept.put(record.model_copy(update={"postmortem": digest}))
         return _Postmortem(digest=digest, markdown=markdown)

@@ -287,10 +287,17 @@ class AgentActor:
         research_model = model_client(
             self._role, settings, api_key=model_api_key, tracer_provider=self._tracer_provider
         )
-        bind_research_tools(
-            self._agent, settings, self._memory, policy, research_model, self._audit
-        )
+        # Before the research tools: they cache each source as an artifact of its plan.
         self._artifacts = ArtifactHousekeeping(open_artifact_store(settings))
+        bind_research_tools(
+            self._agent,
+            settings,
+            self._memory,
+            policy,
+            research_model,
+            self._audit,
+            artifacts=self._artifacts.store,
+        )
         attach_artifact_tools(self._agent, self._artifacts.store, policy)
         attach_model_planner(
             self._agent,

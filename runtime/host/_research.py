@@ -8,17 +8,19 @@ from typing import Any
 from stratagem.agents import Agent, MemoryStore, ModelClient, PolicedMemory, Tool
 from stratagem.agents.research import (
     KB_NAMESPACE,
+    ArtifactSourceCache,
     DirectorySourceCache,
     FetchLedger,
     FileScopes,
     KnowledgeBase,
     ModelResearcher,
+    SourceCache,
     ToolCaller,
     hypothesis_tools,
     research_tools,
 )
 from stratagem.agents.research._tracking import HYPOTHESES
-from stratagem.planning import PolicyError, ToolContext
+from stratagem.planning import ArtifactStore, PolicyError, ToolContext
 from stratagem.protocol import AuditLog, Policy
 from stratagem.runtime.config._settings import Settings
 
@@ -45,11 +47,14 @@ def bind_research_tools(
     policy: Policy | None = None,
     model: ModelClient | None = None,
     audit: AuditLog | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> list[Tool[Any, Any]]:
     """Bind the research tools as the policy allows; the tools bound.
 
     On the perception agent, its research tools (which read nothing) are replaced with ones that
-    read within ``settings.research_roots``, cache under ``settings.research_dir``, call its MCP
+    read within ``settings.research_roots``, cache each source in ``artifacts`` (the agent's
+    artifact store: an artifact of the research plan, its provenance the step that read it;
+    without a store, content-addressed files under ``settings.research_dir``), call its MCP
     tools (never one that asks an approval) and have ``model`` (the agent's when it plans with
     one) write the sub-questions and a synthesis. Where the policy grants the agent its memory
     (``[[memory]]``: ``agent/perception/kb`` written, for the knowledge base; ``agent/<role>/
@@ -58,7 +63,11 @@ def bind_research_tools(
     is on until a policy file says so (docs/research.md).
     """
     folder = settings.research_dir
-    cache = DirectorySourceCache(folder / "blobs")
+    cache: SourceCache = (
+        ArtifactSourceCache(artifacts, agent=agent.role)
+        if artifacts is not None
+        else DirectorySourceCache(folder / "blobs")
+    )
     kept = PolicedMemory(memory, policy, agent.role, audit) if memory and policy else None
     bound: list[Tool[Any, Any]] = []
     hypotheses = ("agent", agent.role, HYPOTHESES)

@@ -77,6 +77,27 @@ def test_the_readme_question_over_docs_cites_the_lines_that_say_each_claim(
     ]
     assert "logo.dat: a binary file" in report["markdown"]
     assert "durability.md" in report["markdown"]
+    # each source read is an artifact of the plan (docs/research.md), its provenance the step
+    listed = run(
+        "artifacts", "list", "--plan", out["plan_id"], "--all", "--json",
+        state_dir=tmp_path / "state",
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    kept = {("sha256:" + a["digest"], a["name"]): a for a in json.loads(listed.stdout)}
+    read = [s for s in report["sources"] if s["status"] == "read"]
+    assert read
+    for source in read:
+        artifact = kept[(source["digest"], "research-" + Path(source["locator"]).name)]
+        assert artifact["provenance"]["plan_id"] == out["plan_id"]
+        assert artifact["provenance"]["step_id"].startswith("collect-")
+        assert artifact["provenance"]["tool"] == "research_collect"
+    assert (report["digest"], "research-report.md") in kept
+    traced = run(
+        "artifacts", "provenance", "research-durability.md", "--plan", out["plan_id"], "--json",
+        state_dir=tmp_path / "state",
+    )  # fmt: skip
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    assert '"research_collect"' in traced.stdout
 
 
 @pytest.mark.parametrize(

@@ -83,3 +83,7 @@ def test_a_killed_research_plan_resumes_reading_each_source_once(tmp_path: Path)
     unread = [s["locator"] for s in report["sources"] if s["status"] != "read"]
     assert unread == [str(corpus / "broken.txt")]
     assert "broken.txt: a binary file" in report["markdown"]
+    # each source is one artifact of the plan, one version (the killed run's saves not repeated)
+    assert sorted(done["artifacts"]) == sorted(
+        [[f"research-note-{n}.md", 1] for n in range(1, SOURCES + 1)] + [["research-report.md", 1]]
+    )

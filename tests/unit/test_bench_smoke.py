@@ -388,7 +388,7 @@ def test_goal_routing_benchmark_returns_well_formed_results(
 def test_the_research_suite_meets_its_precision_target_and_its_section_renders() -> None:
     from tests.bench.research import research_section, run_research_benchmark
 
-    research = run_research_benchmark()
+    research = run_research_benchmark(model_questions=0)
     assert research["met"], research["precision"]
     assert research["precision"] >= 0.95
     assert 0 < research["recall"] <= 1
@@ -396,6 +396,71 @@ def test_the_research_suite_meets_its_precision_target_and_its_section_renders()
     section = "\n".join(research_section(research))
     assert section.startswith("## Research: citation precision and recall over docs/")
     assert "| How does a plan resume after a crash? |" in section
+    assert "Not measured: no question was asked to run with the model." in section
+
+
+def test_the_research_suite_measures_the_model_path_and_its_section_renders() -> None:
+    """The model path of the research benchmark with a scripted model: it writes one extra
+    sub-question and a synthesis of two sentences, one its cited passage says and one it does
+    not; the kept one is measured against the cited lines, the other counted as refused."""
+    import json
+    import re
+
+    import yaml
+
+    from stratagem.agents import ChatRequest, ScriptedModelClient
+    from stratagem.agents.research import FileScopes, ModelResearcher, expand_sources
+    from tests.bench.research import (
+        REPO,
+        SUITE,
+        research_section,
+        run_research_model_benchmark,
+    )
+
+    def answer(request: ChatRequest) -> str:
+        if request.schema_name == "sub_questions":
+            return json.dumps({"sub_questions": ["Which steps run again after a restart?"]})
+        listed = re.search(r"^- \[([^\]]+)\] (.+)$", request.messages[0].content, re.M)
+        assert listed is not None
+        return json.dumps(
+            {
+                "sentences": [
+                    {"text": listed.group(2), "cites": [listed.group(1)]},
+                    {"text": "The moon is made of green cheese.", "cites": [listed.group(1)]},
+                ]
+            }
+        )
+
+    def researcher() -> ModelResearcher:
+        return ModelResearcher(ScriptedModelClient([answer] * 4, model="scripted-270m"))
+
+    suite = yaml.safe_load(SUITE.read_text(encoding="utf-8"))
+    files = expand_sources(["docs/"], FileScopes.of([REPO]), base=REPO)
+    model = run_research_model_benchmark(suite, files, 1, researcher=researcher)
+    assert (model["model"], model["of"], len(model["questions"])) == ("scripted-270m", 8, 1)
+    row = model["questions"][0]
+    assert row["sub_questions"] == 2
+    assert (row["synthesis_sentences"], row["synthesis_refused"]) == (1, 1)
+    assert model["synthesis"] == {"sentences": 1, "citations": 1, "precision": 1.0, "refused": 1}
+    assert model["precision"] >= 0.95
+    section = "\n".join(
+        research_section(
+            {
+                "corpus": {"folder": "docs/", "files": len(files)},
+                **{k: model[k] for k in ("questions", "precision", "recall", "citations")},
+                "seconds_per_question": model["seconds_per_question"],
+                "target_precision": 0.95,
+                "met": True,
+                "model": model,
+            }
+        )
+    )
+    assert "### With the embedded model" in section
+    assert "The first 1 of the 8 questions" in section
+    assert "1 sentences kept (100.0% of their 1 citations say them); 1 refused" in section
+    assert "Refusals: `[s" in section
+    assert "does not say: The moon" in section
+    assert "| How does a plan resume after a crash? | 2 |" in section
 
 
 def test_the_memory_benchmark_measures_and_renders() -> None:

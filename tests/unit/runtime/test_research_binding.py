@@ -156,3 +156,60 @@ def test_under_the_shipped_policy_research_keeps_nothing_and_no_agent_gets_hypot
         granted, settings, InMemoryMemoryStore(), Policy.from_toml(SHIPPED + GRANTS)
     )
     assert set(HYPOTHESIS_TOOLS) <= set(granted.registry.names())
+
+
+def test_a_deployed_research_step_caches_each_source_as_an_artifact_of_its_plan(
+    tmp_path: Path,
+) -> None:
+    """The actor hands its artifact store to the research tools: each source a collect step reads
+    is an artifact of the plan (provenance: that step), listed by ``artifacts list --plan``, kept
+    once when the step is retried, and nothing is cached under ``STATE_DIR/research/blobs``."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from stratagem.runtime._cli import app
+    from stratagem.runtime.config._artifacts import open_artifact_store
+
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "resume.md").write_text("A plan resumes from its journal after a crash.\n")
+    settings = load_settings(state_dir=tmp_path / "state", research_scopes=[corpus])
+    store = open_artifact_store(settings)
+    agent = PerceptionAgent()
+    bind_research_tools(agent, settings, None, None, artifacts=store)
+
+    async def collect(attempt: int) -> dict[str, object]:
+        ctx = ToolContext(
+            plan_id="research-1", step_id="collect-1", attempt=attempt, agent="perception"
+        )
+        return await agent.registry.run_tool(
+            "research_collect", {"locator": str(corpus / "resume.md"), "index": 1}, ctx
+        )
+
+    first = asyncio.run(collect(1))
+    # a retried step after a crash between the cache and the fetch ledger: the same bytes again
+    shutil.rmtree(settings.research_dir / "fetched")
+    again = asyncio.run(collect(2))
+    assert first["digest"] == again["digest"]
+    store.index.close()
+    assert not (settings.research_dir / "blobs").exists()
+
+    result = CliRunner().invoke(
+        app,
+        ["artifacts", "list", "--state-dir", str(settings.state_dir), "--plan", "research-1",
+         "--all", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    listed = json.loads(result.stdout)
+    assert [(a["name"], a["version"], a["scope"]) for a in listed] == [
+        ("research-resume.md", 1, "plan")
+    ]
+    assert "sha256:" + listed[0]["digest"] == first["digest"]
+    provenance = listed[0]["provenance"]
+    assert (provenance["plan_id"], provenance["step_id"], provenance["tool"]) == (
+        "research-1",
+        "collect-1",
+        "research_collect",
+    )
