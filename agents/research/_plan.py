@@ -66,22 +66,30 @@ class _Claims(BaseModel):
 
 
 def research_plan(
-    question: str, files: Sequence[str], *, plan_id: str, owner: str = "perception"
+    question: str,
+    files: Sequence[str],
+    *,
+    plan_id: str,
+    owner: str = "perception",
+    model_timeout_s: float = 0.0,
 ) -> Plan:
     """The plan that researches ``question`` over ``files`` (already expanded and in scope).
 
     Steps: ``scope`` (sub-questions), ``collect-N`` (one per file: read once, cached), ``recall``
-    (passages), ``claims``, ``crosscheck``, ``report``.
+    (passages), ``claims``, ``crosscheck``, ``report``. ``model_timeout_s`` (when the owner
+    researches with a model: its first call and each repair) is the limit of the two steps a model
+    writes, ``scope`` and ``report``; otherwise they have the engine's default.
 
     Raises:
         pydantic.ValidationError: The question is empty or longer than ``MAX_QUESTION_CHARS``.
     """
     text = Question(text=question).text
+    model_limit = model_timeout_s if model_timeout_s > 0 else None
     collects = [f"collect-{n}" for n in range(1, len(files) + 1)]
     sources = [{"$ref": step} for step in collects]
     steps: list[Any] = [
         ToolStep(id="scope", title="break the question into sub-questions",
-                 tool="research_scope", input={"question": text}),
+                 tool="research_scope", input={"question": text}, timeout_s=model_limit),
         *(
             ToolStep(id=step, title=f"read {path}", tool="research_collect",
                      input={"locator": path, "index": n})
@@ -98,7 +106,7 @@ def research_plan(
                  depends_on=["claims", *collects],
                  input={"claims": {"$ref": "claims.claims"}, "sources": sources}),
         ToolStep(id="report", title="write the report", tool="research_report",
-                 depends_on=["scope", "crosscheck", *collects],
+                 depends_on=["scope", "crosscheck", *collects], timeout_s=model_limit,
                  input={"question": text, "sub_questions": {"$ref": "scope.sub_questions"},
                         "sources": sources, "claims": {"$ref": "crosscheck.claims"}}),
     ]  # fmt: skip

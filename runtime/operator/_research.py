@@ -52,8 +52,10 @@ def research_plan_for(
     *,
     base: Path | None = None,
     plan_id: str | None = None,
+    model_timeout_s: float = 0.0,
 ) -> dict[str, object]:
-    """The research plan (as JSON data) for ``question`` over ``sources``, checked here.
+    """The research plan (as JSON data) for ``question`` over ``sources``, checked here; its model
+    steps limited to ``model_timeout_s`` when the owner researches with a model.
 
     Raises:
         InputError: The question is empty or too long, no source is named, a source is outside
@@ -83,7 +85,7 @@ def research_plan_for(
     if not files:
         raise InputError(f"--sources: no Markdown, text or PDF file in {', '.join(sources)}")
     plan = research_plan(text, files, plan_id=plan_id or f"research-{uuid.uuid4().hex[:12]}",
-                         owner=RESEARCH_OWNER)  # fmt: skip
+                         owner=RESEARCH_OWNER, model_timeout_s=model_timeout_s)  # fmt: skip
     return plan.model_dump(mode="json")
 
 
@@ -118,8 +120,14 @@ class Research:
             InputError: A bad question or source (one line naming it).
             protocol.RemoteError: The plan failed on the agent.
         """
+        settings = self._link.settings
         plan = research_plan_for(
-            question, sources, self._link.settings.research_roots, base=base, plan_id=plan_id
+            question,
+            sources,
+            settings.research_roots,
+            base=base,
+            plan_id=plan_id,
+            model_timeout_s=settings.planning_timeout_s(RESEARCH_OWNER),
         )
         view = await self._runs.run_plan(plan, timeout=timeout)
         from stratagem.agents.research import Report

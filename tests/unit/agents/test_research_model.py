@@ -84,3 +84,14 @@ def test_a_model_answer_that_is_not_json_falls_back_to_the_deterministic_path(
     assert "## Synthesis" not in report.markdown
     assert report.refused == ["the answer was not a synthesis (LogicError)"]
     assert report.claims
+
+
+def test_the_steps_a_model_writes_get_the_models_limit_and_only_with_a_model() -> None:
+    from stratagem.agents.research import research_plan
+
+    timed = research_plan("Why?", ["a.md", "b.md"], plan_id="r-1", model_timeout_s=360.0)
+    limits = {step.id: step.timeout_s for step in timed.steps}
+    assert limits["scope"] == limits["report"] == 360.0
+    assert {limits[s] for s in limits if s not in ("scope", "report")} == {None}
+    plain = research_plan("Why?", ["a.md"], plan_id="r-2")
+    assert {step.timeout_s for step in plain.steps} == {None}

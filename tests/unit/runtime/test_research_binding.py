@@ -213,3 +213,23 @@ def test_a_deployed_research_step_caches_each_source_as_an_artifact_of_its_plan(
         "collect-1",
         "research_collect",
     )
+
+
+def test_a_research_plan_for_a_model_limits_its_model_steps_to_the_planning_limit(
+    tmp_path: Path,
+) -> None:
+    """The engine's default step limit (30 s) is shorter than one CPU model call: the research
+    plan's model steps take the limit ``Research.research`` reads from the settings (the
+    perception agent's planning limit)."""
+    from stratagem.runtime.config._settings import load_settings
+    from stratagem.runtime.operator._research import research_plan_for
+
+    (tmp_path / "a.md").write_text("A plan resumes from its journal.\n", encoding="utf-8")
+    settings = load_settings(state_dir=tmp_path / "state", planner="model", model_timeout_s=120)
+    limit = settings.planning_timeout_s("perception")
+    assert limit >= 120
+    plan = research_plan_for("How?", ["a.md"], [tmp_path], base=tmp_path, model_timeout_s=limit)
+    raw_steps = plan["steps"]
+    assert isinstance(raw_steps, list)
+    steps = {step["id"]: step.get("timeout_s") for step in raw_steps}
+    assert steps["scope"] == steps["report"] == limit
