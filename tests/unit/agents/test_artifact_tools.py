@@ -80,7 +80,7 @@ async def test_a_plan_saves_lists_and_loads_with_provenance(tmp_path: Path) -> N
                 id="again",
                 tool="artifact.save",
                 input={"name": "notes.txt", "text": ref("load.artifact.digest")},
-                depends_on=["load"],
+                depends_on=["load", "list"],  # after the list, which then shows notes.json alone
             ),
         ],
     )
