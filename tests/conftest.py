@@ -20,6 +20,12 @@ from tests.unit._registry import registries_kept
 # Ray started by tests runs without token authentication and without usage reporting.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# A deployment a test makes (in this process or in a CLI subprocess, which inherits this) waits up
+# to 5 minutes for its agents to serve: `make test` runs three workers on two cores, each with Ray
+# and agents of its own, and CI's machine is shared, so an agent's start took over the default
+# 60 s there (four processes importing the stack at once). The default is for a machine doing one
+# thing; a test of the timeout itself sets its own.
+os.environ.setdefault("STRATAGEM_DEPLOY_TIMEOUT_S", "300")
 
 
 @pytest.fixture(autouse=True)

@@ -154,6 +154,7 @@ def test_a_command_without_a_deployment_says_so_and_starts_none(tmp_path: Path) 
     # Asked for, agents of the command's own answer it, and are gone after.
     embedded = run(
         "request", "perception", "ExtractEntities", "--json", EXTRACT, "--embedded",
+        "--timeout", "200",  # starting Ray and the agents counts: CI's machine is shared
         STRATAGEM_STATE_DIR=str(tmp_path), timeout=240,
     )  # fmt: skip
     assert embedded.returncode == 0, embedded.stderr[-2000:]
