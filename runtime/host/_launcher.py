@@ -105,6 +105,9 @@ class Deployment:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.mode: Literal["cluster", "local", "embedded"] | None = None
+        # Whether ``connect`` joined Ray (``ray.init``): only then does ``disconnect`` leave it. A
+        # process already in Ray (its own embedded Ray, a notebook's) keeps it.
+        self._joined = False
         # Ray destroys a non-detached actor once no handle refers to it: keep the ones we create.
         self._handles: dict[str, Any] = {}
         self.stale: list[str] = []
@@ -177,12 +180,15 @@ class Deployment:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise LaunchError(f"cannot reach Ray at {address}: {exc}") from exc
         self.mode = mode
+        self._joined = True
 
     def disconnect(self) -> None:
-        """Disconnect from Ray (an embedded Ray stops with it)."""
+        """Disconnect from Ray if ``connect`` joined it (an embedded Ray stops with it); a Ray
+        this process was in before ``connect`` stays, with everything running in it."""
         self._handles.clear()
-        if ray.is_initialized():
+        if self._joined and ray.is_initialized():
             ray.shutdown()
+        self._joined = False
 
     @contextlib.contextmanager
     def embedded(self) -> Iterator[Deployment]:

@@ -1,0 +1,86 @@
+"""A ``Deployment`` leaves Ray only if it joined it: a process already in Ray (the embedded Ray
+of a test session, a notebook's ``ray.init()``) keeps it when an operator that looked up the
+agents through Ray closes. Before, ``disconnect`` shut down whatever Ray the process was in, so
+an ``Operator`` asking Ray for a restarted agent's endpoint stopped the test session's own Ray
+(and every later test of that worker hung joining a Ray that was gone)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from stratagem.runtime import load_settings
+from stratagem.runtime.host import _launcher
+from stratagem.runtime.host._launcher import Deployment
+from stratagem.runtime.host._ray_directory import RayDirectory
+
+
+class _Ray:
+    """Ray's driver calls, recorded: whether the process is in Ray, and what was asked (the
+    rest of Ray's module as it is)."""
+
+    def __init__(self, *, initialized: bool) -> None:
+        self.initialized = initialized
+        self.calls: list[str] = []
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def init(self, **_: Any) -> None:
+        self.calls.append("init")
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+        self.initialized = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ray, name)
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> _Ray:
+    fake = _Ray(initialized=True)
+    # The launcher's Ray only, not the module every other test shares.
+    monkeypatch.setattr(_launcher, "ray", fake)
+    return fake
+
+
+def test_a_process_already_in_ray_stays_in_it_after_disconnect(
+    fake_ray: _Ray, tmp_path: Path
+) -> None:
+    deployment = Deployment(load_settings(state_dir=tmp_path))
+    deployment.connect()
+    deployment.disconnect()
+    assert fake_ray.calls == []
+    assert fake_ray.initialized
+
+
+def test_the_ray_directory_leaves_the_processs_own_ray_running(
+    fake_ray: _Ray, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(Deployment, "status", lambda self, timeout_s=10.0: [])
+    directory = RayDirectory(load_settings(state_dir=tmp_path))
+
+    async def look_up_and_close() -> dict[str, str]:
+        try:
+            return await directory.endpoints()
+        finally:
+            await directory.aclose()
+
+    assert asyncio.run(look_up_and_close()) == {}
+    assert fake_ray.calls == []
+    assert fake_ray.initialized
+
+
+def test_a_ray_connect_joined_is_left_by_disconnect(fake_ray: _Ray, tmp_path: Path) -> None:
+    fake_ray.initialized = False
+    deployment = Deployment(load_settings(state_dir=tmp_path))
+    deployment.connect(only_embedded=True)
+    deployment.disconnect()
+    deployment.disconnect()  # a second call has nothing left to do
+    assert fake_ray.calls == ["init", "shutdown"]
