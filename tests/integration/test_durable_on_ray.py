@@ -110,6 +110,7 @@ async def _stored_status(durable: Deployment, plan_id: str) -> str:
     return state.status.value
 
 
+@pytest.mark.timeout(600)  # twenty restarts of an agent's process: minutes on a busy machine
 async def test_a_killed_agent_resumes_every_plan_and_runs_each_effect_once(
     durable: Deployment,
 ) -> None:
