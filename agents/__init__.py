@@ -98,7 +98,7 @@ from stratagem.agents._perception import (
     PerceptionPlanner,
     StateUpdate,
 )
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentRole, RoleAgent, RoleSpec
 from stratagem.agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
 from stratagem.agents._strategic import (
     DramaticBeat,
@@ -162,6 +162,7 @@ __all__ = [
     "Agent",
     "AgentDefinitionError",
     "AgentError",
+    "AgentRole",
     "AgentSpec",
     "ArcChoice",
     "Assignment",
