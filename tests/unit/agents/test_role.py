@@ -15,6 +15,7 @@ from stratagem.agents import (
     TacticalAgent,
     WorldModel,
     build_agent,
+    load_extensions,
 )
 from stratagem.agents._perception import perception_tools
 from stratagem.agents._role import RoleAgent
@@ -79,3 +80,14 @@ def test_isinstance_tells_the_roles_apart() -> None:
     assert isinstance(tactical, TacticalAgent)
     assert not isinstance(object(), StrategicAgent)
     assert repr(StrategicAgent) == "<role strategic: StrategicAgent>"
+
+
+def test_an_extension_that_tells_the_perception_agent_by_isinstance_still_finds_it() -> None:
+    # examples/extensions/wire_values.py sets up ``Appraise`` on ``isinstance(agent,
+    # PerceptionAgent)`` and reads ``agent.world``: an extension written for the role classes.
+    perception, strategic = PerceptionAgent(), StrategicAgent()
+    for agent in (perception, strategic):
+        load_extensions(["examples.extensions.wire_values"], agent, entry_points=False)
+    assert "appraise" in perception.registry.names()
+    assert "Appraise" in perception.capabilities
+    assert "appraise" not in strategic.registry.names()
