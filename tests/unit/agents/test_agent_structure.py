@@ -293,11 +293,15 @@ def _aliases(source: str) -> set[str]:
     return names
 
 
-def _violations(source: str, forbidden: set[str] | None = None) -> dict[str, str]:
-    """The classes of ``source`` that descend from a forbidden base (``FORBIDDEN_BASES`` or
-    another name for one), each with the base it names."""
-    bases = _bases(source)
-    bad = _aliases(source) | (forbidden or set())
+def _violations(*sources: str) -> dict[str, str]:
+    """The classes of ``sources`` (read as one: a class may descend from one in another module)
+    that descend from a forbidden base (``FORBIDDEN_BASES`` or another name for one), each with
+    the base it names."""
+    bases: dict[str, list[str]] = {}
+    bad: set[str] = set()
+    for source in sources:
+        bases.update(_bases(source))
+        bad |= _aliases(source)
     out: dict[str, str] = {}
     grew = True
     while grew:
@@ -310,14 +314,8 @@ def _violations(source: str, forbidden: set[str] | None = None) -> dict[str, str
     return out
 
 
-def _package_violations() -> dict[str, str]:
-    # One pass over the package as a whole: a class may descend from one in another module.
-    found: dict[str, str] = {}
-    for path in _modules():
-        found.update(_violations(path.read_text(), set(found)))
-    for path in _modules():
-        found.update(_violations(path.read_text(), set(found)))
-    return found
+def _package_violations(root: Path = AGENTS) -> dict[str, str]:
+    return _violations(*(path.read_text() for path in sorted(root.rglob("*.py"))))
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(AGENTS)))
@@ -359,6 +357,11 @@ def test_the_inheritance_check_sees_the_role_classes_as_they_were() -> None:
         "class TacticalAgent(RoleAgent):\n    spec = TACTICAL_SPEC\n"
     )
     assert _violations(before) == {"RoleAgent": "Agent", "TacticalAgent": "RoleAgent"}
+    # Across modules: a class over a base another module defines.
+    assert _violations("class RoleAgent(Agent): ...\n", "class Own(RoleAgent): ...\n") == {
+        "RoleAgent": "Agent",
+        "Own": "RoleAgent",
+    }
 
 
 def test_no_class_of_the_package_descends_from_them_at_run_time() -> None:
