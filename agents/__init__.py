@@ -1,4 +1,4 @@
-"""Tools, registries, the Agent base and the four role agents.
+"""Tools, registries, the one ``Agent`` and the four built-in roles (data that builds it).
 
 The public names are re-exported here; the ``_module.py`` files are private. ``docs/internals.md``
 describes how they fit the layers around this one.

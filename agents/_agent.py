@@ -1,4 +1,4 @@
-"""The ``Agent`` base: a role with a tool registry, a typed plan, planners and an engine.
+"""``Agent``, the one agent class of every role: a tool registry, a typed plan, planners, an engine.
 
 An agent serves capabilities. For each request it asks the capability's planner for a plan, checks
 the plan against its own registry (a plan may name only this agent's tools, or cross-agent steps),
