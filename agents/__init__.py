@@ -1,4 +1,4 @@
-"""Tools, registries, the Agent base and the four role agents.
+"""Tools, registries, the one ``Agent`` and the four built-in roles (data that builds it).
 
 The public names are re-exported here; the ``_module.py`` files are private. ``docs/internals.md``
 describes how they fit the layers around this one.
@@ -98,7 +98,7 @@ from stratagem.agents._perception import (
     PerceptionPlanner,
     StateUpdate,
 )
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentRole, RoleAgent, RoleSpec
 from stratagem.agents._roles import ROLE_TYPES, RoleAgentType, build_agent, build_in_memory
 from stratagem.agents._strategic import (
     DramaticBeat,
@@ -162,6 +162,7 @@ __all__ = [
     "Agent",
     "AgentDefinitionError",
     "AgentError",
+    "AgentRole",
     "AgentSpec",
     "ArcChoice",
     "Assignment",

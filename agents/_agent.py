@@ -1,4 +1,4 @@
-"""The ``Agent`` base: a role with a tool registry, a typed plan, planners and an engine.
+"""``Agent``, the one agent class of every role: a tool registry, a typed plan, planners, an engine.
 
 An agent serves capabilities. For each request it asks the capability's planner for a plan, checks
 the plan against its own registry (a plan may name only this agent's tools, or cross-agent steps),
@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -70,6 +69,7 @@ from stratagem.agents._wire import (
     stored_failure,
     users_run_failure,
 )
+from stratagem.agents._world import WorldModel, Worlds
 from stratagem.planning import (
     ClaimCheck,
     Dispatcher,
@@ -137,6 +137,7 @@ class Agent:
             work only while their plan runs).
         prepare: A role's own step before serving (composed in, not a ``handle`` override): it
             answers the request to serve (the orchestrator's reads A2A skills, applies ``[goals]``).
+        worlds: The named worlds its tools share (the perception role's; ``None``: it keeps none).
     """
 
     def __init__(
@@ -152,9 +153,12 @@ class Agent:
         max_records: int = MAX_RECORDS,
         store: StateStore | None = None,
         prepare: Prepare | None = None,
+        worlds: Worlds | None = None,
     ) -> None:
         self._role = role
         self._prepare = prepare
+        self.worlds = worlds
+        """Every world it keeps, by name (``None``: it keeps none)."""
         self.registry = registry
         self.plan_type = plan_type
         self.planner = planner
@@ -207,6 +211,13 @@ class Agent:
     def capabilities(self) -> Mapping[str, CapabilitySpec]:
         """The capabilities it serves, by name."""
         return self._capabilities.specs()
+
+    @property
+    def world(self) -> WorldModel:
+        """The default world (a request that names none acts on it) of an agent that keeps some."""
+        if self.worlds is None:
+            raise AttributeError(f"the {self.role} agent keeps no world")
+        return self.worlds.get()
 
     def use_planner(self, planner: Planner) -> None:
         """Plan the built-in capabilities with ``planner`` (a model planner, say) from now on;
@@ -562,18 +573,7 @@ class Agent:
         Raises:
             planning.StoreError: The store could not be written.
         """
-        if self.store is None:
-            return 0
-        deleted = 0
-        if older_than_s is not None:
-            deleted += await self.store.prune(before=time.time() - older_than_s)
-        if keep is not None:
-            deleted += await self.store.prune(keep_last=keep)
-        if deleted:
-            logger.info(
-                "agent %s: %d plan revisions past the retention deleted", self.role, deleted
-            )
-        return deleted
+        return await self._history.prune(older_than_s=older_than_s, keep=keep)
 
     # --- steering made plans: ``PlanControl`` acts (its methods say how) ------------------------
 

@@ -2,8 +2,9 @@
 
 A definition is data: a ``RoleSpec`` (role, plan type, planner, tools, as the built-in roles have)
 plus what lets the agent be called, an ``AgentSpec``. ``define_agent`` checks it, registers its
-role and capabilities with the protocol, and makes the agent's class (a ``RoleAgent``), so that
-``build_agent(role)`` builds it like a built-in one and the runtime deploys it as one more actor::
+role and capabilities with the protocol, and makes the agent's ``AgentRole`` (no class: each of its
+agents is an ``Agent``, as a built-in role's is), so that ``build_agent(role)`` builds it like a
+built-in one and the runtime deploys it as one more actor::
 
     CRITIC = define_agent(
         "critic",
@@ -50,7 +51,7 @@ from stratagem.agents._agent import Planner
 from stratagem.agents._errors import AgentDefinitionError
 from stratagem.agents._orchestrator import OrchestratorAgent
 from stratagem.agents._perception import PerceptionAgent
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentRole, RoleSpec, role_builder
 from stratagem.agents._strategic import StrategicAgent
 from stratagem.agents._tactical import TacticalAgent
 from stratagem.agents._tool import Tool
@@ -75,13 +76,13 @@ __all__ = ["AgentSpec", "define_agent", "defined_agents", "extension_policy_rule
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_AGENT_TYPES: Final[tuple[type[RoleAgent], ...]] = (
+BUILTIN_AGENT_TYPES: Final[tuple[AgentRole[...], ...]] = (
     PerceptionAgent,
     StrategicAgent,
     TacticalAgent,
     OrchestratorAgent,
 )
-"""The built-in roles' classes (``_roles.ROLE_TYPES`` maps each role to its class)."""
+"""The built-in roles (``_roles.ROLE_TYPES`` maps each role's name to its ``AgentRole``)."""
 
 ANY: Final = "*"
 # Who may be named in a policy entry: an identity as tokens and certificates carry it.
@@ -95,7 +96,7 @@ PSEUDO_CAPABILITIES: Final[frozenset[str]] = frozenset(
 each ``Control.<action>``."""
 
 _DEFINED: dict[str, AgentSpec] = {}
-_TYPES: dict[str, type[RoleAgent]] = {}
+_TYPES: dict[str, AgentRole[...]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +191,8 @@ def defined_agents() -> Mapping[str, AgentSpec]:
     return MappingProxyType(_DEFINED)
 
 
-def defined_agent_type(role: str) -> type[RoleAgent] | None:
-    """The class of the agent defined as ``role`` (``None`` when none is)."""
+def defined_agent_type(role: str) -> AgentRole[...] | None:
+    """The ``AgentRole`` of the agent defined as ``role`` (``None`` when none is)."""
     return _TYPES.get(role)
 
 
@@ -410,8 +411,8 @@ def _check_policy(spec: AgentSpec) -> None:
 
 
 def _register(spec: AgentSpec) -> None:
-    """Register the capabilities, then the role and the class; a capability the protocol refuses
-    (e.g. its messages differ from its models) undoes what was registered."""
+    """Register the capabilities, then the role and its ``AgentRole``; a capability the protocol
+    refuses (e.g. its messages differ from its models) undoes what was registered."""
     added: list[str] = []
     try:
         for capability in spec.capabilities:
@@ -424,12 +425,5 @@ def _register(spec: AgentSpec) -> None:
         raise _refuse(spec.role, str(exc)) from exc
     register_role(spec.role)
     _DEFINED[spec.role] = spec
-    _TYPES[spec.role] = type(
-        f"{''.join(part.title() for part in spec.role.split('_'))}Agent",
-        (RoleAgent,),
-        {
-            "spec": spec,
-            "__module__": spec.plan_type.__module__,
-            "__doc__": spec.description or f"The {spec.role} agent (defined by an extension).",
-        },
-    )
+    name = f"{''.join(part.title() for part in spec.role.split('_'))}Agent"
+    _TYPES[spec.role] = AgentRole(name, spec, role_builder(spec))

@@ -10,6 +10,7 @@ built with the store, the plan book and the role's plan type):
   the revision and author that made it. Values pass through the audit log's redaction
   (``protocol.redact_value``) and are cut to fit the message limit (``full`` keeps them whole as
   far as the limit allows); a cut step says so.
+- ``prune`` applies a retention to the store (``Agent.prune_history``).
 - ``stored_events`` rebuilds the ``PlanEvent``\\ s of plans the book no longer holds (after a
   restart) from their journals, so a watcher replays them.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -332,6 +334,23 @@ class PlanHistory:
         )
 
     # --- stored events ---------------------------------------------------------------------
+
+    async def prune(self, *, older_than_s: float | None, keep: int | None) -> int:
+        """Delete the store's finished plans last changed more than ``older_than_s`` seconds ago,
+        and those beyond the ``keep`` most recent: how many plan revisions went (none without a
+        store)."""
+        if self._store is None:
+            return 0
+        deleted = 0
+        if older_than_s is not None:
+            deleted += await self._store.prune(before=time.time() - older_than_s)
+        if keep is not None:
+            deleted += await self._store.prune(keep_last=keep)
+        if deleted:
+            logger.info(
+                "agent %s: %d plan revisions past the retention deleted", self._role, deleted
+            )
+        return deleted
 
     async def stored_events(self, plan_id: str) -> list[PlanEvent]:
         """The events of ``plan_id`` and its sub-plans that the book does not hold, rebuilt from

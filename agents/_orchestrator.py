@@ -53,9 +53,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict
 
 from stratagem.agents._agent import Agent, Prepare
@@ -68,17 +67,14 @@ from stratagem.agents._consult import (
 )
 from stratagem.agents._goals import GOAL_REPLANNED, GoalPlanner, show_goal_plan
 from stratagem.agents._orchestration import Assignment, OrchestrationPlan
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentOptions, AgentRole, RoleSpec, compose_agent
 from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
     CrossAgentStep,
-    Dispatcher,
-    EngineConfig,
     LogicError,
     MapStep,
     Plan,
     PlanResult,
-    StateStore,
     Step,
     StepFailure,
     ToolStep,
@@ -96,7 +92,11 @@ from stratagem.protocol import (
 )
 from stratagem.protocol._a2a._client import A2ASkill
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
+    "ORCHESTRATOR_SPEC",
     "Assignment",
     "OrchestrationPlan",
     "OrchestratorAgent",
@@ -461,40 +461,37 @@ def _world_of(result: PlanResult[Any], request: SubmitGoalRequest) -> str:
     return goal_world(request, result.submitted.id)
 
 
-class OrchestratorAgent(RoleAgent):
-    """The orchestrator: cross-agent plans, confirmed by its tool ``confirm_goal``.
+ORCHESTRATOR_SPEC = RoleSpec(
+    "orchestrator", OrchestrationPlan, OrchestratorPlanner, orchestrator_tools
+)
+"""The orchestrator role: cross-agent plans, confirmed by its tool ``confirm_goal``."""
+
+
+def _orchestrator_agent(
+    *, a2a_agents: Collection[str] = (), **options: Unpack[AgentOptions]
+) -> Agent:
+    """The orchestrator.
 
     Args:
-        dispatcher: Sends the plan's cross-agent steps (needed to pursue any goal); for goals
-            that consult external A2A agents, one that sends ``a2a`` steps
-            (``runtime.A2ADispatcher``).
-        engine_config: The engine's limits and seed.
-        tracer_provider: Where spans go.
-        store: Where its engine keeps plans durably.
         a2a_agents: The external A2A agents a goal may consult, by name.
+        **options: What every role's agent takes (``AgentOptions``); its ``dispatcher`` sends the
+            plan's cross-agent steps (needed to pursue any goal), and for goals that consult
+            external A2A agents, ``a2a`` steps (``runtime.A2ADispatcher``).
     """
+    # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
+    dispatcher = options.get("dispatcher")
+    skills: Skills | None = getattr(dispatcher, "skills", None) if a2a_agents else None
+    return compose_agent(
+        ORCHESTRATOR_SPEC,
+        planner=OrchestratorPlanner(a2a_agents),
+        prepare=_preparing(skills),
+        **options,
+    )
 
-    spec = RoleSpec("orchestrator", OrchestrationPlan, OrchestratorPlanner, orchestrator_tools)
 
-    def __init__(
-        self,
-        *,
-        dispatcher: Dispatcher | None = None,
-        engine_config: EngineConfig | None = None,
-        tracer_provider: TracerProvider | None = None,
-        store: StateStore | None = None,
-        a2a_agents: Collection[str] = (),
-    ) -> None:
-        # The external A2A agents' skills (their cards' examples) a goal in plain words may use.
-        skills: Skills | None = getattr(dispatcher, "skills", None) if a2a_agents else None
-        super().__init__(
-            dispatcher=dispatcher,
-            engine_config=engine_config,
-            tracer_provider=tracer_provider,
-            store=store,
-            planner=OrchestratorPlanner(a2a_agents),
-            prepare=_preparing(skills),
-        )
+OrchestratorAgent: Final = AgentRole("OrchestratorAgent", ORCHESTRATOR_SPEC, _orchestrator_agent)
+"""Builds the orchestrator: ``OrchestratorAgent(a2a_agents=, dispatcher=, engine_config=,
+tracer_provider=, store=)``."""
 
 
 def _preparing(skills: Skills | None) -> Prepare:

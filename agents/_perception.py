@@ -22,13 +22,12 @@ the plans they were before worlds had names.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
-from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
+from stratagem.agents._agent import Agent
 from stratagem.agents._extract import (
     DEFAULT_PATTERNS,
     ExtractionPattern,
@@ -39,9 +38,9 @@ from stratagem.agents._extract import (
     resolve_mentions,
     split_sentences,
 )
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentOptions, AgentRole, RoleSpec, compose_agent
 from stratagem.agents._tool import Tool, tool
-from stratagem.agents._world import WorldModel, WorldStore
+from stratagem.agents._world import WorldModel, Worlds, WorldStore
 from stratagem.agents.research import (
     FetchLedger,
     FileScopes,
@@ -49,12 +48,9 @@ from stratagem.agents.research import (
     research_tools,
 )
 from stratagem.planning import (
-    Dispatcher,
-    EngineConfig,
     LogicError,
     Plan,
     PlanResult,
-    StateStore,
     ToolStep,
     ref,
 )
@@ -81,7 +77,11 @@ from stratagem.protocol import (
     WorldSummary,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
+    "PERCEPTION_SPEC",
     "PerceptionAgent",
     "PerceptionPlan",
     "PerceptionPlanner",
@@ -179,67 +179,6 @@ class Changes(_Out):
     added: list[Relation]
     removed: list[Relation]
     world_version: int
-
-
-class Worlds:
-    """The perception agent's named worlds: each loaded from the store on first use, and saved
-    after each change, before the tool that made it returns (so before the engine records the
-    step as done, and before any answer reports it). The one writer of the worlds' snapshots.
-
-    Args:
-        store: Where worlds are kept (``None``: in memory only).
-        default: The ``default`` world to start from (else the stored one, else an empty one).
-    """
-
-    def __init__(self, store: WorldStore | None, default: WorldModel | None = None) -> None:
-        self._store = store
-        self._loaded: dict[str, WorldModel] = {}
-        self._saved: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        if default is not None:
-            self._loaded[DEFAULT_WORLD] = default
-            self._saved[DEFAULT_WORLD] = default.version
-
-    def get(self, name: str = "") -> WorldModel:
-        """The world ``name`` (``""``: the default one), empty when it was never saved."""
-        name = name or DEFAULT_WORLD
-        world = self._loaded.get(name)
-        if world is None:
-            saved = self._store.load(name) if self._store is not None else None
-            world = WorldModel.restore(saved) if saved is not None else WorldModel()
-            self._loaded[name] = world
-            self._saved[name] = world.version
-        return world
-
-    async def keep(self, name: str = "") -> None:
-        """Save ``name``'s world if it changed since it was last saved."""
-        name = name or DEFAULT_WORLD
-        if self._store is None:
-            return
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:  # one save at a time per world, each of the latest state
-            world = self.get(name)
-            if world.version == self._saved.get(name):
-                return
-            version = world.version
-            await asyncio.to_thread(self._store.save, world.snapshot(), name)
-            self._saved[name] = version
-
-    def names(self) -> list[str]:
-        """Every world saved or used, by name."""
-        stored = self._store.names() if self._store is not None else []
-        return sorted({*stored, *self._loaded})
-
-    async def reset(self, name: str) -> tuple[WorldModel, int, int]:
-        """Empty ``name``'s world and save it: the new world, and how many entities and facts
-        it held. Its version goes on from the old one's."""
-        old = self.get(name)
-        fresh = WorldModel.restore({"version": old.version + 1})
-        self._loaded[name] = fresh
-        if self._store is not None:
-            await asyncio.to_thread(self._store.save, fresh.snapshot(), name)
-            self._saved[name] = fresh.version
-        return fresh, len(old.entities), len(old.facts())
 
 
 class WorldList(_Out):
@@ -619,48 +558,36 @@ class PerceptionPlanner:
         raise ValueError(f"the perception planner cannot answer {capability!r}")
 
 
-class PerceptionAgent(RoleAgent):
-    """The perception agent: named world models and the tools that read and change them.
+PERCEPTION_SPEC = RoleSpec("perception", PerceptionPlan, PerceptionPlanner)
+"""The perception role: named world models and the tools that read and change them (one agent's
+tools share its worlds, so its build function makes them)."""
+
+
+def _perception_agent(
+    world: WorldModel | None = None,
+    *,
+    world_store: WorldStore | None = None,
+    **options: Unpack[AgentOptions],
+) -> Agent:
+    """The perception agent.
 
     Args:
         world: The default world (by default the one ``world_store`` saved last, else a new one).
-        dispatcher: Sends cross-agent steps (perception plans have none).
-        engine_config: The engine's limits and seed.
-        tracer_provider: Where spans go.
-        store: Where its engine keeps plans durably.
         world_store: Where each world is saved after every change (and read back when first
             used), so a restarted agent has the worlds its recorded steps and stored answers
             describe.
+        **options: What every role's agent takes (``AgentOptions``).
     """
+    worlds = Worlds(world_store, world)
+    # The research tools read nothing here (no file scope): a deployment's agent replaces them
+    # with tools bound to its cache and scopes (runtime/host/_research.py).
+    tools = [
+        *perception_tools(worlds),
+        *research_tools(InMemorySourceCache(), FetchLedger(None), FileScopes(())),
+    ]
+    return compose_agent(PERCEPTION_SPEC, tools=tools, worlds=worlds, **options)
 
-    spec = RoleSpec("perception", PerceptionPlan, PerceptionPlanner)
 
-    def __init__(
-        self,
-        world: WorldModel | None = None,
-        *,
-        dispatcher: Dispatcher | None = None,
-        engine_config: EngineConfig | None = None,
-        tracer_provider: TracerProvider | None = None,
-        store: StateStore | None = None,
-        world_store: WorldStore | None = None,
-    ) -> None:
-        self.worlds = Worlds(world_store, world)
-        """Every world, by name."""
-        super().__init__(
-            dispatcher=dispatcher,
-            engine_config=engine_config,
-            tracer_provider=tracer_provider,
-            store=store,
-            # The research tools read nothing here (no file scope): a deployment's agent
-            # replaces them with tools bound to its cache and scopes (runtime/host/_research.py).
-            tools=[
-                *perception_tools(self.worlds),
-                *research_tools(InMemorySourceCache(), FetchLedger(None), FileScopes(())),
-            ],
-        )
-
-    @property
-    def world(self) -> WorldModel:
-        """The default world (the one a request that names none acts on)."""
-        return self.worlds.get(DEFAULT_WORLD)
+PerceptionAgent: Final = AgentRole("PerceptionAgent", PERCEPTION_SPEC, _perception_agent)
+"""Builds the perception agent: ``PerceptionAgent(world, world_store=, dispatcher=,
+engine_config=, tracer_provider=, store=)``; its ``worlds`` and ``world`` read what it keeps."""

@@ -1,4 +1,8 @@
-"""Building an agent by role name: a built-in role, or one an extension defines."""
+"""Building an agent by role name: a built-in role, or one an extension defines.
+
+``ROLE_TYPES`` is the table of the built-in roles: each name's ``AgentRole`` (its ``RoleSpec`` and
+the function that builds one ``Agent`` of it with the role's own options).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ __all__ = ["ROLE_TYPES", "RoleAgentType", "build_agent", "build_in_memory"]
 
 
 class RoleAgentType(Protocol):
-    """How a role's agent class is constructed (each built-in role class matches it)."""
+    """How a role's agent is built (each built-in ``AgentRole`` and each defined one matches it)."""
 
     def __call__(
         self,
@@ -46,7 +50,7 @@ ROLE_TYPES: Final[Mapping[str, RoleAgentType]] = MappingProxyType(
         "orchestrator": OrchestratorAgent,
     }
 )
-"""The agent class of each built-in role (``define_agent`` adds roles beside them)."""
+"""The ``AgentRole`` of each built-in role (``define_agent`` adds roles beside them)."""
 
 
 def build_agent(
@@ -90,8 +94,9 @@ def build_agent(
     agent_type: RoleAgentType | None = ROLE_TYPES.get(role) or defined_agent_type(role)
     if agent_type is None:
         raise ValueError(f"unknown role {role!r}; roles are: {', '.join(known_roles())}")
+    # A role's own options, for the roles that take them.
     if agent_type is PerceptionAgent:
-        agent: Agent = PerceptionAgent(
+        agent = PerceptionAgent(
             dispatcher=dispatcher,
             engine_config=engine_config,
             tracer_provider=tracer_provider,

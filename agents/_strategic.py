@@ -12,7 +12,7 @@ Plans:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +26,7 @@ from stratagem.agents._narrative import (
     score_themes,
     select_template,
 )
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._role import AgentRole, RoleSpec, role_builder
 from stratagem.agents._tool import Tool, tool
 from stratagem.planning import (
     LogicError,
@@ -48,6 +48,7 @@ from stratagem.protocol import (
 
 __all__ = [
     "SIGNATURES",
+    "STRATEGIC_SPEC",
     "DramaticBeat",
     "NarrativeGoal",
     "StrategicAgent",
@@ -400,14 +401,10 @@ class StrategicPlanner:
         raise ValueError(f"the strategic planner cannot answer {capability!r}")
 
 
-class StrategicAgent(RoleAgent):
-    """The strategic agent: narrative analysis and arc decomposition.
+STRATEGIC_SPEC = RoleSpec("strategic", StrategicPlan, StrategicPlanner, strategic_tools)
+"""The strategic role: narrative analysis and arc decomposition (its plans have no cross-agent
+steps)."""
 
-    Args:
-        dispatcher: Sends cross-agent steps (built-in strategic plans have none).
-        engine_config: The engine's limits and seed.
-        tracer_provider: Where spans go.
-        store: Where its engine keeps plans durably.
-    """
-
-    spec = RoleSpec("strategic", StrategicPlan, StrategicPlanner, strategic_tools)
+StrategicAgent: Final = AgentRole("StrategicAgent", STRATEGIC_SPEC, role_builder(STRATEGIC_SPEC))
+"""Builds the strategic agent: ``StrategicAgent(dispatcher=, engine_config=, tracer_provider=,
+store=)``, optionally with another ``planner``, other ``tools`` or a ``prepare`` step."""

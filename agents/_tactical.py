@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from opentelemetry.trace import TracerProvider
 from pydantic import BaseModel, ConfigDict, Field
 
 from stratagem.agents._actions import GroundAction, actors_for, ground_actions, search, simulate
-from stratagem.agents._role import RoleAgent, RoleSpec
+from stratagem.agents._agent import Agent
+from stratagem.agents._role import AgentOptions, AgentRole, RoleSpec, compose_agent
 from stratagem.agents._tool import Tool, in_thread, tool
 from stratagem.agents._world import format_fact
 from stratagem.planning import (
-    Dispatcher,
-    EngineConfig,
     LogicError,
     Plan,
     PlanResult,
-    StateStore,
     StepFailure,
     ToolStep,
     ref,
@@ -40,8 +37,12 @@ from stratagem.protocol import (
     WireModel,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
     "DEFAULT_NODE_CAP",
+    "TACTICAL_SPEC",
     "ResourceRequirements",
     "TacticalAgent",
     "TacticalPlan",
@@ -312,32 +313,16 @@ class TacticalPlanner:
         )
 
 
-class TacticalAgent(RoleAgent):
-    """The tactical agent: goal-directed search over world actions.
+TACTICAL_SPEC = RoleSpec("tactical", TacticalPlan, TacticalPlanner, tactical_tools)
+"""The tactical role: goal-directed search over world actions (its plans have no cross-agent
+steps)."""
 
-    Args:
-        dispatcher: Sends cross-agent steps (tactical plans have none).
-        engine_config: The engine's limits and seed.
-        tracer_provider: Where spans go.
-        node_cap: The most world states one search may expand.
-        store: Where its engine keeps plans durably.
-    """
 
-    spec = RoleSpec("tactical", TacticalPlan, TacticalPlanner, tactical_tools)
+def _tactical_agent(*, node_cap: int = DEFAULT_NODE_CAP, **options: Unpack[AgentOptions]) -> Agent:
+    """The tactical agent; ``node_cap``: the most world states one search may expand."""
+    return compose_agent(TACTICAL_SPEC, planner=TacticalPlanner(node_cap), **options)
 
-    def __init__(
-        self,
-        *,
-        dispatcher: Dispatcher | None = None,
-        engine_config: EngineConfig | None = None,
-        tracer_provider: TracerProvider | None = None,
-        node_cap: int = DEFAULT_NODE_CAP,
-        store: StateStore | None = None,
-    ) -> None:
-        super().__init__(
-            dispatcher=dispatcher,
-            engine_config=engine_config,
-            tracer_provider=tracer_provider,
-            store=store,
-            planner=TacticalPlanner(node_cap),
-        )
+
+TacticalAgent: Final = AgentRole("TacticalAgent", TACTICAL_SPEC, _tactical_agent)
+"""Builds the tactical agent: ``TacticalAgent(node_cap=, dispatcher=, engine_config=,
+tracer_provider=, store=)``."""

@@ -5,10 +5,11 @@ test_engine_structure.py``, applied to the agents package): no import cycle amon
 modules (imports under ``TYPE_CHECKING`` and inside functions included), no part of the agent
 inheriting from another, ``PlanControl`` built from its ``ControlDeps`` alone, and no module but
 ``_runs.py`` touching the runs in flight it owns. Over every module of the package: none over
-``MAX_MODULE_LINES`` lines, no function over ``MAX_FUNCTION_LINES``, no class subclassing
-``ModelPlanner`` (a role's model answer is a ``ModelAnswer`` value the one ``ModelPlanner``
-composes), and no new subclass of ``Agent`` (the role classes are the ones pinned in
-``AGENT_SUBCLASSES``).
+``MAX_MODULE_LINES`` lines, no function over ``MAX_FUNCTION_LINES``, and no class subclassing
+``Agent``, ``RoleAgent`` or ``ModelPlanner``, directly, through another class, under another name
+or made with ``type(...)``: a role is data (an ``AgentRole``: its ``RoleSpec`` and the function
+that builds one ``Agent`` of it), and a role's model answer a ``ModelAnswer`` value the one
+``ModelPlanner`` composes. ``PLANTS`` holds the violations the check must see.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from stratagem.agents import (
+    ROLE_TYPES,
     Agent,
+    AgentRole,
     ModelPlanner,
     OrchestratorAgent,
     PerceptionAgent,
@@ -200,14 +203,34 @@ def test_the_runs_module_is_their_one_writer() -> None:
 
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 100
-# The classes of the package that subclass ``Agent`` (directly or not), each with its base: the
-# built-in roles' classes over ``RoleAgent``, kept for their public names. No other may appear.
-AGENT_SUBCLASSES = {
-    "RoleAgent": "Agent",
-    "PerceptionAgent": "RoleAgent",
-    "StrategicAgent": "RoleAgent",
-    "TacticalAgent": "RoleAgent",
-    "OrchestratorAgent": "RoleAgent",
+# No class of the package may descend from these: roles are composed, not inherited.
+FORBIDDEN_BASES = frozenset({"Agent", "RoleAgent", "ModelPlanner"})
+# Each planted source, and the classes the check must find in it (name -> the base it names).
+PLANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "a role class over RoleAgent": (
+        "class PerceptionAgent(RoleAgent):\n    spec = PERCEPTION_SPEC\n",
+        {"PerceptionAgent": "RoleAgent"},
+    ),
+    "a subclass of Agent through another class": (
+        "class Base(Agent): ...\nclass Critic(Base): ...\nclass Plain(BaseModel): ...\n",
+        {"Base": "Agent", "Critic": "Base"},
+    ),
+    "a dotted base": (
+        "class Own(_model_planner.ModelPlanner): ...\n",
+        {"Own": "ModelPlanner"},
+    ),
+    "a base imported under another name": (
+        "from stratagem.agents._agent import Agent as Base\nclass Own(Base): ...\n",
+        {"Own": "Base"},
+    ),
+    "a base given another name": (
+        "Base = RoleAgent\nclass Own(Base): ...\n",
+        {"Own": "Base"},
+    ),
+    "a class made with type()": (
+        "def make(spec):\n    return type('CriticAgent', (RoleAgent,), {'spec': spec})\n",
+        {"CriticAgent": "RoleAgent"},
+    ),
 }
 
 
@@ -226,36 +249,73 @@ def _long_functions(source: str) -> list[tuple[str, int]]:
     ]
 
 
-def _subclasses(source: str) -> dict[str, str]:
-    """Class -> the name of each base it names (the last part of a dotted base)."""
-    found: dict[str, str] = {}
+def _name(node: ast.expr) -> str:
+    """The last part of a (dotted) name, else ``""``."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _bases(source: str) -> dict[str, list[str]]:
+    """Class -> the names of its bases, for ``class`` statements and ``type(name, bases, ns)``
+    calls (a class name given as a string)."""
+    found: dict[str, list[str]] = {}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
-            for base in node.bases:
-                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
-                if name:
-                    found[node.name] = name
+            found[node.name] = [_name(base) for base in node.bases]
+        elif (
+            isinstance(node, ast.Call)
+            and _name(node.func) == "type"
+            and len(node.args) == 3
+            and isinstance(node.args[1], ast.Tuple)
+        ):
+            name = node.args[0]
+            label = name.value if isinstance(name, ast.Constant) else f"type@{node.lineno}"
+            found[str(label)] = [_name(base) for base in node.args[1].elts]
     return found
 
 
-def _agent_subclasses(classes: dict[str, str]) -> dict[str, str]:
-    """The classes of ``classes`` that descend from ``Agent``, each with its base."""
+def _aliases(source: str) -> set[str]:
+    """Other names ``source`` gives a forbidden base (``import X as Y``, ``Y = X``)."""
+    names = set(FORBIDDEN_BASES)
+    tree = ast.parse(source)
+    grew = True
+    while grew:
+        grew = False
+        for node in ast.walk(tree):
+            pairs: list[tuple[str, str]] = []
+            if isinstance(node, ast.ImportFrom):
+                pairs = [(a.name, a.asname) for a in node.names if a.asname]
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name | ast.Attribute):
+                pairs = [(_name(node.value), _name(t)) for t in node.targets if _name(t)]
+            for original, alias in pairs:
+                if original in names and alias not in names:
+                    names.add(alias)
+                    grew = True
+    return names
+
+
+def _violations(*sources: str) -> dict[str, str]:
+    """The classes of ``sources`` (read as one: a class may descend from one in another module)
+    that descend from a forbidden base (``FORBIDDEN_BASES`` or another name for one), each with
+    the base it names."""
+    bases: dict[str, list[str]] = {}
+    bad: set[str] = set()
+    for source in sources:
+        bases.update(_bases(source))
+        bad |= _aliases(source)
     out: dict[str, str] = {}
     grew = True
     while grew:
         grew = False
-        for name, base in classes.items():
-            if name not in out and (base == "Agent" or base in out):
-                out[name] = base
+        for name, names in bases.items():
+            hit = next((b for b in names if b in bad or b in out), None)
+            if name not in out and hit is not None:
+                out[name] = hit
                 grew = True
     return out
 
 
-def _package_classes() -> dict[str, str]:
-    classes: dict[str, str] = {}
-    for path in _modules():
-        classes.update(_subclasses(path.read_text()))
-    return classes
+def _package_violations(root: Path = AGENTS) -> dict[str, str]:
+    return _violations(*(path.read_text() for path in sorted(root.rglob("*.py"))))
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(AGENTS)))
@@ -276,77 +336,65 @@ def test_the_size_checks_see_a_long_function() -> None:
     assert _long_functions(source) == [("long", MAX_FUNCTION_LINES + 1)]
 
 
-def test_no_role_subclasses_the_model_planner() -> None:
-    classes = _package_classes()
-    assert [name for name, base in classes.items() if base == "ModelPlanner"] == []
-    ours = [c for c in ModelPlanner.__subclasses__() if c.__module__.startswith(PACKAGE)]
-    assert ours == []
+# --- roles by composition ---------------------------------------------------------------------
+
+
+def test_no_class_of_the_package_subclasses_the_agent_or_the_model_planner() -> None:
+    assert _package_violations() == {}
+
+
+@pytest.mark.parametrize("plant", PLANTS, ids=str)
+def test_the_inheritance_check_sees_a_planted_subclass(plant: str) -> None:
+    source, expected = PLANTS[plant]
+    assert _violations(source) == expected
+
+
+def test_the_inheritance_check_sees_the_role_classes_as_they_were() -> None:
+    # The package as it was before roles were data: role classes over RoleAgent over Agent.
+    before = (
+        "from stratagem.agents._agent import Agent\n"
+        "class RoleAgent(Agent):\n    spec: ClassVar[RoleSpec]\n"
+        "class TacticalAgent(RoleAgent):\n    spec = TACTICAL_SPEC\n"
+    )
+    assert _violations(before) == {"RoleAgent": "Agent", "TacticalAgent": "RoleAgent"}
+    # Across modules: a class over a base another module defines.
+    assert _violations("class RoleAgent(Agent): ...\n", "class Own(RoleAgent): ...\n") == {
+        "RoleAgent": "Agent",
+        "Own": "RoleAgent",
+    }
+
+
+def test_no_class_of_the_package_descends_from_them_at_run_time() -> None:
+    # What the source check cannot see (a class made some other way), seen once it exists.
+    for base in (Agent, ModelPlanner):
+        ours = [c for c in base.__subclasses__() if c.__module__.startswith(PACKAGE)]
+        assert ours == [], base.__name__
+    assert RoleAgent is Agent  # the former name of the one agent class
+    assert Agent.__mro__ == (Agent, object)
 
 
 def test_each_role_model_answer_is_data() -> None:
     # The role modules of ``_model_roles`` declare no class: a role is a ``ModelAnswer`` value.
     for path in sorted((AGENTS / "_model_roles").glob("*.py")):
-        assert _subclasses(path.read_text()) == {}, path.name
+        assert _bases(path.read_text()) == {}, path.name
         assert not any(isinstance(n, ast.ClassDef) for n in ast.walk(ast.parse(path.read_text())))
     answers = (PERCEPTION_ANSWER, STRATEGIC_ANSWER, TACTICAL_ANSWER, ORCHESTRATOR_ANSWER)
     assert all(isinstance(answer, ModelAnswer) for answer in answers)
     assert all(dataclasses.is_dataclass(answer) for answer in answers)
 
 
-def test_no_new_class_subclasses_the_agent() -> None:
-    assert _agent_subclasses(_package_classes()) == AGENT_SUBCLASSES
+ROLES = (PerceptionAgent, StrategicAgent, TacticalAgent, OrchestratorAgent)
 
 
-def test_the_inheritance_check_sees_a_subclass_through_another() -> None:
-    source = (
-        "class A(Agent): ...\n"
-        "class B(A): ...\n"
-        "class C(planner.ModelPlanner): ...\n"
-        "class D(BaseModel): ...\n"
-    )
-    classes = _subclasses(source)
-    assert classes == {"A": "Agent", "B": "A", "C": "ModelPlanner", "D": "BaseModel"}
-    assert _agent_subclasses(classes) == {"A": "Agent", "B": "A"}
-
-
-# --- roles by composition ---------------------------------------------------------------------
-
-ROLE_CLASSES = (PerceptionAgent, StrategicAgent, TacticalAgent, OrchestratorAgent)
-
-
-def _overrides(cls: type) -> list[str]:
-    """What ``cls`` itself defines that ``Agent`` (or ``RoleAgent``) already has: a method or
-    property replaced, a hook filled in. Only the constructor may be (it passes options on)."""
-    return sorted(
-        name
-        for name, member in vars(cls).items()
-        if name != "__init__"
-        and (callable(member) or isinstance(member, property | staticmethod | classmethod))
-        and any(name in vars(base) for base in (Agent, RoleAgent))
-    )
-
-
-@pytest.mark.parametrize("cls", ROLE_CLASSES, ids=lambda cls: cls.__name__)
-def test_a_role_class_is_data_and_options_and_overrides_nothing(cls: type[RoleAgent]) -> None:
-    # A role is its RoleSpec (plan type, planner, tools) composed into the one Agent; its class
-    # keeps the public name, adds options (the world, the node cap, the A2A agents) and what
-    # reads them (``PerceptionAgent.world``), and replaces no behaviour of the agent.
-    assert isinstance(cls.spec, RoleSpec)
-    assert _overrides(cls) == []
-    assert _overrides(RoleAgent) == []
-
-
-def test_the_override_check_sees_a_hook_filled_in() -> None:
-    class Planted(RoleAgent):
-        spec = PerceptionAgent.spec
-
-        async def handle(self, *args: object, **kwargs: object) -> object:  # a hook filled in
-            return await super().handle(*args, **kwargs)  # type: ignore[arg-type]
-
-        @property
-        def role(self) -> str:
-            return "planted"
-
-        def own_helper(self) -> None: ...
-
-    assert _overrides(Planted) == ["handle", "role"]
+@pytest.mark.parametrize("role", ROLES, ids=lambda role: role.name)
+def test_each_built_in_role_is_data_built_into_the_one_agent(role: AgentRole[...]) -> None:
+    # A role is a value (its spec and its build function), not a class; what it builds is an
+    # ``Agent`` itself, which ``isinstance`` still tells apart by role.
+    assert not isinstance(role, type)
+    assert dataclasses.is_dataclass(role)
+    assert isinstance(role.spec, RoleSpec)
+    assert ROLE_TYPES[role.spec.role] is role
+    agent = role()
+    assert type(agent) is Agent
+    assert isinstance(agent, role)
+    assert [other for other in ROLES if isinstance(agent, other)] == [role]

@@ -27,6 +27,7 @@ from stratagem.agents import (
     import_extensions,
     tool,
 )
+from stratagem.agents._definition import defined_agent_type
 from stratagem.planning import (
     GateStep,
     Plan,
@@ -78,9 +79,14 @@ async def test_the_critic_is_a_fifth_agent_built_like_the_four() -> None:
     assert roles() == (*BUILT_IN, "critic")
     critic = agents["critic"]
     assert isinstance(critic, RoleAgent)
+    assert type(critic) is Agent  # a defined role is data too: no class of its own
     spec = defined_agents()["critic"]
     assert isinstance(spec, AgentSpec)
-    assert type(critic).spec is spec
+    critic_role = defined_agent_type("critic")
+    assert critic_role is not None
+    assert critic_role.spec is spec
+    assert isinstance(critic, critic_role)
+    assert not isinstance(agents["strategic"], critic_role)
     assert critic.plan_type is spec.plan_type
     assert spec.plan_type.__name__ == "CriticPlan"
     card = critic.card()

@@ -16,6 +16,7 @@ EXPECTED = [
     "Agent",
     "AgentDefinitionError",
     "AgentError",
+    "AgentRole",
     "AgentSpec",
     "ArcChoice",
     "Assignment",

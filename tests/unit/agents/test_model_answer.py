@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stratagem.agents import ModelPlanner, ScriptedModelClient, StrategicAgent
+from stratagem.agents import Agent, ModelPlanner, ScriptedModelClient, StrategicAgent
 from stratagem.agents._model_answer import DeterministicPlanner, ModelAnswer
 from stratagem.planning import Plan
 from stratagem.protocol import (
@@ -45,7 +45,7 @@ TOY: ModelAnswer[AnalyzeNarrativeRequest] = ModelAnswer(
 )
 
 
-def _agent(script: list[object]) -> tuple[StrategicAgent, ScriptedModelClient]:
+def _agent(script: list[object]) -> tuple[Agent, ScriptedModelClient]:
     agent = StrategicAgent()
     client = ScriptedModelClient(script, model="tiny")
     agent.use_planner(
@@ -90,4 +90,4 @@ async def test_a_request_the_answer_does_not_cover_goes_to_the_roles_own_planner
     plan = await planner.plan("PlanNarrativeArc", request, plan_id="arc")
     assert client.requests == []  # the model was not asked
     assert plan.provenance is None  # the strategic planner's own plan, as it makes it
-    assert plan == agent.spec.planner().plan("PlanNarrativeArc", request, plan_id="arc")
+    assert plan == StrategicAgent.spec.planner().plan("PlanNarrativeArc", request, plan_id="arc")
