@@ -4,10 +4,10 @@ A record is six columns: ``(kind, step_id, attempt, status, output, data)``; ``k
 record type and ``data`` carries what the other columns do not, as compact JSON. A journal reads the
 same whichever backend wrote it.
 
-The two records every step writes keep their time as whole microseconds (``_micros``): an intent's
-``data`` is ``"<cost>,<at>"``, a success's ``"<at>"``. Formatting an integer costs a fraction of a
-float's shortest text (``repr``), which was most of a checkpointed step's record cost; the time is
-read back as seconds (``_seconds``), and rows written before (seconds with a point) read the same.
+The two records every step writes keep their time as whole microseconds: an intent's ``data`` is
+``"<cost>,<at>"``, a success's ``"<at>"``. Formatting an integer costs a fraction of a float's
+shortest text (``repr``), which was most of a checkpointed step's record cost; the time is read back
+as seconds (``_seconds``), and rows written before (seconds with a point) read the same.
 """
 
 from __future__ import annotations
@@ -80,11 +80,11 @@ def encode_record(record: Record) -> Row:
                 record.attempt,
                 None,
                 None,
-                f"{cost},{_micros(record.at)}",
+                f"{cost},{round(record.at * 1_000_000)}",
             )
         case StepResult():
             data = (
-                _micros(record.at)
+                str(round(record.at * 1_000_000))
                 if record.failure_class is None
                 else compact_json([record.failure_class.value, record.message, record.at])
             )
@@ -221,13 +221,8 @@ def decode_record(plan_id: str, revision: int, row: Sequence[Any]) -> Record:
             raise StoreError(f"unknown record kind {kind!r} in the journal of plan {plan_id!r}")
 
 
-def _micros(at: float) -> str:
-    """A record's time (seconds) as the text of whole microseconds."""
-    return str(round(at * 1_000_000))
-
-
 def _seconds(text: str) -> float:
-    """A time as ``_micros`` wrote it, or as seconds with a point (rows written before)."""
+    """A time as whole microseconds, or as seconds with a point (rows written before)."""
     return int(text) / 1_000_000 if text.isdigit() else float(text)
 
 
