@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
@@ -223,17 +223,20 @@ def _expr_text(value: Mapping[Any, Any]) -> str | None:
 def has_refs(value: Any) -> bool:
     """Whether ``value`` holds any ``$ref`` or ``$expr`` object (a quick scan that builds
     nothing)."""
+    # Loops rather than any() over a generator, the scalar test inline: a tool step's input is
+    # scanned at every attempt, and a flat one then costs this one call.
     if type(value) is dict or isinstance(value, Mapping):
         if REF_KEY in value or EXPR_KEY in value:
             return True
-        return any(has_refs(item) for item in value.values() if not _is_scalar(item))
-    if type(value) is list or isinstance(value, tuple):
-        return any(has_refs(item) for item in value if not _is_scalar(item))
+        items: Iterable[Any] = value.values()
+    elif type(value) is list or isinstance(value, tuple):
+        items = value
+    else:
+        return False
+    for item in items:  # noqa: SIM110 (a loop, not any() over a generator: see above)
+        if item is not None and type(item) not in _SCALARS and has_refs(item):
+            return True
     return False
-
-
-def _is_scalar(value: Any) -> bool:
-    return value is None or type(value) in _SCALARS
 
 
 _SCALARS: Final = frozenset({str, int, float, bool})

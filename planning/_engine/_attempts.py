@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, assert_never
 
@@ -28,7 +28,6 @@ from stratagem.planning._engine._policy import (
     _Admission,
     _Breakers,
     backoff_delay,
-    step_is_idempotent,
 )
 from stratagem.planning._engine._state import _RunState
 from stratagem.planning._engine._types import ToolContext, ToolRunner
@@ -41,7 +40,7 @@ from stratagem.planning._errors import (
     field_problems,
 )
 from stratagem.planning._expr import kind_of
-from stratagem.planning._kinds import attempts_tool, tool_of
+from stratagem.planning._kinds import KINDS, attempts_tool
 from stratagem.planning._plan import (
     CrossAgentStep,
     FailureClass,
@@ -230,7 +229,13 @@ class _Attempts:
         try:
             match step:
                 case ToolStep():
-                    return await self._run_tool(step, attempt, limit_s), None, ""
+                    # The tool call without a wrapper of its own (the engine's per-step cost is
+                    # measured); a reference that does not resolve raises here, in this handler.
+                    tool_input = step.input
+                    if has_refs(tool_input):
+                        tool_input = self._resolved_input(tool_input)
+                    output = await self.call_tool(step.id, step.tool, tool_input, attempt, limit_s)
+                    return output, None, ""
                 case CrossAgentStep():
                     return await self._run_cross_agent(step, attempt, limit_s), None, ""
                 case GateStep() | MapStep() | LoopStep() | SubplanStep():
@@ -279,18 +284,14 @@ class _Attempts:
         finally:
             self.watchdog.disarm(deadline)
 
-    def _run_tool(
-        self, step: ToolStep, attempt: int, limit_s: float
-    ) -> Coroutine[Any, Any, dict[str, Any]]:
-        # A plain function returning ``call_tool``'s coroutine (no frame of its own); a reference
-        # that does not resolve raises here, inside ``attempt_body``'s handler all the same.
-        plan = self.state.plan
-        tool_input = step.input
-        if has_refs(tool_input):
-            tool_input = resolve_refs(tool_input, self.state.outputs, plan.inputs)
-            if not isinstance(tool_input, dict):
-                raise LogicError(f"the input resolves to {kind_of(tool_input)}, not an object")
-        return self.call_tool(step.id, step.tool, tool_input, attempt, limit_s)
+    def _resolved_input(self, tool_input: dict[str, Any]) -> dict[str, Any]:
+        """A tool step's input with its references resolved (``LogicError`` when it does not
+        resolve to an object)."""
+        state = self.state
+        resolved = resolve_refs(tool_input, state.outputs, state.plan.inputs)
+        if not isinstance(resolved, dict):
+            raise LogicError(f"the input resolves to {kind_of(resolved)}, not an object")
+        return resolved
 
     async def call_tool(
         self, key: str, tool: str, tool_input: dict[str, Any], attempt: int, limit_s: float
@@ -299,7 +300,21 @@ class _Attempts:
         plan = self.state.plan
         ctx = ToolContext(plan.id, key, attempt, self.agent, plan.revision)
         try:
-            output = await self.limited(self.tools.run_tool(tool, tool_input, ctx), limit_s)
+            # ``limited``'s time limit, inline: one coroutine less per tool call.
+            task = asyncio.current_task()
+            assert task is not None  # always inside a step task
+            deadline = self.watchdog.arm(task, limit_s)
+            try:
+                output = await self.tools.run_tool(tool, tool_input, ctx)
+            except asyncio.CancelledError:
+                if deadline.expired and task.uncancel() <= deadline.cancelling:
+                    raise TimeoutError from None
+                raise
+            else:
+                if deadline.expired:  # the tool swallowed the expiry's cancellation
+                    task.uncancel()
+            finally:
+                self.watchdog.disarm(deadline)
         except Exception as exc:
             if self.observer.tracing:
                 # On the attempt's span (current here), as start_as_current_span would record it.
@@ -399,11 +414,16 @@ class _StepRunner:
         self.default_timeout = default_timeout
         # A resumed run's attempts do not count failures on the breakers (set by its restore).
         self.resumed = False
-        # Steps that need not wait for their intent's commit (see needs_durable_intent), and a
-        # completed future that stands for "no wait".
+        # A completed future that stands for "no wait", and the steps that need not wait for
+        # their intent's commit (see needs_durable_intent): found once per run from the table's
+        # rows, rather than asked per step started; none without a store, or with a budget.
         self.no_wait: asyncio.Future[None] = state.loop.create_future()
         self.no_wait.set_result(None)
-        self.intent_waits: dict[str, bool] = {}
+        self.no_wait_steps = (
+            frozenset()
+            if state.journal is None or admission.budget is not None
+            else _idempotent_steps(state.plan.steps, self.tools)
+        )
 
     def needs_durable_intent(self, step: Step) -> bool:
         """Whether ``step`` must wait for its intent's commit before its side effect starts.
@@ -414,14 +434,7 @@ class _StepRunner:
         is simply run again, which idempotency makes safe. A budget's reservations must be
         durable before the calls they pay for, so a plan with a budget always waits.
         """
-        if self.admission.budget is not None:
-            return True
-        # "": not a tool (tool names are not "")
-        key = tool_of(step) or ""
-        waits = self.intent_waits.get(key)
-        if waits is None:
-            waits = self.intent_waits[key] = not step_is_idempotent(step, self.tools)
-        return waits
+        return self.admission.budget is not None or step.id not in self.no_wait_steps
 
     def intent(
         self, step: Step, attempt: int, cost: float | None, key: str = ""
@@ -437,11 +450,34 @@ class _StepRunner:
             return self.no_wait
         return durable
 
-    def run(
-        self, step: Step, attempt: int, durable: asyncio.Future[None] | None
-    ) -> Coroutine[Any, Any, _Outcome]:
-        """Attempt ``step`` from ``attempt`` (its intent journaled in ``durable``)."""
+    def run(self, step: Step, attempt: int, cost: float | None) -> Coroutine[Any, Any, _Outcome]:
+        """Journal the intent of attempt ``attempt`` of ``step`` (``cost``: what admission
+        reserved for it), and attempt ``step`` from it."""
+        journal = self.state.journal
+        durable = None
+        if journal is not None:  # ``intent``, inline: a call less per step
+            plan = self.state.plan
+            durable = journal.add(StepIntent(plan.id, plan.revision, step.id, attempt, cost))
+            if step.id in self.no_wait_steps:  # needs_durable_intent, inline
+                durable = self.no_wait
         return self.attempts.retry(step, _StepTries(self, step, durable), attempt, 1)
+
+
+def _idempotent_steps(steps: Sequence[Step], tools: ToolRunner) -> frozenset[str]:
+    """The steps running twice is the same as running once (``step_is_idempotent``'s rule: a
+    step that calls no tool, or whose tool the runner says is idempotent), each tool asked once."""
+    answers: dict[str, bool] = {}
+    found = []
+    for step in steps:
+        tool = KINDS[step.kind].tool(step)
+        if tool is not None:
+            idempotent = answers.get(tool)
+            if idempotent is None:
+                idempotent = answers[tool] = tools.is_idempotent(tool)
+            if not idempotent:
+                continue
+        found.append(step.id)
+    return frozenset(found)
 
 
 class _StepTries:
@@ -470,6 +506,8 @@ class _StepTries:
             plan = self.runner.state.plan
             durable = journal.add(StepIntent(plan.id, plan.revision, self.step.id, attempt))
         self.durable = None
+        if durable is self.runner.no_wait and journal.error is None:
+            return None  # nothing to wait for, and no store failure to raise
         return self._committed(durable)
 
     async def _committed(self, durable: asyncio.Future[None]) -> None:

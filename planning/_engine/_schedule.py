@@ -37,6 +37,9 @@ from stratagem.planning._plan import FailureClass, LoopStep, MapStep, Step, Subp
 
 logger = logging.getLogger(__name__)
 
+# ``json.dumps`` with its defaults, without its own call per step: the encoder it uses then.
+_to_json = json.JSONEncoder().encode
+
 
 class _Scheduler:
     """Starts the ready steps and settles the finished ones, until the run has nothing to do."""
@@ -136,23 +139,22 @@ class _Scheduler:
                 assert is_expanded(step)
                 self._start_expanding(step)
                 continue
-            step_id, attempt = state.take_next()
             cost: float | None = None
-            admission = self.admission
+            admission, notices = self.admission, self.gates.approved_notices
             if admission.budget is not None or self.breakers.states:
+                step_id, attempt = state.take_next()
                 denial, exhausted, cost = admission.admit(step)
                 if denial:
                     state.denied(step_id, attempt - 1)
                     self._deny(step, attempt - 1, denial, exhausted)
                     continue
-            if self.gates.approved_notices:  # the step's tool gate was just approved
-                state.start(step_id, attempt, self.gates.approved_notices.pop(step_id, None))
-            else:
-                state.start(step_id, attempt)
+                # (the notice: the step's tool gate was just approved)
+                state.start(step_id, attempt, notices.pop(step_id, None) if notices else None)
+            else:  # nothing to admit: taken and started in one transition
+                step_id, attempt = state.start_next(notices.pop(step.id, None) if notices else None)
             # The intent joins this tick's batch (with the results that unblocked the step), so
             # the step's start costs no commit of its own.
-            durable = None if state.journal is None else runner.intent(step, attempt, cost)
-            task = loop.create_task(runner.run(step, attempt, durable))
+            task = loop.create_task(runner.run(step, attempt, cost))
             task.add_done_callback(self._on_done, context=self.callback_context)
             state.launched(task, step_id)
 
@@ -220,7 +222,7 @@ class _Scheduler:
                 output_json = (
                     outcome.output.journal_json  # a claim check: the journal keeps the reference
                     if isinstance(outcome.output, Claimed)
-                    else json.dumps(outcome.output)
+                    else _to_json(outcome.output)
                 )
             except (TypeError, ValueError) as err:
                 outcome = _Outcome(

@@ -568,8 +568,13 @@ class SqliteStateStore:
         rows = []
         statuses: dict[int, PlanStatusRecord] = {}
         traces: dict[int, str] = {}  # the batch's first trace of each plan
+        plan_id: str | None = None  # the previous record's plan (None: no record yet)
+        revision = rowid = 0
         for record in records:
-            rowid = self._rowid(conn, record.plan_id, record.revision)
+            if record.plan_id != plan_id or record.revision != revision:
+                # A batch is mostly one run's records: the plan's row is asked when it changes.
+                plan_id, revision = record.plan_id, record.revision
+                rowid = self._rowid(conn, plan_id, revision)
             seq += 1
             rows.append((rowid, seq, *encode_record(record)))
             if isinstance(record, PlanStatusRecord):

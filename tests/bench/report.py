@@ -1052,6 +1052,8 @@ _ENGINE_COST_NOTE: Final = (
     "| 3393bc1^ (before the composition merge) | 10.82 | 1.02x | 10.57 | 1.00x | 2.78x | 2.81x |",
     "| main (ffa6c5f) | 12.47 | 1.10x | 12.32 | 1.10x | 2.83x | 2.85x |",
     "| issue 33's sizes branch | 11.17 | 1.08x | 11.05 | 1.03x | 2.98x | 2.96x |",
+    "| issue 33's step-3 branch (21ade12; another run: a8d62c1 10.05, 10.08, 2.81x, 2.81x there) "
+    "| 10.47 | 1.03x | 10.36 | 1.03x | 2.93x | 2.85x |",
     "",
     "- **Where it came from.** The composition itself cost little: its refactor commit (1c1de9a) "
     "beside its parent, 10 rounds, 1.02x and 0.98x (no store) a8d62c1's, its parent 0.99x and "
@@ -1075,6 +1077,39 @@ _ENGINE_COST_NOTE: Final = (
     "writer. The checkpointed ratio is 2.96-2.98x against 2.79-2.81x: the store's cost per step "
     "fell less than the engine's (0.98x against 0.935x main's), and the time of each intent and "
     "result, which the history shows, is kept.",
+    "- **Taken back again** (b244a25, 21ade12): what a plain tool step still did that a8d62c1's "
+    "did not (cProfile's count over a run): the `_run_tool` and `limited` wrappers (a function "
+    "and a coroutine), `has_refs`' `any()` over a generator, two transitions to start a step "
+    "(`take_next`, `start`) and the runner's `intent`; with a store, the table asked per step "
+    "(`tool_of`) whether its intent must be waited for, and a float's shortest text (`repr`, "
+    "about 1.2 µs here) for each intent's and success's time. Now `call_tool` holds the time "
+    "limit, `has_refs` loops, `start_next` takes and starts a step admission need not ask about, "
+    "the runner journals the intent, the steps that need not wait are found once per run from "
+    "the table's rows, an idempotent step's `begin` awaits nothing, the SQLite writer asks a "
+    "plan's row once per batch, and the two records every step writes keep their time as whole "
+    "microseconds (an integer's text; rows in seconds still read). The journal, replay, resume, "
+    "the history's times, `_RunState` as the one writer and the table of step kinds are as they "
+    "were. Python calls a step (`tests/unit/planning/test_engine_cost.py` holds both at or "
+    "below a8d62c1's, counted per code object): no-op tracer 88.7 (fc81414 93.7, a8d62c1 91.7), "
+    "checkpointed 127.5 (139.0, 130.9).",
+    "- **Its run:** `python -m tests.bench.compare a8d62c1 fc81414 21ade12 --rounds 8 --runs 7` "
+    "on 2026-11-28 (load average 2 to 14), CPU time as above, medians of 8 rounds, a8d62c1 / "
+    "fc81414 / the branch (paired with a8d62c1): engine, no-op tracer 10.05 / 10.86 (1.065x) / "
+    "10.47 µs (1.03x); no store 10.08 / 10.85 (1.05x) / 10.36 (1.03x); side-effecting store "
+    "28.52 / 31.95 (1.12x) / 30.42 (1.07x); idempotent store 28.45 / 32.66 (1.13x) / 29.55 "
+    "(1.04x); checkpointed ratio 2.81x / 2.98x / 2.93x (side-effecting), 2.81x / 2.98x / 2.85x "
+    "(idempotent). An earlier run of the same three while tests ran (load above 10, 8 rounds): "
+    "engine 1.13x (fc81414) and 1.02x (the branch) a8d62c1's, side-effecting store 1.16x and "
+    "1.08x, checkpointed ratio 2.93x and 2.91x against 2.76x.",
+    "- **Not met: at or below a8d62c1's figures.** Fewer calls a step than a8d62c1, but 1.02x to "
+    "1.03x its time: the calls are not alike (a8d62c1 made more builtin calls, the `isinstance` "
+    "tests the table replaced; this branch more Python frames: the transitions `start_next`, "
+    "`launched` and `landed` of the one writer, and the runner's `run`). The checkpointed ratio "
+    "fell less than the store's time because the engine, its denominator, got cheaper too: "
+    "2.85x to 2.93x against 2.81x. Of what a checkpointed step costs over a8d62c1's (1.9 µs "
+    "side-effecting, 1.1 µs idempotent), the times the history shows are 1.1 to 1.4 µs (this "
+    "branch beside itself without them, 6 rounds: 0.96x side-effecting, 0.98x idempotent, "
+    "ratio 2.85x), kept; the rest was not located.",
 )
 """A hand-written record of issue 33's per-step round, kept under the durable section."""
 

@@ -470,6 +470,16 @@ class _RunState(Generic[P]):
         step_id = self.ready.popleft()
         return step_id, self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
 
+    def start_next(self, gate: GateNotice | None = None) -> tuple[str, int]:
+        """The next ready step starts (``take_next`` and ``start`` in one transition, for a step
+        that admission need not be asked about): its id and the attempt it starts at."""
+        step_id = self.ready.popleft()
+        attempt = self.next_attempt.pop(step_id, 1) if self.next_attempt else 1
+        self.statuses[step_id] = StepStatus.RUNNING
+        self.attempts[step_id] = attempt
+        self.observer.emit(step_id, StepStatus.RUNNING, attempt, gate=gate)
+        return step_id, attempt
+
     def requeue(self, step_id: str, attempt: int) -> None:
         """Run ``step_id`` again (a reconcile or policy gate approved a re-run), first in line."""
         self.statuses[step_id] = StepStatus.PENDING

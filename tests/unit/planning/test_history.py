@@ -227,6 +227,39 @@ def test_rows_written_before_step_times_still_read() -> None:
     assert done.at == 0.0
 
 
+def test_step_times_are_kept_in_whole_microseconds() -> None:
+    # The two records every step writes format their time as an integer: a float's shortest
+    # text (repr) was most of what a checkpointed step spent on its records.
+    intent = encode_record(StepIntent("p", 1, "s", 1, at=1764345600.123456))
+    assert intent[-1] == ",1764345600123456"
+    costly = encode_record(StepIntent("p", 1, "s", 2, cost=2.5, at=1764345600.5))
+    assert costly[-1] == "2.5,1764345600500000"
+    done = encode_record(StepResult("p", 1, "s", 1, StepStatus.SUCCEEDED, "{}", at=1764345601.0))
+    assert done[-1] == "1764345601000000"
+    read = decode_record("p", 1, intent)
+    assert isinstance(read, StepIntent)
+    assert read.at == pytest.approx(1764345600.123456, abs=1e-6)
+    read = decode_record("p", 1, costly)
+    assert isinstance(read, StepIntent)
+    assert (read.cost, read.at) == (2.5, 1764345600.5)
+    read = decode_record("p", 1, done)
+    assert isinstance(read, StepResult)
+    assert read.at == 1764345601.0
+
+
+def test_step_times_written_in_seconds_still_read() -> None:
+    # Rows written before the times were kept in microseconds: seconds with a point.
+    intent = decode_record("p", 1, (2, "s", 1, None, None, ",1764345600.25"))
+    assert isinstance(intent, StepIntent)
+    assert (intent.cost, intent.at) == (None, 1764345600.25)
+    costly = decode_record("p", 1, (2, "s", 1, None, None, "2.5,1764345600.25"))
+    assert isinstance(costly, StepIntent)
+    assert (costly.cost, costly.at) == (2.5, 1764345600.25)
+    done = decode_record("p", 1, (3, "s", 1, "succeeded", "{}", "1764345600.75"))
+    assert isinstance(done, StepResult)
+    assert done.at == 1764345600.75
+
+
 def _stored_before_the_history(rows: list[tuple[str, Plan, list[object]]]) -> list[tuple]:
     """Rows as schema 3 code wrote them: (plan id, revision, plan JSON, events)."""
     out = []
