@@ -1,0 +1,314 @@
+"""Many ``Call``s multiplexed over one bidirectional stream (experimental, opt-in on both ends).
+
+``proto/stratagem/v1/stream.proto`` declares the stream: a client sends ``CallFrame``s (each one
+``Call``: its request id, deadline, metadata and ``AgentRequest`` bytes, or the cancellation of
+one) and the server answers each with a ``CallAnswer`` naming the same request id, in the order the
+calls finish. The server side (``serve_call_stream``) hands every frame to the same function a
+unary ``Call`` runs (``AgentServer._run`` with the call pipeline), so each call is authenticated
+from its own frame's credentials (a token's expiry checked per call), authorized, admitted, size
+limited, validated, audited before its answer and traced under its own span; only the transport
+differs. The client side (``CallStream``) is what ``AgentClient`` uses when
+``ClientConfig.call_stream`` is on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import grpc
+
+from stratagem.protocol._admission import interruption
+from stratagem.protocol._errors import (
+    CancelledError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    RemoteError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from stratagem.protocol._gen.stratagem.v1 import stream_pb2
+from stratagem.protocol._rpc import REQUEST_ID_KEY
+from stratagem.protocol._status import from_rpc_error, from_status_message, status_message
+
+__all__ = ["CALL_STREAM_METHOD", "CALL_STREAM_SERVICE", "CallStream", "serve_call_stream"]
+
+logger = logging.getLogger(__name__)
+
+CALL_STREAM_SERVICE: Final = "stratagem.v1.CallStreamService"
+CALL_STREAM_METHOD: Final = f"/{CALL_STREAM_SERVICE}/CallStream"
+
+# How long after a call's deadline the server cancels it.
+_LATE_S: Final = 0.001
+
+Run = Callable[[dict[str, str], bytes, Any], Awaitable[tuple[bytes | None, RemoteError | None]]]
+"""Runs one ``Call`` through the server's pipeline: (metadata, request bytes, call context) to
+(answer, error); it has settled and audited the call when it returns or is cancelled."""
+
+
+class _FrameCall:
+    """One call on a stream, as the pipeline asks of grpc's servicer context: its own deadline,
+    the stream's peer and TLS identity."""
+
+    __slots__ = ("_deadline", "_stream")
+
+    def __init__(self, stream: Any, deadline: float | None) -> None:
+        self._stream = stream
+        self._deadline = deadline
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None  # the server's default deadline
+        return self._deadline - time.monotonic()
+
+    def peer(self) -> str:
+        return str(self._stream.peer())
+
+    def auth_context(self) -> Any:
+        return self._stream.auth_context()
+
+
+def _answer(request_id: str, answer: bytes | None, error: RemoteError | None) -> bytes:
+    message = stream_pb2.CallAnswer(request_id=request_id)
+    if error is None:
+        message.response = answer or b""
+    else:
+        message.status = status_message(error).SerializeToString()
+    return message.SerializeToString()
+
+
+def _deadline(frame: stream_pb2.CallFrame, stream: Any) -> float | None:
+    """The call's deadline (``time.monotonic``): its own, cut to the stream's; ``None`` for the
+    server's default."""
+    now = time.monotonic()
+    own: float | None = now + frame.timeout_ms / 1000 if frame.timeout_ms else None
+    remaining: float | None = stream.time_remaining()
+    if remaining is None:
+        return own
+    return now + remaining if own is None else min(own, now + remaining)
+
+
+async def serve_call_stream(
+    run: Run, frames: AsyncIterator[bytes], context: Any, *, max_calls: int
+) -> None:
+    """Serve one ``CallStream``: every frame's call through ``run``, its answer written when it
+    ends; at most ``max_calls`` of the stream run at once (one more is ``RESOURCE_EXHAUSTED``).
+
+    The stream ends once the client has half-closed it and every call has answered. A frame that
+    does not parse ends the stream with ``INVALID_ARGUMENT`` (its calls in flight are cancelled
+    and audited as such); so does the client going away.
+    """
+    answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+    running: dict[str, asyncio.Task[None]] = {}
+
+    async def one(request_id: str, metadata: dict[str, str], request: bytes, call: Any) -> None:
+        remaining = call.time_remaining()
+        timer = None
+        task = asyncio.current_task()
+        if remaining is not None and task is not None:
+            # What grpc's transport does to a unary call at its deadline: cancel it (just past
+            # it, so ``interruption`` names the deadline).
+            timer = asyncio.get_running_loop().call_later(remaining + _LATE_S, task.cancel)
+        try:
+            answer, error = await run(metadata, request, call)
+        except asyncio.CancelledError:
+            # ``run`` has settled it (audited as cancelled or past its deadline); answer that.
+            answer, error = None, interruption(call)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            running.pop(request_id, None)
+        answers.put_nowait(_answer(request_id, answer, error))
+
+    async def read() -> None:
+        async for data in frames:
+            frame = stream_pb2.CallFrame()
+            try:
+                frame.ParseFromString(data)
+            except Exception as exc:  # DecodeError, or a field past protobuf's own limits
+                raise InvalidArgumentError("a CallStream frame does not parse") from exc
+            request_id = frame.request_id
+            if frame.cancel:
+                task = running.get(request_id)
+                if task is not None:
+                    task.cancel()
+                continue
+            if not request_id:
+                raise InvalidArgumentError("a CallStream frame needs a request_id")
+            if request_id in running:
+                error: RemoteError = InvalidArgumentError(
+                    f"request_id {request_id[:64]!r} is still running on this stream"
+                )
+                answers.put_nowait(_answer(request_id, None, error))
+                continue
+            if len(running) >= max_calls:
+                error = ResourceExhaustedError(
+                    f"{max_calls} calls are running on this stream already; try again later"
+                )
+                answers.put_nowait(_answer(request_id, None, error))
+                continue
+            metadata = dict(frame.metadata)
+            named = metadata.setdefault(REQUEST_ID_KEY, request_id)
+            if named != request_id:
+                error = InvalidArgumentError(
+                    f"the frame's request_id differs from its {REQUEST_ID_KEY} metadata"
+                )
+                answers.put_nowait(_answer(request_id, None, error))
+                continue
+            call = _FrameCall(context, _deadline(frame, context))
+            running[request_id] = asyncio.create_task(
+                one(request_id, metadata, frame.request, call), name=f"stratagem-call-{request_id}"
+            )
+        while running:
+            await asyncio.wait(tuple(running.values()))
+        answers.put_nowait(None)
+
+    reader = asyncio.create_task(read(), name="stratagem-call-stream-reader")
+    getter: asyncio.Future[bytes | None] | None = None
+    try:
+        while True:
+            getter = asyncio.ensure_future(answers.get())
+            await asyncio.wait((getter, reader), return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                reader.result()  # raises what ended the reader
+                continue  # it ended the stream cleanly: its last answers are queued
+            item = getter.result()
+            if item is None:
+                return
+            await context.write(item)
+    finally:
+        if getter is not None and not getter.done():
+            getter.cancel()
+        reader.cancel()
+        for task in tuple(running.values()):
+            task.cancel()
+        await asyncio.gather(reader, *running.values(), return_exceptions=True)
+
+
+class CallStream:
+    """The client's end of one ``CallStream``: calls multiplexed over it, answered by request id.
+
+    Opened on the first call; a stream that fails (the server went away) fails the calls waiting
+    on it with its status, and the next call opens a new one.
+
+    Args:
+        channel: The ``grpc.aio`` channel to the agent.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+        self._frames: asyncio.Queue[bytes | None] | None = None
+        self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    def _open(self) -> asyncio.Queue[bytes | None]:
+        if self._frames is None:
+            frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+            async def outgoing() -> AsyncIterator[bytes]:
+                while (frame := await frames.get()) is not None:
+                    yield frame
+
+            stream = self._channel.stream_stream(CALL_STREAM_METHOD)(
+                outgoing(), wait_for_ready=False
+            )
+            self._frames = frames
+            self._reader = asyncio.create_task(
+                self._read(stream, frames), name="stratagem-call-stream"
+            )
+        return self._frames
+
+    async def _read(self, stream: Any, frames: asyncio.Queue[bytes | None]) -> None:
+        failure: RemoteError = UnavailableError("the call stream ended")
+        try:
+            async for data in stream:
+                answer = stream_pb2.CallAnswer()
+                answer.ParseFromString(data)
+                waiting = self._waiting.pop(answer.request_id, None)
+                if waiting is None or waiting.done():
+                    continue  # cancelled or past its deadline here already
+                if answer.status:
+                    waiting.set_exception(from_status_message(answer.status))
+                else:
+                    waiting.set_result(answer.response)
+        except grpc.aio.AioRpcError as exc:
+            failure = from_rpc_error(exc)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        finally:
+            if self._frames is frames:
+                self._frames = None
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(failure)
+            self._waiting.clear()
+
+    async def call(
+        self,
+        request_id: str,
+        request: bytes,
+        timeout_s: float,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> bytes:
+        """One ``Call`` on the stream: the ``AgentResponse`` bytes.
+
+        Raises:
+            RemoteError: The status the call answered with; ``DeadlineExceededError`` when no
+                answer came within ``timeout_s`` (the server is told to cancel the call).
+        """
+        if request_id in self._waiting:
+            raise InvalidArgumentError(f"request_id {request_id!r} is in flight on this stream")
+        frames = self._open()
+        frame = stream_pb2.CallFrame(
+            request_id=request_id,
+            timeout_ms=max(1, round(timeout_s * 1000)),
+            metadata=dict(metadata),
+            request=request,
+        )
+        waiting: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = waiting
+        frames.put_nowait(frame.SerializeToString())
+        timer = asyncio.get_running_loop().call_later(timeout_s, _expire, waiting, timeout_s)
+        try:
+            return await waiting
+        except DeadlineExceededError:
+            # The server ends the call at its own deadline (audited as such) and its late answer
+            # is dropped.
+            self._waiting.pop(request_id, None)
+            raise
+        except asyncio.CancelledError:
+            if self._waiting.pop(request_id, None) is not None and self._frames is frames:
+                frames.put_nowait(
+                    stream_pb2.CallFrame(request_id=request_id, cancel=True).SerializeToString()
+                )
+            raise
+        finally:
+            timer.cancel()
+
+    async def aclose(self) -> None:
+        """Half-close the stream and stop reading it; calls still waiting fail ``CANCELLED``."""
+        for waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(CancelledError("the client was closed"))
+        self._waiting.clear()
+        if self._frames is not None:
+            self._frames.put_nowait(None)
+            self._frames = None
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+
+def _expire(waiting: asyncio.Future[bytes], timeout_s: float) -> None:
+    if not waiting.done():
+        waiting.set_exception(
+            DeadlineExceededError(f"no answer on the call stream within {timeout_s:.3g}s")
+        )
