@@ -45,6 +45,10 @@ then the handler their entry names runs under the deadline, with ``current_call`
 capability metadata so authorization still precedes decoding; its audit records carry the action,
 the gate, the approver (the verified caller) and the rationale (redacted) in their detail.
 
+With ``ServerConfig.call_streams`` the server also serves ``CallStreamService.CallStream``
+(experimental, ``protocol._call_stream``): each frame of the stream is one ``Call`` through the
+stages above (``_run`` with the call pipeline), answered by request id as it finishes.
+
 Where the stages live: the ones every RPC shares in ``_pipeline.py`` (``Pipeline``), ``Call``'s own
 in ``_calls.py`` (``CallPipeline``), slots and deadlines in ``_admission.py``; this module holds
 the server's lifecycle, the registration and the dispatcher (span, errors to statuses).

@@ -1028,6 +1028,7 @@ _PEER_NOTES: Final = {
     "echo": "bare `grpc.aio` echo of Stratagem's request bytes (the floor)",
     "pipeline_constant": "Stratagem, full pipeline, constant handler",
     "pipeline_agent": "Stratagem, full pipeline, real perception agent (2-step plan)",
+    "pipeline_stream": "`pipeline_constant`'s server, each call a frame of one `CallStream`",
     "autogen": "AutoGen 0.7.5 gRPC worker runtime: worker -> host -> worker, JSON, no auth/audit",
     "a2a": "A2A SDK 1.3.0: JSON-RPC `SendMessage` over HTTP, no auth/audit",
     "a2a_stratagem": "the same A2A round trip to Stratagem's A2A face (full pipeline, constant)",
@@ -1282,6 +1283,18 @@ def peers_section(peers: dict[str, Any] | None) -> list[str]:
             "- The same A2A round trip to Stratagem's A2A face against the plain A2A SDK server: "
             f"median latency {versus['median_latency']:.2f}x, throughput "
             f"{versus['throughput']:.2f}x."
+        )
+    streamed = peers.get("stream_vs_unary")
+    if streamed:
+        lines.append(
+            "- `pipeline_stream` against the unary `pipeline_constant` (the same server, stages "
+            f"and handler): median latency {streamed['median_latency']:.2f}x, throughput "
+            f"{streamed['throughput']:.2f}x."
+        )
+    for name, ratio in (peers.get("against_autogen") or {}).items():
+        lines.append(
+            f"- `{name}`: median latency {ratio['median_latency']:.2f}x AutoGen's, throughput "
+            f"{ratio['throughput']:.2f}x."
         )
     for name, target in peers["targets"].items():
         variant = name.removesuffix("_beats_autogen")
