@@ -431,12 +431,10 @@ class AgentServer:
             return self._run(CALL.name, metadata, request, call, self._calls.serve)
 
         config = self._config
-        await serve_call_stream(
-            run,
-            frames,
-            context,
-            max_calls=config.max_concurrent_requests + config.max_queued_requests,
-        )
+        # Twice what admission takes, so that the pipeline's own (audited) RESOURCE_EXHAUSTED
+        # answers a stream that asks too much; the stream's bound only caps its tasks.
+        admissible = config.max_concurrent_requests + config.max_queued_requests
+        await serve_call_stream(run, frames, context, max_calls=2 * admissible)
 
     async def _serve(self, method: str, request: bytes, context: Any, stage: Stage) -> bytes | None:
         """Run one RPC's stages; answer its outcome over gRPC."""

@@ -42,8 +42,8 @@ class ServerConfig:
             addresses costs no more).
         call_streams: Also serve ``CallStreamService.CallStream`` (experimental): many ``Call``s
             multiplexed over one bidirectional stream, each through the same stages as a unary
-            ``Call`` (``protocol._call_stream``); at most ``max_concurrent_requests +
-            max_queued_requests`` run at once on one stream. Off: the RPC is ``UNIMPLEMENTED``.
+            ``Call`` (``protocol._call_stream``), admitted as one (``RESOURCE_EXHAUSTED`` beyond
+            the slots and the queue, audited). Off: the RPC is ``UNIMPLEMENTED``.
     """
 
     host: str = "127.0.0.1"

@@ -30,6 +30,7 @@ from stratagem.protocol import (
     InvalidArgumentError,
     PermissionDeniedError,
     Policy,
+    ResourceExhaustedError,
     ServerConfig,
     SqliteAuditLog,
     TokenAuthenticator,
@@ -414,3 +415,32 @@ async def test_closing_the_client_fails_its_waiting_calls_as_cancelled(
         await client.aclose()
         with pytest.raises(CancelledError):
             await asyncio.wait_for(task, 10)
+
+
+async def test_calls_on_a_stream_take_the_servers_slots_and_beyond_them_are_refused_and_audited(
+    serve: Serve, signer: TokenSigner, tracing: Tracing
+) -> None:
+    backend = FakeBackend("perception")
+    release = asyncio.Event()
+
+    async def slow(request: WireModel, ctx: CallContext) -> WireModel:
+        await release.wait()
+        return EXTRACTED
+
+    backend.behaviour["ExtractEntities"] = slow
+    audit = InMemoryAuditLog()
+    async with serve(backend, audit, max_concurrent_requests=1, max_queued_requests=1) as server:
+        client = _client(server.endpoint, signer, tracing)
+        held = [
+            asyncio.create_task(
+                client.call("perception", "ExtractEntities", EXTRACT, request_id=f"held-{n}")
+            )
+            for n in range(2)
+        ]
+        await _eventually(lambda: server.load == (1, 1))
+        with pytest.raises(ResourceExhaustedError):
+            await client.call("perception", "FindSpatialContext", FIND, request_id="over-1")
+        release.set()
+        assert await asyncio.gather(*held) == [EXTRACTED, EXTRACTED]
+        await client.aclose()
+    assert _records(audit, "over-1") == [("call.refused", "RESOURCE_EXHAUSTED")]
