@@ -2,7 +2,7 @@
 
 ``proto/stratagem/v1/stream.proto`` declares the stream: a client sends ``CallFrame``s (each one
 ``Call``: its request id, deadline, metadata and ``AgentRequest`` bytes, or the cancellation of
-one) and the server answers each with a ``CallAnswer`` naming the same request id, in the order the
+one) and the server answers each with a ``CallAnswer`` naming the same call id, in the order the
 calls finish. The server side (``serve_call_stream``) hands every frame to the same function a
 unary ``Call`` runs (``AgentServer._run`` with the call pipeline), so each call is authenticated
 from its own frame's credentials (a token's expiry checked per call), authorized, admitted, size
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -72,8 +73,8 @@ class _FrameCall:
         return self._stream.auth_context()
 
 
-def _answer(request_id: str, answer: bytes | None, error: RemoteError | None) -> bytes:
-    message = stream_pb2.CallAnswer(request_id=request_id)
+def _answer(frame: stream_pb2.CallFrame, answer: bytes | None, error: RemoteError | None) -> bytes:
+    message = stream_pb2.CallAnswer(request_id=frame.request_id, call_id=frame.call_id)
     if error is None:
         message.response = answer or b""
     else:
@@ -103,9 +104,9 @@ async def serve_call_stream(
     and audited as such); so does the client going away.
     """
     answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-    running: dict[str, asyncio.Task[None]] = {}
+    running: dict[int, asyncio.Task[None]] = {}
 
-    async def one(request_id: str, metadata: dict[str, str], request: bytes, call: Any) -> None:
+    async def one(frame: stream_pb2.CallFrame, metadata: dict[str, str], call: Any) -> None:
         remaining = call.time_remaining()
         timer = None
         task = asyncio.current_task()
@@ -114,15 +115,15 @@ async def serve_call_stream(
             # it, so ``interruption`` names the deadline).
             timer = asyncio.get_running_loop().call_later(remaining + _LATE_S, task.cancel)
         try:
-            answer, error = await run(metadata, request, call)
+            answer, error = await run(metadata, frame.request, call)
         except asyncio.CancelledError:
             # ``run`` has settled it (audited as cancelled or past its deadline); answer that.
             answer, error = None, interruption(call)
         finally:
             if timer is not None:
                 timer.cancel()
-            running.pop(request_id, None)
-        answers.put_nowait(_answer(request_id, answer, error))
+            running.pop(frame.call_id, None)
+        answers.put_nowait(_answer(frame, answer, error))
 
     async def read() -> None:
         async for data in frames:
@@ -131,37 +132,37 @@ async def serve_call_stream(
                 frame.ParseFromString(data)
             except Exception as exc:  # DecodeError, or a field past protobuf's own limits
                 raise InvalidArgumentError("a CallStream frame does not parse") from exc
-            request_id = frame.request_id
+            if not frame.call_id:
+                raise InvalidArgumentError("a CallStream frame needs a call_id")
             if frame.cancel:
-                task = running.get(request_id)
+                task = running.get(frame.call_id)
                 if task is not None:
                     task.cancel()
                 continue
-            if not request_id:
-                raise InvalidArgumentError("a CallStream frame needs a request_id")
-            if request_id in running:
+            if frame.call_id in running:
                 error: RemoteError = InvalidArgumentError(
-                    f"request_id {request_id[:64]!r} is still running on this stream"
+                    f"call_id {frame.call_id} is still running on this stream"
                 )
-                answers.put_nowait(_answer(request_id, None, error))
+                answers.put_nowait(_answer(frame, None, error))
                 continue
             if len(running) >= max_calls:
                 error = ResourceExhaustedError(
                     f"{max_calls} calls are running on this stream already; try again later"
                 )
-                answers.put_nowait(_answer(request_id, None, error))
+                answers.put_nowait(_answer(frame, None, error))
                 continue
             metadata = dict(frame.metadata)
-            named = metadata.setdefault(REQUEST_ID_KEY, request_id)
-            if named != request_id:
-                error = InvalidArgumentError(
-                    f"the frame's request_id differs from its {REQUEST_ID_KEY} metadata"
-                )
-                answers.put_nowait(_answer(request_id, None, error))
-                continue
+            if frame.request_id:
+                named = metadata.setdefault(REQUEST_ID_KEY, frame.request_id)
+                if named != frame.request_id:
+                    error = InvalidArgumentError(
+                        f"the frame's request_id differs from its {REQUEST_ID_KEY} metadata"
+                    )
+                    answers.put_nowait(_answer(frame, None, error))
+                    continue
             call = _FrameCall(context, _deadline(frame, context))
-            running[request_id] = asyncio.create_task(
-                one(request_id, metadata, frame.request, call), name=f"stratagem-call-{request_id}"
+            running[frame.call_id] = asyncio.create_task(
+                one(frame, metadata, call), name=f"stratagem-call-{frame.call_id}"
             )
         while running:
             await asyncio.wait(tuple(running.values()))
@@ -191,7 +192,8 @@ async def serve_call_stream(
 
 
 class CallStream:
-    """The client's end of one ``CallStream``: calls multiplexed over it, answered by request id.
+    """The client's end of one ``CallStream``: calls multiplexed over it, each named by a call id
+    of its own, so a retry under the same request id never takes an earlier attempt's answer.
 
     Opened on the first call; a stream that fails (the server went away) fails the calls waiting
     on it with its status, and the next call opens a new one.
@@ -203,7 +205,8 @@ class CallStream:
     def __init__(self, channel: Any) -> None:
         self._channel = channel
         self._frames: asyncio.Queue[bytes | None] | None = None
-        self._waiting: dict[str, asyncio.Future[bytes]] = {}
+        self._waiting: dict[int, asyncio.Future[bytes]] = {}
+        self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
 
     def _open(self) -> asyncio.Queue[bytes | None]:
@@ -229,7 +232,7 @@ class CallStream:
             async for data in stream:
                 answer = stream_pb2.CallAnswer()
                 answer.ParseFromString(data)
-                waiting = self._waiting.pop(answer.request_id, None)
+                waiting = self._waiting.pop(answer.call_id, None)
                 if waiting is None or waiting.done():
                     continue  # cancelled or past its deadline here already
                 if answer.status:
@@ -260,19 +263,19 @@ class CallStream:
 
         Raises:
             RemoteError: The status the call answered with; ``DeadlineExceededError`` when no
-                answer came within ``timeout_s`` (the server is told to cancel the call).
+                answer came within ``timeout_s`` (the server ends the call at its own deadline).
         """
-        if request_id in self._waiting:
-            raise InvalidArgumentError(f"request_id {request_id!r} is in flight on this stream")
         frames = self._open()
+        call_id = next(self._ids)
         frame = stream_pb2.CallFrame(
+            call_id=call_id,
             request_id=request_id,
             timeout_ms=max(1, round(timeout_s * 1000)),
             metadata=dict(metadata),
             request=request,
         )
         waiting: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = waiting
+        self._waiting[call_id] = waiting
         frames.put_nowait(frame.SerializeToString())
         timer = asyncio.get_running_loop().call_later(timeout_s, _expire, waiting, timeout_s)
         try:
@@ -280,12 +283,12 @@ class CallStream:
         except DeadlineExceededError:
             # The server ends the call at its own deadline (audited as such) and its late answer
             # is dropped.
-            self._waiting.pop(request_id, None)
+            self._waiting.pop(call_id, None)
             raise
         except asyncio.CancelledError:
-            if self._waiting.pop(request_id, None) is not None and self._frames is frames:
+            if self._waiting.pop(call_id, None) is not None and self._frames is frames:
                 frames.put_nowait(
-                    stream_pb2.CallFrame(request_id=request_id, cancel=True).SerializeToString()
+                    stream_pb2.CallFrame(call_id=call_id, cancel=True).SerializeToString()
                 )
             raise
         finally:

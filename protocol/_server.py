@@ -434,7 +434,10 @@ class AgentServer:
         # Twice what admission takes, so that the pipeline's own (audited) RESOURCE_EXHAUSTED
         # answers a stream that asks too much; the stream's bound only caps its tasks.
         admissible = config.max_concurrent_requests + config.max_queued_requests
-        await serve_call_stream(run, frames, context, max_calls=2 * admissible)
+        try:
+            await serve_call_stream(run, frames, context, max_calls=2 * admissible)
+        except RemoteError as error:  # a frame that does not parse ends the stream
+            await context.abort_with_status(grpc_status(error))
 
     async def _serve(self, method: str, request: bytes, context: Any, stage: Stage) -> bytes | None:
         """Run one RPC's stages; answer its outcome over gRPC."""

@@ -27,7 +27,6 @@ from stratagem.protocol import (
     DeadlineExceededError,
     InMemoryAuditLog,
     InternalError,
-    InvalidArgumentError,
     PermissionDeniedError,
     Policy,
     ResourceExhaustedError,
@@ -40,10 +39,12 @@ from stratagem.protocol import (
     WireModel,
 )
 from stratagem.protocol._audit import AuditLog, AuditRecord
-from stratagem.protocol._call_stream import CallStream
+from stratagem.protocol._call_stream import CALL_STREAM_METHOD, CallStream
 from stratagem.protocol._codec import encode_request
+from stratagem.protocol._gen.stratagem.v1 import stream_pb2
 from stratagem.protocol._models import RequestEnvelope
 from stratagem.protocol._rpc import CALLER_KEY, CAPABILITY_KEY, TARGET_KEY
+from stratagem.protocol._status import from_status_message
 from tests.integration.protocol.conftest import Tracing
 from tests.unit.protocol._support import SAMPLES, FakeBackend
 
@@ -350,7 +351,52 @@ async def test_a_call_the_policy_denies_is_denied_and_audited_and_the_stream_goe
     assert _records(audit, "deny-2") == [("call.denied", "PERMISSION_DENIED")]
 
 
-async def test_a_request_id_still_running_on_the_stream_is_refused(
+async def test_a_retry_under_the_same_request_id_on_the_stream_waits_for_the_first_attempt(
+    serve: Serve, signer: TokenSigner, tracing: Tracing
+) -> None:
+    # As over unary Calls: the handler runs once, and the retry gets the first attempt's answer
+    # (not refused, nor answered with another attempt's frame).
+    backend = FakeBackend("perception")
+    release = asyncio.Event()
+
+    async def slow(request: WireModel, ctx: CallContext) -> WireModel:
+        await release.wait()
+        return EXTRACTED
+
+    backend.behaviour["ExtractEntities"] = slow
+    audit = InMemoryAuditLog()
+    async with serve(backend, audit) as server:
+        client = _client(server.endpoint, signer, tracing)
+        first = asyncio.create_task(
+            client.call("perception", "ExtractEntities", EXTRACT, request_id="again-1")
+        )
+        await _eventually(lambda: len(backend.calls) == 1)
+        retry = asyncio.create_task(
+            client.call("perception", "ExtractEntities", EXTRACT, request_id="again-1")
+        )
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(first, retry) == [EXTRACTED, EXTRACTED]
+        await client.aclose()
+    assert len(backend.calls) == 1
+    assert sorted(_records(audit, "again-1")) == [
+        ("call.accepted", ""),
+        ("call.outcome", "OK"),
+        ("call.replayed", "OK"),
+    ]
+
+
+def _frame(call_id: int, token: str, request_id: str) -> bytes:
+    return stream_pb2.CallFrame(
+        call_id=call_id,
+        request_id=request_id,
+        timeout_ms=5000,
+        metadata=dict(_frame_metadata(token, "ExtractEntities")),
+        request=_request(request_id),
+    ).SerializeToString()
+
+
+async def test_a_call_id_still_running_is_refused_and_a_frame_that_does_not_parse_ends_the_stream(
     serve: Serve, signer: TokenSigner
 ) -> None:
     backend = FakeBackend("perception")
@@ -362,23 +408,32 @@ async def test_a_request_id_still_running_on_the_stream_is_refused(
 
     backend.behaviour["ExtractEntities"] = slow
     token = signer.issue("operator", 60)
-    async with serve(backend, InMemoryAuditLog()) as server:
-        channel = grpc.aio.insecure_channel(server.endpoint)
-        first, second = CallStream(channel), CallStream(channel)
-        try:
-            metadata = _frame_metadata(token, "ExtractEntities")
-            running = asyncio.create_task(first.call("dup-1", _request("dup-1"), 5.0, metadata))
-            await _eventually(lambda: len(backend.calls) == 1)
-            with pytest.raises(InvalidArgumentError, match="in flight on this stream"):
-                await first.call("dup-1", _request("dup-1"), 5.0, metadata)
-            release.set()
-            assert await running
-            # Another stream is another scope: the same id is the answer store's business there.
-            assert await second.call("dup-1", _request("dup-1"), 5.0, metadata)
-        finally:
-            await first.aclose()
-            await second.aclose()
-            await channel.close()
+    sent: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def frames() -> AsyncIterator[bytes]:
+        while (frame := await sent.get()) is not None:
+            yield frame
+
+    async with (
+        serve(backend, InMemoryAuditLog()) as server,
+        grpc.aio.insecure_channel(server.endpoint) as channel,
+    ):
+        stream = channel.stream_stream(CALL_STREAM_METHOD)(frames())
+        sent.put_nowait(_frame(7, token, "id-1"))
+        await _eventually(lambda: len(backend.calls) == 1)
+        sent.put_nowait(_frame(7, token, "id-2"))
+        refused = stream_pb2.CallAnswer.FromString(await stream.read())
+        assert refused.call_id == 7
+        assert refused.request_id == "id-2"
+        assert from_status_message(refused.status).code.value == "INVALID_ARGUMENT"
+        release.set()
+        answered = stream_pb2.CallAnswer.FromString(await stream.read())
+        assert (answered.call_id, answered.status) == (7, b"")
+        sent.put_nowait(b"\xff\xff\xff")
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await stream.read()
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "does not parse" in str(ended.value.details())
 
 
 async def test_a_server_without_call_streams_refuses_them_and_unary_calls_still_work(

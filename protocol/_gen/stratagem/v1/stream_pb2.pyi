@@ -8,7 +8,7 @@ alternative to one unary AgentService.Call per request. Each CallFrame is one Ca
 runs it through the same stages as AgentService.Call (authentication of the frame's credentials,
 policy, admission, size limit, validation, the answer store, audit before the answer, a deadline,
 a server span joining the frame's trace context) and answers with one CallAnswer carrying the
-same request_id, in whatever order the calls finish. A call that fails answers with its status;
+same call_id, in whatever order the calls finish. A call that fails answers with its status;
 the stream stays open. The stream itself carries no credentials of its own: every frame does.
 """
 
@@ -58,9 +58,12 @@ class CallFrame(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     REQUEST_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
-    """Names the call on this stream (its answer carries it); an id still running on this stream is
-    refused (INVALID_ARGUMENT). For a Call it must equal AgentRequest.request_id.
+    """The AgentRequest's request_id (what a unary Call sends as x-stratagem-request-id: a call
+    refused before its body is read is audited under it); "" to take the message's. Two calls of
+    a stream may share it: a retry of a call still running waits for its outcome, as over unary
+    Calls.
     """
     timeout_ms: _builtins.int
     """The call's deadline in milliseconds from when the server reads the frame; 0: the server's
@@ -69,8 +72,12 @@ class CallFrame(_message.Message):
     request: _builtins.bytes
     """The AgentRequest."""
     cancel: _builtins.bool
-    """Cancel the call request_id on this stream (its answer is CANCELLED); the other fields are
+    """Cancel the call call_id of this stream (its answer is CANCELLED); the other fields are
     ignored.
+    """
+    call_id: _builtins.int
+    """Names the call on this stream, non-zero: its answer carries it. One still running on this
+    stream is refused (INVALID_ARGUMENT).
     """
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -86,10 +93,11 @@ class CallFrame(_message.Message):
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         request: _builtins.bytes = ...,
         cancel: _builtins.bool = ...,
+        call_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "metadata", b"metadata", "request", b"request", "request_id", b"request_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "cancel", b"cancel", "metadata", b"metadata", "request", b"request", "request_id", b"request_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -102,9 +110,13 @@ class CallAnswer(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    """the frame's"""
+    call_id: _builtins.int
+    """the frame's"""
     response: _builtins.bytes
     """The AgentResponse when status is empty (OK)."""
     status: _builtins.bytes
@@ -115,12 +127,13 @@ class CallAnswer(_message.Message):
         self,
         *,
         request_id: _builtins.str = ...,
+        call_id: _builtins.int = ...,
         response: _builtins.bytes = ...,
         status: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "response", b"response", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "request_id", b"request_id", "response", b"response", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

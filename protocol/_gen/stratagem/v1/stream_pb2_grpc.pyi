@@ -8,7 +8,7 @@ alternative to one unary AgentService.Call per request. Each CallFrame is one Ca
 runs it through the same stages as AgentService.Call (authentication of the frame's credentials,
 policy, admission, size limit, validation, the answer store, audit before the answer, a deadline,
 a server span joining the frame's trace context) and answers with one CallAnswer carrying the
-same request_id, in whatever order the calls finish. A call that fails answers with its status;
+same call_id, in whatever order the calls finish. A call that fails answers with its status;
 the stream stays open. The stream itself carries no credentials of its own: every frame does.
 """
 
