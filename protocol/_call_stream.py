@@ -18,15 +18,17 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from stratagem.protocol._admission import interruption
 from stratagem.protocol._errors import (
     CancelledError,
     DeadlineExceededError,
+    InternalError,
     InvalidArgumentError,
     RemoteError,
     ResourceExhaustedError,
@@ -73,13 +75,15 @@ class _FrameCall:
         return self._stream.auth_context()
 
 
-def _answer(frame: stream_pb2.CallFrame, answer: bytes | None, error: RemoteError | None) -> bytes:
+def _answer(
+    frame: stream_pb2.CallFrame, answer: bytes | None, error: RemoteError | None
+) -> stream_pb2.CallAnswer:
     message = stream_pb2.CallAnswer(request_id=frame.request_id, call_id=frame.call_id)
     if error is None:
         message.response = answer or b""
     else:
         message.status = status_message(error).SerializeToString()
-    return message.SerializeToString()
+    return message
 
 
 def _deadline(frame: stream_pb2.CallFrame, stream: Any) -> float | None:
@@ -97,13 +101,14 @@ async def serve_call_stream(
     run: Run, frames: AsyncIterator[bytes], context: Any, *, max_calls: int
 ) -> None:
     """Serve one ``CallStream``: every frame's call through ``run``, its answer written when it
-    ends; at most ``max_calls`` of the stream run at once (one more is ``RESOURCE_EXHAUSTED``).
+    ends (the answers ready together in one message); at most ``max_calls`` of the stream run at
+    once (one more is ``RESOURCE_EXHAUSTED``).
 
-    The stream ends once the client has half-closed it and every call has answered. A frame that
-    does not parse ends the stream with ``INVALID_ARGUMENT`` (its calls in flight are cancelled
-    and audited as such); so does the client going away.
+    The stream ends once the client has half-closed it and every call has answered. A message
+    that does not parse, or a frame without a call id, ends the stream with ``INVALID_ARGUMENT``
+    (its calls in flight are cancelled and audited as such); so does the client going away.
     """
-    answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+    answers: asyncio.Queue[stream_pb2.CallAnswer | None] = asyncio.Queue()
     running: dict[int, asyncio.Task[None]] = {}
 
     async def one(frame: stream_pb2.CallFrame, metadata: dict[str, str], call: Any) -> None:
@@ -125,51 +130,42 @@ async def serve_call_stream(
             running.pop(frame.call_id, None)
         answers.put_nowait(_answer(frame, answer, error))
 
+    def take(frame: stream_pb2.CallFrame) -> None:
+        """Start the frame's call, cancel the call it names, or answer its refusal."""
+        if not frame.call_id:
+            raise InvalidArgumentError("a CallStream frame needs a call_id")
+        if frame.cancel:
+            task = running.get(frame.call_id)
+            if task is not None:
+                task.cancel()
+            return
+        refusal = _refusal(frame, running, max_calls)
+        if refusal is not None:
+            answers.put_nowait(_answer(frame, None, refusal))
+            return
+        metadata = dict(frame.metadata)
+        if frame.request_id:
+            metadata[REQUEST_ID_KEY] = frame.request_id
+        call = _FrameCall(context, _deadline(frame, context))
+        running[frame.call_id] = asyncio.create_task(
+            one(frame, metadata, call), name=f"stratagem-call-{frame.call_id}"
+        )
+
     async def read() -> None:
         async for data in frames:
-            frame = stream_pb2.CallFrame()
+            batch = stream_pb2.CallFrames()
             try:
-                frame.ParseFromString(data)
+                batch.ParseFromString(data)
             except Exception as exc:  # DecodeError, or a field past protobuf's own limits
-                raise InvalidArgumentError("a CallStream frame does not parse") from exc
-            if not frame.call_id:
-                raise InvalidArgumentError("a CallStream frame needs a call_id")
-            if frame.cancel:
-                task = running.get(frame.call_id)
-                if task is not None:
-                    task.cancel()
-                continue
-            if frame.call_id in running:
-                error: RemoteError = InvalidArgumentError(
-                    f"call_id {frame.call_id} is still running on this stream"
-                )
-                answers.put_nowait(_answer(frame, None, error))
-                continue
-            if len(running) >= max_calls:
-                error = ResourceExhaustedError(
-                    f"{max_calls} calls are running on this stream already; try again later"
-                )
-                answers.put_nowait(_answer(frame, None, error))
-                continue
-            metadata = dict(frame.metadata)
-            if frame.request_id:
-                named = metadata.setdefault(REQUEST_ID_KEY, frame.request_id)
-                if named != frame.request_id:
-                    error = InvalidArgumentError(
-                        f"the frame's request_id differs from its {REQUEST_ID_KEY} metadata"
-                    )
-                    answers.put_nowait(_answer(frame, None, error))
-                    continue
-            call = _FrameCall(context, _deadline(frame, context))
-            running[frame.call_id] = asyncio.create_task(
-                one(frame, metadata, call), name=f"stratagem-call-{frame.call_id}"
-            )
+                raise InvalidArgumentError("a CallStream message does not parse") from exc
+            for frame in batch.frames:
+                take(frame)
         while running:
             await asyncio.wait(tuple(running.values()))
         answers.put_nowait(None)
 
     reader = asyncio.create_task(read(), name="stratagem-call-stream-reader")
-    getter: asyncio.Future[bytes | None] | None = None
+    getter: asyncio.Future[stream_pb2.CallAnswer | None] | None = None
     try:
         while True:
             getter = asyncio.ensure_future(answers.get())
@@ -178,10 +174,11 @@ async def serve_call_stream(
                 getter.cancel()
                 reader.result()  # raises what ended the reader
                 continue  # it ended the stream cleanly: its last answers are queued
-            item = getter.result()
-            if item is None:
+            ready, ended = _ready(getter.result(), answers)
+            if ready.answers:
+                await context.write(ready.SerializeToString())
+            if ended:
                 return
-            await context.write(item)
     finally:
         if getter is not None and not getter.done():
             getter.cancel()
@@ -189,6 +186,39 @@ async def serve_call_stream(
         for task in tuple(running.values()):
             task.cancel()
         await asyncio.gather(reader, *running.values(), return_exceptions=True)
+
+
+def _refusal(
+    frame: stream_pb2.CallFrame, running: Mapping[int, object], max_calls: int
+) -> RemoteError | None:
+    """Why the frame's call is refused before any stage, if it is."""
+    if frame.call_id in running:
+        return InvalidArgumentError(f"call_id {frame.call_id} is still running on this stream")
+    if len(running) >= max_calls:
+        return ResourceExhaustedError(
+            f"{max_calls} calls are running on this stream already; try again later"
+        )
+    named = frame.metadata.get(REQUEST_ID_KEY, frame.request_id)
+    if frame.request_id and named != frame.request_id:
+        return InvalidArgumentError(
+            f"the frame's request_id differs from its {REQUEST_ID_KEY} metadata"
+        )
+    return None
+
+
+def _ready(
+    first: stream_pb2.CallAnswer | None, answers: asyncio.Queue[stream_pb2.CallAnswer | None]
+) -> tuple[stream_pb2.CallAnswers, bool]:
+    """Every answer ready now, in one message (one write, however many calls ended); and whether
+    the stream's last answer is in it."""
+    ready = stream_pb2.CallAnswers()
+    item = first
+    while item is not None:
+        ready.answers.append(item)
+        if answers.empty():
+            break
+        item = answers.get_nowait()
+    return ready, item is None
 
 
 class CallStream:
@@ -204,18 +234,28 @@ class CallStream:
 
     def __init__(self, channel: Any) -> None:
         self._channel = channel
-        self._frames: asyncio.Queue[bytes | None] | None = None
+        self._frames: asyncio.Queue[stream_pb2.CallFrame | None] | None = None
         self._waiting: dict[int, asyncio.Future[bytes]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
 
-    def _open(self) -> asyncio.Queue[bytes | None]:
+    def _open(self) -> asyncio.Queue[stream_pb2.CallFrame | None]:
         if self._frames is None:
-            frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+            frames: asyncio.Queue[stream_pb2.CallFrame | None] = asyncio.Queue()
 
             async def outgoing() -> AsyncIterator[bytes]:
-                while (frame := await frames.get()) is not None:
-                    yield frame
+                # Every frame queued since the last write goes in one message.
+                frame = await frames.get()
+                while frame is not None:
+                    batch = stream_pb2.CallFrames()
+                    while frame is not None:
+                        batch.frames.append(frame)
+                        if frames.empty():
+                            break
+                        frame = frames.get_nowait()
+                    yield batch.SerializeToString()
+                    if frame is not None:
+                        frame = await frames.get()
 
             stream = self._channel.stream_stream(CALL_STREAM_METHOD)(
                 outgoing(), wait_for_ready=False
@@ -226,21 +266,23 @@ class CallStream:
             )
         return self._frames
 
-    async def _read(self, stream: Any, frames: asyncio.Queue[bytes | None]) -> None:
+    async def _read(self, stream: Any, frames: asyncio.Queue[stream_pb2.CallFrame | None]) -> None:
         failure: RemoteError = UnavailableError("the call stream ended")
         try:
             async for data in stream:
-                answer = stream_pb2.CallAnswer()
-                answer.ParseFromString(data)
-                waiting = self._waiting.pop(answer.call_id, None)
-                if waiting is None or waiting.done():
-                    continue  # cancelled or past its deadline here already
-                if answer.status:
-                    waiting.set_exception(from_status_message(answer.status))
-                else:
-                    waiting.set_result(answer.response)
+                for answer in stream_pb2.CallAnswers.FromString(data).answers:
+                    waiting = self._waiting.pop(answer.call_id, None)
+                    if waiting is None or waiting.done():
+                        continue  # cancelled or past its deadline here already
+                    if answer.status:
+                        waiting.set_exception(from_status_message(answer.status))
+                    else:
+                        waiting.set_result(answer.response)
         except grpc.aio.AioRpcError as exc:
             failure = from_rpc_error(exc)
+        except DecodeError:
+            failure = InternalError("malformed answer on the call stream")
+            stream.cancel()
         except asyncio.CancelledError:
             stream.cancel()
             raise
@@ -276,7 +318,7 @@ class CallStream:
         )
         waiting: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = waiting
-        frames.put_nowait(frame.SerializeToString())
+        frames.put_nowait(frame)
         timer = asyncio.get_running_loop().call_later(timeout_s, _expire, waiting, timeout_s)
         try:
             return await waiting
@@ -287,9 +329,7 @@ class CallStream:
             raise
         except asyncio.CancelledError:
             if self._waiting.pop(call_id, None) is not None and self._frames is frames:
-                frames.put_nowait(
-                    stream_pb2.CallFrame(call_id=call_id, cancel=True).SerializeToString()
-                )
+                frames.put_nowait(stream_pb2.CallFrame(call_id=call_id, cancel=True))
             raise
         finally:
             timer.cancel()

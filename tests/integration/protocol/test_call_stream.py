@@ -387,13 +387,19 @@ async def test_a_retry_under_the_same_request_id_on_the_stream_waits_for_the_fir
 
 
 def _frame(call_id: int, token: str, request_id: str) -> bytes:
-    return stream_pb2.CallFrame(
+    frame = stream_pb2.CallFrame(
         call_id=call_id,
         request_id=request_id,
         timeout_ms=5000,
         metadata=dict(_frame_metadata(token, "ExtractEntities")),
         request=_request(request_id),
-    ).SerializeToString()
+    )
+    return stream_pb2.CallFrames(frames=[frame]).SerializeToString()
+
+
+async def _answer(stream: grpc.aio.StreamStreamCall) -> stream_pb2.CallAnswer:
+    (answer,) = stream_pb2.CallAnswers.FromString(await stream.read()).answers
+    return answer
 
 
 async def test_a_call_id_still_running_is_refused_and_a_frame_that_does_not_parse_ends_the_stream(
@@ -422,12 +428,12 @@ async def test_a_call_id_still_running_is_refused_and_a_frame_that_does_not_pars
         sent.put_nowait(_frame(7, token, "id-1"))
         await _eventually(lambda: len(backend.calls) == 1)
         sent.put_nowait(_frame(7, token, "id-2"))
-        refused = stream_pb2.CallAnswer.FromString(await stream.read())
+        refused = await _answer(stream)
         assert refused.call_id == 7
         assert refused.request_id == "id-2"
         assert from_status_message(refused.status).code.value == "INVALID_ARGUMENT"
         release.set()
-        answered = stream_pb2.CallAnswer.FromString(await stream.read())
+        answered = await _answer(stream)
         assert (answered.call_id, answered.status) == (7, b"")
         sent.put_nowait(b"\xff\xff\xff")
         with pytest.raises(grpc.aio.AioRpcError) as ended:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1stratagem/protocol/_gen/stratagem/v1/stream.proto\x12\x0cstratagem.v1\"\xcf\x01\n\tCallFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.stratagem.v1.CallFrame.MetadataEntry\x12\x0f\n\x07request\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63\x61ncel\x18\x05 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\nCallAnswer\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\x04\x12\x10\n\x08response\x18\x02 \x01(\x0c\x12\x0e\n\x06status\x18\x03 \x01(\x0c\x32X\n\x11\x43\x61llStreamService\x12\x43\n\nCallStream\x12\x17.stratagem.v1.CallFrame\x1a\x18.stratagem.v1.CallAnswer(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1stratagem/protocol/_gen/stratagem/v1/stream.proto\x12\x0cstratagem.v1\"\xcf\x01\n\tCallFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x37\n\x08metadata\x18\x03 \x03(\x0b\x32%.stratagem.v1.CallFrame.MetadataEntry\x12\x0f\n\x07request\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63\x61ncel\x18\x05 \x01(\x08\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\nCallAnswer\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\x04\x12\x10\n\x08response\x18\x02 \x01(\x0c\x12\x0e\n\x06status\x18\x03 \x01(\x0c\"5\n\nCallFrames\x12\'\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x17.stratagem.v1.CallFrame\"8\n\x0b\x43\x61llAnswers\x12)\n\x07\x61nswers\x18\x01 \x03(\x0b\x32\x18.stratagem.v1.CallAnswer2Z\n\x11\x43\x61llStreamService\x12\x45\n\nCallStream\x12\x18.stratagem.v1.CallFrames\x1a\x19.stratagem.v1.CallAnswers(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLFRAME_METADATAENTRY']._serialized_end=275
   _globals['_CALLANSWER']._serialized_start=277
   _globals['_CALLANSWER']._serialized_end=360
-  _globals['_CALLSTREAMSERVICE']._serialized_start=362
-  _globals['_CALLSTREAMSERVICE']._serialized_end=450
+  _globals['_CALLFRAMES']._serialized_start=362
+  _globals['_CALLFRAMES']._serialized_end=415
+  _globals['_CALLANSWERS']._serialized_start=417
+  _globals['_CALLANSWERS']._serialized_end=473
+  _globals['_CALLSTREAMSERVICE']._serialized_start=475
+  _globals['_CALLSTREAMSERVICE']._serialized_end=565
 # @@protoc_insertion_point(module_scope)

@@ -138,3 +138,47 @@ class CallAnswer(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CallAnswer: _TypeAlias = CallAnswer  # noqa: Y015
+
+@_typing.final
+class CallFrames(_message.Message):
+    """The frames a client sends in one message of the stream: those queued since its last write."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def frames(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallFrame]: ...
+    def __init__(
+        self,
+        *,
+        frames: _abc.Iterable[Global___CallFrame] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallFrames: _TypeAlias = CallFrames  # noqa: Y015
+
+@_typing.final
+class CallAnswers(_message.Message):
+    """The answers a server sends in one message of the stream: those ready since its last write."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___CallAnswer]: ...
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___CallAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallAnswers: _TypeAlias = CallAnswers  # noqa: Y015

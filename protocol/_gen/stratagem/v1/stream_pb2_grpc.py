@@ -37,8 +37,8 @@ class CallStreamServiceStub:
         """
         self.CallStream = channel.stream_stream(
                 '/stratagem.v1.CallStreamService/CallStream',
-                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrame.SerializeToString,
-                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswer.FromString,
+                request_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrames.SerializeToString,
+                response_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswers.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_CallStreamServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CallStream': grpc.stream_stream_rpc_method_handler(
                     servicer.CallStream,
-                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrame.FromString,
-                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswer.SerializeToString,
+                    request_deserializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrames.FromString,
+                    response_serializer=stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswers.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,8 +87,8 @@ class CallStreamService:
             request_iterator,
             target,
             '/stratagem.v1.CallStreamService/CallStream',
-            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrame.SerializeToString,
-            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswer.FromString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallFrames.SerializeToString,
+            stratagem_dot_protocol_dot___gen_dot_stratagem_dot_v1_dot_stream__pb2.CallAnswers.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,14 +42,14 @@ class CallStreamServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CallStreamServiceAsyncStub: ...
-    CallStream: _grpc.StreamStreamMultiCallable[_stream_pb2.CallFrame, _stream_pb2.CallAnswer]
+    CallStream: _grpc.StreamStreamMultiCallable[_stream_pb2.CallFrames, _stream_pb2.CallAnswers]
 
 @_typing.type_check_only
 class CallStreamServiceAsyncStub(CallStreamServiceStub):
     """Experimental: served only by an agent whose ServerConfig.call_streams is on."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    CallStream: _aio.StreamStreamMultiCallable[_stream_pb2.CallFrame, _stream_pb2.CallAnswer]  # type: ignore[assignment]
+    CallStream: _aio.StreamStreamMultiCallable[_stream_pb2.CallFrames, _stream_pb2.CallAnswers]  # type: ignore[assignment]
 
 class CallStreamServiceServicer(metaclass=_abc_1.ABCMeta):
     """Experimental: served only by an agent whose ServerConfig.call_streams is on."""
@@ -57,8 +57,8 @@ class CallStreamServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def CallStream(
         self,
-        request_iterator: _MaybeAsyncIterator[_stream_pb2.CallFrame],
+        request_iterator: _MaybeAsyncIterator[_stream_pb2.CallFrames],
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_stream_pb2.CallAnswer], _abc.AsyncIterator[_stream_pb2.CallAnswer]]: ...
+    ) -> _typing.Union[_abc.Iterator[_stream_pb2.CallAnswers], _abc.AsyncIterator[_stream_pb2.CallAnswers]]: ...
 
 def add_CallStreamServiceServicer_to_server(servicer: CallStreamServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
