@@ -36,6 +36,7 @@ from stratagem.protocol import (
     TokenCredentials,
     TokenSigner,
     UnauthenticatedError,
+    UnavailableError,
     WireModel,
 )
 from stratagem.protocol._audit import AuditLog, AuditRecord
@@ -505,3 +506,35 @@ async def test_calls_on_a_stream_take_the_servers_slots_and_beyond_them_are_refu
         assert await asyncio.gather(*held) == [EXTRACTED, EXTRACTED]
         await client.aclose()
     assert _records(audit, "over-1") == [("call.refused", "RESOURCE_EXHAUSTED")]
+
+
+async def test_a_stream_the_server_ends_fails_its_calls_and_the_next_call_opens_another(
+    serve: Serve, signer: TokenSigner, tracing: Tracing
+) -> None:
+    backend = FakeBackend("perception")
+
+    async def stuck(request: WireModel, ctx: CallContext) -> WireModel:
+        await asyncio.sleep(60)
+        return EXTRACTED
+
+    backend.behaviour["ExtractEntities"] = stuck
+    async with serve(backend, InMemoryAuditLog(), grace_s=0.1) as first:
+        client = _client(first.endpoint, signer, tracing)
+        assert await client.call("perception", "FindSpatialContext", FIND) == FOUND
+        waiting = asyncio.create_task(client.call("perception", "ExtractEntities", EXTRACT))
+        await _eventually(lambda: len(backend.calls) == 2)
+        await first.aclose()  # ends the stream under the waiting call
+        with pytest.raises((UnavailableError, CancelledError)):
+            await asyncio.wait_for(waiting, 10)
+        port = first.port
+    # A server again on the same port: the client's next call opens a new stream to it.
+    async with serve(FakeBackend("perception"), InMemoryAuditLog(), port=port) as second:
+        for _ in range(50):
+            try:
+                answer = await client.call("perception", "FindSpatialContext", FIND)
+                break
+            except UnavailableError:
+                await asyncio.sleep(0.1)  # the channel reconnects after its backoff
+        assert answer == FOUND
+        await client.aclose()
+        assert second.port == port
