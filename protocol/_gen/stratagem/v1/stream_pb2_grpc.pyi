@@ -10,6 +10,9 @@ policy, admission, size limit, validation, the answer store, audit before the an
 a server span joining the frame's trace context) and answers with one CallAnswer carrying the
 same call_id, in whatever order the calls finish. A call that fails answers with its status;
 the stream stays open. The stream itself carries no credentials of its own: every frame does.
+Each message of the stream carries every frame queued (CallFrames), or every answer ready
+(CallAnswers), since the sender's last write. A message that does not parse, or a frame without
+a call_id, ends the stream with INVALID_ARGUMENT.
 """
 
 from collections import abc as _abc
