@@ -25,6 +25,7 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 from pydantic import ValidationError
 
+from stratagem.protocol._call_stream import CallStream
 from stratagem.protocol._capabilities import CapabilitySpec, WireModel, capability_for
 from stratagem.protocol._codec import decode_response, encode_call, violations_from
 from stratagem.protocol._context import current_call, remaining_time
@@ -125,10 +126,15 @@ class ClientConfig:
         default_timeout_s: The deadline of a call that names none.
         max_message_bytes: The largest response accepted, in bytes (larger ones fail with
             ``RESOURCE_EXHAUSTED``).
+        call_stream: Send ``call`` over one long-lived ``CallStream`` to the agent (experimental;
+            the server needs ``ServerConfig.call_streams``, else calls fail ``UNIMPLEMENTED``)
+            instead of one unary ``Call`` each: the same request, metadata, deadline and errors.
+            The other RPCs stay unary.
     """
 
     default_timeout_s: float = 30.0
     max_message_bytes: int = 4 << 20
+    call_stream: bool = False
 
     def __post_init__(self) -> None:
         if self.default_timeout_s <= 0 or self.max_message_bytes <= 0:
@@ -174,6 +180,7 @@ class AgentClient:
         self._metrics = RpcMetrics(meter_provider, side="client")
         self._channel: Any = None
         self._callables: dict[str, Any] = {}
+        self._stream: CallStream | None = None
         self._closed = False
 
     @property
@@ -201,6 +208,7 @@ class AgentClient:
             else:
                 self._channel = grpc.aio.secure_channel(self._endpoint, secure, options=options)
             self._callables = {}
+            self._stream = CallStream(self._channel) if self._config.call_stream else None
         return self._channel
 
     def _unary_callable(self, method: str) -> Any:
@@ -217,6 +225,9 @@ class AgentClient:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             self._callables = {}
+            if self._stream is not None:
+                stream, self._stream = self._stream, None
+                await stream.aclose()
             await channel.close()
 
     async def __aenter__(self) -> AgentClient:
@@ -670,24 +681,28 @@ class AgentClient:
         self._metrics.started(method, capability)
         code = Code.UNKNOWN
         try:
-            data = await self._unary_callable(method)(
-                request,
-                timeout=deadline,
-                metadata=self._metadata(
-                    capability or method,
-                    target=target,
-                    request_id=request_id,
-                    extra=extra_metadata,
-                    context=trace.set_span_in_context(span),
-                ),
-                wait_for_ready=False,
+            metadata = self._metadata(
+                capability or method,
+                target=target,
+                request_id=request_id,
+                extra=extra_metadata,
+                context=trace.set_span_in_context(span),
             )
-        except grpc.aio.AioRpcError as exc:
-            error = from_rpc_error(exc)
+            callable_ = self._unary_callable(method)
+            if self._stream is not None and method == "Call":
+                data = await self._stream.call(request_id, request, deadline, metadata)
+            else:
+                data = await callable_(
+                    request, timeout=deadline, metadata=metadata, wait_for_ready=False
+                )
+        except (grpc.aio.AioRpcError, RemoteError) as exc:
+            error = exc if isinstance(exc, RemoteError) else from_rpc_error(exc)
             code = error.code
             error.trace_id = _trace_id(span)
             end_span(span, error.code, error.message, server=False)
             logger.debug("%s %s on %s failed: %s", method, capability, self._endpoint, error)
+            if error is exc:
+                raise
             raise error from exc
         else:
             try:

@@ -45,6 +45,10 @@ then the handler their entry names runs under the deadline, with ``current_call`
 capability metadata so authorization still precedes decoding; its audit records carry the action,
 the gate, the approver (the verified caller) and the rationale (redacted) in their detail.
 
+With ``ServerConfig.call_streams`` the server also serves ``CallStreamService.CallStream``
+(experimental, ``protocol._call_stream``): each frame of the stream is one ``Call`` through the
+stages above (``_run`` with the call pipeline), answered by request id as it finishes.
+
 Where the stages live: the ones every RPC shares in ``_pipeline.py`` (``Pipeline``), ``Call``'s own
 in ``_calls.py`` (``CallPipeline``), slots and deadlines in ``_admission.py``; this module holds
 the server's lifecycle, the registration and the dispatcher (span, errors to statuses).
@@ -68,7 +72,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -83,6 +87,7 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from stratagem.protocol._admission import deadline_passed, interruption, within
 from stratagem.protocol._answers import AnswerRetention, AnswerStore, InMemoryAnswerStore
 from stratagem.protocol._audit import AuditLog
+from stratagem.protocol._call_stream import CALL_STREAM_SERVICE, serve_call_stream
 from stratagem.protocol._calls import CallPipeline
 from stratagem.protocol._capabilities import WireModel
 from stratagem.protocol._context import CallContext, current_call
@@ -278,6 +283,15 @@ class AgentServer:
                 ),
             )
         )
+        if self._config.call_streams:
+            server.add_generic_rpc_handlers(
+                (
+                    grpc.method_handlers_generic_handler(
+                        CALL_STREAM_SERVICE,
+                        {"CallStream": grpc.stream_stream_rpc_method_handler(self._call_stream)},
+                    ),
+                )
+            )
         # Proof of this agent's key for a client that read its endpoint from a file, before the
         # client sends credentials (``protocol._proof``): no credentials, no audit, like health.
         server.add_generic_rpc_handlers(
@@ -288,8 +302,10 @@ class AgentServer:
         # Server reflection: tools (grpcurl, Postman, grpcui) list and describe the services from
         # the agent itself. It tells what the public .proto tells, nothing more, so it needs no
         # credentials; every AgentService call still does.
+        streams = (CALL_STREAM_SERVICE,) if self._config.call_streams else ()
         reflection.enable_server_reflection(
-            (SERVICE, PROOF_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (SERVICE, *streams, PROOF_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME),
+            server,
         )
         address = f"{self._config.host}:{self._config.port}"
         credentials = self._authenticator.server_credentials()
@@ -405,6 +421,23 @@ class AgentServer:
             return await self._serve(name, request, context, stage)
 
         return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def _call_stream(self, frames: AsyncIterator[bytes], context: Any) -> None:
+        """``CallStream``: each frame's call through ``Call``'s stages (``_call_stream``)."""
+
+        def run(
+            metadata: dict[str, str], request: bytes, call: Any
+        ) -> Awaitable[tuple[bytes | None, RemoteError | None]]:
+            return self._run(CALL.name, metadata, request, call, self._calls.serve)
+
+        config = self._config
+        # Twice what admission takes, so that the pipeline's own (audited) RESOURCE_EXHAUSTED
+        # answers a stream that asks too much; the stream's bound only caps its tasks.
+        admissible = config.max_concurrent_requests + config.max_queued_requests
+        try:
+            await serve_call_stream(run, frames, context, max_calls=2 * admissible)
+        except RemoteError as error:  # a frame that does not parse ends the stream
+            await context.abort_with_status(grpc_status(error))
 
     async def _serve(self, method: str, request: bytes, context: Any, stage: Stage) -> bytes | None:
         """Run one RPC's stages; answer its outcome over gRPC."""

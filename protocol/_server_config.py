@@ -40,6 +40,10 @@ class ServerConfig:
             all addresses together (``None``: 4 x ``refusal_audit_burst``, 40 by default);
             further ones are counted into one agent-wide aggregate record (a flood from many
             addresses costs no more).
+        call_streams: Also serve ``CallStreamService.CallStream`` (experimental): many ``Call``s
+            multiplexed over one bidirectional stream, each through the same stages as a unary
+            ``Call`` (``protocol._call_stream``), admitted as one (``RESOURCE_EXHAUSTED`` beyond
+            the slots and the queue, audited). Off: the RPC is ``UNIMPLEMENTED``.
     """
 
     host: str = "127.0.0.1"
@@ -56,6 +60,7 @@ class ServerConfig:
     refusal_audit_burst: int = 10
     refusal_audit_window_s: float = 10.0
     refusal_audit_total: int | None = None
+    call_streams: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

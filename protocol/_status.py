@@ -10,7 +10,7 @@ Field violations ride in ``google.rpc.Status`` details as ``google.rpc.BadReques
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from google.protobuf import any_pb2
@@ -27,7 +27,13 @@ from stratagem.protocol._errors import (
 )
 from stratagem.protocol._rpc import code_number
 
-__all__ = ["as_remote_error", "from_rpc_error", "grpc_status"]
+__all__ = [
+    "as_remote_error",
+    "from_rpc_error",
+    "from_status_message",
+    "grpc_status",
+    "status_message",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,12 @@ def as_remote_error(exc: BaseException) -> RemoteError:
 
 def grpc_status(error: RemoteError) -> Any:
     """The ``grpc.Status`` to abort a call with: code, message and ``BadRequest`` details."""
+    return rpc_status.to_status(status_message(error))
+
+
+def status_message(error: RemoteError) -> status_pb2.Status:
+    """The ``google.rpc.Status`` of ``error``: code, message and ``BadRequest`` details (what a
+    call on a ``CallStream`` answers with)."""
     status = status_pb2.Status(code=code_number(error.code), message=error.message)
     if error.violations:
         detail = any_pb2.Any()
@@ -55,7 +67,7 @@ def grpc_status(error: RemoteError) -> Any:
             )
         )
         status.details.append(detail)
-    return rpc_status.to_status(status)
+    return status
 
 
 def _violations(exc: Any) -> tuple[FieldViolation, ...]:
@@ -66,6 +78,10 @@ def _violations(exc: Any) -> tuple[FieldViolation, ...]:
         return ()
     if status is None:
         return ()
+    return _status_violations(status)
+
+
+def _status_violations(status: status_pb2.Status) -> tuple[FieldViolation, ...]:
     violations: list[FieldViolation] = []
     for detail in status.details:
         if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
@@ -83,3 +99,26 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> RemoteError:
     code = Code(exc.code().name) if exc.code().name in Code.__members__ else Code.UNKNOWN
     message = exc.details() or code.value.replace("_", " ").lower()
     return error_for_code(code, message, _violations(exc))
+
+
+_CODES: Final = {code_number(code): code for code in Code}
+
+
+def from_status_message(data: bytes) -> RemoteError:
+    """The ``RemoteError`` of a failed call's serialized ``google.rpc.Status`` (a ``CallStream``
+    answer's), with the field violations its details carry."""
+    status = status_pb2.Status()
+    try:
+        status.ParseFromString(data)
+    except DecodeError:
+        return InternalError("malformed status in a call stream's answer")
+    code = _CODES.get(status.code, Code.UNKNOWN)
+    if code is Code.OK:
+        return InternalError("a call stream's answer carries an error status of OK")
+    message = status.message or code.value.replace("_", " ").lower()
+    try:
+        violations = _status_violations(status)
+    except DecodeError:
+        logger.warning("ignoring malformed status details of %s", code)
+        violations = ()
+    return error_for_code(code, message, violations)

@@ -12,6 +12,9 @@ as one JSON line. Variants, in rounds that rotate their order:
   answering ``FindSpatialContext`` with a constant, and with the real perception agent's two-step
   plan — the servers and clients of ``tests.bench.rpc`` (``BenchTarget``, ``BenchCaller``), here in
   plain processes instead of Ray actors;
+* ``pipeline_stream``: ``pipeline_constant``'s server (same handler, token authentication, policy,
+  validation, SQLite audit, tracing), every call a frame of one long-lived ``CallStream`` instead
+  of a unary ``Call`` (``ClientConfig(call_stream=True)``; issue 37, candidate 5);
 * ``autogen``: autogen-core / autogen-ext[grpc] 0.7.5: a host service process, a worker runtime
   process with an echoing ``RoutedAgent``, and a driver worker runtime calling it with
   ``send_message`` (worker -> host -> worker and back; JSON payloads; no authentication,
@@ -55,10 +58,11 @@ REPO: Final = HERE.parents[1]
 ECHO: Final = "echo"
 PIPELINE_CONSTANT: Final = "pipeline_constant"
 PIPELINE_AGENT: Final = "pipeline_agent"
+PIPELINE_STREAM: Final = "pipeline_stream"
 AUTOGEN: Final = "autogen"
 A2A: Final = "a2a"
 A2A_STRATAGEM: Final = "a2a_stratagem"
-STRATAGEM_VARIANTS: Final = (ECHO, PIPELINE_CONSTANT, PIPELINE_AGENT)
+STRATAGEM_VARIANTS: Final = (ECHO, PIPELINE_CONSTANT, PIPELINE_STREAM, PIPELINE_AGENT)
 PEERS: Final = (AUTOGEN, A2A)
 VARIANTS: Final = (*STRATAGEM_VARIANTS, *PEERS, A2A_STRATAGEM)
 PEER_REQUIREMENTS: Final[dict[str, tuple[str, ...]]] = {
@@ -185,9 +189,11 @@ def run_peers_benchmark(
         A JSON-ready dict: ``config``, ``peers`` (their pinned requirements), ``variants`` (per
         variant ``latency_us`` and ``under_load_us`` summaries and ``throughput_rps``),
         ``ratios`` (each variant's median latency and throughput against the echo's),
-        ``a2a_face`` (Stratagem's A2A face against the plain A2A SDK server, same round trip) and
-        ``targets`` (Stratagem's pipelines against AutoGen's runtime), or ``skipped`` with the
-        reason when a peer could not be installed.
+        ``a2a_face`` (Stratagem's A2A face against the plain A2A SDK server, same round trip),
+        ``targets`` (Stratagem's pipelines against AutoGen's runtime), ``against_autogen`` (their
+        median latency and throughput as ratios of AutoGen's) and ``stream_vs_unary``
+        (``pipeline_stream`` against ``pipeline_constant``), or ``skipped`` with the reason when
+        a peer could not be installed.
     """
     config = config or PeersBenchConfig()
     folder = folder or REPO / ".bench" / "peers"
@@ -322,7 +328,24 @@ def summarize_peers(
             "latency": medians[name] < medians[AUTOGEN],
             "throughput": variants[name]["throughput_rps"] > variants[AUTOGEN]["throughput_rps"],
         }
-        for name in (PIPELINE_CONSTANT, PIPELINE_AGENT)
+        for name in (PIPELINE_CONSTANT, PIPELINE_STREAM, PIPELINE_AGENT)
+    }
+    against_autogen = {
+        name: {
+            "median_latency": round(medians[name] / medians[AUTOGEN], 2),
+            "throughput": round(
+                variants[name]["throughput_rps"] / variants[AUTOGEN]["throughput_rps"], 2
+            ),
+        }
+        for name in (PIPELINE_CONSTANT, PIPELINE_STREAM, PIPELINE_AGENT)
+    }
+    stream_vs_unary = {
+        "median_latency": round(medians[PIPELINE_STREAM] / medians[PIPELINE_CONSTANT], 2),
+        "throughput": round(
+            variants[PIPELINE_STREAM]["throughput_rps"]
+            / variants[PIPELINE_CONSTANT]["throughput_rps"],
+            2,
+        ),
     }
     return {
         "config": asdict(config),
@@ -331,6 +354,8 @@ def summarize_peers(
         "ratios": ratios,
         "a2a_face": a2a_face,
         "targets": targets,
+        "against_autogen": against_autogen,
+        "stream_vs_unary": stream_vs_unary,
     }
 
 

@@ -9,6 +9,10 @@ Two Ray actors on one embedded Ray. The target actor hosts, on its event loop:
     plans and runs a two-step plan per request, with a ``SqliteAuditLog`` file;
   - ``pipeline_constant``: a trivial backend answering a constant response, so the pipeline's own
     cost shows apart from the agent's plan, with a ``SqliteAuditLog`` file;
+  - ``pipeline_stream`` (for ``tests.bench.peers``): the ``pipeline_constant`` server itself,
+    called with ``ClientConfig(call_stream=True)``: every call a frame of one long-lived
+    ``CallStream`` (issue 37, candidate 5) through the same stages, handler, audit file and
+    tracing as ``pipeline_constant``'s unary calls;
   - two diagnostics with the trivial backend: ``diag_memory_audit`` (an ``InMemoryAuditLog``
     instead of SQLite) and ``diag_memory_audit_noop_tracer`` (the same, with OpenTelemetry's no-op
     tracer at both ends);
@@ -61,6 +65,7 @@ from stratagem.protocol import (
     AuditLog,
     CallContext,
     CapabilityCard,
+    ClientConfig,
     ClusterSecret,
     ControlRequest,
     FailedPreconditionError,
@@ -109,6 +114,8 @@ T = TypeVar("T")
 ECHO: Final = "echo"
 PIPELINE_AGENT: Final = "pipeline_agent"
 PIPELINE_CONSTANT: Final = "pipeline_constant"
+PIPELINE_STREAM: Final = "pipeline_stream"
+"""``pipeline_constant``'s server over one ``CallStream`` (measured by ``tests.bench.peers``)."""
 DIAG_MEMORY: Final = "diag_memory_audit"
 DIAG_MEMORY_NOOP: Final = "diag_memory_audit_noop_tracer"
 PIPELINES: Final = (PIPELINE_AGENT, PIPELINE_CONSTANT)
@@ -252,7 +259,9 @@ class BenchTarget:
                 policy=policy,
                 authenticator=TokenAuthenticator(signer),
                 audit=self._audits[name],
-                config=ServerConfig(host="127.0.0.1", port=0),
+                config=ServerConfig(
+                    host="127.0.0.1", port=0, call_streams=name == PIPELINE_CONSTANT
+                ),
                 tracer_provider=provider,
             )
             await server.start()
@@ -390,6 +399,14 @@ class BenchCaller:
             client = AgentClient(endpoints[name], credentials=credentials, tracer_provider=provider)
             self._clients.append(client)
             self._calls[name] = _pipeline_call(client)
+        streamed = AgentClient(
+            endpoints[PIPELINE_CONSTANT],
+            credentials=credentials,
+            config=ClientConfig(call_stream=True),
+            tracer_provider=sdk,
+        )
+        self._clients.append(streamed)
+        self._calls[PIPELINE_STREAM] = _pipeline_call(streamed)
         for name, call in self._calls.items():
             answer = await call()
             expected = payload if name == ECHO else RESPONSE

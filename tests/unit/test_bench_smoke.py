@@ -186,8 +186,14 @@ def test_peers_summary_and_section_are_well_formed() -> None:
 
     assert set(result["variants"]) == set(PEER_VARIANTS)
     assert set(result["ratios"]) == set(PEER_VARIANTS) - {"echo"}
-    assert result["ratios"]["autogen"]["median_latency"] == 4.0
-    assert result["a2a_face"]["median_latency"] == 6.0 / 5.0
+    assert result["ratios"]["autogen"]["median_latency"] == 5.0
+    assert result["a2a_face"]["median_latency"] == round(7.0 / 6.0, 2)
+    # pipeline_stream against the unary pipeline_constant, and each pipeline against AutoGen.
+    assert result["stream_vs_unary"] == {"median_latency": 1.5, "throughput": 0.67}
+    assert result["against_autogen"]["pipeline_stream"] == {
+        "median_latency": 0.6,
+        "throughput": round((4 / 0.03) / (4 / 0.05), 2),
+    }
     # The pipelines are faster than AutoGen in these samples; the verdicts say so.
     assert result["targets"]["pipeline_constant_beats_autogen"] == {
         "latency": True,
@@ -197,6 +203,8 @@ def test_peers_summary_and_section_are_well_formed() -> None:
     assert "`autogen`" in text
     assert "`a2a`" in text
     assert "Stratagem's A2A face against the plain A2A SDK server" in text
+    assert "`pipeline_stream` against the unary `pipeline_constant`" in text
+    assert "`pipeline_stream`: median latency 0.60x AutoGen's" in text
     assert "Not measured" not in text
     assert peers_section({"skipped": "no network"})[-2] == "Skipped: no network."
 
