@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from stratagem.runtime import load_settings
 from stratagem.runtime.host import _launcher
@@ -23,7 +22,8 @@ class _Ray:
     """Ray's driver calls, recorded: whether the process is in Ray, and what was asked (the
     rest of Ray's module as it is)."""
 
-    def __init__(self, *, initialized: bool) -> None:
+    def __init__(self, real: Any, *, initialized: bool) -> None:
+        self.real = real
         self.initialized = initialized
         self.calls: list[str] = []
 
@@ -39,12 +39,12 @@ class _Ray:
         self.initialized = False
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(ray, name)
+        return getattr(self.real, name)
 
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> _Ray:
-    fake = _Ray(initialized=True)
+    fake = _Ray(_launcher.ray, initialized=True)
     # The launcher's Ray only, not the module every other test shares.
     monkeypatch.setattr(_launcher, "ray", fake)
     return fake
