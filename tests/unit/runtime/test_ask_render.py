@@ -51,7 +51,9 @@ def test_a_narrow_terminal_gets_a_block_per_step_with_every_name_whole() -> None
     assert lines[0] == "plan ask-220dfb64b6ee (plan)"
     assert lines[1] == "get_weather  weather.GetWeather  succeeded · score 1.00"
     assert lines[2] == "  inputs city=Seattle"
-    assert lines[3] == "  why    'check the weather in Seattle' matched 'check the weather in {city}'"
+    assert lines[3] == (
+        "  why    'check the weather in Seattle' matched 'check the weather in {city}'"
+    )
     assert lines[4] == "set_timer  timer.SetTimer (side effects)  failed · score 0.50"
     assert lines[5:] == [
         "  inputs minutes=next_meeting.minutes",
