@@ -89,7 +89,13 @@ _RUNTIME_IMPORTS: dict[str, tuple[str, ...]] = {
     "stratagem.runtime.operator._diagram": ("DIAGRAM_FORMATS", "plan_diagram"),
     "stratagem.runtime.config._extensions": ("settings_roles",),
     "stratagem.runtime.operator._goal": ("GoalOutcome", "new_goal_id"),
-    "stratagem.runtime.operator._ask": ("ask_request", "goal_file_asks", "steps_table"),
+    "stratagem.runtime.operator._ask": (
+        "WIDE",
+        "ask_request",
+        "goal_file_asks",
+        "steps_blocks",
+        "steps_table",
+    ),
     "stratagem.runtime.operator._history": ("PlanHistory", "PlanView"),
     "stratagem.runtime.operator._research": (
         "ResearchOutcome",

@@ -29,7 +29,7 @@ WAITING_AT_A_GATE: Final = 3
 if TYPE_CHECKING:
     from stratagem.protocol import AskGoalRequest
     from stratagem.runtime.config._settings import Settings
-    from stratagem.runtime.operator._ask import ask_request, steps_table
+    from stratagem.runtime.operator._ask import WIDE, ask_request, steps_blocks, steps_table
 
 __all__: list[str] = []
 
@@ -78,7 +78,7 @@ def run_ask(
         _print_json(answer.model_dump(mode="json"))
     else:
         console.rule(f"[bold]goal {answer.plan_id}: {answer.status}")
-        console.print(steps_table(answer))
+        console.print(steps_table(answer) if console.width >= WIDE else steps_blocks(answer))
         console.print(answer.summary, highlight=False, markup=False)
         if answer.revisions > 1:
             console.print(

@@ -21,7 +21,11 @@ from stratagem.runtime.operator._agents import Agents
 from stratagem.runtime.operator._input import validation_line
 
 if TYPE_CHECKING:
+    from rich.console import Group
     from rich.table import Table
+
+WIDE: int = 120
+"""The narrowest terminal the steps are shown in as a table; narrower, each step is a block."""
 
 __all__ = [
     "ASK_KEYS",
@@ -126,6 +130,18 @@ class Ask:
         return answer
 
 
+def _shown_inputs(request_json: str) -> str:
+    inputs = json.loads(request_json) if request_json else {}
+    return ", ".join(
+        f"{k}={v['$ref'] if isinstance(v, dict) and '$ref' in v else v}" for k, v in inputs.items()
+    )
+
+
+def _status(status: str) -> str:
+    colour = {"succeeded": "green", "dropped": "yellow", "failed": "red"}.get(status, "")
+    return f"[{colour}]{status}[/]" if colour else status
+
+
 def steps_table(answer: AskGoalResponse) -> Table:
     """The answer's steps: agent and capability, inputs, depends on, why, score, status."""
     from rich.markup import escape
@@ -135,20 +151,42 @@ def steps_table(answer: AskGoalResponse) -> Table:
     for column in ("step", "agent.capability", "inputs", "after", "why", "score", "status"):
         table.add_column(column, overflow="fold")
     for step in answer.steps:
-        inputs = json.loads(step.request_json) if step.request_json else {}
-        shown = ", ".join(
-            f"{k}={v['$ref'] if isinstance(v, dict) and '$ref' in v else v}"
-            for k, v in inputs.items()
-        )
-        colour = {"succeeded": "green", "dropped": "yellow", "failed": "red"}.get(step.status, "")
-        status = f"[{colour}]{step.status}[/]" if colour else step.status
         table.add_row(
             step.id,
             f"{step.agent}.{step.capability}" + (" (side effects)" if step.side_effects else ""),
-            escape(shown),
+            escape(_shown_inputs(step.request_json)),
             ", ".join(step.depends_on),
             escape(step.why),
             f"{step.score:.2f}",
-            status,
+            _status(step.status),
         )
     return table
+
+
+def steps_blocks(answer: AskGoalResponse) -> Group:
+    """The same as ``steps_table``, a block per step, for a terminal narrower than ``WIDE``
+    (seven columns at 80 broke names mid-word): its name, agent and capability, status and score
+    on one line, then its inputs, what it waits for and why, each on a line of its own."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.text import Text
+
+    lines: list[Text] = [Text(f"plan {answer.plan_id} ({answer.route})", style="italic")]
+    for step in answer.steps:
+        effects = " (side effects)" if step.side_effects else ""
+        lines.append(
+            Text.from_markup(
+                f"[bold]{escape(step.id)}[/]  {escape(step.agent)}.{escape(step.capability)}"
+                f"{effects}  {_status(step.status)} · score {step.score:.2f}"
+            )
+        )
+        for label, value in (
+            ("inputs", _shown_inputs(step.request_json)),
+            ("after", ", ".join(step.depends_on)),
+            ("why", step.why),
+        ):
+            if value:
+                line = Text(f"  {label:<7}", style="dim")
+                line.append(value)
+                lines.append(line)
+    return Group(*lines)
