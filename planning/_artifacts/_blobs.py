@@ -12,6 +12,7 @@ temporary file left by a crash is removed by ``sweep_temporary``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -19,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
@@ -34,9 +36,25 @@ def blob_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_CHUNK: Final = 256 * 1024
-"""Bytes read, hashed and written at a time when copying a file: small enough to stay in the
-CPU's cache between the read, the hash and the write, large enough to keep system calls few."""
+_CHUNK: Final = 1 << 20
+"""Bytes read, hashed and written at a time when copying a file: large enough that handing a
+chunk to the hashing thread costs little beside hashing it (hashlib releases the GIL for it)."""
+
+_HASHERS: dict[int, ThreadPoolExecutor] = {}
+_HASHERS_LOCK: Final = threading.Lock()
+
+
+def _hashing_pool() -> ThreadPoolExecutor:
+    """The threads that hash copies' chunks: made at this process's first copy of more than one
+    chunk (a forked child, which has none of its parent's threads, makes its own)."""
+    with _HASHERS_LOCK:
+        pool = _HASHERS.get(os.getpid())
+        if pool is None:
+            _HASHERS.clear()
+            pool = _HASHERS[os.getpid()] = ThreadPoolExecutor(
+                4, thread_name_prefix="stratagem-blob-hash"
+            )
+        return pool
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -46,20 +64,43 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def _copy_hashing(reader: io.FileIO, fd: int) -> tuple[str, int]:
-    """Copy ``reader`` to ``fd`` through one reused buffer, hashing each chunk as it passes; the
-    SHA-256 (hex) of what was written, and its size."""
+    """Copy ``reader`` to ``fd`` chunk by chunk, hashing each chunk as it passes; the SHA-256
+    (hex) of what was written, and its size.
+
+    A source of more than one chunk is hashed on a second thread while this one writes the chunk
+    and reads the next (hashlib and the system calls release the GIL), so a copy takes about the
+    longer of hashing and copying instead of their sum. Two buffers take turns: one is read into
+    while the other's hash finishes; a chunk's hash starts only when the previous one has ended,
+    so the digest is that of the bytes in order, and exactly the bytes written.
+    """
     hasher = hashlib.sha256()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
+    if os.fstat(reader.fileno()).st_size <= _CHUNK:
+        data = reader.read()
+        hasher.update(data)
+        _write_all(fd, memoryview(data))
+        return hasher.hexdigest(), len(data)
+    pool = _hashing_pool()
+    buffers = (memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK)))
+    hashing: Future[None] | None = None
     size = 0
-    while True:
-        count = reader.readinto(view)
-        if not count:
-            return hasher.hexdigest(), size
-        chunk = view[:count]
-        hasher.update(chunk)
-        _write_all(fd, chunk)
-        size += count
+    turn = 0
+    try:
+        while True:
+            # this buffer's last chunk was hashed: its hash ended before the next one began
+            count = reader.readinto(buffers[turn])
+            if hashing is not None:
+                hashing.result()
+                hashing = None
+            if not count:
+                return hasher.hexdigest(), size
+            chunk = buffers[turn][:count]
+            hashing = pool.submit(hasher.update, chunk)
+            _write_all(fd, chunk)
+            size += count
+            turn ^= 1
+    finally:
+        if hashing is not None and not hashing.cancel():
+            hashing.exception()  # a failed read or write: let the hash finish with its buffer
 
 
 @runtime_checkable
@@ -193,6 +234,8 @@ class FileBlobStore:
         self.root = Path(root)
         self._blobs = self.root / "sha256"
         self._tmp = self.root / "tmp"
+        self._blobs_dir = f"{self._blobs}{os.sep}"
+        self._tmp_dir = f"{self._tmp}{os.sep}"
         try:
             self._blobs.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._tmp.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -210,10 +253,12 @@ class FileBlobStore:
         return self._blobs / digest[:2] / digest
 
     def put(self, digest: str, data: bytes) -> bool:
-        target = self.path(digest)
-        if target.exists():
+        # Paths as plain strings: a small save's cost is its few system calls, and ``Path``
+        # arithmetic around them was a measurable part of it.
+        target = f"{self._blobs_dir}{digest[:2]}{os.sep}{digest}"
+        if os.path.exists(target):
             return False
-        tmp = self._temporary(digest)
+        tmp = self._temporary_name(digest)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -222,17 +267,19 @@ class FileBlobStore:
                 os.close(fd)
             self._place(tmp, target)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise self._failed(exc, len(data)) from exc
         return True
 
-    def _place(self, tmp: Path, target: Path) -> None:
+    def _place(self, tmp: str | Path, target: str | Path) -> None:
         # The shard folder is made only when the rename finds it missing: one system call
         # fewer on every save but the first of its 256 folders.
         try:
             os.replace(tmp, target)
         except FileNotFoundError:
-            target.parent.mkdir(exist_ok=True, mode=0o700)
+            with contextlib.suppress(FileExistsError):  # another save made it meanwhile
+                os.mkdir(os.path.dirname(target), 0o700)
             os.replace(tmp, target)
 
     def get(self, digest: str) -> bytes:
@@ -247,8 +294,11 @@ class FileBlobStore:
             ) from exc
         return _checked(digest, data, str(path))
 
+    def _temporary_name(self, what: str) -> str:
+        return f"{self._tmp_dir}{what}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+
     def _temporary(self, what: str) -> Path:
-        return self._tmp / f"{what}.{os.getpid()}.{threading.get_ident()}.{time.time_ns()}"
+        return Path(self._temporary_name(what))
 
     def _failed(self, exc: OSError, size: int) -> ArtifactStorageError:
         if exc.errno in _NO_SPACE:
