@@ -20,7 +20,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
@@ -36,25 +35,9 @@ def blob_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_CHUNK: Final = 1 << 20
-"""Bytes read, hashed and written at a time when copying a file: large enough that handing a
-chunk to the hashing thread costs little beside hashing it (hashlib releases the GIL for it)."""
-
-_HASHERS: dict[int, ThreadPoolExecutor] = {}
-_HASHERS_LOCK: Final = threading.Lock()
-
-
-def _hashing_pool() -> ThreadPoolExecutor:
-    """The threads that hash copies' chunks: made at this process's first copy of more than one
-    chunk (a forked child, which has none of its parent's threads, makes its own)."""
-    with _HASHERS_LOCK:
-        pool = _HASHERS.get(os.getpid())
-        if pool is None:
-            _HASHERS.clear()
-            pool = _HASHERS[os.getpid()] = ThreadPoolExecutor(
-                4, thread_name_prefix="stratagem-blob-hash"
-            )
-        return pool
+_CHUNK: Final = 256 * 1024
+"""Bytes read, hashed and written at a time when copying a file: small enough to stay in the
+CPU's cache between the read, the hash and the write, large enough to keep system calls few."""
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -64,43 +47,20 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def _copy_hashing(reader: io.FileIO, fd: int) -> tuple[str, int]:
-    """Copy ``reader`` to ``fd`` chunk by chunk, hashing each chunk as it passes; the SHA-256
-    (hex) of what was written, and its size.
-
-    A source of more than one chunk is hashed on a second thread while this one writes the chunk
-    and reads the next (hashlib and the system calls release the GIL), so a copy takes about the
-    longer of hashing and copying instead of their sum. Two buffers take turns: one is read into
-    while the other's hash finishes; a chunk's hash starts only when the previous one has ended,
-    so the digest is that of the bytes in order, and exactly the bytes written.
-    """
+    """Copy ``reader`` to ``fd`` through one reused buffer, hashing each chunk as it passes; the
+    SHA-256 (hex) of what was written, and its size."""
     hasher = hashlib.sha256()
-    if os.fstat(reader.fileno()).st_size <= _CHUNK:
-        data = reader.read()
-        hasher.update(data)
-        _write_all(fd, memoryview(data))
-        return hasher.hexdigest(), len(data)
-    pool = _hashing_pool()
-    buffers = (memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK)))
-    hashing: Future[None] | None = None
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
     size = 0
-    turn = 0
-    try:
-        while True:
-            # this buffer's last chunk was hashed: its hash ended before the next one began
-            count = reader.readinto(buffers[turn])
-            if hashing is not None:
-                hashing.result()
-                hashing = None
-            if not count:
-                return hasher.hexdigest(), size
-            chunk = buffers[turn][:count]
-            hashing = pool.submit(hasher.update, chunk)
-            _write_all(fd, chunk)
-            size += count
-            turn ^= 1
-    finally:
-        if hashing is not None and not hashing.cancel():
-            hashing.exception()  # a failed read or write: let the hash finish with its buffer
+    while True:
+        count = reader.readinto(view)
+        if not count:
+            return hasher.hexdigest(), size
+        chunk = view[:count]
+        hasher.update(chunk)
+        _write_all(fd, chunk)
+        size += count
 
 
 @runtime_checkable

@@ -354,10 +354,10 @@ class ArtifactStore:
         provenance: ArtifactProvenance | None = None,
     ) -> ArtifactRecord:
         """``save`` of a file's bytes without holding them in memory: the file is copied in one
-        pass, 1 MiB at a time, to a private temporary file, each chunk hashed on a second thread
-        while it is written, then renamed into place (a text or JSON type, checked against the
-        whole bytes, is read whole). Same checks, same idempotence, same errors as ``save`` (a
-        file that cannot be read: ``source``)."""
+        pass through a small reused buffer to a private temporary file, each chunk hashed as it
+        passes, then renamed into place (a text or JSON type, checked against the whole bytes,
+        is read whole). Same checks, same
+        idempotence, same errors as ``save`` (a file that cannot be read: ``source``)."""
         return await self._run(
             lambda: self.save_file_blocking(
                 name,
@@ -462,8 +462,8 @@ class ArtifactStore:
         version: int | None = None,
     ) -> ArtifactRecord:
         """Write one version's bytes to the file ``target``, whole and digest-checked, or not at
-        all (copied in one pass, 1 MiB at a time, each chunk hashed on a second thread while it
-        is written, then renamed into place); its record.
+        all (copied in one pass through a small buffer, hashed as it passes, then renamed into
+        place); its record.
 
         Raises:
             ArtifactNotFoundError: no such artifact or version.
