@@ -232,6 +232,9 @@ def run_artifacts_benchmark(
             _files(root, size, repeats)
             for size, repeats in zip(config.file_sizes, config.file_repeats, strict=True)
         ]
+        # The files above leave gigabytes for the disk to write back; file creations wait on that
+        # writeback (the inline steps make none), so the steps start once it is done.
+        os.sync()
         steps = [
             asyncio.run(_steps(root, size, repeats))
             for size, repeats in zip(config.step_sizes, config.step_repeats, strict=True)
@@ -282,7 +285,8 @@ def artifacts_section(result: dict[str, Any] | None) -> list[str]:
         "`load_file_blocking` (the file copied in one pass through a reused 256 KiB buffer to a "
         "private temporary file, each chunk hashed as it passes, then renamed), each timed save "
         "of a different file; "
-        "medians, page cache warm. Then a one-step plan on the engine with a SQLite state "
+        "medians, page cache warm. Then (after `os.sync()`, so the files' writeback does not "
+        "land on the steps' file creations) a one-step plan on the engine with a SQLite state "
         "store whose tool returns N bytes of text inline, against one that saves them as an "
         "artifact and returns the reference. `shutil.copyfile` copies in the kernel "
         "(`copy_file_range`/`sendfile`) without reading the bytes into the process; a save and a "
