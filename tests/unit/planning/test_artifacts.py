@@ -551,3 +551,32 @@ def test_the_json_forms_name_every_field() -> None:
     ref = ArtifactRef("plan", "p", "n", 1, "d" * 64, 3, "text/plain")
     assert ref.to_json() == {"$artifact": dataclasses.asdict(ref)}
     assert ArtifactRef.from_json(ref.to_json()) == ref
+
+
+def test_a_save_decodes_only_the_versions_it_can_repeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A save looks for a version it repeats (same bytes from the same step, or the newest):
+    # it reads those rows, not every version of the name, so the thousandth save of a name costs
+    # what the first did.
+    from stratagem.planning._artifacts import _sqlite
+
+    index = SqliteArtifactIndex(tmp_path / "i.sqlite3")
+    for i in range(50):
+        index.add(_record("n", f"{i:064x}", plan_id="p", step_id=f"s{i}"))
+    decoded: list[tuple[object, ...]] = []
+    real = _sqlite.record_of
+
+    def counting(row: tuple[object, ...]) -> ArtifactRecord:
+        decoded.append(row)
+        return real(row)
+
+    monkeypatch.setattr(_sqlite, "record_of", counting)
+    new, added = index.add(_record("n", "f" * 64))
+    assert (new.version, added) == (51, True)
+    assert len(decoded) == 1  # the newest only
+    decoded.clear()
+    again, added = index.add(_record("n", f"{7:064x}", plan_id="p", step_id="s7"))
+    assert (again.version, added) == (8, False)  # the same step's bytes: its version
+    assert len(decoded) == 2  # that version and the newest
+    index.close()
