@@ -124,13 +124,17 @@ class PostgresArtifactIndex:
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"artifact:{record.scope}/{record.scope_id}/{record.name}",),
                 )
+                # Only the versions ``same_save`` can answer and the newest (as in SQLite).
+                key = (record.scope, record.scope_id, record.name)
                 rows = conn.execute(
                     q(
                         f"SELECT {COLUMNS} FROM {{s}}.artifacts WHERE scope = %s"
-                        " AND scope_id = %s AND name = %s ORDER BY version",
+                        " AND scope_id = %s AND name = %s AND (digest = %s OR version ="
+                        " (SELECT max(version) FROM {s}.artifacts WHERE scope = %s"
+                        " AND scope_id = %s AND name = %s)) ORDER BY version",
                         self._schema,
                     ),
-                    (record.scope, record.scope_id, record.name),
+                    (*key, record.digest, *key),
                 ).fetchall()
                 versions = [record_of(r) for r in rows]
                 old = same_save(versions, record)

@@ -98,10 +98,16 @@ class SqliteArtifactIndex:
             conn = self._connection()
             try:
                 with transaction(conn):
+                    # Only the versions ``same_save`` can answer (those with these bytes) and
+                    # the newest: a name saved a thousand times does not decode a thousand rows
+                    # on each save.
+                    key = (record.scope, record.scope_id, record.name)
                     rows = conn.execute(
                         f"SELECT {COLUMNS} FROM artifacts WHERE scope = ? AND scope_id = ?"
-                        " AND name = ? ORDER BY version",
-                        (record.scope, record.scope_id, record.name),
+                        " AND name = ? AND (digest = ? OR version = (SELECT max(version)"
+                        " FROM artifacts WHERE scope = ? AND scope_id = ? AND name = ?))"
+                        " ORDER BY version",
+                        (*key, record.digest, *key),
                     ).fetchall()
                     versions = [record_of(r) for r in rows]
                     old = same_save(versions, record)

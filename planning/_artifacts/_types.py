@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
 __all__ = [
@@ -59,9 +59,19 @@ class ArtifactProvenance:
 
     def to_json(self) -> dict[str, Any]:
         """As a JSON object (``inputs`` a list)."""
-        value = asdict(self)
-        value["inputs"] = list(self.inputs)
-        return value
+        # Spelled out: ``dataclasses.asdict`` deep-copies field by field, a sizeable part of a
+        # small save's cost (every save writes its provenance).
+        return {
+            "agent": self.agent,
+            "plan_id": self.plan_id,
+            "revision": self.revision,
+            "step_id": self.step_id,
+            "attempt": self.attempt,
+            "inputs": list(self.inputs),
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "time": self.time,
+        }
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> ArtifactProvenance:
@@ -108,7 +118,17 @@ class ArtifactRef:
 
     def to_json(self) -> dict[str, Any]:
         """The claim-check form a step output carries: ``{"$artifact": {...}}``."""
-        return {ARTIFACT_REF_KEY: asdict(self)}
+        return {
+            ARTIFACT_REF_KEY: {
+                "scope": self.scope,
+                "scope_id": self.scope_id,
+                "name": self.name,
+                "version": self.version,
+                "digest": self.digest,
+                "size": self.size,
+                "media_type": self.media_type,
+            }
+        }
 
     @classmethod
     def from_json(cls, value: Any) -> ArtifactRef | None:

@@ -71,10 +71,17 @@ def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 3)
 
 
-def _timed(action: Callable[[], object]) -> float:
-    started = time.perf_counter()
+_CPU: dict[str, list[float]] = {}
+"""CPU time (every thread of the process) of the timed actions by the name ``_timed`` gives."""
+
+
+def _timed(action: Callable[[], object], cpu: str = "") -> float:
+    started, used = time.perf_counter(), time.process_time()
     action()
-    return time.perf_counter() - started
+    took = time.perf_counter() - started
+    if cpu:
+        _CPU.setdefault(cpu, []).append(time.process_time() - used)
+    return took
 
 
 def _files(folder: Path, size: int, repeats: int) -> dict[str, Any]:
@@ -85,6 +92,7 @@ def _files(folder: Path, size: int, repeats: int) -> dict[str, Any]:
             handle.write(i.to_bytes(8, "big") + os.urandom(size - 8))
         sources.append(path)
     store = ArtifactStore.open(folder / f"store-{size}")
+    _CPU.clear()
     save, load, copy, hashed, plain, save_file, load_file = [], [], [], [], [], [], []
     # one untimed round of each, then the timed ones, interleaved
     for i, path in enumerate(sources):
@@ -94,18 +102,22 @@ def _files(folder: Path, size: int, repeats: int) -> dict[str, Any]:
                 n, p.read_bytes(), media_type="application/octet-stream"
             )
         )
-        took_copy = _timed(lambda p=path, i=i: shutil.copyfile(p, folder / f"copy-{size}-{i}"))
+        took_copy = _timed(
+            lambda p=path, i=i: shutil.copyfile(p, folder / f"copy-{size}-{i}"), "copy" if i else ""
+        )
         took_load = _timed(lambda n=name: store.load_blocking(n))
         took_save_file = _timed(
             lambda p=path, n=name: store.save_file_blocking(
                 f"f{n}", p, media_type="application/octet-stream"
-            )
+            ),
+            "save_file" if i else "",
         )
         took_load_file = _timed(
-            lambda n=name, i=i: store.load_file_blocking(f"f{n}", folder / f"out-{size}-{i}")
+            lambda n=name, i=i: store.load_file_blocking(f"f{n}", folder / f"out-{size}-{i}"),
+            "load_file" if i else "",
         )
         data = path.read_bytes()
-        took_hash = _timed(lambda d=data: hashlib.sha256(d).hexdigest())
+        took_hash = _timed(lambda d=data: hashlib.sha256(d).hexdigest(), "sha256" if i else "")
         took_plain = _timed(
             lambda p=path, i=i: (folder / f"plain-{size}-{i}").write_bytes(p.read_bytes())
         )
@@ -134,6 +146,8 @@ def _files(folder: Path, size: int, repeats: int) -> dict[str, Any]:
         "save_file_ms": _median_ms(save_file),
         "load_file_ms": _median_ms(load_file),
     }
+    for kind in ("save_file", "load_file", "copy", "sha256"):
+        result[f"{kind}_cpu_ms"] = _median_ms(_CPU[kind])
     result["save_file_ratio"] = round(result["save_file_ms"] / result["copy_ms"], 2)
     result["load_file_ratio"] = round(result["load_file_ms"] / result["copy_ms"], 2)
     result["save_ratio"] = round(result["save_ms"] / result["copy_ms"], 2)
@@ -173,6 +187,7 @@ async def _steps(folder: Path, size: int, repeats: int) -> dict[str, Any]:
     registry.register(saved)
     engine = Engine(tools=registry, agent="tactical", store=plans)
     times: dict[str, list[float]] = {"inline": [], "artifact": []}
+    cpu: dict[str, list[float]] = {"inline": [], "artifact": []}
     for i in range(repeats + 1):
         for variant, name in (("inline", "inline"), ("artifact", "saved")):
             plan = Plan(
@@ -181,13 +196,15 @@ async def _steps(folder: Path, size: int, repeats: int) -> dict[str, Any]:
                 goal="bench",
                 steps=[ToolStep(id="make", tool=name)],
             )
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             result = await engine.run(plan)
             took = time.perf_counter() - started
+            used = time.process_time() - used
             if result.status is not PlanStatus.SUCCEEDED:
                 raise RuntimeError(f"{variant} at {size} bytes: {result.failures}")
             if i:
                 times[variant].append(took)
+                cpu[variant].append(used)
     await plans.aclose()
     store.index.close()
     out = {
@@ -197,6 +214,9 @@ async def _steps(folder: Path, size: int, repeats: int) -> dict[str, Any]:
         "artifact_ms": _median_ms(times["artifact"]),
     }
     out["ratio"] = round(out["artifact_ms"] / out["inline_ms"], 2)
+    out["inline_cpu_ms"] = _median_ms(cpu["inline"])
+    out["artifact_cpu_ms"] = _median_ms(cpu["artifact"])
+    out["cpu_ratio"] = round(out["artifact_cpu_ms"] / max(out["inline_cpu_ms"], 1e-6), 2)
     return out
 
 
@@ -212,6 +232,9 @@ def run_artifacts_benchmark(
             _files(root, size, repeats)
             for size, repeats in zip(config.file_sizes, config.file_repeats, strict=True)
         ]
+        # The files above leave gigabytes for the disk to write back; file creations wait on that
+        # writeback (the inline steps make none), so the steps start once it is done.
+        os.sync()
         steps = [
             asyncio.run(_steps(root, size, repeats))
             for size, repeats in zip(config.step_sizes, config.step_repeats, strict=True)
@@ -262,7 +285,8 @@ def artifacts_section(result: dict[str, Any] | None) -> list[str]:
         "`load_file_blocking` (the file copied in one pass through a reused 256 KiB buffer to a "
         "private temporary file, each chunk hashed as it passes, then renamed), each timed save "
         "of a different file; "
-        "medians, page cache warm. Then a one-step plan on the engine with a SQLite state "
+        "medians, page cache warm. Then (after `os.sync()`, so the files' writeback does not "
+        "land on the steps' file creations) a one-step plan on the engine with a SQLite state "
         "store whose tool returns N bytes of text inline, against one that saves them as an "
         "artifact and returns the reference. `shutil.copyfile` copies in the kernel "
         "(`copy_file_range`/`sendfile`) without reading the bytes into the process; a save and a "
@@ -279,15 +303,37 @@ def artifacts_section(result: dict[str, Any] | None) -> list[str]:
             f"{item.get('save_file_ms', '-')} | {item.get('load_file_ms', '-')} | "
             f"{item['copy_ms']} | {item.get('read_write_ms', '-')} | {item.get('sha256_ms', '-')} |"
         )
+    if all("save_file_cpu_ms" in item for item in result["files"]):
+        lines += [
+            "",
+            "CPU time of the same actions (every thread of the process, medians): what the machine "
+            "spends whatever its load, where wall times above also count the waits for a CPU on a "
+            "busy machine.",
+            "",
+            "| bytes | save_file CPU ms | load_file CPU ms | copy CPU ms | SHA-256 alone CPU ms |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for item in result["files"]:
+            lines.append(
+                f"| {_size(item['bytes'])} | {item['save_file_cpu_ms']} | "
+                f"{item['load_file_cpu_ms']} | {item['copy_cpu_ms']} | {item['sha256_cpu_ms']} |"
+            )
+    cpu = all("cpu_ratio" in item for item in result["steps"])
     lines += [
         "",
-        "| bytes | inline step ms | artifact step ms | artifact / inline |",
-        "| --- | ---: | ---: | ---: |",
+        "| bytes | inline step ms | artifact step ms | artifact / inline |"
+        + (" inline CPU ms | artifact CPU ms | CPU artifact / inline |" if cpu else ""),
+        "| --- | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if cpu else ""),
     ]
     for item in result["steps"]:
         lines.append(
             f"| {_size(item['bytes'])} | {item['inline_ms']} | {item['artifact_ms']} | "
             f"{item['ratio']}x |"
+            + (
+                f" {item['inline_cpu_ms']} | {item['artifact_cpu_ms']} | {item['cpu_ratio']}x |"
+                if cpu
+                else ""
+            )
         )
     lines += ["", "| target | measured | verdict |", "| --- | ---: | ---: |"]
     for target in result["targets"]:

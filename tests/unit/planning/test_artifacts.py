@@ -3,6 +3,7 @@ bad input, retention and the sweep (real files and a real SQLite index)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -539,3 +540,43 @@ async def test_a_small_save_on_a_local_store_skips_the_thread_hop(tmp_path: Path
     assert (small.version, large.size) == (1, 200_000)
     with pytest.raises(ValueError, match="on_loop_bytes: must be >= 0"):
         ArtifactsConfig(on_loop_bytes=-1)
+
+
+def test_the_json_forms_name_every_field() -> None:
+    # ``to_json`` spells its fields out (``dataclasses.asdict`` was a measurable part of a small
+    # save): a field added to the dataclass and not to its JSON would be lost in the index.
+    prov = ArtifactProvenance("a", "p", 2, "s", 3, ("d" * 64,), "t", "1", 5.0)
+    assert prov.to_json() == {**dataclasses.asdict(prov), "inputs": ["d" * 64]}
+    assert ArtifactProvenance.from_json(prov.to_json()) == prov
+    ref = ArtifactRef("plan", "p", "n", 1, "d" * 64, 3, "text/plain")
+    assert ref.to_json() == {"$artifact": dataclasses.asdict(ref)}
+    assert ArtifactRef.from_json(ref.to_json()) == ref
+
+
+def test_a_save_decodes_only_the_versions_it_can_repeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A save looks for a version it repeats (same bytes from the same step, or the newest):
+    # it reads those rows, not every version of the name, so the thousandth save of a name costs
+    # what the first did.
+    from stratagem.planning._artifacts import _sqlite
+
+    index = SqliteArtifactIndex(tmp_path / "i.sqlite3")
+    for i in range(50):
+        index.add(_record("n", f"{i:064x}", plan_id="p", step_id=f"s{i}"))
+    decoded: list[tuple[object, ...]] = []
+    real = _sqlite.record_of
+
+    def counting(row: tuple[object, ...]) -> ArtifactRecord:
+        decoded.append(row)
+        return real(row)
+
+    monkeypatch.setattr(_sqlite, "record_of", counting)
+    new, added = index.add(_record("n", "f" * 64))
+    assert (new.version, added) == (51, True)
+    assert len(decoded) == 1  # the newest only
+    decoded.clear()
+    again, added = index.add(_record("n", f"{7:064x}", plan_id="p", step_id="s7"))
+    assert (again.version, added) == (8, False)  # the same step's bytes: its version
+    assert len(decoded) == 2  # that version and the newest
+    index.close()
