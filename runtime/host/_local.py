@@ -270,9 +270,20 @@ class LocalCluster:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and any(alive(pid) for pid in leftovers):
                 time.sleep(0.2)
-            for pid in _members(self.head_id):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            # SIGKILL what is left (a process started meanwhile too), and wait until each has
+            # exited: a killed process holds its sockets until it does, and a loaded machine
+            # takes a while to get there.
+            deadline = time.monotonic() + timeout_s
+            while (left := _members(self.head_id)) and time.monotonic() < deadline:
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.2)
+            if left:
+                raise LaunchError(
+                    f"the dead head's leftover Ray processes {', '.join(map(str, left))} did not"
+                    f" stop within {2 * timeout_s:g} s of SIGTERM and SIGKILL"
+                )
             cleaned.append(f"the dead head's {len(leftovers)} leftover Ray processes")
         for path in (settings.local_cluster_file, settings.ray_token_path):
             try:
