@@ -22,6 +22,7 @@ import contextlib
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from os import PathLike
@@ -140,7 +141,7 @@ def connect(
     except (OSError, sqlite3.Error) as exc:
         raise errors.of(classify(exc), f"cannot open {location}: {exc}", location) from exc
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        _wal(conn, patience_s=max(timeout_s, WAL_PATIENCE_S))
         conn.execute(f"PRAGMA synchronous={synchronous}")
         if not checkpoints:
             conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -148,6 +149,26 @@ def connect(
         conn.close()
         raise errors.of(classify(exc), f"cannot open {location}: {exc}", location) from exc
     return conn
+
+
+WAL_PATIENCE_S: Final = 10.0
+"""How long opening a store waits, at least, for another connection's lock to switch the file to
+WAL mode (SQLite does not always call the busy handler for it)."""
+
+
+def _wal(conn: sqlite3.Connection, *, patience_s: float) -> None:
+    """Put the file in WAL mode, retried while another connection holds a lock: the agents of a
+    deployment start together and open their shared files (the audit log) at once, and one of
+    them was refused "database is locked" at start on a loaded machine."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def transaction(conn: sqlite3.Connection) -> _Transaction:

@@ -362,3 +362,24 @@ async def test_an_unreachable_server_is_unavailable_without_its_password() -> No
     await pool.aclose()
     with pytest.raises(ProtocolUsageError, match="closed"):
         await pool.get()
+
+
+def test_opening_waits_for_another_connections_lock_to_switch_to_wal(tmp_path: Path) -> None:
+    """The agents of a deployment open their shared audit file at once: one of them was refused
+    "database is locked" at start (CI). Opening now waits for the lock to go, even with a
+    statement timeout of 0, where SQLite calls no busy handler."""
+    from stratagem.protocol._storage._sqlite import connect
+
+    path = tmp_path / "shared.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")  # a file in rollback-journal mode, as a new one is
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        conn = connect(path, timeout_s=0)
+    finally:
+        release.join()
+        holder.close()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
