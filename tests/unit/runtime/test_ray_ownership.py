@@ -84,3 +84,65 @@ def test_a_ray_connect_joined_is_left_by_disconnect(fake_ray: _Ray, tmp_path: Pa
     deployment.disconnect()
     deployment.disconnect()  # a second call has nothing left to do
     assert fake_ray.calls == ["init", "shutdown"]
+
+
+class _RefusingRay(_Ray):
+    """A Ray whose ``init`` raises the given errors in turn, then joins."""
+
+    def __init__(self, real: Any, errors: list[Exception]) -> None:
+        super().__init__(real, initialized=False)
+        self.errors = errors
+
+    def init(self, **kwargs: Any) -> None:
+        self.calls.append(f"init {kwargs['address']}")
+        if self.errors:
+            raise self.errors.pop(0)
+        self.initialized = True
+
+
+def _refusal() -> ConnectionAbortedError:
+    # What Ray's client raises when its server could not start this session's server process.
+    return ConnectionAbortedError(
+        "Initialization failure from server:\npsutil.ZombieProcess: PID still exists"
+    )
+
+
+def _refusing(monkeypatch: pytest.MonkeyPatch, errors: list[Exception]) -> _RefusingRay:
+    fake = _RefusingRay(_launcher.ray, errors)
+    monkeypatch.setattr(_launcher, "ray", fake)
+    monkeypatch.setattr(_launcher.time, "sleep", lambda _: None)
+    return fake
+
+
+def test_a_ray_client_session_the_server_could_not_start_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = _refusing(monkeypatch, [_refusal(), _refusal()])
+    deployment = Deployment(load_settings(state_dir=tmp_path, address="ray://10.0.0.1:10001"))
+    deployment.connect(allow_embedded=False)
+    assert fake.calls == ["init ray://10.0.0.1:10001"] * 3
+    assert fake.initialized
+    assert deployment.mode == "cluster"
+
+
+def test_the_last_refusal_and_any_other_failure_are_reported_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = _refusing(monkeypatch, [_refusal() for _ in range(_launcher.RAY_CLIENT_TRIES)])
+    deployment = Deployment(load_settings(state_dir=tmp_path, address="ray://10.0.0.1:10001"))
+    with pytest.raises(_launcher.LaunchError, match=r"cannot reach Ray at ray://10\.0\.0\.1:10001"):
+        deployment.connect(allow_embedded=False)
+    assert len(fake.calls) == _launcher.RAY_CLIENT_TRIES
+
+    # Not the client server's refusal (here: nothing listens): no second try.
+    fake = _refusing(monkeypatch, [ConnectionError("ray client connection timeout"), _refusal()])
+    with pytest.raises(_launcher.LaunchError, match="connection timeout"):
+        deployment.connect(allow_embedded=False)
+    assert fake.calls == ["init ray://10.0.0.1:10001"]
+
+    # A GCS address (not through the client): a refusal is not retried either.
+    fake = _refusing(monkeypatch, [_refusal()])
+    direct = Deployment(load_settings(state_dir=tmp_path, address="10.0.0.1:6379"))
+    with pytest.raises(_launcher.LaunchError):
+        direct.connect(allow_embedded=False)
+    assert fake.calls == ["init 10.0.0.1:6379"]
