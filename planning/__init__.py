@@ -7,6 +7,7 @@ describes how the names fit the layers around this one.
 from typing import TYPE_CHECKING
 
 from stratagem.planning._artifacts import (
+    ARTIFACT_INDEX_BYTES_MAX,
     ARTIFACT_MAX_BYTES,
     ARTIFACT_NAME_PATTERN,
     ARTIFACT_REF_KEY,
@@ -158,6 +159,7 @@ __getattr__ = lazy_exports(
 )
 
 __all__ = [
+    "ARTIFACT_INDEX_BYTES_MAX",
     "ARTIFACT_MAX_BYTES",
     "ARTIFACT_NAME_PATTERN",
     "ARTIFACT_REF_KEY",

@@ -427,7 +427,7 @@ class ArtifactSourceCache:
     def get(self, digest: str) -> bytes:
         """The bytes of ``digest`` (``KeyError`` when the store has none)."""
         try:
-            return self.store.blobs.get(digest.removeprefix("sha256:"))
+            return self.store.bytes_blocking(digest.removeprefix("sha256:"))
         except (ArtifactError, KeyError, OSError, ValueError) as exc:
             raise KeyError(digest) from exc
 

@@ -27,6 +27,7 @@ from stratagem.planning._artifacts._index import ArtifactIndex, InMemoryArtifact
 from stratagem.planning._artifacts._s3 import S3BlobStore
 from stratagem.planning._artifacts._sqlite import SqliteArtifactIndex
 from stratagem.planning._artifacts._store import (
+    ARTIFACT_INDEX_BYTES_MAX,
     ARTIFACT_MAX_BYTES,
     ArtifactLineage,
     ArtifactsConfig,
@@ -44,6 +45,7 @@ from stratagem.planning._artifacts._types import (
 )
 
 __all__ = [
+    "ARTIFACT_INDEX_BYTES_MAX",
     "ARTIFACT_MAX_BYTES",
     "ARTIFACT_NAME_PATTERN",
     "ARTIFACT_REF_KEY",

@@ -25,7 +25,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from stratagem.planning._artifacts._errors import ArtifactCorruptError, ArtifactStorageError
 
-__all__ = ["BlobStore", "FileBlobStore", "InMemoryBlobStore", "blob_digest"]
+__all__ = ["BlobStore", "FileBlobStore", "InMemoryBlobStore", "blob_digest", "write_whole"]
 
 _NO_SPACE: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
@@ -61,6 +61,33 @@ def _copy_hashing(reader: io.FileIO, fd: int) -> tuple[str, int]:
         hasher.update(chunk)
         _write_all(fd, chunk)
         size += count
+
+
+def write_whole(target: Path, data: bytes, location: str) -> None:
+    """Write ``data`` to the file ``target`` whole or not at all (a private temporary file in
+    its folder, then renamed over it).
+
+    Raises:
+        ArtifactStorageError: the file cannot be written (naming it); ``target`` untouched.
+    """
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{time.time_ns()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, memoryview(data))
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except FileNotFoundError:
+        tmp.unlink(missing_ok=True)
+        raise ArtifactStorageError(
+            f"cannot write {target}: its folder does not exist", location
+        ) from None
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ArtifactStorageError(
+            f"cannot write {target}: {exc.strerror or exc}", location
+        ) from exc
 
 
 @runtime_checkable

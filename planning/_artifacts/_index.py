@@ -1,7 +1,9 @@
 """Where artifact records live: the ``ArtifactIndex`` protocol and its in-memory implementation.
 
 An index keeps the records (name, version, media type, size, digest, scope, provenance); the bytes
-are in a ``BlobStore``. ``add`` is the one place a version is assigned, in one transaction with the
+are in a ``BlobStore``, except a small artifact's, which the index keeps with its record (``add``
+with ``data``, in the record's own transaction: no blob file, no second write to wait for).
+``add`` is the one place a version is assigned, in one transaction with the
 check that makes a save idempotent by digest (``same_save``): saving bytes a name already has, from
 the same plan step or as its newest version, answers the stored record instead of a new version.
 """
@@ -50,9 +52,17 @@ class ArtifactIndex(Protocol):
         """Where the records are, for messages."""
         ...
 
-    def add(self, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+    def add(self, record: ArtifactRecord, data: bytes | None = None) -> tuple[ArtifactRecord, bool]:
         """Store ``record`` (its ``version`` ignored) as the name's next version, or answer the
-        version it repeats (``same_save``); ``True`` when a version was added."""
+        version it repeats (``same_save``); ``True`` when a version was added.
+
+        ``data``: the bytes themselves (their SHA-256 is ``record.digest``), kept by the index
+        under the digest in the same transaction as the record, instead of in a blob store.
+        """
+        ...
+
+    def kept(self, digest: str) -> bytes | None:
+        """The bytes ``add`` kept under ``digest`` (not checked), or ``None``."""
         ...
 
     def get(
@@ -78,7 +88,8 @@ class ArtifactIndex(Protocol):
         ...
 
     def remove(self, records: Iterable[ArtifactRecord]) -> int:
-        """Remove these versions; how many were there."""
+        """Remove these versions, and the kept bytes no record names any more; how many versions
+        were there."""
         ...
 
     def digests(self) -> set[str]:
@@ -107,13 +118,14 @@ class InMemoryArtifactIndex:
 
     def __init__(self) -> None:
         self._records: builtins.list[ArtifactRecord] = []
+        self._kept: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
     @property
     def location(self) -> str:
         return "memory"
 
-    def add(self, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+    def add(self, record: ArtifactRecord, data: bytes | None = None) -> tuple[ArtifactRecord, bool]:
         with self._lock:
             versions = sorted(
                 (
@@ -128,7 +140,19 @@ class InMemoryArtifactIndex:
                 return old, False
             stored = replace(record, version=versions[-1].version + 1 if versions else 1)
             self._records.append(stored)
+            if data is not None:
+                self._kept.setdefault(record.digest, bytes(data))
             return stored, True
+
+    def kept(self, digest: str) -> bytes | None:
+        with self._lock:
+            return self._kept.get(digest)
+
+    def corrupt(self, digest: str) -> None:
+        """Flip the first byte of kept bytes (tests)."""
+        with self._lock:
+            data = self._kept[digest]
+            self._kept[digest] = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"x"
 
     def get(
         self, scope: ArtifactScope, scope_id: str, name: str, version: int | None
@@ -168,6 +192,8 @@ class InMemoryArtifactIndex:
         with self._lock:
             before = len(self._records)
             self._records = [r for r in self._records if _order(r) not in keys]
+            named = {r.digest for r in self._records}
+            self._kept = {d: b for d, b in self._kept.items() if d in named}
             return before - len(self._records)
 
     def digests(self) -> set[str]:

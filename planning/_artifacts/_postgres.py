@@ -1,7 +1,8 @@
 """The artifact records in PostgreSQL, for clusters: ``PostgresArtifactIndex``.
 
 The records of every agent of a deployment live in one schema (``stratagem_artifacts`` by default),
-table ``artifacts`` (the SQLite layout: one row format, ``_rows``), so an agent Ray moves to
+table ``artifacts`` (the SQLite layout: one row format, ``_rows``; small artifacts' bytes in
+``artifact_bytes``), so an agent Ray moves to
 another node, the CLI and the console read the same records. ``add`` takes a transaction-scoped
 advisory lock on the artifact's scope, scope id and name before it reads the versions, so two
 savers never assign one version twice. Component ``artifacts`` of the schema's
@@ -54,7 +55,17 @@ def _migrate_v1(conn: Connection, schema: sql.Identifier) -> None:
     conn.execute(q("CREATE INDEX IF NOT EXISTS artifacts_digest ON {s}.artifacts (digest)", schema))
 
 
-MIGRATIONS: Final = [_migrate_v1]
+def _migrate_v2(conn: Connection, schema: sql.Identifier) -> None:
+    conn.execute(
+        q(
+            "CREATE TABLE IF NOT EXISTS {s}.artifact_bytes ("
+            " digest TEXT PRIMARY KEY, data BYTEA NOT NULL)",
+            schema,
+        )
+    )
+
+
+MIGRATIONS: Final = [_migrate_v1, _migrate_v2]
 """The artifact table's migrations, oldest first (component ``artifacts``)."""
 
 _ORDER: Final = " ORDER BY scope, scope_id, name, version"
@@ -117,7 +128,7 @@ class PostgresArtifactIndex:
         rows = self._with("read artifacts", lambda c: c.execute(statement, args).fetchall())
         return [record_of(r) for r in rows]
 
-    def add(self, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+    def add(self, record: ArtifactRecord, data: bytes | None = None) -> tuple[ArtifactRecord, bool]:
         def body(conn: Connection) -> tuple[ArtifactRecord, bool]:
             with conn.transaction():
                 conn.execute(
@@ -149,9 +160,23 @@ class PostgresArtifactIndex:
                     ),
                     row_of(stored),
                 )
+                if data is not None:
+                    conn.execute(
+                        q(
+                            "INSERT INTO {s}.artifact_bytes (digest, data) VALUES (%s, %s)"
+                            " ON CONFLICT (digest) DO NOTHING",
+                            self._schema,
+                        ),
+                        (record.digest, data),
+                    )
                 return stored, True
 
         return self._with("save an artifact", body)
+
+    def kept(self, digest: str) -> bytes | None:
+        statement = q("SELECT data FROM {s}.artifact_bytes WHERE digest = %s", self._schema)
+        row = self._with("read an artifact", lambda c: c.execute(statement, (digest,)).fetchone())
+        return None if row is None else bytes(row[0])
 
     def get(
         self, scope: ArtifactScope, scope_id: str, name: str, version: int | None
@@ -206,6 +231,20 @@ class PostgresArtifactIndex:
                         ),
                         key,
                     ).rowcount
+                if removed:
+                    # Kept bytes go once no record names them. The lock waits for every save
+                    # writing kept bytes to commit (and holds new ones back): a save of the same
+                    # bytes committing meanwhile is seen, and its bytes stay.
+                    conn.execute(
+                        q("LOCK TABLE {s}.artifact_bytes IN SHARE ROW EXCLUSIVE MODE", self._schema)
+                    )
+                    conn.execute(
+                        q(
+                            "DELETE FROM {s}.artifact_bytes WHERE digest NOT IN"
+                            " (SELECT digest FROM {s}.artifacts)",
+                            self._schema,
+                        )
+                    )
             return removed
 
         return self._with("remove artifacts", body)

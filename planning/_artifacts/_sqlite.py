@@ -1,10 +1,11 @@
 """The artifact records in a SQLite file (the embedded default): ``SqliteArtifactIndex``.
 
 One table, ``artifacts``, keyed by scope, scope id, name and version, with the digest indexed (the
-sweep and ``with_digest`` read it); the provenance is a JSON column. ``add`` runs in one
-``BEGIN IMMEDIATE`` transaction, so two processes saving the same name get two versions, and a
-save repeated after a crash finds the version the first one committed. Component ``artifacts``
-in the shared migration runner.
+sweep and ``with_digest`` read it); the provenance is a JSON column. Table ``artifact_bytes``
+keeps small artifacts' bytes by digest, written in the transaction that adds their record.
+``add`` runs in one ``BEGIN IMMEDIATE`` transaction, so two processes saving the same name get
+two versions, and a save repeated after a crash finds the version the first one committed.
+Component ``artifacts`` in the shared migration runner.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS artifacts_digest ON artifacts (digest)")
 
 
-MIGRATIONS: Final = [_migrate_v1]
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS artifact_bytes ("
+        " digest TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID"
+    )
+
+
+MIGRATIONS: Final = [_migrate_v1, _migrate_v2]
 
 
 class SqliteArtifactIndex:
@@ -93,7 +101,7 @@ class SqliteArtifactIndex:
                 raise storage_error("read artifacts", self.location, exc, STORE_ERRORS) from exc
         return [record_of(r) for r in rows]
 
-    def add(self, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+    def add(self, record: ArtifactRecord, data: bytes | None = None) -> tuple[ArtifactRecord, bool]:
         with self._lock:
             conn = self._connection()
             try:
@@ -118,9 +126,26 @@ class SqliteArtifactIndex:
                         f"INSERT INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         row_of(stored),
                     )
+                    if data is not None:
+                        conn.execute(
+                            "INSERT OR IGNORE INTO artifact_bytes (digest, data) VALUES (?, ?)",
+                            (record.digest, data),
+                        )
             except sqlite3.Error as exc:
                 raise storage_error("save an artifact", self.location, exc, STORE_ERRORS) from exc
         return stored, True
+
+    def kept(self, digest: str) -> bytes | None:
+        with self._lock:
+            try:
+                row = (
+                    self._connection()
+                    .execute("SELECT data FROM artifact_bytes WHERE digest = ?", (digest,))
+                    .fetchone()
+                )
+            except sqlite3.Error as exc:
+                raise storage_error("read an artifact", self.location, exc, STORE_ERRORS) from exc
+        return None if row is None else bytes(row[0])
 
     def get(
         self, scope: ArtifactScope, scope_id: str, name: str, version: int | None
@@ -172,6 +197,11 @@ class SqliteArtifactIndex:
                             " AND version = ?",
                             key,
                         ).rowcount
+                    if removed:
+                        conn.execute(
+                            "DELETE FROM artifact_bytes WHERE digest NOT IN"
+                            " (SELECT digest FROM artifacts)"
+                        )
             except sqlite3.Error as exc:
                 raise storage_error("remove artifacts", self.location, exc, STORE_ERRORS) from exc
         return removed

@@ -5,7 +5,9 @@ is the one API every caller uses: the plan tools, the CLI, the Python client, th
 research workflow. Its methods are coroutines that run the blocking backends on a thread.
 
 A save checks its input first (name, scope, media type against the bytes, size), writes the blob
-(temporary file, then rename), then adds the record in one transaction. So a failed or killed save
+(temporary file, then rename), then adds the record in one transaction. A small artifact (at most
+``ArtifactsConfig.index_bytes``) has no blob: the index keeps its bytes with its record, in the
+record's transaction, so the save is one write. So a failed or killed save
 leaves no record; at worst a blob no record names, which ``sweep`` removes once it is older than
 the grace period (a save in progress is never swept from under its record). A save of bytes the
 name already has (same plan step, or its newest version) answers the stored version: a step run
@@ -28,6 +30,7 @@ from stratagem.planning._artifacts._blobs import (
     FileBlobStore,
     InMemoryBlobStore,
     blob_digest,
+    write_whole,
 )
 from stratagem.planning._artifacts._checks import (
     SNIFFED_BYTES,
@@ -38,6 +41,7 @@ from stratagem.planning._artifacts._checks import (
     needs_whole,
 )
 from stratagem.planning._artifacts._errors import (
+    ArtifactCorruptError,
     ArtifactInputError,
     ArtifactNotFoundError,
     ArtifactTooLargeError,
@@ -52,6 +56,7 @@ from stratagem.planning._artifacts._types import (
 )
 
 __all__ = [
+    "ARTIFACT_INDEX_BYTES_MAX",
     "ARTIFACT_MAX_BYTES",
     "ArtifactLineage",
     "ArtifactStore",
@@ -63,6 +68,10 @@ T = TypeVar("T")
 
 ARTIFACT_MAX_BYTES: Final = 1 << 30
 """The default limit on one artifact's size: 1 GiB."""
+
+ARTIFACT_INDEX_BYTES_MAX: Final = 256 * 1024
+"""The most ``ArtifactsConfig.index_bytes`` may be: larger bytes belong in a blob store. A read of
+an artifact up to this size asks the index first (whatever the setting was when it was saved)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ class ArtifactsConfig:
     sweep_grace_s: float = 3600.0
     retention: Mapping[ArtifactScope, ArtifactRetention] = field(default_factory=dict)
     on_loop_bytes: int = 64 * 1024
+    index_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
@@ -94,6 +104,8 @@ class ArtifactsConfig:
             raise ValueError("on_loop_bytes: must be >= 0")
         if self.sweep_grace_s < 0:
             raise ValueError("sweep_grace_s: must be >= 0")
+        if not 0 <= self.index_bytes <= ARTIFACT_INDEX_BYTES_MAX:
+            raise ValueError(f"index_bytes: must be between 0 and {ARTIFACT_INDEX_BYTES_MAX}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +237,9 @@ class ArtifactStore:
         prov = provenance or ArtifactProvenance()
         if not prov.time:
             prov = replace(prov, time=now)
-        self.blobs.put(digest, data)
+        kept = len(data) <= self.config.index_bytes
+        if not kept:
+            self.blobs.put(digest, data)
         record, _ = self.index.add(
             ArtifactRecord(
                 name=name,
@@ -237,7 +251,8 @@ class ArtifactStore:
                 scope_id=scope_id,
                 created_at=now,
                 provenance=prov,
-            )
+            ),
+            data if kept else None,
         )
         return record
 
@@ -418,7 +433,7 @@ class ArtifactStore:
     ) -> tuple[ArtifactRecord, bytes]:
         """``load`` on this thread."""
         found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
-        return found, self.blobs.get(found.digest)
+        return found, self.bytes_blocking(found.digest, found.size)
 
     async def load(
         self,
@@ -449,7 +464,11 @@ class ArtifactStore:
     ) -> ArtifactRecord:
         """``load_file`` on this thread."""
         found = self.record_blocking(name, scope=scope, scope_id=scope_id, version=version)
-        self.blobs.get_file(found.digest, Path(target))
+        kept = self._kept(found.digest, found.size)
+        if kept is None:
+            self.blobs.get_file(found.digest, Path(target))
+        else:
+            write_whole(Path(target), kept, self.location)
         return found
 
     async def load_file(
@@ -478,7 +497,35 @@ class ArtifactStore:
     async def load_ref(self, ref: ArtifactRef) -> bytes:
         """The bytes a reference names, checked against its digest."""
         check_digest(ref.digest, "digest")
-        return await self._run(self.blobs.get, ref.digest)
+        if self._on_loop_bytes and ref.size <= self._on_loop_bytes:
+            return self.bytes_blocking(ref.digest, ref.size)
+        return await self._run(self.bytes_blocking, ref.digest, ref.size)
+
+    def _kept(self, digest: str, size: int | None) -> bytes | None:
+        """The bytes the index keeps under ``digest``, checked; ``None`` when it has none."""
+        if size is not None and size > ARTIFACT_INDEX_BYTES_MAX:
+            return None
+        data = self.index.kept(digest)
+        if data is None:
+            return None
+        if blob_digest(data) != digest:
+            raise ArtifactCorruptError(
+                digest,
+                f"{self.index.location} (kept with its record)",
+                "does not match its digest (corrupted)",
+            )
+        return data
+
+    def bytes_blocking(self, digest: str, size: int | None = None) -> bytes:
+        """The bytes of ``digest``, checked against it, wherever they are kept (the index for a
+        small artifact, else the blob store); ``size`` when known spares a large artifact the
+        index's lookup.
+
+        Raises:
+            ArtifactCorruptError: they are missing or do not match the digest (never served).
+        """
+        kept = self._kept(digest, size)
+        return self.blobs.get(digest) if kept is None else kept
 
     def list_blocking(
         self,

@@ -511,10 +511,12 @@ def test_the_artifacts_benchmark_gives_its_figures_and_section(tmp_path: Path) -
     assert {"save_file_cpu_ms", "load_file_cpu_ms", "copy_cpu_ms", "sha256_cpu_ms"} <= set(files)
     assert [step["bytes"] for step in result["steps"]] == [1024, 2048]
     assert all("cpu_ratio" in step for step in result["steps"])
+    assert all(step["kept"] and step["file_ms"] > 0 for step in result["steps"])
     assert len(result["targets"]) == 5
     assert all(isinstance(target["met"], bool) for target in result["targets"])
     text = "\n".join(artifacts_section(result))
     assert text.startswith("## Artifacts")
     assert "a step saving 1024 bytes" in text
     assert "save_file CPU ms" in text
+    assert "| blob-file step ms |" in text
     assert list(tmp_path.iterdir()) == []  # everything it wrote is gone

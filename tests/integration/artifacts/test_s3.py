@@ -90,7 +90,9 @@ def _blobs(endpoint: str, bucket: str, **more: str) -> S3BlobStore:
 def test_save_load_dedupe_list_and_sweep_on_a_real_server(s3_endpoint: str, tmp_path: Path) -> None:
     blobs = _blobs(s3_endpoint, "artifacts-a")
     store = ArtifactStore(
-        blobs, SqliteArtifactIndex(tmp_path / "index.sqlite3"), ArtifactsConfig(sweep_grace_s=0)
+        blobs,
+        SqliteArtifactIndex(tmp_path / "index.sqlite3"),
+        ArtifactsConfig(sweep_grace_s=0, index_bytes=0),  # every artifact in the bucket
     )
     one = store.save_blocking("a.png", PNG, media_type="image/png")
     two = store.save_blocking("b.png", PNG, media_type="image/png")
@@ -121,7 +123,9 @@ def test_an_object_changed_in_the_bucket_is_named_never_served(
     s3_endpoint: str, tmp_path: Path
 ) -> None:
     blobs = _blobs(s3_endpoint, "artifacts-b")
-    store = ArtifactStore(blobs, SqliteArtifactIndex(tmp_path / "index.sqlite3"))
+    store = ArtifactStore(
+        blobs, SqliteArtifactIndex(tmp_path / "index.sqlite3"), ArtifactsConfig(index_bytes=0)
+    )
     record = store.save_blocking("n.txt", b"the truth", media_type="text/plain")
     blobs.corrupt_for_tests(record.digest, b"a lie")
     with pytest.raises(ArtifactCorruptError, match="corrupted") as err:
@@ -157,12 +161,16 @@ def test_a_deployment_keeps_its_blobs_in_the_bucket_its_settings_name(
     )
     store = open_artifact_store(settings)
     assert isinstance(store.blobs, S3BlobStore)
-    record = store.save_blocking("r.md", b"# from S3", media_type="text/markdown")
+    text = b"# from S3\n" + b"-" * store.config.index_bytes  # over what the index keeps
+    record = store.save_blocking("r.md", text, media_type="text/markdown")
+    note = store.save_blocking("note.md", b"# kept by the index", media_type="text/markdown")
     assert not (tmp_path / "state" / "artifacts" / "blobs").exists()
     assert [d for d, _ in store.blobs.blobs()] == [record.digest]
+    assert store.index.kept(note.digest) == b"# kept by the index"
     assert store.blobs.prefix == "team-a/sha256/"
     store.index.close()
     # what the CLI reads: the same bucket, the digest checked
     client = ArtifactsClient(settings)
-    assert client.get_blocking("r.md")[1] == b"# from S3"
+    assert client.get_blocking("r.md")[1] == text
+    assert client.get_blocking("note.md")[1] == b"# kept by the index"
     client.close()

@@ -22,6 +22,7 @@ from stratagem.runtime._console._app import dom_id
 from stratagem.runtime.config._artifacts import artifacts_dir
 from tests.integration.console.conftest import Running
 from tests.integration.runtime._served import gated_plan
+from tests.unit.planning._support import rot_artifact
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -495,8 +496,7 @@ def test_the_artifact_pages_render_escaped_and_link_the_step(
     store.save_blocking("chart.png", _png(), media_type="image/png", **where)
     rotten = store.save_blocking("rotten.txt", b"fine", media_type="text/plain", **where)
     store.index.close()
-    blob = artifacts_dir(running.served.settings) / "blobs" / "sha256" / rotten.digest[:2]
-    (blob / rotten.digest).write_bytes(b"rot!")
+    rot_artifact(artifacts_dir(running.served.settings), rotten.digest)
 
     _sign_in(page, running)
     page.goto(f"{running.url}/artifacts")

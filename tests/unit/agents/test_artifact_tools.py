@@ -144,6 +144,8 @@ _RUN = textwrap.dedent(
     from stratagem.planning import ArtifactStore, Engine, Plan, SqliteStateStore, ToolStep
 
     mode, root, pause = sys.argv[1], sys.argv[2], sys.argv[3]
+    # A small artifact's bytes are kept with its record (no blob): one write to kill after.
+    size = 1000 if pause == "after_small_record" else 100000
     store = ArtifactStore.open(root + "/artifacts")
 
     def paused(fn):
@@ -156,7 +158,7 @@ _RUN = textwrap.dedent(
 
     if mode == "run" and pause == "after_blob":
         store.blobs.put = paused(store.blobs.put)
-    if mode == "run" and pause == "after_record":
+    if mode == "run" and pause in ("after_record", "after_small_record"):
         store.index.add = paused(store.index.add)
     registry = ToolRegistry("tactical")
     for item in artifact_tools(store):
@@ -169,7 +171,7 @@ _RUN = textwrap.dedent(
         goal="g",
         steps=[
             ToolStep(id="save", tool="artifact.save",
-                     input={"name": "out.txt", "text": "x" * 100000}),
+                     input={"name": "out.txt", "text": "x" * size}),
             ToolStep(id="after", tool="artifact.list", input={}, depends_on=["save"]),
         ],
     )
@@ -186,7 +188,7 @@ _RUN = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("pause", ["after_blob", "after_record"])
+@pytest.mark.parametrize("pause", ["after_blob", "after_record", "after_small_record"])
 def test_kill_9_during_a_save_then_resume_one_version_no_orphan(tmp_path: Path, pause: str) -> None:
     run = subprocess.Popen(
         [sys.executable, "-c", _RUN, "run", str(tmp_path), pause],
@@ -219,8 +221,10 @@ def test_kill_9_during_a_save_then_resume_one_version_no_orphan(tmp_path: Path, 
     assert store.sweep_blocking(grace_s=0).blobs == ()  # no orphan blob
     assert os.listdir(tmp_path / "artifacts" / "blobs" / "tmp") == []
     record, data = store.load_blocking("out.txt", scope="plan", scope_id="kill-me")
-    assert data == b"x" * 100000
+    assert data == b"x" * (1000 if pause == "after_small_record" else 100000)
     assert record.provenance.step_id == "save"
+    blob_files = [p for p in (tmp_path / "artifacts" / "blobs").rglob("*") if p.is_file()]
+    assert len(blob_files) == (0 if pause == "after_small_record" else 1)
 
 
 async def test_the_step_span_carries_the_artifact_digest(tmp_path: Path) -> None:

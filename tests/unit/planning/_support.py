@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from stratagem.planning import CrossAgentStep, Plan, RetryPolicy, ToolContext, ToolRunner, ToolStep
@@ -76,3 +78,17 @@ def cross_step(
 
 def make_plan(*steps: ToolStep | CrossAgentStep, owner: str = "perception", **fields: Any) -> Plan:
     return Plan(id="p1", owner=owner, goal="test the engine", steps=list(steps), **fields)
+
+
+def rot_artifact(folder: Path, digest: str, rotten: bytes = b"rot!") -> None:
+    """Replace the stored bytes of ``digest`` in the artifact folder ``folder`` (a blob file, or
+    the bytes the SQLite index keeps with a small artifact's record), as a bad disk would."""
+    blob = folder / "blobs" / "sha256" / digest[:2] / digest
+    if blob.exists():
+        blob.write_bytes(rotten)
+        return
+    with sqlite3.connect(folder / "index.sqlite3") as conn:
+        changed = conn.execute(
+            "UPDATE artifact_bytes SET data = ? WHERE digest = ?", (rotten, digest)
+        ).rowcount
+    assert changed == 1, f"no stored bytes for {digest} in {folder}"

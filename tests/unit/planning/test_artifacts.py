@@ -12,13 +12,14 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from stratagem.planning import (
+    ARTIFACT_INDEX_BYTES_MAX,
     ArtifactCorruptError,
     ArtifactIndex,
     ArtifactInputError,
@@ -36,6 +37,7 @@ from stratagem.planning import (
     InMemoryBlobStore,
     SqliteArtifactIndex,
 )
+from tests.unit.planning._support import rot_artifact
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 
@@ -44,9 +46,14 @@ def _blob_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "blobs" / "sha256").rglob("*") if p.is_file())
 
 
+FILES = ArtifactsConfig(index_bytes=0)
+"""Every artifact in the blob store, however small: the tests of blob files use it (a small
+artifact's bytes are otherwise kept with its record: the tests of that are below)."""
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore.open(tmp_path / "artifacts")
+    return ArtifactStore.open(tmp_path / "artifacts", FILES)
 
 
 async def test_save_load_round_trip_with_provenance(store: ArtifactStore) -> None:
@@ -134,11 +141,17 @@ async def test_a_corrupted_blob_is_named_never_served(store: ArtifactStore, tmp_
 
 def test_in_memory_store_checks_digests_too() -> None:
     blobs = InMemoryBlobStore()
-    store = ArtifactStore(blobs, InMemoryArtifactIndex())
+    index = InMemoryArtifactIndex()
+    store = ArtifactStore(blobs, index, FILES)
     record = store.save_blocking("m.txt", b"memory", media_type="text/plain")
     blobs.corrupt(record.digest)
     with pytest.raises(ArtifactCorruptError):
         store.load_blocking("m.txt")
+    kept = ArtifactStore(blobs, index).save_blocking("k.txt", b"kept", media_type="text/plain")
+    assert not blobs.has(kept.digest)
+    index.corrupt(kept.digest)
+    with pytest.raises(ArtifactCorruptError, match="kept with its record"):
+        store.load_blocking("k.txt")
 
 
 @pytest.mark.parametrize(
@@ -241,6 +254,7 @@ async def test_retention_by_count_and_age_per_scope_then_the_sweep(tmp_path: Pat
     now = [time.time()]
     config = ArtifactsConfig(
         sweep_grace_s=0,
+        index_bytes=0,
         retention={
             "plan": ArtifactRetention(max_versions=2),
             "agent": ArtifactRetention(max_age_s=100),
@@ -301,9 +315,9 @@ def test_a_ref_round_trips_and_only_the_exact_form_is_one() -> None:
 _FULL_DISK = textwrap.dedent(
     """
     import asyncio, resource, signal, sys
-    from stratagem.planning import ArtifactStore, ArtifactStorageError
+    from stratagem.planning import ArtifactsConfig, ArtifactStore, ArtifactStorageError
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    store = ArtifactStore.open(sys.argv[1])
+    store = ArtifactStore.open(sys.argv[1], ArtifactsConfig(index_bytes=0))
     store.save_blocking("warm.txt", b"warm", media_type="text/plain")
     # no file may grow past 64 KiB from here on: a write past it fails as on a full disk
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
@@ -424,6 +438,136 @@ async def test_a_store_on_postgres_round_trips(postgres_url: str, tmp_path: Path
     await store.aclose()
 
 
+# --- small artifacts: bytes kept with their record ----------------------------------------------
+
+
+def _kept_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> ArtifactStore:
+    blobs = FileBlobStore(tmp_path / "artifacts" / "blobs")
+    if kind == "sqlite":
+        return ArtifactStore(blobs, SqliteArtifactIndex(tmp_path / "artifacts" / "index.sqlite3"))
+    if kind == "memory":
+        return ArtifactStore(blobs, InMemoryArtifactIndex())
+    from stratagem.planning import PostgresArtifactIndex
+
+    return ArtifactStore(blobs, PostgresArtifactIndex(request.getfixturevalue("postgres_url")))
+
+
+@pytest.fixture(params=["sqlite", "memory", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def kept_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[ArtifactStore]:
+    store = _kept_store(str(request.param), tmp_path, request)
+    yield store
+    await store.aclose()
+
+
+async def test_a_small_artifact_is_kept_with_its_record_not_as_a_file(
+    kept_store: ArtifactStore, tmp_path: Path
+) -> None:
+    limit = kept_store.config.index_bytes
+    small = await kept_store.save("small.txt", b"s" * limit, media_type="text/plain")
+    again = await kept_store.save("again.txt", b"s" * limit, media_type="text/plain")
+    assert _blob_files(tmp_path / "artifacts") == []
+    assert kept_store.index.kept(small.digest) == b"s" * limit
+    assert again.digest == small.digest
+    assert await kept_store.load("small.txt") == (small, b"s" * limit)
+    ref = ArtifactRef(
+        small.scope, small.scope_id, small.name, 1, small.digest, small.size, small.media_type
+    )
+    assert await kept_store.load_ref(ref) == b"s" * limit
+    target = tmp_path / "out.txt"
+    assert await kept_store.load_file("small.txt", target) == small
+    assert target.read_bytes() == b"s" * limit
+    assert kept_store.bytes_blocking(small.digest) == b"s" * limit
+
+    # One byte over the limit: a blob file, and nothing kept by the index.
+    large = await kept_store.save("large.txt", b"l" * (limit + 1), media_type="text/plain")
+    assert [p.name for p in _blob_files(tmp_path / "artifacts")] == [large.digest]
+    assert kept_store.index.kept(large.digest) is None
+    assert (await kept_store.load("large.txt"))[1] == b"l" * (limit + 1)
+
+
+async def test_kept_bytes_go_with_the_last_record_naming_them(kept_store: ArtifactStore) -> None:
+    one = await kept_store.save("one.txt", b"shared", media_type="text/plain")
+    two = await kept_store.save("two.txt", b"shared", media_type="text/plain")
+    own = await kept_store.save("own.txt", b"own", media_type="text/plain")
+    assert kept_store.index.remove([one, own]) == 2
+    assert kept_store.index.kept(two.digest) == b"shared"  # two.txt still names them
+    assert kept_store.index.kept(own.digest) is None
+    assert (await kept_store.load("two.txt"))[1] == b"shared"
+    assert kept_store.index.remove([two]) == 1
+    assert kept_store.index.kept(two.digest) is None
+
+
+def test_a_killed_small_save_leaves_neither_record_nor_bytes(tmp_path: Path) -> None:
+    # The record and its bytes are one transaction: a save killed before it commits leaves
+    # nothing (and nothing for the sweep to find), one after it leaves both.
+    root = tmp_path / "artifacts"
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from stratagem.planning import ArtifactStore
+        store = ArtifactStore.open(sys.argv[1])
+        store.save_blocking("first.txt", b"first", media_type="text/plain")
+        def dying(statement):
+            if statement.startswith("INSERT OR IGNORE INTO artifact_bytes"):
+                os.kill(os.getpid(), 9)  # the record's row written, the commit not
+        store.index._connection().set_trace_callback(dying)
+        store.save_blocking("second.txt", b"second", media_type="text/plain")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == -9, done.stderr
+    store = ArtifactStore.open(root)
+    assert [r.name for r in store.list_blocking()] == ["first.txt"]
+    assert store.index.kept(hashlib.sha256(b"second").hexdigest()) is None
+    assert store.index.kept(hashlib.sha256(b"first").hexdigest()) == b"first"
+    assert _blob_files(root) == []
+    assert store.sweep_blocking(grace_s=0).blobs == ()
+    store.index.close()
+
+
+async def test_artifacts_saved_as_files_still_load_once_small_ones_are_kept(
+    tmp_path: Path,
+) -> None:
+    old = ArtifactStore.open(tmp_path / "artifacts", FILES)
+    saved = await old.save("old.txt", b"from before", media_type="text/plain")
+    await old.aclose()
+    now = ArtifactStore.open(tmp_path / "artifacts")
+    assert saved.size <= now.config.index_bytes
+    assert await now.load("old.txt") == (saved, b"from before")
+    target = tmp_path / "old.txt"
+    await now.load_file("old.txt", target)
+    assert target.read_bytes() == b"from before"
+    await now.aclose()
+
+
+async def test_corrupted_kept_bytes_are_named_and_never_reach_a_target(tmp_path: Path) -> None:
+    store = ArtifactStore.open(tmp_path / "artifacts")
+    record = await store.save("k.txt", b"kept bytes", media_type="text/plain")
+    await store.aclose()
+    rot_artifact(tmp_path / "artifacts", record.digest)
+    with pytest.raises(ArtifactCorruptError, match=record.digest) as caught:
+        await store.load("k.txt")
+    assert "index.sqlite3 (kept with its record)" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    target = tmp_path / "out.txt"
+    target.write_bytes(b"untouched")
+    with pytest.raises(ArtifactCorruptError):
+        await store.load_file("k.txt", target)
+    assert target.read_bytes() == b"untouched"
+    assert sorted(os.listdir(tmp_path)) == ["artifacts", "out.txt"]
+    await store.aclose()
+
+
+@pytest.mark.parametrize("value", [-1, ARTIFACT_INDEX_BYTES_MAX + 1])
+def test_index_bytes_out_of_range_is_refused(value: int) -> None:
+    with pytest.raises(ValueError, match="index_bytes: must be between 0 and 262144"):
+        ArtifactsConfig(index_bytes=value)
+
+
 # --- files, copied in the kernel ----------------------------------------------------------------
 
 
@@ -515,13 +659,15 @@ async def test_a_small_save_on_a_local_store_skips_the_thread_hop(tmp_path: Path
     threads: list[int] = []
 
     def watched(store: ArtifactStore) -> ArtifactStore:
-        put = store.blobs.put
+        add = store.index.add
 
-        def recording(digest: str, data: bytes) -> bool:
+        def recording(
+            record: ArtifactRecord, data: bytes | None = None
+        ) -> tuple[ArtifactRecord, bool]:
             threads.append(threading.get_ident())
-            return put(digest, data)
+            return add(record, data)
 
-        store.blobs.put = recording  # type: ignore[method-assign]
+        store.index.add = recording  # type: ignore[method-assign]
         return store
 
     here = threading.get_ident()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from stratagem import planning
 
 EXPECTED = [
+    "ARTIFACT_INDEX_BYTES_MAX",
     "ARTIFACT_MAX_BYTES",
     "ARTIFACT_NAME_PATTERN",
     "ARTIFACT_REF_KEY",

@@ -14,6 +14,7 @@ from stratagem.planning import ArtifactProvenance, ArtifactStore
 from stratagem.runtime import ArtifactReadError, ArtifactsClient, InputError, load_settings
 from stratagem.runtime._cli import app
 from tests.docs_blocks import DOCS, blocks, console_commands
+from tests.unit.planning._support import rot_artifact
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 
@@ -144,8 +145,7 @@ def test_get_writes_the_bytes(state_dir: Path, tmp_path: Path) -> None:
 def test_a_corrupted_blob_is_one_line_exit_1_and_not_served(state_dir: Path) -> None:
     client = ArtifactsClient(load_settings(state_dir=state_dir))
     record = client.show_blocking("chart.png")
-    blob = state_dir / "artifacts" / "blobs" / "sha256" / record.digest[:2] / record.digest
-    blob.write_bytes(b"rotten")
+    rot_artifact(state_dir / "artifacts", record.digest, b"rotten")
     code, out, err = _run("artifacts", "get", "chart.png", "--state-dir", str(state_dir))
     assert code == 1
     assert out == ""

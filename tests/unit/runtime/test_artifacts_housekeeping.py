@@ -55,7 +55,9 @@ async def test_housekeeping_prunes_then_sweeps_at_most_once_an_hour(tmp_path: Pa
     store = ArtifactStore(
         FileBlobStore(tmp_path / "blobs"),
         SqliteArtifactIndex(tmp_path / "index.sqlite3"),
-        ArtifactsConfig(sweep_grace_s=0, retention={"plan": ArtifactRetention(max_versions=1)}),
+        ArtifactsConfig(
+            sweep_grace_s=0, index_bytes=0, retention={"plan": ArtifactRetention(max_versions=1)}
+        ),
         clock=lambda: time.time() + 10,  # ahead of the files' times: the sweep may take them
     )
     for text in ("one", "two", "three"):
