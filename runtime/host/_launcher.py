@@ -55,6 +55,7 @@ from stratagem.runtime.host._rayauth import (
     join_local_head,
     probe_auth,
 )
+from stratagem.runtime.host._rayjoin import join_ray
 
 __all__ = ["AgentStartError", "Deployment", "LaunchError", "LocalCluster", "placement_options"]
 
@@ -87,42 +88,6 @@ def _research_scopes(deployment: Deployment) -> dict[str, Any]:
     if deployment.mode in ("embedded", "local") and not settings.research_scopes:
         return {"research_scopes": settings.research_roots}
     return {}
-
-
-# How often joining through the Ray client (``ray://``) is tried when the cluster's client
-# server could not start the session's own server process (it exits at once when, for example,
-# the port it was given is taken): the next try gets another process and port.
-RAY_CLIENT_TRIES = 3
-
-
-def _join_ray(address: str | None, kwargs: dict[str, Any]) -> None:
-    """``ray.init``, as a ``LaunchError`` naming the address when Ray cannot be reached.
-
-    Through the Ray client, a session refused with "Initialization failure from server" is tried
-    again (``RAY_CLIENT_TRIES`` in all, 1 s then 2 s apart): the refusal is the client server
-    failing to start a process for this session, and Ray has left nothing behind after it.
-    Any other failure, or the last refusal, is reported at once.
-    """
-    for attempt in range(1, RAY_CLIENT_TRIES + 1):
-        try:
-            ray.init(address=address, **kwargs)
-            return
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            transient = (
-                (address or "").startswith("ray://")
-                and isinstance(exc, ConnectionAbortedError)
-                and "Initialization failure from server" in str(exc)
-            )
-            if not transient or attempt == RAY_CLIENT_TRIES:
-                raise LaunchError(f"cannot reach Ray at {address}: {exc}") from exc
-            logger.warning(
-                "the Ray client server at %s could not start this session (try %d of %d); "
-                "trying again",
-                address,
-                attempt,
-                RAY_CLIENT_TRIES,
-            )
-            time.sleep(float(attempt))
 
 
 class Deployment:
@@ -211,7 +176,7 @@ class Deployment:
             # cluster /tmp/ray/ray_current_cluster names, even a dead one, and hang for minutes.
             address = "local"
             kwargs.update(include_dashboard=False)
-        _join_ray(address, kwargs)
+        join_ray(address, kwargs)
         self.mode = mode
         self._joined = True
 

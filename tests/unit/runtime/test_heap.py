@@ -37,7 +37,9 @@ def test_startup_objects_leave_the_collections_and_startup_garbage_is_collected_
     frozen = freeze_startup_heap()
 
     assert collected() is None  # collected before the freeze, not kept for good
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # Reference counting still frees frozen objects (another thread of the process may drop
+    # some meanwhile): never more than were frozen, never fewer than startup kept.
+    assert frozen >= gc.get_freeze_count() >= len(kept)
     # A full collection now traverses only what was made since: next to nothing.
     assert len(gc.get_objects()) < tracked // 10
     assert all(gc.is_tracked(node) for node in kept)  # still alive, still counted

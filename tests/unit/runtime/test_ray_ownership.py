@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stratagem.runtime import load_settings
-from stratagem.runtime.host import _launcher
+from stratagem.runtime.host import _launcher, _rayjoin
 from stratagem.runtime.host._launcher import Deployment
 from stratagem.runtime.host._ray_directory import RayDirectory
 
@@ -47,6 +47,7 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> _Ray:
     fake = _Ray(_launcher.ray, initialized=True)
     # The launcher's Ray only, not the module every other test shares.
     monkeypatch.setattr(_launcher, "ray", fake)
+    monkeypatch.setattr(_rayjoin, "ray", fake)
     return fake
 
 
@@ -110,7 +111,8 @@ def _refusal() -> ConnectionAbortedError:
 def _refusing(monkeypatch: pytest.MonkeyPatch, errors: list[Exception]) -> _RefusingRay:
     fake = _RefusingRay(_launcher.ray, errors)
     monkeypatch.setattr(_launcher, "ray", fake)
-    monkeypatch.setattr(_launcher.time, "sleep", lambda _: None)
+    monkeypatch.setattr(_rayjoin, "ray", fake)
+    monkeypatch.setattr(_rayjoin.time, "sleep", lambda _: None)
     return fake
 
 
@@ -128,11 +130,11 @@ def test_a_ray_client_session_the_server_could_not_start_is_tried_again(
 def test_the_last_refusal_and_any_other_failure_are_reported_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    fake = _refusing(monkeypatch, [_refusal() for _ in range(_launcher.RAY_CLIENT_TRIES)])
+    fake = _refusing(monkeypatch, [_refusal() for _ in range(_rayjoin.RAY_CLIENT_TRIES)])
     deployment = Deployment(load_settings(state_dir=tmp_path, address="ray://10.0.0.1:10001"))
     with pytest.raises(_launcher.LaunchError, match=r"cannot reach Ray at ray://10\.0\.0\.1:10001"):
         deployment.connect(allow_embedded=False)
-    assert len(fake.calls) == _launcher.RAY_CLIENT_TRIES
+    assert len(fake.calls) == _rayjoin.RAY_CLIENT_TRIES
 
     # Not the client server's refusal (here: nothing listens): no second try.
     fake = _refusing(monkeypatch, [ConnectionError("ray client connection timeout"), _refusal()])
