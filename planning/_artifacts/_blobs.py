@@ -46,6 +46,15 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[written:]
 
 
+def _write_new(path: str | Path, data: bytes) -> None:
+    """Create the file ``path`` (it must not exist; mode 0600) holding ``data``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        _write_all(fd, memoryview(data))
+    finally:
+        os.close(fd)
+
+
 def _copy_hashing(reader: io.FileIO, fd: int) -> tuple[str, int]:
     """Copy ``reader`` to ``fd`` through one reused buffer, hashing each chunk as it passes; the
     SHA-256 (hex) of what was written, and its size."""
@@ -72,11 +81,7 @@ def write_whole(target: Path, data: bytes, location: str) -> None:
     """
     tmp = target.parent / f".{target.name}.{os.getpid()}.{time.time_ns()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            _write_all(fd, memoryview(data))
-        finally:
-            os.close(fd)
+        _write_new(tmp, data)
         os.replace(tmp, target)
     except FileNotFoundError:
         tmp.unlink(missing_ok=True)
@@ -247,11 +252,7 @@ class FileBlobStore:
             return False
         tmp = self._temporary_name(digest)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                _write_all(fd, memoryview(data))
-            finally:
-                os.close(fd)
+            _write_new(tmp, data)
             self._place(tmp, target)
         except OSError as exc:
             with contextlib.suppress(FileNotFoundError):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from stratagem.agents import ToolRegistry, tool
+from stratagem.agents import Tool, ToolRegistry, tool
 from stratagem.planning import (
     ArtifactsConfig,
     ArtifactStore,
@@ -174,29 +174,21 @@ async def _steps(folder: Path, size: int, repeats: int) -> dict[str, Any]:
         """Return the bytes inline."""
         return {"content": text(ctx)}
 
-    @tool
-    async def saved(ctx: ToolContext) -> dict[str, Any]:
-        """Save the bytes as an artifact; return its reference."""
-        record = await store.save(
-            "out.txt",
-            text(ctx).encode(),
-            media_type="text/plain",
-            scope="plan",
-            scope_id=ctx.plan_id,
-        )
-        return {"artifact": record.ref.to_json()["$artifact"]}
+    def saving(into: ArtifactStore, name: str, what: str) -> Tool[Any, Any]:
+        async def save(ctx: ToolContext) -> dict[str, Any]:
+            record = await into.save(
+                "out.txt",
+                text(ctx).encode(),
+                media_type="text/plain",
+                scope="plan",
+                scope_id=ctx.plan_id,
+            )
+            return {"artifact": record.ref.to_json()["$artifact"]}
 
-    @tool
-    async def saved_file(ctx: ToolContext) -> dict[str, Any]:
-        """Save the bytes as an artifact in a blob file; return its reference."""
-        record = await files.save(
-            "out.txt",
-            text(ctx).encode(),
-            media_type="text/plain",
-            scope="plan",
-            scope_id=ctx.plan_id,
-        )
-        return {"artifact": record.ref.to_json()["$artifact"]}
+        return tool(name=name, description=f"Save the bytes as an artifact {what}.")(save)
+
+    saved = saving(store, "saved", "(kept with its record when small)")
+    saved_file = saving(files, "saved_file", "in a blob file")
 
     registry = ToolRegistry("tactical")
     registry.register(inline)
