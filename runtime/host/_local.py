@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -255,14 +257,17 @@ class LocalCluster:
         files ``up`` recorded; returns what was cleaned.
 
         Only processes that carry the head's id in their environment are signalled (Ray's agents
-        outlive a killed ``ray start``, and inherit its environment); a record without that id, or
-        a pid now used by another process, signals nothing.
+        outlive a killed ``ray start``, and inherit its environment), with the rest of the head's
+        session once one of them proves it the head's (``_head_session``: Ray's workers overwrite
+        their environment); a record without that id, or a pid now used by another process,
+        signals nothing.
 
         Raises:
             LaunchError: When a leftover process or file could not be removed.
         """
         cleaned: list[str] = []
-        leftovers = _members(self.head_id) if self.head_id else []
+        session = _head_session(self.pid, self.head_id)
+        leftovers = _members(self.head_id, session)
         if leftovers:
             for pid in leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -274,7 +279,7 @@ class LocalCluster:
             # exited: a killed process holds its sockets until it does, and a loaded machine
             # takes a while to get there.
             deadline = time.monotonic() + timeout_s
-            while (left := _members(self.head_id)) and time.monotonic() < deadline:
+            while (left := _members(self.head_id, session)) and time.monotonic() < deadline:
                 for pid in left:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
@@ -324,25 +329,76 @@ def _environ_value(pid: int, name: str) -> str | None:
     return None
 
 
-def _members(head_id: str) -> list[int]:
-    """The live processes of this user's whose environment carries ``head_id`` (zombies aside)."""
-    if not head_id or not _PROC.is_dir():
-        return []
+def _processes() -> Iterator[tuple[int, int]]:
+    """The pid and session id of each live process of this user's (zombies and this one aside)."""
+    if not _PROC.is_dir():
+        return
     uid = os.geteuid()
-    found: list[int] = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if entry.stat().st_uid != uid:
                 continue
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            state, session = fields[0], int(fields[3])
+        except (OSError, IndexError, ValueError):
             continue
         pid = int(entry.name)
-        if state != "Z" and pid != os.getpid() and _environ_value(pid, HEAD_ID) == head_id:
-            found.append(pid)
-    return found
+        if state != "Z" and pid != os.getpid():
+            yield pid, session
+
+
+def _members(head_id: str, session: int | None = None) -> list[int]:
+    """The live processes of this user's whose environment carries ``head_id`` and, given
+    ``session``, every one of that session (zombies aside)."""
+    if not head_id:
+        return []
+    return [
+        pid
+        for pid, sid in _processes()
+        if sid == session or _environ_value(pid, HEAD_ID) == head_id
+    ]
+
+
+def _head_session(pid: int, head_id: str) -> int | None:
+    """The dead head's session, when its leftovers can be told by it; else ``None``.
+
+    ``up`` starts the head as the leader of a session of its own, and Ray's processes stay in
+    it. Ray's workers rewrite their command line over their initial environment (the process
+    title ``ray::…``), so the head's id is no longer readable there: only their session says
+    whose they are. The session counts only when the head's pid is free (the kernel gives no
+    new process the id of a session that still has members) and a process of that session proves
+    it the head's: it carries the head's id, or holds a file of the Ray session the head started.
+    """
+    if not head_id or alive(pid):
+        return None
+    in_session = {p for p, sid in _processes() if sid == pid}
+    if any(
+        _environ_value(p, HEAD_ID) == head_id or _holds_ray_session_of(p, pid) for p in in_session
+    ):
+        return pid
+    return None
+
+
+_RAY_SESSION: Final = re.compile(r"/session_[^/]*_(\d+)/")
+"""A file in a Ray session's folder, named after its head's pid (``session_<time>_<pid>``)."""
+
+
+def _holds_ray_session_of(pid: int, head: int) -> bool:
+    """Whether process ``pid`` holds open a file of the Ray session the head ``head`` started
+    (Ray's dashboard and runtime-env agents keep their logs there, and outlive a killed head with
+    their environment written over)."""
+    try:
+        entries = list((_PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return False
+    for fd in entries:
+        with contextlib.suppress(OSError):
+            found = _RAY_SESSION.search(os.readlink(fd))
+            if found is not None and int(found.group(1)) == head:
+                return True
+    return False
 
 
 def _socket_inodes(pid: int) -> set[int]:
