@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -126,38 +127,39 @@ def _start_tree(head_id: str, folder: str = "") -> tuple[subprocess.Popen[str], 
     return head, marked, unmarked
 
 
-def test_the_dead_heads_session_goes_once_a_marked_process_proves_it(tmp_path: Path) -> None:
-    # Real processes: a head (leader of its own session) with two children, one of them without
-    # the head's id in its environment. SIGKILL the head, then clean up after it.
-    head, marked, unmarked = _start_tree("head-real")
+@contextlib.contextmanager
+def _dead_head(head_id: str, folder: str = "") -> Iterator[tuple[int, int, int]]:
+    """A head started with ``_TREE`` and SIGKILLed: its pid and its two children's (killed on
+    exit, whatever the test left)."""
+    head, marked, unmarked = _start_tree(head_id, folder)
     try:
         head.kill()
         head.wait(timeout=30)
-        record = LocalCluster(address="127.0.0.1:1", pid=head.pid, started=1, head_id="head-real")
+        yield head.pid, marked, unmarked
+    finally:
+        for pid in (marked, unmarked):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_dead_heads_session_goes_once_a_marked_process_proves_it(tmp_path: Path) -> None:
+    # Real processes: a head (leader of its own session) with two children, one of them without
+    # the head's id in its environment. SIGKILL the head, then clean up after it.
+    with _dead_head("head-real") as (pid, marked, unmarked):
+        record = LocalCluster(address="127.0.0.1:1", pid=pid, started=1, head_id="head-real")
         cleaned = record.clean_up(load_settings(state_dir=tmp_path), timeout_s=10)
         assert cleaned[0] == "the dead head's 2 leftover Ray processes"
         assert _state(marked) in ("", "Z")
         assert _state(unmarked) in ("", "Z")
-    finally:
-        for pid in (marked, unmarked):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_an_unproven_session_is_left_alone(tmp_path: Path) -> None:
     # Another id in the record: no process of the session proves it, and nothing is signalled.
-    head, marked, unmarked = _start_tree("head-other")
-    try:
-        head.kill()
-        head.wait(timeout=30)
-        record = LocalCluster(address="127.0.0.1:1", pid=head.pid, started=1, head_id="head-real")
+    with _dead_head("head-other") as (pid, marked, unmarked):
+        record = LocalCluster(address="127.0.0.1:1", pid=pid, started=1, head_id="head-real")
         record.clean_up(load_settings(state_dir=tmp_path), timeout_s=1)
         assert _state(marked) not in ("", "Z")
         assert _state(unmarked) not in ("", "Z")
-    finally:
-        for pid in (marked, unmarked):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_session_whose_only_leftover_holds_the_heads_ray_session_log_goes(
@@ -165,15 +167,9 @@ def test_a_session_whose_only_leftover_holds_the_heads_ray_session_log_goes(
 ) -> None:
     # As after a real head's SIGKILL: only Ray's agents are left, their environment written over,
     # their logs open in the Ray session folder named after the head's pid.
-    head, marked, unmarked = _start_tree("head-real", str(tmp_path / "ray"))
-    try:
-        head.kill()
-        head.wait(timeout=30)
+    with _dead_head("head-real", str(tmp_path / "ray")) as (pid, marked, unmarked):
         assert _state(marked) in ("", "Z")
-        record = LocalCluster(address="127.0.0.1:1", pid=head.pid, started=1, head_id="head-real")
+        record = LocalCluster(address="127.0.0.1:1", pid=pid, started=1, head_id="head-real")
         cleaned = record.clean_up(load_settings(state_dir=tmp_path / "s"), timeout_s=10)
         assert cleaned[0] == "the dead head's 1 leftover Ray processes"
         assert _state(unmarked) in ("", "Z")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(unmarked, signal.SIGKILL)
